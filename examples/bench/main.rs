@@ -1,0 +1,170 @@
+//! The yardstick for every performance claim: each stage of reflexr measured
+//! side by side, in the same run, with raw SQLite doing the same work.
+//!
+//! ```text
+//! cargo run --release --example bench -- [--quick] [--json PATH] [--synchronous normal]
+//! ```
+//!
+//! Every result has a `baseline` measured in this run on this machine, and
+//! `ratio = value / baseline`. Rates are per second (higher is better).
+
+mod raw;
+mod stages;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use reflexr::Synchronous;
+use serde::Serialize;
+
+#[derive(Parser, Debug)]
+#[command(about = "reflexr benchmarks, side by side with raw SQLite")]
+struct Args {
+    /// Smaller counts: finishes in well under two minutes on 2 cores.
+    #[arg(long)]
+    quick: bool,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// full (the default) or normal.
+    #[arg(long, default_value = "full")]
+    synchronous: String,
+    /// Run only the stages whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
+}
+
+/// One measured figure, as the JSON reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    pub name: String,
+    pub value: f64,
+    pub unit: String,
+    pub baseline: f64,
+    pub ratio: f64,
+}
+
+impl Figure {
+    pub fn new(name: &str, value: f64, unit: &str, baseline: f64) -> Figure {
+        Figure {
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            baseline,
+            ratio: if baseline > 0.0 {
+                value / baseline
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// The run's settings, handed to every stage.
+pub struct Ctx {
+    pub quick: bool,
+    pub sync: Synchronous,
+    pub dir: tempfile::TempDir,
+}
+
+impl Ctx {
+    /// A fresh database path for one measurement.
+    pub fn db(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.db"))
+    }
+
+    /// `quick` or `full` counts.
+    pub fn n(&self, quick: usize, full: usize) -> usize {
+        if self.quick { quick } else { full }
+    }
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    mode: &'a str,
+    synchronous: &'a str,
+    results: &'a [Figure],
+}
+
+/// Events per second for `n` events done in `elapsed`.
+pub fn rate(n: usize, elapsed: Duration) -> f64 {
+    n as f64 / elapsed.as_secs_f64()
+}
+
+/// The machine's floor: 4 KiB writes each followed by fdatasync.
+fn fdatasync_rate(ctx: &Ctx) -> f64 {
+    use std::io::Write;
+    let path = ctx.dir.path().join("fsync.bin");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let block = [0x5Au8; 4096];
+    let budget = Duration::from_millis(if ctx.quick { 500 } else { 2_000 });
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < budget {
+        f.write_all(&block).unwrap();
+        f.sync_data().unwrap();
+        n += 1;
+    }
+    rate(n, start.elapsed())
+}
+
+fn main() {
+    env_logger::init();
+    let args = Args::parse();
+    let sync = match args.synchronous.to_ascii_lowercase().as_str() {
+        "full" => Synchronous::Full,
+        "normal" => Synchronous::Normal,
+        other => {
+            eprintln!("--synchronous must be full or normal, not {other:?}");
+            std::process::exit(2);
+        }
+    };
+    let ctx = Ctx {
+        quick: args.quick,
+        sync,
+        dir: tempfile::tempdir().expect("temp dir"),
+    };
+    let mode = if ctx.quick { "quick" } else { "full" };
+    println!(
+        "reflexr bench: mode {mode}, synchronous {}, files in {}",
+        sync.as_str(),
+        ctx.dir.path().display()
+    );
+    let floor = fdatasync_rate(&ctx);
+    println!("raw 4 KiB write + fdatasync: {floor:.0}/s (the floor under every durable commit)\n");
+
+    let started = Instant::now();
+    let mut results = Vec::new();
+    println!(
+        "{:<28} {:>14} {:<10} {:>14} {:>8}",
+        "name", "value", "unit", "baseline", "ratio"
+    );
+    for (name, stage) in stages::ALL {
+        if let Some(only) = &args.only
+            && !name.contains(only.as_str())
+        {
+            continue;
+        }
+        for fig in stage(&ctx) {
+            println!(
+                "{:<28} {:>14.1} {:<10} {:>14.1} {:>8.2}",
+                fig.name, fig.value, fig.unit, fig.baseline, fig.ratio
+            );
+            results.push(fig);
+        }
+    }
+    results.push(Figure::new("fdatasync_floor", floor, "ops/s", floor));
+    println!("\ndone in {:.1} s", started.elapsed().as_secs_f64());
+
+    if let Some(path) = args.json {
+        let report = Report {
+            mode,
+            synchronous: sync.as_str(),
+            results: &results,
+        };
+        let text = serde_json::to_string_pretty(&report).unwrap();
+        std::fs::write(&path, text).expect("write the JSON report");
+        println!("wrote {}", path.display());
+    }
+}

@@ -1,0 +1,186 @@
+//! Cursors: a consumer's last handled seq in one workspace.
+//!
+//! A cursor is durable, per (workspace, kind, name), and only moves forward
+//! (DESIGN.md, invariant 8): saving an older position is an error. The one
+//! exception is an operator's reset, which is recorded in `reflexr_audit`.
+
+use rusqlite::Connection;
+
+use crate::engine::Shared;
+use crate::error::{Error, Result};
+use crate::names::{self, MAX_ID_BYTES};
+use crate::store::{audit, cursors, events, workspaces};
+
+/// What kind of consumer a cursor belongs to. The kinds have separate name
+/// spaces: an application consumer called `mail` and a reaction called `mail`
+/// have separate cursors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConsumerKind {
+    /// A consumer of the application's own ([`crate::Engine::save_cursor`]).
+    App,
+    /// A rule's evaluation cursor.
+    Rule,
+    /// A reaction's cursor.
+    Reaction,
+    /// A follower's cursor on its source workspace.
+    Follower,
+}
+
+impl ConsumerKind {
+    /// The kind as stored: `app`, `rule`, `reaction`, `follower`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConsumerKind::App => "app",
+            ConsumerKind::Rule => "rule",
+            ConsumerKind::Reaction => "reaction",
+            ConsumerKind::Follower => "follower",
+        }
+    }
+
+    /// The kind named by `s` (as [`ConsumerKind::as_str`] writes it).
+    pub fn parse(s: &str) -> Result<ConsumerKind> {
+        Ok(match s {
+            "app" => ConsumerKind::App,
+            "rule" => ConsumerKind::Rule,
+            "reaction" => ConsumerKind::Reaction,
+            "follower" => ConsumerKind::Follower,
+            other => {
+                return Err(Error::invalid(
+                    "consumer kind",
+                    format!("{other:?}; one of app, rule, reaction, follower"),
+                ));
+            }
+        })
+    }
+}
+
+/// A cursor as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CursorInfo {
+    /// The workspace it reads.
+    pub workspace: String,
+    /// The consumer's kind.
+    pub kind: ConsumerKind,
+    /// The consumer's name.
+    pub name: String,
+    /// The last seq the consumer handled.
+    pub position: i64,
+    /// How many of the workspace's events are after it.
+    pub lag: i64,
+    /// When it last moved, in ms since the epoch.
+    pub updated_at: i64,
+}
+
+/// What an operator's reset did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reset {
+    /// Where the cursor was (None: it had never been saved).
+    pub from: Option<i64>,
+    /// Where it is now.
+    pub to: i64,
+}
+
+pub(crate) fn load(
+    conn: &Connection,
+    workspace: &str,
+    kind: ConsumerKind,
+    name: &str,
+) -> Result<i64> {
+    names::check_name("workspace", workspace)?;
+    names::check_name("consumer", name)?;
+    Ok(cursors::get(conn, workspace, kind.as_str(), name)?.unwrap_or(0))
+}
+
+fn check_position(conn: &Connection, workspace: &str, name: &str, position: i64) -> Result<()> {
+    names::check_name("workspace", workspace)?;
+    names::check_name("consumer", name)?;
+    if position < 0 {
+        return Err(Error::invalid("position", "a seq is never negative"));
+    }
+    if !workspaces::exists(conn, workspace)? {
+        return Err(Error::not_found("workspace", workspace));
+    }
+    let head = events::head(conn)?;
+    if position > head {
+        return Err(Error::CursorAhead {
+            consumer: name.into(),
+            workspace: workspace.into(),
+            requested: position,
+            head,
+        });
+    }
+    Ok(())
+}
+
+/// Moves the cursor forward to `position` (saving the same position again is
+/// a no-op).
+pub(crate) fn save(
+    conn: &Connection,
+    shared: &Shared,
+    workspace: &str,
+    kind: ConsumerKind,
+    name: &str,
+    position: i64,
+) -> Result<()> {
+    check_position(conn, workspace, name, position)?;
+    let now = shared.clock.now_ms();
+    match cursors::advance(conn, workspace, kind.as_str(), name, position, now)? {
+        Ok(()) => Ok(()),
+        Err(current) => Err(Error::CursorBackwards {
+            consumer: name.into(),
+            workspace: workspace.into(),
+            current,
+            requested: position,
+        }),
+    }
+}
+
+/// An operator's reset: moves the cursor to `position`, backwards if need be,
+/// and records who did it and why.
+pub(crate) fn reset(
+    conn: &Connection,
+    shared: &Shared,
+    target: (&str, ConsumerKind, &str),
+    position: i64,
+    operator: &str,
+    reason: &str,
+) -> Result<Reset> {
+    let (workspace, kind, name) = target;
+    check_position(conn, workspace, name, position)?;
+    names::check_text("operator", operator, MAX_ID_BYTES)?;
+    names::check_text("reason", reason, 4096)?;
+    let now = shared.clock.now_ms();
+    let from = cursors::set(conn, workspace, kind.as_str(), name, position, now)?;
+    let detail = serde_json::json!({ "from": from, "to": position }).to_string();
+    audit::record(
+        conn,
+        &audit::Entry {
+            at: now,
+            operator,
+            action: "reset_cursor",
+            target: &format!("cursor {}/{name}@{workspace}", kind.as_str()),
+            reason,
+            detail: &detail,
+        },
+    )?;
+    Ok(Reset { from, to: position })
+}
+
+pub(crate) fn list(conn: &Connection) -> Result<Vec<CursorInfo>> {
+    cursors::list(conn)?
+        .into_iter()
+        .map(|c| {
+            Ok(CursorInfo {
+                kind: ConsumerKind::parse(&c.kind)?,
+                workspace: c.workspace,
+                name: c.name,
+                position: c.position,
+                lag: c.lag,
+                updated_at: c.updated_at,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,569 @@
+//! The [`Engine`] handle and its [`EngineBuilder`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use r2d2::Pool;
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::Connection;
+
+use crate::clock::{Clock, SystemClock};
+use crate::cursor::{self, ConsumerKind, CursorInfo, Reset};
+use crate::error::{Error, Result};
+use crate::event::{Appended, Event, NewEvent, Query};
+use crate::lease::{self, DEFAULT_LEASE_TTL, Lease, LeaseInfo};
+use crate::log;
+use crate::notify::Notifier;
+use crate::store::audit::{self, AuditEntry};
+use crate::store::conn::{self, Role, Synchronous};
+use crate::store::{events, leases, schema};
+use crate::tx::Tx;
+use crate::workspace::{self, WorkspaceInfo};
+use crate::writer::{Writer, WriterStats};
+
+/// Settings fixed when the engine opens.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub synchronous: Synchronous,
+    pub busy_timeout: Duration,
+    pub heartbeat: Duration,
+    pub max_payload_bytes: usize,
+    pub lease_ttl: Duration,
+    pub holder_id: String,
+}
+
+/// What every clone of an [`Engine`] shares.
+pub(crate) struct Shared {
+    pub path: PathBuf,
+    pub clock: Arc<dyn Clock>,
+    pub config: Config,
+    pub pool: Pool<SqliteConnectionManager>,
+    pub writer: Writer,
+    pub notifier: Arc<Notifier>,
+}
+
+impl Shared {
+    /// Runs `f` on a pooled read connection. Reads never block the writer (WAL)
+    /// and cannot write (`query_only`). A read that meets a busy file is
+    /// repeated until the busy timeout.
+    pub(crate) fn read<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        conn::retry_busy(self.config.busy_timeout, || {
+            let c = self.pool.get()?;
+            f(&c)
+        })
+    }
+
+    pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        self.writer.write(self, f)
+    }
+}
+
+/// The handle on one reflexr file.
+///
+/// # About threads and cloning
+///
+/// `Engine` is a cheap handle: an [`Arc`] around the connection pool, the
+/// writer and the clock. Clone it into every thread that needs it; all clones
+/// share one writer, so their writes are committed together (DESIGN.md,
+/// "Writes"). It is `Send + Sync`. The file is closed when the last clone is
+/// dropped.
+///
+/// Several engines — in one process or several — may open the same file.
+/// SQLite's lock arbitrates between them; reflexr waits for a busy file with
+/// short, jittered sleeps, up to the busy timeout, instead of surfacing
+/// `database is locked`.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) shared: Arc<Shared>,
+}
+
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Engine>();
+};
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("path", &self.shared.path)
+            .field("holder_id", &self.shared.config.holder_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens an [`Engine`] with settings other than the defaults.
+///
+/// # Defaults
+///
+/// | setting | default |
+/// | --- | --- |
+/// | [`synchronous`](EngineBuilder::synchronous) | [`Synchronous::Full`] |
+/// | [`clock`](EngineBuilder::clock) | [`SystemClock`] |
+/// | [`create_if_missing`](EngineBuilder::create_if_missing) | `true` |
+/// | [`pool_size`](EngineBuilder::pool_size) | 4 read connections |
+/// | [`busy_timeout`](EngineBuilder::busy_timeout) | 30 s |
+/// | [`heartbeat`](EngineBuilder::heartbeat) | 50 ms |
+/// | [`lease_ttl`](EngineBuilder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
+/// | [`max_payload_bytes`](EngineBuilder::max_payload_bytes) | 1 MiB |
+/// | [`holder_id`](EngineBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
+/// | [`verify_on_open`](EngineBuilder::verify_on_open) | `false` |
+#[derive(Clone)]
+pub struct EngineBuilder {
+    path: PathBuf,
+    clock: Arc<dyn Clock>,
+    create: bool,
+    pool_size: u32,
+    verify: bool,
+    config: Config,
+}
+
+impl EngineBuilder {
+    /// How hard a commit waits for the disk. Default [`Synchronous::Full`]: a
+    /// committed event survives power loss. [`Synchronous::Normal`] is an
+    /// opt-in that keeps commits safe from a process crash only.
+    pub fn synchronous(mut self, s: Synchronous) -> Self {
+        self.config.synchronous = s;
+        self
+    }
+
+    /// Where time comes from. Default [`SystemClock`]; tests pass a
+    /// [`crate::ManualClock`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Whether a missing file is created. Default `true`. With `false`, a
+    /// missing file is [`Error::Missing`] (the CLI opens this way).
+    pub fn create_if_missing(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+
+    /// How many read connections the pool keeps (1 to 64). Default 4.
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.pool_size = n;
+        self
+    }
+
+    /// How long a write waits for another process's lock, and a read for a
+    /// busy file, before failing with [`Error::Busy`]. Default 30 s.
+    pub fn busy_timeout(mut self, t: Duration) -> Self {
+        self.config.busy_timeout = t;
+        self
+    }
+
+    /// How often a waiting thread checks for commits made by other processes
+    /// (`PRAGMA data_version`). Commits made through this engine wake waiters
+    /// at once regardless. Default 50 ms.
+    pub fn heartbeat(mut self, t: Duration) -> Self {
+        self.config.heartbeat = t;
+        self
+    }
+
+    /// How long the engine's leases last unless renewed. Default 30 s, renewed
+    /// every third (ADR-0015).
+    pub fn lease_ttl(mut self, t: Duration) -> Self {
+        self.config.lease_ttl = t;
+        self
+    }
+
+    /// The largest payload an append accepts, in bytes. Default 1 MiB; at
+    /// most 256 MiB.
+    pub fn max_payload_bytes(mut self, n: usize) -> Self {
+        self.config.max_payload_bytes = n;
+        self
+    }
+
+    /// The name this engine holds leases under. Default `pid<pid>-<random>`,
+    /// unique per open. Two engines must never share one.
+    pub fn holder_id(mut self, id: impl Into<String>) -> Self {
+        self.config.holder_id = id.into();
+        self
+    }
+
+    /// Runs `PRAGMA quick_check` before opening, so a damaged file is refused
+    /// at once rather than when the damaged part is read. It reads the whole
+    /// file. Default `false`.
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.verify = verify;
+        self
+    }
+
+    /// Opens the file.
+    ///
+    /// # Errors
+    /// - [`Error::NotADatabase`], [`Error::Corrupt`], [`Error::SchemaTooNew`],
+    ///   [`Error::ForeignDatabase`]: the file was refused and left unchanged.
+    /// - [`Error::Missing`]: no file, and `create_if_missing(false)`.
+    /// - [`Error::Pragma`]: SQLite did not take a setting (e.g. WAL on a
+    ///   file system that cannot share memory).
+    /// - [`Error::Invalid`]: a setting out of range.
+    pub fn open(self) -> Result<Engine> {
+        let c = &self.config;
+        if !(1..=64).contains(&self.pool_size) {
+            return Err(Error::invalid("pool_size", "must be 1 to 64"));
+        }
+        if c.max_payload_bytes == 0 || c.max_payload_bytes > 256 << 20 {
+            return Err(Error::invalid(
+                "max_payload_bytes",
+                "must be 1 byte to 256 MiB",
+            ));
+        }
+        if c.heartbeat.is_zero() {
+            return Err(Error::invalid("heartbeat", "must be more than zero"));
+        }
+        lease::ttl_ms(c.lease_ttl)?;
+        crate::names::check_text("holder_id", &c.holder_id, crate::names::MAX_ID_BYTES)?;
+
+        let writer_conn = schema::open_writer(
+            &self.path,
+            self.create,
+            c.synchronous,
+            self.verify,
+            c.busy_timeout,
+        )?;
+
+        // One reader configured by hand first, so a pragma SQLite refuses is
+        // reported as such instead of as a pool that never fills.
+        let first = conn::open_raw(&self.path, false)?;
+        conn::configure(&first, c.synchronous, Role::Reader)?;
+        let notifier = Arc::new(Notifier::new(first));
+
+        let sync = c.synchronous;
+        let manager = SqliteConnectionManager::file(&self.path)
+            .with_flags(conn::open_flags(false))
+            .with_init(move |conn| {
+                conn::configure(conn, sync, Role::Reader)
+                    .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+            });
+        let pool = Pool::builder()
+            .max_size(self.pool_size)
+            .min_idle(Some(1))
+            .connection_timeout(c.busy_timeout.max(Duration::from_secs(1)))
+            .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
+            .build(manager)?;
+
+        let shared = Shared {
+            path: self.path,
+            clock: self.clock,
+            writer: Writer::new(writer_conn, self.config.busy_timeout),
+            config: self.config,
+            pool,
+            notifier,
+        };
+        Ok(Engine {
+            shared: Arc::new(shared),
+        })
+    }
+}
+
+impl Engine {
+    /// Opens (creating it if missing) the reflexr file at `path` with the
+    /// defaults of [`EngineBuilder`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Engine> {
+        Engine::builder(path).open()
+    }
+
+    /// A builder for opening `path` with other settings.
+    pub fn builder(path: impl AsRef<Path>) -> EngineBuilder {
+        EngineBuilder {
+            path: path.as_ref().to_path_buf(),
+            clock: Arc::new(SystemClock),
+            create: true,
+            pool_size: 4,
+            verify: false,
+            config: Config {
+                synchronous: Synchronous::Full,
+                busy_timeout: Duration::from_secs(30),
+                heartbeat: Duration::from_millis(50),
+                max_payload_bytes: 1 << 20,
+                lease_ttl: DEFAULT_LEASE_TTL,
+                holder_id: format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..)),
+            },
+        }
+    }
+
+    /// The file this engine opened.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// The name this engine holds leases under.
+    pub fn holder_id(&self) -> &str {
+        &self.shared.config.holder_id
+    }
+
+    /// The engine's clock's current time, in ms since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.shared.clock.now_ms()
+    }
+
+    /// The durability level commits use.
+    pub fn synchronous(&self) -> Synchronous {
+        self.shared.config.synchronous
+    }
+
+    // ----- workspaces -------------------------------------------------------
+
+    /// Creates a workspace.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyExists`] if it exists; [`Error::Invalid`] for a bad name.
+    pub fn create_workspace(&self, name: &str) -> Result<()> {
+        self.write(|tx| {
+            let now = tx.now_ms();
+            if workspace::create(tx.conn(), now, name)? {
+                Ok(())
+            } else {
+                Err(Error::AlreadyExists {
+                    kind: "workspace",
+                    name: name.into(),
+                })
+            }
+        })
+    }
+
+    /// Creates the workspace if it does not exist, and registers `types` for
+    /// it. Safe to call at every start.
+    pub fn ensure_workspace(&self, name: &str, types: &[&str]) -> Result<()> {
+        self.write(|tx| {
+            let now = tx.now_ms();
+            workspace::create(tx.conn(), now, name)?;
+            workspace::register_types(tx.conn(), now, name, types)
+        })
+    }
+
+    /// Registers event types a workspace accepts. Registering a type again is
+    /// a no-op.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a missing workspace, [`Error::ReservedType`] for
+    /// `RuleFired`/`RuleErrored`, [`Error::Invalid`] for a bad name. Nothing
+    /// is registered when any type is refused.
+    pub fn register_types(&self, workspace: &str, types: &[&str]) -> Result<()> {
+        self.write(|tx| {
+            let now = tx.now_ms();
+            workspace::register_types(tx.conn(), now, workspace, types)
+        })
+    }
+
+    /// Every workspace, by name, with the types it accepts.
+    pub fn workspaces(&self) -> Result<Vec<WorkspaceInfo>> {
+        self.shared.read(workspace::list)
+    }
+
+    // ----- writing ----------------------------------------------------------
+
+    /// Runs `f` in a write transaction and returns its value once committed.
+    ///
+    /// The closure gets a [`Tx`]: run the application's own SQL through it
+    /// and append events with it, and all of it commits together or not at
+    /// all (DESIGN.md, invariant 2). Return an error (or panic) and the
+    /// closure's work is rolled back. The closure runs on the calling thread
+    /// and may borrow from it.
+    ///
+    /// Concurrent writers of this process share transactions (group commit):
+    /// keep closures short, since the callers after you wait for them.
+    ///
+    /// ```
+    /// # fn main() -> reflexr::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
+    /// engine.ensure_workspace("shop", &["order.placed"])?;
+    /// engine.write(|tx| tx.execute("CREATE TABLE IF NOT EXISTS orders (id TEXT)", []))?;
+    /// let seq = engine.write(|tx| {
+    ///     tx.execute("INSERT INTO orders (id) VALUES (?1)", ["o-1"])?;
+    ///     let at = tx.now_ms();
+    ///     let ev = reflexr::NewEvent::new("order.placed", "order/o-1", "web", at);
+    ///     Ok(tx.append("shop", &ev)?.seq)
+    /// })?;
+    /// assert!(seq > 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Whatever the closure returns, or the commit's error: [`Error::DiskFull`],
+    /// [`Error::ReadOnly`], [`Error::Busy`] (another process held the file past
+    /// the busy timeout), [`Error::TransactionAborted`].
+    ///
+    /// # Panics
+    /// If called from inside a write closure of the same engine (it would wait
+    /// for itself). Re-raises a panic of `f` after rolling its work back.
+    pub fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<T>,
+    {
+        self.shared.write(f)
+    }
+
+    /// [`Engine::write`] for closures with an error type of their own, which
+    /// must be able to hold a reflexr [`Error`] (for the commit's).
+    pub fn write_with<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        self.shared.write(f)
+    }
+
+    /// Appends one event in a transaction of its own (shorthand for a
+    /// [`Engine::write`] with one [`Tx::append`]).
+    pub fn append(&self, workspace: &str, event: &NewEvent) -> Result<Appended> {
+        self.write(|tx| tx.append(workspace, event))
+    }
+
+    // ----- reading ----------------------------------------------------------
+
+    /// The events `query` asks for, in seq order (DESIGN.md, invariant 1: a
+    /// reader after a seq sees every committed event after it, in order).
+    pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
+        self.shared.read(|c| log::read(c, query))
+    }
+
+    /// Runs `f` on a pooled read connection, for the application's own
+    /// queries. The connection is `query_only`: it cannot write. It sees what
+    /// was committed when `f`'s first statement ran, and never blocks the
+    /// writer. `f` may run more than once if the file is busy.
+    pub fn with_reader<T>(&self, f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        self.shared.read(f)
+    }
+
+    /// How many transactions the writer has committed, and how many callers'
+    /// writes they held: with concurrent writers, several callers share one
+    /// commit.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.shared.writer.stats()
+    }
+
+    /// One event by seq.
+    pub fn event(&self, seq: i64) -> Result<Option<Event>> {
+        self.shared.read(|c| events::get(c, seq))
+    }
+
+    /// The highest seq ever assigned in the file (0 before the first append).
+    pub fn head_seq(&self) -> Result<i64> {
+        self.shared.read(events::head)
+    }
+
+    /// Like [`Engine::read`], but when nothing is there yet, waits until
+    /// something is or `timeout` passes (then returns an empty page).
+    ///
+    /// A commit through this engine (any clone) wakes the wait at once; a
+    /// commit by another process is noticed within one heartbeat.
+    pub fn wait_for_events(&self, query: &Query, timeout: Duration) -> Result<Vec<Event>> {
+        query.validate()?;
+        let deadline = Instant::now() + timeout;
+        // Subscribed before the first read, so a commit in between wakes us.
+        let sub = self.shared.notifier.subscribe();
+        loop {
+            let page = self.read(query)?;
+            if !page.is_empty() {
+                return Ok(page);
+            }
+            if !sub.wait(self.shared.config.heartbeat, deadline) {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    // ----- cursors ----------------------------------------------------------
+
+    /// The application consumer's cursor on `workspace` (0 if never saved).
+    pub fn cursor(&self, consumer: &str, workspace: &str) -> Result<i64> {
+        self.shared
+            .read(|c| cursor::load(c, workspace, ConsumerKind::App, consumer))
+    }
+
+    /// Moves the application consumer's cursor forward to `seq`. See
+    /// [`Tx::save_cursor`] to save it with the consumer's own rows.
+    pub fn save_cursor(&self, consumer: &str, workspace: &str, seq: i64) -> Result<()> {
+        self.write(|tx| tx.save_cursor(consumer, workspace, seq))
+    }
+
+    /// An operator's reset: sets any consumer's cursor to `position`,
+    /// backwards if need be, and records who did it and why in
+    /// `reflexr_audit`. The one way a cursor moves back (invariant 8).
+    pub fn reset_cursor(
+        &self,
+        workspace: &str,
+        kind: ConsumerKind,
+        name: &str,
+        position: i64,
+        operator: &str,
+        reason: &str,
+    ) -> Result<Reset> {
+        self.write(|tx| {
+            cursor::reset(
+                tx.conn(),
+                tx.shared(),
+                (workspace, kind, name),
+                position,
+                operator,
+                reason,
+            )
+        })
+    }
+
+    /// Every cursor in the file, with its lag.
+    pub fn cursors(&self) -> Result<Vec<CursorInfo>> {
+        self.shared.read(cursor::list)
+    }
+
+    /// What operators did, newest first.
+    pub fn audit_log(&self, limit: usize) -> Result<Vec<AuditEntry>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.shared.read(|c| audit::recent(c, limit))
+    }
+
+    // ----- leases -----------------------------------------------------------
+
+    /// Takes the lease `name` for this engine's holder id, for `ttl` (the
+    /// engine's default if `None`). Taking a lease that expired or was
+    /// released bumps its generation; taking one this holder already holds
+    /// extends it.
+    ///
+    /// # Errors
+    /// [`Error::LeaseHeld`] while another holder's lease is live.
+    pub fn acquire_lease(&self, name: &str, ttl: Option<Duration>) -> Result<Lease> {
+        let ttl = ttl.unwrap_or(self.shared.config.lease_ttl);
+        let holder = self.shared.config.holder_id.clone();
+        self.write(|tx| lease::acquire(tx.conn(), tx.now_ms(), name, &holder, ttl))
+    }
+
+    /// Extends a held lease by its TTL from now.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when it expired or another holder took it: stop
+    /// acting under it.
+    pub fn renew_lease(&self, lease: &Lease) -> Result<Lease> {
+        self.write(|tx| lease::renew(tx.conn(), tx.now_ms(), lease))
+    }
+
+    /// Gives a held lease up, so another holder can take it at once. False
+    /// when it was no longer this holder's.
+    pub fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        self.write(|tx| lease::release(tx.conn(), tx.now_ms(), lease))
+    }
+
+    /// Every lease in the file.
+    pub fn leases(&self) -> Result<Vec<LeaseInfo>> {
+        self.shared
+            .read(|c| Ok(leases::list(c)?.into_iter().map(Into::into).collect()))
+    }
+
+    // ----- maintenance ------------------------------------------------------
+
+    /// Reads every page of the file (`PRAGMA quick_check`).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] with SQLite's findings.
+    pub fn check_integrity(&self) -> Result<()> {
+        self.shared.read(schema::quick_check)
+    }
+}

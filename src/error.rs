@@ -1,0 +1,407 @@
+//! The crate's one error type.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use rusqlite::ErrorCode;
+
+/// The result type of every fallible reflexr call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in reflexr.
+///
+/// Bad input is refused with a typed error before anything is written, and a
+/// refused call leaves what is already committed untouched (DESIGN.md,
+/// invariant 10). Errors from SQLite are mapped to the variants a caller can act
+/// on (a full disk, a read-only file, a busy database, a corrupt file); the
+/// rest arrive as [`Error::Storage`] with SQLite's code and message.
+///
+/// Match on the helpers ([`Error::is_not_found`], [`Error::is_lease_lost`], …)
+/// rather than on fields where you can: new variants may be added.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// A named thing does not exist: a workspace, an event type the workspace
+    /// has not registered, a lease, a consumer.
+    NotFound {
+        /// What kind of thing was looked for ("workspace", "event type", …).
+        kind: &'static str,
+        /// The name that was looked for.
+        name: String,
+    },
+    /// A named thing exists already and the call asked to create it.
+    AlreadyExists {
+        /// What kind of thing ("workspace", …).
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// An application tried to append a type only the engine may write
+    /// (`RuleFired`, `RuleErrored`).
+    ReservedType {
+        /// The refused type.
+        event_type: String,
+    },
+    /// An argument is malformed: an empty name, an over-long id, a payload over
+    /// the size limit, a control character where none is allowed.
+    Invalid {
+        /// The argument that was refused.
+        field: &'static str,
+        /// Why, in words.
+        reason: String,
+    },
+    /// A cursor save asked to move a cursor backwards. Only an operator reset
+    /// ([`crate::Engine::reset_cursor`]) may do that.
+    CursorBackwards {
+        /// The consumer whose cursor it is.
+        consumer: String,
+        /// The workspace the cursor reads.
+        workspace: String,
+        /// The cursor's stored position.
+        current: i64,
+        /// The position that was refused.
+        requested: i64,
+    },
+    /// A cursor save named a position past the last seq ever assigned.
+    CursorAhead {
+        /// The consumer whose cursor it is.
+        consumer: String,
+        /// The workspace the cursor reads.
+        workspace: String,
+        /// The position that was refused.
+        requested: i64,
+        /// The highest seq ever assigned in the file.
+        head: i64,
+    },
+    /// The lease is held by someone else and has not expired.
+    LeaseHeld {
+        /// The lease's name.
+        name: String,
+        /// Who holds it.
+        holder: String,
+        /// When it expires, in ms since the epoch, unless renewed.
+        expires_at: i64,
+    },
+    /// The caller no longer holds the lease it acted under: it expired, or
+    /// another holder took it over (and bumped the generation). A write fenced
+    /// by it was rolled back.
+    LeaseLost {
+        /// The lease's name.
+        name: String,
+        /// The holder the caller claimed to be.
+        holder: String,
+        /// The generation the caller held.
+        generation: i64,
+    },
+    /// An event's payload could not be decoded into the requested type.
+    Decode {
+        /// The event's seq.
+        seq: i64,
+        /// The event's type.
+        event_type: String,
+        /// serde's message.
+        message: String,
+    },
+    /// A value could not be encoded as JSON.
+    Encode {
+        /// serde's message.
+        message: String,
+    },
+    /// The file exists but is not an SQLite database. It was not modified.
+    NotADatabase {
+        /// The file (empty when the damage was noticed after opening).
+        path: PathBuf,
+    },
+    /// SQLite found the file damaged. Nothing was written to it.
+    Corrupt {
+        /// SQLite's message, and where it was noticed.
+        detail: String,
+    },
+    /// The file was written by a newer reflexr (its schema version is higher
+    /// than this library's). It was not modified; upgrade the library.
+    SchemaTooNew {
+        /// The file.
+        path: PathBuf,
+        /// The file's schema version (`PRAGMA user_version`).
+        found: i64,
+        /// The newest version this library knows.
+        supported: i64,
+    },
+    /// The file is an SQLite database that reflexr cannot take over: another
+    /// program uses its `user_version`, or its tables clash with reflexr's.
+    ForeignDatabase {
+        /// The file.
+        path: PathBuf,
+        /// What was found.
+        detail: String,
+    },
+    /// The file to open does not exist and creating it was not allowed.
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A pragma did not take the value reflexr set (read back after setting).
+    Pragma {
+        /// The pragma.
+        name: &'static str,
+        /// What was set.
+        expected: String,
+        /// What SQLite reported.
+        found: String,
+    },
+    /// The database stayed locked by another connection for longer than the
+    /// busy timeout.
+    Busy {
+        /// SQLite's message.
+        detail: String,
+    },
+    /// The disk (or `max_page_count`) is full. The transaction was rolled back.
+    DiskFull {
+        /// SQLite's message.
+        detail: String,
+    },
+    /// The file or its directory cannot be written. The transaction was rolled
+    /// back.
+    ReadOnly {
+        /// SQLite's message.
+        detail: String,
+    },
+    /// A write closure ended the transaction itself (with `COMMIT` or
+    /// `ROLLBACK` through [`crate::Tx::conn`]) or SQLite rolled it back after an
+    /// I/O error. The whole transaction was abandoned: nothing of it committed.
+    TransactionAborted {
+        /// What happened.
+        detail: String,
+    },
+    /// Any other SQLite error, including errors of the application's own SQL
+    /// run inside a write.
+    Storage {
+        /// SQLite's extended result code, when there is one.
+        code: Option<i32>,
+        /// SQLite's message.
+        message: String,
+    },
+    /// An operating-system error outside SQLite (creating a directory,
+    /// spawning a thread).
+    Io {
+        /// The error's kind.
+        kind: std::io::ErrorKind,
+        /// The operating system's message.
+        message: String,
+    },
+}
+
+impl Error {
+    /// True for [`Error::NotFound`].
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::NotFound { .. })
+    }
+
+    /// True for [`Error::LeaseLost`]: the caller must stop acting under the
+    /// lease.
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, Error::LeaseLost { .. })
+    }
+
+    /// True for [`Error::Busy`]: another process kept the file locked past the
+    /// busy timeout. Trying again later is safe.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Error::Busy { .. })
+    }
+
+    /// True for errors caused by the caller's arguments: retrying the same
+    /// call cannot succeed.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            Error::Invalid { .. }
+                | Error::ReservedType { .. }
+                | Error::NotFound { .. }
+                | Error::AlreadyExists { .. }
+                | Error::CursorBackwards { .. }
+                | Error::CursorAhead { .. }
+                | Error::Encode { .. }
+        )
+    }
+
+    /// True for a full disk or a read-only file: the storage refused to take
+    /// more, and the work can resume once the fault is mended.
+    pub fn is_storage_fault(&self) -> bool {
+        matches!(self, Error::DiskFull { .. } | Error::ReadOnly { .. })
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+        Error::Invalid {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn not_found(kind: &'static str, name: impl Into<String>) -> Error {
+        Error::NotFound {
+            kind,
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotFound { kind, name } => write!(f, "{kind} not found: {name:?}"),
+            Error::AlreadyExists { kind, name } => write!(f, "{kind} already exists: {name:?}"),
+            Error::ReservedType { event_type } => write!(
+                f,
+                "event type {event_type:?} is reserved: only the engine appends it"
+            ),
+            Error::Invalid { field, reason } => write!(f, "invalid {field}: {reason}"),
+            Error::CursorBackwards {
+                consumer,
+                workspace,
+                current,
+                requested,
+            } => write!(
+                f,
+                "cursor {consumer:?} on workspace {workspace:?} is at {current}; \
+                 refusing to move it back to {requested} (an operator reset can)"
+            ),
+            Error::CursorAhead {
+                consumer,
+                workspace,
+                requested,
+                head,
+            } => write!(
+                f,
+                "cursor {consumer:?} on workspace {workspace:?}: position {requested} \
+                 is past the last seq ever assigned ({head})"
+            ),
+            Error::LeaseHeld {
+                name,
+                holder,
+                expires_at,
+            } => write!(
+                f,
+                "lease {name:?} is held by {holder:?} until {expires_at} (ms since epoch)"
+            ),
+            Error::LeaseLost {
+                name,
+                holder,
+                generation,
+            } => write!(
+                f,
+                "lease {name:?} lost: {holder:?} no longer holds generation {generation}"
+            ),
+            Error::Decode {
+                seq,
+                event_type,
+                message,
+            } => write!(
+                f,
+                "cannot decode the payload of event {seq} ({event_type}): {message}"
+            ),
+            Error::Encode { message } => write!(f, "cannot encode as JSON: {message}"),
+            Error::NotADatabase { path } if path.as_os_str().is_empty() => {
+                write!(f, "the database file is not an SQLite database")
+            }
+            Error::NotADatabase { path } => write!(
+                f,
+                "{} is not an SQLite database (left unchanged)",
+                path.display()
+            ),
+            Error::Corrupt { detail } => write!(f, "the database file is corrupt: {detail}"),
+            Error::SchemaTooNew {
+                path,
+                found,
+                supported,
+            } => write!(
+                f,
+                "{} has reflexr schema version {found}, newer than this library's {supported}; \
+                 upgrade reflexr to open it (the file was left unchanged)",
+                path.display()
+            ),
+            Error::ForeignDatabase { path, detail } => write!(
+                f,
+                "{} is not a reflexr database and cannot become one: {detail}",
+                path.display()
+            ),
+            Error::Missing { path } => write!(
+                f,
+                "{} does not exist (and creating it was not asked for)",
+                path.display()
+            ),
+            Error::Pragma {
+                name,
+                expected,
+                found,
+            } => write!(
+                f,
+                "PRAGMA {name} did not take: set {expected}, read back {found}"
+            ),
+            Error::Busy { detail } => write!(
+                f,
+                "the database stayed locked past the busy timeout: {detail}"
+            ),
+            Error::DiskFull { detail } => write!(f, "the disk is full: {detail}"),
+            Error::ReadOnly { detail } => {
+                write!(f, "the database cannot be written: {detail}")
+            }
+            Error::TransactionAborted { detail } => {
+                write!(f, "the transaction was abandoned: {detail}")
+            }
+            Error::Storage { code, message } => match code {
+                Some(c) => write!(f, "SQLite error {c}: {message}"),
+                None => write!(f, "SQLite error: {message}"),
+            },
+            Error::Io { message, .. } => write!(f, "I/O error: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        let message = e.to_string();
+        match &e {
+            rusqlite::Error::SqliteFailure(f, _) => match f.code {
+                ErrorCode::DatabaseCorrupt => Error::Corrupt { detail: message },
+                // The path is filled in by the open that noticed it.
+                ErrorCode::NotADatabase => Error::NotADatabase {
+                    path: PathBuf::new(),
+                },
+                ErrorCode::DiskFull => Error::DiskFull { detail: message },
+                ErrorCode::ReadOnly => Error::ReadOnly { detail: message },
+                ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                    Error::Busy { detail: message }
+                }
+                _ => Error::Storage {
+                    code: Some(f.extended_code),
+                    message,
+                },
+            },
+            _ => Error::Storage {
+                code: None,
+                message,
+            },
+        }
+    }
+}
+
+impl From<r2d2::Error> for Error {
+    fn from(e: r2d2::Error) -> Self {
+        // r2d2 reports a connection it could not open, or a pool that stayed
+        // empty past its timeout; both read as a busy database to a caller.
+        Error::Busy {
+            detail: format!("no pooled connection: {e}"),
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io {
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Events: what an application appends ([`NewEvent`]), what a reader gets back
+//! ([`Event`]), and the question a reader asks ([`Query`]).
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+
+/// The types only the engine appends. An application's append of one is
+/// refused with [`Error::ReservedType`].
+pub const RESERVED_TYPES: [&str; 2] = ["RuleFired", "RuleErrored"];
+
+/// An event as stored in the log (the envelope).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Event {
+    /// The file-wide position, assigned at append, strictly increasing in
+    /// commit order, never reused.
+    pub seq: i64,
+    /// The event's id, unique within its workspace.
+    pub id: String,
+    /// The workspace (log) the event belongs to.
+    pub workspace: String,
+    /// The event's type, registered for the workspace.
+    pub event_type: String,
+    /// What the event is about (e.g. `session/42`).
+    pub subject: String,
+    /// Who made the change.
+    pub actor: String,
+    /// When it happened, by the actor's clock (ms since the epoch).
+    pub occurred_at: i64,
+    /// When the engine recorded it, by the engine's clock (ms since the epoch).
+    pub recorded_at: i64,
+    /// The id of the event that caused this one, if any.
+    pub causation_id: Option<String>,
+    /// An id shared by the events of one conversation or workflow, if any.
+    pub correlation_id: Option<String>,
+    /// How many causes deep the event is in a chain: 0 for an application's
+    /// own event, one more than its cause otherwise.
+    pub depth: i64,
+    pub(crate) payload: String,
+}
+
+impl Event {
+    /// The payload decoded into `T`.
+    ///
+    /// # Errors
+    /// [`Error::Decode`] when the payload does not fit `T`; the event itself
+    /// is fine and stays readable as JSON.
+    pub fn payload<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_str(&self.payload).map_err(|e| Error::Decode {
+            seq: self.seq,
+            event_type: self.event_type.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The payload as JSON text, exactly as stored.
+    pub fn payload_json(&self) -> &str {
+        &self.payload
+    }
+
+    /// The payload as a JSON value.
+    pub fn payload_value(&self) -> Result<serde_json::Value> {
+        self.payload()
+    }
+}
+
+/// An event to append. The type, the subject, the actor and the time (by the
+/// actor's clock) are required, so a call site cannot leave out who made the
+/// change or when.
+///
+/// ```
+/// # use reflexr::NewEvent;
+/// # #[derive(serde::Serialize)] struct Changed { title: &'static str }
+/// let event = NewEvent::new("session.changed", "session/42", "admin", 1_764_000_000_000)
+///     .payload(&Changed { title: "Rust in anger" })
+///     .correlation_id("req-7");
+/// ```
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub(crate) event_type: String,
+    pub(crate) subject: String,
+    pub(crate) actor: String,
+    pub(crate) occurred_at: i64,
+    /// The payload as JSON text, or the reason it could not be encoded; the
+    /// reason is reported by the append, so building an event can chain.
+    pub(crate) payload: std::result::Result<String, String>,
+    pub(crate) id: Option<String>,
+    pub(crate) causation_id: Option<String>,
+    pub(crate) correlation_id: Option<String>,
+}
+
+impl NewEvent {
+    /// An event of `event_type` about `subject`, made by `actor` at
+    /// `occurred_at` (ms since the epoch, by the actor's clock), with an empty
+    /// object as its payload.
+    pub fn new(
+        event_type: impl Into<String>,
+        subject: impl Into<String>,
+        actor: impl Into<String>,
+        occurred_at: i64,
+    ) -> NewEvent {
+        NewEvent {
+            event_type: event_type.into(),
+            subject: subject.into(),
+            actor: actor.into(),
+            occurred_at,
+            payload: Ok("{}".into()),
+            id: None,
+            causation_id: None,
+            correlation_id: None,
+        }
+    }
+
+    /// Sets the payload to `value` encoded as JSON. A value serde cannot
+    /// encode makes the append fail with [`Error::Encode`].
+    pub fn payload<T: Serialize + ?Sized>(mut self, value: &T) -> NewEvent {
+        self.payload = serde_json::to_string(value).map_err(|e| e.to_string());
+        self
+    }
+
+    /// Sets the payload to JSON text. Text that is not JSON makes the append
+    /// fail with [`Error::Invalid`].
+    pub fn payload_json(mut self, json: impl Into<String>) -> NewEvent {
+        self.payload = Ok(json.into());
+        self
+    }
+
+    /// Sets the event's id. Without one, the append generates a time-ordered
+    /// UUIDv7. Appending an id the workspace already has is a no-op that
+    /// reports the existing event's seq.
+    pub fn id(mut self, id: impl Into<String>) -> NewEvent {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Sets the id of the event that caused this one. When that event is in
+    /// the same workspace, this one's depth is one more than its depth.
+    pub fn causation_id(mut self, id: impl Into<String>) -> NewEvent {
+        self.causation_id = Some(id.into());
+        self
+    }
+
+    /// Sets the correlation id.
+    pub fn correlation_id(mut self, id: impl Into<String>) -> NewEvent {
+        self.correlation_id = Some(id.into());
+        self
+    }
+
+    /// The event's type.
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+}
+
+/// What an append did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Appended {
+    /// The event's seq: the new one, or the existing event's when the id was
+    /// already in the workspace.
+    pub seq: i64,
+    /// The event's id (generated when the event had none).
+    pub id: String,
+    /// True when the workspace already had an event with this id and nothing
+    /// was appended.
+    pub existing: bool,
+}
+
+/// Which events to read: one workspace's, after a seq, optionally of some
+/// types only, at most `limit` of them, in seq order.
+///
+/// ```
+/// # use reflexr::Query;
+/// let q = Query::new("shop").after(1200).types(["order.placed"]).limit(100);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    pub(crate) workspace: String,
+    pub(crate) after: i64,
+    pub(crate) types: Vec<String>,
+    pub(crate) limit: usize,
+}
+
+impl Query {
+    /// The default page size.
+    pub const DEFAULT_LIMIT: usize = 500;
+    /// The largest page a read returns.
+    pub const MAX_LIMIT: usize = 10_000;
+
+    /// All of `workspace`'s events from the start, a page of
+    /// [`Query::DEFAULT_LIMIT`] at a time.
+    pub fn new(workspace: impl Into<String>) -> Query {
+        Query {
+            workspace: workspace.into(),
+            after: 0,
+            types: Vec::new(),
+            limit: Self::DEFAULT_LIMIT,
+        }
+    }
+
+    /// Only events with `seq > after` (a cursor's position).
+    pub fn after(mut self, seq: i64) -> Query {
+        self.after = seq;
+        self
+    }
+
+    /// Only events of these types. Empty means every type.
+    pub fn types<I, S>(mut self, types: I) -> Query
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.types = types.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// At most `limit` events (1 to [`Query::MAX_LIMIT`]).
+    pub fn limit(mut self, limit: usize) -> Query {
+        self.limit = limit;
+        self
+    }
+
+    /// The workspace read.
+    pub fn workspace(&self) -> &str {
+        &self.workspace
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        crate::names::check_name("workspace", &self.workspace)?;
+        if self.after < 0 {
+            return Err(Error::invalid("after", "a seq is never negative"));
+        }
+        if self.limit == 0 || self.limit > Self::MAX_LIMIT {
+            return Err(Error::invalid(
+                "limit",
+                format!("must be 1 to {}, got {}", Self::MAX_LIMIT, self.limit),
+            ));
+        }
+        for t in &self.types {
+            crate::names::check_name("event type", t)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,70 @@
+//! reflexr keeps an application's change log, the cursors of everything that
+//! reacts to it, leases, a work queue and dead letters in **one SQLite file**.
+//!
+//! Applications append events in the same transaction as their own rows;
+//! consumers read the log after a durable cursor; leases with a fencing
+//! generation keep one process at a time on a piece of work. Synchronous and
+//! thread-based: no async runtime.
+//!
+//! ```
+//! use reflexr::{Engine, NewEvent, Query};
+//!
+//! # fn main() -> reflexr::Result<()> {
+//! let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path().join("app.db"))?;
+//! engine.ensure_workspace("events-app", &["session.changed"])?;
+//! engine.write(|tx| tx.execute("CREATE TABLE sessions (id INTEGER PRIMARY KEY, title TEXT)", []))?;
+//!
+//! // The application's row and the event commit together, or not at all.
+//! engine.write(|tx| {
+//!     tx.execute("INSERT INTO sessions (id, title) VALUES (42, 'Rust in anger')", [])?;
+//!     let at = tx.now_ms();
+//!     let ev = NewEvent::new("session.changed", "session/42", "admin", at)
+//!         .payload(&serde_json::json!({ "after": { "title": "Rust in anger" } }));
+//!     tx.append("events-app", &ev)
+//! })?;
+//!
+//! // A consumer reads after its cursor and moves it forward.
+//! let after = engine.cursor("mailer", "events-app")?;
+//! let page = engine.read(&Query::new("events-app").after(after))?;
+//! assert_eq!(page.len(), 1);
+//! engine.save_cursor("mailer", "events-app", page[0].seq)?;
+//! # Ok(()) }
+//! ```
+//!
+//! The design, its words and its invariants are in the repository's
+//! `DESIGN.md` notes and the README; the schema is `schema.sql`.
+
+#![warn(missing_docs)]
+
+mod clock;
+mod cursor;
+mod engine;
+mod error;
+mod event;
+mod lease;
+mod log;
+mod names;
+mod notify;
+mod store;
+mod tx;
+mod workspace;
+mod writer;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use cursor::{ConsumerKind, CursorInfo, Reset};
+pub use engine::{Engine, EngineBuilder};
+pub use error::{Error, Result};
+pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
+pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
+pub use names::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
+pub use store::audit::AuditEntry;
+pub use store::conn::Synchronous;
+pub use store::schema::SCHEMA_VERSION;
+pub use tx::Tx;
+pub use workspace::WorkspaceInfo;
+pub use writer::WriterStats;
+
+/// The rusqlite this crate is built with, for the application's own SQL inside
+/// a [`Tx`] (`tx.conn()` is a [`rusqlite::Connection`]).
+pub use rusqlite;

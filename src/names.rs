@@ -1,0 +1,76 @@
+//! What names, ids and texts reflexr accepts. Checked before anything is
+//! written, so bad input is a typed error and never a half-done write.
+
+use crate::error::{Error, Result};
+
+/// Longest name (workspace, event type, consumer, lease), in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+/// Longest event id, actor or lease holder, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+/// Longest subject, in bytes.
+pub const MAX_SUBJECT_BYTES: usize = 1024;
+
+/// A name: 1 to [`MAX_NAME_BYTES`] bytes of ASCII letters, digits and
+/// `. _ - : / @ +`. Names appear in views, in the CLI and in lease names, so
+/// they are kept to characters that need no quoting in a shell.
+pub(crate) fn check_name(field: &'static str, name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("{} bytes, longer than {MAX_NAME_BYTES}", name.len()),
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "._-:/@+".contains(*c)))
+    {
+        return Err(Error::invalid(
+            field,
+            format!("{name:?} has {c:?}; use letters, digits and . _ - : / @ +"),
+        ));
+    }
+    Ok(())
+}
+
+/// A free text that must be present: 1 to `max` bytes of UTF-8 with no
+/// control characters (ids, actors, holders).
+pub(crate) fn check_text(field: &'static str, text: &str, max: usize) -> Result<()> {
+    if text.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if text.len() > max {
+        return Err(Error::invalid(
+            field,
+            format!("{} bytes, longer than {max}", text.len()),
+        ));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(Error::invalid(field, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_accept_the_documented_alphabet_only() {
+        assert!(check_name("workspace", "tenant/acme-1.eu:prod@x+y_z").is_ok());
+        for bad in ["", "a b", "naïve", "tab\t", "semi;colon", &"x".repeat(129)] {
+            let err = check_name("workspace", bad).unwrap_err();
+            assert!(err.is_bad_input(), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn texts_refuse_empty_long_and_control() {
+        assert!(check_text("actor", "Ada Lovelace <ada@example>", 256).is_ok());
+        assert!(check_text("actor", "", 256).is_err());
+        assert!(check_text("actor", "a\u{0}b", 256).is_err());
+        assert!(check_text("actor", &"é".repeat(200), 256).is_err());
+    }
+}

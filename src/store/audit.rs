@@ -1,0 +1,66 @@
+//! Statements on `reflexr_audit`, the record of what operators did.
+
+use rusqlite::{Connection, params};
+
+use crate::error::Result;
+
+/// One operator action to record.
+pub(crate) struct Entry<'a> {
+    pub at: i64,
+    pub operator: &'a str,
+    pub action: &'a str,
+    pub target: &'a str,
+    pub reason: &'a str,
+    /// JSON text.
+    pub detail: &'a str,
+}
+
+pub(crate) fn record(conn: &Connection, e: &Entry<'_>) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO reflexr_audit (at, operator, action, target, reason, detail) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        e.at, e.operator, e.action, e.target, e.reason, e.detail
+    ])?;
+    Ok(())
+}
+
+/// A recorded action, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditEntry {
+    /// When, in ms since the epoch.
+    pub at: i64,
+    /// Who (as they named themselves).
+    pub operator: String,
+    /// What: `reset_cursor`, …
+    pub action: String,
+    /// On what, e.g. `cursor app/billing@shop`.
+    pub target: String,
+    /// Why, as the operator said.
+    pub reason: String,
+    /// The particulars, as JSON text (e.g. `{"from":120,"to":0}`).
+    pub detail: String,
+}
+
+/// The most recent `limit` entries, newest first.
+pub(crate) fn recent(conn: &Connection, limit: i64) -> Result<Vec<AuditEntry>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT at, operator, action, target, reason, detail FROM reflexr_audit \
+         ORDER BY id DESC LIMIT ?1",
+    )?;
+    let rows = stmt
+        .query_map([limit], |r| {
+            Ok(AuditEntry {
+                at: r.get(0)?,
+                operator: r.get(1)?,
+                action: r.get(2)?,
+                target: r.get(3)?,
+                reason: r.get(4)?,
+                detail: r.get(5)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}

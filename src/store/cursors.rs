@@ -1,0 +1,101 @@
+//! Statements on `reflexr_cursors`.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::Result;
+
+/// The cursor's position, if it was ever saved.
+pub(crate) fn get(
+    conn: &Connection,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position FROM reflexr_cursors WHERE workspace = ?1 AND kind = ?2 AND name = ?3",
+        )?
+        .query_row(params![workspace, kind, name], |r| r.get(0))
+        .optional()?)
+}
+
+/// Moves the cursor to `position` if that is not behind where it is. Returns
+/// `Err(current)` when it would have moved backwards (nothing is written).
+pub(crate) fn advance(
+    conn: &Connection,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+    position: i64,
+    now: i64,
+) -> Result<std::result::Result<(), i64>> {
+    let n = conn
+        .prepare_cached(
+            "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (workspace, kind, name) DO UPDATE \
+             SET position = excluded.position, updated_at = excluded.updated_at \
+             WHERE excluded.position >= reflexr_cursors.position",
+        )?
+        .execute(params![workspace, kind, name, position, now])?;
+    if n == 1 {
+        return Ok(Ok(()));
+    }
+    let current = get(conn, workspace, kind, name)?.unwrap_or(0);
+    Ok(Err(current))
+}
+
+/// Sets the cursor to `position`, forwards or backwards (an operator's reset),
+/// and returns where it was.
+pub(crate) fn set(
+    conn: &Connection,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+    position: i64,
+    now: i64,
+) -> Result<Option<i64>> {
+    let before = get(conn, workspace, kind, name)?;
+    conn.prepare_cached(
+        "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (workspace, kind, name) DO UPDATE \
+         SET position = excluded.position, updated_at = excluded.updated_at",
+    )?
+    .execute(params![workspace, kind, name, position, now])?;
+    Ok(before)
+}
+
+/// A cursor row with its lag.
+pub(crate) struct Listed {
+    pub workspace: String,
+    pub kind: String,
+    pub name: String,
+    pub position: i64,
+    pub lag: i64,
+    pub updated_at: i64,
+}
+
+/// Every cursor, with the number of its workspace's events after it.
+pub(crate) fn list(conn: &Connection) -> Result<Vec<Listed>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT c.workspace, c.kind, c.name, c.position, \
+                (SELECT count(*) FROM reflexr_events e \
+                  WHERE e.workspace = c.workspace AND e.seq > c.position), \
+                c.updated_at \
+         FROM reflexr_cursors c ORDER BY c.workspace, c.kind, c.name",
+    )?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok(Listed {
+                workspace: r.get(0)?,
+                kind: r.get(1)?,
+                name: r.get(2)?,
+                position: r.get(3)?,
+                lag: r.get(4)?,
+                updated_at: r.get(5)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}

@@ -1,0 +1,12 @@
+//! The storage layer: every SQL statement reflexr runs lives here, with the
+//! table it touches. The engine above it decides; this layer reads and writes
+//! rows. Keeping the two apart is what would let a second backend (a server
+//! database) stand in later.
+
+pub(crate) mod audit;
+pub(crate) mod conn;
+pub(crate) mod cursors;
+pub(crate) mod events;
+pub(crate) mod leases;
+pub(crate) mod schema;
+pub(crate) mod workspaces;

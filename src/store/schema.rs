@@ -1,0 +1,291 @@
+//! Opening a file: recognising it, then applying or migrating the schema.
+//!
+//! The order matters for "never an overwrite": everything that could refuse
+//! the file (not SQLite, damaged, newer, someone else's) is read before the
+//! first write, which is switching the file to WAL mode.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use super::conn::{self, Role, Synchronous};
+use crate::error::{Error, Result};
+
+/// The schema of a new file, `schema.sql` at the repository root.
+pub(crate) const SCHEMA_SQL: &str = include_str!("../../schema.sql");
+
+/// The schema version this library writes (`PRAGMA user_version`). Must match
+/// the `PRAGMA user_version` line at the end of `schema.sql`.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Steps that take an older file forward: the entry `(n, sql)` takes a file
+/// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
+/// `n`. Empty while there has only been one version.
+const MIGRATIONS: &[(i64, &str)] = &[];
+
+/// A table every reflexr file has; its absence means the file is not (yet) one.
+const MARKER_TABLE: &str = "reflexr_events";
+
+/// What a file says about itself before anything is written to it.
+struct Probe {
+    user_version: i64,
+    has_reflexr_tables: bool,
+    /// Any table, index or view named reflexr_*.
+    reflexr_objects: i64,
+}
+
+/// Opens (creating if allowed) the file at `path` and returns the connection
+/// the writer will use, configured and with the schema current.
+pub(crate) fn open_writer(
+    path: &Path,
+    create: bool,
+    sync: Synchronous,
+    verify: bool,
+    busy_timeout: Duration,
+) -> Result<Connection> {
+    if path.is_dir() {
+        return Err(Error::invalid(
+            "path",
+            format!("{} is a directory", path.display()),
+        ));
+    }
+    if !create && !path.exists() {
+        return Err(Error::Missing {
+            path: path.to_path_buf(),
+        });
+    }
+    let conn = conn::open_raw(path, create).map_err(|e| at_path(e, path))?;
+    let probe = conn::retry_busy(busy_timeout, || probe(&conn)).map_err(|e| at_path(e, path))?;
+    check_probe(&probe, path, SCHEMA_VERSION)?;
+    if verify {
+        quick_check(&conn)?;
+    }
+    conn::enable_wal(&conn).map_err(|e| at_path(e, path))?;
+    conn::configure(&conn, sync, Role::Writer)?;
+    migrate(&conn, path, busy_timeout)?;
+    Ok(conn)
+}
+
+fn probe(conn: &Connection) -> Result<Probe> {
+    // Reading the header and the schema table is what tells a foreign or
+    // damaged file apart; neither read writes anything.
+    let user_version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let has_reflexr_tables = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+            [MARKER_TABLE],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    let reflexr_objects = conn.query_row(
+        "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'reflexr\\_%' ESCAPE '\\'",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(Probe {
+        user_version,
+        has_reflexr_tables,
+        reflexr_objects,
+    })
+}
+
+fn check_probe(p: &Probe, path: &Path, supported: i64) -> Result<()> {
+    if p.user_version > 0 && !p.has_reflexr_tables {
+        return Err(Error::ForeignDatabase {
+            path: path.to_path_buf(),
+            detail: format!(
+                "its user_version is {} but it has no reflexr tables: \
+                 another program versions this file",
+                p.user_version
+            ),
+        });
+    }
+    if p.user_version > supported {
+        return Err(Error::SchemaTooNew {
+            path: path.to_path_buf(),
+            found: p.user_version,
+            supported,
+        });
+    }
+    if p.user_version == 0 && p.reflexr_objects > 0 {
+        // Either a clash of names with the application's own tables, or a
+        // copy of reflexr's tables without their version: neither is ours to
+        // build on.
+        return Err(Error::ForeignDatabase {
+            path: path.to_path_buf(),
+            detail: format!(
+                "it has {} table(s), index(es) or view(s) named reflexr_* \
+                 but no reflexr schema version",
+                p.reflexr_objects
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `PRAGMA quick_check`: reads every page, so it costs time in proportion to
+/// the file. Only on request ([`crate::EngineBuilder::verify_on_open`]) and
+/// from [`crate::Engine::check_integrity`].
+pub(crate) fn quick_check(conn: &Connection) -> Result<()> {
+    let mut stmt = conn.prepare("PRAGMA quick_check")?;
+    let problems: Vec<String> = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if problems.len() == 1 && problems[0] == "ok" {
+        Ok(())
+    } else {
+        Err(Error::Corrupt {
+            detail: format!("quick_check: {}", problems.join("; ")),
+        })
+    }
+}
+
+fn migrate(conn: &Connection, path: &Path, busy_timeout: Duration) -> Result<()> {
+    migrate_with(
+        conn,
+        path,
+        busy_timeout,
+        SCHEMA_SQL,
+        SCHEMA_VERSION,
+        MIGRATIONS,
+    )
+}
+
+/// Brings the file to `version` in one transaction: the full `schema` for a new
+/// file, or the steps of `migrations` after the file's version. Two processes
+/// opening one new file at once both get here; `BEGIN IMMEDIATE` makes the
+/// second wait, and it finds the work done.
+fn migrate_with(
+    conn: &Connection,
+    path: &Path,
+    busy_timeout: Duration,
+    schema: &str,
+    version: i64,
+    migrations: &[(i64, &str)],
+) -> Result<()> {
+    conn::retry_busy(busy_timeout, || Ok(conn.execute_batch("BEGIN IMMEDIATE")?))?;
+    let result = (|| {
+        let p = probe(conn)?;
+        check_probe(&p, path, version)?;
+        if p.user_version == version {
+            return Ok(());
+        }
+        if p.user_version == 0 {
+            conn.execute_batch(schema).map_err(|e| clash(e, path))?;
+        } else {
+            for (to, sql) in migrations.iter().filter(|(to, _)| *to > p.user_version) {
+                log::info!("migrating {} to reflexr schema {to}", path.display());
+                conn.execute_batch(sql)?;
+            }
+        }
+        let now: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if now != version {
+            return Err(Error::Storage {
+                code: None,
+                message: format!(
+                    "schema migration ended at version {now}, expected {version} \
+                     (a migration step does not set user_version)"
+                ),
+            });
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// A table or index of reflexr's that the application already has under the
+/// same name.
+fn clash(e: rusqlite::Error, path: &Path) -> Error {
+    let message = e.to_string();
+    if message.contains("already exists") {
+        Error::ForeignDatabase {
+            path: path.to_path_buf(),
+            detail: message,
+        }
+    } else {
+        e.into()
+    }
+}
+
+/// The errors of the first reads of a file, said about the file.
+fn at_path(e: Error, path: &Path) -> Error {
+    match e {
+        Error::NotADatabase { .. } => Error::NotADatabase {
+            path: path.to_path_buf(),
+        },
+        Error::Corrupt { detail } => Error::Corrupt {
+            detail: format!("{}: {detail}", path.display()),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_sql_declares_the_library_version() {
+        let last = SCHEMA_SQL
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap();
+        assert_eq!(
+            last.trim(),
+            format!("PRAGMA user_version = {SCHEMA_VERSION};")
+        );
+    }
+
+    #[test]
+    fn migrations_take_a_file_forward_step_by_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.db");
+        let conn = Connection::open(&path).unwrap();
+        let v1 = "CREATE TABLE reflexr_events (seq INTEGER PRIMARY KEY); PRAGMA user_version = 1;";
+        let steps: &[(i64, &str)] = &[
+            (
+                2,
+                "ALTER TABLE reflexr_events ADD COLUMN a TEXT; PRAGMA user_version = 2;",
+            ),
+            (
+                3,
+                "ALTER TABLE reflexr_events ADD COLUMN b TEXT; PRAGMA user_version = 3;",
+            ),
+        ];
+        let t = Duration::from_secs(1);
+        migrate_with(&conn, &path, t, v1, 1, steps).unwrap();
+        migrate_with(&conn, &path, t, v1, 3, steps).unwrap();
+        let cols: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('reflexr_events')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(cols, 3);
+        // A step that forgets to set the version is caught and rolled back.
+        let bad: &[(i64, &str)] = &[(4, "ALTER TABLE reflexr_events ADD COLUMN c TEXT;")];
+        let err = migrate_with(&conn, &path, t, v1, 4, bad).unwrap_err();
+        assert!(err.to_string().contains("ended at version 3"), "{err}");
+        let cols: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM pragma_table_info('reflexr_events')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(cols, 3, "the failed step was rolled back");
+    }
+}

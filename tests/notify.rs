@@ -1,0 +1,133 @@
+//! Change notification: the nudge wakes this process's waiters at a commit;
+//! the heartbeat notices other connections' commits (DESIGN.md, "Threads").
+//!
+//! The waits below have long timeouts that only matter if the behaviour is
+//! broken: each test passes as soon as the waiter is woken, and the
+//! heartbeat is set so long where a test must prove a nudge (not a poll)
+//! woke it.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{is_child, spawn_child, temp_db};
+use reflexr::{Engine, NewEvent, Query};
+
+const NEVER: Duration = Duration::from_secs(3600);
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn tick(i: usize) -> NewEvent {
+    NewEvent::new("tick", format!("t/{i}"), "clock", 0)
+}
+
+#[test]
+fn a_commit_that_appends_wakes_a_waiter_in_the_same_process_at_once() {
+    let (_dir, path) = temp_db();
+    // A heartbeat of an hour: only the nudge can wake the waiter in time.
+    let engine = Engine::builder(&path).heartbeat(NEVER).open().unwrap();
+    engine.ensure_workspace("app", &["tick"]).unwrap();
+
+    let (started_tx, started) = mpsc::channel();
+    let waiter = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            started_tx.send(()).unwrap();
+            let t = Instant::now();
+            let page = engine
+                .wait_for_events(&Query::new("app"), PATIENCE)
+                .unwrap();
+            (page, t.elapsed())
+        })
+    };
+    started.recv().unwrap();
+    engine.append("app", &tick(1)).unwrap();
+    let (page, waited) = waiter.join().unwrap();
+    assert_eq!(page.len(), 1, "woken with the event");
+    assert!(waited < PATIENCE, "woken by the nudge, not by the timeout");
+}
+
+#[test]
+fn a_waiter_returns_what_is_already_there_without_waiting() {
+    let (_dir, path) = temp_db();
+    let engine = Engine::builder(&path).heartbeat(NEVER).open().unwrap();
+    engine.ensure_workspace("app", &["tick"]).unwrap();
+    engine.append("app", &tick(1)).unwrap();
+    let page = engine.wait_for_events(&Query::new("app"), NEVER).unwrap();
+    assert_eq!(page.len(), 1);
+    // After the cursor there is nothing: a zero timeout returns at once, empty.
+    let page = engine
+        .wait_for_events(&Query::new("app").after(1), Duration::ZERO)
+        .unwrap();
+    assert!(page.is_empty());
+}
+
+#[test]
+fn a_commit_by_another_engine_is_noticed_by_the_heartbeat() {
+    // Two engines share no nudges: only PRAGMA data_version can tell the
+    // first about the second's commit.
+    let (_dir, path) = temp_db();
+    let watcher = Engine::builder(&path)
+        .heartbeat(Duration::from_millis(5))
+        .open()
+        .unwrap();
+    watcher.ensure_workspace("app", &["tick"]).unwrap();
+    let other = Engine::open(&path).unwrap();
+
+    let (started_tx, started) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        started_tx.send(()).unwrap();
+        watcher
+            .wait_for_events(&Query::new("app"), PATIENCE)
+            .unwrap()
+    });
+    started.recv().unwrap();
+    other.append("app", &tick(1)).unwrap();
+    assert_eq!(waiter.join().unwrap().len(), 1);
+}
+
+/// The child's side of the cross-process test: appends one event when told.
+#[test]
+fn child_process_appends_on_cue() {
+    if !is_child() {
+        return; // Only a child started by the test below does this work.
+    }
+    let engine = Engine::open(std::env::var("REFLEXR_DB").unwrap()).unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let a = engine.append("app", &tick(99)).unwrap();
+    println!("\nappended {}", a.seq);
+}
+
+#[test]
+fn a_commit_by_another_process_is_noticed_by_the_heartbeat() {
+    let (_dir, path) = temp_db();
+    let engine = Engine::builder(&path)
+        .heartbeat(Duration::from_millis(5))
+        .open()
+        .unwrap();
+    engine.ensure_workspace("app", &["tick"]).unwrap();
+    let mut child = spawn_child(
+        "child_process_appends_on_cue",
+        &[("REFLEXR_DB", path.to_string_lossy().into_owned())],
+    );
+    let waiter = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            engine
+                .wait_for_events(&Query::new("app"), PATIENCE)
+                .unwrap()
+        })
+    };
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let page = waiter.join().unwrap();
+    assert_eq!(page.len(), 1);
+    let out = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(|l| l.ok())
+        .find_map(|l| l.strip_prefix("appended ").map(str::to_owned))
+        .expect("the child appended");
+    assert_eq!(out.parse::<i64>().unwrap(), page[0].seq);
+    assert!(child.wait().unwrap().success());
+}

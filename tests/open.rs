@@ -1,0 +1,318 @@
+//! Opening a file: the pragmas, the schema and its version, and every kind of
+//! file that must be refused without being changed (DESIGN.md, "The file";
+//! invariant 10).
+
+mod common;
+
+use std::path::Path;
+
+use common::{bytes, temp_db};
+use reflexr::{Engine, Error, NewEvent, Query, SCHEMA_VERSION, Synchronous};
+use rusqlite::Connection;
+
+fn pragma_i64(conn: &Connection, name: &str) -> i64 {
+    conn.pragma_query_value(None, name, |r| r.get(0)).unwrap()
+}
+
+/// A reflexr file with some events, closed (so its WAL is checkpointed into
+/// the main file and the bytes on disk are the whole database).
+fn closed_reflexr_file(path: &Path, events: usize) {
+    let engine = Engine::open(path).unwrap();
+    engine.ensure_workspace("app", &["tick"]).unwrap();
+    engine
+        .write(|tx| {
+            for i in 0..events {
+                let ev = NewEvent::new("tick", format!("t/{i}"), "clock", i as i64)
+                    .payload(&serde_json::json!({ "i": i, "pad": "x".repeat(100) }));
+                tx.append("app", &ev)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_new_file_is_wal_with_the_current_schema_and_every_pragma_read_back() {
+    let (_dir, path) = temp_db();
+    let engine = Engine::open(&path).unwrap();
+    assert_eq!(engine.synchronous(), Synchronous::Full);
+
+    let raw = Connection::open(&path).unwrap();
+    let mode: String = raw
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    assert_eq!(pragma_i64(&raw, "user_version"), SCHEMA_VERSION);
+
+    // The writer's connection: FULL and foreign keys on.
+    let (sync, fk) = engine
+        .write(|tx| {
+            let c = tx.conn();
+            Ok((pragma_i64(c, "synchronous"), pragma_i64(c, "foreign_keys")))
+        })
+        .unwrap();
+    assert_eq!((sync, fk), (2, 1));
+    // Every reader: the same, and query_only, so a read cannot write.
+    for _ in 0..8 {
+        let (sync, fk, q) = engine
+            .with_reader(|c| {
+                Ok((
+                    pragma_i64(c, "synchronous"),
+                    pragma_i64(c, "foreign_keys"),
+                    pragma_i64(c, "query_only"),
+                ))
+            })
+            .unwrap();
+        assert_eq!((sync, fk, q), (2, 1, 1));
+    }
+    let e = engine
+        .with_reader(|c| Ok(c.execute("DELETE FROM reflexr_events", [])?))
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::ReadOnly { .. } | Error::Storage { .. }),
+        "{e}"
+    );
+
+    drop(engine);
+    let normal = Engine::builder(&path)
+        .synchronous(Synchronous::Normal)
+        .open()
+        .unwrap();
+    let sync = normal
+        .with_reader(|c| Ok(pragma_i64(c, "synchronous")))
+        .unwrap();
+    assert_eq!(sync, 1);
+}
+
+#[test]
+fn reopening_keeps_everything() {
+    let (_dir, path) = temp_db();
+    closed_reflexr_file(&path, 5);
+    let engine = Engine::open(&path).unwrap();
+    assert_eq!(engine.read(&Query::new("app")).unwrap().len(), 5);
+    assert_eq!(engine.workspaces().unwrap()[0].event_types, ["tick"]);
+}
+
+#[test]
+fn a_file_that_is_not_sqlite_is_refused_and_left_unchanged() {
+    // Invariant 10: never a panic, never an overwrite.
+    let (_dir, path) = temp_db();
+    std::fs::write(
+        &path,
+        "name,seq\nthis is a CSV file, not a database\n".repeat(200),
+    )
+    .unwrap();
+    let before = bytes(&path);
+    match Engine::open(&path) {
+        Err(Error::NotADatabase { path: p }) => assert_eq!(p, path),
+        other => panic!("expected NotADatabase, got {other:?}"),
+    }
+    assert_eq!(bytes(&path), before);
+}
+
+#[test]
+fn a_file_with_a_damaged_schema_page_is_refused_and_left_unchanged() {
+    let (_dir, path) = temp_db();
+    closed_reflexr_file(&path, 20);
+    let mut b = bytes(&path);
+    // Page 1 after the 100-byte header holds the b-tree of sqlite_schema.
+    for x in &mut b[100..1024] {
+        *x = 0xA5;
+    }
+    std::fs::write(&path, &b).unwrap();
+    match Engine::open(&path) {
+        Err(Error::Corrupt { detail }) => assert!(detail.contains("test.db"), "{detail}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(bytes(&path), b);
+}
+
+#[test]
+fn a_damaged_data_page_is_found_on_open_when_verifying_and_reported_by_reads() {
+    let (_dir, path) = temp_db();
+    closed_reflexr_file(&path, 2_000);
+    let (root, page_size): (i64, i64) = {
+        let raw = Connection::open(&path).unwrap();
+        let root = raw
+            .query_row(
+                "SELECT rootpage FROM sqlite_schema WHERE name = 'reflexr_events'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        (root, pragma_i64(&raw, "page_size"))
+    };
+    let mut b = bytes(&path);
+    let start = ((root - 1) * page_size) as usize;
+    for x in &mut b[start..start + page_size as usize] {
+        *x = 0x5A;
+    }
+    std::fs::write(&path, &b).unwrap();
+
+    let e = Engine::builder(&path)
+        .verify_on_open(true)
+        .open()
+        .unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert_eq!(bytes(&path), b, "refused unchanged");
+
+    // Without the check the file opens (only its schema was read), and the
+    // damage is a typed error where it is met — not a panic.
+    let engine = Engine::open(&path).unwrap();
+    let e = engine.read(&Query::new("app")).unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert!(matches!(
+        engine.check_integrity(),
+        Err(Error::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn a_file_from_a_newer_reflexr_is_refused_and_left_unchanged() {
+    let (_dir, path) = temp_db();
+    closed_reflexr_file(&path, 3);
+    {
+        let raw = Connection::open(&path).unwrap();
+        raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+    }
+    let before = bytes(&path);
+    match Engine::open(&path) {
+        Err(Error::SchemaTooNew {
+            found, supported, ..
+        }) => assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION)),
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    assert_eq!(bytes(&path), before);
+}
+
+#[test]
+fn another_programs_versioned_database_is_refused_and_left_unchanged() {
+    let (_dir, path) = temp_db();
+    {
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch("CREATE TABLE notes (body TEXT); PRAGMA user_version = 7;")
+            .unwrap();
+    }
+    let before = bytes(&path);
+    let e = Engine::open(&path).unwrap_err();
+    assert!(matches!(e, Error::ForeignDatabase { .. }), "{e}");
+    assert_eq!(bytes(&path), before);
+}
+
+#[test]
+fn a_name_clash_with_the_applications_tables_is_refused_and_left_unchanged() {
+    let (_dir, path) = temp_db();
+    {
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch("CREATE TABLE reflexr_audit (mine TEXT);")
+            .unwrap();
+    }
+    let before = bytes(&path);
+    let e = Engine::open(&path).unwrap_err();
+    assert!(matches!(e, Error::ForeignDatabase { .. }), "{e}");
+    assert_eq!(bytes(&path), before);
+}
+
+#[test]
+fn an_application_database_gains_reflexr_tables_and_keeps_its_own() {
+    let (_dir, path) = temp_db();
+    {
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(
+            "CREATE TABLE sessions (id INTEGER PRIMARY KEY, title TEXT);
+             INSERT INTO sessions VALUES (1, 'keynote');",
+        )
+        .unwrap();
+    }
+    let engine = Engine::open(&path).unwrap();
+    let title: String = engine
+        .with_reader(|c| Ok(c.query_row("SELECT title FROM sessions", [], |r| r.get(0))?))
+        .unwrap();
+    assert_eq!(title, "keynote");
+    assert_eq!(engine.head_seq().unwrap(), 0);
+}
+
+#[test]
+fn a_missing_file_is_an_error_unless_creating_was_asked_for() {
+    let (_dir, path) = temp_db();
+    let e = Engine::builder(&path)
+        .create_if_missing(false)
+        .open()
+        .unwrap_err();
+    assert!(matches!(e, Error::Missing { .. }), "{e}");
+    assert!(!path.exists(), "nothing was created");
+    let e = Engine::open(path.parent().unwrap()).unwrap_err();
+    assert!(e.is_bad_input(), "a directory: {e}");
+}
+
+#[test]
+fn bad_settings_are_refused_before_the_file_is_touched() {
+    let (_dir, path) = temp_db();
+    for b in [
+        Engine::builder(&path).pool_size(0),
+        Engine::builder(&path).max_payload_bytes(0),
+        Engine::builder(&path).heartbeat(std::time::Duration::ZERO),
+        Engine::builder(&path).holder_id(""),
+        Engine::builder(&path).lease_ttl(std::time::Duration::from_millis(2)),
+    ] {
+        assert!(b.open().unwrap_err().is_bad_input());
+    }
+    assert!(!path.exists());
+}
+
+#[test]
+fn several_engines_opening_one_new_file_at_once_all_succeed() {
+    let (_dir, path) = temp_db();
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let e = Engine::open(&path).unwrap();
+                e.ensure_workspace("app", &["tick"]).unwrap();
+                e.append("app", &NewEvent::new("tick", format!("t/{i}"), "c", 0))
+                    .unwrap()
+                    .seq
+            })
+        })
+        .collect();
+    let mut seqs: Vec<i64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+}
+
+#[test]
+fn schema_sql_loads_in_the_sqlite3_shell_and_the_library_opens_the_result() {
+    // schema.sql must need nothing newer than the system sqlite3 (3.40 here).
+    // CI installs sqlite3; set REFLEXR_SKIP_SQLITE3=1 to skip where it is absent.
+    if std::env::var_os("REFLEXR_SKIP_SQLITE3").is_some() {
+        return;
+    }
+    let (_dir, path) = temp_db();
+    let schema = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/schema.sql")).unwrap();
+    let mut child = std::process::Command::new("sqlite3")
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the sqlite3 shell (apt-get install sqlite3, or set REFLEXR_SKIP_SQLITE3=1)");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &schema).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.is_empty(),
+        "sqlite3: {stderr}"
+    );
+
+    let engine = Engine::open(&path).unwrap();
+    engine.ensure_workspace("app", &["tick"]).unwrap();
+    engine
+        .append("app", &NewEvent::new("tick", "t", "c", 0))
+        .unwrap();
+    let views = std::process::Command::new("sqlite3")
+        .arg(&path)
+        .arg("SELECT workspace, type FROM reflexr_event_log; SELECT count(*) FROM reflexr_cursor_lag;")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&views.stdout), "app|tick\n0\n");
+}
