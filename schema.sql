@@ -87,6 +87,119 @@ CREATE TABLE reflexr_audit (
     detail   TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(detail))
 ) STRICT;
 
+-- Rules the file has seen, as their code last registered them. A rule that
+-- disappears from code keeps its rows (cursor, state, runs) until an operator
+-- deletes it.
+CREATE TABLE reflexr_rules (
+    name          TEXT PRIMARY KEY,
+    workspace     TEXT NOT NULL REFERENCES reflexr_workspaces (name),
+    version       INTEGER NOT NULL CHECK (version >= 1),
+    definition    TEXT NOT NULL CHECK (json_valid(definition)),
+    registered_at INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+-- A rule's state per scope, as JSON. Written in the same transaction as the
+-- rule's cursor, so state and cursor never disagree (invariant 4).
+CREATE TABLE reflexr_rule_state (
+    rule        TEXT NOT NULL,
+    scope       TEXT NOT NULL,
+    state       TEXT NOT NULL CHECK (json_valid(state)),
+    updated_seq INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL,
+    PRIMARY KEY (rule, scope)
+) STRICT, WITHOUT ROWID;
+
+-- The work queue: every at-least-once action (rule runs; deliveries and
+-- scheduled occurrences use it too). id is the firing id = run id =
+-- idempotency key. ord gives firing order within a lane.
+--
+-- state: waiting (behind an earlier run of its lane), ready (claimable once
+-- due_at has passed; a retry waits here), running (claimed by claimed_by at
+-- attempt; claimable again once claim_expires_at has passed), succeeded,
+-- dead (gave up; see reflexr_dead_letters), discarded (an operator dropped it).
+CREATE TABLE reflexr_runs (
+    ord              INTEGER PRIMARY KEY,
+    id               TEXT NOT NULL UNIQUE,
+    kind             TEXT NOT NULL CHECK (kind IN ('rule', 'delivery', 'job')),
+    action           TEXT NOT NULL,
+    workspace        TEXT,
+    rule             TEXT,
+    scope            TEXT,
+    lane             TEXT,
+    on_dead_letter   TEXT NOT NULL DEFAULT 'continue'
+                     CHECK (on_dead_letter IN ('continue', 'block')),
+    input            TEXT NOT NULL CHECK (json_valid(input)),
+    event_seq        INTEGER,
+    event_id         TEXT,
+    depth            INTEGER NOT NULL DEFAULT 0,
+    state            TEXT NOT NULL
+                     CHECK (state IN ('waiting', 'ready', 'running', 'succeeded', 'dead', 'discarded')),
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 1),
+    backoff_ms       INTEGER NOT NULL CHECK (backoff_ms >= 0),
+    backoff_max_ms   INTEGER NOT NULL CHECK (backoff_max_ms >= 0),
+    backoff_factor   REAL NOT NULL CHECK (backoff_factor >= 1.0),
+    jitter           REAL NOT NULL CHECK (jitter >= 0.0 AND jitter <= 1.0),
+    due_at           INTEGER NOT NULL,
+    claimed_by       TEXT,
+    claim_expires_at INTEGER,
+    checkpoint       TEXT CHECK (checkpoint IS NULL OR json_valid(checkpoint)),
+    last_error       TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    finished_at      INTEGER
+) STRICT;
+
+-- Claims: the ready runs by due time. Runs that wait behind their lane or
+-- sit dead are not ready, so the claim's cost does not grow with them.
+CREATE INDEX reflexr_runs_due ON reflexr_runs (state, due_at);
+-- Claims whose executor stopped renewing them.
+CREATE INDEX reflexr_runs_lapsed ON reflexr_runs (claim_expires_at)
+    WHERE state = 'running';
+-- The next run of a lane, when its head ends.
+CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord)
+    WHERE state = 'waiting';
+CREATE INDEX reflexr_runs_by_rule ON reflexr_runs (rule, ord) WHERE rule IS NOT NULL;
+
+-- Lanes with ordering = scope: the run at the head of each (rule, scope),
+-- and whether the lane is blocked behind a dead run (on_dead_letter = block)
+-- until an operator unblocks it.
+CREATE TABLE reflexr_lanes (
+    lane       TEXT PRIMARY KEY,
+    head       TEXT NOT NULL,
+    blocked    INTEGER NOT NULL DEFAULT 0 CHECK (blocked IN (0, 1)),
+    updated_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+-- What a consumer or an executor gave up on, never silently. kind says
+-- whose: a rule's evaluation (rule), a run (run), and later reactions,
+-- followers and deliveries. resolution is set when an operator retried or
+-- discarded it.
+CREATE TABLE reflexr_dead_letters (
+    id          INTEGER PRIMARY KEY,
+    kind        TEXT NOT NULL CHECK (kind IN ('rule', 'run', 'reaction', 'follower')),
+    consumer    TEXT NOT NULL,
+    workspace   TEXT,
+    event_seq   INTEGER,
+    event_id    TEXT,
+    run_id      TEXT,
+    reason      TEXT NOT NULL,
+    error       TEXT NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    created_at  INTEGER NOT NULL,
+    resolved_at INTEGER,
+    resolution  TEXT CHECK (resolution IN ('retried', 'discarded'))
+) STRICT;
+-- Once per (consumer, event) for what is dead-lettered per event, once per
+-- run for what is dead-lettered per run.
+CREATE UNIQUE INDEX reflexr_dead_letters_per_event
+    ON reflexr_dead_letters (kind, consumer, workspace, event_seq) WHERE run_id IS NULL;
+CREATE UNIQUE INDEX reflexr_dead_letters_per_run
+    ON reflexr_dead_letters (run_id) WHERE run_id IS NOT NULL AND resolved_at IS NULL;
+CREATE INDEX reflexr_dead_letters_open ON reflexr_dead_letters (kind, id)
+    WHERE resolved_at IS NULL;
+
 -- Views for operators, readable from the sqlite3 shell without the library.
 
 CREATE VIEW reflexr_event_log AS
@@ -124,5 +237,23 @@ SELECT name,
        CASE WHEN expires_at > CAST(unixepoch('now') AS INTEGER) * 1000
             THEN 'held' ELSE 'lapsed' END AS state
 FROM reflexr_leases;
+
+CREATE VIEW reflexr_runs_by_state AS
+SELECT kind, action, state, count(*) AS runs,
+       strftime('%Y-%m-%dT%H:%M:%fZ', min(due_at) / 1000.0, 'unixepoch') AS earliest_due
+FROM reflexr_runs
+GROUP BY kind, action, state;
+
+CREATE VIEW reflexr_open_dead_letters AS
+SELECT id, kind, consumer, workspace, event_seq, run_id, reason, error, attempts,
+       strftime('%Y-%m-%dT%H:%M:%fZ', created_at / 1000.0, 'unixepoch') AS created
+FROM reflexr_dead_letters
+WHERE resolved_at IS NULL;
+
+CREATE VIEW reflexr_blocked_lanes AS
+SELECT l.lane, l.head, r.rule, r.scope, r.last_error,
+       strftime('%Y-%m-%dT%H:%M:%fZ', l.updated_at / 1000.0, 'unixepoch') AS since
+FROM reflexr_lanes l JOIN reflexr_runs r ON r.id = l.head
+WHERE l.blocked = 1;
 
 PRAGMA user_version = 1;

@@ -1,13 +1,16 @@
 //! The [`Engine`] handle and its [`EngineBuilder`].
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use r2d2::Pool;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::Connection;
 
+use crate::claims::Claims;
 use crate::clock::{Clock, SystemClock};
 use crate::cursor::{self, ConsumerKind, CursorInfo, Reset};
 use crate::error::{Error, Result};
@@ -15,8 +18,15 @@ use crate::event::{Appended, Event, NewEvent, Query};
 use crate::lease::{self, DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 use crate::log;
 use crate::notify::Notifier;
+use crate::operate::{self, DeadLetter, RuleInfo, RuleReset};
+use crate::registry::Registry;
+use crate::rule::{HandlerError, Rule};
+use crate::run::{Run, RunContext, RunInfo, RunState};
+use crate::runtime::{self, Idle, Runtime};
+use crate::stats::Counters;
 use crate::store::audit::{self, AuditEntry};
 use crate::store::conn::{self, Role, Synchronous};
+use crate::store::dead_letters;
 use crate::store::{events, leases, schema};
 use crate::tx::Tx;
 use crate::workspace::{self, WorkspaceInfo};
@@ -31,6 +41,10 @@ pub(crate) struct Config {
     pub max_payload_bytes: usize,
     pub lease_ttl: Duration,
     pub holder_id: String,
+    pub executors: usize,
+    pub claim_batch: usize,
+    pub evaluate_batch: usize,
+    pub max_chain_depth: i64,
 }
 
 /// What every clone of an [`Engine`] shares.
@@ -41,6 +55,14 @@ pub(crate) struct Shared {
     pub pool: Pool<SqliteConnectionManager>,
     pub writer: Writer,
     pub notifier: Arc<Notifier>,
+    pub registry: RwLock<Registry>,
+    pub counters: Counters,
+    /// Claims on runs whose handlers are working, for the renewer.
+    pub claims: Claims,
+    /// The evaluator leases this engine holds, by workspace.
+    pub leases: Mutex<HashMap<String, Lease>>,
+    pub runtime: Mutex<Option<Runtime>>,
+    pub stop: AtomicBool,
 }
 
 impl Shared {
@@ -52,6 +74,16 @@ impl Shared {
             let c = self.pool.get()?;
             f(&c)
         })
+    }
+
+    /// How long a run's claim lasts unless renewed.
+    pub(crate) fn claim_ttl_ms(&self) -> i64 {
+        i64::try_from(self.config.lease_ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// True once shutdown has begun: workers take no new work.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
     }
 
     pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
@@ -80,6 +112,18 @@ impl Shared {
 #[derive(Clone)]
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
+    /// Shared by the handles, not by the engine's own threads: when the last
+    /// handle goes, the threads are stopped and joined.
+    _handles: Arc<LastHandle>,
+}
+
+struct LastHandle(Arc<Shared>);
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        runtime::shutdown(&self.0);
+        runtime::release_leases(&self.0);
+    }
 }
 
 const _: fn() = || {
@@ -112,6 +156,10 @@ impl std::fmt::Debug for Engine {
 /// | [`max_payload_bytes`](EngineBuilder::max_payload_bytes) | 1 MiB |
 /// | [`holder_id`](EngineBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
 /// | [`verify_on_open`](EngineBuilder::verify_on_open) | `false` |
+/// | [`executors`](EngineBuilder::executors) | 2 threads |
+/// | [`claim_batch`](EngineBuilder::claim_batch) | 16 runs per claim |
+/// | [`evaluate_batch`](EngineBuilder::evaluate_batch) | 500 events per rule and batch |
+/// | [`max_chain_depth`](EngineBuilder::max_chain_depth) | 8 |
 #[derive(Clone)]
 pub struct EngineBuilder {
     path: PathBuf,
@@ -195,6 +243,37 @@ impl EngineBuilder {
         self
     }
 
+    /// How many executor threads [`Engine::start`] spawns (0 to 64). Default 2.
+    /// With 0 this process decides but leaves the runs to other processes.
+    pub fn executors(mut self, n: usize) -> Self {
+        self.config.executors = n;
+        self
+    }
+
+    /// How many runs an executor claims in one transaction (1 to 1,000).
+    /// Default 16. Larger batches share more commits; smaller ones spread
+    /// work across executors more evenly.
+    pub fn claim_batch(mut self, n: usize) -> Self {
+        self.config.claim_batch = n;
+        self
+    }
+
+    /// How many events a rule reads per batch (1 to 10,000). Default 500.
+    pub fn evaluate_batch(mut self, n: usize) -> Self {
+        self.config.evaluate_batch = n;
+        self
+    }
+
+    /// The deepest chain of causes a run may extend: an application's event
+    /// is at depth 0, an event a run emits is one deeper than the event that
+    /// fired the run, and a firing whose run would emit events deeper than
+    /// this is dead-lettered (reason `depth_limit`) instead of run, so rules
+    /// that trigger each other cannot loop for ever. Default 8.
+    pub fn max_chain_depth(mut self, n: u32) -> Self {
+        self.config.max_chain_depth = i64::from(n);
+        self
+    }
+
     /// Opens the file.
     ///
     /// # Errors
@@ -219,6 +298,15 @@ impl EngineBuilder {
             return Err(Error::invalid("heartbeat", "must be more than zero"));
         }
         lease::ttl_ms(c.lease_ttl)?;
+        if c.executors > 64 {
+            return Err(Error::invalid("executors", "must be 0 to 64"));
+        }
+        if !(1..=1_000).contains(&c.claim_batch) {
+            return Err(Error::invalid("claim_batch", "must be 1 to 1000"));
+        }
+        if !(1..=Query::MAX_LIMIT).contains(&c.evaluate_batch) {
+            return Err(Error::invalid("evaluate_batch", "must be 1 to 10000"));
+        }
         crate::names::check_text("holder_id", &c.holder_id, crate::names::MAX_ID_BYTES)?;
 
         let writer_conn = schema::open_writer(
@@ -256,9 +344,17 @@ impl EngineBuilder {
             config: self.config,
             pool,
             notifier,
+            registry: RwLock::new(Registry::default()),
+            counters: Counters::default(),
+            claims: Claims::default(),
+            leases: Mutex::new(HashMap::new()),
+            runtime: Mutex::new(None),
+            stop: AtomicBool::new(false),
         };
+        let shared = Arc::new(shared);
         Ok(Engine {
-            shared: Arc::new(shared),
+            _handles: Arc::new(LastHandle(Arc::clone(&shared))),
+            shared,
         })
     }
 }
@@ -285,6 +381,10 @@ impl Engine {
                 max_payload_bytes: 1 << 20,
                 lease_ttl: DEFAULT_LEASE_TTL,
                 holder_id: format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..)),
+                executors: 2,
+                claim_batch: 16,
+                evaluate_batch: 500,
+                max_chain_depth: 8,
             },
         }
     }
@@ -555,6 +655,215 @@ impl Engine {
     pub fn leases(&self) -> Result<Vec<LeaseInfo>> {
         self.shared
             .read(|c| Ok(leases::list(c)?.into_iter().map(Into::into).collect()))
+    }
+
+    // ----- rules and actions ----------------------------------------------
+
+    /// Registers a rule with this engine, and with the file: a rule new to the
+    /// file starts at its [`crate::Start`] position; a rule the file knows at
+    /// a lower version gets what its [`crate::OnNewVersion`] says; a known
+    /// rule continues where it stopped. Register every rule before
+    /// [`Engine::start`].
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a rule missing its types, action or decision,
+    /// watching a reserved type, moved to another workspace, or registered
+    /// after start; [`Error::NotFound`] for a missing workspace.
+    pub fn register_rule(&self, rule: Rule) -> Result<()> {
+        rule.validate()?;
+        if self
+            .shared
+            .runtime
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return Err(Error::invalid(
+                "rule",
+                format!("{}: rules are registered before Engine::start", rule.name),
+            ));
+        }
+        self.write(|tx| operate::register_rule(tx.conn(), tx.shared(), &rule))?;
+        self.shared
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .rules
+            .insert(rule.name.clone(), Arc::new(rule));
+        Ok(())
+    }
+
+    /// Registers the handler of an action: what runs when a rule with this
+    /// action fires. This process's executors claim only runs of actions it
+    /// has registered. The handler runs at least once per run (invariant 5):
+    /// use [`Run::id`] as the idempotency key towards the outside world.
+    ///
+    /// Do not capture the `Engine` in a handler (the engine would keep itself
+    /// open); use the [`RunContext`] it is given.
+    pub fn register_action<F>(&self, name: &str, handler: F) -> Result<()>
+    where
+        F: Fn(&Run, &mut RunContext<'_>) -> std::result::Result<(), HandlerError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        crate::names::check_name("action", name)?;
+        self.shared
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .actions
+            .insert(name.to_string(), Arc::new(handler));
+        Ok(())
+    }
+
+    /// Starts the engine's threads: an evaluator per workspace with rules,
+    /// the executors and the claim renewer (see the runtime notes in the
+    /// README). They run until [`Engine::shutdown`] or until the last handle
+    /// is dropped.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] if already started; [`Error::Io`] if a thread
+    /// cannot be spawned.
+    pub fn start(&self) -> Result<()> {
+        runtime::start(&self.shared)
+    }
+
+    /// Stops the threads: they take no new work, finish the handler they are
+    /// in, give back runs claimed but not started, release the evaluator
+    /// leases, and are joined. Does nothing if not started. The engine stays
+    /// usable (and can be started again).
+    pub fn shutdown(&self) {
+        runtime::shutdown(&self.shared);
+        runtime::release_leases(&self.shared);
+    }
+
+    /// Does the threads' work in this thread until nothing is ready: decides
+    /// every new event (for the workspaces whose evaluator lease this engine
+    /// holds or can take) and runs every due run, repeatedly, since runs emit
+    /// events and events fire runs. Runs waiting for a retry's backoff are not
+    /// due until the clock passes it: move a [`crate::ManualClock`] and call
+    /// again.
+    pub fn run_until_idle(&self) -> Result<Idle> {
+        runtime::run_until_idle(&self.shared)
+    }
+
+    /// The rules the file knows, with their cursors and lag.
+    pub fn rules(&self) -> Result<Vec<RuleInfo>> {
+        let registered: Vec<String> = self
+            .shared
+            .registry
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .rules
+            .keys()
+            .cloned()
+            .collect();
+        self.shared.read(|c| operate::rule_infos(c, &registered))
+    }
+
+    /// A rule's state for one scope, decoded (None: the scope has none yet).
+    pub fn rule_state<S: serde::de::DeserializeOwned>(
+        &self,
+        rule: &str,
+        scope: &str,
+    ) -> Result<Option<S>> {
+        let json = self
+            .shared
+            .read(|c| crate::store::rules::state(c, rule, scope))?;
+        json.map(|j| {
+            serde_json::from_str(&j).map_err(|e| Error::Decode {
+                seq: 0,
+                event_type: format!("state of rule {rule}, scope {scope}"),
+                message: e.to_string(),
+            })
+        })
+        .transpose()
+    }
+
+    /// An operator's reset of a rule's cursor and/or state, recorded.
+    pub fn reset_rule(
+        &self,
+        name: &str,
+        what: RuleReset,
+        operator: &str,
+        reason: &str,
+    ) -> Result<()> {
+        self.write(|tx| operate::reset_rule(tx.conn(), tx.now_ms(), name, what, operator, reason))
+    }
+
+    /// Deletes a rule's row, cursor and state (its runs and dead letters
+    /// stay), recorded. For rules the code no longer has.
+    pub fn delete_rule(&self, name: &str, operator: &str, reason: &str) -> Result<()> {
+        if self
+            .shared
+            .registry
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .rules
+            .contains_key(name)
+        {
+            return Err(Error::invalid(
+                "rule",
+                format!("{name} is registered by this process; remove it from the code first"),
+            ));
+        }
+        self.write(|tx| operate::delete_rule(tx.conn(), tx.now_ms(), name, operator, reason))
+    }
+
+    // ----- runs and dead letters ------------------------------------------
+
+    /// Runs in `state` (all if None), oldest first, at most `limit`.
+    pub fn runs(&self, state: Option<RunState>, limit: usize) -> Result<Vec<RunInfo>> {
+        self.shared.read(|c| operate::list_runs(c, state, limit))
+    }
+
+    /// One run.
+    pub fn run(&self, id: &str) -> Result<Option<RunInfo>> {
+        self.shared.read(|c| operate::run_info(c, id))
+    }
+
+    /// How many runs are in each state.
+    pub fn run_counts(&self) -> Result<Vec<(RunState, i64)>> {
+        self.shared.read(operate::run_counts)
+    }
+
+    /// An operator's retry of a dead run: ready again with a fresh set of
+    /// attempts, recorded.
+    pub fn retry_run(&self, id: &str, operator: &str, reason: &str) -> Result<()> {
+        self.write(|tx| operate::retry_run(tx.conn(), tx.now_ms(), id, operator, reason))
+    }
+
+    /// An operator's discard of a dead run (its scope moves on), recorded.
+    pub fn discard_run(&self, id: &str, operator: &str, reason: &str) -> Result<()> {
+        self.write(|tx| operate::discard_run(tx.conn(), tx.now_ms(), id, operator, reason))
+    }
+
+    /// Lets a scope blocked behind a dead run (`OnDeadLetter::Block`) go on;
+    /// the dead run stays dead. Recorded.
+    pub fn unblock(&self, rule: &str, scope: &str, operator: &str, reason: &str) -> Result<()> {
+        self.write(|tx| operate::unblock(tx.conn(), tx.now_ms(), rule, scope, operator, reason))
+    }
+
+    /// Dead letters, oldest first: the open ones, or all with
+    /// `include_resolved`.
+    pub fn dead_letters(&self, include_resolved: bool, limit: usize) -> Result<Vec<DeadLetter>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.shared
+            .read(|c| dead_letters::list(c, include_resolved, 0, limit))
+    }
+
+    /// Retries what a dead letter gave up on (a run's: the run, as
+    /// [`Engine::retry_run`]). A rule's evaluation error is replayed with
+    /// [`Engine::reset_rule`] instead.
+    pub fn retry_dead_letter(&self, id: i64, operator: &str, reason: &str) -> Result<()> {
+        self.write(|tx| operate::retry_dead_letter(tx.conn(), tx.now_ms(), id, operator, reason))
+    }
+
+    /// Marks a dead letter handled without retrying it (a run's: the run is
+    /// discarded, as [`Engine::discard_run`]).
+    pub fn discard_dead_letter(&self, id: i64, operator: &str, reason: &str) -> Result<()> {
+        self.write(|tx| operate::discard_dead_letter(tx.conn(), tx.now_ms(), id, operator, reason))
     }
 
     // ----- maintenance ------------------------------------------------------

@@ -37,15 +37,24 @@
 
 #![warn(missing_docs)]
 
+mod claims;
 mod clock;
 mod cursor;
 mod engine;
 mod error;
+mod evaluate;
 mod event;
+mod execute;
 mod lease;
 mod log;
 mod names;
 mod notify;
+mod operate;
+mod registry;
+mod rule;
+mod run;
+mod runtime;
+mod stats;
 mod store;
 mod tx;
 mod workspace;
@@ -58,6 +67,13 @@ pub use error::{Error, Result};
 pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 pub use names::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
+pub use operate::{DeadLetter, RuleInfo, RuleReset};
+pub use rule::{
+    Decision, HandlerError, OnDeadLetter, OnNewVersion, Ordering, RetryPolicy, Rule, Scope,
+    ScopeFn, Start,
+};
+pub use run::{Run, RunContext, RunInfo, RunState};
+pub use runtime::Idle;
 pub use store::audit::AuditEntry;
 pub use store::conn::Synchronous;
 pub use store::schema::SCHEMA_VERSION;

@@ -14,6 +14,11 @@ use crate::store::{events, workspaces};
 pub(crate) enum Origin {
     /// An application: reserved types refused, depth from the causation.
     App,
+    /// The engine itself (`RuleFired`, `RuleErrored`): reserved types
+    /// allowed, at the given depth.
+    Engine { depth: i64 },
+    /// A run's emitted event: reserved types refused, at the given depth.
+    Run { depth: i64 },
 }
 
 /// A time-ordered id: UUIDv7, so new ids land at the end of the id index
@@ -31,7 +36,8 @@ pub(crate) fn append(
 ) -> Result<Appended> {
     names::check_name("workspace", workspace)?;
     names::check_name("event type", &ev.event_type)?;
-    if origin == Origin::App && RESERVED_TYPES.contains(&ev.event_type.as_str()) {
+    if !matches!(origin, Origin::Engine { .. }) && RESERVED_TYPES.contains(&ev.event_type.as_str())
+    {
         return Err(Error::ReservedType {
             event_type: ev.event_type.clone(),
         });
@@ -55,6 +61,7 @@ pub(crate) fn append(
         None => new_id(),
     };
     let depth = match (origin, &ev.causation_id) {
+        (Origin::Engine { depth } | Origin::Run { depth }, _) => depth,
         (Origin::App, Some(cause)) => {
             events::depth_of(conn, workspace, cause)?.map_or(0, |d| d + 1)
         }

@@ -42,6 +42,31 @@ impl<'a> Tx<'a> {
         self.shared
     }
 
+    /// Records that the engine appended through this transaction, so the
+    /// commit nudges waiters.
+    pub(crate) fn mark_appended(&mut self) {
+        self.appended = true;
+    }
+
+    /// Runs `f` in a savepoint of its own inside this transaction: if `f`
+    /// fails, only its writes are rolled back. For the engine's batches that
+    /// commit several independent units together.
+    pub(crate) fn nested<T>(&mut self, f: impl FnOnce(&mut Tx<'a>) -> Result<T>) -> Result<T> {
+        self.conn
+            .prepare_cached("SAVEPOINT reflexr_nested")?
+            .execute([])?;
+        let result = f(self);
+        if result.is_err() {
+            self.conn
+                .prepare_cached("ROLLBACK TO reflexr_nested")?
+                .execute([])?;
+        }
+        self.conn
+            .prepare_cached("RELEASE reflexr_nested")?
+            .execute([])?;
+        result
+    }
+
     /// The connection, inside the transaction, for the application's own SQL.
     pub fn conn(&self) -> &'a Connection {
         self.conn

@@ -109,3 +109,87 @@ pub fn group_commit(path: &Path, sync: Synchronous, callers: usize, each: usize)
     writer.join().unwrap();
     super::rate(callers * each, elapsed)
 }
+
+/// Reads the workspace's whole log in pages of 500 after a cursor, decoding
+/// every payload: what any consumer must at least do. Returns events/s.
+pub fn scan(conn: &Connection, n: usize) -> f64 {
+    let start = Instant::now();
+    let mut after = 0i64;
+    let mut seen = 0;
+    loop {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT seq, id, type, subject, actor, occurred_at, payload FROM reflexr_events \
+                 WHERE workspace = 'bench' AND seq > ?1 ORDER BY seq LIMIT 500",
+            )
+            .unwrap();
+        let page: Vec<(i64, serde_json::Value)> = stmt
+            .query_map([after], |r| {
+                let payload: String = r.get(6)?;
+                Ok((r.get(0)?, serde_json::from_str(&payload).unwrap()))
+            })
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        let Some(last) = page.last() else { break };
+        after = last.0;
+        seen += page.len();
+    }
+    assert_eq!(seen, n);
+    super::rate(n, start.elapsed())
+}
+
+/// A job table as a minimal queue would have it, `n` jobs ready; one thread
+/// claims 100 per transaction and completes them in one more. Returns jobs/s.
+pub fn claim_complete(path: &Path, sync: Synchronous, n: usize) -> f64 {
+    let conn = Connection::open(path).unwrap();
+    let _: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .unwrap();
+    conn.pragma_update(None, "synchronous", sync.as_str())
+        .unwrap();
+    conn.execute_batch(
+        "CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL, due_at INTEGER NOT NULL,
+                            claimed_by TEXT, payload TEXT NOT NULL);
+         CREATE INDEX jobs_due ON jobs (state, due_at);",
+    )
+    .unwrap();
+    conn.execute_batch("BEGIN").unwrap();
+    for i in 0..n {
+        conn.execute(
+            "INSERT INTO jobs (state, due_at, payload) VALUES ('ready', ?1, '{}')",
+            [i as i64],
+        )
+        .unwrap();
+    }
+    conn.execute_batch("COMMIT").unwrap();
+    let start = Instant::now();
+    let mut done = 0;
+    while done < n {
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let ids: Vec<i64> = conn
+            .prepare_cached(
+                "UPDATE jobs SET state = 'running', claimed_by = 'w' WHERE id IN \
+                 (SELECT id FROM jobs WHERE state = 'ready' AND due_at <= ?1 ORDER BY due_at LIMIT 100) \
+                 RETURNING id",
+            )
+            .unwrap()
+            .query_map([i64::MAX], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        conn.execute_batch("COMMIT").unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        for id in &ids {
+            conn.prepare_cached(
+                "UPDATE jobs SET state = 'done' WHERE id = ?1 AND claimed_by = 'w'",
+            )
+            .unwrap()
+            .execute([id])
+            .unwrap();
+        }
+        conn.execute_batch("COMMIT").unwrap();
+        done += ids.len();
+    }
+    super::rate(n, start.elapsed())
+}

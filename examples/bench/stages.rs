@@ -1,8 +1,10 @@
 //! The stages: each returns its figures, baseline measured alongside.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
-use reflexr::{Engine, NewEvent};
+use reflexr::{Decision, Engine, NewEvent, Ordering, Rule, Scope};
 
 use super::{Ctx, Figure, rate, raw};
 
@@ -13,6 +15,10 @@ pub const ALL: &[(&str, Stage)] = &[
     ("append_single", append_single),
     ("append_concurrent16", append_concurrent16),
     ("append_batch1000", append_batch1000),
+    ("evaluate_1rule", evaluate_1rule),
+    ("evaluate_10rules", evaluate_10rules),
+    ("runs_1executor", runs_1executor),
+    ("runs_4executors", runs_4executors),
 ];
 
 fn engine(ctx: &Ctx, name: &str) -> Engine {
@@ -115,4 +121,162 @@ fn append_batch1000(ctx: &Ctx) -> Vec<Figure> {
         rate(n, start.elapsed())
     });
     vec![Figure::new("append_batch1000", value, "events/s", baseline)]
+}
+
+/// An engine holding `n` events spread over 100 sessions, and the raw
+/// baseline's scan of the same file.
+fn evaluation_file(ctx: &Ctx, name: &str, n: usize) -> (Engine, f64) {
+    let engine = engine(ctx, name);
+    for chunk in 0..n.div_ceil(1_000) {
+        engine
+            .write(|tx| {
+                for k in 0..1_000.min(n - chunk * 1_000) {
+                    let i = chunk * 1_000 + k;
+                    let ev = NewEvent::new("tick", format!("tick/{i}"), "bench", 0)
+                        .payload(&serde_json::json!({ "session": i % 100, "n": i }));
+                    tx.append("bench", &ev)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    let conn = rusqlite::Connection::open(engine.path()).unwrap();
+    let baseline = raw::scan(&conn, n);
+    (engine, baseline)
+}
+
+/// A stateful rule: counts per session, fires on every 100th (1 %).
+fn counting_rule(name: &str) -> Rule {
+    #[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
+    struct Count {
+        n: u64,
+    }
+    Rule::new(name, "bench")
+        .on(["tick"])
+        .scope(Scope::payload("session"))
+        .action("noop")
+        .decide_with_state(Count::default(), |_, s| {
+            s.n += 1;
+            Ok(if s.n.is_multiple_of(100) {
+                Decision::Fire(serde_json::Value::Null)
+            } else {
+                Decision::Skip
+            })
+        })
+}
+
+/// A trivial rule: looks at the payload, fires on 1 % of events.
+fn trivial_rule(name: &str) -> Rule {
+    Rule::new(name, "bench")
+        .on(["tick"])
+        .scope(Scope::Global)
+        .action("noop")
+        .decide(|e| {
+            let p: serde_json::Value = e.payload()?;
+            Ok(if p["n"].as_u64().unwrap_or(1).is_multiple_of(100) {
+                Decision::Fire(serde_json::Value::Null)
+            } else {
+                Decision::Skip
+            })
+        })
+}
+
+fn evaluate(ctx: &Ctx, name: &str, rules: usize) -> Figure {
+    let n = ctx.n(20_000, 100_000);
+    let (engine, baseline) = evaluation_file(ctx, name, n);
+    for r in 0..rules {
+        let rule = if r % 2 == 0 {
+            counting_rule(&format!("r{r}"))
+        } else {
+            trivial_rule(&format!("r{r}"))
+        };
+        engine.register_rule(rule).unwrap();
+    }
+    let start = Instant::now();
+    let idle = engine.run_until_idle().unwrap();
+    let value = rate(n, start.elapsed());
+    assert_eq!(idle.decided, n * rules);
+    Figure::new(name, value, "events/s", baseline)
+}
+
+/// Events decided per second by one stateful rule (1 % firing); baseline: a
+/// raw paged scan of the same events, decoding each payload.
+fn evaluate_1rule(ctx: &Ctx) -> Vec<Figure> {
+    vec![evaluate(ctx, "evaluate_1rule", 1)]
+}
+
+/// The same with 10 rules, half stateful, half trivial: events/s through
+/// all ten.
+fn evaluate_10rules(ctx: &Ctx) -> Vec<Figure> {
+    vec![evaluate(ctx, "evaluate_10rules", 10)]
+}
+
+/// No-op runs claimed, executed and completed per second by `executors`
+/// threads; baseline: a raw queue claiming 100 per transaction and completing
+/// them in one, one thread.
+fn runs(ctx: &Ctx, name: &str, executors: usize) -> Figure {
+    let n = ctx.n(5_000, 20_000);
+    let baseline = raw::claim_complete(&ctx.db(&format!("{name}-raw")), ctx.sync, n);
+    let engine = Engine::builder(ctx.db(name))
+        .synchronous(ctx.sync)
+        .executors(executors)
+        .open()
+        .unwrap();
+    engine.ensure_workspace("bench", &["tick"]).unwrap();
+    engine
+        .register_rule(
+            Rule::new("every", "bench")
+                .on(["tick"])
+                .ordering(Ordering::None)
+                .action("noop")
+                .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
+        )
+        .unwrap();
+    for chunk in 0..n / 1_000 {
+        engine
+            .write(|tx| {
+                for k in 0..1_000 {
+                    tx.append("bench", &event(chunk * 1_000 + k))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    // Decide first (no handler yet, so nothing runs): only execution is timed.
+    assert_eq!(engine.run_until_idle().unwrap().fired, n);
+    let done = Arc::new(AtomicUsize::new(0));
+    let (all_tx, all) = mpsc::channel();
+    let all_tx = Mutex::new(all_tx);
+    let d = Arc::clone(&done);
+    engine
+        .register_action("noop", move |_, _| {
+            if d.fetch_add(1, AtomicOrdering::SeqCst) + 1 == n {
+                all_tx.lock().unwrap().send(()).unwrap();
+            }
+            Ok(())
+        })
+        .unwrap();
+    let start = Instant::now();
+    engine.start().unwrap();
+    all.recv_timeout(Duration::from_secs(600)).unwrap();
+    // The last run's completion commits after its handler returns.
+    while engine
+        .run_counts()
+        .unwrap()
+        .iter()
+        .any(|(s, c)| *s != reflexr::RunState::Succeeded && *c > 0)
+    {
+        std::thread::yield_now();
+    }
+    let value = rate(n, start.elapsed());
+    engine.shutdown();
+    Figure::new(name, value, "runs/s", baseline)
+}
+
+fn runs_1executor(ctx: &Ctx) -> Vec<Figure> {
+    vec![runs(ctx, "runs_1executor", 1)]
+}
+
+fn runs_4executors(ctx: &Ctx) -> Vec<Figure> {
+    vec![runs(ctx, "runs_4executors", 4)]
 }

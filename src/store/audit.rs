@@ -46,12 +46,12 @@ pub struct AuditEntry {
 
 /// The most recent `limit` entries, newest first.
 pub(crate) fn recent(conn: &Connection, limit: i64) -> Result<Vec<AuditEntry>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT at, operator, action, target, reason, detail FROM reflexr_audit \
-         ORDER BY id DESC LIMIT ?1",
-    )?;
+         ORDER BY id DESC LIMIT {limit}"
+    ))?;
     let rows = stmt
-        .query_map([limit], |r| {
+        .query_map([], |r| {
             Ok(AuditEntry {
                 at: r.get(0)?,
                 operator: r.get(1)?,

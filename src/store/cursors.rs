@@ -19,6 +19,43 @@ pub(crate) fn get(
         .optional()?)
 }
 
+/// The cursor's position and the stamp of its last change (`updated_at`):
+/// together they tell whether anything moved the cursor, or reset what it
+/// stands for, since they were read.
+pub(crate) fn get_stamped(
+    conn: &Connection,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Option<(i64, i64)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position, updated_at FROM reflexr_cursors \
+             WHERE workspace = ?1 AND kind = ?2 AND name = ?3",
+        )?
+        .query_row(params![workspace, kind, name], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?)
+}
+
+/// Marks the cursor changed without moving it (an operator reset the state
+/// its consumer keeps): its stamp moves past any value read before.
+pub(crate) fn touch(
+    conn: &Connection,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+    now: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE reflexr_cursors SET updated_at = max(?4, updated_at + 1) \
+         WHERE workspace = ?1 AND kind = ?2 AND name = ?3",
+    )?
+    .execute(params![workspace, kind, name, now])?;
+    Ok(())
+}
+
 /// Moves the cursor to `position` if that is not behind where it is. Returns
 /// `Err(current)` when it would have moved backwards (nothing is written).
 pub(crate) fn advance(
@@ -34,7 +71,8 @@ pub(crate) fn advance(
             "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at) \
              VALUES (?1, ?2, ?3, ?4, ?5) \
              ON CONFLICT (workspace, kind, name) DO UPDATE \
-             SET position = excluded.position, updated_at = excluded.updated_at \
+             SET position = excluded.position, \
+                 updated_at = max(excluded.updated_at, reflexr_cursors.updated_at + 1) \
              WHERE excluded.position >= reflexr_cursors.position",
         )?
         .execute(params![workspace, kind, name, position, now])?;
@@ -46,7 +84,7 @@ pub(crate) fn advance(
 }
 
 /// Sets the cursor to `position`, forwards or backwards (an operator's reset),
-/// and returns where it was.
+/// and returns where it was. Its stamp moves past any value read before.
 pub(crate) fn set(
     conn: &Connection,
     workspace: &str,
@@ -60,7 +98,8 @@ pub(crate) fn set(
         "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at) \
          VALUES (?1, ?2, ?3, ?4, ?5) \
          ON CONFLICT (workspace, kind, name) DO UPDATE \
-         SET position = excluded.position, updated_at = excluded.updated_at",
+         SET position = excluded.position, \
+             updated_at = max(excluded.updated_at, reflexr_cursors.updated_at + 1)",
     )?
     .execute(params![workspace, kind, name, position, now])?;
     Ok(before)
@@ -98,4 +137,13 @@ pub(crate) fn list(conn: &Connection) -> Result<Vec<Listed>> {
         })?
         .collect::<rusqlite::Result<_>>()?;
     Ok(rows)
+}
+
+pub(crate) fn delete(conn: &Connection, workspace: &str, kind: &str, name: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "DELETE FROM reflexr_cursors WHERE workspace = ?1 AND kind = ?2 AND name = ?3",
+        )?
+        .execute(params![workspace, kind, name])?
+        == 1)
 }

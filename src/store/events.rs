@@ -94,13 +94,16 @@ pub(crate) fn page(
     types: &[String],
     limit: usize,
 ) -> Result<Vec<Event>> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    // The limit is written into the statement, not bound: this SQLite build
+    // (STAT4) prepares a statement again every time a bound LIMIT changes its
+    // value, which cost the claim a recompilation per call. Callers use a few
+    // fixed page sizes, so the statement cache still hits.
     let events = if types.is_empty() {
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT {COLUMNS} FROM reflexr_events \
-             WHERE workspace = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
+             WHERE workspace = ?1 AND seq > ?2 ORDER BY seq LIMIT {limit}"
         ))?;
-        stmt.query_map(params![workspace, after, limit], from_row)?
+        stmt.query_map(params![workspace, after], from_row)?
             .collect::<rusqlite::Result<Vec<_>>>()?
     } else {
         // One statement for any number of types: they travel as a JSON array.
@@ -109,9 +112,9 @@ pub(crate) fn page(
             "SELECT {COLUMNS} FROM reflexr_events \
              WHERE workspace = ?1 AND seq > ?2 \
                AND type IN (SELECT value FROM json_each(?3)) \
-             ORDER BY seq LIMIT ?4"
+             ORDER BY seq LIMIT {limit}"
         ))?;
-        stmt.query_map(params![workspace, after, types, limit], from_row)?
+        stmt.query_map(params![workspace, after, types], from_row)?
             .collect::<rusqlite::Result<Vec<_>>>()?
     };
     Ok(events)
@@ -135,4 +138,11 @@ pub(crate) fn head(conn: &Connection) -> Result<i64> {
         .query_row([], |r| r.get(0))
         .optional()?
         .unwrap_or(0))
+}
+
+/// How many of the workspace's events are after `position`.
+pub(crate) fn count_after(conn: &Connection, workspace: &str, position: i64) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT count(*) FROM reflexr_events WHERE workspace = ?1 AND seq > ?2")?
+        .query_row(params![workspace, position], |r| r.get(0))?)
 }

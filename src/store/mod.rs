@@ -6,7 +6,10 @@
 pub(crate) mod audit;
 pub(crate) mod conn;
 pub(crate) mod cursors;
+pub(crate) mod dead_letters;
 pub(crate) mod events;
 pub(crate) mod leases;
+pub(crate) mod rules;
+pub(crate) mod runs;
 pub(crate) mod schema;
 pub(crate) mod workspaces;

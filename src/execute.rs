@@ -1,0 +1,255 @@
+//! Executors: claim runs, run their handlers, and complete, retry or
+//! dead-letter them (DESIGN.md, invariants 5 and 6).
+//!
+//! A claim takes up to `claim_batch` ready, due runs in one transaction
+//! (through the writer, so concurrent executors' claims share commits).
+//! Each claim is `(holder, attempt)` with an expiry a renewer extends while
+//! the handler works; once it lapses, the run is claimable again. The
+//! outcomes of a claimed batch are settled in one transaction, each run in a
+//! savepoint of its own, and every settlement checks the claim: an executor
+//! whose claim lapsed and was taken over settles nothing.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use crate::engine::Shared;
+use crate::error::{Error, Result};
+use crate::evaluate::panic_text;
+use crate::run::{self, Emitted, Run, RunContext};
+use crate::stats::Counters;
+use crate::store::dead_letters::{self, NewDeadLetter};
+use crate::store::runs::{self, RunRow};
+use crate::tx::Tx;
+
+/// What happened to the runs of one claim.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Executed {
+    pub claimed: usize,
+    pub succeeded: usize,
+    pub retried: usize,
+    pub dead: usize,
+    /// Settlements refused because the claim was no longer ours.
+    pub lost: usize,
+}
+
+enum Outcome {
+    /// Completed by the handler itself ([`RunContext::complete`]).
+    AlreadyDone,
+    Succeeded(Vec<Emitted>),
+    Failed(String),
+}
+
+/// Claims up to `limit` runs and runs them in this thread.
+pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
+    let (actions, handlers) = {
+        let reg = shared.registry.read().unwrap_or_else(|e| e.into_inner());
+        if reg.actions.is_empty() {
+            return Ok(Executed::default());
+        }
+        (reg.action_names_json(), reg.actions.clone())
+    };
+    let holder = shared.config.holder_id.clone();
+    let ttl = shared.claim_ttl_ms();
+    let now = shared.clock.now_ms();
+    // A cheap read first: an idle executor opens no write transaction.
+    let due = shared.read(|c| runs::work_due(c, now, &actions))?;
+    if !due {
+        return Ok(Executed::default());
+    }
+    let claimed: Vec<RunRow> = shared.write(|tx| {
+        let now = tx.now_ms();
+        for lapsed in runs::lapsed(tx.conn(), now, 100)? {
+            runs::requeue_lapsed(tx.conn(), lapsed.ord, now)?;
+        }
+        runs::claim(
+            tx.conn(),
+            &holder,
+            now,
+            now + ttl,
+            i64::try_from(limit).unwrap_or(i64::MAX),
+            &actions,
+        )
+    })?;
+    let mut done = Executed {
+        claimed: claimed.len(),
+        ..Executed::default()
+    };
+    if claimed.is_empty() {
+        return Ok(done);
+    }
+    Counters::add(&shared.counters.runs_claimed, claimed.len());
+    let runs: Vec<Run> = claimed.iter().map(Run::from_row).collect();
+    shared.claims.track(&runs);
+
+    let mut outcomes = Vec::with_capacity(runs.len());
+    for (row, run) in claimed.iter().zip(&runs) {
+        if shared.stopping() {
+            break;
+        }
+        let outcome = if run.attempt > run.max_attempts {
+            Outcome::Failed(
+                row.last_error
+                    .clone()
+                    .unwrap_or_else(|| "no attempts left".into()),
+            )
+        } else {
+            match handlers.get(&run.action) {
+                Some(h) => call(shared, h, run),
+                None => Outcome::Failed(format!("no handler for action {}", run.action)),
+            }
+        };
+        outcomes.push(outcome);
+    }
+    // Runs claimed but not started (shutdown) go back without an attempt.
+    let unstarted = &runs[outcomes.len()..];
+
+    shared.write(|tx| {
+        for (run, outcome) in runs.iter().zip(&outcomes) {
+            let settled = tx.nested(|tx| settle(tx, run, outcome));
+            match settled {
+                Ok(Settled::Succeeded) => done.succeeded += 1,
+                Ok(Settled::Retried) => done.retried += 1,
+                Ok(Settled::Dead) => done.dead += 1,
+                Err(e) if e.is_lease_lost() => {
+                    log::warn!("run {}: {e}; another executor has it", run.id);
+                    done.lost += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for run in unstarted {
+            runs::release(
+                tx.conn(),
+                &run.id,
+                &run.holder,
+                i64::from(run.attempt),
+                tx.now_ms(),
+            )?;
+        }
+        Ok(())
+    })?;
+    shared.claims.untrack(&runs);
+    let c = &shared.counters;
+    Counters::add(&c.runs_succeeded, done.succeeded);
+    Counters::add(&c.runs_retried, done.retried);
+    Counters::add(&c.runs_dead, done.dead);
+    Ok(done)
+}
+
+fn call(shared: &Shared, handler: &Arc<run::ActionFn>, run: &Run) -> Outcome {
+    let mut ctx = RunContext::new(shared, run);
+    let result = catch_unwind(AssertUnwindSafe(|| handler(run, &mut ctx)));
+    match result {
+        Ok(Ok(())) if ctx.completed => Outcome::AlreadyDone,
+        Ok(Ok(())) => Outcome::Succeeded(std::mem::take(&mut ctx.emitted)),
+        Ok(Err(e)) if ctx.completed => {
+            log::warn!(
+                "run {}: the handler completed the run, then failed: {e}",
+                run.id
+            );
+            Outcome::AlreadyDone
+        }
+        Ok(Err(e)) => Outcome::Failed(e.to_string()),
+        Err(panic) if ctx.completed => {
+            log::warn!(
+                "run {}: the handler completed the run, then panicked: {}",
+                run.id,
+                panic_text(&*panic)
+            );
+            Outcome::AlreadyDone
+        }
+        Err(panic) => Outcome::Failed(format!("panicked: {}", panic_text(&*panic))),
+    }
+}
+
+enum Settled {
+    Succeeded,
+    Retried,
+    Dead,
+}
+
+fn settle(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Settled> {
+    match outcome {
+        Outcome::AlreadyDone => Ok(Settled::Succeeded),
+        Outcome::Succeeded(emitted) => {
+            run::finish_success(tx, run, emitted)?;
+            Ok(Settled::Succeeded)
+        }
+        Outcome::Failed(error) => fail(tx, run, error),
+    }
+}
+
+/// A failed attempt: ready again after its backoff, or dead once the policy
+/// is spent.
+fn fail(tx: &mut Tx<'_>, run: &Run, error: &str) -> Result<Settled> {
+    let now = tx.now_ms();
+    let conn = tx.conn();
+    let attempt = i64::from(run.attempt);
+    let row = runs::get(conn, &run.id)?.ok_or_else(|| run::claim_lost(run))?;
+    if run.attempt < run.max_attempts {
+        let due = now + backoff_ms(&row, run.attempt);
+        if !runs::retry_later(conn, &run.id, &run.holder, attempt, now, due, error)? {
+            return Err(run::claim_lost(run));
+        }
+        return Ok(Settled::Retried);
+    }
+    if !runs::kill(conn, &run.id, &run.holder, attempt, now, error)? {
+        return Err(run::claim_lost(run));
+    }
+    dead_letters::insert(
+        conn,
+        &NewDeadLetter {
+            kind: "run",
+            consumer: run.rule.as_deref().unwrap_or(&run.action),
+            workspace: run.workspace.as_deref(),
+            event_seq: run.event_seq,
+            event_id: run.event_id.as_deref(),
+            run_id: Some(&run.id),
+            reason: "attempts_exhausted",
+            error,
+            attempts: attempt,
+            now,
+        },
+    )?;
+    if let Some(lane) = &row.lane {
+        if row.on_dead_letter == "block" {
+            runs::set_blocked(conn, lane, true, now)?;
+        } else {
+            runs::advance_lane(conn, lane, &run.id, now)?;
+        }
+    }
+    Ok(Settled::Dead)
+}
+
+/// The delay before the attempt after `attempt` (1-based): the policy stored
+/// on the run, with its jitter.
+pub(crate) fn backoff_ms(row: &RunRow, attempt: u32) -> i64 {
+    let exp = attempt.saturating_sub(1).min(62) as i32;
+    let raw = row.backoff_ms as f64 * row.backoff_factor.powi(exp);
+    let capped = raw.min(row.backoff_max_ms as f64);
+    let spread = row.jitter * (fastrand::f64() * 2.0 - 1.0);
+    (capped * (1.0 + spread)).round().max(0.0) as i64
+}
+
+/// Renews every claim this engine holds whose renewal is due: the runs
+/// whose handlers are still working.
+pub(crate) fn renew_claims(shared: &Shared) -> Result<usize> {
+    let ttl = shared.claim_ttl_ms();
+    let now = shared.clock.now_ms();
+    let due = shared.claims.due(now, ttl);
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let renewed = shared.write(|tx| {
+        let now = tx.now_ms();
+        let mut renewed = Vec::new();
+        for (id, holder, attempt) in &due {
+            if runs::renew(tx.conn(), id, holder, *attempt, now, now + ttl)? {
+                renewed.push(id.clone());
+            }
+        }
+        Ok::<_, Error>(renewed)
+    })?;
+    shared.claims.renewed(&renewed, now + ttl);
+    Ok(renewed.len())
+}

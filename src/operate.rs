@@ -1,0 +1,474 @@
+//! What operators do to rules, runs and dead letters. Every intervention is
+//! checked (a typed error for what cannot be done) and recorded in
+//! `reflexr_audit`, in the same transaction as the change it makes.
+
+use rusqlite::Connection;
+
+use crate::cursor::ConsumerKind;
+use crate::engine::Shared;
+use crate::error::{Error, Result};
+use crate::names::{self, MAX_ID_BYTES};
+use crate::rule::{OnNewVersion, Rule, Start};
+use crate::run::{RunInfo, RunState};
+use crate::store::audit;
+use crate::store::dead_letters;
+use crate::store::{cursors, events, rules, runs};
+
+/// Who did it and why, for the audit record.
+fn check_operator(operator: &str, reason: &str) -> Result<()> {
+    names::check_text("operator", operator, MAX_ID_BYTES)?;
+    names::check_text("reason", reason, 4096)
+}
+
+fn record(
+    conn: &Connection,
+    now: i64,
+    operator: &str,
+    action: &str,
+    target: &str,
+    reason: &str,
+    detail: serde_json::Value,
+) -> Result<()> {
+    audit::record(
+        conn,
+        &audit::Entry {
+            at: now,
+            operator,
+            action,
+            target,
+            reason,
+            detail: &detail.to_string(),
+        },
+    )
+}
+
+/// A dead letter as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Its id (for [`crate::Engine::retry_dead_letter`] and friends).
+    pub id: i64,
+    /// Whose: `rule` (an evaluation error), `run` (a run gave up), and later
+    /// `reaction`, `follower`.
+    pub kind: String,
+    /// The rule, reaction, follower or action that gave up.
+    pub consumer: String,
+    /// The workspace of the event concerned.
+    pub workspace: Option<String>,
+    /// The event concerned.
+    pub event_seq: Option<i64>,
+    /// Its id.
+    pub event_id: Option<String>,
+    /// The run, for `run` dead letters.
+    pub run_id: Option<String>,
+    /// Why, in one word: `decision_error`, `decision_panic`,
+    /// `missing_scope`, `state_unreadable`, `attempts_exhausted`,
+    /// `depth_limit`, …
+    pub reason: String,
+    /// The error's text.
+    pub error: String,
+    /// Attempts made.
+    pub attempts: i64,
+    /// When.
+    pub created_at: i64,
+    /// When an operator resolved it.
+    pub resolved_at: Option<i64>,
+    /// `retried` or `discarded`.
+    pub resolution: Option<String>,
+}
+
+/// A rule as the file knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleInfo {
+    /// The rule's name.
+    pub name: String,
+    /// The workspace it reads.
+    pub workspace: String,
+    /// Its version.
+    pub version: i64,
+    /// Its settings as registered, JSON.
+    pub definition: String,
+    /// Its cursor.
+    pub cursor: i64,
+    /// Events of its workspace after the cursor.
+    pub lag: i64,
+    /// Registered by this process (false: only in the file, e.g. a rule the
+    /// code no longer has).
+    pub registered_here: bool,
+    /// When the file first saw it.
+    pub registered_at: i64,
+    /// When it was last registered.
+    pub updated_at: i64,
+}
+
+/// What to reset of a rule ([`crate::Engine::reset_rule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RuleReset {
+    /// Move the cursor to this seq (0: replay the whole log) and keep the state.
+    Cursor(i64),
+    /// Forget every scope's state and keep the cursor.
+    State,
+    /// Both: forget the state and decide again from this seq.
+    Replay(i64),
+}
+
+// ----- rules -----------------------------------------------------------------
+
+/// Records a rule being registered: a new rule gets its row and its start
+/// position; a known rule at a higher version gets what `on_new_version`
+/// says.
+pub(crate) fn register_rule(conn: &Connection, shared: &Shared, rule: &Rule) -> Result<()> {
+    let now = shared.clock.now_ms();
+    if !crate::store::workspaces::exists(conn, &rule.workspace)? {
+        return Err(Error::not_found("workspace", &rule.workspace));
+    }
+    let kind = ConsumerKind::Rule.as_str();
+    let version = i64::from(rule.version);
+    let start_at = |conn: &Connection| -> Result<i64> {
+        Ok(match rule.start {
+            Start::Beginning => 0,
+            Start::Head => events::head(conn)?,
+        })
+    };
+    match rules::get(conn, &rule.name)? {
+        None => {
+            let at = start_at(conn)?;
+            cursors::set(conn, &rule.workspace, kind, &rule.name, at, now)?;
+        }
+        Some(stored) if stored.workspace != rule.workspace => {
+            return Err(Error::invalid(
+                "rule",
+                format!(
+                    "{} reads workspace {} in this file; a rule cannot move to {} \
+                     (register it under another name, or delete it first)",
+                    rule.name, stored.workspace, rule.workspace
+                ),
+            ));
+        }
+        Some(stored) if stored.version < version => {
+            let target = format!("rule {}", rule.name);
+            let detail =
+                serde_json::json!({ "from_version": stored.version, "to_version": version });
+            match rule.on_new_version {
+                OnNewVersion::Continue => {}
+                OnNewVersion::ResetState => {
+                    rules::clear_states(conn, &rule.name)?;
+                    cursors::touch(conn, &rule.workspace, kind, &rule.name, now)?;
+                    record(
+                        conn,
+                        now,
+                        "reflexr",
+                        "rule_version_reset_state",
+                        &target,
+                        "new version",
+                        detail,
+                    )?;
+                }
+                OnNewVersion::Replay => {
+                    rules::clear_states(conn, &rule.name)?;
+                    let at = start_at(conn)?;
+                    cursors::set(conn, &rule.workspace, kind, &rule.name, at, now)?;
+                    record(
+                        conn,
+                        now,
+                        "reflexr",
+                        "rule_version_replay",
+                        &target,
+                        "new version",
+                        detail,
+                    )?;
+                }
+            }
+        }
+        Some(stored) if stored.version > version => {
+            log::warn!(
+                "rule {} is at version {} in the file; this code registers version {} \
+                 and continues from the stored cursor and state",
+                rule.name,
+                stored.version,
+                version
+            );
+        }
+        Some(_) => {}
+    }
+    let stored_version = rules::get(conn, &rule.name)?.map_or(version, |r| r.version.max(version));
+    rules::upsert(
+        conn,
+        &rule.name,
+        &rule.workspace,
+        stored_version,
+        &rule.definition(),
+        now,
+    )
+}
+
+pub(crate) fn rule_infos(conn: &Connection, registered: &[String]) -> Result<Vec<RuleInfo>> {
+    let kind = ConsumerKind::Rule.as_str();
+    rules::list(conn)?
+        .into_iter()
+        .map(|r| {
+            let cursor = cursors::get(conn, &r.workspace, kind, &r.name)?.unwrap_or(0);
+            let lag = events::count_after(conn, &r.workspace, cursor)?;
+            Ok(RuleInfo {
+                registered_here: registered.contains(&r.name),
+                name: r.name,
+                workspace: r.workspace,
+                version: r.version,
+                definition: r.definition,
+                cursor,
+                lag,
+                registered_at: r.registered_at,
+                updated_at: r.updated_at,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn reset_rule(
+    conn: &Connection,
+    now: i64,
+    name: &str,
+    what: RuleReset,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    let rule = rules::get(conn, name)?.ok_or_else(|| Error::not_found("rule", name))?;
+    let kind = ConsumerKind::Rule.as_str();
+    let from = cursors::get(conn, &rule.workspace, kind, name)?;
+    let (cursor, state) = match what {
+        RuleReset::Cursor(at) => (Some(at), false),
+        RuleReset::State => (None, true),
+        RuleReset::Replay(at) => (Some(at), true),
+    };
+    if let Some(at) = cursor {
+        let head = events::head(conn)?;
+        if !(0..=head).contains(&at) {
+            return Err(Error::invalid(
+                "position",
+                format!("{at} is not a seq of this file (0 to {head})"),
+            ));
+        }
+        cursors::set(conn, &rule.workspace, kind, name, at, now)?;
+    }
+    let cleared = if state {
+        // A batch decided on the old state must not commit over the reset.
+        cursors::touch(conn, &rule.workspace, kind, name, now)?;
+        rules::clear_states(conn, name)?
+    } else {
+        0
+    };
+    record(
+        conn,
+        now,
+        operator,
+        "reset_rule",
+        &format!("rule {name}"),
+        reason,
+        serde_json::json!({ "cursor_from": from, "cursor_to": cursor, "states_cleared": cleared }),
+    )
+}
+
+pub(crate) fn delete_rule(
+    conn: &Connection,
+    now: i64,
+    name: &str,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    let rule = rules::get(conn, name)?.ok_or_else(|| Error::not_found("rule", name))?;
+    let cleared = rules::clear_states(conn, name)?;
+    cursors::delete(conn, &rule.workspace, ConsumerKind::Rule.as_str(), name)?;
+    rules::delete(conn, name)?;
+    record(
+        conn,
+        now,
+        operator,
+        "delete_rule",
+        &format!("rule {name}"),
+        reason,
+        serde_json::json!({ "states_cleared": cleared, "definition": rule.definition }),
+    )
+}
+
+// ----- runs ------------------------------------------------------------------
+
+fn dead_run(conn: &Connection, id: &str) -> Result<runs::RunRow> {
+    let row = runs::get(conn, id)?.ok_or_else(|| Error::not_found("run", id))?;
+    if row.state != "dead" {
+        return Err(Error::invalid(
+            "run",
+            format!(
+                "{id} is {}, not dead; only a dead run is retried or discarded",
+                row.state
+            ),
+        ));
+    }
+    Ok(row)
+}
+
+pub(crate) fn retry_run(
+    conn: &Connection,
+    now: i64,
+    id: &str,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    let row = dead_run(conn, id)?;
+    runs::revive(conn, id, row.lane.as_deref(), now)?;
+    if let Some(d) = dead_letters::open_for_run(conn, id)? {
+        dead_letters::resolve(conn, d.id, "retried", now)?;
+    }
+    record(
+        conn,
+        now,
+        operator,
+        "retry_run",
+        &format!("run {id}"),
+        reason,
+        serde_json::json!({ "attempts": row.attempt, "last_error": row.last_error }),
+    )
+}
+
+pub(crate) fn discard_run(
+    conn: &Connection,
+    now: i64,
+    id: &str,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    let row = dead_run(conn, id)?;
+    runs::discard(conn, id, now)?;
+    if let Some(lane) = &row.lane {
+        runs::advance_lane(conn, lane, id, now)?;
+    }
+    if let Some(d) = dead_letters::open_for_run(conn, id)? {
+        dead_letters::resolve(conn, d.id, "discarded", now)?;
+    }
+    record(
+        conn,
+        now,
+        operator,
+        "discard_run",
+        &format!("run {id}"),
+        reason,
+        serde_json::json!({ "attempts": row.attempt, "last_error": row.last_error }),
+    )
+}
+
+/// Lets a blocked scope go on past its dead run (which stays dead, to be
+/// retried or discarded on its own).
+pub(crate) fn unblock(
+    conn: &Connection,
+    now: i64,
+    rule: &str,
+    scope: &str,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    let lane = format!("{rule} {scope}");
+    let (head, blocked) = runs::lane_head(conn, &lane)?
+        .filter(|(_, blocked)| *blocked)
+        .ok_or_else(|| Error::not_found("blocked scope", &lane))?;
+    debug_assert!(blocked);
+    runs::set_blocked(conn, &lane, false, now)?;
+    runs::advance_lane(conn, &lane, &head, now)?;
+    record(
+        conn,
+        now,
+        operator,
+        "unblock",
+        &format!("scope {scope} of rule {rule}"),
+        reason,
+        serde_json::json!({ "dead_run": head }),
+    )
+}
+
+pub(crate) fn run_info(conn: &Connection, id: &str) -> Result<Option<RunInfo>> {
+    runs::get(conn, id)?.map(RunInfo::from_row).transpose()
+}
+
+pub(crate) fn list_runs(
+    conn: &Connection,
+    state: Option<RunState>,
+    limit: usize,
+) -> Result<Vec<RunInfo>> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    runs::list(conn, state.map(RunState::as_str), 0, limit)?
+        .into_iter()
+        .map(RunInfo::from_row)
+        .collect()
+}
+
+pub(crate) fn run_counts(conn: &Connection) -> Result<Vec<(RunState, i64)>> {
+    runs::counts(conn)?
+        .into_iter()
+        .map(|(s, n)| Ok((RunState::parse(&s)?, n)))
+        .collect()
+}
+
+// ----- dead letters ----------------------------------------------------------
+
+pub(crate) fn retry_dead_letter(
+    conn: &Connection,
+    now: i64,
+    id: i64,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    let d = dead_letters::get(conn, id)?
+        .ok_or_else(|| Error::not_found("dead letter", id.to_string()))?;
+    if d.resolved_at.is_some() {
+        return Err(Error::invalid(
+            "dead letter",
+            format!("{id} is resolved already"),
+        ));
+    }
+    match (d.kind.as_str(), &d.run_id) {
+        ("run", Some(run)) => retry_run(conn, now, run, operator, reason),
+        (kind, _) => Err(Error::invalid(
+            "dead letter",
+            format!(
+                "{id} is a {kind} dead letter: an evaluation is replayed by resetting the \
+                 rule's cursor (reset_rule), not retried alone; discard it once handled"
+            ),
+        )),
+    }
+}
+
+pub(crate) fn discard_dead_letter(
+    conn: &Connection,
+    now: i64,
+    id: i64,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    let d = dead_letters::get(conn, id)?
+        .ok_or_else(|| Error::not_found("dead letter", id.to_string()))?;
+    if d.resolved_at.is_some() {
+        return Err(Error::invalid(
+            "dead letter",
+            format!("{id} is resolved already"),
+        ));
+    }
+    if let ("run", Some(run)) = (d.kind.as_str(), &d.run_id) {
+        return discard_run(conn, now, run, operator, reason);
+    }
+    dead_letters::resolve(conn, id, "discarded", now)?;
+    record(
+        conn,
+        now,
+        operator,
+        "discard_dead_letter",
+        &format!("dead letter {id}"),
+        reason,
+        serde_json::json!({ "kind": d.kind, "consumer": d.consumer, "event_seq": d.event_seq }),
+    )
+}

@@ -1,0 +1,38 @@
+//! What this process knows how to do: its registered rules and actions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::rule::Rule;
+use crate::run::ActionFn;
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    pub rules: BTreeMap<String, Arc<Rule>>,
+    pub actions: BTreeMap<String, Arc<ActionFn>>,
+}
+
+impl Registry {
+    /// The workspaces some registered rule reads, by name.
+    pub fn workspaces_with_rules(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.rules.values().map(|r| r.workspace.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// The registered rules of one workspace, by name.
+    pub fn rules_of(&self, workspace: &str) -> Vec<Arc<Rule>> {
+        self.rules
+            .values()
+            .filter(|r| r.workspace == workspace)
+            .cloned()
+            .collect()
+    }
+
+    /// The registered action names as a JSON array, the form the claim takes.
+    pub fn action_names_json(&self) -> String {
+        let names: Vec<&String> = self.actions.keys().collect();
+        serde_json::to_string(&names).expect("strings encode")
+    }
+}

@@ -1,0 +1,563 @@
+//! Rules: what decides, per event and per scope, whether to act.
+//!
+//! A rule watches some event types of one workspace. For each such event it
+//! computes a **scope** (a session id, the subject, …), loads the rule's state
+//! for that scope, and calls the rule's **decision**, which may change the
+//! state and either fires — with a JSON input for the rule's action — or
+//! does not. Deciding is exact (DESIGN.md, invariant 4): the state, the
+//! cursor, the `RuleFired`/`RuleErrored` events, the dead letters and the new
+//! runs of a batch commit in one transaction. Acting is the executors' job
+//! ([`crate::Run`]), at least once.
+//!
+//! ```
+//! use reflexr::{Decision, Rule, Scope};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Clone, Default, Serialize, Deserialize)]
+//! struct Rsvps { count: u32, announced: bool }
+//!
+//! let rule = Rule::new("session-full", "events-app")
+//!     .on(["rsvp.added", "rsvp.cancelled"])
+//!     .scope(Scope::payload("session_id"))
+//!     .action("notify-organiser")
+//!     .decide_with_state(Rsvps::default(), |event, state| {
+//!         if event.event_type == "rsvp.added" { state.count += 1 } else { state.count -= 1 }
+//!         if state.count >= 100 && !state.announced {
+//!             state.announced = true;
+//!             return Ok(Decision::fire(&serde_json::json!({ "rsvps": state.count })));
+//!         }
+//!         Ok(Decision::Skip)
+//!     });
+//! ```
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+use crate::event::{Event, RESERVED_TYPES};
+use crate::names;
+
+/// The error a decision, a scope function or an action handler returns: any
+/// error, boxed. `?` converts most errors into it.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A decision's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Do nothing for this event.
+    Skip,
+    /// Fire: create a run of the rule's action with this input.
+    Fire(serde_json::Value),
+}
+
+impl Decision {
+    /// Fires with `input` encoded as JSON. A value serde cannot encode fires
+    /// with `null`; use [`Decision::Fire`] with a value you built to avoid
+    /// that.
+    pub fn fire<T: Serialize + ?Sized>(input: &T) -> Decision {
+        Decision::Fire(serde_json::to_value(input).unwrap_or(serde_json::Value::Null))
+    }
+}
+
+/// A function computing an event's scope.
+pub type ScopeFn = dyn Fn(&Event) -> Option<String> + Send + Sync;
+
+/// How a rule computes an event's scope: the key its state and its run order
+/// are kept by. An event whose scope cannot be computed is an evaluation
+/// error for the rule (recorded as `RuleErrored` and dead-lettered).
+#[derive(Clone)]
+pub enum Scope {
+    /// The event's subject.
+    Subject,
+    /// A field of the payload: a top-level key, or a JSON pointer starting
+    /// with `/` (e.g. `/session/id`). Strings are used as they are; numbers
+    /// and booleans as their JSON text. Missing, `null`, arrays and objects
+    /// are a missing scope.
+    Payload(String),
+    /// One scope for every event (the rule's state is global).
+    Global,
+    /// Computed by a function of the application's; `None` is a missing scope.
+    Custom(Arc<ScopeFn>),
+}
+
+impl Scope {
+    /// [`Scope::Subject`].
+    pub fn subject() -> Scope {
+        Scope::Subject
+    }
+
+    /// [`Scope::Payload`] of `field` (a key, or a JSON pointer).
+    pub fn payload(field: impl Into<String>) -> Scope {
+        Scope::Payload(field.into())
+    }
+
+    /// [`Scope::Global`].
+    pub fn global() -> Scope {
+        Scope::Global
+    }
+
+    /// [`Scope::Custom`].
+    pub fn with(f: impl Fn(&Event) -> Option<String> + Send + Sync + 'static) -> Scope {
+        Scope::Custom(Arc::new(f))
+    }
+
+    /// The scope of `event`, or a description of why there is none.
+    pub(crate) fn of(&self, event: &Event) -> std::result::Result<String, String> {
+        match self {
+            Scope::Subject => Ok(event.subject.clone()),
+            Scope::Global => Ok(String::new()),
+            Scope::Payload(field) => {
+                let value: serde_json::Value = serde_json::from_str(&event.payload)
+                    .map_err(|e| format!("payload is not JSON: {e}"))?;
+                let found = if field.starts_with('/') {
+                    value.pointer(field)
+                } else {
+                    value.get(field)
+                };
+                match found {
+                    Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                    Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
+                        Ok(v.to_string())
+                    }
+                    Some(other) => Err(format!("payload field {field} is {other}, not a scope")),
+                    None => Err(format!("payload has no field {field}")),
+                }
+            }
+            Scope::Custom(f) => f(event).ok_or_else(|| "the scope function returned None".into()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Scope::Subject => "subject".into(),
+            Scope::Payload(f) => format!("payload:{f}"),
+            Scope::Global => "global".into(),
+            Scope::Custom(_) => "custom".into(),
+        }
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// How a run is retried after a failed attempt.
+///
+/// The delay after attempt *n* is `initial × factor^(n−1)`, capped at
+/// `max_delay`, then moved up or down by up to `jitter` of itself at random
+/// (so runs that failed together do not retry together).
+///
+/// # Defaults
+///
+/// 25 attempts, 1 s doubling, capped at 5 minutes, ±20 % jitter: about an
+/// hour and a half of retries before a run is dead-lettered. For comparison,
+/// River retries 25 times over about three weeks (attempt⁴ seconds);
+/// Temporal starts at 1 s, doubles, caps at 100× the initial delay and
+/// retries without limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1: never retried).
+    pub max_attempts: u32,
+    /// The delay after the first failure.
+    pub initial: Duration,
+    /// What each further delay is multiplied by (≥ 1).
+    pub factor: f64,
+    /// The longest delay.
+    pub max_delay: Duration,
+    /// How far a delay may be moved at random, as a fraction of it (0 to 1).
+    pub jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 25,
+            initial: Duration::from_secs(1),
+            factor: 2.0,
+            max_delay: Duration::from_secs(300),
+            jitter: 0.2,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One attempt, never retried.
+    pub fn never() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// `attempts` in all, with the default delays.
+    pub fn attempts(attempts: u32) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: attempts,
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// The same policy with these delays and no jitter (handy in tests).
+    pub fn fixed(self, delay: Duration) -> RetryPolicy {
+        RetryPolicy {
+            initial: delay,
+            factor: 1.0,
+            max_delay: delay,
+            jitter: 0.0,
+            ..self
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.max_attempts == 0 {
+            return Err(Error::invalid(
+                "retry policy",
+                "max_attempts must be at least 1",
+            ));
+        }
+        if !(self.factor >= 1.0 && self.factor.is_finite()) {
+            return Err(Error::invalid("retry policy", "factor must be at least 1"));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(Error::invalid("retry policy", "jitter must be 0 to 1"));
+        }
+        if self.initial > self.max_delay {
+            return Err(Error::invalid(
+                "retry policy",
+                "the initial delay is longer than the longest",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a rule's runs of one scope wait for each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ordering {
+    /// Runs of one rule and scope start in firing order, each after the
+    /// previous one ended; a run waiting to retry holds back only its own
+    /// scope. The default.
+    #[default]
+    Scope,
+    /// Runs start as soon as an executor is free, in parallel.
+    None,
+}
+
+/// What happens to the later runs of a scope after one is dead-lettered
+/// (with [`Ordering::Scope`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDeadLetter {
+    /// The next run of the scope starts. The default.
+    #[default]
+    Continue,
+    /// The scope waits until an operator retries, discards or unblocks.
+    Block,
+}
+
+impl OnDeadLetter {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            OnDeadLetter::Continue => "continue",
+            OnDeadLetter::Block => "block",
+        }
+    }
+}
+
+/// Where a rule that the file has never seen starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Start {
+    /// At the start of the log: the rule catches up on everything. The default.
+    #[default]
+    Beginning,
+    /// At the head: only events appended after the rule was first registered.
+    Head,
+}
+
+/// What happens when a rule is registered with a higher version than the file
+/// has for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnNewVersion {
+    /// Keep the cursor and the state: the new code decides from where the old
+    /// one stopped. The default.
+    #[default]
+    Continue,
+    /// Keep the cursor, forget the per-scope state.
+    ResetState,
+    /// Forget the state and decide every event again from the rule's start
+    /// position (a replay; runs already created stay).
+    Replay,
+}
+
+/// The type-erased decision: states travel as `Box<dyn Any>` between calls
+/// within a batch, and as JSON to and from the file.
+pub(crate) trait Decide: Send + Sync {
+    fn initial(&self) -> Box<dyn Any + Send>;
+    fn load(&self, json: &str) -> std::result::Result<Box<dyn Any + Send>, String>;
+    fn save(&self, state: &(dyn Any + Send)) -> std::result::Result<String, String>;
+    fn copy(&self, state: &(dyn Any + Send)) -> Box<dyn Any + Send>;
+    fn decide(
+        &self,
+        event: &Event,
+        state: &mut (dyn Any + Send),
+    ) -> std::result::Result<Decision, HandlerError>;
+}
+
+type DecideFn<S> =
+    dyn Fn(&Event, &mut S) -> std::result::Result<Decision, HandlerError> + Send + Sync;
+
+struct Typed<S> {
+    initial: S,
+    f: Box<DecideFn<S>>,
+}
+
+impl<S> Decide for Typed<S>
+where
+    S: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    fn initial(&self) -> Box<dyn Any + Send> {
+        Box::new(self.initial.clone())
+    }
+
+    fn load(&self, json: &str) -> std::result::Result<Box<dyn Any + Send>, String> {
+        serde_json::from_str::<S>(json)
+            .map(|s| Box::new(s) as Box<dyn Any + Send>)
+            .map_err(|e| format!("stored state does not decode: {e}"))
+    }
+
+    fn save(&self, state: &(dyn Any + Send)) -> std::result::Result<String, String> {
+        let s = state
+            .downcast_ref::<S>()
+            .expect("the state is this rule's type");
+        serde_json::to_string(s).map_err(|e| format!("state does not encode: {e}"))
+    }
+
+    fn copy(&self, state: &(dyn Any + Send)) -> Box<dyn Any + Send> {
+        Box::new(state.downcast_ref::<S>().expect("the rule's type").clone())
+    }
+
+    fn decide(
+        &self,
+        event: &Event,
+        state: &mut (dyn Any + Send),
+    ) -> std::result::Result<Decision, HandlerError> {
+        let s = state
+            .downcast_mut::<S>()
+            .expect("the state is this rule's type");
+        (self.f)(event, s)
+    }
+}
+
+/// A rule, as built by the application and registered with
+/// [`crate::Engine::register_rule`].
+///
+/// # Defaults
+///
+/// Scope [`Scope::Subject`]; [`Ordering::Scope`]; [`OnDeadLetter::Continue`];
+/// [`RetryPolicy::default`]; [`Start::Beginning`]; version 1 with
+/// [`OnNewVersion::Continue`]. The types, the action and the decision have no
+/// default.
+#[derive(Clone)]
+pub struct Rule {
+    pub(crate) name: String,
+    pub(crate) workspace: String,
+    pub(crate) types: Vec<String>,
+    pub(crate) scope: Scope,
+    pub(crate) action: Option<String>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) ordering: Ordering,
+    pub(crate) on_dead_letter: OnDeadLetter,
+    pub(crate) start: Start,
+    pub(crate) version: u32,
+    pub(crate) on_new_version: OnNewVersion,
+    pub(crate) decide: Option<Arc<dyn Decide>>,
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rule")
+            .field("name", &self.name)
+            .field("workspace", &self.workspace)
+            .field("types", &self.types)
+            .field("scope", &self.scope)
+            .field("action", &self.action)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rule {
+    /// A rule named `name` over `workspace`'s log.
+    pub fn new(name: impl Into<String>, workspace: impl Into<String>) -> Rule {
+        Rule {
+            name: name.into(),
+            workspace: workspace.into(),
+            types: Vec::new(),
+            scope: Scope::Subject,
+            action: None,
+            retry: RetryPolicy::default(),
+            ordering: Ordering::Scope,
+            on_dead_letter: OnDeadLetter::Continue,
+            start: Start::Beginning,
+            version: 1,
+            on_new_version: OnNewVersion::Continue,
+            decide: None,
+        }
+    }
+
+    /// The event types the rule decides on; it skips every other type.
+    pub fn on<I, S>(mut self, types: I) -> Rule
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.types = types.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// How an event's scope is computed.
+    pub fn scope(mut self, scope: Scope) -> Rule {
+        self.scope = scope;
+        self
+    }
+
+    /// The action a firing runs (registered with
+    /// [`crate::Engine::register_action`]).
+    pub fn action(mut self, action: impl Into<String>) -> Rule {
+        self.action = Some(action.into());
+        self
+    }
+
+    /// How the action's runs are retried.
+    pub fn retry(mut self, policy: RetryPolicy) -> Rule {
+        self.retry = policy;
+        self
+    }
+
+    /// Whether the runs of one scope wait for each other.
+    pub fn ordering(mut self, ordering: Ordering) -> Rule {
+        self.ordering = ordering;
+        self
+    }
+
+    /// What the later runs of a scope do after one is dead-lettered.
+    pub fn on_dead_letter(mut self, policy: OnDeadLetter) -> Rule {
+        self.on_dead_letter = policy;
+        self
+    }
+
+    /// Where a rule new to the file starts reading.
+    pub fn start(mut self, start: Start) -> Rule {
+        self.start = start;
+        self
+    }
+
+    /// The rule's version, and what a higher version than the file's does.
+    pub fn version(mut self, version: u32, on_new: OnNewVersion) -> Rule {
+        self.version = version;
+        self.on_new_version = on_new;
+        self
+    }
+
+    /// A decision that keeps no state.
+    pub fn decide<F>(self, f: F) -> Rule
+    where
+        F: Fn(&Event) -> std::result::Result<Decision, HandlerError> + Send + Sync + 'static,
+    {
+        self.decide_with_state((), move |event, _: &mut ()| f(event))
+    }
+
+    /// A decision with state of type `S` per scope, starting from `initial`.
+    /// The decision may change the state; if it returns an error or panics,
+    /// its changes are dropped. States are stored as JSON: adding a field
+    /// with `#[serde(default)]` keeps old states readable.
+    pub fn decide_with_state<S, F>(mut self, initial: S, f: F) -> Rule
+    where
+        S: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        F: Fn(&Event, &mut S) -> std::result::Result<Decision, HandlerError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.decide = Some(Arc::new(Typed {
+            initial,
+            f: Box::new(f),
+        }));
+        self
+    }
+
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        names::check_name("rule", &self.name)?;
+        names::check_name("workspace", &self.workspace)?;
+        if self.types.is_empty() {
+            return Err(Error::invalid(
+                "rule",
+                format!("{}: watches no event types (Rule::on)", self.name),
+            ));
+        }
+        for t in &self.types {
+            names::check_name("event type", t)?;
+            if RESERVED_TYPES.contains(&t.as_str()) {
+                return Err(Error::invalid(
+                    "rule",
+                    format!("{}: may not watch the engine's own {t} events", self.name),
+                ));
+            }
+        }
+        match &self.action {
+            Some(a) => names::check_name("action", a)?,
+            None => {
+                return Err(Error::invalid(
+                    "rule",
+                    format!("{}: has no action (Rule::action)", self.name),
+                ));
+            }
+        }
+        if self.decide.is_none() {
+            return Err(Error::invalid(
+                "rule",
+                format!("{}: has no decision (Rule::decide)", self.name),
+            ));
+        }
+        if self.version == 0 {
+            return Err(Error::invalid("rule", "versions start at 1"));
+        }
+        if let Scope::Payload(f) = &self.scope
+            && f.is_empty()
+        {
+            return Err(Error::invalid("rule", "an empty payload field as scope"));
+        }
+        self.retry.validate()
+    }
+
+    /// The rule as stored in `reflexr_rules.definition`, for operators.
+    pub(crate) fn definition(&self) -> String {
+        serde_json::json!({
+            "types": self.types,
+            "scope": self.scope.describe(),
+            "action": self.action,
+            "ordering": match self.ordering { Ordering::Scope => "scope", Ordering::None => "none" },
+            "on_dead_letter": self.on_dead_letter.as_str(),
+            "retry": {
+                "max_attempts": self.retry.max_attempts,
+                "initial_ms": self.retry.initial.as_millis() as u64,
+                "factor": self.retry.factor,
+                "max_delay_ms": self.retry.max_delay.as_millis() as u64,
+                "jitter": self.retry.jitter,
+            },
+            "start": match self.start { Start::Beginning => "beginning", Start::Head => "head" },
+        })
+        .to_string()
+    }
+}

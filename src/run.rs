@@ -1,0 +1,407 @@
+//! Runs: the at-least-once execution of an action.
+//!
+//! A rule's firing creates a run whose id is the firing id; that id is the
+//! idempotency key a handler gives to the outside world. Executors claim
+//! runs under a lease they renew while the handler works, and complete, retry
+//! (with backoff) or dead-letter them under a holder check (DESIGN.md,
+//! invariant 5).
+
+use std::fmt;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::engine::Shared;
+use crate::error::{Error, Result};
+use crate::event::{Event, NewEvent, Query};
+use crate::log::{self, Origin};
+use crate::rule::HandlerError;
+use crate::store::runs::{self, RunRow};
+use crate::tx::Tx;
+
+/// A run as its handler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Run {
+    /// The run id = the firing id: the idempotency key for the outside world.
+    pub id: String,
+    /// The action being run.
+    pub action: String,
+    /// The rule that fired it (rule runs).
+    pub rule: Option<String>,
+    /// The workspace of the event that fired it.
+    pub workspace: Option<String>,
+    /// The scope it fired for.
+    pub scope: Option<String>,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
+    /// How many attempts the run gets in all.
+    pub max_attempts: u32,
+    /// The seq of the event that fired it.
+    pub event_seq: Option<i64>,
+    /// The id of the event that fired it.
+    pub event_id: Option<String>,
+    /// The chain depth of the event that fired it.
+    pub depth: i64,
+    pub(crate) input: String,
+    pub(crate) checkpoint: Option<String>,
+    pub(crate) holder: String,
+    pub(crate) claim_expires_at: i64,
+    pub(crate) lane: Option<String>,
+}
+
+impl Run {
+    pub(crate) fn from_row(r: &RunRow) -> Run {
+        Run {
+            id: r.id.clone(),
+            action: r.action.clone(),
+            rule: r.rule.clone(),
+            workspace: r.workspace.clone(),
+            scope: r.scope.clone(),
+            attempt: u32::try_from(r.attempt).unwrap_or(u32::MAX),
+            max_attempts: u32::try_from(r.max_attempts).unwrap_or(u32::MAX),
+            event_seq: r.event_seq,
+            event_id: r.event_id.clone(),
+            depth: r.depth,
+            input: r.input.clone(),
+            checkpoint: r.checkpoint.clone(),
+            holder: r.claimed_by.clone().unwrap_or_default(),
+            claim_expires_at: r.claim_expires_at.unwrap_or(0),
+            lane: r.lane.clone(),
+        }
+    }
+
+    /// The input the firing gave, decoded.
+    pub fn input<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_str(&self.input).map_err(|e| Error::Decode {
+            seq: self.event_seq.unwrap_or(0),
+            event_type: format!("input of run {}", self.id),
+            message: e.to_string(),
+        })
+    }
+
+    /// The input as JSON text.
+    pub fn input_json(&self) -> &str {
+        &self.input
+    }
+
+    /// What an earlier attempt saved with [`RunContext::checkpoint`], decoded.
+    pub fn checkpoint<T: DeserializeOwned>(&self) -> Result<Option<T>> {
+        self.checkpoint
+            .as_deref()
+            .map(|c| {
+                serde_json::from_str(c).map_err(|e| Error::Decode {
+                    seq: self.event_seq.unwrap_or(0),
+                    event_type: format!("checkpoint of run {}", self.id),
+                    message: e.to_string(),
+                })
+            })
+            .transpose()
+    }
+}
+
+/// The state of a run in the work queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RunState {
+    /// Behind an earlier run of its rule and scope.
+    Waiting,
+    /// Claimable once due (a retry waits here for its backoff).
+    Ready,
+    /// Claimed by an executor.
+    Running,
+    /// Done.
+    Succeeded,
+    /// Given up on; see its dead letter.
+    Dead,
+    /// An operator dropped it after it died.
+    Discarded,
+}
+
+impl RunState {
+    /// The state as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Waiting => "waiting",
+            RunState::Ready => "ready",
+            RunState::Running => "running",
+            RunState::Succeeded => "succeeded",
+            RunState::Dead => "dead",
+            RunState::Discarded => "discarded",
+        }
+    }
+
+    /// The state named `s`.
+    pub fn parse(s: &str) -> Result<RunState> {
+        Ok(match s {
+            "waiting" => RunState::Waiting,
+            "ready" => RunState::Ready,
+            "running" => RunState::Running,
+            "succeeded" => RunState::Succeeded,
+            "dead" => RunState::Dead,
+            "discarded" => RunState::Discarded,
+            other => {
+                return Err(Error::invalid(
+                    "run state",
+                    format!(
+                        "{other:?}; one of waiting, ready, running, succeeded, dead, discarded"
+                    ),
+                ));
+            }
+        })
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A run as an operator sees it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RunInfo {
+    /// The run id.
+    pub id: String,
+    /// `rule`, `delivery` or `job`.
+    pub kind: String,
+    /// The action.
+    pub action: String,
+    /// The rule that fired it.
+    pub rule: Option<String>,
+    /// The workspace of the event that fired it.
+    pub workspace: Option<String>,
+    /// Its scope.
+    pub scope: Option<String>,
+    /// Where it is.
+    pub state: RunState,
+    /// Attempts made so far.
+    pub attempt: u32,
+    /// Attempts it gets in all.
+    pub max_attempts: u32,
+    /// When it is (or was) claimable.
+    pub due_at: i64,
+    /// Who holds its claim, while running.
+    pub claimed_by: Option<String>,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// The seq of the event that fired it.
+    pub event_seq: Option<i64>,
+    /// Its input, as JSON text.
+    pub input: String,
+    /// When it was created.
+    pub created_at: i64,
+    /// When it last changed.
+    pub updated_at: i64,
+    /// When it ended.
+    pub finished_at: Option<i64>,
+}
+
+impl RunInfo {
+    pub(crate) fn from_row(r: RunRow) -> Result<RunInfo> {
+        Ok(RunInfo {
+            state: RunState::parse(&r.state)?,
+            id: r.id,
+            kind: r.kind,
+            action: r.action,
+            rule: r.rule,
+            workspace: r.workspace,
+            scope: r.scope,
+            attempt: u32::try_from(r.attempt).unwrap_or(0),
+            max_attempts: u32::try_from(r.max_attempts).unwrap_or(0),
+            due_at: r.due_at,
+            claimed_by: r.claimed_by,
+            last_error: r.last_error,
+            event_seq: r.event_seq,
+            input: r.input,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            finished_at: r.finished_at,
+        })
+    }
+}
+
+/// An action handler: runs one attempt of a run. Return `Ok` to complete
+/// the run (unless it was completed with [`RunContext::complete`] already),
+/// an error — or panic — to fail the attempt.
+pub type ActionFn =
+    dyn Fn(&Run, &mut RunContext<'_>) -> std::result::Result<(), HandlerError> + Send + Sync;
+
+/// An event a run asked to emit, appended when the run completes.
+pub(crate) struct Emitted {
+    pub workspace: String,
+    pub key: String,
+    pub event: NewEvent,
+}
+
+/// What a handler can do besides its own work.
+pub struct RunContext<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) run: &'a Run,
+    pub(crate) emitted: Vec<Emitted>,
+    pub(crate) completed: bool,
+}
+
+impl<'a> RunContext<'a> {
+    pub(crate) fn new(shared: &'a Shared, run: &'a Run) -> RunContext<'a> {
+        RunContext {
+            shared,
+            run,
+            emitted: Vec::new(),
+            completed: false,
+        }
+    }
+
+    /// The engine clock's time, in ms since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.shared.clock.now_ms()
+    }
+
+    /// True once the engine is shutting down. Shutdown waits for the handler
+    /// it is in; a long handler can check this, save a checkpoint and return
+    /// an error, to be retried (by this process later or by another) from
+    /// where it stopped.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shared.stopping()
+    }
+
+    /// Emits `event` into the run's workspace when the run completes, with
+    /// the id `<run id>/<key>`: a retry that emits the same key appends
+    /// nothing twice. The event's causation is the event that fired the run
+    /// and its depth one more than that event's.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a run with no workspace or a bad key.
+    pub fn emit(&mut self, key: &str, event: NewEvent) -> Result<()> {
+        let workspace = self
+            .run
+            .workspace
+            .clone()
+            .ok_or_else(|| Error::invalid("emit", "this run has no workspace; use emit_to"))?;
+        self.emit_to(&workspace, key, event)
+    }
+
+    /// [`RunContext::emit`] into another workspace.
+    pub fn emit_to(&mut self, workspace: &str, key: &str, event: NewEvent) -> Result<()> {
+        crate::names::check_name("emit key", key)?;
+        crate::names::check_name("workspace", workspace)?;
+        self.emitted.push(Emitted {
+            workspace: workspace.into(),
+            key: key.into(),
+            event,
+        });
+        Ok(())
+    }
+
+    /// Saves `value` for the attempts after this one (read it with
+    /// [`Run::checkpoint`]), at once, under the run's claim.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the claim lapsed and another executor took the
+    /// run: stop working on it.
+    pub fn checkpoint<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
+        let json = serde_json::to_string(value).map_err(|e| Error::Encode {
+            message: e.to_string(),
+        })?;
+        let run = self.run;
+        self.shared.write(|tx| {
+            let now = tx.now_ms();
+            if runs::save_checkpoint(
+                tx.conn(),
+                &run.id,
+                &run.holder,
+                run.attempt as i64,
+                &json,
+                now,
+            )? {
+                Ok(())
+            } else {
+                Err(claim_lost(run))
+            }
+        })
+    }
+
+    /// Completes the run now, in one transaction with `f`'s writes (the
+    /// application's own rows) and the events emitted so far. Nothing of it
+    /// commits unless the run is still this executor's.
+    ///
+    /// # Errors
+    /// `f`'s error (nothing committed, the run stays claimed; return an
+    /// error from the handler to retry it), or [`Error::LeaseLost`].
+    pub fn complete<T>(&mut self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        let run = self.run;
+        let emitted = std::mem::take(&mut self.emitted);
+        let value = self.shared.write(|tx| {
+            let value = f(tx)?;
+            finish_success(tx, run, &emitted)?;
+            Ok(value)
+        });
+        match value {
+            Ok(v) => {
+                self.completed = true;
+                Ok(v)
+            }
+            Err(e) => {
+                // Nothing committed: the events wait for the next completion.
+                self.emitted = emitted;
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads events, as [`crate::Engine::read`].
+    pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
+        self.shared.read(|c| log::read(c, query))
+    }
+
+    /// Runs `f` on a read connection, as [`crate::Engine::with_reader`].
+    pub fn with_reader<T>(&self, f: impl FnMut(&rusqlite::Connection) -> Result<T>) -> Result<T> {
+        self.shared.read(f)
+    }
+}
+
+pub(crate) fn claim_lost(run: &Run) -> Error {
+    Error::LeaseLost {
+        name: format!("run/{}", run.id),
+        holder: run.holder.clone(),
+        generation: i64::from(run.attempt),
+    }
+}
+
+/// In the caller's transaction: marks the run succeeded (which checks the
+/// claim), appends the emitted events and moves the run's lane on. If the
+/// claim is no longer ours, nothing is written and the error is
+/// [`Error::LeaseLost`].
+pub(crate) fn finish_success(tx: &mut Tx<'_>, run: &Run, emitted: &[Emitted]) -> Result<()> {
+    let now = tx.now_ms();
+    let conn = tx.conn();
+    // The update is the claim check: it changes the row only while the claim
+    // (holder and attempt) is ours, and runs first, so a lost claim has
+    // written nothing when it returns.
+    if !runs::succeed(conn, &run.id, &run.holder, i64::from(run.attempt), now)? {
+        return Err(claim_lost(run));
+    }
+    for e in emitted {
+        let mut event = e.event.clone().id(format!("{}/{}", run.id, e.key));
+        if event.causation_id.is_none() {
+            event.causation_id.clone_from(&run.event_id);
+        }
+        let appended = log::append(
+            conn,
+            tx.shared(),
+            &e.workspace,
+            &event,
+            Origin::Run {
+                depth: run.depth + 1,
+            },
+        )?;
+        if !appended.existing {
+            tx.mark_appended();
+        }
+    }
+    if let Some(lane) = &run.lane {
+        runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+    }
+    Ok(())
+}

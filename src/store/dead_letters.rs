@@ -1,0 +1,115 @@
+//! Statements on `reflexr_dead_letters`.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::error::Result;
+use crate::operate::DeadLetter;
+
+/// A dead letter to record.
+pub(crate) struct NewDeadLetter<'a> {
+    pub kind: &'a str,
+    pub consumer: &'a str,
+    pub workspace: Option<&'a str>,
+    pub event_seq: Option<i64>,
+    pub event_id: Option<&'a str>,
+    pub run_id: Option<&'a str>,
+    pub reason: &'a str,
+    pub error: &'a str,
+    pub attempts: i64,
+    pub now: i64,
+}
+
+/// Records it; a second dead letter for the same (consumer, event) or the
+/// same open run is not recorded twice. Returns whether it was new.
+pub(crate) fn insert(conn: &Connection, d: &NewDeadLetter<'_>) -> Result<bool> {
+    let n = conn
+        .prepare_cached(
+            "INSERT INTO reflexr_dead_letters \
+               (kind, consumer, workspace, event_seq, event_id, run_id, reason, error, \
+                attempts, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
+        )?
+        .execute(params![
+            d.kind,
+            d.consumer,
+            d.workspace,
+            d.event_seq,
+            d.event_id,
+            d.run_id,
+            d.reason,
+            d.error,
+            d.attempts,
+            d.now
+        ])?;
+    Ok(n == 1)
+}
+
+const COLUMNS: &str = "id, kind, consumer, workspace, event_seq, event_id, run_id, reason, \
+                       error, attempts, created_at, resolved_at, resolution";
+
+fn from_row(r: &Row<'_>) -> rusqlite::Result<DeadLetter> {
+    Ok(DeadLetter {
+        id: r.get(0)?,
+        kind: r.get(1)?,
+        consumer: r.get(2)?,
+        workspace: r.get(3)?,
+        event_seq: r.get(4)?,
+        event_id: r.get(5)?,
+        run_id: r.get(6)?,
+        reason: r.get(7)?,
+        error: r.get(8)?,
+        attempts: r.get(9)?,
+        created_at: r.get(10)?,
+        resolved_at: r.get(11)?,
+        resolution: r.get(12)?,
+    })
+}
+
+/// Open dead letters (or all, with `include_resolved`), oldest first, after
+/// `after_id`.
+pub(crate) fn list(
+    conn: &Connection,
+    include_resolved: bool,
+    after_id: i64,
+    limit: i64,
+) -> Result<Vec<DeadLetter>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_dead_letters \
+         WHERE id > ?1 AND (?2 OR resolved_at IS NULL) ORDER BY id LIMIT {limit}"
+    ))?;
+    let rows = stmt
+        .query_map(params![after_id, include_resolved], from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}
+
+pub(crate) fn get(conn: &Connection, id: i64) -> Result<Option<DeadLetter>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_dead_letters WHERE id = ?1"
+        ))?
+        .query_row([id], from_row)
+        .optional()?)
+}
+
+/// The open dead letter of a run.
+pub(crate) fn open_for_run(conn: &Connection, run_id: &str) -> Result<Option<DeadLetter>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_dead_letters \
+             WHERE run_id = ?1 AND resolved_at IS NULL"
+        ))?
+        .query_row([run_id], from_row)
+        .optional()?)
+}
+
+/// Marks an open dead letter resolved; false if it was not open.
+pub(crate) fn resolve(conn: &Connection, id: i64, resolution: &str, now: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_dead_letters SET resolved_at = ?2, resolution = ?3 \
+             WHERE id = ?1 AND resolved_at IS NULL",
+        )?
+        .execute(params![id, now, resolution])?
+        == 1)
+}

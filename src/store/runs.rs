@@ -1,0 +1,543 @@
+//! Statements on `reflexr_runs` (the work queue) and `reflexr_lanes`.
+//!
+//! A run's claim is `(claimed_by, attempt)`: every statement that completes,
+//! fails, checkpoints or renews a run says both, and reports whether a row
+//! changed, so an executor that lost its claim changes nothing. A claim that
+//! lapsed but that nobody took over yet may still complete: the work is
+//! done, and nobody else holds the run. Once another executor claims it, the
+//! attempt differs and the old claim settles nothing.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::error::Result;
+
+/// A run to create.
+pub(crate) struct NewRun<'a> {
+    pub id: &'a str,
+    pub kind: &'a str,
+    pub action: &'a str,
+    pub workspace: Option<&'a str>,
+    pub rule: Option<&'a str>,
+    pub scope: Option<&'a str>,
+    /// Runs of one lane run one at a time, in order. None: no ordering.
+    pub lane: Option<&'a str>,
+    pub on_dead_letter: &'a str,
+    pub input: &'a str,
+    pub event_seq: Option<i64>,
+    pub event_id: Option<&'a str>,
+    pub depth: i64,
+    pub max_attempts: i64,
+    pub backoff_ms: i64,
+    pub backoff_max_ms: i64,
+    pub backoff_factor: f64,
+    pub jitter: f64,
+    pub due_at: i64,
+    pub now: i64,
+    /// Created dead, with this error (it is never run; it takes no place in
+    /// its lane).
+    pub dead: Option<&'a str>,
+}
+
+/// Creates the run: the head of its lane and ready, behind an earlier run of
+/// the lane and waiting, or dead. A run id already present is a no-op
+/// (returns false).
+pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<bool> {
+    if exists(conn, r.id)? {
+        return Ok(false);
+    }
+    let state = if r.dead.is_some() {
+        "dead"
+    } else {
+        match r.lane {
+            Some(lane) if !enter_lane(conn, lane, r.id, r.now)? => "waiting",
+            _ => "ready",
+        }
+    };
+    conn.prepare_cached(
+        "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
+           on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
+           backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
+           created_at, updated_at, finished_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+           ?17, ?18, ?19, ?20, ?21, ?21, CASE WHEN ?13 = 'dead' THEN ?21 END)",
+    )?
+    .execute(params![
+        r.id,
+        r.kind,
+        r.action,
+        r.workspace,
+        r.rule,
+        r.scope,
+        r.dead.map_or(r.lane, |_| None),
+        r.on_dead_letter,
+        r.input,
+        r.event_seq,
+        r.event_id,
+        r.depth,
+        state,
+        r.max_attempts,
+        r.backoff_ms,
+        r.backoff_max_ms,
+        r.backoff_factor,
+        r.jitter,
+        r.due_at,
+        r.dead,
+        r.now,
+    ])?;
+    Ok(true)
+}
+
+fn exists(conn: &Connection, id: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM reflexr_runs WHERE id = ?1")?
+        .query_row([id], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// Every column of a run.
+#[derive(Debug, Clone)]
+pub(crate) struct RunRow {
+    pub ord: i64,
+    pub id: String,
+    pub kind: String,
+    pub action: String,
+    pub workspace: Option<String>,
+    pub rule: Option<String>,
+    pub scope: Option<String>,
+    pub lane: Option<String>,
+    pub on_dead_letter: String,
+    pub input: String,
+    pub event_seq: Option<i64>,
+    pub event_id: Option<String>,
+    pub depth: i64,
+    pub state: String,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub backoff_ms: i64,
+    pub backoff_max_ms: i64,
+    pub backoff_factor: f64,
+    pub jitter: f64,
+    pub due_at: i64,
+    pub claimed_by: Option<String>,
+    pub claim_expires_at: Option<i64>,
+    pub checkpoint: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, \
+    input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, \
+    backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, \
+    last_error, created_at, updated_at, finished_at";
+
+fn from_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok(RunRow {
+        ord: r.get(0)?,
+        id: r.get(1)?,
+        kind: r.get(2)?,
+        action: r.get(3)?,
+        workspace: r.get(4)?,
+        rule: r.get(5)?,
+        scope: r.get(6)?,
+        lane: r.get(7)?,
+        on_dead_letter: r.get(8)?,
+        input: r.get(9)?,
+        event_seq: r.get(10)?,
+        event_id: r.get(11)?,
+        depth: r.get(12)?,
+        state: r.get(13)?,
+        attempt: r.get(14)?,
+        max_attempts: r.get(15)?,
+        backoff_ms: r.get(16)?,
+        backoff_max_ms: r.get(17)?,
+        backoff_factor: r.get(18)?,
+        jitter: r.get(19)?,
+        due_at: r.get(20)?,
+        claimed_by: r.get(21)?,
+        claim_expires_at: r.get(22)?,
+        checkpoint: r.get(23)?,
+        last_error: r.get(24)?,
+        created_at: r.get(25)?,
+        updated_at: r.get(26)?,
+        finished_at: r.get(27)?,
+    })
+}
+
+pub(crate) fn get(conn: &Connection, id: &str) -> Result<Option<RunRow>> {
+    Ok(conn
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM reflexr_runs WHERE id = ?1"))?
+        .query_row([id], from_row)
+        .optional()?)
+}
+
+/// Runs in `state` (any state if None), in creation order, after `after_ord`.
+pub(crate) fn list(
+    conn: &Connection,
+    state: Option<&str>,
+    after_ord: i64,
+    limit: i64,
+) -> Result<Vec<RunRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_runs \
+         WHERE ord > ?1 AND (?2 IS NULL OR state = ?2) ORDER BY ord LIMIT {limit}"
+    ))?;
+    let rows = stmt
+        .query_map(params![after_ord, state], from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}
+
+/// How many runs there are in each state.
+pub(crate) fn counts(conn: &Connection) -> Result<Vec<(String, i64)>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT state, count(*) FROM reflexr_runs GROUP BY state ORDER BY state")?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}
+
+/// Runs whose claim lapsed (the executor stopped renewing it) at `now`.
+pub(crate) fn lapsed(conn: &Connection, now: i64, limit: i64) -> Result<Vec<RunRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
+         WHERE state = 'running' AND claim_expires_at <= ?1 \
+         ORDER BY claim_expires_at LIMIT {limit}"
+    ))?;
+    let rows = stmt
+        .query_map(params![now], from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}
+
+/// Makes a lapsed claim claimable again at once.
+pub(crate) fn requeue_lapsed(conn: &Connection, ord: i64, now: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = 'ready', due_at = ?2, claimed_by = NULL, \
+               claim_expires_at = NULL, updated_at = ?2, \
+               last_error = 'the claim lapsed: its executor stopped renewing it' \
+             WHERE ord = ?1 AND state = 'running' AND claim_expires_at <= ?2",
+        )?
+        .execute(params![ord, now])?
+        == 1)
+}
+
+/// Claims up to `limit` ready runs that are due and whose action is in
+/// `actions` (a JSON array), oldest due first: each becomes `running` under
+/// `holder` at its next attempt until `expires_at`.
+pub(crate) fn claim(
+    conn: &Connection,
+    holder: &str,
+    now: i64,
+    expires_at: i64,
+    limit: i64,
+    actions: &str,
+) -> Result<Vec<RunRow>> {
+    let mut stmt = conn.prepare_cached(&format!("{} RETURNING {COLUMNS}", claim_sql(limit)))?;
+    let mut rows = stmt
+        .query_map(params![holder, now, expires_at, actions], from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    rows.sort_by_key(|r| (r.due_at, r.ord));
+    Ok(rows)
+}
+
+/// True when a run of these actions is ready and due, or a claim lapsed: the
+/// cheap read an idle executor makes before it opens a write transaction.
+pub(crate) fn work_due(conn: &Connection, now: i64, actions: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(WORK_DUE)?
+        .query_row(params![now, actions], |r| r.get(0))?)
+}
+
+const WORK_DUE: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs \
+                                       WHERE state = 'ready' AND due_at <= ?1 \
+                                         AND action IN (SELECT value FROM json_each(?2))) \
+                            OR EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
+                                       WHERE state = 'running' AND claim_expires_at <= ?1)";
+
+/// The claim: ready runs by due time, through the `(state, due_at)` index, so
+/// waiting, blocked and finished runs cost it nothing. `{limit}` is written
+/// in (see [`crate::store::events::page`] on bound limits).
+fn claim_sql(limit: i64) -> String {
+    format!(
+        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
+           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2 \
+         WHERE ord IN (SELECT ord FROM reflexr_runs \
+                       WHERE state = 'ready' AND due_at <= ?2 \
+                         AND action IN (SELECT value FROM json_each(?4)) \
+                       ORDER BY due_at LIMIT {limit})"
+    )
+}
+
+/// Marks a claimed run succeeded.
+pub(crate) fn succeed(
+    conn: &Connection,
+    id: &str,
+    holder: &str,
+    attempt: i64,
+    now: i64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?4, updated_at = ?4, \
+               claimed_by = NULL, claim_expires_at = NULL \
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+        )?
+        .execute(params![id, holder, attempt, now])?
+        == 1)
+}
+
+/// Puts a claimed run back as ready at `due_at`, after a failed attempt.
+pub(crate) fn retry_later(
+    conn: &Connection,
+    id: &str,
+    holder: &str,
+    attempt: i64,
+    now: i64,
+    due_at: i64,
+    error: &str,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = 'ready', due_at = ?5, last_error = ?6, \
+               updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL \
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+        )?
+        .execute(params![id, holder, attempt, now, due_at, error])?
+        == 1)
+}
+
+/// Gives a claimed run up: dead.
+pub(crate) fn kill(
+    conn: &Connection,
+    id: &str,
+    holder: &str,
+    attempt: i64,
+    now: i64,
+    error: &str,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = 'dead', last_error = ?5, finished_at = ?4, \
+               updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL \
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+        )?
+        .execute(params![id, holder, attempt, now, error])?
+        == 1)
+}
+
+/// Gives a claimed run back without counting the attempt (shutdown before
+/// it started).
+pub(crate) fn release(
+    conn: &Connection,
+    id: &str,
+    holder: &str,
+    attempt: i64,
+    now: i64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = 'ready', attempt = attempt - 1, updated_at = ?4, \
+               claimed_by = NULL, claim_expires_at = NULL \
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+        )?
+        .execute(params![id, holder, attempt, now])?
+        == 1)
+}
+
+/// Extends a live claim; the expiry only moves forward.
+pub(crate) fn renew(
+    conn: &Connection,
+    id: &str,
+    holder: &str,
+    attempt: i64,
+    now: i64,
+    expires_at: i64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET claim_expires_at = max(claim_expires_at, ?5) \
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
+               AND claim_expires_at > ?4",
+        )?
+        .execute(params![id, holder, attempt, now, expires_at])?
+        == 1)
+}
+
+pub(crate) fn save_checkpoint(
+    conn: &Connection,
+    id: &str,
+    holder: &str,
+    attempt: i64,
+    checkpoint: &str,
+    now: i64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET checkpoint = ?4, updated_at = ?5 \
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+        )?
+        .execute(params![id, holder, attempt, checkpoint, now])?
+        == 1)
+}
+
+/// An operator's retry of a dead run: ready again with a fresh set of
+/// attempts (or waiting, if its lane moved on to another run meanwhile).
+pub(crate) fn revive(conn: &Connection, id: &str, lane: Option<&str>, now: i64) -> Result<bool> {
+    let state = match lane {
+        Some(lane) => match lane_head(conn, lane)? {
+            Some((head, _)) if head == id => {
+                set_blocked(conn, lane, false, now)?;
+                "ready"
+            }
+            Some(_) => "waiting",
+            None => {
+                enter_lane(conn, lane, id, now)?;
+                "ready"
+            }
+        },
+        None => "ready",
+    };
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = ?2, attempt = 0, due_at = ?3, updated_at = ?3, \
+               finished_at = NULL \
+             WHERE id = ?1 AND state = 'dead'",
+        )?
+        .execute(params![id, state, now])?
+        == 1)
+}
+
+/// An operator's discard of a dead run.
+pub(crate) fn discard(conn: &Connection, id: &str, now: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = 'discarded', updated_at = ?2 \
+             WHERE id = ?1 AND state = 'dead'",
+        )?
+        .execute(params![id, now])?
+        == 1)
+}
+
+// ----- lanes ---------------------------------------------------------------
+
+/// Makes `id` the head of `lane` if the lane is empty; false if another run
+/// is at its head.
+fn enter_lane(conn: &Connection, lane: &str, id: &str, now: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) VALUES (?1, ?2, 0, ?3) \
+             ON CONFLICT (lane) DO NOTHING",
+        )?
+        .execute(params![lane, id, now])?
+        == 1)
+}
+
+/// The lane's head run and whether the lane is blocked.
+pub(crate) fn lane_head(conn: &Connection, lane: &str) -> Result<Option<(String, bool)>> {
+    Ok(conn
+        .prepare_cached("SELECT head, blocked FROM reflexr_lanes WHERE lane = ?1")?
+        .query_row([lane], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
+}
+
+pub(crate) fn set_blocked(conn: &Connection, lane: &str, blocked: bool, now: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("UPDATE reflexr_lanes SET blocked = ?2, updated_at = ?3 WHERE lane = ?1")?
+        .execute(params![lane, blocked, now])?
+        == 1)
+}
+
+/// The run `finished` (the lane's head) ended: the lane's next waiting run
+/// becomes its head and ready, or the lane is removed when none waits.
+pub(crate) fn advance_lane(conn: &Connection, lane: &str, finished: &str, now: i64) -> Result<()> {
+    match lane_head(conn, lane)? {
+        Some((head, _)) if head == finished => {}
+        // Not the head (a run revived behind another): nothing to move.
+        _ => return Ok(()),
+    }
+    let next: Option<(i64, String)> = conn
+        .prepare_cached(
+            "SELECT ord, id FROM reflexr_runs WHERE lane = ?1 AND state = 'waiting' \
+             ORDER BY ord LIMIT 1",
+        )?
+        .query_row([lane], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    match next {
+        Some((ord, id)) => {
+            conn.prepare_cached(
+                "UPDATE reflexr_lanes SET head = ?2, blocked = 0, updated_at = ?3 WHERE lane = ?1",
+            )?
+            .execute(params![lane, id, now])?;
+            conn.prepare_cached(
+                "UPDATE reflexr_runs SET state = 'ready', due_at = max(due_at, ?2), \
+                   updated_at = ?2 WHERE ord = ?1",
+            )?
+            .execute(params![ord, now])?;
+        }
+        None => {
+            conn.prepare_cached("DELETE FROM reflexr_lanes WHERE lane = ?1")?
+                .execute([lane])?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
+        let rows: Vec<String> = stmt
+            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        rows.join("\n")
+    }
+
+    #[test]
+    fn the_claim_reads_only_ready_runs_by_index_whatever_else_the_queue_holds() {
+        // The claim's cost must not grow with waiting, blocked or finished
+        // runs: it searches the (state, due_at) index for ready runs, in due
+        // order, without sorting; so does the idle executor's check.
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("p.db")).unwrap();
+        conn.execute_batch(crate::store::schema::SCHEMA_SQL)
+            .unwrap();
+        let p = plan(&conn, &claim_sql(16));
+        assert!(
+            p.contains("USING INDEX reflexr_runs_due (state=? AND due_at<?)"),
+            "{p}"
+        );
+        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
+        assert!(!p.contains("TEMP B-TREE"), "{p}");
+        let p = plan(&conn, WORK_DUE);
+        assert!(p.contains("reflexr_runs_due (state=? AND due_at<?)"), "{p}");
+        assert!(
+            p.contains("reflexr_runs_lapsed (claim_expires_at<?)"),
+            "{p}"
+        );
+        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
+    }
+
+    #[test]
+    fn the_claim_is_not_prepared_again_on_every_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("p.db")).unwrap();
+        conn.execute_batch(crate::store::schema::SCHEMA_SQL)
+            .unwrap();
+        for now in 0..5 {
+            claim(&conn, "h", now, now + 10, 16, "[\"a\"]").unwrap();
+        }
+        let sql = format!("{} RETURNING {COLUMNS}", claim_sql(16));
+        let stmt = conn.prepare_cached(&sql).unwrap();
+        assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);
+    }
+}

@@ -1,0 +1,665 @@
+//! Runs act at least once: claims under leases, retries with backoff, dead
+//! letters, scope order, fenced completion (DESIGN.md, invariants 5, 6, 7).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use common::{count, engine_with, is_child, spawn_child, temp_db};
+use proptest::prelude::*;
+use reflexr::{
+    Clock, Decision, Engine, ManualClock, NewEvent, OnDeadLetter, Ordering, Query, RetryPolicy,
+    Rule, RunState, Scope,
+};
+
+const BACKOFF: Duration = Duration::from_secs(10);
+
+/// A rule firing once per `job` event, with the event's payload as input,
+/// scoped by the payload's `scope`.
+fn on_job(policy: RetryPolicy) -> Rule {
+    Rule::new("jobs", "app")
+        .on(["job"])
+        .scope(Scope::payload("scope"))
+        .action("work")
+        .retry(policy)
+        .decide(|e| Ok(Decision::Fire(e.payload()?)))
+}
+
+fn job(scope: &str, idx: usize) -> NewEvent {
+    NewEvent::new("job", format!("job/{idx}"), "app", 0)
+        .payload(&serde_json::json!({ "scope": scope, "idx": idx }))
+}
+
+fn setup(path: &std::path::Path, clock: &ManualClock, holder: &str) -> Engine {
+    let e = engine_with(path, clock, holder);
+    e.ensure_workspace("app", &["job", "done", "ping"]).unwrap();
+    e.write(|tx| {
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS done (run TEXT PRIMARY KEY, by TEXT)",
+            [],
+        )
+    })
+    .unwrap();
+    e
+}
+
+fn only_run(e: &Engine) -> reflexr::RunInfo {
+    let runs = e.runs(None, 10).unwrap();
+    assert_eq!(runs.len(), 1);
+    runs.into_iter().next().unwrap()
+}
+
+#[test]
+fn a_handler_that_fails_twice_then_succeeds_runs_three_times_and_completes_once() {
+    // Invariant 5: executed until it succeeds; retries wait for their backoff.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_rule(on_job(RetryPolicy::attempts(5).fixed(BACKOFF)))
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    e.register_action("work", move |run, _| {
+        c.fetch_add(1, AtomicOrdering::SeqCst);
+        if run.attempt <= 2 {
+            Err(format!("the mail server said no (attempt {})", run.attempt).into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    e.append("app", &job("a", 0)).unwrap();
+
+    let first = e.run_until_idle().unwrap();
+    assert_eq!((first.fired, first.retried, first.succeeded), (1, 1, 0));
+    let run = only_run(&e);
+    assert_eq!(run.state, RunState::Ready);
+    assert_eq!(run.due_at, clock.now_ms() + 10_000, "due after its backoff");
+    assert_eq!(e.run_until_idle().unwrap().claimed, 0, "not due yet");
+
+    clock.advance(BACKOFF);
+    assert_eq!(e.run_until_idle().unwrap().retried, 1);
+    clock.advance(BACKOFF);
+    assert_eq!(e.run_until_idle().unwrap().succeeded, 1);
+    clock.advance(BACKOFF * 10);
+    assert_eq!(e.run_until_idle().unwrap().claimed, 0);
+
+    assert_eq!(calls.load(AtomicOrdering::SeqCst), 3);
+    let run = only_run(&e);
+    assert_eq!((run.state, run.attempt), (RunState::Succeeded, 3));
+    assert!(e.dead_letters(false, 10).unwrap().is_empty());
+}
+
+#[test]
+fn exhausted_retries_dead_letter_the_run_with_the_error_text() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
+        .unwrap();
+    e.register_action("work", |run, _| {
+        Err(format!("SMTP 550 on attempt {}", run.attempt).into())
+    })
+    .unwrap();
+    e.append("app", &job("a", 0)).unwrap();
+    for _ in 0..3 {
+        e.run_until_idle().unwrap();
+        clock.advance(BACKOFF);
+    }
+    let run = only_run(&e);
+    assert_eq!((run.state, run.attempt), (RunState::Dead, 3));
+    assert_eq!(run.last_error.as_deref(), Some("SMTP 550 on attempt 3"));
+    let letters = e.dead_letters(false, 10).unwrap();
+    assert_eq!(letters.len(), 1);
+    let d = &letters[0];
+    assert_eq!(
+        (
+            d.kind.as_str(),
+            d.reason.as_str(),
+            d.error.as_str(),
+            d.attempts
+        ),
+        ("run", "attempts_exhausted", "SMTP 550 on attempt 3", 3)
+    );
+    assert_eq!(d.run_id.as_deref(), Some(run.id.as_str()));
+
+    // An operator retries it: a fresh set of attempts, on the record.
+    e.retry_dead_letter(d.id, "ops", "the mail server is back")
+        .unwrap();
+    assert_eq!(only_run(&e).state, RunState::Ready);
+    assert!(e.dead_letters(false, 10).unwrap().is_empty());
+    assert_eq!(
+        e.dead_letters(true, 10).unwrap()[0].resolution.as_deref(),
+        Some("retried")
+    );
+    assert_eq!(e.audit_log(1).unwrap()[0].action, "retry_run");
+    e.run_until_idle().unwrap();
+    assert_eq!(only_run(&e).attempt, 1, "attempts start again");
+}
+
+#[test]
+fn a_worker_whose_claim_lapsed_cannot_complete_once_another_worker_claimed_the_run() {
+    // Invariants 5 and 7: completion checks the claim's holder and attempt.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let a = setup(&path, &clock, "worker-a");
+    let b = setup(&path, &clock, "worker-b");
+    a.register_rule(on_job(RetryPolicy::attempts(5))).unwrap();
+    let (started_tx, started) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let go = Mutex::new(go);
+    a.register_action("work", move |run, ctx| {
+        started_tx.send(()).unwrap();
+        go.lock().unwrap().recv().unwrap(); // paused past its lease
+        ctx.complete(|tx| {
+            tx.execute("INSERT INTO done VALUES (?1, 'a')", [&run.id])?;
+            Ok(())
+        })?;
+        Ok(())
+    })
+    .unwrap();
+    b.register_action("work", |run, ctx| {
+        ctx.complete(|tx| {
+            tx.execute("INSERT INTO done VALUES (?1, 'b')", [&run.id])?;
+            Ok(())
+        })?;
+        Ok(())
+    })
+    .unwrap();
+    a.append("app", &job("a", 0)).unwrap();
+
+    let worker_a = {
+        let a = a.clone();
+        std::thread::spawn(move || a.run_until_idle())
+    };
+    started.recv().unwrap();
+    // a's claim lapses (nobody renews it: a is paused); b takes the run.
+    clock.advance(Duration::from_secs(31));
+    let idle = b.run_until_idle().unwrap();
+    assert_eq!((idle.claimed, idle.succeeded), (1, 1));
+    go_tx.send(()).unwrap();
+    let idle_a = worker_a.join().unwrap().unwrap();
+    assert_eq!(idle_a.succeeded, 0, "a's completion was refused");
+
+    let run = only_run(&b);
+    assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
+    assert_eq!(count(&b, "SELECT count(*) FROM done"), 1);
+    assert_eq!(count(&b, "SELECT count(*) FROM done WHERE by = 'b'"), 1);
+}
+
+/// The child's side of the kill test: claims the run and hangs in its
+/// handler until killed.
+#[test]
+fn child_process_hangs_in_a_handler() {
+    if !is_child() {
+        return; // Only a child started by the test below does this work.
+    }
+    let path = std::env::var("REFLEXR_DB").unwrap();
+    let e = Engine::builder(&path).holder_id("child").open().unwrap();
+    e.register_action("work", |run, _| {
+        println!("\nhandling {} attempt {}", run.id, run.attempt);
+        loop {
+            std::thread::park();
+        }
+    })
+    .unwrap();
+    e.run_until_idle().unwrap();
+}
+
+#[test]
+fn a_run_whose_executor_was_killed_mid_handler_is_taken_by_another_after_its_lease_lapses() {
+    // Invariant 5: a claimed run whose lease lapses is claimable again.
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::starting_now();
+    let e = setup(&path, &clock, "survivor");
+    e.register_rule(on_job(RetryPolicy::attempts(5))).unwrap();
+    e.append("app", &job("a", 0)).unwrap();
+    // Decide here, leave the run for the child to claim.
+    let executed = e.run_until_idle().unwrap();
+    assert_eq!(
+        (executed.fired, executed.claimed),
+        (1, 0),
+        "no handler registered yet"
+    );
+
+    let mut child = spawn_child(
+        "child_process_hangs_in_a_handler",
+        &[("REFLEXR_DB", path.to_string_lossy().into_owned())],
+    );
+    let line = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(|l| l.ok())
+        .find(|l| l.starts_with("handling"))
+        .expect("the child claimed the run");
+    assert!(line.ends_with("attempt 1"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(only_run(&e).state, RunState::Running);
+    assert_eq!(only_run(&e).claimed_by.as_deref(), Some("child"));
+
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&ran);
+    e.register_action("work", move |_, _| {
+        r.fetch_add(1, AtomicOrdering::SeqCst);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        e.run_until_idle().unwrap().claimed,
+        0,
+        "the child's claim is live"
+    );
+    // The child claimed by the system clock, a little after this clock's
+    // start: a minute past covers its 30 s claim.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(e.run_until_idle().unwrap().succeeded, 1);
+    assert_eq!(ran.load(AtomicOrdering::SeqCst), 1);
+    let run = only_run(&e);
+    assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
+}
+
+#[test]
+fn block_holds_the_scope_until_an_operator_unblocks_it() {
+    // Invariant 6: on_dead_letter = block.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_rule(on_job(RetryPolicy::never()).on_dead_letter(OnDeadLetter::Block))
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let o = Arc::clone(&order);
+    e.register_action("work", move |run, _| {
+        let input: serde_json::Value = run.input()?;
+        let idx = input["idx"].as_u64().unwrap();
+        o.lock().unwrap().push(idx);
+        if idx == 0 || idx == 3 {
+            return Err("poison".into());
+        }
+        Ok(())
+    })
+    .unwrap();
+    for (i, scope) in ["a", "a", "a", "b", "b"].iter().enumerate() {
+        e.append("app", &job(scope, i)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        [0, 3],
+        "both scopes stop at their dead run"
+    );
+    let waiting = e.runs(Some(RunState::Waiting), 10).unwrap();
+    assert_eq!(waiting.len(), 3);
+
+    let scope_b_dead = e
+        .runs(Some(RunState::Dead), 10)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.scope.as_deref() == Some("b"))
+        .unwrap();
+    e.unblock("jobs", "a", "ops", "skip the poison message")
+        .unwrap();
+    e.discard_run(&scope_b_dead.id, "ops", "not needed")
+        .unwrap();
+    e.run_until_idle().unwrap();
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order.len(), 5);
+    let at = |idx| order.iter().position(|&i| i == idx).unwrap();
+    assert!(at(1) < at(2), "scope a resumed in order: {order:?}");
+    assert!(at(4) > at(3), "scope b went on: {order:?}");
+    let err = e.unblock("jobs", "a", "ops", "again").unwrap_err();
+    assert!(err.is_not_found(), "no longer blocked: {err}");
+    let actions: Vec<String> = e
+        .audit_log(10)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.action)
+        .collect();
+    assert_eq!(actions, ["discard_run", "unblock"]);
+}
+
+#[test]
+fn continue_lets_the_scope_go_on_after_a_dead_run() {
+    // Invariant 6: on_dead_letter = continue (the default).
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_rule(on_job(RetryPolicy::never())).unwrap();
+    e.register_action("work", |run, _| {
+        let input: serde_json::Value = run.input()?;
+        if input["idx"] == 0 {
+            Err("poison".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    for i in 0..3 {
+        e.append("app", &job("a", i)).unwrap();
+    }
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.dead, idle.succeeded), (1, 2));
+}
+
+#[test]
+fn a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope() {
+    // Invariant 6.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let o = Arc::clone(&order);
+    e.register_action("work", move |run, _| {
+        let input: serde_json::Value = run.input()?;
+        let idx = input["idx"].as_u64().unwrap();
+        o.lock().unwrap().push((idx, run.attempt));
+        if idx == 0 && run.attempt == 1 {
+            Err("busy".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    for (i, scope) in ["a", "a", "b", "b"].iter().enumerate() {
+        e.append("app", &job(scope, i)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        [(0, 1), (2, 1), (3, 1)],
+        "b went on; a waits"
+    );
+    clock.advance(BACKOFF);
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        [(0, 1), (2, 1), (3, 1), (0, 2), (1, 1)],
+        "then a, in order"
+    );
+}
+
+#[test]
+fn events_emitted_by_a_run_are_not_duplicated_across_retries() {
+    // The firing id is the run id: emitted ids derive from it.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
+        .unwrap();
+    e.register_action("work", |run, ctx| {
+        ctx.emit(
+            "done",
+            NewEvent::new("done", format!("job/{}", run.id), "worker", ctx.now_ms()),
+        )?;
+        if run.attempt == 1 {
+            return Err("failed after emitting".into());
+        }
+        Ok(())
+    })
+    .unwrap();
+    let trigger = e.append("app", &job("a", 0)).unwrap();
+    e.run_until_idle().unwrap();
+    assert!(
+        e.read(&Query::new("app").types(["done"]))
+            .unwrap()
+            .is_empty()
+    );
+    clock.advance(BACKOFF);
+    e.run_until_idle().unwrap();
+
+    let done = e.read(&Query::new("app").types(["done"])).unwrap();
+    assert_eq!(done.len(), 1);
+    let run = only_run(&e);
+    assert_eq!(done[0].id, format!("{}/done", run.id));
+    assert_eq!(done[0].causation_id.as_deref(), Some(trigger.id.as_str()));
+    assert_eq!(done[0].depth, 1);
+}
+
+#[test]
+fn completing_in_the_same_transaction_as_an_app_row_is_atomic() {
+    // Invariant 2 for runs: the app's row and the completion commit together.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
+        .unwrap();
+    e.register_action("work", |run, ctx| {
+        let by = format!("attempt {}", run.attempt);
+        ctx.complete(|tx| {
+            tx.execute("INSERT INTO done VALUES (?1, ?2)", (&run.id, &by))?;
+            if run.attempt == 1 {
+                return Err(reflexr::Error::Invalid {
+                    field: "row",
+                    reason: "refused after the insert".into(),
+                });
+            }
+            Ok(())
+        })?;
+        Ok(())
+    })
+    .unwrap();
+    e.append("app", &job("a", 0)).unwrap();
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        count(&e, "SELECT count(*) FROM done"),
+        0,
+        "rolled back with the completion"
+    );
+    assert_eq!(only_run(&e).state, RunState::Ready);
+    clock.advance(BACKOFF);
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        count(&e, "SELECT count(*) FROM done WHERE by = 'attempt 2'"),
+        1
+    );
+    assert_eq!(only_run(&e).state, RunState::Succeeded);
+}
+
+#[test]
+fn a_panicking_handler_is_a_failed_attempt_and_the_executor_threads_go_on() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = Engine::builder(&path)
+        .clock(clock.clone())
+        .executors(2)
+        .open()
+        .unwrap();
+    e.ensure_workspace("app", &["job"]).unwrap();
+    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(Duration::ZERO)))
+        .unwrap();
+    let (done_tx, done) = mpsc::channel();
+    let done_tx = Mutex::new(done_tx);
+    e.register_action("work", move |run, _| {
+        if run.attempt == 1 {
+            panic!("a bug in the handler");
+        }
+        done_tx.lock().unwrap().send(run.id.clone()).unwrap();
+        Ok(())
+    })
+    .unwrap();
+    e.start().unwrap();
+    for i in 0..4 {
+        e.append("app", &job(&format!("s{i}"), i)).unwrap();
+    }
+    for _ in 0..4 {
+        done.recv_timeout(Duration::from_secs(60))
+            .expect("every run succeeds");
+    }
+    e.shutdown();
+    let runs = e.runs(None, 10).unwrap();
+    assert!(
+        runs.iter()
+            .all(|r| r.state == RunState::Succeeded && r.attempt == 2)
+    );
+}
+
+#[test]
+fn a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = Engine::builder(&path)
+        .clock(clock)
+        .max_chain_depth(3)
+        .open()
+        .unwrap();
+    e.ensure_workspace("app", &["ping"]).unwrap();
+    e.register_rule(
+        Rule::new("echo", "app")
+            .on(["ping"])
+            .scope(Scope::Global)
+            .action("pong")
+            .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
+    )
+    .unwrap();
+    e.register_action("pong", |run, ctx| {
+        ctx.emit("ping", NewEvent::new("ping", "loop", "echo", ctx.now_ms()))?;
+        let _ = run;
+        Ok(())
+    })
+    .unwrap();
+    e.append("app", &NewEvent::new("ping", "loop", "app", 0))
+        .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.fired, idle.succeeded), (4, 3));
+    let pings = e.read(&Query::new("app").types(["ping"])).unwrap();
+    assert_eq!(
+        pings.iter().map(|p| p.depth).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    let letters = e.dead_letters(false, 10).unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason, "depth_limit");
+    assert_eq!(letters[0].event_seq, Some(pings[3].seq));
+}
+
+#[test]
+fn operators_list_runs_by_state_and_only_dead_runs_are_retried_or_discarded() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_rule(on_job(RetryPolicy::never()).ordering(Ordering::None))
+        .unwrap();
+    e.register_action("work", |run, _| {
+        let input: serde_json::Value = run.input()?;
+        if input["idx"] == 1 {
+            Err("no".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    for i in 0..3 {
+        e.append("app", &job("a", i)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    let counts = e.run_counts().unwrap();
+    assert_eq!(counts, [(RunState::Dead, 1), (RunState::Succeeded, 2)]);
+    let ok = &e.runs(Some(RunState::Succeeded), 10).unwrap()[0];
+    let err = e.retry_run(&ok.id, "ops", "why not").unwrap_err();
+    assert!(err.is_bad_input(), "{err}");
+    let err = e.discard_run("no-such-run", "ops", "typo").unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let dead = &e.runs(Some(RunState::Dead), 10).unwrap()[0];
+    let err = e.discard_run(&dead.id, "", "who?").unwrap_err();
+    assert!(err.is_bad_input());
+    e.discard_run(&dead.id, "ops", "known bad input").unwrap();
+    assert_eq!(e.run(&dead.id).unwrap().unwrap().state, RunState::Discarded);
+    assert_eq!(
+        e.dead_letters(true, 10).unwrap()[0].resolution.as_deref(),
+        Some("discarded")
+    );
+}
+
+/// One handler call: (scope, idx, attempt, start or end, succeeded).
+type Trace = Arc<Mutex<Vec<(String, usize, u32, bool, bool)>>>;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
+
+    #[test]
+    fn scope_order_holds_under_four_executors_with_random_failures(
+        jobs in prop::collection::vec((0usize..4, 0u32..3), 1..40)
+    ) {
+        // Invariant 6: runs of one rule and scope start in firing order, each
+        // after the previous one ended, whatever fails and retries.
+        let (_dir, path) = temp_db();
+        let e = Engine::builder(&path)
+            .clock(common::clock())
+            .executors(4)
+            .claim_batch(2)
+            .open()
+            .unwrap();
+        e.ensure_workspace("app", &["job"]).unwrap();
+        e.register_rule(on_job(RetryPolicy::attempts(5).fixed(Duration::ZERO))).unwrap();
+        let trace: Trace = Arc::default();
+        let (done_tx, done) = mpsc::channel();
+        let done_tx = Mutex::new(done_tx);
+        let t = Arc::clone(&trace);
+        e.register_action("work", move |run, _| {
+            let input: serde_json::Value = run.input()?;
+            let scope = input["scope"].as_str().unwrap().to_string();
+            let idx = input["idx"].as_u64().unwrap() as usize;
+            let fails = input["fails"].as_u64().unwrap() as u32;
+            t.lock().unwrap().push((scope.clone(), idx, run.attempt, true, false));
+            let ok = run.attempt > fails;
+            t.lock().unwrap().push((scope, idx, run.attempt, false, ok));
+            if ok {
+                done_tx.lock().unwrap().send(()).unwrap();
+                Ok(())
+            } else {
+                Err("random failure".into())
+            }
+        })
+        .unwrap();
+        e.start().unwrap();
+        e.write(|tx| {
+            for (idx, (scope, fails)) in jobs.iter().enumerate() {
+                tx.append(
+                    "app",
+                    &NewEvent::new("job", format!("job/{idx}"), "app", 0).payload(
+                        &serde_json::json!({ "scope": format!("s{scope}"), "idx": idx, "fails": fails }),
+                    ),
+                )?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        for _ in 0..jobs.len() {
+            done.recv_timeout(Duration::from_secs(60)).expect("every run succeeds");
+        }
+        e.shutdown();
+
+        let trace = trace.lock().unwrap();
+        for scope in 0..4 {
+            let name = format!("s{scope}");
+            let mine: Vec<_> = trace.iter().filter(|t| t.0 == name).collect();
+            let expected: Vec<usize> = jobs
+                .iter()
+                .enumerate()
+                .filter(|(_, (s, _))| *s == scope)
+                .map(|(i, _)| i)
+                .collect();
+            // Starts and ends alternate: nothing of a scope overlaps.
+            for (k, t) in mine.iter().enumerate() {
+                prop_assert_eq!(t.3, k % 2 == 0, "scope {} overlapped: {:?}", name, mine);
+            }
+            // Each job's attempts all come before the next job's, in firing order.
+            let mut succeeded = Vec::new();
+            for w in mine.chunks(2) {
+                let (start, end) = (w[0], w[1]);
+                prop_assert_eq!((start.1, start.2), (end.1, end.2));
+                if let Some(last) = succeeded.last() {
+                    prop_assert!(start.1 > *last, "scope {} ran {} after {}", name, start.1, last);
+                }
+                if end.4 {
+                    succeeded.push(end.1);
+                }
+            }
+            prop_assert_eq!(succeeded, expected);
+        }
+    }
+}

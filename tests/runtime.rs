@@ -1,0 +1,120 @@
+//! The engine's threads: start, shutdown, and what shutdown does with work in
+//! hand (DESIGN.md, "Threads").
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Mutex, mpsc};
+use std::time::Duration;
+
+use common::temp_db;
+use reflexr::{Decision, Engine, NewEvent, Ordering, RetryPolicy, Rule, RunState};
+
+fn engine(path: &std::path::Path, executors: usize, claim_batch: usize) -> Engine {
+    let e = Engine::builder(path)
+        .clock(common::clock())
+        .executors(executors)
+        .claim_batch(claim_batch)
+        .open()
+        .unwrap();
+    e.ensure_workspace("app", &["job"]).unwrap();
+    e.register_rule(
+        Rule::new("jobs", "app")
+            .on(["job"])
+            .ordering(Ordering::None)
+            .action("work")
+            .retry(RetryPolicy::attempts(3))
+            .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
+    )
+    .unwrap();
+    e
+}
+
+fn jobs(e: &Engine, n: usize) {
+    e.write(|tx| {
+        for i in 0..n {
+            tx.append("app", &NewEvent::new("job", format!("job/{i}"), "app", 0))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn shutdown_finishes_the_handler_in_hand_and_gives_back_runs_not_started() {
+    let (_dir, path) = temp_db();
+    let e = engine(&path, 1, 4);
+    let (started_tx, started) = mpsc::channel();
+    let started_tx = Mutex::new(started_tx);
+    let first = AtomicBool::new(true);
+    e.register_action("work", move |_, ctx| {
+        if first.swap(false, AtomicOrdering::SeqCst) {
+            started_tx.lock().unwrap().send(()).unwrap();
+            // A long handler that stops when the engine does.
+            while !ctx.is_shutting_down() {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    jobs(&e, 4);
+    e.start().unwrap();
+    started.recv_timeout(Duration::from_secs(60)).unwrap();
+    e.shutdown();
+
+    let runs = e.runs(None, 10).unwrap();
+    let succeeded: Vec<_> = runs
+        .iter()
+        .filter(|r| r.state == RunState::Succeeded)
+        .collect();
+    let ready: Vec<_> = runs.iter().filter(|r| r.state == RunState::Ready).collect();
+    assert_eq!(succeeded.len(), 1, "the run in hand finished: {runs:?}");
+    assert_eq!(ready.len(), 3, "the others went back: {runs:?}");
+    assert!(
+        ready.iter().all(|r| r.attempt == 0),
+        "unstarted runs cost no attempt"
+    );
+    // The evaluator lease was released: another process takes over at once.
+    let lease = &e.leases().unwrap()[0];
+    assert_eq!(
+        (lease.name.as_str(), lease.expires_at),
+        ("evaluator/app", 0)
+    );
+    // The engine is still usable, and can be started again.
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(idle.succeeded, 3);
+}
+
+#[test]
+fn dropping_the_last_handle_stops_and_joins_the_threads() {
+    let (_dir, path) = temp_db();
+    {
+        let e = engine(&path, 2, 16);
+        e.register_action("work", |_, _| Ok(())).unwrap();
+        e.start().unwrap();
+        let clone = e.clone();
+        drop(e);
+        // A clone keeps the engine running.
+        jobs(&clone, 1);
+    }
+    // All handles are gone: the threads were joined and the lease released.
+    let e = Engine::open(&path).unwrap();
+    let lease = &e.leases().unwrap()[0];
+    assert_eq!(lease.expires_at, 0);
+}
+
+#[test]
+fn starting_twice_or_registering_a_rule_after_start_is_refused() {
+    let (_dir, path) = temp_db();
+    let e = engine(&path, 1, 16);
+    e.start().unwrap();
+    assert!(e.start().unwrap_err().is_bad_input());
+    let late = Rule::new("late", "app")
+        .on(["job"])
+        .action("work")
+        .decide(|_| Ok(Decision::Skip));
+    assert!(e.register_rule(late).unwrap_err().is_bad_input());
+    e.shutdown();
+    e.shutdown(); // twice is fine
+}
