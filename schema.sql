@@ -200,6 +200,19 @@ CREATE UNIQUE INDEX reflexr_dead_letters_per_run
 CREATE INDEX reflexr_dead_letters_open ON reflexr_dead_letters (kind, id)
     WHERE resolved_at IS NULL;
 
+-- Scheduled jobs: when each is next due. The loop creates a due occurrence as
+-- a run whose id is <job>@<due time>, so each occurrence exists once however
+-- many processes schedule it. next_due_at is NULL while a job is switched off.
+CREATE TABLE reflexr_schedules (
+    name        TEXT PRIMARY KEY,
+    spec        TEXT NOT NULL,
+    guarantee   TEXT NOT NULL CHECK (guarantee IN ('at_least_once', 'at_most_once')),
+    missed      TEXT NOT NULL CHECK (missed IN ('run_once', 'skip')),
+    next_due_at INTEGER,
+    last_due_at INTEGER,
+    updated_at  INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
 -- Views for operators, readable from the sqlite3 shell without the library.
 
 CREATE VIEW reflexr_event_log AS
@@ -249,6 +262,13 @@ SELECT id, kind, consumer, workspace, event_seq, run_id, reason, error, attempts
        strftime('%Y-%m-%dT%H:%M:%fZ', created_at / 1000.0, 'unixepoch') AS created
 FROM reflexr_dead_letters
 WHERE resolved_at IS NULL;
+
+CREATE VIEW reflexr_schedule_status AS
+SELECT name, spec, guarantee, missed,
+       CASE WHEN next_due_at IS NULL THEN 'off'
+            ELSE strftime('%Y-%m-%dT%H:%M:%fZ', next_due_at / 1000.0, 'unixepoch') END AS next_due,
+       strftime('%Y-%m-%dT%H:%M:%fZ', last_due_at / 1000.0, 'unixepoch') AS last_due
+FROM reflexr_schedules;
 
 CREATE VIEW reflexr_blocked_lanes AS
 SELECT l.lane, l.head, r.rule, r.scope, r.last_error,

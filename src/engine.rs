@@ -13,16 +13,20 @@ use rusqlite::Connection;
 use crate::claims::Claims;
 use crate::clock::{Clock, SystemClock};
 use crate::cursor::{self, ConsumerKind, CursorInfo, Reset};
+use crate::delivery::{self, ChannelPolicy, Delivery, Message};
 use crate::error::{Error, Result};
 use crate::event::{Appended, Event, NewEvent, Query};
 use crate::lease::{self, DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 use crate::log;
 use crate::notify::Notifier;
 use crate::operate::{self, DeadLetter, RuleInfo, RuleReset};
+use crate::prune::{self, Pruned, Retention};
+use crate::reaction::{self, Reaction};
 use crate::registry::Registry;
 use crate::rule::{HandlerError, Rule};
 use crate::run::{Run, RunContext, RunInfo, RunState};
 use crate::runtime::{self, Idle, Runtime};
+use crate::schedule::{self, Job, ScheduleInfo};
 use crate::stats::Counters;
 use crate::store::audit::{self, AuditEntry};
 use crate::store::conn::{self, Role, Synchronous};
@@ -45,6 +49,7 @@ pub(crate) struct Config {
     pub claim_batch: usize,
     pub evaluate_batch: usize,
     pub max_chain_depth: i64,
+    pub retention: Option<Retention>,
 }
 
 /// What every clone of an [`Engine`] shares.
@@ -63,6 +68,8 @@ pub(crate) struct Shared {
     pub leases: Mutex<HashMap<String, Lease>>,
     pub runtime: Mutex<Option<Runtime>>,
     pub stop: AtomicBool,
+    /// When the loop last pruned (engine clock).
+    pub last_prune: Mutex<i64>,
 }
 
 impl Shared {
@@ -160,6 +167,7 @@ impl std::fmt::Debug for Engine {
 /// | [`claim_batch`](EngineBuilder::claim_batch) | 16 runs per claim |
 /// | [`evaluate_batch`](EngineBuilder::evaluate_batch) | 500 events per rule and batch |
 /// | [`max_chain_depth`](EngineBuilder::max_chain_depth) | 8 |
+/// | [`retention`](EngineBuilder::retention) | none: nothing is pruned automatically |
 #[derive(Clone)]
 pub struct EngineBuilder {
     path: PathBuf,
@@ -274,6 +282,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Prunes automatically: the loop (while this process holds its lease)
+    /// runs [`Engine::prune`] with `retention` every ten minutes. Default:
+    /// none, nothing is deleted unless [`Engine::prune`] is called.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.config.retention = Some(retention);
+        self
+    }
+
     /// Opens the file.
     ///
     /// # Errors
@@ -298,6 +314,9 @@ impl EngineBuilder {
             return Err(Error::invalid("heartbeat", "must be more than zero"));
         }
         lease::ttl_ms(c.lease_ttl)?;
+        if let Some(r) = &c.retention {
+            r.validate()?;
+        }
         if c.executors > 64 {
             return Err(Error::invalid("executors", "must be 0 to 64"));
         }
@@ -350,6 +369,7 @@ impl EngineBuilder {
             leases: Mutex::new(HashMap::new()),
             runtime: Mutex::new(None),
             stop: AtomicBool::new(false),
+            last_prune: Mutex::new(i64::MIN / 2),
         };
         let shared = Arc::new(shared);
         Ok(Engine {
@@ -385,6 +405,7 @@ impl Engine {
                 claim_batch: 16,
                 evaluate_batch: 500,
                 max_chain_depth: 8,
+                retention: None,
             },
         }
     }
@@ -864,6 +885,105 @@ impl Engine {
     /// discarded, as [`Engine::discard_run`]).
     pub fn discard_dead_letter(&self, id: i64, operator: &str, reason: &str) -> Result<()> {
         self.write(|tx| operate::discard_dead_letter(tx.conn(), tx.now_ms(), id, operator, reason))
+    }
+
+    // ----- the jobs loop: reactions, channels, scheduled jobs, pruning ------
+
+    /// Registers a reaction (see [`Reaction`]): the loop will hand it each
+    /// new event of its types, in the transaction that moves its cursor. A
+    /// reaction new to the file starts at its [`crate::Start`] position.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a reaction without types or handler;
+    /// [`Error::NotFound`] for a missing workspace.
+    pub fn register_reaction(&self, reaction: Reaction) -> Result<()> {
+        reaction.validate()?;
+        self.write(|tx| reaction::register(tx.conn(), tx.now_ms(), &reaction))?;
+        self.shared
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .reactions
+            .insert(reaction.name.clone(), Arc::new(reaction));
+        self.shared.notifier.nudge();
+        Ok(())
+    }
+
+    /// Registers a delivery channel: its policy ([`ChannelPolicy::Retried`]
+    /// or [`ChannelPolicy::BestEffort`]) and the sender that sends one
+    /// message. A process enqueues deliveries only on channels it registered
+    /// (the policy is stored on each delivery) and sends only those.
+    pub fn register_channel<F>(&self, channel: &str, policy: ChannelPolicy, sender: F) -> Result<()>
+    where
+        F: Fn(&Message, &mut RunContext<'_>) -> std::result::Result<(), HandlerError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        crate::names::check_name("channel", channel)?;
+        policy.retry().validate()?;
+        let mut reg = self
+            .shared
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        reg.channels.insert(channel.to_string(), policy);
+        reg.actions.insert(
+            delivery::action_of(channel),
+            delivery::action(Arc::new(sender)),
+        );
+        Ok(())
+    }
+
+    /// Enqueues a delivery in a transaction of its own (shorthand for a
+    /// [`Engine::write`] with one [`Tx::deliver`]).
+    pub fn deliver(&self, delivery: &Delivery) -> Result<String> {
+        self.write(|tx| tx.deliver(delivery))
+    }
+
+    /// Registers a scheduled job (see [`Job`]). A job the file knows with
+    /// the same schedule keeps its next due time; a new or changed one is due
+    /// from now; an interval of zero switches it off.
+    pub fn register_job(&self, job: Job) -> Result<()> {
+        job.validate()?;
+        self.write(|tx| schedule::register(tx.conn(), tx.now_ms(), &job))?;
+        let handler = job.handler.clone().expect("validated");
+        let mut reg = self
+            .shared
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        reg.actions
+            .insert(schedule::action_of(&job.name), schedule::action(handler));
+        reg.jobs.insert(job.name.clone(), Arc::new(job));
+        Ok(())
+    }
+
+    /// Every scheduled job the file knows, with its next due time.
+    pub fn schedules(&self) -> Result<Vec<ScheduleInfo>> {
+        self.shared.read(|c| {
+            Ok(crate::store::schedules::list(c)?
+                .into_iter()
+                .map(Into::into)
+                .collect())
+        })
+    }
+
+    /// Deletes events every cursor has passed and finished work, older than
+    /// `retention` (see [`Retention`]), in short batches. Reports what it
+    /// removed.
+    pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
+        prune::prune(&self.shared, retention, &mut |_| {})
+    }
+
+    /// [`Engine::prune`], calling `progress` with the running totals after
+    /// every batch (for a progress bar).
+    pub fn prune_with_progress(
+        &self,
+        retention: &Retention,
+        mut progress: impl FnMut(Pruned),
+    ) -> Result<Pruned> {
+        prune::prune(&self.shared, retention, &mut progress)
     }
 
     // ----- maintenance ------------------------------------------------------

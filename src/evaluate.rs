@@ -405,7 +405,7 @@ fn commit(
         )?;
     }
     if !firings.is_empty() || !errors.is_empty() {
-        tx.mark_appended();
+        tx.mark_nudge();
     }
     match cursors::advance(
         tx.conn(),

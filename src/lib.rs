@@ -40,6 +40,7 @@
 mod claims;
 mod clock;
 mod cursor;
+mod delivery;
 mod engine;
 mod error;
 mod evaluate;
@@ -50,10 +51,13 @@ mod log;
 mod names;
 mod notify;
 mod operate;
+mod prune;
+mod reaction;
 mod registry;
 mod rule;
 mod run;
 mod runtime;
+mod schedule;
 mod stats;
 mod store;
 mod tx;
@@ -62,18 +66,22 @@ mod writer;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::{ConsumerKind, CursorInfo, Reset};
+pub use delivery::{ChannelPolicy, Delivery, Message, SenderFn};
 pub use engine::{Engine, EngineBuilder};
 pub use error::{Error, Result};
 pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 pub use names::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 pub use operate::{DeadLetter, RuleInfo, RuleReset};
+pub use prune::{Pruned, Retention};
+pub use reaction::{Reaction, ReactionFn};
 pub use rule::{
     Decision, HandlerError, OnDeadLetter, OnNewVersion, Ordering, RetryPolicy, Rule, Scope,
     ScopeFn, Start,
 };
-pub use run::{Run, RunContext, RunInfo, RunState};
+pub use run::{ActionFn, Run, RunContext, RunInfo, RunState};
 pub use runtime::Idle;
+pub use schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
 pub use store::audit::AuditEntry;
 pub use store::conn::Synchronous;
 pub use store::schema::SCHEMA_VERSION;

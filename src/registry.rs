@@ -3,13 +3,21 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::delivery::ChannelPolicy;
+use crate::reaction::Reaction;
 use crate::rule::Rule;
 use crate::run::ActionFn;
+use crate::schedule::Job;
 
 #[derive(Default)]
 pub(crate) struct Registry {
     pub rules: BTreeMap<String, Arc<Rule>>,
+    /// Every handler executors run, by action name: rules' actions,
+    /// `delivery/<channel>` senders, `job/<name>` jobs.
     pub actions: BTreeMap<String, Arc<ActionFn>>,
+    pub reactions: BTreeMap<String, Arc<Reaction>>,
+    pub jobs: BTreeMap<String, Arc<Job>>,
+    pub channels: BTreeMap<String, ChannelPolicy>,
 }
 
 impl Registry {

@@ -397,7 +397,7 @@ pub(crate) fn finish_success(tx: &mut Tx<'_>, run: &Run, emitted: &[Emitted]) ->
             },
         )?;
         if !appended.existing {
-            tx.mark_appended();
+            tx.mark_nudge();
         }
     }
     if let Some(lane) = &run.lane {

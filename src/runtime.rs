@@ -3,6 +3,9 @@
 //!
 //! [`crate::Engine::start`] spawns:
 //!
+//! - the **loop**, which takes the file's `loop` lease and, while it holds it,
+//!   runs the reactions, creates due occurrences of scheduled jobs and (with a
+//!   retention set) prunes every ten minutes;
 //! - one **evaluator** per workspace with registered rules, which takes the
 //!   workspace's evaluator lease (`evaluator/<workspace>`) and, while it holds
 //!   it, decides new events; an engine that cannot take the lease tries again
@@ -35,6 +38,7 @@ use crate::error::{Error, Result};
 use crate::evaluate::{self, Pass};
 use crate::execute::{self, Executed};
 use crate::lease::{self, Lease};
+use crate::{prune, reaction, schedule};
 
 /// The threads of a started engine.
 pub(crate) struct Runtime {
@@ -63,6 +67,10 @@ pub struct Idle {
     pub retried: usize,
     /// Runs dead-lettered.
     pub dead: usize,
+    /// Events reactions moved past.
+    pub reacted: usize,
+    /// Scheduled occurrences created (or skipped as missed).
+    pub scheduled: usize,
 }
 
 impl Idle {
@@ -81,39 +89,53 @@ impl Idle {
     }
 }
 
-/// The evaluator lease of `workspace`, taken or renewed as needed; `None`
-/// while another holder has it.
-fn evaluator_lease(shared: &Shared, workspace: &str) -> Result<Option<Lease>> {
+/// The lease of the loop (reactions, scheduler, automatic pruning): one
+/// process per file runs it.
+pub(crate) const LOOP_LEASE: &str = "loop";
+
+/// How often the loop prunes, when a retention is set.
+const PRUNE_EVERY_MS: i64 = 10 * 60 * 1000;
+
+/// The lease `name`, taken or renewed (every third of its TTL) as needed;
+/// `None` while another holder has it.
+fn held_lease(shared: &Shared, name: &str) -> Result<Option<Lease>> {
     let mut held = shared.leases.lock().unwrap_or_else(|e| e.into_inner());
     let now = shared.clock.now_ms();
-    if let Some(l) = held.get(workspace) {
+    if let Some(l) = held.get(name) {
         if now < l.renew_due_at() && l.is_live_at(now) {
             return Ok(Some(l.clone()));
         }
         match shared.write(|tx| lease::renew(tx.conn(), tx.now_ms(), l)) {
             Ok(renewed) => {
-                held.insert(workspace.to_string(), renewed.clone());
+                held.insert(name.to_string(), renewed.clone());
                 return Ok(Some(renewed));
             }
             Err(e) if e.is_lease_lost() => {
-                log::warn!("evaluator lease of {workspace} lost: {e}");
-                held.remove(workspace);
+                log::warn!("lease {name} lost: {e}");
+                held.remove(name);
             }
             Err(e) => return Err(e),
         }
     }
-    let name = evaluate::lease_name(workspace);
     let holder = shared.config.holder_id.clone();
     let ttl = shared.config.lease_ttl;
-    match shared.write(|tx| lease::acquire(tx.conn(), tx.now_ms(), &name, &holder, ttl)) {
+    match shared.write(|tx| lease::acquire(tx.conn(), tx.now_ms(), name, &holder, ttl)) {
         Ok(l) => {
-            log::info!("evaluating {workspace} (lease generation {})", l.generation);
-            held.insert(workspace.to_string(), l.clone());
+            log::info!("holding {name} (generation {})", l.generation);
+            held.insert(name.to_string(), l.clone());
             Ok(Some(l))
         }
         Err(Error::LeaseHeld { .. }) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+fn forget_lease(shared: &Shared, name: &str) {
+    shared
+        .leases
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(name);
 }
 
 /// One pass over a workspace's rules, if this engine holds (or can take) its
@@ -125,26 +147,84 @@ pub(crate) fn evaluate_step(shared: &Shared, workspace: &str) -> Result<Pass> {
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .rules_of(workspace);
+    let name = evaluate::lease_name(workspace);
     let mut total = Pass::default();
     for rule in &rules {
-        let Some(lease) = evaluator_lease(shared, workspace)? else {
+        let Some(lease) = held_lease(shared, &name)? else {
             break;
         };
         match evaluate::batch(shared, &lease, rule) {
             Ok(p) => total.add(p),
             Err(e) if e.is_lease_lost() => {
                 log::warn!("evaluating {workspace}: {e}");
-                shared
-                    .leases
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(workspace);
+                forget_lease(shared, &name);
                 break;
             }
             Err(e) => return Err(e),
         }
     }
     Ok(total)
+}
+
+/// What one turn of the loop did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LoopPass {
+    pub reacted: usize,
+    pub scheduled: usize,
+}
+
+/// One turn of the loop — every reaction's next batch, every due job, and
+/// pruning when due — if this engine holds (or can take) the loop lease.
+pub(crate) fn loop_step(shared: &Shared) -> Result<LoopPass> {
+    let (reactions, jobs) = {
+        let reg = shared.registry.read().unwrap_or_else(|e| e.into_inner());
+        let r: Vec<_> = reg.reactions.values().cloned().collect();
+        let j: Vec<_> = reg.jobs.values().cloned().collect();
+        (r, j)
+    };
+    let retention = shared.config.retention;
+    if reactions.is_empty() && jobs.is_empty() && retention.is_none() {
+        return Ok(LoopPass::default());
+    }
+    let Some(lease) = held_lease(shared, LOOP_LEASE)? else {
+        return Ok(LoopPass::default());
+    };
+    let mut pass = LoopPass::default();
+    let result = (|| -> Result<()> {
+        for r in &reactions {
+            pass.reacted += reaction::step(shared, &lease, r)?;
+        }
+        for j in &jobs {
+            pass.scheduled += usize::from(schedule::step(shared, &lease, j)?);
+        }
+        Ok(())
+    })();
+    match result {
+        Err(e) if e.is_lease_lost() => {
+            log::warn!("the loop: {e}");
+            forget_lease(shared, LOOP_LEASE);
+            return Ok(pass);
+        }
+        other => other?,
+    }
+    if let Some(retention) = retention {
+        let now = shared.clock.now_ms();
+        let due = {
+            let mut last = shared.last_prune.lock().unwrap_or_else(|e| e.into_inner());
+            let due = now - *last >= PRUNE_EVERY_MS;
+            if due {
+                *last = now;
+            }
+            due
+        };
+        if due {
+            let pruned = prune::prune(shared, &retention, &mut |_| {})?;
+            if pruned != prune::Pruned::default() {
+                log::info!("pruned {pruned:?}");
+            }
+        }
+    }
+    Ok(pass)
 }
 
 pub(crate) fn run_until_idle(shared: &Shared) -> Result<Idle> {
@@ -160,6 +240,15 @@ pub(crate) fn run_until_idle(shared: &Shared) -> Result<Idle> {
             let p = evaluate_step(shared, ws)?;
             progress |= p.events > 0;
             total.add_pass(p);
+        }
+        loop {
+            let l = loop_step(shared)?;
+            total.reacted += l.reacted;
+            total.scheduled += l.scheduled;
+            if l.reacted + l.scheduled == 0 {
+                break;
+            }
+            progress = true;
         }
         loop {
             let e = execute::execute(shared, shared.config.claim_batch)?;
@@ -200,6 +289,18 @@ pub(crate) fn start(shared: &Arc<Shared>) -> Result<()> {
         threads.push(spawn(
             format!("reflexr-eval-{ws}"),
             Box::new(move || worker_loop(&s, |s| Ok(evaluate_step(s, &ws)?.events > 0))),
+        )?);
+    }
+    {
+        let s = Arc::clone(shared);
+        threads.push(spawn(
+            "reflexr-loop".into(),
+            Box::new(move || {
+                worker_loop(&s, |s| {
+                    let l = loop_step(s)?;
+                    Ok(l.reacted + l.scheduled > 0)
+                })
+            }),
         )?);
     }
     for i in 0..shared.config.executors {

@@ -3,6 +3,7 @@
 use rusqlite::{Connection, Params};
 
 use crate::cursor::{self, ConsumerKind};
+use crate::delivery::Delivery;
 use crate::engine::Shared;
 use crate::error::Result;
 use crate::event::{Appended, NewEvent};
@@ -22,7 +23,9 @@ use crate::log::{self, Origin};
 pub struct Tx<'a> {
     conn: &'a Connection,
     shared: &'a Shared,
-    appended: bool,
+    /// Set when the transaction created something to react to (events,
+    /// runs): its commit wakes this process's waiting threads.
+    nudge: bool,
 }
 
 impl<'a> Tx<'a> {
@@ -30,40 +33,41 @@ impl<'a> Tx<'a> {
         Tx {
             conn,
             shared,
-            appended: false,
+            nudge: false,
         }
     }
 
-    pub(crate) fn appended(&self) -> bool {
-        self.appended
+    pub(crate) fn wants_nudge(&self) -> bool {
+        self.nudge
     }
 
     pub(crate) fn shared(&self) -> &'a Shared {
         self.shared
     }
 
-    /// Records that the engine appended through this transaction, so the
-    /// commit nudges waiters.
-    pub(crate) fn mark_appended(&mut self) {
-        self.appended = true;
+    /// Records that the engine created events or runs through this
+    /// transaction, so its commit nudges the waiting threads.
+    pub(crate) fn mark_nudge(&mut self) {
+        self.nudge = true;
     }
 
     /// Runs `f` in a savepoint of its own inside this transaction: if `f`
     /// fails, only its writes are rolled back. For the engine's batches that
     /// commit several independent units together.
-    pub(crate) fn nested<T>(&mut self, f: impl FnOnce(&mut Tx<'a>) -> Result<T>) -> Result<T> {
-        self.conn
-            .prepare_cached("SAVEPOINT reflexr_nested")?
-            .execute([])?;
+    pub(crate) fn nested<T, E: From<crate::Error>>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'a>) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let sql = |conn: &Connection, s: &str| -> Result<()> {
+            conn.prepare_cached(s)?.execute([])?;
+            Ok(())
+        };
+        sql(self.conn, "SAVEPOINT reflexr_nested")?;
         let result = f(self);
         if result.is_err() {
-            self.conn
-                .prepare_cached("ROLLBACK TO reflexr_nested")?
-                .execute([])?;
+            sql(self.conn, "ROLLBACK TO reflexr_nested")?;
         }
-        self.conn
-            .prepare_cached("RELEASE reflexr_nested")?
-            .execute([])?;
+        sql(self.conn, "RELEASE reflexr_nested")?;
         result
     }
 
@@ -96,8 +100,22 @@ impl<'a> Tx<'a> {
     /// the existing seq with `existing: true` (invariant 3).
     pub fn append(&mut self, workspace: &str, event: &NewEvent) -> Result<Appended> {
         let appended = log::append(self.conn, self.shared, workspace, event, Origin::App)?;
-        self.appended |= !appended.existing;
+        self.nudge |= !appended.existing;
         Ok(appended)
+    }
+
+    /// Enqueues `delivery` on its channel, in this transaction: it is sent
+    /// (at least once) only if the transaction commits. Returns the
+    /// delivery's id. Enqueuing an id that exists already enqueues nothing.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotFound`] for a channel this engine has not registered
+    /// ([`crate::Engine::register_channel`]: its policy decides the retries);
+    /// [`crate::Error::Invalid`] / [`crate::Error::Encode`] for bad fields.
+    pub fn deliver(&mut self, delivery: &Delivery) -> Result<String> {
+        let id = crate::delivery::enqueue(self.conn, self.shared, delivery)?;
+        self.nudge = true;
+        Ok(id)
     }
 
     /// Moves the application consumer `consumer`'s cursor on `workspace` to

@@ -93,7 +93,7 @@ struct Batch {
     /// Members whose work succeeded and waits for the commit.
     members: usize,
     opened: Instant,
-    appended: bool,
+    nudge: bool,
 }
 
 /// How a batch ended: committed, or the error that ended it.
@@ -195,21 +195,21 @@ impl Writer {
                 outcome: Outcome::new(),
                 members: 0,
                 opened: Instant::now(),
-                appended: false,
+                nudge: false,
             });
         }
 
-        let (result, appended, step_error) = {
+        let (result, nudge, step_error) = {
             let conn = &st.conn;
             match savepoint(conn) {
                 Err(e) => (None, false, Some(e)),
                 Ok(()) => {
                     let mut tx = Tx::new(conn, shared);
                     let result = catch_unwind(AssertUnwindSafe(|| f(&mut tx)));
-                    let appended = tx.appended();
+                    let nudge = tx.wants_nudge();
                     let ok = matches!(result, Ok(Ok(_)));
                     let step_error = end_savepoint(conn, ok).err();
-                    (Some(result), appended, step_error)
+                    (Some(result), nudge, step_error)
                 }
             }
         };
@@ -224,7 +224,7 @@ impl Writer {
             let batch = st.batch.as_mut().expect("a batch is open");
             if ok {
                 batch.members += 1;
-                batch.appended |= appended;
+                batch.nudge |= nudge;
             }
             let must_commit = self.queued.load(Ordering::SeqCst) == 0
                 || batch.members >= MAX_BATCH_MEMBERS
@@ -259,8 +259,9 @@ impl Writer {
     }
 
     /// Commits (or, after a failure, rolls back) the open batch and tells its
-    /// members. Returns the outcome, and whether the committed batch appended
-    /// events (so the caller nudges the waiters once it let go of the mutex).
+    /// members. Returns the outcome, and whether the committed batch created
+    /// something to react to — events, runs — (so the caller nudges the
+    /// waiters once it let go of the mutex).
     fn end_batch(&self, st: &mut State, ending: Ending) -> (Ended, bool) {
         let batch = st.batch.take().expect("a batch is open");
         let outcome = match ending {
@@ -284,7 +285,7 @@ impl Writer {
             self.aborts.fetch_add(1, Ordering::Relaxed);
         }
         batch.outcome.set(outcome.clone());
-        let nudge = outcome.is_ok() && batch.appended;
+        let nudge = outcome.is_ok() && batch.nudge;
         (outcome, nudge)
     }
 }

@@ -147,3 +147,10 @@ pub(crate) fn delete(conn: &Connection, workspace: &str, kind: &str, name: &str)
         .execute(params![workspace, kind, name])?
         == 1)
 }
+
+/// The lowest position of any cursor on the workspace (None: it has none).
+pub(crate) fn min_position(conn: &Connection, workspace: &str) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT min(position) FROM reflexr_cursors WHERE workspace = ?1")?
+        .query_row([workspace], |r| r.get(0))?)
+}

@@ -113,3 +113,13 @@ pub(crate) fn resolve(conn: &Connection, id: i64, resolution: &str, now: i64) ->
         .execute(params![id, now, resolution])?
         == 1)
 }
+
+/// Deletes up to `limit` dead letters an operator resolved before `before`.
+pub(crate) fn delete_resolved(conn: &Connection, before: i64, limit: usize) -> Result<usize> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "DELETE FROM reflexr_dead_letters WHERE id IN \
+               (SELECT id FROM reflexr_dead_letters WHERE resolved_at < ?1 LIMIT {limit})"
+        ))?
+        .execute([before])?)
+}

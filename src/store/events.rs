@@ -146,3 +146,23 @@ pub(crate) fn count_after(conn: &Connection, workspace: &str, position: i64) -> 
         .prepare_cached("SELECT count(*) FROM reflexr_events WHERE workspace = ?1 AND seq > ?2")?
         .query_row(params![workspace, position], |r| r.get(0))?)
 }
+
+/// Deletes up to `limit` of the workspace's oldest events that are at or
+/// before `up_to` and were recorded before `recorded_before`. Returns how
+/// many were deleted.
+pub(crate) fn delete_old(
+    conn: &Connection,
+    workspace: &str,
+    up_to: i64,
+    recorded_before: i64,
+    limit: usize,
+) -> Result<usize> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "DELETE FROM reflexr_events WHERE seq IN \
+               (SELECT seq FROM reflexr_events \
+                WHERE workspace = ?1 AND seq <= ?2 AND recorded_at < ?3 \
+                ORDER BY seq LIMIT {limit})"
+        ))?
+        .execute(params![workspace, up_to, recorded_before])?)
+}

@@ -11,5 +11,6 @@ pub(crate) mod events;
 pub(crate) mod leases;
 pub(crate) mod rules;
 pub(crate) mod runs;
+pub(crate) mod schedules;
 pub(crate) mod schema;
 pub(crate) mod workspaces;

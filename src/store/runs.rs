@@ -423,6 +423,22 @@ pub(crate) fn discard(conn: &Connection, id: &str, now: i64) -> Result<bool> {
         == 1)
 }
 
+/// Deletes up to `limit` runs that ended well (succeeded or discarded) before
+/// `before`. Dead runs stay until an operator resolves them.
+pub(crate) fn delete_finished(conn: &Connection, before: i64, limit: usize) -> Result<usize> {
+    // due_at <= finished_at, so the range on due_at bounds the index scan to
+    // runs old enough to qualify.
+    Ok(conn
+        .prepare_cached(&format!(
+            "DELETE FROM reflexr_runs WHERE ord IN \
+               (SELECT ord FROM reflexr_runs \
+                WHERE state IN ('succeeded', 'discarded') AND due_at < ?1 \
+                  AND coalesce(finished_at, updated_at) < ?1 \
+                LIMIT {limit})"
+        ))?
+        .execute([before])?)
+}
+
 // ----- lanes ---------------------------------------------------------------
 
 /// Makes `id` the head of `lane` if the lane is empty; false if another run

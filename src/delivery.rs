@@ -1,0 +1,262 @@
+//! Deliveries: messages the application enqueues — a template name and JSON
+//! props on a channel — sent by the sender registered for the channel.
+//!
+//! A delivery is a run of the work queue (kind `delivery`, action
+//! `delivery/<channel>`), enqueued in the caller's transaction
+//! ([`crate::Tx::deliver`]): a reaction's deliveries commit with its cursor,
+//! so a change's notices are enqueued exactly once. They are sent at least
+//! once (ADR 0011: a crash between sending and marking sent repeats that one
+//! message), with the run id as the idempotency key. A channel's policy says
+//! what a failure does:
+//!
+//! - [`ChannelPolicy::Retried`] (email-like): retried with backoff, then given
+//!   up as a dead letter.
+//! - [`ChannelPolicy::BestEffort`] (push-like): one attempt, never retried; a
+//!   failure is recorded as a dead letter (reason `attempts_exhausted`,
+//!   attempts 1) and nothing more.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::rule::{HandlerError, RetryPolicy};
+use crate::run::{Run, RunContext};
+
+/// What a channel does when a send fails.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ChannelPolicy {
+    /// Retry with this policy, then dead-letter.
+    Retried(RetryPolicy),
+    /// Send once; never retry.
+    BestEffort,
+}
+
+impl ChannelPolicy {
+    pub(crate) fn retry(&self) -> RetryPolicy {
+        match self {
+            ChannelPolicy::Retried(p) => *p,
+            ChannelPolicy::BestEffort => RetryPolicy::never(),
+        }
+    }
+}
+
+/// A message to enqueue.
+///
+/// ```
+/// # use reflexr::Delivery;
+/// let d = Delivery::new("email", "session-moved")
+///     .to("ada@example.com")
+///     .props(&serde_json::json!({ "session": 42, "room": "Hall B" }));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub(crate) channel: String,
+    pub(crate) template: String,
+    pub(crate) to: Option<String>,
+    pub(crate) props: std::result::Result<String, String>,
+    pub(crate) id: Option<String>,
+    pub(crate) cause: Option<(String, i64, String, i64)>,
+}
+
+impl Delivery {
+    /// A message on `channel`, built from `template`, with empty props.
+    pub fn new(channel: impl Into<String>, template: impl Into<String>) -> Delivery {
+        Delivery {
+            channel: channel.into(),
+            template: template.into(),
+            to: None,
+            props: Ok("{}".into()),
+            id: None,
+            cause: None,
+        }
+    }
+
+    /// The recipient (an address, a device token), for the sender and for
+    /// operators.
+    pub fn to(mut self, recipient: impl Into<String>) -> Delivery {
+        self.to = Some(recipient.into());
+        self
+    }
+
+    /// The template's props, as JSON. A props field may be added later;
+    /// anything else needs a new template name (ADR 0011).
+    pub fn props<T: Serialize + ?Sized>(mut self, props: &T) -> Delivery {
+        self.props = serde_json::to_string(props).map_err(|e| e.to_string());
+        self
+    }
+
+    /// The delivery's id (the idempotency key). Enqueuing an id that exists
+    /// already enqueues nothing. Without one, a UUIDv7 is generated.
+    pub fn id(mut self, id: impl Into<String>) -> Delivery {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Records the event the delivery is about (for operators; the run shows
+    /// it).
+    pub fn caused_by(mut self, event: &Event) -> Delivery {
+        self.cause = Some((
+            event.workspace.clone(),
+            event.seq,
+            event.id.clone(),
+            event.depth,
+        ));
+        self
+    }
+}
+
+/// A message as its sender gets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Message {
+    /// The delivery's id: the idempotency key for the mail or push service.
+    pub id: String,
+    /// The channel.
+    pub channel: String,
+    /// The template to build the message from.
+    pub template: String,
+    /// The recipient, if given.
+    pub to: Option<String>,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
+    /// Attempts it gets in all (1 on a best-effort channel).
+    pub max_attempts: u32,
+    pub(crate) props: String,
+}
+
+impl Message {
+    pub(crate) fn from_run(run: &Run) -> Result<Message> {
+        let v: serde_json::Value = run.input()?;
+        let text = |k: &str| v[k].as_str().map(str::to_owned);
+        Ok(Message {
+            id: run.id.clone(),
+            channel: text("channel").unwrap_or_default(),
+            template: text("template").unwrap_or_default(),
+            to: text("to"),
+            attempt: run.attempt,
+            max_attempts: run.max_attempts,
+            props: v["props"].to_string(),
+        })
+    }
+
+    /// The props, decoded.
+    pub fn props<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_str(&self.props).map_err(|e| Error::Decode {
+            seq: 0,
+            event_type: format!("props of delivery {}", self.id),
+            message: e.to_string(),
+        })
+    }
+
+    /// The props as JSON text.
+    pub fn props_json(&self) -> &str {
+        &self.props
+    }
+}
+
+/// A channel's sender: sends one message. An error (or a panic) fails the
+/// attempt.
+pub type SenderFn =
+    dyn Fn(&Message, &mut RunContext<'_>) -> std::result::Result<(), HandlerError> + Send + Sync;
+
+/// The action name of a channel's deliveries.
+pub(crate) fn action_of(channel: &str) -> String {
+    format!("delivery/{channel}")
+}
+
+/// The action handler that decodes the message and calls the sender.
+pub(crate) fn action(sender: Arc<SenderFn>) -> Arc<crate::run::ActionFn> {
+    Arc::new(move |run: &Run, ctx: &mut RunContext<'_>| {
+        let message = Message::from_run(run)?;
+        sender(&message, ctx)
+    })
+}
+
+/// Inserts the delivery's run; returns its id.
+pub(crate) fn enqueue(
+    conn: &rusqlite::Connection,
+    shared: &crate::engine::Shared,
+    d: &Delivery,
+) -> Result<String> {
+    use crate::names;
+    names::check_name("channel", &d.channel)?;
+    names::check_name("template", &d.template)?;
+    if let Some(to) = &d.to {
+        names::check_text("recipient", to, names::MAX_SUBJECT_BYTES)?;
+    }
+    let policy = shared
+        .registry
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .channels
+        .get(&d.channel)
+        .copied()
+        .ok_or_else(|| Error::not_found("channel", &d.channel))?;
+    let props = match &d.props {
+        Ok(p) => p,
+        Err(message) => {
+            return Err(Error::Encode {
+                message: message.clone(),
+            });
+        }
+    };
+    if props.len() > shared.config.max_payload_bytes {
+        return Err(Error::invalid(
+            "props",
+            format!(
+                "{} bytes, more than the limit of {}",
+                props.len(),
+                shared.config.max_payload_bytes
+            ),
+        ));
+    }
+    let props: serde_json::Value = serde_json::from_str(props)
+        .map_err(|e| Error::invalid("props", format!("not JSON: {e}")))?;
+    let id = match &d.id {
+        Some(id) => {
+            names::check_text("delivery id", id, names::MAX_ID_BYTES)?;
+            id.clone()
+        }
+        None => crate::log::new_id(),
+    };
+    let input = serde_json::json!({
+        "channel": d.channel,
+        "template": d.template,
+        "to": d.to,
+        "props": props,
+    })
+    .to_string();
+    let retry = policy.retry();
+    let now = shared.clock.now_ms();
+    let action = action_of(&d.channel);
+    let cause = d.cause.as_ref();
+    crate::store::runs::insert(
+        conn,
+        &crate::store::runs::NewRun {
+            id: &id,
+            kind: "delivery",
+            action: &action,
+            workspace: cause.map(|c| c.0.as_str()),
+            rule: None,
+            scope: d.to.as_deref(),
+            lane: None,
+            on_dead_letter: "continue",
+            input: &input,
+            event_seq: cause.map(|c| c.1),
+            event_id: cause.map(|c| c.2.as_str()),
+            depth: cause.map_or(0, |c| c.3),
+            max_attempts: i64::from(retry.max_attempts),
+            backoff_ms: retry.initial.as_millis() as i64,
+            backoff_max_ms: retry.max_delay.as_millis() as i64,
+            backoff_factor: retry.factor,
+            jitter: retry.jitter,
+            due_at: now,
+            now,
+            dead: None,
+        },
+    )?;
+    Ok(id)
+}

@@ -1,0 +1,248 @@
+//! Reactions: application handlers with a cursor of their own (ADR 0011).
+//!
+//! A reaction reads its workspace after its cursor. Its handler gets one
+//! event and the transaction in which the reaction's cursor advances past it:
+//! whatever the handler writes there — deliveries it enqueues, rows of the
+//! application's — commits **with** the advance. A change's notices are
+//! therefore enqueued exactly once, whatever crashes (the gap ADR 0011 left
+//! open "until a change's notices are written in one transaction"). Sending
+//! happens later, in the deliveries' senders, at least once.
+//!
+//! A reaction skips the types it does not handle. A handler that returns an
+//! error or panics has its writes for that event rolled back; the (reaction,
+//! seq) is dead-lettered with the reason, and the reaction moves on.
+//!
+//! Reactions run under the file's `loop` lease: one process at a time
+//! handles them. Several events share a transaction (each in a savepoint of
+//! its own); handlers run inside it, so they should do database work only —
+//! enqueue, write — and leave slow work to senders and actions.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cursor::ConsumerKind;
+use crate::engine::Shared;
+use crate::error::{Error, Result};
+use crate::evaluate::panic_text;
+use crate::event::{Event, RESERVED_TYPES};
+use crate::lease::{self, Lease};
+use crate::names;
+use crate::rule::{HandlerError, Start};
+use crate::store::dead_letters::{self, NewDeadLetter};
+use crate::store::{cursors, events};
+use crate::tx::Tx;
+
+/// A reaction's handler: one event, in the transaction that moves the
+/// reaction's cursor past it.
+pub type ReactionFn =
+    dyn Fn(&Event, &mut Tx<'_>) -> std::result::Result<(), HandlerError> + Send + Sync;
+
+/// How many events one reaction transaction holds at most.
+const BATCH: usize = 100;
+/// How long one reaction transaction runs handlers before it commits.
+const BUDGET: Duration = Duration::from_millis(20);
+
+/// A reaction, registered with [`crate::Engine::register_reaction`].
+///
+/// ```
+/// use reflexr::{Delivery, Reaction};
+///
+/// let mailer = Reaction::new("session-mailer", "events-app")
+///     .on(["session.changed"])
+///     .handle(|event, tx| {
+///         tx.deliver(&Delivery::new("email", "session-changed").caused_by(event))?;
+///         Ok(())
+///     });
+/// ```
+///
+/// # Defaults
+/// [`Start::Beginning`]: a reaction new to the file handles the whole log.
+/// Use [`Start::Head`] for one that should only see what comes after it.
+#[derive(Clone)]
+pub struct Reaction {
+    pub(crate) name: String,
+    pub(crate) workspace: String,
+    pub(crate) types: Vec<String>,
+    pub(crate) start: Start,
+    pub(crate) handler: Option<Arc<ReactionFn>>,
+}
+
+impl std::fmt::Debug for Reaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reaction")
+            .field("name", &self.name)
+            .field("workspace", &self.workspace)
+            .field("types", &self.types)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reaction {
+    /// A reaction named `name` over `workspace`'s log.
+    pub fn new(name: impl Into<String>, workspace: impl Into<String>) -> Reaction {
+        Reaction {
+            name: name.into(),
+            workspace: workspace.into(),
+            types: Vec::new(),
+            start: Start::Beginning,
+            handler: None,
+        }
+    }
+
+    /// The types it handles; it skips the others.
+    pub fn on<I, S>(mut self, types: I) -> Reaction
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.types = types.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Where a reaction new to the file starts reading.
+    pub fn start(mut self, start: Start) -> Reaction {
+        self.start = start;
+        self
+    }
+
+    /// The handler.
+    pub fn handle<F>(mut self, f: F) -> Reaction
+    where
+        F: Fn(&Event, &mut Tx<'_>) -> std::result::Result<(), HandlerError> + Send + Sync + 'static,
+    {
+        self.handler = Some(Arc::new(f));
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        names::check_name("reaction", &self.name)?;
+        names::check_name("workspace", &self.workspace)?;
+        if self.types.is_empty() {
+            return Err(Error::invalid(
+                "reaction",
+                format!("{}: handles no event types (Reaction::on)", self.name),
+            ));
+        }
+        for t in &self.types {
+            names::check_name("event type", t)?;
+            if RESERVED_TYPES.contains(&t.as_str()) {
+                return Err(Error::invalid(
+                    "reaction",
+                    format!("{}: may not handle the engine's own {t} events", self.name),
+                ));
+            }
+        }
+        if self.handler.is_none() {
+            return Err(Error::invalid(
+                "reaction",
+                format!("{}: has no handler (Reaction::handle)", self.name),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Gives a reaction new to the file its cursor at its start position.
+pub(crate) fn register(conn: &rusqlite::Connection, now: i64, r: &Reaction) -> Result<()> {
+    if !crate::store::workspaces::exists(conn, &r.workspace)? {
+        return Err(Error::not_found("workspace", &r.workspace));
+    }
+    let kind = ConsumerKind::Reaction.as_str();
+    if cursors::get(conn, &r.workspace, kind, &r.name)?.is_none() {
+        let at = match r.start {
+            Start::Beginning => 0,
+            Start::Head => events::head(conn)?,
+        };
+        cursors::set(conn, &r.workspace, kind, &r.name, at, now)?;
+    }
+    Ok(())
+}
+
+/// Why a handler's event was dead-lettered.
+struct Failure {
+    reason: &'static str,
+    error: String,
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        Failure {
+            reason: "handler_error",
+            error: e.to_string(),
+        }
+    }
+}
+
+/// Handles one batch of `r`'s events under the loop lease. Returns how many
+/// events the cursor moved past.
+pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize> {
+    let kind = ConsumerKind::Reaction.as_str();
+    let (stamp, page) = shared.read(|c| {
+        let stamp = cursors::get_stamped(c, &r.workspace, kind, &r.name)?.unwrap_or((0, 0));
+        Ok((stamp, events::page(c, &r.workspace, stamp.0, &[], BATCH)?))
+    })?;
+    if page.is_empty() {
+        return Ok(0);
+    }
+    let handler = r
+        .handler
+        .as_ref()
+        .expect("a registered reaction has a handler");
+    shared.write(|tx| {
+        let now = tx.now_ms();
+        lease::fence(tx.conn(), now, lease)?;
+        if cursors::get_stamped(tx.conn(), &r.workspace, kind, &r.name)?.unwrap_or((0, 0)) != stamp
+        {
+            return Ok(0); // an operator moved the cursor: read again
+        }
+        let started = Instant::now();
+        let mut last = None;
+        for event in &page {
+            if last.is_some() && started.elapsed() >= BUDGET {
+                break;
+            }
+            last = Some(event.seq);
+            if !r.types.contains(&event.event_type) {
+                continue;
+            }
+            let handled = tx.nested(|tx: &mut Tx<'_>| -> std::result::Result<(), Failure> {
+                match catch_unwind(AssertUnwindSafe(|| handler(event, tx))) {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(Failure {
+                        reason: "handler_error",
+                        error: e.to_string(),
+                    }),
+                    Err(p) => Err(Failure {
+                        reason: "handler_panic",
+                        error: panic_text(&*p),
+                    }),
+                }
+            });
+            if let Err(f) = handled {
+                dead_letters::insert(
+                    tx.conn(),
+                    &NewDeadLetter {
+                        kind: "reaction",
+                        consumer: &r.name,
+                        workspace: Some(&r.workspace),
+                        event_seq: Some(event.seq),
+                        event_id: Some(&event.id),
+                        run_id: None,
+                        reason: f.reason,
+                        error: &f.error,
+                        attempts: 1,
+                        now,
+                    },
+                )?;
+            }
+        }
+        let last = last.expect("the page is not empty");
+        if cursors::advance(tx.conn(), &r.workspace, kind, &r.name, last, now)?.is_err() {
+            return Err(Error::TransactionAborted {
+                detail: format!("reaction {}: its cursor moved backwards under it", r.name),
+            });
+        }
+        Ok(page.iter().take_while(|e| e.seq <= last).count())
+    })
+}

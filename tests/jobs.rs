@@ -1,0 +1,559 @@
+//! The jobs loop: reactions, deliveries, scheduled work and pruning (ADR
+//! 0011; DESIGN.md invariants 2, 5, 9).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{count, engine_with, is_child, spawn_child, temp_db};
+use proptest::prelude::*;
+use reflexr::{
+    ChannelPolicy, Clock, ConsumerKind, Delivery, Engine, Guarantee, Job, ManualClock, Missed,
+    NewEvent, Query, Reaction, Retention, RetryPolicy, RunState,
+};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn setup(path: &std::path::Path, clock: &ManualClock, holder: &str) -> Engine {
+    let e = engine_with(path, clock, holder);
+    e.ensure_workspace("app", &["session.changed", "other"])
+        .unwrap();
+    e.write(|tx| {
+        tx.conn().execute_batch(
+            "CREATE TABLE IF NOT EXISTS sessions (id INTEGER PRIMARY KEY, room TEXT);
+             CREATE TABLE IF NOT EXISTS rsvps (session INTEGER, email TEXT);
+             INSERT OR IGNORE INTO sessions VALUES (1, 'A');
+             DELETE FROM rsvps;
+             INSERT INTO rsvps VALUES (1, 'ada@x'), (1, 'grace@x'), (1, 'alan@x');",
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    e
+}
+
+/// A reaction that enqueues one email per RSVP of the changed session.
+fn notifier() -> Reaction {
+    Reaction::new("notifier", "app")
+        .on(["session.changed"])
+        .handle(|event, tx| {
+            let mut stmt = tx
+                .conn()
+                .prepare("SELECT email FROM rsvps WHERE session = 1")?;
+            let emails: Vec<String> = stmt
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for email in emails {
+                tx.deliver(&Delivery::new("email", "moved").to(email).caused_by(event))?;
+            }
+            Ok(())
+        })
+}
+
+type Sent = Arc<Mutex<Vec<String>>>;
+
+fn email_channel(e: &Engine, policy: ChannelPolicy) -> Sent {
+    let sent: Sent = Arc::default();
+    let s = Arc::clone(&sent);
+    e.register_channel("email", policy, move |msg, _| {
+        s.lock().unwrap().push(msg.to.clone().unwrap_or_default());
+        Ok(())
+    })
+    .unwrap();
+    sent
+}
+
+fn edit(e: &Engine, room: &str, fail: bool) -> reflexr::Result<()> {
+    e.write(|tx| {
+        tx.execute("UPDATE sessions SET room = ?1 WHERE id = 1", [room])?;
+        let at = tx.now_ms();
+        tx.append(
+            "app",
+            &NewEvent::new("session.changed", "session/1", "admin", at)
+                .payload(&serde_json::json!({ "room": room })),
+        )?;
+        if fail {
+            return Err(reflexr::Error::Invalid {
+                field: "room",
+                reason: "refused".into(),
+            });
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn a_change_reaches_every_rsvp_through_one_drain_of_the_whole_loop() {
+    // The drain covers the loop: the event, the reaction, its deliveries and
+    // their sender, in one run_until_idle.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
+    e.register_reaction(notifier()).unwrap();
+    edit(&e, "B", false).unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.reacted, idle.succeeded), (1, 3));
+    let mut sent = sent.lock().unwrap().clone();
+    sent.sort();
+    assert_eq!(sent, ["ada@x", "alan@x", "grace@x"]);
+    let deliveries = e.runs(None, 10).unwrap();
+    assert!(
+        deliveries
+            .iter()
+            .all(|r| r.kind == "delivery" && r.event_seq == Some(1))
+    );
+}
+
+#[test]
+fn a_rolled_back_edit_leaves_no_change_and_no_delivery() {
+    // Invariant 2: the edit, its event and (so) its notices, together or not.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
+    e.register_reaction(notifier()).unwrap();
+    assert!(edit(&e, "B", true).is_err());
+    e.run_until_idle().unwrap();
+    assert!(sent.lock().unwrap().is_empty());
+    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_runs"), 0);
+    assert_eq!(
+        count(&e, "SELECT count(*) FROM sessions WHERE room = 'A'"),
+        1
+    );
+    assert_eq!(e.head_seq().unwrap(), 0);
+}
+
+/// The child's side of the crash test: handles the change, enqueues its
+/// deliveries, and is killed before the reaction's transaction commits.
+#[test]
+fn child_process_reacts_and_hangs_before_commit() {
+    if !is_child() {
+        return; // Only a child started by the test below does this work.
+    }
+    let path = std::env::var("REFLEXR_DB").unwrap();
+    let e = Engine::builder(&path).holder_id("child").open().unwrap();
+    e.register_channel("email", ChannelPolicy::BestEffort, |_, _| Ok(()))
+        .unwrap();
+    e.register_reaction(notifier().handle(|event, tx| {
+        for email in ["ada@x", "grace@x", "alan@x"] {
+            tx.deliver(&Delivery::new("email", "moved").to(email).caused_by(event))?;
+        }
+        println!("\nenqueued");
+        loop {
+            std::thread::park(); // killed here, inside the transaction
+        }
+    }))
+    .unwrap();
+    e.run_until_idle().unwrap();
+}
+
+#[test]
+fn a_crash_between_a_reactions_handling_and_its_commit_re_handles_without_duplicates() {
+    // The deliveries commit with the reaction's cursor: the crash loses both,
+    // and the next handling enqueues them once.
+    let (_dir, path) = temp_db();
+    let clock = ManualClock::starting_now();
+    {
+        let e = setup(&path, &clock, "setup");
+        edit(&e, "B", false).unwrap();
+    }
+    let mut child = spawn_child(
+        "child_process_reacts_and_hangs_before_commit",
+        &[("REFLEXR_DB", path.to_string_lossy().into_owned())],
+    );
+    BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(|l| l.ok())
+        .find(|l| l.ends_with("enqueued"))
+        .expect("the child handled the event");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // The child held the loop lease: past it, this engine takes over.
+    clock.advance(MINUTE);
+    let e = setup(&path, &clock, "survivor");
+    assert_eq!(
+        count(&e, "SELECT count(*) FROM reflexr_runs"),
+        0,
+        "nothing committed"
+    );
+    let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
+    e.register_reaction(notifier()).unwrap();
+    e.run_until_idle().unwrap();
+    assert_eq!(sent.lock().unwrap().len(), 3);
+    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_runs"), 3);
+    let cursor = e
+        .cursors()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.kind == ConsumerKind::Reaction)
+        .unwrap();
+    assert_eq!((cursor.position, cursor.lag), (1, 0));
+}
+
+#[test]
+fn a_reaction_skips_unknown_types_and_dead_letters_a_failing_event_then_moves_on() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    email_channel(&e, ChannelPolicy::BestEffort);
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = Arc::clone(&handled);
+    e.register_reaction(
+        Reaction::new("picky", "app")
+            .on(["session.changed"])
+            .handle(move |event, tx| {
+                h.fetch_add(1, Ordering::SeqCst);
+                tx.deliver(&Delivery::new("email", "x").caused_by(event))?;
+                let p: serde_json::Value = event.payload()?;
+                match p["room"].as_str() {
+                    Some("bad") => Err("no such room".into()),
+                    Some("worse") => panic!("a bug in the reaction"),
+                    _ => Ok(()),
+                }
+            }),
+    )
+    .unwrap();
+    for room in ["B", "bad", "C", "worse", "D"] {
+        edit(&e, room, false).unwrap();
+        e.append("app", &NewEvent::new("other", "x", "app", 0))
+            .unwrap();
+    }
+    e.run_until_idle().unwrap();
+    assert_eq!(handled.load(Ordering::SeqCst), 5, "only its own type");
+    // The failed events' deliveries were rolled back with them.
+    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_runs"), 3);
+    let letters = e.dead_letters(false, 10).unwrap();
+    let mut reasons: Vec<(&str, &str)> = letters
+        .iter()
+        .map(|d| (d.kind.as_str(), d.reason.as_str()))
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [("reaction", "handler_error"), ("reaction", "handler_panic")]
+    );
+    assert_eq!(letters[0].event_seq, Some(3));
+    assert_eq!(e.cursors().unwrap()[0].lag, 0);
+}
+
+#[test]
+fn the_best_effort_channel_never_retries_and_the_retried_one_gives_up_after_its_policy() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    let tries = Arc::new(Mutex::new(Vec::new()));
+    for (channel, policy) in [
+        ("push", ChannelPolicy::BestEffort),
+        (
+            "email",
+            ChannelPolicy::Retried(RetryPolicy::attempts(3).fixed(MINUTE)),
+        ),
+    ] {
+        let t = Arc::clone(&tries);
+        e.register_channel(channel, policy, move |msg, _| {
+            t.lock().unwrap().push((msg.channel.clone(), msg.attempt));
+            Err("the service is down".into())
+        })
+        .unwrap();
+    }
+    e.deliver(&Delivery::new("push", "ping").to("device-1"))
+        .unwrap();
+    e.deliver(&Delivery::new("email", "ping").to("ada@x"))
+        .unwrap();
+    for _ in 0..5 {
+        e.run_until_idle().unwrap();
+        clock.advance(MINUTE);
+    }
+    let tries = tries.lock().unwrap();
+    let of = |c: &str| tries.iter().filter(|(ch, _)| ch == c).count();
+    assert_eq!(of("push"), 1, "best effort: once");
+    assert_eq!(of("email"), 3, "retried: as its policy says, then given up");
+    let runs = e.runs(None, 10).unwrap();
+    assert!(runs.iter().all(|r| r.state == RunState::Dead));
+    let letters = e.dead_letters(false, 10).unwrap();
+    assert_eq!(letters.len(), 2);
+    assert!(letters.iter().all(|d| d.error == "the service is down"));
+    let err = e.deliver(&Delivery::new("fax", "ping")).unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+}
+
+fn counting_job(name: &str, every: Duration, runs: &Arc<AtomicUsize>) -> Job {
+    let r = Arc::clone(runs);
+    Job::every(name, every).handler(move |_, _| {
+        r.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })
+}
+
+#[test]
+fn a_scheduled_occurrence_runs_once_with_two_engines_on_one_file() {
+    // Each due occurrence runs once, whatever the number of processes: the
+    // loop lease keeps one scheduler at a time, and the occurrence's id
+    // (<job>@<due>) keeps a second from creating it again.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let t0 = clock.now_ms();
+    let a = setup(&path, &clock, "engine-a");
+    let b = setup(&path, &clock, "engine-b");
+    let every = Duration::from_secs(20);
+    let runs = Arc::new(AtomicUsize::new(0));
+    a.register_job(counting_job("reminders", every, &runs))
+        .unwrap();
+    b.register_job(counting_job("reminders", every, &runs))
+        .unwrap();
+
+    a.run_until_idle().unwrap(); // a takes the loop lease (30 s)
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "first due an interval after registering"
+    );
+    clock.advance(every);
+    b.run_until_idle().unwrap();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "b cannot schedule while a holds the loop"
+    );
+    a.run_until_idle().unwrap();
+    b.run_until_idle().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // a goes quiet: its lease lapses, and b schedules what comes due.
+    clock.advance(Duration::from_secs(31));
+    b.run_until_idle().unwrap();
+    a.run_until_idle().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let ids: Vec<String> = a
+        .runs(None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            format!("reminders@{}", t0 + 20_000),
+            format!("reminders@{}", t0 + 40_000)
+        ]
+    );
+}
+
+#[test]
+fn missed_occurrences_run_once_or_are_skipped_as_the_job_says() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    let once = Arc::new(AtomicUsize::new(0));
+    let skip = Arc::new(AtomicUsize::new(0));
+    e.register_job(counting_job("catch-up", MINUTE, &once).missed(Missed::RunOnce))
+        .unwrap();
+    e.register_job(counting_job("skip", MINUTE, &skip).missed(Missed::Skip))
+        .unwrap();
+    // The process was down for an hour.
+    clock.advance(MINUTE * 60);
+    e.run_until_idle().unwrap();
+    assert_eq!(once.load(Ordering::SeqCst), 1, "one run for 60 missed");
+    assert_eq!(skip.load(Ordering::SeqCst), 0, "skipped");
+    let catch_up = &e.runs(None, 10).unwrap()[0];
+    let input: serde_json::Value = serde_json::from_str(&catch_up.input).unwrap();
+    assert_eq!(input["missed"], 59);
+    // Then both carry on normally.
+    clock.advance(MINUTE);
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        (once.load(Ordering::SeqCst), skip.load(Ordering::SeqCst)),
+        (2, 1)
+    );
+}
+
+#[test]
+fn an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_again() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    for (name, guarantee) in [
+        ("most", Guarantee::AtMostOnce),
+        ("least", Guarantee::AtLeastOnce),
+    ] {
+        let c = Arc::clone(&calls);
+        let first = AtomicUsize::new(0);
+        e.register_job(
+            Job::every(name, MINUTE)
+                .guarantee(guarantee)
+                .handler(move |o, _| {
+                    c.lock().unwrap().push((o.job.clone(), o.attempt));
+                    if first.fetch_add(1, Ordering::SeqCst) == 0 {
+                        // The process "dies" mid-occurrence: the handler panics,
+                        // which fails the attempt like a crash whose claim lapsed.
+                        panic!("crashed mid-occurrence");
+                    }
+                    Ok(())
+                }),
+        )
+        .unwrap();
+    }
+    clock.advance(MINUTE);
+    e.run_until_idle().unwrap();
+    clock.advance(MINUTE * 10);
+    e.run_until_idle().unwrap();
+    let calls = calls.lock().unwrap();
+    let of = |job: &str| calls.iter().filter(|(j, _)| j == job).count();
+    // at most once: the first occurrence ran once (and failed); the next
+    // minute's ran once. at least once: the first ran again after its backoff.
+    assert_eq!(of("most"), 2, "{calls:?}");
+    assert!(of("least") >= 2, "{calls:?}");
+    let most = e
+        .runs(None, 20)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.id.starts_with("most@") && r.state == RunState::Dead)
+        .expect("the lost occurrence is dead, not repeated");
+    assert_eq!(most.max_attempts, 1);
+}
+
+#[test]
+fn an_interval_of_zero_switches_a_job_off() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    let runs = Arc::new(AtomicUsize::new(0));
+    e.register_job(counting_job("reminders", Duration::ZERO, &runs))
+        .unwrap();
+    clock.advance(MINUTE * 100);
+    e.run_until_idle().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let s = &e.schedules().unwrap()[0];
+    assert_eq!((s.spec.as_str(), s.next_due_at), ("off", None));
+    // Switched on again, it is due an interval later.
+    drop(e);
+    let e = setup(&path, &clock, "test");
+    e.register_job(counting_job("reminders", MINUTE, &runs))
+        .unwrap();
+    clock.advance(MINUTE);
+    e.run_until_idle().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn pruning_never_deletes_an_event_a_cursor_has_not_passed(
+        events in 1usize..60,
+        cursors in prop::collection::vec(0usize..60, 0..4),
+        age_minutes in 0u64..30,
+    ) {
+        // Invariant 9: an event goes only once every cursor on its workspace
+        // passed it and it is older than the retention.
+        let (_dir, path) = temp_db();
+        let clock = common::clock();
+        let e = setup(&path, &clock, "test");
+        for i in 0..events {
+            e.append("app", &NewEvent::new("other", format!("x/{i}"), "app", 0)).unwrap();
+            clock.advance(MINUTE);
+        }
+        for (k, c) in cursors.iter().enumerate() {
+            e.save_cursor(&format!("c{k}"), "app", (*c).min(events) as i64).unwrap();
+        }
+        let retention = Retention {
+            events: Some(MINUTE * age_minutes as u32),
+            ..Retention::default()
+        };
+        let pruned = e.prune(&retention).unwrap();
+        let min_cursor = cursors.iter().map(|c| (*c).min(events)).min().unwrap_or(events) as i64;
+        let now = clock.now_ms();
+        let left = e.read(&Query::new("app").limit(1_000)).unwrap();
+        for ev in &left {
+            // Anything left would have been allowed to stay.
+            prop_assert!(ev.seq > min_cursor || ev.recorded_at >= now - (age_minutes as i64) * 60_000);
+        }
+        let gone = events as u64 - left.len() as u64;
+        prop_assert_eq!(gone, pruned.events);
+        // Nothing a cursor has not passed is gone: every seq after the lowest
+        // cursor is still there.
+        let after: Vec<i64> = left.iter().map(|e| e.seq).filter(|s| *s > min_cursor).collect();
+        prop_assert_eq!(after, ((min_cursor + 1)..=(events as i64)).collect::<Vec<_>>());
+        // And seqs never come back.
+        let next = e.append("app", &NewEvent::new("other", "new", "app", 0)).unwrap();
+        prop_assert_eq!(next.seq, events as i64 + 1);
+    }
+}
+
+#[test]
+fn pruning_removes_finished_runs_but_keeps_dead_ones() {
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    e.register_channel("email", ChannelPolicy::BestEffort, |msg, _| {
+        if msg.to.as_deref() == Some("bad") {
+            Err("no".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    for to in ["a", "b", "bad"] {
+        e.deliver(&Delivery::new("email", "x").to(to)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    clock.advance(MINUTE * 10);
+    let pruned = e.prune(&Retention::older_than(MINUTE)).unwrap();
+    assert_eq!((pruned.runs, pruned.dead_letters), (2, 0));
+    assert_eq!(e.runs(None, 10).unwrap()[0].state, RunState::Dead);
+}
+
+#[test]
+fn an_occurrence_whose_executor_stopped_mid_run_is_lost_if_at_most_once_and_rerun_if_at_least_once()
+{
+    // The claim is the "taken" mark: it commits before the handler runs. An
+    // executor that stops mid-run (here: paused past its claim's lease)
+    // leaves an at-most-once occurrence dead, never run again, and an
+    // at-least-once one to be run again by another executor.
+    for (guarantee, reruns) in [(Guarantee::AtMostOnce, 0), (Guarantee::AtLeastOnce, 1)] {
+        let (_dir, path) = temp_db();
+        let clock = common::clock();
+        let a = setup(&path, &clock, "engine-a");
+        let b = setup(&path, &clock, "engine-b");
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (release_tx, release) = std::sync::mpsc::channel::<()>();
+        let release = Mutex::new(release);
+        let started_tx = Mutex::new(started_tx);
+        a.register_job(
+            Job::every("j", MINUTE)
+                .guarantee(guarantee)
+                .handler(move |_, _| {
+                    started_tx.lock().unwrap().send(()).unwrap();
+                    release.lock().unwrap().recv().unwrap();
+                    Ok(())
+                }),
+        )
+        .unwrap();
+        let b_runs = Arc::new(AtomicUsize::new(0));
+        b.register_job(counting_job("j", MINUTE, &b_runs).guarantee(guarantee))
+            .unwrap();
+        clock.advance(MINUTE);
+        let worker = {
+            let a = a.clone();
+            std::thread::spawn(move || a.run_until_idle())
+        };
+        started.recv().unwrap();
+        clock.advance(Duration::from_secs(31)); // a's claim lapses
+        b.run_until_idle().unwrap();
+        assert_eq!(b_runs.load(Ordering::SeqCst), reruns, "{guarantee:?}");
+        release_tx.send(()).unwrap();
+        worker.join().unwrap().unwrap();
+        let run = &b.runs(None, 10).unwrap()[0];
+        let expected = match guarantee {
+            Guarantee::AtMostOnce => RunState::Dead,
+            Guarantee::AtLeastOnce => RunState::Succeeded,
+        };
+        assert_eq!(run.state, expected, "{guarantee:?}: {run:?}");
+    }
+}
