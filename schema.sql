@@ -213,6 +213,28 @@ CREATE TABLE reflexr_schedules (
     updated_at  INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 
+-- The followers' ledger: one row per follower, bridging a source workspace
+-- of this file into a target workspace (of this file, or of target_file) with
+-- the same ids. Its cursor is in reflexr_cursors (kind follower, on the
+-- source), its lease is follower/<name> in reflexr_leases, its dead letters
+-- are kind follower. projection names the application function that selects
+-- and shapes what is published; an engine resumes every row whose projection
+-- it has registered.
+CREATE TABLE reflexr_followers (
+    name         TEXT PRIMARY KEY,
+    source       TEXT NOT NULL REFERENCES reflexr_workspaces (name),
+    target       TEXT NOT NULL,
+    target_file  TEXT,
+    projection   TEXT NOT NULL,
+    published    INTEGER NOT NULL DEFAULT 0,
+    dead_letters INTEGER NOT NULL DEFAULT 0,
+    stops        INTEGER NOT NULL DEFAULT 0,
+    last_error   TEXT,
+    stopped_at   INTEGER,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
 -- Views for operators, readable from the sqlite3 shell without the library.
 
 CREATE VIEW reflexr_event_log AS

@@ -1,6 +1,6 @@
 //! The [`Engine`] handle and its [`EngineBuilder`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -16,6 +16,7 @@ use crate::cursor::{self, ConsumerKind, CursorInfo, Reset};
 use crate::delivery::{self, ChannelPolicy, Delivery, Message};
 use crate::error::{Error, Result};
 use crate::event::{Appended, Event, NewEvent, Query};
+use crate::follow::{self, Follow, FollowerInfo};
 use crate::lease::{self, DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 use crate::log;
 use crate::notify::Notifier;
@@ -70,6 +71,12 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// When the loop last pruned (engine clock).
     pub last_prune: Mutex<i64>,
+    /// Followers stopped in this engine until restarted.
+    pub stopped_followers: Mutex<HashSet<String>>,
+    /// When each follower that could not take its lease may try again.
+    pub follower_retry: Mutex<HashMap<String, i64>>,
+    /// Engines on the target files of cross-file followers, by path.
+    pub targets: Mutex<HashMap<String, Engine>>,
 }
 
 impl Shared {
@@ -191,6 +198,11 @@ impl EngineBuilder {
     /// [`crate::ManualClock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
+        self
+    }
+
+    pub(crate) fn shared_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -370,6 +382,9 @@ impl EngineBuilder {
             runtime: Mutex::new(None),
             stop: AtomicBool::new(false),
             last_prune: Mutex::new(i64::MIN / 2),
+            stopped_followers: Mutex::new(HashSet::new()),
+            follower_retry: Mutex::new(HashMap::new()),
+            targets: Mutex::new(HashMap::new()),
         };
         let shared = Arc::new(shared);
         Ok(Engine {
@@ -984,6 +999,76 @@ impl Engine {
         mut progress: impl FnMut(Pruned),
     ) -> Result<Pruned> {
         prune::prune(&self.shared, retention, &mut progress)
+    }
+
+    // ----- followers ------------------------------------------------------
+
+    /// Registers a projection under `name`, for followers to use: it gets
+    /// each source envelope and returns the event to publish (it will carry
+    /// the envelope's id), `None` to bridge nothing, or an error (the
+    /// envelope is dead-lettered). `"same"`, which publishes every envelope as
+    /// it is, is registered by every engine.
+    pub fn register_projection<F>(&self, name: &str, projection: F) -> Result<()>
+    where
+        F: Fn(&Event) -> std::result::Result<Option<NewEvent>, HandlerError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        crate::names::check_name("projection", name)?;
+        self.shared
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .projections
+            .insert(name.to_string(), Arc::new(projection));
+        Ok(())
+    }
+
+    /// Creates a follower (or updates its target and projection) in the
+    /// ledger; returns its name. Any engine on this file that has the
+    /// projection registered relays for it, one at a time (its lease): in
+    /// [`Engine::run_until_idle`], and in a thread of its own after
+    /// [`Engine::start`].
+    pub fn follow(&self, follow: Follow) -> Result<String> {
+        self.write(|tx| follow::register(tx, &follow))
+    }
+
+    /// The followers in the ledger, with their cursors and counters
+    /// (published, dead letters, stops).
+    pub fn followed(&self) -> Result<Vec<FollowerInfo>> {
+        let stopped = self
+            .shared
+            .stopped_followers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        self.shared.read(|c| follow::infos(c, &stopped))
+    }
+
+    /// Lets a follower that stopped in this engine start again at its
+    /// cursor (after the configuration that stopped it was mended).
+    pub fn restart_follower(&self, name: &str) -> Result<()> {
+        if self
+            .shared
+            .read(|c| crate::store::followers::get(c, name))?
+            .is_none()
+        {
+            return Err(Error::not_found("follower", name));
+        }
+        self.shared
+            .stopped_followers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        self.shared.notifier.nudge();
+        Ok(())
+    }
+
+    /// Removes a follower from the ledger, with its cursor (its dead letters
+    /// stay), on the record.
+    pub fn unfollow(&self, name: &str, operator: &str, reason: &str) -> Result<()> {
+        self.write(|tx| operate::unfollow(tx.conn(), tx.now_ms(), name, operator, reason))
     }
 
     // ----- maintenance ------------------------------------------------------

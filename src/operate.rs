@@ -472,3 +472,27 @@ pub(crate) fn discard_dead_letter(
         serde_json::json!({ "kind": d.kind, "consumer": d.consumer, "event_seq": d.event_seq }),
     )
 }
+
+pub(crate) fn unfollow(
+    conn: &Connection,
+    now: i64,
+    name: &str,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    let row = crate::store::followers::get(conn, name)?
+        .ok_or_else(|| Error::not_found("follower", name))?;
+    let cursor = cursors::get(conn, &row.source, ConsumerKind::Follower.as_str(), name)?;
+    cursors::delete(conn, &row.source, ConsumerKind::Follower.as_str(), name)?;
+    crate::store::followers::delete(conn, name)?;
+    record(
+        conn,
+        now,
+        operator,
+        "unfollow",
+        &format!("follower {name}"),
+        reason,
+        serde_json::json!({ "source": row.source, "target": row.target, "cursor": cursor }),
+    )
+}

@@ -4,12 +4,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::delivery::ChannelPolicy;
+use crate::follow::ProjectionFn;
 use crate::reaction::Reaction;
 use crate::rule::Rule;
 use crate::run::ActionFn;
 use crate::schedule::Job;
 
-#[derive(Default)]
 pub(crate) struct Registry {
     pub rules: BTreeMap<String, Arc<Rule>>,
     /// Every handler executors run, by action name: rules' actions,
@@ -18,6 +18,25 @@ pub(crate) struct Registry {
     pub reactions: BTreeMap<String, Arc<Reaction>>,
     pub jobs: BTreeMap<String, Arc<Job>>,
     pub channels: BTreeMap<String, ChannelPolicy>,
+    pub projections: BTreeMap<String, Arc<ProjectionFn>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        let mut projections: BTreeMap<String, Arc<ProjectionFn>> = BTreeMap::new();
+        projections.insert(
+            "same".into(),
+            Arc::new(|e: &crate::event::Event| Ok(Some(crate::follow::same_event(e)))),
+        );
+        Registry {
+            rules: BTreeMap::new(),
+            actions: BTreeMap::new(),
+            reactions: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            channels: BTreeMap::new(),
+            projections,
+        }
+    }
 }
 
 impl Registry {

@@ -11,6 +11,8 @@
 //!   it, decides new events; an engine that cannot take the lease tries again
 //!   every heartbeat, so a workspace whose evaluator died is evaluated again
 //!   once its lease lapses;
+//! - the **followers**' thread, which relays for every follower in the ledger
+//!   whose projection this engine registered, each under its own lease;
 //! - `executors` **executor** threads that claim and run due runs (every
 //!   process may execute; each claim is its own lease);
 //! - one **renewer** that extends the claims of runs whose handlers are still
@@ -33,12 +35,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Sender, bounded};
 
+use crate::engine::Engine;
 use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::evaluate::{self, Pass};
 use crate::execute::{self, Executed};
 use crate::lease::{self, Lease};
-use crate::{prune, reaction, schedule};
+use crate::{follow, prune, reaction, schedule};
 
 /// The threads of a started engine.
 pub(crate) struct Runtime {
@@ -71,6 +74,8 @@ pub struct Idle {
     pub reacted: usize,
     /// Scheduled occurrences created (or skipped as missed).
     pub scheduled: usize,
+    /// Source envelopes followers moved past.
+    pub followed: usize,
 }
 
 impl Idle {
@@ -166,6 +171,109 @@ pub(crate) fn evaluate_step(shared: &Shared, workspace: &str) -> Result<Pass> {
     Ok(total)
 }
 
+/// One batch of every follower this engine can relay for: those in the
+/// ledger whose projection it registered and that did not stop here, each
+/// under its lease. A follower that cannot take its lease tries again a
+/// third of the lease's TTL later. Returns how many envelopes the followers
+/// moved past.
+pub(crate) fn follow_step(shared: &Shared) -> Result<usize> {
+    let rows = shared.read(crate::store::followers::list)?;
+    let mut moved = 0;
+    for row in rows {
+        if shared
+            .stopped_followers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&row.name)
+        {
+            continue;
+        }
+        let projection = shared
+            .registry
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .projections
+            .get(&row.projection)
+            .cloned();
+        let Some(projection) = projection else {
+            continue; // another process (with the projection) relays for it
+        };
+        let name = follow::lease_name(&row.name);
+        let now = shared.clock.now_ms();
+        let not_before = shared
+            .follower_retry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&row.name)
+            .copied();
+        if not_before.is_some_and(|t| now < t) {
+            continue;
+        }
+        let Some(lease) = held_lease(shared, &name)? else {
+            shared
+                .follower_retry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(row.name.clone(), now + shared.claim_ttl_ms() / 3);
+            continue;
+        };
+        let target = match &row.target_file {
+            None => None,
+            Some(path) => match target_engine(shared, path) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    stop_follower(shared, &row.name, &e);
+                    let detail = e.to_string();
+                    shared.write(|tx| {
+                        crate::store::followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms())
+                    })?;
+                    continue;
+                }
+            },
+        };
+        match follow::step(shared, &lease, &row, &*projection, target.as_ref()) {
+            Ok(r) => {
+                moved += r.moved;
+                if let Some(e) = r.stopped {
+                    stop_follower(shared, &row.name, &e);
+                }
+            }
+            Err(e) if e.is_lease_lost() => {
+                log::warn!("follower {}: {e}", row.name);
+                forget_lease(shared, &name);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(moved)
+}
+
+fn stop_follower(shared: &Shared, name: &str, e: &Error) {
+    log::error!("follower {name} stopped: {e}; it starts again at its cursor when restarted");
+    shared
+        .stopped_followers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(name.to_string());
+}
+
+/// The engine on a cross-file follower's target, opened once. A missing file
+/// is an error (a typo must not create an empty hub).
+fn target_engine(shared: &Shared, path: &str) -> Result<Engine> {
+    let mut targets = shared.targets.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = targets.get(path) {
+        return Ok(e.clone());
+    }
+    let engine = Engine::builder(path)
+        .shared_clock(Arc::clone(&shared.clock))
+        .synchronous(shared.config.synchronous)
+        .busy_timeout(shared.config.busy_timeout)
+        .create_if_missing(false)
+        .open()?;
+    targets.insert(path.to_string(), engine.clone());
+    Ok(engine)
+}
+
 /// What one turn of the loop did.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct LoopPass {
@@ -242,6 +350,14 @@ pub(crate) fn run_until_idle(shared: &Shared) -> Result<Idle> {
             total.add_pass(p);
         }
         loop {
+            let f = follow_step(shared)?;
+            total.followed += f;
+            if f == 0 {
+                break;
+            }
+            progress = true;
+        }
+        loop {
             let l = loop_step(shared)?;
             total.reacted += l.reacted;
             total.scheduled += l.scheduled;
@@ -301,6 +417,13 @@ pub(crate) fn start(shared: &Arc<Shared>) -> Result<()> {
                     Ok(l.reacted + l.scheduled > 0)
                 })
             }),
+        )?);
+    }
+    {
+        let s = Arc::clone(shared);
+        threads.push(spawn(
+            "reflexr-follow".into(),
+            Box::new(move || worker_loop(&s, |s| Ok(follow_step(s)? > 0))),
         )?);
     }
     for i in 0..shared.config.executors {

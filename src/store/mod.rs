@@ -8,6 +8,7 @@ pub(crate) mod conn;
 pub(crate) mod cursors;
 pub(crate) mod dead_letters;
 pub(crate) mod events;
+pub(crate) mod followers;
 pub(crate) mod leases;
 pub(crate) mod rules;
 pub(crate) mod runs;

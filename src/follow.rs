@@ -1,0 +1,438 @@
+//! Followers: bridging one workspace's log into another with the same ids
+//! (ADR-0015).
+//!
+//! A follower reads one source workspace of this file in seq order and
+//! publishes what its **projection** (an application function, registered by
+//! name) selects into a target workspace — of this file, or of another file
+//! (an edge device's file into a hub's) — with the **same ids**.
+//!
+//! - **The ledger** — a row per follower in `reflexr_followers`; its cursor
+//!   (kind `follower`, on the source), its lease (`follower/<name>`) and its
+//!   dead letters (kind `follower`) in the engine's tables. [`crate::Engine::followed`]
+//!   lists them, and an engine resumes every follower whose projection it has
+//!   registered.
+//! - **Exactly once comes from ids**, not from the lease: a re-read envelope
+//!   is published again with the same id, which the target's log appends once
+//!   (invariant 3). The lease only keeps a second process from doing the same
+//!   work.
+//! - **Lease timing** — the engine's lease TTL (30 s), renewed every third; a
+//!   follower that cannot take its lease tries again every third; it relays
+//!   only while it holds the lease (checked before every batch, and fenced
+//!   with the cursor's save).
+//! - **Cursor** — it moves after the publish, only forward, and is saved
+//!   after every batch of envelopes published or dead-lettered, and after at
+//!   most 500 that bridge nothing. In the same file a batch's publishes and
+//!   its cursor commit in one transaction; across files the publishes commit
+//!   in the target first, then the cursor in the source, so a crash between
+//!   the two re-reads at most one batch ([`PUBLISH_BATCH`] envelopes) and
+//!   publishes nothing twice.
+//! - **Dead letters, once per seq** — when the projection errors or panics,
+//!   returns an invalid event, or returns one of the engine's own types
+//!   (which reflexr refuses to anyone): the envelope is dead-lettered and the
+//!   follower moves on.
+//! - **Stop** on anything else — a refused publish, a storage failure, a type
+//!   the target does not accept (`NotFound`): that is the application's
+//!   configuration, not the envelope's fault, and dead-lettering it would skip
+//!   every later envelope of the type. The stop is logged as an error and
+//!   counted; the follower starts again at its cursor when the engine is
+//!   opened again or an operator restarts it
+//!   ([`crate::Engine::restart_follower`]).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+
+use crate::cursor::ConsumerKind;
+use crate::engine::{Engine, Shared};
+use crate::error::{Error, Result};
+use crate::evaluate::panic_text;
+use crate::event::{Event, NewEvent};
+use crate::lease::{self, Lease};
+use crate::log::{self, Origin};
+use crate::names;
+use crate::rule::HandlerError;
+use crate::store::dead_letters::{self, NewDeadLetter};
+use crate::store::followers::{self, FollowerRow};
+use crate::store::{cursors, events};
+use crate::tx::Tx;
+
+/// A projection: what a follower publishes for one source envelope, or
+/// `None` to bridge nothing. The published event gets the envelope's id
+/// whatever the projection sets.
+pub type ProjectionFn =
+    dyn Fn(&Event) -> std::result::Result<Option<NewEvent>, HandlerError> + Send + Sync;
+
+/// Envelopes a follower publishes per batch (and so, across files, at most
+/// what a crash between publish and cursor save makes it read again).
+pub const PUBLISH_BATCH: usize = 100;
+/// Envelopes that bridge nothing after which the cursor is saved at the
+/// latest (ADR-0015): a restart reads at most this many again.
+pub const SKIP_SAVE_EVERY: usize = 500;
+
+/// The event a follower publishes to copy an envelope as it is: same type,
+/// subject, actor, time, payload, causation and correlation (and, once
+/// published, the same id).
+pub fn same_event(event: &Event) -> NewEvent {
+    let mut e = NewEvent::new(
+        &event.event_type,
+        &event.subject,
+        &event.actor,
+        event.occurred_at,
+    )
+    .payload_json(event.payload_json());
+    e.causation_id.clone_from(&event.causation_id);
+    e.correlation_id.clone_from(&event.correlation_id);
+    e
+}
+
+/// A follower to create, with [`crate::Engine::follow`].
+///
+/// ```
+/// # use reflexr::Follow;
+/// let f = Follow::new("edge-log", "devices")
+///     .name("edge-7-to-hub")
+///     .to_file("/var/lib/hub/hub.db")
+///     .projection("edge-to-hub");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Follow {
+    pub(crate) name: Option<String>,
+    pub(crate) source: String,
+    pub(crate) target: String,
+    pub(crate) target_file: Option<PathBuf>,
+    pub(crate) projection: String,
+}
+
+impl Follow {
+    /// Follow `source` (a workspace of this file) into `target`. By default
+    /// the target is in this file, the projection is `"same"` (every envelope
+    /// as it is, see [`same_event`]; registered by every engine), and the name
+    /// is `<source>-to-<target>`.
+    pub fn new(source: impl Into<String>, target: impl Into<String>) -> Follow {
+        Follow {
+            name: None,
+            source: source.into(),
+            target: target.into(),
+            target_file: None,
+            projection: "same".into(),
+        }
+    }
+
+    /// The follower's name (its ledger row, cursor and lease).
+    pub fn name(mut self, name: impl Into<String>) -> Follow {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Publish into the workspace of another reflexr file.
+    pub fn to_file(mut self, path: impl Into<PathBuf>) -> Follow {
+        self.target_file = Some(path.into());
+        self
+    }
+
+    /// The projection, by the name it was registered under
+    /// ([`crate::Engine::register_projection`]).
+    pub fn projection(mut self, name: impl Into<String>) -> Follow {
+        self.projection = name.into();
+        self
+    }
+
+    pub(crate) fn resolved_name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("{}-to-{}", self.source, self.target))
+    }
+}
+
+/// A follower as the ledger knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FollowerInfo {
+    /// Its name.
+    pub name: String,
+    /// The workspace it reads.
+    pub source: String,
+    /// The workspace it publishes into.
+    pub target: String,
+    /// The target's file (None: this file).
+    pub target_file: Option<String>,
+    /// The projection's name.
+    pub projection: String,
+    /// Its cursor on the source.
+    pub cursor: i64,
+    /// Source events after the cursor.
+    pub lag: i64,
+    /// Envelopes it published (re-publications of an existing id included).
+    pub published: i64,
+    /// Envelopes it dead-lettered.
+    pub dead_letters: i64,
+    /// Times it stopped.
+    pub stops: i64,
+    /// The error of its last stop.
+    pub last_error: Option<String>,
+    /// Stopped in this engine until restarted (or the engine reopened).
+    pub stopped_here: bool,
+}
+
+pub(crate) fn lease_name(follower: &str) -> String {
+    format!("follower/{follower}")
+}
+
+/// Creates (or updates) the follower's ledger row and, for a new one, its
+/// cursor at the start of the source.
+pub(crate) fn register(tx: &mut Tx<'_>, f: &Follow) -> Result<String> {
+    let name = f.resolved_name();
+    names::check_name("follower", &name)?;
+    names::check_name("workspace", &f.source)?;
+    names::check_name("workspace", &f.target)?;
+    names::check_name("projection", &f.projection)?;
+    let conn = tx.conn();
+    let now = tx.now_ms();
+    if !crate::store::workspaces::exists(conn, &f.source)? {
+        return Err(Error::not_found("workspace", &f.source));
+    }
+    if f.target_file.is_none() && f.target == f.source {
+        return Err(Error::invalid(
+            "follower",
+            "a workspace cannot follow itself into the same file",
+        ));
+    }
+    let file = f
+        .target_file
+        .as_ref()
+        .map(|p| p.to_string_lossy().into_owned());
+    followers::upsert(
+        conn,
+        &name,
+        &f.source,
+        &f.target,
+        file.as_deref(),
+        &f.projection,
+        now,
+    )?;
+    let kind = ConsumerKind::Follower.as_str();
+    if cursors::get(conn, &f.source, kind, &name)?.is_none() {
+        cursors::set(conn, &f.source, kind, &name, 0, now)?;
+    }
+    Ok(name)
+}
+
+pub(crate) fn infos(
+    conn: &rusqlite::Connection,
+    stopped: &std::collections::HashSet<String>,
+) -> Result<Vec<FollowerInfo>> {
+    let kind = ConsumerKind::Follower.as_str();
+    followers::list(conn)?
+        .into_iter()
+        .map(|r| {
+            let cursor = cursors::get(conn, &r.source, kind, &r.name)?.unwrap_or(0);
+            Ok(FollowerInfo {
+                lag: events::count_after(conn, &r.source, cursor)?,
+                stopped_here: stopped.contains(&r.name),
+                cursor,
+                name: r.name,
+                source: r.source,
+                target: r.target,
+                target_file: r.target_file,
+                projection: r.projection,
+                published: r.published,
+                dead_letters: r.dead_letters,
+                stops: r.stops,
+                last_error: r.last_error,
+            })
+        })
+        .collect()
+}
+
+/// What one batch did.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Relayed {
+    /// Source envelopes the cursor moved past.
+    pub moved: usize,
+    pub published: usize,
+    pub dead: usize,
+    /// The error that stopped the follower.
+    pub stopped: Option<Error>,
+}
+
+/// What the projection said of one envelope.
+enum Item {
+    Publish(NewEvent),
+    Dead(&'static str, String),
+    Skip,
+}
+
+/// How a publish went.
+enum Published {
+    Ok,
+    /// The envelope's fault: dead-letter it and move on.
+    Dead(&'static str, String),
+    /// Not the envelope's fault: stop.
+    Stop(Error),
+}
+
+fn publish(tx: &mut Tx<'_>, target: &str, event: &NewEvent) -> Published {
+    match log::append(tx.conn(), tx.shared(), target, event, Origin::App) {
+        Ok(a) => {
+            if !a.existing {
+                tx.mark_nudge();
+            }
+            Published::Ok
+        }
+        Err(e @ Error::ReservedType { .. }) => Published::Dead("reserved_type", e.to_string()),
+        Err(e @ (Error::Invalid { .. } | Error::Encode { .. })) => {
+            Published::Dead("invalid_event", e.to_string())
+        }
+        Err(e) => Published::Stop(e),
+    }
+}
+
+/// Relays one batch of `row`'s source under `lease`, into `target` (None:
+/// this file).
+pub(crate) fn step(
+    shared: &Shared,
+    lease: &Lease,
+    row: &FollowerRow,
+    projection: &ProjectionFn,
+    target: Option<&Engine>,
+) -> Result<Relayed> {
+    let kind = ConsumerKind::Follower.as_str();
+    let (stamp, page) = shared.read(|c| {
+        let stamp = cursors::get_stamped(c, &row.source, kind, &row.name)?.unwrap_or((0, 0));
+        Ok((
+            stamp,
+            events::page(c, &row.source, stamp.0, &[], SKIP_SAVE_EVERY)?,
+        ))
+    })?;
+    if page.is_empty() {
+        return Ok(Relayed::default());
+    }
+    // Project, in order, up to a batch of publishes.
+    let mut items: Vec<(&Event, Item)> = Vec::new();
+    let mut publishes = 0;
+    for event in &page {
+        if publishes == PUBLISH_BATCH {
+            break;
+        }
+        let item = match catch_unwind(AssertUnwindSafe(|| projection(event))) {
+            Ok(Ok(None)) => Item::Skip,
+            Ok(Ok(Some(e))) => {
+                publishes += 1;
+                Item::Publish(e.id(event.id.clone()))
+            }
+            Ok(Err(e)) => Item::Dead("projection_error", e.to_string()),
+            Err(p) => Item::Dead("projection_panic", panic_text(&*p)),
+        };
+        items.push((event, item));
+    }
+
+    // Across files, publish first, in the target's own transaction.
+    let mut outcomes: Vec<Option<Published>> = Vec::with_capacity(items.len());
+    if let Some(target_engine) = target {
+        let result = target_engine.write(|ttx| {
+            let mut out = Vec::with_capacity(items.len());
+            for (_, item) in &items {
+                match item {
+                    Item::Publish(e) => {
+                        let p = publish(ttx, &row.target, e);
+                        let stop = matches!(p, Published::Stop(_));
+                        out.push(Some(p));
+                        if stop {
+                            break;
+                        }
+                    }
+                    _ => out.push(None),
+                }
+            }
+            Ok(out)
+        });
+        match result {
+            Ok(out) => outcomes = out,
+            Err(e) => outcomes.push(Some(Published::Stop(e))),
+        }
+    }
+
+    let outcome = shared.write(|tx| -> Result<Relayed> {
+        let now = tx.now_ms();
+        lease::fence(tx.conn(), now, lease)?;
+        if cursors::get_stamped(tx.conn(), &row.source, kind, &row.name)?.unwrap_or((0, 0)) != stamp
+        {
+            return Ok(Relayed::default()); // an operator moved the cursor: read again
+        }
+        let mut r = Relayed::default();
+        let mut last = None;
+        for (i, (event, item)) in items.iter().enumerate() {
+            let dead = match item {
+                Item::Skip => None,
+                Item::Dead(reason, error) => Some((*reason, error.clone())),
+                Item::Publish(e) => {
+                    let result = match target {
+                        None => publish(tx, &row.target, e),
+                        Some(_) => match outcomes.get_mut(i).and_then(Option::take) {
+                            Some(p) => p,
+                            // After a stop the rest were not published.
+                            None => break,
+                        },
+                    };
+                    match result {
+                        Published::Ok => {
+                            r.published += 1;
+                            None
+                        }
+                        Published::Dead(reason, error) => Some((reason, error)),
+                        Published::Stop(e) => {
+                            r.stopped = Some(e);
+                            break;
+                        }
+                    }
+                }
+            };
+            if let Some((reason, error)) = dead {
+                let new = dead_letters::insert(
+                    tx.conn(),
+                    &NewDeadLetter {
+                        kind: "follower",
+                        consumer: &row.name,
+                        workspace: Some(&row.source),
+                        event_seq: Some(event.seq),
+                        event_id: Some(&event.id),
+                        run_id: None,
+                        reason,
+                        error: &error,
+                        attempts: 1,
+                        now,
+                    },
+                )?;
+                r.dead += usize::from(new);
+            }
+            last = Some(event.seq);
+            r.moved += 1;
+        }
+        if let Some(seq) = last
+            && cursors::advance(tx.conn(), &row.source, kind, &row.name, seq, now)?.is_err()
+        {
+            return Err(Error::TransactionAborted {
+                detail: format!("follower {}: its cursor moved backwards under it", row.name),
+            });
+        }
+        followers::count(tx.conn(), &row.name, r.published as i64, r.dead as i64, now)?;
+        if let Some(e) = &r.stopped {
+            followers::stopped(tx.conn(), &row.name, &e.to_string(), now)?;
+        }
+        Ok(r)
+    });
+    match outcome {
+        Ok(r) => Ok(r),
+        // Writing the source failed: the follower stops at its cursor (what
+        // was published in another file is published again, to no effect).
+        Err(e) if !e.is_lease_lost() => {
+            let detail = e.to_string();
+            let _ =
+                shared.write(|tx| followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms()));
+            Ok(Relayed {
+                stopped: Some(e),
+                ..Relayed::default()
+            })
+        }
+        Err(e) => Err(e),
+    }
+}

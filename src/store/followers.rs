@@ -1,0 +1,111 @@
+//! Statements on `reflexr_followers`, the followers' ledger.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::error::Result;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FollowerRow {
+    pub name: String,
+    pub source: String,
+    pub target: String,
+    pub target_file: Option<String>,
+    pub projection: String,
+    pub published: i64,
+    pub dead_letters: i64,
+    pub stops: i64,
+    pub last_error: Option<String>,
+    pub stopped_at: Option<i64>,
+}
+
+const COLUMNS: &str = "name, source, target, target_file, projection, published, dead_letters, \
+                       stops, last_error, stopped_at";
+
+fn from_row(r: &Row<'_>) -> rusqlite::Result<FollowerRow> {
+    Ok(FollowerRow {
+        name: r.get(0)?,
+        source: r.get(1)?,
+        target: r.get(2)?,
+        target_file: r.get(3)?,
+        projection: r.get(4)?,
+        published: r.get(5)?,
+        dead_letters: r.get(6)?,
+        stops: r.get(7)?,
+        last_error: r.get(8)?,
+        stopped_at: r.get(9)?,
+    })
+}
+
+pub(crate) fn get(conn: &Connection, name: &str) -> Result<Option<FollowerRow>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_followers WHERE name = ?1"
+        ))?
+        .query_row([name], from_row)
+        .optional()?)
+}
+
+pub(crate) fn list(conn: &Connection) -> Result<Vec<FollowerRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_followers ORDER BY name"
+    ))?;
+    let rows = stmt
+        .query_map([], from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}
+
+/// Creates the follower's row, or updates its target and projection.
+pub(crate) fn upsert(
+    conn: &Connection,
+    name: &str,
+    source: &str,
+    target: &str,
+    target_file: Option<&str>,
+    projection: &str,
+    now: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO reflexr_followers \
+           (name, source, target, target_file, projection, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) \
+         ON CONFLICT (name) DO UPDATE SET source = excluded.source, target = excluded.target, \
+           target_file = excluded.target_file, projection = excluded.projection, \
+           updated_at = excluded.updated_at",
+    )?
+    .execute(params![name, source, target, target_file, projection, now])?;
+    Ok(())
+}
+
+pub(crate) fn delete(conn: &Connection, name: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("DELETE FROM reflexr_followers WHERE name = ?1")?
+        .execute([name])?
+        == 1)
+}
+
+/// Adds to the counters of a batch.
+pub(crate) fn count(
+    conn: &Connection,
+    name: &str,
+    published: i64,
+    dead_letters: i64,
+    now: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE reflexr_followers SET published = published + ?2, \
+           dead_letters = dead_letters + ?3, updated_at = ?4 WHERE name = ?1",
+    )?
+    .execute(params![name, published, dead_letters, now])?;
+    Ok(())
+}
+
+/// Records a stop.
+pub(crate) fn stopped(conn: &Connection, name: &str, error: &str, now: i64) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE reflexr_followers SET stops = stops + 1, last_error = ?2, stopped_at = ?3, \
+           updated_at = ?3 WHERE name = ?1",
+    )?
+    .execute(params![name, error, now])?;
+    Ok(())
+}
