@@ -235,6 +235,14 @@ CREATE TABLE reflexr_followers (
     updated_at   INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 
+-- Counters of what the engines did to this file, across processes and
+-- restarts: bumped in the transactions that do the work (decisions, firings,
+-- evaluation errors, runs' outcomes, reactions' events).
+CREATE TABLE reflexr_counters (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL DEFAULT 0
+) STRICT, WITHOUT ROWID;
+
 -- Views for operators, readable from the sqlite3 shell without the library.
 
 CREATE VIEW reflexr_event_log AS
@@ -269,8 +277,9 @@ SELECT name,
        generation,
        strftime('%Y-%m-%dT%H:%M:%fZ', renewed_at / 1000.0, 'unixepoch') AS renewed,
        strftime('%Y-%m-%dT%H:%M:%fZ', expires_at / 1000.0, 'unixepoch') AS expires,
-       CASE WHEN expires_at > CAST(unixepoch('now') AS INTEGER) * 1000
-            THEN 'held' ELSE 'lapsed' END AS state
+       CASE WHEN expires_at = 0 THEN 'released'
+            WHEN expires_at > CAST(unixepoch('now') AS INTEGER) * 1000 THEN 'held'
+            ELSE 'lapsed' END AS state
 FROM reflexr_leases;
 
 CREATE VIEW reflexr_runs_by_state AS
@@ -291,6 +300,23 @@ SELECT name, spec, guarantee, missed,
             ELSE strftime('%Y-%m-%dT%H:%M:%fZ', next_due_at / 1000.0, 'unixepoch') END AS next_due,
        strftime('%Y-%m-%dT%H:%M:%fZ', last_due_at / 1000.0, 'unixepoch') AS last_due
 FROM reflexr_schedules;
+
+CREATE VIEW reflexr_dead_letters_by_kind AS
+SELECT kind, reason,
+       sum(resolved_at IS NULL) AS open,
+       count(*) AS total
+FROM reflexr_dead_letters
+GROUP BY kind, reason;
+
+CREATE VIEW reflexr_follower_status AS
+SELECT f.name, f.source, f.target, coalesce(f.target_file, '(this file)') AS target_file,
+       f.projection, c.position AS cursor,
+       (SELECT count(*) FROM reflexr_events e
+         WHERE e.workspace = f.source AND e.seq > c.position) AS lag,
+       f.published, f.dead_letters, f.stops, f.last_error
+FROM reflexr_followers f
+LEFT JOIN reflexr_cursors c
+  ON c.workspace = f.source AND c.kind = 'follower' AND c.name = f.name;
 
 CREATE VIEW reflexr_blocked_lanes AS
 SELECT l.lane, l.head, r.rule, r.scope, r.last_error,

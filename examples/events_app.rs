@@ -14,7 +14,8 @@
 //!   occurrence.
 //!
 //! ```text
-//! cargo run --example events_app
+//! cargo run --example events_app            # a temp-file database
+//! cargo run --example events_app -- app.db  # keep it, to look with the reflexr CLI
 //! ```
 
 use std::collections::HashSet;
@@ -86,7 +87,11 @@ fn session(tx: &Tx<'_>, id: i64) -> reflexr::Result<serde_json::Value> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::init();
     let dir = tempfile::tempdir()?;
-    let engine = Engine::builder(dir.path().join("events.db")).open()?;
+    let path = match std::env::args().nth(1) {
+        Some(p) => std::path::PathBuf::from(p),
+        None => dir.path().join("events.db"),
+    };
+    let engine = Engine::builder(&path).open()?;
     let t0 = Instant::now();
     let log = move |what: String| println!("{:>5} ms  {what}", t0.elapsed().as_millis());
 

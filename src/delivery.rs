@@ -233,7 +233,7 @@ pub(crate) fn enqueue(
     let now = shared.clock.now_ms();
     let action = action_of(&d.channel);
     let cause = d.cause.as_ref();
-    crate::store::runs::insert(
+    let new = crate::store::runs::insert(
         conn,
         &crate::store::runs::NewRun {
             id: &id,
@@ -258,5 +258,6 @@ pub(crate) fn enqueue(
             dead: None,
         },
     )?;
+    crate::store::counters::bump(conn, "deliveries", usize::from(new))?;
     Ok(id)
 }

@@ -28,7 +28,7 @@ use crate::rule::{HandlerError, Rule};
 use crate::run::{Run, RunContext, RunInfo, RunState};
 use crate::runtime::{self, Idle, Runtime};
 use crate::schedule::{self, Job, ScheduleInfo};
-use crate::stats::Counters;
+use crate::stats::Stats;
 use crate::store::audit::{self, AuditEntry};
 use crate::store::conn::{self, Role, Synchronous};
 use crate::store::dead_letters;
@@ -62,7 +62,6 @@ pub(crate) struct Shared {
     pub writer: Writer,
     pub notifier: Arc<Notifier>,
     pub registry: RwLock<Registry>,
-    pub counters: Counters,
     /// Claims on runs whose handlers are working, for the renewer.
     pub claims: Claims,
     /// The evaluator leases this engine holds, by workspace.
@@ -376,7 +375,6 @@ impl EngineBuilder {
             pool,
             notifier,
             registry: RwLock::new(Registry::default()),
-            counters: Counters::default(),
             claims: Claims::default(),
             leases: Mutex::new(HashMap::new()),
             runtime: Mutex::new(None),
@@ -1069,6 +1067,15 @@ impl Engine {
     /// stay), on the record.
     pub fn unfollow(&self, name: &str, operator: &str, reason: &str) -> Result<()> {
         self.write(|tx| operate::unfollow(tx.conn(), tx.now_ms(), name, operator, reason))
+    }
+
+    /// Counters and gauges for export: totals kept in the file (decisions,
+    /// firings, errors, runs' outcomes, reactions, deliveries), runs by
+    /// state, open dead letters by kind, every cursor's lag, followers'
+    /// counters, and this process's writer. See [`Stats`].
+    pub fn stats(&self) -> Result<Stats> {
+        let followers = self.followed()?;
+        crate::stats::collect(&self.shared, &followers)
     }
 
     // ----- maintenance ------------------------------------------------------

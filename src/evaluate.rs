@@ -32,10 +32,9 @@ use crate::event::{Event, NewEvent};
 use crate::lease::{self, Lease};
 use crate::log::{self, Origin};
 use crate::rule::{Decision, Ordering, Rule};
-use crate::stats::Counters;
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::runs::{self, NewRun};
-use crate::store::{cursors, events, rules};
+use crate::store::{counters, cursors, events, rules};
 use crate::tx::Tx;
 
 /// Longest a rule decides before its batch is committed.
@@ -246,16 +245,12 @@ fn try_batch(shared: &Shared, lease: &Lease, rule: &Rule) -> Result<Option<Pass>
 
     let committed = shared.write(|tx| {
         commit(
-            tx, lease, rule, stamp, new_cursor, &page, &changed, &firings, &errors,
+            tx, lease, rule, stamp, new_cursor, decided, &page, &changed, &firings, &errors,
         )
     })?;
     if !committed {
         return Ok(None);
     }
-    let c = &shared.counters;
-    Counters::add(&c.decisions, decided);
-    Counters::add(&c.fired, firings.len());
-    Counters::add(&c.errored, errors.len());
     Ok(Some(Pass {
         events: last + 1,
         decided,
@@ -271,6 +266,7 @@ fn commit(
     rule: &Rule,
     read_stamp: (i64, i64),
     new_cursor: i64,
+    decided: usize,
     page: &[Event],
     changed: &[(String, String, i64)],
     firings: &[Firing],
@@ -407,6 +403,9 @@ fn commit(
     if !firings.is_empty() || !errors.is_empty() {
         tx.mark_nudge();
     }
+    counters::bump(tx.conn(), "decisions", decided)?;
+    counters::bump(tx.conn(), "fired", firings.len())?;
+    counters::bump(tx.conn(), "errored", errors.len())?;
     match cursors::advance(
         tx.conn(),
         &rule.workspace,

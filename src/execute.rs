@@ -16,7 +16,7 @@ use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::evaluate::panic_text;
 use crate::run::{self, Emitted, Run, RunContext};
-use crate::stats::Counters;
+use crate::store::counters;
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::runs::{self, RunRow};
 use crate::tx::Tx;
@@ -77,7 +77,6 @@ pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
     if claimed.is_empty() {
         return Ok(done);
     }
-    Counters::add(&shared.counters.runs_claimed, claimed.len());
     let runs: Vec<Run> = claimed.iter().map(Run::from_row).collect();
     shared.claims.track(&runs);
 
@@ -126,13 +125,12 @@ pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
                 tx.now_ms(),
             )?;
         }
+        counters::bump(tx.conn(), "runs_succeeded", done.succeeded)?;
+        counters::bump(tx.conn(), "runs_retried", done.retried)?;
+        counters::bump(tx.conn(), "runs_dead", done.dead)?;
         Ok(())
     })?;
     shared.claims.untrack(&runs);
-    let c = &shared.counters;
-    Counters::add(&c.runs_succeeded, done.succeeded);
-    Counters::add(&c.runs_retried, done.retried);
-    Counters::add(&c.runs_dead, done.dead);
     Ok(done)
 }
 

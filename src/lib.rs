@@ -84,6 +84,7 @@ pub use rule::{
 pub use run::{ActionFn, Run, RunContext, RunInfo, RunState};
 pub use runtime::Idle;
 pub use schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
+pub use stats::{CursorStat, FollowerStat, Stats, WriterStat};
 pub use store::audit::AuditEntry;
 pub use store::conn::Synchronous;
 pub use store::schema::SCHEMA_VERSION;

@@ -30,7 +30,7 @@ use crate::lease::{self, Lease};
 use crate::names;
 use crate::rule::{HandlerError, Start};
 use crate::store::dead_letters::{self, NewDeadLetter};
-use crate::store::{cursors, events};
+use crate::store::{counters, cursors, events};
 use crate::tx::Tx;
 
 /// A reaction's handler: one event, in the transaction that moves the
@@ -198,6 +198,7 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize
         }
         let started = Instant::now();
         let mut last = None;
+        let (mut handled, mut failed) = (0, 0);
         for event in &page {
             if last.is_some() && started.elapsed() >= BUDGET {
                 break;
@@ -206,7 +207,7 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize
             if !r.types.contains(&event.event_type) {
                 continue;
             }
-            let handled = tx.nested(|tx: &mut Tx<'_>| -> std::result::Result<(), Failure> {
+            let handled_event = tx.nested(|tx: &mut Tx<'_>| -> std::result::Result<(), Failure> {
                 match catch_unwind(AssertUnwindSafe(|| handler(event, tx))) {
                     Ok(Ok(())) => Ok(()),
                     Ok(Err(e)) => Err(Failure {
@@ -219,7 +220,9 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize
                     }),
                 }
             });
-            if let Err(f) = handled {
+            handled += 1;
+            if let Err(f) = handled_event {
+                failed += 1;
                 dead_letters::insert(
                     tx.conn(),
                     &NewDeadLetter {
@@ -238,6 +241,8 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize
             }
         }
         let last = last.expect("the page is not empty");
+        counters::bump(tx.conn(), "reacted", handled)?;
+        counters::bump(tx.conn(), "reaction_errors", failed)?;
         if cursors::advance(tx.conn(), &r.workspace, kind, &r.name, last, now)?.is_err() {
             return Err(Error::TransactionAborted {
                 detail: format!("reaction {}: its cursor moved backwards under it", r.name),

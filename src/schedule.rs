@@ -384,7 +384,7 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, job: &Job) -> Result<bool> {
             let input = serde_json::json!({ "job": job.name, "due_at": due, "missed": count - 1 })
                 .to_string();
             let action = action_of(&job.name);
-            runs::insert(
+            let new = runs::insert(
                 tx.conn(),
                 &NewRun {
                     id: &id,
@@ -409,6 +409,7 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, job: &Job) -> Result<bool> {
                     dead: None,
                 },
             )?;
+            crate::store::counters::bump(tx.conn(), "occurrences", usize::from(new))?;
             tx.mark_nudge();
         }
         Ok(true)

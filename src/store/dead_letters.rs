@@ -123,3 +123,15 @@ pub(crate) fn delete_resolved(conn: &Connection, before: i64, limit: usize) -> R
         ))?
         .execute([before])?)
 }
+
+/// Dead letters not yet resolved, by kind.
+pub(crate) fn open_counts(conn: &Connection) -> Result<Vec<(String, i64)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT kind, count(*) FROM reflexr_dead_letters INDEXED BY reflexr_dead_letters_open \
+         WHERE resolved_at IS NULL GROUP BY kind ORDER BY kind",
+    )?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}

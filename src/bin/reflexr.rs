@@ -1,0 +1,676 @@
+//! `reflexr`: the operator's tool over a reflexr file.
+//!
+//! Read commands (`status`, `events`, `tail`, `runs`, `dead-letters`,
+//! `stats`) read through WAL snapshots and never block the application's
+//! writer. Write commands (`retry`, `discard`, `unblock`, `reset-cursor`,
+//! `prune`) go through the library's own checked, recorded operations, so
+//! they hold to the same claims and leases as the application.
+//!
+//! Tables by default; `--json` for scripts (`tail --json` prints one JSON
+//! object per line). Exit status: 0 on success, 1 when the operation failed or
+//! was refused, 2 for a usage error. The file must exist: the tool never
+//! creates one.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use comfy_table::{Table, presets};
+use reflexr::{ConsumerKind, Engine, Event, Query, Retention, RunState};
+use serde_json::json;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "reflexr",
+    version,
+    about = "Inspect and operate a reflexr file (its log, cursors, leases, runs, dead letters)"
+)]
+struct Cli {
+    /// The reflexr database file (it must exist).
+    db: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Who {
+    /// Who is acting, for the audit record (default: $USER).
+    #[arg(long)]
+    operator: Option<String>,
+    /// Why, for the audit record.
+    #[arg(long, default_value = "via the reflexr CLI")]
+    reason: String,
+}
+
+impl Who {
+    fn operator(&self) -> String {
+        self.operator
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "reflexr-cli".into())
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Workspaces, consumers with cursor and lag, leases, runs by state,
+    /// dead letters by kind.
+    Status,
+    /// A workspace's events after a seq.
+    Events {
+        /// The workspace.
+        #[arg(short, long)]
+        workspace: String,
+        /// Only events after this seq.
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        /// Only events of these types.
+        #[arg(short = 't', long = "type")]
+        types: Vec<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Follows new events of a workspace as they are committed (by any
+    /// process). Ctrl-C to stop.
+    Tail {
+        /// The workspace.
+        #[arg(short, long)]
+        workspace: String,
+        /// Only events of these types.
+        #[arg(short = 't', long = "type")]
+        types: Vec<String>,
+        /// Start from the beginning of the log instead of its head.
+        #[arg(long)]
+        from_start: bool,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+    /// Runs of the work queue, oldest first.
+    Runs {
+        /// Only runs in this state (waiting, ready, running, succeeded, dead, discarded).
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Dead letters not yet resolved (all with --all), oldest first.
+    DeadLetters {
+        /// Resolved ones too.
+        #[arg(long)]
+        all: bool,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Retries a dead run (or what a dead letter gave up on), recorded.
+    Retry {
+        /// The run id.
+        #[arg(required_unless_present = "dead_letter")]
+        run: Option<String>,
+        /// A dead letter's id instead.
+        #[arg(long, conflicts_with = "run")]
+        dead_letter: Option<i64>,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Discards a dead run (or resolves a dead letter without retrying), recorded.
+    Discard {
+        /// The run id.
+        #[arg(required_unless_present = "dead_letter")]
+        run: Option<String>,
+        /// A dead letter's id instead.
+        #[arg(long, conflicts_with = "run")]
+        dead_letter: Option<i64>,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Lets a rule's scope blocked behind a dead run go on, recorded.
+    Unblock {
+        /// The rule.
+        rule: String,
+        /// The scope.
+        scope: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Moves a consumer's cursor (backwards too), recorded. Asks first.
+    ResetCursor {
+        /// The workspace the cursor reads.
+        #[arg(short, long)]
+        workspace: String,
+        /// The consumer's kind: app, rule, reaction, follower.
+        #[arg(long, default_value = "app")]
+        kind: String,
+        /// The consumer.
+        #[arg(long)]
+        name: String,
+        /// The seq to move it to.
+        #[arg(long)]
+        to: i64,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Deletes events every cursor passed and finished work, older than given.
+    Prune {
+        /// Events recorded longer ago than this (e.g. 30d, 12h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        events_older_than: Option<Duration>,
+        /// Finished runs and resolved dead letters older than this.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        work_older_than: Option<Duration>,
+        /// Rows per transaction.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+    },
+    /// Counters and gauges (the same as Engine::stats).
+    Stats,
+}
+
+fn main() -> ExitCode {
+    env_logger::init();
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Fallible<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+fn run(cli: &Cli) -> Fallible {
+    let engine = Engine::builder(&cli.db)
+        .create_if_missing(false)
+        .holder_id(format!("reflexr-cli-{}", std::process::id()))
+        .open()?;
+    match &cli.command {
+        Command::Status => status(&engine, cli.json),
+        Command::Events {
+            workspace,
+            after,
+            types,
+            limit,
+        } => {
+            let q = Query::new(workspace)
+                .after(*after)
+                .types(types)
+                .limit(*limit);
+            print_events(&engine.read(&q)?, cli.json);
+            Ok(())
+        }
+        Command::Tail {
+            workspace,
+            types,
+            from_start,
+            count,
+        } => tail(&engine, workspace, types, *from_start, *count, cli.json),
+        Command::Runs { state, limit } => {
+            let state = state.as_deref().map(RunState::parse).transpose()?;
+            runs(&engine, state, *limit, cli.json)
+        }
+        Command::DeadLetters { all, limit } => dead_letters(&engine, *all, *limit, cli.json),
+        Command::Retry {
+            run,
+            dead_letter,
+            who,
+        } => {
+            match (run, dead_letter) {
+                (Some(run), _) => engine.retry_run(run, &who.operator(), &who.reason)?,
+                (None, Some(id)) => engine.retry_dead_letter(*id, &who.operator(), &who.reason)?,
+                (None, None) => unreachable!("clap requires one"),
+            }
+            done(cli.json, "retried")
+        }
+        Command::Discard {
+            run,
+            dead_letter,
+            who,
+        } => {
+            match (run, dead_letter) {
+                (Some(run), _) => engine.discard_run(run, &who.operator(), &who.reason)?,
+                (None, Some(id)) => {
+                    engine.discard_dead_letter(*id, &who.operator(), &who.reason)?
+                }
+                (None, None) => unreachable!("clap requires one"),
+            }
+            done(cli.json, "discarded")
+        }
+        Command::Unblock { rule, scope, who } => {
+            engine.unblock(rule, scope, &who.operator(), &who.reason)?;
+            done(cli.json, "unblocked")
+        }
+        Command::ResetCursor {
+            workspace,
+            kind,
+            name,
+            to,
+            yes,
+            who,
+        } => reset_cursor(&engine, workspace, kind, name, *to, *yes, who, cli.json),
+        Command::Prune {
+            events_older_than,
+            work_older_than,
+            batch,
+        } => prune(
+            &engine,
+            *events_older_than,
+            *work_older_than,
+            *batch,
+            cli.json,
+        ),
+        Command::Stats => {
+            let stats = engine.stats()?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                let mut t = table(&["counter", "value"]);
+                t.add_row(vec![
+                    "events_appended".to_string(),
+                    stats.events_appended.to_string(),
+                ]);
+                for (k, v) in &stats.counters {
+                    t.add_row(vec![k.clone(), v.to_string()]);
+                }
+                for (k, v) in &stats.runs {
+                    t.add_row(vec![format!("runs {k}"), v.to_string()]);
+                }
+                for (k, v) in &stats.dead_letters {
+                    t.add_row(vec![format!("dead letters open ({k})"), v.to_string()]);
+                }
+                for f in &stats.followers {
+                    t.add_row(vec![
+                        format!("follower {} stops", f.name),
+                        f.stops.to_string(),
+                    ]);
+                    t.add_row(vec![
+                        format!("follower {} dead letters", f.name),
+                        f.dead_letters.to_string(),
+                    ]);
+                }
+                for c in &stats.cursors {
+                    t.add_row(vec![
+                        format!("lag {}/{}@{}", c.kind, c.name, c.workspace),
+                        c.lag.to_string(),
+                    ]);
+                }
+                println!("{t}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    t.set_header(header.to_vec());
+    t
+}
+
+fn time(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
+fn opt_time(ms: Option<i64>) -> String {
+    ms.map(time).unwrap_or_default()
+}
+
+fn done(json: bool, what: &str) -> Fallible {
+    if json {
+        println!("{}", json!({ "ok": true, "action": what }));
+    } else {
+        println!("{what}");
+    }
+    Ok(())
+}
+
+fn event_json(e: &Event) -> serde_json::Value {
+    json!({
+        "seq": e.seq,
+        "id": e.id,
+        "workspace": e.workspace,
+        "type": e.event_type,
+        "subject": e.subject,
+        "actor": e.actor,
+        "occurred_at": e.occurred_at,
+        "recorded_at": e.recorded_at,
+        "causation_id": e.causation_id,
+        "correlation_id": e.correlation_id,
+        "depth": e.depth,
+        "payload": e.payload_value().unwrap_or(serde_json::Value::Null),
+    })
+}
+
+fn print_events(events: &[Event], json: bool) {
+    if json {
+        let all: Vec<_> = events.iter().map(event_json).collect();
+        println!("{}", serde_json::Value::Array(all));
+        return;
+    }
+    let mut t = table(&["seq", "type", "subject", "actor", "recorded", "payload"]);
+    for e in events {
+        t.add_row(vec![
+            e.seq.to_string(),
+            e.event_type.clone(),
+            e.subject.clone(),
+            e.actor.clone(),
+            time(e.recorded_at),
+            e.payload_json().to_string(),
+        ]);
+    }
+    println!("{t}");
+}
+
+fn tail(
+    engine: &Engine,
+    workspace: &str,
+    types: &[String],
+    from_start: bool,
+    count: Option<usize>,
+    json: bool,
+) -> Fallible {
+    let mut after = if from_start { 0 } else { engine.head_seq()? };
+    let mut printed = 0;
+    let mut out = std::io::stdout().lock();
+    loop {
+        if count.is_some_and(|c| printed >= c) {
+            return Ok(());
+        }
+        let q = Query::new(workspace).after(after).types(types);
+        for e in engine.wait_for_events(&q, Duration::from_secs(1))? {
+            after = e.seq;
+            if json {
+                writeln!(out, "{}", event_json(&e))?;
+            } else {
+                writeln!(
+                    out,
+                    "{:>8}  {}  {:<24} {:<24} {}",
+                    e.seq,
+                    time(e.recorded_at),
+                    e.event_type,
+                    e.subject,
+                    e.payload_json()
+                )?;
+            }
+            out.flush()?;
+            printed += 1;
+            if count.is_some_and(|c| printed >= c) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn status(engine: &Engine, json: bool) -> Fallible {
+    let workspaces = engine.workspaces()?;
+    let cursors = engine.cursors()?;
+    let leases = engine.leases()?;
+    let runs = engine.run_counts()?;
+    let stats = engine.stats()?;
+    let now = engine.now_ms();
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "workspaces": workspaces.iter().map(|w| json!({
+                    "name": w.name, "event_types": w.event_types, "created_at": w.created_at,
+                })).collect::<Vec<_>>(),
+                "consumers": cursors.iter().map(|c| json!({
+                    "workspace": c.workspace, "kind": c.kind.as_str(), "name": c.name,
+                    "position": c.position, "lag": c.lag, "updated_at": c.updated_at,
+                })).collect::<Vec<_>>(),
+                "leases": leases.iter().map(|l| json!({
+                    "name": l.name, "holder": l.holder, "generation": l.generation,
+                    "expires_at": l.expires_at, "state": lease_state(l.expires_at, now),
+                })).collect::<Vec<_>>(),
+                "runs": runs.iter().map(|(s, n)| (s.as_str().to_string(), json!(n)))
+                    .collect::<serde_json::Map<_, _>>(),
+                "dead_letters": stats.dead_letters,
+            }))?
+        );
+        return Ok(());
+    }
+    println!("workspaces");
+    let mut t = table(&["name", "types"]);
+    for w in &workspaces {
+        t.add_row(vec![w.name.clone(), w.event_types.join(", ")]);
+    }
+    println!("{t}\n");
+    println!("consumers");
+    let mut t = table(&["workspace", "kind", "name", "cursor", "lag", "updated"]);
+    for c in &cursors {
+        t.add_row(vec![
+            c.workspace.clone(),
+            c.kind.as_str().to_string(),
+            c.name.clone(),
+            c.position.to_string(),
+            c.lag.to_string(),
+            time(c.updated_at),
+        ]);
+    }
+    println!("{t}\n");
+    println!("leases");
+    let mut t = table(&["name", "holder", "generation", "expires", "state"]);
+    for l in &leases {
+        t.add_row(vec![
+            l.name.clone(),
+            l.holder.clone(),
+            l.generation.to_string(),
+            if l.expires_at == 0 {
+                "-".into()
+            } else {
+                time(l.expires_at)
+            },
+            lease_state(l.expires_at, now).to_string(),
+        ]);
+    }
+    println!("{t}\n");
+    println!("runs");
+    let mut t = table(&["state", "runs"]);
+    for (s, n) in &runs {
+        t.add_row(vec![s.as_str().to_string(), n.to_string()]);
+    }
+    println!("{t}\n");
+    println!("dead letters (open)");
+    let mut t = table(&["kind", "open"]);
+    for (k, n) in &stats.dead_letters {
+        t.add_row(vec![k.clone(), n.to_string()]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+/// A lease is held until it expires; a released one expires at 0.
+fn lease_state(expires_at: i64, now: i64) -> &'static str {
+    match expires_at {
+        0 => "released",
+        t if t > now => "held",
+        _ => "lapsed",
+    }
+}
+
+fn runs(engine: &Engine, state: Option<RunState>, limit: usize, json: bool) -> Fallible {
+    let runs = engine.runs(state, limit)?;
+    if json {
+        let all: Vec<_> = runs
+            .iter()
+            .map(|r| {
+                json!({
+                    "id": r.id, "kind": r.kind, "action": r.action, "rule": r.rule,
+                    "workspace": r.workspace, "scope": r.scope, "state": r.state.as_str(),
+                    "attempt": r.attempt, "max_attempts": r.max_attempts, "due_at": r.due_at,
+                    "claimed_by": r.claimed_by, "last_error": r.last_error,
+                    "event_seq": r.event_seq, "created_at": r.created_at,
+                    "finished_at": r.finished_at,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(all));
+        return Ok(());
+    }
+    let mut t = table(&[
+        "id",
+        "action",
+        "scope",
+        "state",
+        "attempt",
+        "due",
+        "last error",
+    ]);
+    for r in &runs {
+        t.add_row(vec![
+            r.id.clone(),
+            r.action.clone(),
+            r.scope.clone().unwrap_or_default(),
+            r.state.as_str().to_string(),
+            format!("{}/{}", r.attempt, r.max_attempts),
+            time(r.due_at),
+            r.last_error.clone().unwrap_or_default(),
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+fn dead_letters(engine: &Engine, all: bool, limit: usize, json: bool) -> Fallible {
+    let letters = engine.dead_letters(all, limit)?;
+    if json {
+        let all: Vec<_> = letters
+            .iter()
+            .map(|d| {
+                json!({
+                    "id": d.id, "kind": d.kind, "consumer": d.consumer, "workspace": d.workspace,
+                    "event_seq": d.event_seq, "event_id": d.event_id, "run_id": d.run_id,
+                    "reason": d.reason, "error": d.error, "attempts": d.attempts,
+                    "created_at": d.created_at, "resolved_at": d.resolved_at,
+                    "resolution": d.resolution,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(all));
+        return Ok(());
+    }
+    let mut t = table(&[
+        "id", "kind", "consumer", "seq", "run", "reason", "error", "when", "resolved",
+    ]);
+    for d in &letters {
+        t.add_row(vec![
+            d.id.to_string(),
+            d.kind.clone(),
+            d.consumer.clone(),
+            d.event_seq.map(|s| s.to_string()).unwrap_or_default(),
+            d.run_id.clone().unwrap_or_default(),
+            d.reason.clone(),
+            d.error.clone(),
+            time(d.created_at),
+            d.resolution
+                .clone()
+                .unwrap_or_else(|| opt_time(d.resolved_at)),
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reset_cursor(
+    engine: &Engine,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+    to: i64,
+    yes: bool,
+    who: &Who,
+    json: bool,
+) -> Fallible {
+    let kind = ConsumerKind::parse(kind)?;
+    let current = engine
+        .cursors()?
+        .into_iter()
+        .find(|c| c.workspace == workspace && c.kind == kind && c.name == name)
+        .map(|c| c.position);
+    if !yes {
+        eprint!(
+            "Move the {} cursor {name:?} on {workspace:?} from {} to {to}? [y/N] ",
+            kind.as_str(),
+            current.map_or("(none)".to_string(), |p| p.to_string())
+        );
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            return Err("not confirmed; nothing changed (pass --yes to skip the question)".into());
+        }
+    }
+    let reset = engine.reset_cursor(workspace, kind, name, to, &who.operator(), &who.reason)?;
+    if json {
+        println!(
+            "{}",
+            json!({ "ok": true, "from": reset.from, "to": reset.to })
+        );
+    } else {
+        println!(
+            "cursor moved from {} to {}",
+            reset.from.map_or("(none)".to_string(), |p| p.to_string()),
+            reset.to
+        );
+    }
+    Ok(())
+}
+
+fn prune(
+    engine: &Engine,
+    events: Option<Duration>,
+    work: Option<Duration>,
+    batch: usize,
+    json: bool,
+) -> Fallible {
+    if events.is_none() && work.is_none() {
+        return Err("say what to prune: --events-older-than and/or --work-older-than".into());
+    }
+    let retention = Retention {
+        events,
+        finished_work: work,
+        batch,
+    };
+    let bar = if std::io::stderr().is_terminal() && !json {
+        indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let pruned = engine.prune_with_progress(&retention, |p| {
+        bar.set_message(format!(
+            "deleted {} events, {} runs, {} dead letters",
+            p.events, p.runs, p.dead_letters
+        ));
+    })?;
+    bar.finish_and_clear();
+    if json {
+        println!(
+            "{}",
+            json!({ "events": pruned.events, "runs": pruned.runs, "dead_letters": pruned.dead_letters })
+        );
+    } else {
+        println!(
+            "pruned {} events, {} finished runs, {} resolved dead letters",
+            pruned.events, pruned.runs, pruned.dead_letters
+        );
+    }
+    Ok(())
+}

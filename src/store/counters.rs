@@ -1,0 +1,28 @@
+//! Statements on `reflexr_counters`.
+
+use rusqlite::{Connection, params};
+
+use crate::error::Result;
+
+/// Adds `by` to the counter `name` (created at 0), in the caller's
+/// transaction. Does nothing for 0.
+pub(crate) fn bump(conn: &Connection, name: &str, by: usize) -> Result<()> {
+    if by == 0 {
+        return Ok(());
+    }
+    conn.prepare_cached(
+        "INSERT INTO reflexr_counters (name, value) VALUES (?1, ?2) \
+         ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+    )?
+    .execute(params![name, by as i64])?;
+    Ok(())
+}
+
+/// Every counter, by name.
+pub(crate) fn all(conn: &Connection) -> Result<Vec<(String, i64)>> {
+    let mut stmt = conn.prepare_cached("SELECT name, value FROM reflexr_counters ORDER BY name")?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}

@@ -1,0 +1,426 @@
+//! The `reflexr` binary, run against temp files prepared with the library:
+//! each command, its `--json` form, and its errors and exit codes.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use common::temp_db;
+use reflexr::{Decision, Engine, NewEvent, OnDeadLetter, RetryPolicy, Rule, RunState, Scope};
+use serde_json::Value;
+
+fn cli(db: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(db)
+        .args(args)
+        .output()
+        .expect("run reflexr")
+}
+
+fn cli_with_input(db: &Path, args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(db)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// A shop: orders over 100 fire a charge run per customer scope; the charge
+/// fails for customer "bad", which blocks that scope.
+fn prepare(path: &Path) -> Engine {
+    prepare_with(Engine::open(path).unwrap())
+}
+
+fn prepare_with(e: Engine) -> Engine {
+    e.ensure_workspace("shop", &["order.placed", "order.cancelled"])
+        .unwrap();
+    e.register_rule(
+        Rule::new("big-order", "shop")
+            .on(["order.placed"])
+            .scope(Scope::payload("customer"))
+            .action("charge")
+            .retry(RetryPolicy::never())
+            .on_dead_letter(OnDeadLetter::Block)
+            .decide(|ev| {
+                let p: Value = ev.payload()?;
+                Ok(if p["amount"].as_i64().unwrap_or(0) > 100 {
+                    Decision::Fire(p)
+                } else {
+                    Decision::Skip
+                })
+            }),
+    )
+    .unwrap();
+    e.register_action("charge", |run, _| {
+        let p: Value = run.input()?;
+        if p["customer"] == "bad" {
+            Err("card declined".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    for (customer, amount) in [("ada", 150), ("bad", 500), ("bad", 300), ("grace", 20)] {
+        e.append(
+            "shop",
+            &NewEvent::new("order.placed", format!("customer/{customer}"), customer, 0)
+                .payload(&serde_json::json!({ "customer": customer, "amount": amount })),
+        )
+        .unwrap();
+    }
+    e.save_cursor("mailer", "shop", 2).unwrap();
+    e.run_until_idle().unwrap();
+    e
+}
+
+#[test]
+fn a_missing_file_is_an_error_and_nothing_is_created() {
+    let (_dir, path) = temp_db();
+    let out = cli(&path, &["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+    assert!(!path.exists());
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let (_dir, path) = temp_db();
+    prepare(&path);
+    for args in [&["frobnicate"][..], &["events"], &["runs", "--limit", "x"]] {
+        let out = cli(&path, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn status_shows_workspaces_consumers_leases_runs_and_dead_letters() {
+    let (_dir, path) = temp_db();
+    prepare(&path);
+    let out = cli(&path, &["status"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for want in [
+        "workspaces",
+        "shop",
+        "consumers",
+        "mailer",
+        "big-order",
+        "leases",
+        "evaluator/shop",
+        "runs",
+        "dead",
+        "succeeded",
+        "dead letters (open)",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    let v = json(&cli(&path, &["status", "--json"]));
+    assert_eq!(v["workspaces"][0]["name"], "shop");
+    let mailer = v["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "mailer")
+        .unwrap();
+    // 4 orders and 3 RuleFired in the log; the mailer saw 2.
+    assert_eq!(
+        (mailer["position"].as_i64(), mailer["lag"].as_i64()),
+        (Some(2), Some(5))
+    );
+    assert_eq!(v["runs"]["dead"], 1);
+    assert_eq!(v["runs"]["waiting"], 1, "the blocked scope's second run");
+    assert_eq!(v["dead_letters"]["run"], 1);
+    assert_eq!(v["leases"][0]["name"], "evaluator/shop");
+}
+
+#[test]
+fn events_lists_a_workspace_after_a_seq_by_type() {
+    let (_dir, path) = temp_db();
+    prepare(&path);
+    let v = json(&cli(
+        &path,
+        &[
+            "events",
+            "-w",
+            "shop",
+            "--after",
+            "1",
+            "-t",
+            "order.placed",
+            "--json",
+        ],
+    ));
+    let seqs: Vec<i64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, [2, 3, 4]);
+    assert_eq!(v[0]["payload"]["customer"], "bad");
+    let text = stdout(&cli(&path, &["events", "-w", "shop", "--limit", "1"]));
+    assert!(
+        text.contains("order.placed") && text.contains("customer/ada"),
+        "{text}"
+    );
+    let out = cli(&path, &["events", "-w", "nope nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("invalid workspace"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn tail_follows_events_committed_after_it_started() {
+    let (_dir, path) = temp_db();
+    let e = prepare(&path);
+    let existing = e.read(&reflexr::Query::new("shop")).unwrap().len();
+    // It must wait for one more event than there is.
+    let count = (existing + 1).to_string();
+    let child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(&path)
+        .args([
+            "tail",
+            "-w",
+            "shop",
+            "--from-start",
+            "--count",
+            &count,
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    e.append(
+        "shop",
+        &NewEvent::new("order.cancelled", "customer/ada", "ada", 0),
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), existing + 1);
+    assert_eq!(lines.last().unwrap()["type"], "order.cancelled");
+}
+
+#[test]
+fn runs_and_dead_letters_list_by_state_and_retry_and_discard_are_recorded() {
+    let (_dir, path) = temp_db();
+    let e = prepare(&path);
+    let dead = json(&cli(&path, &["runs", "--state", "dead", "--json"]));
+    assert_eq!(dead.as_array().unwrap().len(), 1);
+    let run_id = dead[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(dead[0]["last_error"], "card declined");
+    let text = stdout(&cli(&path, &["runs"]));
+    assert!(
+        text.contains("charge") && text.contains("card declined"),
+        "{text}"
+    );
+
+    let letters = json(&cli(&path, &["dead-letters", "--json"]));
+    assert_eq!(letters[0]["reason"], "attempts_exhausted");
+    assert_eq!(letters[0]["run_id"], run_id.as_str());
+    assert!(stdout(&cli(&path, &["dead-letters"])).contains("card declined"));
+
+    // Only a dead run can be retried: a succeeded one is refused, exit 1.
+    let ok = e.runs(Some(RunState::Succeeded), 1).unwrap()[0].id.clone();
+    let out = cli(&path, &["retry", &ok]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not dead"), "{}", stderr(&out));
+
+    let out = cli(
+        &path,
+        &[
+            "retry",
+            &run_id,
+            "--operator",
+            "ops",
+            "--reason",
+            "card updated",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(e.run(&run_id).unwrap().unwrap().state, RunState::Ready);
+    let audit = &e.audit_log(1).unwrap()[0];
+    assert_eq!(
+        (
+            audit.action.as_str(),
+            audit.operator.as_str(),
+            audit.reason.as_str()
+        ),
+        ("retry_run", "ops", "card updated")
+    );
+    // It fails again; discard it through its dead letter this time.
+    e.run_until_idle().unwrap();
+    let letter = json(&cli(&path, &["dead-letters", "--json"]))[0]["id"]
+        .as_i64()
+        .unwrap();
+    let v = json(&cli(
+        &path,
+        &["discard", "--dead-letter", &letter.to_string(), "--json"],
+    ));
+    assert_eq!(v["ok"], true);
+    assert_eq!(e.run(&run_id).unwrap().unwrap().state, RunState::Discarded);
+    assert!(
+        json(&cli(&path, &["dead-letters", "--json"]))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        json(&cli(&path, &["dead-letters", "--all", "--json"]))
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let out = cli(&path, &["retry", "no-such-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not found"));
+}
+
+#[test]
+fn unblock_lets_a_blocked_scope_go_on() {
+    let (_dir, path) = temp_db();
+    let e = prepare(&path);
+    assert_eq!(e.runs(Some(RunState::Waiting), 10).unwrap().len(), 1);
+    let out = cli(&path, &["unblock", "big-order", "bad", "--reason", "skip"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 1);
+    let out = cli(&path, &["unblock", "big-order", "bad"]);
+    assert_eq!(out.status.code(), Some(1), "not blocked any more");
+}
+
+#[test]
+fn reset_cursor_asks_first_unless_told_yes() {
+    let (_dir, path) = temp_db();
+    let e = prepare(&path);
+    let args = [
+        "reset-cursor",
+        "-w",
+        "shop",
+        "--name",
+        "mailer",
+        "--to",
+        "0",
+    ];
+    let out = cli_with_input(&path, &args, "n\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("from 2 to 0?"), "{}", stderr(&out));
+    assert_eq!(e.cursor("mailer", "shop").unwrap(), 2, "unchanged");
+
+    let out = cli_with_input(&path, &args, "y\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(e.cursor("mailer", "shop").unwrap(), 0);
+
+    let mut yes = args.to_vec();
+    yes[6] = "1";
+    yes.extend(["--yes", "--json"]);
+    let v = json(&cli(&path, &yes));
+    assert_eq!((v["from"].as_i64(), v["to"].as_i64()), (Some(0), Some(1)));
+    let resets = e
+        .audit_log(10)
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "reset_cursor")
+        .count();
+    assert_eq!(resets, 2);
+    let out = cli(
+        &path,
+        &[
+            "reset-cursor",
+            "-w",
+            "shop",
+            "--kind",
+            "nope",
+            "--name",
+            "x",
+            "--to",
+            "0",
+            "--yes",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn prune_reports_what_it_removed_and_refuses_to_guess() {
+    let (_dir, path) = temp_db();
+    let e = prepare(&path);
+    e.save_cursor("mailer", "shop", 4).unwrap();
+    let out = cli(&path, &["prune"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("say what to prune"));
+    // Nothing is old enough yet.
+    let v = json(&cli(
+        &path,
+        &["prune", "--events-older-than", "1h", "--json"],
+    ));
+    assert_eq!(v["events"], 0);
+    std::thread::sleep(std::time::Duration::from_millis(5)); // the CLI runs on the wall clock
+    let v = json(&cli(
+        &path,
+        &[
+            "prune",
+            "--events-older-than",
+            "1ms",
+            "--work-older-than",
+            "1ms",
+            "--json",
+        ],
+    ));
+    assert!(v["events"].as_u64().unwrap() >= 4, "{v}");
+    assert!(v["runs"].as_u64().unwrap() >= 1, "{v}");
+    let text = stdout(&cli(&path, &["prune", "--events-older-than", "1ms"]));
+    assert!(text.starts_with("pruned 0 events"), "{text}");
+}
+
+#[test]
+fn stats_reports_counters_and_gauges() {
+    let (_dir, path) = temp_db();
+    prepare(&path);
+    let v = json(&cli(&path, &["stats", "--json"]));
+    assert!(v["events_appended"].as_i64().unwrap() >= 4);
+    assert_eq!(v["counters"]["decisions"], 4);
+    assert_eq!(v["counters"]["fired"], 3);
+    assert_eq!(v["counters"]["runs_succeeded"], 1);
+    assert_eq!(v["counters"]["runs_dead"], 1);
+    assert_eq!(v["runs"]["dead"], 1);
+    assert_eq!(v["dead_letters"]["run"], 1);
+    let text = stdout(&cli(&path, &["stats"]));
+    assert!(
+        text.contains("decisions") && text.contains("lag app/mailer@shop"),
+        "{text}"
+    );
+}
