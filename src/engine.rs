@@ -350,7 +350,9 @@ impl EngineBuilder {
         // One reader configured by hand first, so a pragma SQLite refuses is
         // reported as such instead of as a pool that never fills.
         let first = conn::open_raw(&self.path, false)?;
-        conn::configure(&first, c.synchronous, Role::Reader)?;
+        conn::retry_busy(c.busy_timeout, || {
+            conn::configure(&first, c.synchronous, Role::Reader)
+        })?;
         let notifier = Arc::new(Notifier::new(first));
 
         let sync = c.synchronous;
@@ -847,7 +849,8 @@ impl Engine {
 
     // ----- runs and dead letters ------------------------------------------
 
-    /// Runs in `state` (all if None), oldest first, at most `limit`.
+    /// Runs in `state`, oldest due first (or all runs, oldest first, if None),
+    /// at most `limit`.
     pub fn runs(&self, state: Option<RunState>, limit: usize) -> Result<Vec<RunInfo>> {
         self.shared.read(|c| operate::list_runs(c, state, limit))
     }

@@ -21,8 +21,10 @@
 //!    after it, nothing is decided again.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::cell::OnceCell;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cursor::ConsumerKind;
@@ -80,47 +82,121 @@ struct Errored {
     error: String,
 }
 
-/// Decides one batch of `rule` under `lease` and commits it. If an operator
-/// moved the cursor or reset the state while the batch was being decided,
-/// the batch is decided again from what is there now.
-pub(crate) fn batch(shared: &Shared, lease: &Lease, rule: &Rule) -> Result<Pass> {
-    for _ in 0..10 {
-        if let Some(pass) = try_batch(shared, lease, rule)? {
-            return Ok(pass);
-        }
-    }
-    ::log::warn!(
-        "rule {}: its cursor keeps changing under the evaluator; trying again later",
-        rule.name
-    );
-    Ok(Pass::default())
+/// A cursor's position and the stamp of its last change.
+type Stamp = (i64, i64);
+
+/// Everything one rule decided over one page, ready to commit.
+struct Decided<'r> {
+    rule: &'r Rule,
+    /// The cursor's (position, stamp) when the page was read.
+    stamp: (i64, i64),
+    /// How many of the page's events it got through.
+    through: usize,
+    decided: usize,
+    /// (scope, state JSON, seq of the last event that changed it).
+    changed: Vec<(String, String, i64)>,
+    firings: Vec<Firing>,
+    errors: Vec<Errored>,
 }
 
-/// One attempt at a batch: `None` when the commit found the cursor or the
-/// state changed since they were read (nothing was written).
-fn try_batch(shared: &Shared, lease: &Lease, rule: &Rule) -> Result<Option<Pass>> {
+/// One pass over the rules of a workspace. Rules whose cursors stand at the
+/// same position share one read of the page (and each event's parsed
+/// payload) and one commit, each rule's part in a savepoint of its own. A
+/// rule whose cursor or state an operator changed meanwhile is decided again
+/// (up to ten times a pass); a rule whose commit fails otherwise is logged
+/// and left for the next pass, without holding back the others. `lease`
+/// gives the workspace's evaluator lease (renewing it when due) before each
+/// group; `None` ends the pass.
+pub(crate) fn pass(
+    shared: &Shared,
+    rules: &[Arc<Rule>],
+    lease: &mut dyn FnMut() -> Result<Option<Lease>>,
+) -> Result<Pass> {
+    let Some(workspace) = rules.first().map(|r| r.workspace.clone()) else {
+        return Ok(Pass::default());
+    };
     let kind = ConsumerKind::Rule.as_str();
-    let (stamp, page) = shared.read(|c| {
-        let stamp = cursors::get_stamped(c, &rule.workspace, kind, &rule.name)?.unwrap_or((0, 0));
-        let page = events::page(
-            c,
-            &rule.workspace,
-            stamp.0,
-            &[],
-            shared.config.evaluate_batch,
-        )?;
-        Ok((stamp, page))
-    })?;
-    if page.is_empty() {
-        return Ok(Some(Pass::default()));
+    let mut total = Pass::default();
+    let mut pending: Vec<&Rule> = rules.iter().map(|r| &**r).collect();
+    for _ in 0..10 {
+        if pending.is_empty() {
+            break;
+        }
+        let stamps: Vec<(i64, i64)> = shared.read(|c| {
+            pending
+                .iter()
+                .map(|r| Ok(cursors::get_stamped(c, &workspace, kind, &r.name)?.unwrap_or((0, 0))))
+                .collect()
+        })?;
+        let mut groups: BTreeMap<i64, Vec<(&Rule, Stamp)>> = BTreeMap::new();
+        for (r, stamp) in pending.iter().zip(stamps) {
+            groups.entry(stamp.0).or_default().push((r, stamp));
+        }
+        let mut again = Vec::new();
+        for (position, group) in groups {
+            let Some(lease) = lease()? else {
+                return Ok(total);
+            };
+            let page = shared.read(|c| {
+                events::page(c, &workspace, position, &[], shared.config.evaluate_batch)
+            })?;
+            if page.is_empty() {
+                continue;
+            }
+            let parsed: Vec<OnceCell<Option<serde_json::Value>>> =
+                page.iter().map(|_| OnceCell::new()).collect();
+            let mut decided = Vec::with_capacity(group.len());
+            for (rule, stamp) in group {
+                match decide(shared, rule, stamp, &page, &parsed) {
+                    Ok(d) => decided.push(d),
+                    Err(e) => ::log::error!("rule {}: {e}; it tries again next pass", rule.name),
+                }
+            }
+            let outcomes = shared.write(|tx| -> Result<Vec<Result<bool>>> {
+                lease::fence(tx.conn(), tx.now_ms(), &lease)?;
+                Ok(decided
+                    .iter()
+                    .map(|d| tx.nested(|tx| commit(tx, d, &page)))
+                    .collect::<Vec<Result<bool>>>())
+            })?;
+            for (d, outcome) in decided.iter().zip(outcomes) {
+                match outcome {
+                    Ok(true) => total.add(Pass {
+                        events: d.through,
+                        decided: d.decided,
+                        fired: d.firings.len(),
+                        errored: d.errors.len(),
+                    }),
+                    Ok(false) => again.push(d.rule),
+                    Err(e) if e.is_lease_lost() => return Err(e),
+                    Err(e) => ::log::error!("rule {}: {e}; it tries again next pass", d.rule.name),
+                }
+            }
+        }
+        pending = again;
     }
+    if !pending.is_empty() {
+        ::log::warn!("rules whose cursors keep changing under the evaluator try again later");
+    }
+    Ok(total)
+}
 
+/// Decides `rule` over `page` (which starts right after its cursor):
+/// scopes, states, decisions; writes nothing.
+fn decide<'r>(
+    shared: &Shared,
+    rule: &'r Rule,
+    stamp: (i64, i64),
+    page: &[Event],
+    parsed: &[OnceCell<Option<serde_json::Value>>],
+) -> Result<Decided<'r>> {
     // Scopes of the events the rule watches, and their stored states.
     let scopes: Vec<Option<std::result::Result<String, String>>> = page
         .iter()
-        .map(|e| {
+        .zip(parsed)
+        .map(|(e, p)| {
             rule.types.contains(&e.event_type).then(|| {
-                catch_unwind(AssertUnwindSafe(|| rule.scope.of(e))).unwrap_or_else(|p| {
+                catch_unwind(AssertUnwindSafe(|| rule.scope.of(e, p))).unwrap_or_else(|p| {
                     Err(format!("the scope function panicked: {}", panic_text(&*p)))
                 })
             })
@@ -144,7 +220,7 @@ fn try_batch(shared: &Shared, lease: &Lease, rule: &Rule) -> Result<Option<Pass>
             .collect()
     };
 
-    let decide = rule
+    let decider = rule
         .decide
         .as_ref()
         .expect("a registered rule has a decision");
@@ -156,14 +232,16 @@ fn try_batch(shared: &Shared, lease: &Lease, rule: &Rule) -> Result<Option<Pass>
     let mut last = 0usize;
     let started = Instant::now();
     for (i, event) in page.iter().enumerate() {
-        if i > 0 && started.elapsed() >= DECIDE_BUDGET {
+        // The clock is read every 32 events: reading it costs more than a
+        // trivial decision.
+        if i > 0 && i % 32 == 0 && started.elapsed() >= DECIDE_BUDGET {
             break;
         }
         last = i;
         let Some(scope) = &scopes[i] else { continue };
         decided += 1;
         let scope = match scope {
-            Ok(s) => s.clone(),
+            Ok(s) => s.as_str(),
             Err(why) => {
                 errors.push(Errored {
                     event: i,
@@ -174,19 +252,19 @@ fn try_batch(shared: &Shared, lease: &Lease, rule: &Rule) -> Result<Option<Pass>
                 continue;
             }
         };
-        if !states.contains_key(&scope) {
-            let loaded = match stored.get(&scope) {
-                Some(json) => decide.load(json),
-                None => Ok(decide.initial()),
+        if !states.contains_key(scope) {
+            let loaded = match stored.get(scope) {
+                Some(json) => decider.load(json),
+                None => Ok(decider.initial()),
             };
             match loaded {
                 Ok(s) => {
-                    states.insert(scope.clone(), s);
+                    states.insert(scope.to_string(), s);
                 }
                 Err(why) => {
                     errors.push(Errored {
                         event: i,
-                        scope: Some(scope),
+                        scope: Some(scope.to_string()),
                         reason: "state_unreadable",
                         error: why,
                     });
@@ -194,43 +272,47 @@ fn try_batch(shared: &Shared, lease: &Lease, rule: &Rule) -> Result<Option<Pass>
                 }
             }
         }
-        let current = states.get(&scope).expect("loaded above");
-        let mut copy = decide.copy(&**current);
-        let outcome = catch_unwind(AssertUnwindSafe(|| decide.decide(event, &mut *copy)));
+        let current = states.get_mut(scope).expect("loaded above");
+        let mut copy = decider.copy(&**current);
+        let outcome = catch_unwind(AssertUnwindSafe(|| decider.decide(event, &mut *copy)));
         match outcome {
             Ok(Ok(decision)) => {
-                states.insert(scope.clone(), copy);
-                dirty.insert(scope.clone(), event.seq);
+                *current = copy;
+                match dirty.get_mut(scope) {
+                    Some(seq) => *seq = event.seq,
+                    None => {
+                        dirty.insert(scope.to_string(), event.seq);
+                    }
+                }
                 if let Decision::Fire(input) = decision {
                     firings.push(Firing {
                         id: log::new_id(),
                         event: i,
-                        scope,
+                        scope: scope.to_string(),
                         input: input.to_string(),
                     });
                 }
             }
             Ok(Err(e)) => errors.push(Errored {
                 event: i,
-                scope: Some(scope),
+                scope: Some(scope.to_string()),
                 reason: "decision_error",
                 error: e.to_string(),
             }),
             Err(panic) => errors.push(Errored {
                 event: i,
-                scope: Some(scope),
+                scope: Some(scope.to_string()),
                 reason: "decision_panic",
                 error: panic_text(&*panic),
             }),
         }
     }
-    let new_cursor = page[last].seq;
 
     // Only states that changed are written.
     let mut changed = Vec::new();
     for (scope, seq) in &dirty {
         let state = states.get(scope).expect("dirty states are loaded");
-        match decide.save(&**state) {
+        match decider.save(&**state) {
             Ok(json) if stored.get(scope) != Some(&json) => {
                 changed.push((scope.clone(), json, *seq))
             }
@@ -242,40 +324,35 @@ fn try_batch(shared: &Shared, lease: &Lease, rule: &Rule) -> Result<Option<Pass>
             }
         }
     }
-
-    let committed = shared.write(|tx| {
-        commit(
-            tx, lease, rule, stamp, new_cursor, decided, &page, &changed, &firings, &errors,
-        )
-    })?;
-    if !committed {
-        return Ok(None);
-    }
-    Ok(Some(Pass {
-        events: last + 1,
+    Ok(Decided {
+        rule,
+        stamp,
+        through: last + 1,
         decided,
-        fired: firings.len(),
-        errored: errors.len(),
-    }))
+        changed,
+        firings,
+        errors,
+    })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn commit(
-    tx: &mut Tx<'_>,
-    lease: &Lease,
-    rule: &Rule,
-    read_stamp: (i64, i64),
-    new_cursor: i64,
-    decided: usize,
-    page: &[Event],
-    changed: &[(String, String, i64)],
-    firings: &[Firing],
-    errors: &[Errored],
-) -> Result<bool> {
+/// Commits what one rule decided, in the caller's transaction (which checked
+/// the evaluator lease): false, writing nothing, if its cursor or state was
+/// changed since the page was read.
+fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event]) -> Result<bool> {
+    let Decided {
+        rule,
+        stamp: read_stamp,
+        through,
+        decided,
+        changed,
+        firings,
+        errors,
+    } = d;
+    let (rule, read_stamp, decided) = (*rule, *read_stamp, *decided);
+    let new_cursor = page[through - 1].seq;
     let now = tx.now_ms();
     let shared = tx.shared();
     let conn = tx.conn();
-    lease::fence(conn, now, lease)?;
     let kind = ConsumerKind::Rule.as_str();
     // Nobody moved the cursor or reset the state since step 1 read them.
     if cursors::get_stamped(conn, &rule.workspace, kind, &rule.name)?.unwrap_or((0, 0))

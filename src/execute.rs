@@ -39,7 +39,14 @@ enum Outcome {
     Failed(String),
 }
 
-/// Claims up to `limit` runs and runs them in this thread.
+/// Rounds of settle-and-claim one call makes at most before it returns
+/// (so threads check for shutdown and the drain evaluates in between).
+const MAX_ROUNDS: usize = 64;
+
+/// Claims up to `limit` runs, runs them in this thread, and settles them in
+/// the same transaction that claims the next batch: one durable commit per
+/// batch after the first. Goes on while there is work, up to
+/// [`MAX_ROUNDS`] batches.
 pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
     let (actions, handlers) = {
         let reg = shared.registry.read().unwrap_or_else(|e| e.into_inner());
@@ -50,87 +57,85 @@ pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
     };
     let holder = shared.config.holder_id.clone();
     let ttl = shared.claim_ttl_ms();
-    let now = shared.clock.now_ms();
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     // A cheap read first: an idle executor opens no write transaction.
-    let due = shared.read(|c| runs::work_due(c, now, &actions))?;
-    if !due {
+    let now = shared.clock.now_ms();
+    if !shared.read(|c| runs::work_due(c, now, &actions))? {
         return Ok(Executed::default());
     }
-    let claimed: Vec<RunRow> = shared.write(|tx| {
+    let claim = |tx: &mut Tx<'_>| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         for lapsed in runs::lapsed(tx.conn(), now, 100)? {
             runs::requeue_lapsed(tx.conn(), lapsed.ord, now)?;
         }
-        runs::claim(
-            tx.conn(),
-            &holder,
-            now,
-            now + ttl,
-            i64::try_from(limit).unwrap_or(i64::MAX),
-            &actions,
-        )
-    })?;
-    let mut done = Executed {
-        claimed: claimed.len(),
-        ..Executed::default()
+        runs::claim(tx.conn(), &holder, now, now + ttl, limit, &actions)
     };
-    if claimed.is_empty() {
-        return Ok(done);
-    }
-    let runs: Vec<Run> = claimed.iter().map(Run::from_row).collect();
-    shared.claims.track(&runs);
+    let mut claimed: Vec<RunRow> = shared.write(claim)?;
+    let mut done = Executed::default();
+    let mut rounds = 0;
+    while !claimed.is_empty() {
+        rounds += 1;
+        done.claimed += claimed.len();
+        let runs: Vec<Run> = claimed.iter().map(Run::from_row).collect();
+        shared.claims.track(&runs);
 
-    let mut outcomes = Vec::with_capacity(runs.len());
-    for (row, run) in claimed.iter().zip(&runs) {
-        if shared.stopping() {
-            break;
-        }
-        let outcome = if run.attempt > run.max_attempts {
-            Outcome::Failed(
-                row.last_error
-                    .clone()
-                    .unwrap_or_else(|| "no attempts left".into()),
-            )
-        } else {
-            match handlers.get(&run.action) {
-                Some(h) => call(shared, h, run),
-                None => Outcome::Failed(format!("no handler for action {}", run.action)),
+        let mut outcomes = Vec::with_capacity(runs.len());
+        for (row, run) in claimed.iter().zip(&runs) {
+            if shared.stopping() {
+                break;
             }
-        };
-        outcomes.push(outcome);
-    }
-    // Runs claimed but not started (shutdown) go back without an attempt.
-    let unstarted = &runs[outcomes.len()..];
-
-    shared.write(|tx| {
-        for (run, outcome) in runs.iter().zip(&outcomes) {
-            let settled = tx.nested(|tx| settle(tx, run, outcome));
-            match settled {
-                Ok(Settled::Succeeded) => done.succeeded += 1,
-                Ok(Settled::Retried) => done.retried += 1,
-                Ok(Settled::Dead) => done.dead += 1,
-                Err(e) if e.is_lease_lost() => {
-                    log::warn!("run {}: {e}; another executor has it", run.id);
-                    done.lost += 1;
+            let outcome = if run.attempt > run.max_attempts {
+                Outcome::Failed(
+                    row.last_error
+                        .clone()
+                        .unwrap_or_else(|| "no attempts left".into()),
+                )
+            } else {
+                match handlers.get(&run.action) {
+                    Some(h) => call(shared, h, run),
+                    None => Outcome::Failed(format!("no handler for action {}", run.action)),
                 }
-                Err(e) => return Err(e),
+            };
+            outcomes.push(outcome);
+        }
+        // Runs claimed but not started (shutdown) go back without an attempt.
+        let unstarted = &runs[outcomes.len()..];
+        let more = rounds < MAX_ROUNDS && !shared.stopping();
+
+        let next = shared.write(|tx| {
+            let mut round = Executed::default();
+            for (run, outcome) in runs.iter().zip(&outcomes) {
+                match tx.nested(|tx| settle(tx, run, outcome)) {
+                    Ok(Settled::Succeeded) => round.succeeded += 1,
+                    Ok(Settled::Retried) => round.retried += 1,
+                    Ok(Settled::Dead) => round.dead += 1,
+                    Err(e) if e.is_lease_lost() => {
+                        log::warn!("run {}: {e}; another executor has it", run.id);
+                        round.lost += 1;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-        }
-        for run in unstarted {
-            runs::release(
-                tx.conn(),
-                &run.id,
-                &run.holder,
-                i64::from(run.attempt),
-                tx.now_ms(),
-            )?;
-        }
-        counters::bump(tx.conn(), "runs_succeeded", done.succeeded)?;
-        counters::bump(tx.conn(), "runs_retried", done.retried)?;
-        counters::bump(tx.conn(), "runs_dead", done.dead)?;
-        Ok(())
-    })?;
-    shared.claims.untrack(&runs);
+            for run in unstarted {
+                let now = tx.now_ms();
+                runs::release(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)?;
+            }
+            counters::bump(tx.conn(), "runs_succeeded", round.succeeded)?;
+            counters::bump(tx.conn(), "runs_retried", round.retried)?;
+            counters::bump(tx.conn(), "runs_dead", round.dead)?;
+            // The next batch, in the same commit (it may include runs this
+            // settlement just made ready).
+            let next = if more { claim(tx)? } else { Vec::new() };
+            Ok((round, next))
+        });
+        shared.claims.untrack(&runs);
+        let (round, next) = next?;
+        done.succeeded += round.succeeded;
+        done.retried += round.retried;
+        done.dead += round.dead;
+        done.lost += round.lost;
+        claimed = next;
+    }
     Ok(done)
 }
 

@@ -400,7 +400,7 @@ pub(crate) fn list_runs(
     limit: usize,
 ) -> Result<Vec<RunInfo>> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    runs::list(conn, state.map(RunState::as_str), 0, limit)?
+    runs::list(conn, state.map(RunState::as_str), limit)?
         .into_iter()
         .map(RunInfo::from_row)
         .collect()

@@ -145,7 +145,7 @@ fn forget_lease(shared: &Shared, name: &str) {
 
 /// One pass over a workspace's rules, if this engine holds (or can take) its
 /// evaluator lease. The lease is checked (and renewed when due) before each
-/// rule's batch, so a workspace with many slow rules keeps it.
+/// group of rules, so a workspace with many slow rules keeps it.
 pub(crate) fn evaluate_step(shared: &Shared, workspace: &str) -> Result<Pass> {
     let rules = shared
         .registry
@@ -153,22 +153,14 @@ pub(crate) fn evaluate_step(shared: &Shared, workspace: &str) -> Result<Pass> {
         .unwrap_or_else(|e| e.into_inner())
         .rules_of(workspace);
     let name = evaluate::lease_name(workspace);
-    let mut total = Pass::default();
-    for rule in &rules {
-        let Some(lease) = held_lease(shared, &name)? else {
-            break;
-        };
-        match evaluate::batch(shared, &lease, rule) {
-            Ok(p) => total.add(p),
-            Err(e) if e.is_lease_lost() => {
-                log::warn!("evaluating {workspace}: {e}");
-                forget_lease(shared, &name);
-                break;
-            }
-            Err(e) => return Err(e),
+    match evaluate::pass(shared, &rules, &mut || held_lease(shared, &name)) {
+        Err(e) if e.is_lease_lost() => {
+            log::warn!("evaluating {workspace}: {e}");
+            forget_lease(shared, &name);
+            Ok(Pass::default())
         }
+        other => other,
     }
-    Ok(total)
 }
 
 /// One batch of every follower this engine can relay for: those in the

@@ -123,9 +123,14 @@ fn a_commit_by_another_process_is_noticed_by_the_heartbeat() {
     std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
     let page = waiter.join().unwrap();
     assert_eq!(page.len(), 1);
-    let out = BufReader::new(child.stdout.take().unwrap())
+    // Read to the end: a child whose stdout is closed early fails writing
+    // libtest's own last lines.
+    let lines: Vec<String> = BufReader::new(child.stdout.take().unwrap())
         .lines()
         .map_while(|l| l.ok())
+        .collect();
+    let out = lines
+        .iter()
         .find_map(|l| l.strip_prefix("appended ").map(str::to_owned))
         .expect("the child appended");
     assert_eq!(out.parse::<i64>().unwrap(), page[0].seq);

@@ -91,12 +91,19 @@ fn dropping_the_last_handle_stops_and_joins_the_threads() {
     let (_dir, path) = temp_db();
     {
         let e = engine(&path, 2, 16);
-        e.register_action("work", |_, _| Ok(())).unwrap();
+        let (ran_tx, ran) = mpsc::channel();
+        let ran_tx = Mutex::new(ran_tx);
+        e.register_action("work", move |_, _| {
+            ran_tx.lock().unwrap().send(()).unwrap();
+            Ok(())
+        })
+        .unwrap();
         e.start().unwrap();
         let clone = e.clone();
         drop(e);
-        // A clone keeps the engine running.
+        // A clone keeps the engine running: its threads decide and run.
         jobs(&clone, 1);
+        ran.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
     }
     // All handles are gone: the threads were joined and the lease released.
     let e = Engine::open(&path).unwrap();

@@ -8,7 +8,10 @@
 //! Every result has a `baseline` measured in this run on this machine, and
 //! `ratio = value / baseline`. Rates are per second (higher is better).
 
+mod growth;
+mod latency;
 mod raw;
+mod relay;
 mod stages;
 
 use std::path::PathBuf;
@@ -33,6 +36,9 @@ struct Args {
     /// Run only the stages whose name contains this.
     #[arg(long)]
     only: Option<String>,
+    /// (Internal) the child process of the cross-process latency stage.
+    #[arg(long, hide = true)]
+    child_append: Option<PathBuf>,
 }
 
 /// One measured figure, as the JSON reports it.
@@ -66,12 +72,36 @@ pub struct Ctx {
     pub quick: bool,
     pub sync: Synchronous,
     pub dir: tempfile::TempDir,
+    /// Figures of the stages run so far, for stages whose baseline is
+    /// another stage's figure.
+    pub done: std::cell::RefCell<std::collections::BTreeMap<String, f64>>,
 }
 
 impl Ctx {
     /// A fresh database path for one measurement.
     pub fn db(&self, name: &str) -> PathBuf {
         self.dir.path().join(format!("{name}.db"))
+    }
+
+    /// The figure of a stage run earlier in this run (running it now if it
+    /// was not: `--only` may have skipped it).
+    pub fn figure(&self, name: &str) -> f64 {
+        if let Some(v) = self.done.borrow().get(name) {
+            return *v;
+        }
+        let stage = stages::ALL
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("a stage of that name")
+            .1;
+        let figs = stage(self);
+        let v = figs
+            .iter()
+            .find(|f| f.name == name)
+            .expect("its figure")
+            .value;
+        self.done.borrow_mut().insert(name.into(), v);
+        v
     }
 
     /// `quick` or `full` counts.
@@ -90,6 +120,18 @@ struct Report<'a> {
 /// Events per second for `n` events done in `elapsed`.
 pub fn rate(n: usize, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64()
+}
+
+/// Peak resident memory of this process so far, in MiB (Linux).
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 /// The machine's floor: 4 KiB writes each followed by fdatasync.
@@ -112,6 +154,10 @@ fn fdatasync_rate(ctx: &Ctx) -> f64 {
 fn main() {
     env_logger::init();
     let args = Args::parse();
+    if let Some(db) = &args.child_append {
+        latency::child_append(db);
+        return;
+    }
     let sync = match args.synchronous.to_ascii_lowercase().as_str() {
         "full" => Synchronous::Full,
         "normal" => Synchronous::Normal,
@@ -124,6 +170,7 @@ fn main() {
         quick: args.quick,
         sync,
         dir: tempfile::tempdir().expect("temp dir"),
+        done: Default::default(),
     };
     let mode = if ctx.quick { "quick" } else { "full" };
     println!(
@@ -147,6 +194,7 @@ fn main() {
             continue;
         }
         for fig in stage(&ctx) {
+            ctx.done.borrow_mut().insert(fig.name.clone(), fig.value);
             println!(
                 "{:<28} {:>14.1} {:<10} {:>14.1} {:>8.2}",
                 fig.name, fig.value, fig.unit, fig.baseline, fig.ratio

@@ -36,6 +36,13 @@ pub fn payload(i: usize) -> String {
     serde_json::json!({ "n": i, "note": "a small event payload of about sixty bytes" }).to_string()
 }
 
+/// One row in a transaction of its own (a durable commit).
+pub fn insert_one(conn: &Connection, i: usize) {
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    insert(conn, i);
+    conn.execute_batch("COMMIT").unwrap();
+}
+
 fn insert(conn: &Connection, i: usize) {
     let id = uuid::Uuid::now_v7().to_string();
     let now = 1_800_000_000_000i64 + i as i64;
@@ -192,4 +199,72 @@ pub fn claim_complete(path: &Path, sync: Synchronous, n: usize) -> f64 {
         done += ids.len();
     }
     super::rate(n, start.elapsed())
+}
+
+/// Fills a reflexr file's work queue with `scopes` lanes the claim must not
+/// pay for: half blocked behind a dead head (`OnDeadLetter::Block`), half
+/// behind a head that is ready but not due for a day; each with a run
+/// waiting behind its head. Written with raw SQL: this is set-up, not
+/// measurement.
+pub fn blocked_scopes(path: &Path, scopes: usize) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch("BEGIN").unwrap();
+    let far = 1_800_000_000_000i64 * 10;
+    for s in 0..scopes {
+        let lane = format!("blocked-rule s{s}");
+        let (head_state, due) = if s % 2 == 0 {
+            ("dead", 0)
+        } else {
+            ("ready", far)
+        };
+        for (k, state) in [(0, head_state), (1, "waiting")] {
+            conn.execute(
+                "INSERT INTO reflexr_runs (id, kind, action, rule, scope, lane, on_dead_letter, \
+                   input, state, attempt, max_attempts, backoff_ms, backoff_max_ms, \
+                   backoff_factor, jitter, due_at, created_at, updated_at) \
+                 VALUES (?1, 'rule', 'noop', 'blocked-rule', ?2, ?3, 'block', 'null', ?4, 1, 1, \
+                   0, 0, 1.0, 0.0, ?5, 0, 0)",
+                params![format!("b-{s}-{k}"), format!("s{s}"), lane, state, due],
+            )
+            .unwrap();
+        }
+        conn.execute(
+            "INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) VALUES (?1, ?2, ?3, 0)",
+            params![lane, format!("b-{s}-0"), s % 2 == 0],
+        )
+        .unwrap();
+    }
+    conn.execute_batch("COMMIT").unwrap();
+}
+
+/// Fills a reflexr file with `n` events in workspace `bench` (and as many
+/// succeeded runs when `runs`), in one statement each: set-up for the growth
+/// stages.
+pub fn prefill(path: &Path, n: usize, runs: bool) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(&format!(
+        "BEGIN;
+         WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < {n})
+         INSERT INTO reflexr_events (workspace, id, type, subject, actor, occurred_at,
+                                     recorded_at, payload, depth)
+         SELECT 'bench', printf('pre-%012d', i), 'tick', 'tick/' || i, 'bench', i, i,
+                json_object('session', i % 100, 'n', i, 'note', 'prefilled event'), 0
+         FROM c;
+         COMMIT;"
+    ))
+    .unwrap();
+    if runs {
+        conn.execute_batch(&format!(
+            "BEGIN;
+             WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < {n})
+             INSERT INTO reflexr_runs (id, kind, action, input, state, attempt, max_attempts,
+                                       backoff_ms, backoff_max_ms, backoff_factor, jitter,
+                                       due_at, created_at, updated_at, finished_at)
+             SELECT printf('old-%012d', i), 'rule', 'noop', 'null', 'succeeded', 1, 1, 0, 0,
+                    1.0, 0.0, i, i, i, i
+             FROM c;
+             COMMIT;"
+        ))
+        .unwrap();
+    }
 }

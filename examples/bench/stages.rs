@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use reflexr::{Decision, Engine, NewEvent, Ordering, Rule, Scope};
+use reflexr::{Decision, Engine, NewEvent, Ordering, Rule, Scope, Start};
 
 use super::{Ctx, Figure, rate, raw};
 
@@ -19,9 +19,15 @@ pub const ALL: &[(&str, Stage)] = &[
     ("evaluate_10rules", evaluate_10rules),
     ("runs_1executor", runs_1executor),
     ("runs_4executors", runs_4executors),
+    ("runs_4executors_blocked10k", runs_4executors_blocked10k),
+    ("relay_same_file", super::relay::relay_same_file),
+    ("relay_cross_file", super::relay::relay_cross_file),
+    ("latency_inprocess", super::latency::latency_inprocess),
+    ("latency_crossprocess", super::latency::latency_crossprocess),
+    ("growth", super::growth::growth),
 ];
 
-fn engine(ctx: &Ctx, name: &str) -> Engine {
+pub(crate) fn engine(ctx: &Ctx, name: &str) -> Engine {
     let engine = Engine::builder(ctx.db(name))
         .synchronous(ctx.sync)
         .open()
@@ -30,7 +36,7 @@ fn engine(ctx: &Ctx, name: &str) -> Engine {
     engine
 }
 
-fn event(i: usize) -> NewEvent {
+pub(crate) fn event(i: usize) -> NewEvent {
     NewEvent::new(
         "tick",
         format!("tick/{i}"),
@@ -217,7 +223,27 @@ fn evaluate_10rules(ctx: &Ctx) -> Vec<Figure> {
 fn runs(ctx: &Ctx, name: &str, executors: usize) -> Figure {
     let n = ctx.n(5_000, 20_000);
     let baseline = raw::claim_complete(&ctx.db(&format!("{name}-raw")), ctx.sync, n);
-    let engine = Engine::builder(ctx.db(name))
+    let value = run_rate(ctx, name, executors, n, |_| {});
+    Figure::new(name, value, "runs/s", baseline)
+}
+
+/// No-op runs per second: `n` runs fired by a rule (decided before the clock
+/// starts), executed by `executors` threads. `prefill` prepares the file
+/// first.
+pub(crate) fn run_rate(
+    ctx: &Ctx,
+    name: &str,
+    executors: usize,
+    n: usize,
+    prefill: impl FnOnce(&std::path::Path),
+) -> f64 {
+    let path = ctx.db(name);
+    {
+        let e = Engine::builder(&path).synchronous(ctx.sync).open().unwrap();
+        drop(e);
+    }
+    prefill(&path);
+    let engine = Engine::builder(&path)
         .synchronous(ctx.sync)
         .executors(executors)
         .open()
@@ -227,6 +253,7 @@ fn runs(ctx: &Ctx, name: &str, executors: usize) -> Figure {
         .register_rule(
             Rule::new("every", "bench")
                 .on(["tick"])
+                .start(Start::Head)
                 .ordering(Ordering::None)
                 .action("noop")
                 .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
@@ -261,16 +288,16 @@ fn runs(ctx: &Ctx, name: &str, executors: usize) -> Figure {
     all.recv_timeout(Duration::from_secs(600)).unwrap();
     // The last run's completion commits after its handler returns.
     while engine
-        .run_counts()
+        .runs(Some(reflexr::RunState::Running), 1)
         .unwrap()
         .iter()
-        .any(|(s, c)| *s != reflexr::RunState::Succeeded && *c > 0)
+        .any(|r| r.action == "noop")
     {
         std::thread::yield_now();
     }
     let value = rate(n, start.elapsed());
     engine.shutdown();
-    Figure::new(name, value, "runs/s", baseline)
+    value
 }
 
 fn runs_1executor(ctx: &Ctx) -> Vec<Figure> {
@@ -279,4 +306,21 @@ fn runs_1executor(ctx: &Ctx) -> Vec<Figure> {
 
 fn runs_4executors(ctx: &Ctx) -> Vec<Figure> {
     vec![runs(ctx, "runs_4executors", 4)]
+}
+
+/// The same as `runs_4executors` with 10,000 scopes blocked behind a dead run
+/// or waiting behind a ready-but-not-due one: the claim must not pay for
+/// them. Baseline: `runs_4executors` of this run.
+fn runs_4executors_blocked10k(ctx: &Ctx) -> Vec<Figure> {
+    let baseline = ctx.figure("runs_4executors");
+    let n = ctx.n(5_000, 20_000);
+    let value = run_rate(ctx, "runs_4executors_blocked10k", 4, n, |path| {
+        raw::blocked_scopes(path, 10_000)
+    });
+    vec![Figure::new(
+        "runs_4executors_blocked10k",
+        value,
+        "runs/s",
+        baseline,
+    )]
 }

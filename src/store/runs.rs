@@ -173,20 +173,25 @@ pub(crate) fn get(conn: &Connection, id: &str) -> Result<Option<RunRow>> {
         .optional()?)
 }
 
-/// Runs in `state` (any state if None), in creation order, after `after_ord`.
-pub(crate) fn list(
-    conn: &Connection,
-    state: Option<&str>,
-    after_ord: i64,
-    limit: i64,
-) -> Result<Vec<RunRow>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM reflexr_runs \
-         WHERE ord > ?1 AND (?2 IS NULL OR state = ?2) ORDER BY ord LIMIT {limit}"
-    ))?;
-    let rows = stmt
-        .query_map(params![after_ord, state], from_row)?
-        .collect::<rusqlite::Result<_>>()?;
+/// Runs in `state`, oldest due first, through the `(state, due_at)` index (a
+/// million finished runs cost a listing of dead ones nothing); or every run,
+/// in creation order.
+pub(crate) fn list(conn: &Connection, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>> {
+    let rows = match state {
+        Some(state) => conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM reflexr_runs WHERE state = ?1 \
+                 ORDER BY due_at, ord LIMIT {limit}"
+            ))?
+            .query_map([state], from_row)?
+            .collect::<rusqlite::Result<_>>()?,
+        None => conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM reflexr_runs ORDER BY ord LIMIT {limit}"
+            ))?
+            .query_map([], from_row)?
+            .collect::<rusqlite::Result<_>>()?,
+    };
     Ok(rows)
 }
 

@@ -61,8 +61,10 @@ pub(crate) fn open_writer(
     if verify {
         quick_check(&conn)?;
     }
-    conn::enable_wal(&conn).map_err(|e| at_path(e, path))?;
-    conn::configure(&conn, sync, Role::Writer)?;
+    // Switching a new file to WAL takes an exclusive lock: several processes
+    // opening one new file at once wait for each other here.
+    conn::retry_busy(busy_timeout, || conn::enable_wal(&conn)).map_err(|e| at_path(e, path))?;
+    conn::retry_busy(busy_timeout, || conn::configure(&conn, sync, Role::Writer))?;
     migrate(&conn, path, busy_timeout)?;
     Ok(conn)
 }

@@ -1,0 +1,161 @@
+//! Latency from an append's commit to its action's handler starting, with
+//! the engine's own threads: in one process (woken by the nudge), and with
+//! the append made by another process (noticed by the heartbeat, 50 ms by
+//! default). Baseline: the median latency of one raw durable commit, the
+//! floor any of this pays.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, mpsc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use reflexr::{Decision, Engine, NewEvent, Ordering, Rule};
+
+use super::{Ctx, Figure, raw};
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn micros_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// An engine with a rule firing on every tick and an action that reports
+/// when its handler starts (the event's seq and the wall clock in µs).
+fn reacting_engine(ctx: &Ctx, name: &str) -> (Engine, mpsc::Receiver<(i64, i64)>) {
+    let e = Engine::builder(ctx.db(name))
+        .synchronous(ctx.sync)
+        .open()
+        .unwrap();
+    e.ensure_workspace("bench", &["tick"]).unwrap();
+    e.register_rule(
+        Rule::new("every", "bench")
+            .on(["tick"])
+            .ordering(Ordering::None)
+            .action("mark")
+            .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
+    )
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    e.register_action("mark", move |run, _| {
+        let now = micros_now();
+        let _ = tx.lock().unwrap().send((run.event_seq.unwrap_or(0), now));
+        Ok(())
+    })
+    .unwrap();
+    e.start().unwrap();
+    (e, rx)
+}
+
+fn raw_commit_ms(ctx: &Ctx, name: &str, samples: usize) -> f64 {
+    let conn = raw::open(&ctx.db(name), ctx.sync);
+    let mut v: Vec<f64> = (0..samples)
+        .map(|i| {
+            let t = Instant::now();
+            raw::insert_one(&conn, i);
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    percentile(&mut v, 0.5)
+}
+
+pub fn latency_inprocess(ctx: &Ctx) -> Vec<Figure> {
+    let samples = ctx.n(200, 1_000);
+    let baseline = raw_commit_ms(ctx, "latency-in-raw", samples);
+    let (e, handled) = reacting_engine(ctx, "latency-in");
+    let mut lat = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let a = e
+            .append(
+                "bench",
+                &NewEvent::new("tick", format!("t/{i}"), "bench", 0),
+            )
+            .unwrap();
+        let committed = micros_now();
+        let (seq, started) = handled.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(seq, a.seq);
+        lat.push(((started - committed).max(0)) as f64 / 1e3);
+    }
+    e.shutdown();
+    vec![
+        Figure::new(
+            "latency_inprocess_p50_ms",
+            percentile(&mut lat, 0.5),
+            "ms",
+            baseline,
+        ),
+        Figure::new(
+            "latency_inprocess_p99_ms",
+            percentile(&mut lat, 0.99),
+            "ms",
+            baseline,
+        ),
+    ]
+}
+
+/// The child process: appends one event every 20 ms, printing each seq and
+/// the wall clock (µs) right after its commit.
+pub fn child_append(db: &Path) {
+    let samples: usize = std::env::var("REFLEXR_BENCH_SAMPLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let e = Engine::open(db).unwrap();
+    for i in 0..samples {
+        let a = e
+            .append(
+                "bench",
+                &NewEvent::new("tick", format!("c/{i}"), "child", 0),
+            )
+            .unwrap();
+        println!("{} {}", a.seq, micros_now());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn latency_crossprocess(ctx: &Ctx) -> Vec<Figure> {
+    let samples = ctx.n(100, 300);
+    let baseline = raw_commit_ms(ctx, "latency-cross-raw", samples);
+    let (e, handled) = reacting_engine(ctx, "latency-cross");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .arg("--child-append")
+        .arg(e.path())
+        .env("REFLEXR_BENCH_SAMPLES", samples.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let committed: Vec<(i64, i64)> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(|l| l.ok())
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+        })
+        .collect();
+    assert!(
+        child.wait().unwrap().success(),
+        "the appending child failed"
+    );
+    let mut started = std::collections::HashMap::new();
+    while started.len() < committed.len() {
+        let (seq, at) = handled.recv_timeout(Duration::from_secs(30)).unwrap();
+        started.insert(seq, at);
+    }
+    e.shutdown();
+    let mut lat: Vec<f64> = committed
+        .iter()
+        .map(|(seq, at)| ((started[seq] - at).max(0)) as f64 / 1e3)
+        .collect();
+    vec![Figure::new(
+        "latency_crossprocess_p50_ms",
+        percentile(&mut lat, 0.5),
+        "ms",
+        baseline,
+    )]
+}
