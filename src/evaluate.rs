@@ -156,7 +156,7 @@ pub(crate) fn pass(
                 lease::fence(tx.conn(), tx.now_ms(), &lease)?;
                 Ok(decided
                     .iter()
-                    .map(|d| tx.nested(|tx| commit(tx, d, &page)))
+                    .map(|d| tx.nested(|tx| commit(tx, d, &page, &lease)))
                     .collect::<Vec<Result<bool>>>())
             })?;
             for (d, outcome) in decided.iter().zip(outcomes) {
@@ -338,7 +338,7 @@ fn decide<'r>(
 /// Commits what one rule decided, in the caller's transaction (which checked
 /// the evaluator lease): false, writing nothing, if its cursor or state was
 /// changed since the page was read.
-fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event]) -> Result<bool> {
+fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event], lease: &Lease) -> Result<bool> {
     let Decided {
         rule,
         stamp: read_stamp,
@@ -382,6 +382,7 @@ fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event]) -> Result<bool> {
                 "event_seq": event.seq,
                 "event_id": event.id,
                 "run": if too_deep { "dead: chain depth limit" } else { "created" },
+                "evaluator": { "holder": lease.holder, "generation": lease.generation },
             }));
         let fired = with_cause(fired, event);
         log::append(

@@ -73,6 +73,7 @@ pub use error::{Error, Result};
 pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
+pub use log::MAX_JSON_DEPTH;
 pub use names::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 pub use operate::{DeadLetter, RuleInfo, RuleReset};
 pub use prune::{Pruned, Retention};

@@ -127,11 +127,50 @@ fn checked_payload(ev: &NewEvent, max: usize) -> Result<&str> {
         ));
     }
     // Text given as JSON is checked here, so a malformed payload is a typed
-    // error rather than a CHECK constraint failure.
+    // error rather than a CHECK constraint failure. Depth first: serde skips
+    // an ignored value without its recursion limit, and SQLite's json_valid
+    // refuses more than 1,000 levels.
+    let depth = json_depth(payload);
+    if depth > MAX_JSON_DEPTH {
+        return Err(Error::invalid(
+            "payload",
+            format!("nested {depth} levels deep; at most {MAX_JSON_DEPTH}"),
+        ));
+    }
     if let Err(e) = serde_json::from_str::<IgnoredAny>(payload) {
         return Err(Error::invalid("payload", format!("not JSON: {e}")));
     }
     Ok(payload)
+}
+
+/// How deeply a payload's arrays and objects may nest.
+pub const MAX_JSON_DEPTH: usize = 256;
+
+/// The deepest nesting of arrays and objects in JSON text (brackets inside
+/// strings do not count). Linear, and without recursion.
+pub(crate) fn json_depth(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 fn is_foreign_key_violation(e: &rusqlite::Error) -> bool {
@@ -142,4 +181,17 @@ fn is_foreign_key_violation(e: &rusqlite::Error) -> bool {
 pub(crate) fn read(conn: &Connection, q: &Query) -> Result<Vec<Event>> {
     q.validate()?;
     events::page(conn, &q.workspace, q.after, &q.types, q.limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_depth;
+
+    #[test]
+    fn depth_counts_brackets_outside_strings() {
+        assert_eq!(json_depth("{}"), 1);
+        assert_eq!(json_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(json_depth(r#"{"a":"[[[[\"]]]]"}"#), 1);
+        assert_eq!(json_depth("12"), 0);
+    }
 }

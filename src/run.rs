@@ -184,6 +184,8 @@ pub struct RunInfo {
     pub due_at: i64,
     /// Who holds its claim, while running.
     pub claimed_by: Option<String>,
+    /// When its claim lapses unless renewed, while running.
+    pub claim_expires_at: Option<i64>,
     /// The last attempt's error.
     pub last_error: Option<String>,
     /// The seq of the event that fired it.
@@ -212,6 +214,7 @@ impl RunInfo {
             max_attempts: u32::try_from(r.max_attempts).unwrap_or(0),
             due_at: r.due_at,
             claimed_by: r.claimed_by,
+            claim_expires_at: r.claim_expires_at,
             last_error: r.last_error,
             event_seq: r.event_seq,
             input: r.input,

@@ -103,7 +103,8 @@ fn dropping_the_last_handle_stops_and_joins_the_threads() {
         drop(e);
         // A clone keeps the engine running: its threads decide and run.
         jobs(&clone, 1);
-        ran.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
+        ran.recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap();
     }
     // All handles are gone: the threads were joined and the lease released.
     let e = Engine::open(&path).unwrap();

@@ -57,6 +57,16 @@ pub(crate) fn open_writer(
     }
     let conn = conn::open_raw(path, create).map_err(|e| at_path(e, path))?;
     let probe = conn::retry_busy(busy_timeout, || probe(&conn)).map_err(|e| at_path(e, path))?;
+    // SQLite opens a file it cannot write read-only, without a word; an
+    // engine whose every write would then fail is refused here instead.
+    if conn.is_readonly(rusqlite::MAIN_DB)? {
+        return Err(Error::ReadOnly {
+            detail: format!(
+                "{} cannot be written (a read-only file, directory or file system)",
+                path.display()
+            ),
+        });
+    }
     check_probe(&probe, path, SCHEMA_VERSION)?;
     if verify {
         quick_check(&conn)?;
