@@ -1,10 +1,14 @@
 //! reflexr keeps an application's change log, the cursors of everything that
 //! reacts to it, leases, a work queue and dead letters in **one SQLite file**.
 //!
-//! Applications append events in the same transaction as their own rows;
-//! consumers read the log after a durable cursor; leases with a fencing
-//! generation keep one process at a time on a piece of work. Synchronous and
-//! thread-based: no async runtime.
+//! Applications append events in the same transaction as their own rows
+//! ([`Engine::write`], [`Tx::append`]). [`Rule`]s decide exactly once per
+//! event; their actions run at least once as [`Run`]s, under leases, with
+//! retries and backoff. [`Reaction`]s, scheduled [`Job`]s and [`Delivery`]s
+//! run in one loop per file; [`Follow`]ers bridge one workspace's log into
+//! another with the same ids. Synchronous and thread-based: no async runtime.
+//! [`Engine::start`] runs the engine's threads; tests drive the same work in
+//! their own thread with [`Engine::run_until_idle`] and a [`ManualClock`].
 //!
 //! ```
 //! use reflexr::{Engine, NewEvent, Query};
@@ -32,8 +36,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The design, its words and its invariants are in the repository's
-//! `DESIGN.md` notes and the README; the schema is `schema.sql`.
+//! The README describes the design, its guarantees and the tests that prove
+//! them; the schema is `schema.sql`, readable with any `sqlite3` shell.
 
 #![warn(missing_docs)]
 

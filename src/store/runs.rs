@@ -10,6 +10,11 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::Result;
+use crate::rule::RetryPolicy;
+
+fn ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
 
 /// A run to create.
 pub(crate) struct NewRun<'a> {
@@ -26,11 +31,8 @@ pub(crate) struct NewRun<'a> {
     pub event_seq: Option<i64>,
     pub event_id: Option<&'a str>,
     pub depth: i64,
-    pub max_attempts: i64,
-    pub backoff_ms: i64,
-    pub backoff_max_ms: i64,
-    pub backoff_factor: f64,
-    pub jitter: f64,
+    /// Stored on the run: the executor retries by it.
+    pub retry: &'a RetryPolicy,
     pub due_at: i64,
     pub now: i64,
     /// Created dead, with this error (it is never run; it takes no place in
@@ -75,11 +77,11 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<bool> {
         r.event_id,
         r.depth,
         state,
-        r.max_attempts,
-        r.backoff_ms,
-        r.backoff_max_ms,
-        r.backoff_factor,
-        r.jitter,
+        i64::from(r.retry.max_attempts),
+        ms(r.retry.initial),
+        ms(r.retry.max_delay),
+        r.retry.factor,
+        r.retry.jitter,
         r.due_at,
         r.dead,
         r.now,
