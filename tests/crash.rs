@@ -15,7 +15,7 @@
 //!   cursor exactly once;
 //! - no cursor ever moved back (8).
 //!
-//! `RELIABILITY_KILLS` sets the number of kills (default 40; 1000 for the
+//! `RELIABILITY_KILLS` sets the number of kills (default 50; 1000 for the
 //! long run).
 
 mod common;
@@ -356,7 +356,7 @@ fn killed_again_and_again_the_invariants_hold() {
     let kills: u64 = std::env::var("RELIABILITY_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(40);
+        .unwrap_or(50);
     {
         let e = Engine::open(&path).unwrap();
         workload(&e);
