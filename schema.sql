@@ -160,7 +160,6 @@ CREATE INDEX reflexr_runs_lapsed ON reflexr_runs (claim_expires_at)
 -- The next run of a lane, when its head ends.
 CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord)
     WHERE state = 'waiting';
-CREATE INDEX reflexr_runs_by_rule ON reflexr_runs (rule, ord) WHERE rule IS NOT NULL;
 
 -- Lanes with ordering = scope: the run at the head of each (rule, scope),
 -- and whether the lane is blocked behind a dead run (on_dead_letter = block)
