@@ -101,8 +101,9 @@ impl Shared {
 
     pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
-        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E>,
-        E: From<Error>,
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
     {
         self.writer.write(self, f)
     }
@@ -501,11 +502,13 @@ impl Engine {
     /// The closure gets a [`Tx`]: run the application's own SQL through it
     /// and append events with it, and all of it commits together or not at
     /// all (DESIGN.md, invariant 2). Return an error (or panic) and the
-    /// closure's work is rolled back. The closure runs on the calling thread
-    /// and may borrow from it.
+    /// closure's work is rolled back (the panic reaches this caller).
     ///
     /// Concurrent writers of this process share transactions (group commit):
-    /// keep closures short, since the callers after you wait for them.
+    /// keep closures short, since the callers after you wait for them. The
+    /// closure may run on the thread of another caller (the one committing
+    /// the batch), so it must be `Send`; it may borrow from its caller, who
+    /// waits until it has run.
     ///
     /// ```
     /// # fn main() -> reflexr::Result<()> {
@@ -533,7 +536,8 @@ impl Engine {
     /// for itself). Re-raises a panic of `f` after rolling its work back.
     pub fn write<T, F>(&self, f: F) -> Result<T>
     where
-        F: FnOnce(&mut Tx<'_>) -> Result<T>,
+        F: FnOnce(&mut Tx<'_>) -> Result<T> + Send,
+        T: Send,
     {
         self.shared.write(f)
     }
@@ -542,8 +546,9 @@ impl Engine {
     /// must be able to hold a reflexr [`Error`] (for the commit's).
     pub fn write_with<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
-        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E>,
-        E: From<Error>,
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
     {
         self.shared.write(f)
     }

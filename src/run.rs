@@ -332,7 +332,10 @@ impl<'a> RunContext<'a> {
     /// # Errors
     /// `f`'s error (nothing committed, the run stays claimed; return an
     /// error from the handler to retry it), or [`Error::LeaseLost`].
-    pub fn complete<T>(&mut self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+    pub fn complete<T: Send>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T> + Send,
+    ) -> Result<T> {
         let run = self.run;
         let emitted = std::mem::take(&mut self.emitted);
         let value = self.shared.write(|tx| {

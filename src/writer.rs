@@ -7,34 +7,33 @@
 //! here, against ~550,000 rows/s when a thousand rows share a commit). More
 //! connections do not help: SQLite has one writer. So callers share commits.
 //!
-//! # How (group commit on the callers' threads)
+//! # How (flat combining)
 //!
-//! A caller announces itself (`queued += 1`), takes the connection's mutex,
-//! opens the batch's `BEGIN IMMEDIATE` if none is open, and runs its own
-//! closure inside a savepoint (`SAVEPOINT` … `RELEASE`, or `ROLLBACK TO` when
-//! the closure fails or panics, so one caller's failure undoes only its own
-//! part). Then:
+//! A caller queues its closure and, if no caller is leading, leads. The
+//! leader takes every closure queued, opens `BEGIN IMMEDIATE`, runs each in a
+//! savepoint of its own (`ROLLBACK TO` it when the closure fails or panics,
+//! so one caller's failure undoes only its own part), commits, and tells each
+//! caller the outcome. While it commits (the fsync), new callers queue; when
+//! its own closure is done, it hands the lead to the first of them, which
+//! takes them all as the next batch. A follower is woken once, for its
+//! outcome (or to lead) — no caller waits its turn on the connection, which
+//! is where a caller-by-caller handoff spent its time on two cores.
 //!
-//! - if nobody else is queued (or the batch is full, or old), it commits the
-//!   batch and tells every member the outcome;
-//! - otherwise it leaves the transaction open for the next caller, releases
-//!   the mutex and waits for the batch's outcome.
-//!
-//! The closure runs on the caller's own thread, so it may borrow anything and
-//! need not be `Send`, and a panic in it reaches its caller, not some writer
-//! thread. While one batch commits (the fsync), the next callers queue on the
-//! mutex and form the next batch, which is where the throughput comes from.
+//! So a closure may run on another caller's thread: it must be `Send`. It
+//! may still borrow from its caller, which stays blocked until the leader is
+//! done with it. A panic in it is caught where it runs and re-raised in its
+//! caller's thread.
 //!
 //! A closure that ends the transaction itself (`COMMIT`/`ROLLBACK` through
 //! [`crate::Tx::conn`]), or an error after which SQLite rolled the
 //! transaction back, abandons the whole batch: every member is told
-//! [`Error::TransactionAborted`], and nothing of it is committed.
+//! [`Error::TransactionAborted`] (or the error), and nothing of it commits.
 
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::Connection;
 
@@ -43,15 +42,14 @@ use crate::error::{Error, Result};
 use crate::store::conn::retry_busy;
 use crate::tx::Tx;
 
-/// Most callers one transaction holds before it is committed.
+/// Most callers one transaction holds.
 const MAX_BATCH_MEMBERS: usize = 512;
-/// Longest a batch stays open while callers keep arriving.
-const MAX_BATCH_AGE: Duration = Duration::from_millis(20);
 
 static NEXT_WRITER_ID: AtomicUsize = AtomicUsize::new(1);
 
 thread_local! {
-    /// The writers this thread is inside a write closure of.
+    /// The writers this thread is inside a write of (its own, or another
+    /// caller's closure it runs as leader).
     static INSIDE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -69,83 +67,73 @@ pub struct WriterStats {
     pub aborts: u64,
 }
 
+/// How a caller's batch ended: committed, or the error that ended it.
+type Ended = std::result::Result<(), Arc<Error>>;
+
+/// A caller's closure as the leader runs it: returns whether the caller's
+/// work succeeded (and so awaits the commit).
+type Run<'a> = dyn FnMut(&mut Tx<'_>) -> Outcome + Send + 'a;
+
+/// What one closure did.
+#[derive(Clone, Copy)]
+struct Outcome {
+    ok: bool,
+    nudge: bool,
+}
+
+/// Where a caller waits: for its outcome, or for the lead.
+#[derive(Default)]
+struct Signal {
+    state: Mutex<Waiting>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+enum Waiting {
+    #[default]
+    Queued,
+    /// Lead the next batch (the caller's own closure is still queued).
+    Lead,
+    /// The closure ran (or never will) and its batch ended so.
+    Done(Ended),
+}
+
+impl Signal {
+    fn set(&self, to: Waiting) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        *s = to;
+        self.changed.notify_one();
+    }
+}
+
+/// A queued caller. `run` points into the caller's stack: the caller stays
+/// blocked in [`Writer::write`] until its signal says `Done`, and the leader
+/// uses `run` only before it signals `Done`, so the pointer never outlives
+/// what it points to.
+struct Job {
+    run: *mut Run<'static>,
+    signal: Arc<Signal>,
+}
+
+// SAFETY: `run` points to a `Send` closure, used by one thread at a time (the
+// leader) while its owner is blocked; the signal is `Sync`.
+unsafe impl Send for Job {}
+
+struct Queue {
+    jobs: Vec<Job>,
+    /// A caller is leading (running batches, or about to hand the lead on).
+    leading: bool,
+}
+
 pub(crate) struct Writer {
     id: usize,
     commits: AtomicU64,
     writes: AtomicU64,
     aborts: AtomicU64,
-    state: Mutex<State>,
-    /// Callers that have announced themselves and not yet taken the mutex.
-    queued: AtomicUsize,
+    queue: Mutex<Queue>,
+    /// Locked by the leader only.
+    conn: Mutex<Connection>,
     busy_timeout: Duration,
-    /// [`MAX_BATCH_AGE`] in ms; tests that build a batch slowly raise it.
-    max_batch_age_ms: AtomicU64,
-}
-
-struct State {
-    conn: Connection,
-    batch: Option<Batch>,
-}
-
-/// The open transaction and who is in it.
-struct Batch {
-    outcome: Arc<Outcome>,
-    /// Members whose work succeeded and waits for the commit.
-    members: usize,
-    opened: Instant,
-    nudge: bool,
-}
-
-/// How a batch ended: committed, or the error that ended it.
-type Ended = std::result::Result<(), Arc<Error>>;
-
-/// How a batch ended, for the members waiting on it.
-struct Outcome {
-    result: Mutex<Option<Ended>>,
-    done: Condvar,
-}
-
-impl Outcome {
-    fn new() -> Arc<Outcome> {
-        Arc::new(Outcome {
-            result: Mutex::new(None),
-            done: Condvar::new(),
-        })
-    }
-
-    fn set(&self, r: Ended) {
-        let mut g = self.result.lock().unwrap_or_else(PoisonError::into_inner);
-        if g.is_none() {
-            *g = Some(r);
-        }
-        self.done.notify_all();
-    }
-
-    fn wait(&self) -> Ended {
-        let mut g = self.result.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if let Some(r) = g.as_ref() {
-                return r.clone();
-            }
-            g = self.done.wait(g).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-}
-
-impl Drop for Batch {
-    fn drop(&mut self) {
-        // Every path that ends a batch sets its outcome first; this is the net
-        // under them, so no member can wait forever.
-        self.outcome.set(Err(Arc::new(aborted(
-            "the writer dropped the transaction".into(),
-        ))));
-    }
-}
-
-/// Who ended a batch, and how.
-enum Ending {
-    Committed,
-    Failed(Error),
 }
 
 impl Writer {
@@ -155,10 +143,12 @@ impl Writer {
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             aborts: AtomicU64::new(0),
-            state: Mutex::new(State { conn, batch: None }),
-            queued: AtomicUsize::new(0),
+            queue: Mutex::new(Queue {
+                jobs: Vec::new(),
+                leading: false,
+            }),
+            conn: Mutex::new(conn),
             busy_timeout,
-            max_batch_age_ms: AtomicU64::new(MAX_BATCH_AGE.as_millis() as u64),
         }
     }
 
@@ -170,128 +160,178 @@ impl Writer {
         }
     }
 
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Runs `f` inside the process's shared write transaction and returns its
     /// value once the transaction has committed.
     ///
     /// # Panics
     /// When called from inside a write closure of the same engine: the closure
     /// holds the transaction the nested call would wait for. Use the [`Tx`]
-    /// you were given.
+    /// you were given. A panic of `f` is re-raised here, after its work was
+    /// rolled back.
     pub(crate) fn write<T, E, F>(&self, shared: &Shared, f: F) -> std::result::Result<T, E>
     where
-        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E>,
-        E: From<Error>,
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
     {
         let _inside = Inside::enter(self.id);
-        self.queued.fetch_add(1, Ordering::SeqCst);
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        self.queued.fetch_sub(1, Ordering::SeqCst);
-
-        if st.batch.is_none() {
-            retry_busy(self.busy_timeout, || {
-                Ok(st.conn.execute_batch("BEGIN IMMEDIATE")?)
-            })?;
-            st.batch = Some(Batch {
-                outcome: Outcome::new(),
-                members: 0,
-                opened: Instant::now(),
-                nudge: false,
+        let mut f = Some(f);
+        let mut slot: Option<std::thread::Result<std::result::Result<T, E>>> = None;
+        let mut run = |tx: &mut Tx<'_>| -> Outcome {
+            let f = f.take().expect("a caller's closure runs once");
+            let result = catch_unwind(AssertUnwindSafe(|| f(tx)));
+            let ok = matches!(result, Ok(Ok(_)));
+            slot = Some(result);
+            Outcome {
+                ok,
+                nudge: tx.wants_nudge(),
+            }
+        };
+        let signal = Arc::new(Signal::default());
+        let run_ptr: *mut Run<'_> = &mut run;
+        // SAFETY: only the lifetime is erased; see `Job`. This function does
+        // not return before the signal says `Done`, after which the leader
+        // no longer uses the pointer.
+        let run_ptr: *mut Run<'static> = unsafe { std::mem::transmute(run_ptr) };
+        let lead = {
+            let mut q = self.queue();
+            q.jobs.push(Job {
+                run: run_ptr,
+                signal: Arc::clone(&signal),
             });
+            !std::mem::replace(&mut q.leading, true)
+        };
+        if lead {
+            self.lead(shared, &signal);
         }
-
-        let (result, nudge, step_error) = {
-            let conn = &st.conn;
-            match savepoint(conn) {
-                Err(e) => (None, false, Some(e)),
-                Ok(()) => {
-                    let mut tx = Tx::new(conn, shared);
-                    let result = catch_unwind(AssertUnwindSafe(|| f(&mut tx)));
-                    let nudge = tx.wants_nudge();
-                    let ok = matches!(result, Ok(Ok(_)));
-                    let step_error = end_savepoint(conn, ok).err();
-                    (Some(result), nudge, step_error)
+        let ended = loop {
+            let mut s = signal.state.lock().unwrap_or_else(PoisonError::into_inner);
+            match std::mem::take(&mut *s) {
+                Waiting::Done(ended) => break ended,
+                Waiting::Lead => {
+                    drop(s);
+                    self.lead(shared, &signal);
+                }
+                Waiting::Queued => {
+                    drop(
+                        signal
+                            .changed
+                            .wait(s)
+                            .unwrap_or_else(PoisonError::into_inner),
+                    );
                 }
             }
         };
-        let ok = matches!(result, Some(Ok(Ok(_))));
-
-        // Did the transaction survive this caller?
-        let mine: Ended = if let Some(e) = step_error {
-            let (outcome, _) = self.end_batch(&mut st, Ending::Failed(e));
-            drop(st);
-            outcome
-        } else {
-            let batch = st.batch.as_mut().expect("a batch is open");
-            if ok {
-                batch.members += 1;
-                batch.nudge |= nudge;
-            }
-            let must_commit = self.queued.load(Ordering::SeqCst) == 0
-                || batch.members >= MAX_BATCH_MEMBERS
-                || batch.opened.elapsed()
-                    >= Duration::from_millis(self.max_batch_age_ms.load(Ordering::Relaxed));
-            if must_commit {
-                let (outcome, nudge) = self.end_batch(&mut st, Ending::Committed);
-                drop(st);
-                if nudge {
-                    shared.notifier.nudge();
-                }
-                outcome
-            } else {
-                let outcome = Arc::clone(&batch.outcome);
-                drop(st);
-                if ok { outcome.wait() } else { Ok(()) }
-            }
-        };
-
-        match result {
+        // The leader wrote `slot` (through `run`) before it signalled Done,
+        // which this thread has seen under the signal's lock.
+        match slot {
             Some(Err(panic)) => resume_unwind(panic),
             Some(Ok(Err(e))) => Err(e),
-            Some(Ok(Ok(v))) => match mine {
+            Some(Ok(Ok(v))) => match ended {
                 Ok(()) => Ok(v),
                 Err(e) => Err(E::from(Error::clone(&e))),
             },
-            None => match mine {
-                Ok(()) => unreachable!("a failed savepoint ends the batch with its error"),
-                Err(e) => Err(E::from(Error::clone(&e))),
-            },
+            // The closure never ran: its batch could not begin, or ended
+            // before its turn.
+            None => Err(E::from(match ended {
+                Err(e) => Error::clone(&e),
+                Ok(()) => Error::TransactionAborted {
+                    detail: "the write was not run".into(),
+                },
+            })),
         }
     }
 
-    /// Commits (or, after a failure, rolls back) the open batch and tells its
-    /// members. Returns the outcome, and whether the committed batch created
-    /// something to react to — events, runs — (so the caller nudges the
-    /// waiters once it let go of the mutex).
-    fn end_batch(&self, st: &mut State, ending: Ending) -> (Ended, bool) {
-        let batch = st.batch.take().expect("a batch is open");
-        let outcome = match ending {
-            Ending::Committed => match st.conn.execute_batch("COMMIT") {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    rollback(&st.conn);
-                    Err(Arc::new(Error::from(e)))
-                }
-            },
-            Ending::Failed(e) => {
-                rollback(&st.conn);
-                Err(Arc::new(e))
+    /// Runs batches until the one holding `mine` has ended, then hands the
+    /// lead to the first caller still queued (or gives it up).
+    fn lead(&self, shared: &Shared, mine: &Arc<Signal>) {
+        loop {
+            let jobs: Vec<Job> = {
+                let mut q = self.queue();
+                let n = q.jobs.len().min(MAX_BATCH_MEMBERS);
+                q.jobs.drain(..n).collect()
+            };
+            let done_mine = jobs.iter().any(|j| Arc::ptr_eq(&j.signal, mine));
+            // Closures cannot panic out of run_batch (each runs under
+            // catch_unwind); this guards the writer's own code, so that no
+            // caller waits for ever and the lead is never left taken.
+            let (ended, nudge) = catch_unwind(AssertUnwindSafe(|| self.run_batch(shared, &jobs)))
+                .unwrap_or_else(|_| {
+                    let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+                    let e = Error::TransactionAborted {
+                        detail: "the writer failed while committing this batch".into(),
+                    };
+                    (self.abort(&conn, e), false)
+                });
+            for job in &jobs {
+                job.signal.set(Waiting::Done(ended.clone()));
             }
-        };
-        if outcome.is_ok() {
-            self.commits.fetch_add(1, Ordering::Relaxed);
-            self.writes
-                .fetch_add(batch.members as u64, Ordering::Relaxed);
-        } else {
-            self.aborts.fetch_add(1, Ordering::Relaxed);
+            if nudge {
+                shared.notifier.nudge();
+            }
+            if done_mine {
+                let mut q = self.queue();
+                match q.jobs.first() {
+                    Some(next) => next.signal.set(Waiting::Lead),
+                    None => q.leading = false,
+                }
+                return;
+            }
         }
-        batch.outcome.set(outcome.clone());
-        let nudge = outcome.is_ok() && batch.nudge;
-        (outcome, nudge)
     }
-}
 
-fn aborted(detail: String) -> Error {
-    Error::TransactionAborted { detail }
+    /// One transaction over `jobs`: each closure in a savepoint, then the
+    /// commit. Returns how it ended and whether it created work to nudge for.
+    fn run_batch(&self, shared: &Shared, jobs: &[Job]) -> (Ended, bool) {
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = retry_busy(self.busy_timeout, || {
+            Ok(conn.execute_batch("BEGIN IMMEDIATE")?)
+        }) {
+            return (Err(Arc::new(e)), false);
+        }
+        let (mut members, mut nudge) = (0u64, false);
+        for job in jobs {
+            if let Err(e) = savepoint(&conn) {
+                return (self.abort(&conn, e), false);
+            }
+            // SAFETY: the job's caller is blocked until its signal says Done,
+            // which happens after this batch; see `Job`.
+            let run = unsafe { &mut *job.run };
+            let mut tx = Tx::new(&conn, shared);
+            let outcome = run(&mut tx);
+            if let Err(e) = end_savepoint(&conn, outcome.ok) {
+                return (self.abort(&conn, e), false);
+            }
+            if outcome.ok {
+                members += 1;
+                nudge |= outcome.nudge;
+            }
+        }
+        match conn.execute_batch("COMMIT") {
+            Ok(()) => {
+                self.commits.fetch_add(1, Ordering::Relaxed);
+                self.writes.fetch_add(members, Ordering::Relaxed);
+                (Ok(()), nudge)
+            }
+            Err(e) => (self.abort(&conn, Error::from(e)), false),
+        }
+    }
+
+    /// Rolls the open transaction back (if SQLite has not already) and
+    /// returns the error every member is told.
+    fn abort(&self, conn: &Connection, e: Error) -> Ended {
+        self.aborts.fetch_add(1, Ordering::Relaxed);
+        if !conn.is_autocommit()
+            && let Err(err) = conn.execute_batch("ROLLBACK")
+        {
+            log::error!("reflexr: rollback failed: {err}");
+        }
+        Err(Arc::new(e))
+    }
 }
 
 fn savepoint(conn: &Connection) -> Result<()> {
@@ -299,7 +339,7 @@ fn savepoint(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// Releases the caller's savepoint, rolling its work back first unless it
+/// Releases a caller's savepoint, rolling its work back first unless it
 /// succeeded. An error here, or a transaction SQLite already ended, dooms the
 /// batch.
 fn end_savepoint(conn: &Connection, keep: bool) -> Result<()> {
@@ -319,16 +359,9 @@ fn end_savepoint(conn: &Connection, keep: bool) -> Result<()> {
     Ok(())
 }
 
-fn rollback(conn: &Connection) {
-    if !conn.is_autocommit()
-        && let Err(e) = conn.execute_batch("ROLLBACK")
-    {
-        log::error!("reflexr: rollback failed: {e}");
-    }
-}
-
-/// Marks this thread as inside a write closure of one writer, for as long as
-/// the guard lives.
+/// Marks this thread as inside a write of one writer, for as long as the
+/// guard lives: the leader runs other callers' closures inside its own
+/// write, so a nested write from any of them is caught.
 struct Inside(usize);
 
 impl Inside {
@@ -354,25 +387,17 @@ impl Drop for Inside {
 
 #[cfg(test)]
 mod tests {
-    //! Group commit, driven deterministically: the first caller's closure
-    //! waits (on the writer's own queue counter, not on time) until the others
-    //! are queued behind it, so all of them share one transaction.
+    //! Group commit, driven deterministically: a first caller's closure holds
+    //! the lead until the others are queued behind it (waiting on the queue's
+    //! length, not on time), so the others share the next transaction.
 
     use std::sync::Arc;
-    use std::sync::atomic::Ordering;
 
     use crate::{Engine, Error};
 
     fn engine() -> (tempfile::TempDir, Engine) {
         let dir = tempfile::tempdir().unwrap();
         let engine = Engine::open(dir.path().join("w.db")).unwrap();
-        // Spawning the batch's threads may take longer than a batch may stay
-        // open; these tests are about what happens inside one batch.
-        engine
-            .shared
-            .writer
-            .max_batch_age_ms
-            .store(60_000, Ordering::Relaxed);
         engine
             .write(|tx| tx.execute("CREATE TABLE t (name TEXT PRIMARY KEY)", []))
             .unwrap();
@@ -391,13 +416,12 @@ mod tests {
             .unwrap()
     }
 
-    /// Runs `a` in a write whose closure holds the transaction until `others`
-    /// more callers are queued, while `others` run theirs from other threads.
+    /// Holds the lead in a write until `others.len()` more callers are
+    /// queued, so that they all share the transaction after it.
     fn batch_of<R: Send + 'static>(
         engine: &Engine,
-        a: &'static str,
         others: Vec<Box<dyn FnOnce(Engine) -> R + Send>>,
-    ) -> (crate::Result<()>, Vec<std::thread::Result<R>>) {
+    ) -> Vec<std::thread::Result<R>> {
         let n = others.len();
         let gate = Arc::new(std::sync::Barrier::new(n + 1));
         let handles: Vec<_> = others
@@ -412,17 +436,16 @@ mod tests {
             })
             .collect();
         let writer = &engine.shared.writer;
-        let r = engine.write(|tx| {
-            tx.execute("INSERT INTO t VALUES (?1)", [a])?;
-            // Let the others go only once we hold the transaction, and wait
-            // until every one of them is queued behind us.
-            gate.wait();
-            while writer.queued.load(Ordering::SeqCst) < n {
-                std::thread::yield_now();
-            }
-            Ok(())
-        });
-        (r, handles.into_iter().map(|h| h.join()).collect())
+        engine
+            .write(|_| {
+                gate.wait();
+                while writer.queue().jobs.len() < n {
+                    std::thread::yield_now();
+                }
+                Ok(())
+            })
+            .unwrap();
+        handles.into_iter().map(|h| h.join()).collect()
     }
 
     #[test]
@@ -431,10 +454,12 @@ mod tests {
         // rolls back as a unit, whatever its neighbours in the batch do.
         let (_dir, engine) = engine();
         let before = engine.writer_stats();
-        let (a, rest) = batch_of(
+        let rest = batch_of(
             &engine,
-            "a",
             vec![
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('a')", []).map(|_| ()))
+                }),
                 Box::new(|e: Engine| {
                     e.write(|tx| {
                         tx.execute("INSERT INTO t VALUES ('b')", [])?;
@@ -453,21 +478,21 @@ mod tests {
                 }),
             ],
         );
-        a.unwrap();
+        rest[0].as_ref().unwrap().as_ref().unwrap();
         assert!(
-            rest[0].as_ref().unwrap().is_err(),
+            rest[1].as_ref().unwrap().is_err(),
             "b's own error reaches b"
         );
-        assert!(rest[1].is_err(), "c's panic reaches c's thread");
-        rest[2].as_ref().unwrap().as_ref().unwrap();
+        assert!(rest[2].is_err(), "c's panic reaches c's thread");
+        rest[3].as_ref().unwrap().as_ref().unwrap();
         assert_eq!(names(&engine), ["a", "d"]);
         let after = engine.writer_stats();
         assert_eq!(
             after.commits - before.commits,
-            1,
-            "one commit for the batch"
+            2,
+            "the holder's commit, then one for all four"
         );
-        assert_eq!(after.writes - before.writes, 2, "a and d shared it");
+        assert_eq!(after.writes - before.writes, 3, "the holder, a and d");
     }
 
     #[test]
@@ -475,20 +500,25 @@ mod tests {
         // The batch's earlier members were told nothing yet; they must learn
         // their work did not commit, not be told it did.
         let (_dir, engine) = engine();
-        let (a, rest) = batch_of(
+        let rest = batch_of(
             &engine,
-            "a",
-            vec![Box::new(|e: Engine| {
-                e.write(|tx| {
-                    tx.execute("INSERT INTO t VALUES ('b')", [])?;
-                    tx.conn().execute_batch("ROLLBACK")?;
-                    Ok(())
-                })
-            })],
+            vec![
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('a')", []).map(|_| ()))
+                }),
+                Box::new(|e: Engine| {
+                    e.write(|tx| {
+                        tx.execute("INSERT INTO t VALUES ('b')", [])?;
+                        tx.conn().execute_batch("ROLLBACK")?;
+                        Ok(())
+                    })
+                }),
+            ],
         );
-        assert!(matches!(a, Err(Error::TransactionAborted { .. })), "{a:?}");
-        let b = rest.into_iter().next().unwrap().unwrap();
-        assert!(matches!(b, Err(Error::TransactionAborted { .. })), "{b:?}");
+        for r in rest {
+            let r = r.unwrap();
+            assert!(matches!(r, Err(Error::TransactionAborted { .. })), "{r:?}");
+        }
         assert!(names(&engine).is_empty());
         // The writer is usable afterwards.
         engine
@@ -503,5 +533,34 @@ mod tests {
         let (_dir, engine) = engine();
         let inner = engine.clone();
         let _ = engine.write(|_| inner.write(|_| Ok(())));
+    }
+
+    #[test]
+    fn many_threads_share_commits_and_each_gets_its_own_value() {
+        let (_dir, engine) = engine();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let e = engine.clone();
+                std::thread::spawn(move || {
+                    (0..50)
+                        .map(|i| {
+                            let name = format!("{t}-{i}");
+                            e.write(|tx| {
+                                tx.execute("INSERT INTO t VALUES (?1)", [&name])?;
+                                Ok(name.clone())
+                            })
+                            .unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<String> = threads
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        all.sort();
+        assert_eq!(all, names(&engine));
+        assert_eq!(all.len(), 400);
     }
 }
