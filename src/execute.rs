@@ -48,21 +48,30 @@ const MAX_ROUNDS: usize = 64;
 /// batch after the first. Goes on while there is work, up to
 /// [`MAX_ROUNDS`] batches.
 pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
-    let (actions, handlers) = {
+    let actions = {
         let reg = shared.registry.read().unwrap_or_else(|e| e.into_inner());
         if reg.actions.is_empty() {
             return Ok(Executed::default());
         }
-        (reg.action_names_json(), reg.actions.clone())
+        reg.action_names_json()
     };
-    let holder = shared.config.holder_id.clone();
-    let ttl = shared.claim_ttl_ms();
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    // A cheap read first: an idle executor opens no write transaction.
+    // A cheap read first: an idle executor opens no write transaction and
+    // copies no handlers.
     let now = shared.clock.now_ms();
     if !shared.read(|c| runs::work_due(c, now, &actions))? {
         return Ok(Executed::default());
     }
+    // Actions are only ever added, so these handlers cover every name in
+    // `actions` (the claim's filter).
+    let handlers = shared
+        .registry
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .actions
+        .clone();
+    let holder = shared.config.holder_id.clone();
+    let ttl = shared.claim_ttl_ms();
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let claim = |tx: &mut Tx<'_>| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         for lapsed in runs::lapsed(tx.conn(), now, 100)? {

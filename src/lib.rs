@@ -44,6 +44,7 @@
 mod claims;
 mod clock;
 mod cursor;
+mod dead_letter;
 mod delivery;
 mod engine;
 mod error;
@@ -71,6 +72,7 @@ mod writer;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::{ConsumerKind, CursorInfo, Reset};
+pub use dead_letter::DeadLetter;
 pub use delivery::{ChannelPolicy, Delivery, Message, SenderFn};
 pub use engine::{Engine, EngineBuilder};
 pub use error::{Error, Result};
@@ -79,7 +81,7 @@ pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EV
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 pub use log::MAX_JSON_DEPTH;
 pub use names::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
-pub use operate::{DeadLetter, RuleInfo, RuleReset};
+pub use operate::{RuleInfo, RuleReset};
 pub use prune::{Pruned, Retention};
 pub use reaction::{Reaction, ReactionFn};
 pub use rule::{

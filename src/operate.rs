@@ -5,6 +5,7 @@
 use rusqlite::Connection;
 
 use crate::cursor::ConsumerKind;
+use crate::dead_letter::DeadLetter;
 use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::names::{self, MAX_ID_BYTES};
@@ -40,41 +41,6 @@ fn record(
             detail: &detail.to_string(),
         },
     )
-}
-
-/// A dead letter as an operator sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DeadLetter {
-    /// Its id (for [`crate::Engine::retry_dead_letter`] and friends).
-    pub id: i64,
-    /// Whose: `rule` (an evaluation error), `run` (a run gave up), and later
-    /// `reaction`, `follower`.
-    pub kind: String,
-    /// The rule, reaction, follower or action that gave up.
-    pub consumer: String,
-    /// The workspace of the event concerned.
-    pub workspace: Option<String>,
-    /// The event concerned.
-    pub event_seq: Option<i64>,
-    /// Its id.
-    pub event_id: Option<String>,
-    /// The run, for `run` dead letters.
-    pub run_id: Option<String>,
-    /// Why, in one word: `decision_error`, `decision_panic`,
-    /// `missing_scope`, `state_unreadable`, `attempts_exhausted`,
-    /// `depth_limit`, …
-    pub reason: String,
-    /// The error's text.
-    pub error: String,
-    /// Attempts made.
-    pub attempts: i64,
-    /// When.
-    pub created_at: i64,
-    /// When an operator resolved it.
-    pub resolved_at: Option<i64>,
-    /// `retried` or `discarded`.
-    pub resolution: Option<String>,
 }
 
 /// A rule as the file knows it.
@@ -415,13 +381,8 @@ pub(crate) fn run_counts(conn: &Connection) -> Result<Vec<(RunState, i64)>> {
 
 // ----- dead letters ----------------------------------------------------------
 
-pub(crate) fn retry_dead_letter(
-    conn: &Connection,
-    now: i64,
-    id: i64,
-    operator: &str,
-    reason: &str,
-) -> Result<()> {
+/// The dead letter `id`, still open (an operator resolves it once).
+fn open_dead_letter(conn: &Connection, id: i64) -> Result<DeadLetter> {
     let d = dead_letters::get(conn, id)?
         .ok_or_else(|| Error::not_found("dead letter", id.to_string()))?;
     if d.resolved_at.is_some() {
@@ -430,15 +391,33 @@ pub(crate) fn retry_dead_letter(
             format!("{id} is resolved already"),
         ));
     }
+    Ok(d)
+}
+
+pub(crate) fn retry_dead_letter(
+    conn: &Connection,
+    now: i64,
+    id: i64,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    let d = open_dead_letter(conn, id)?;
     match (d.kind.as_str(), &d.run_id) {
         ("run", Some(run)) => retry_run(conn, now, run, operator, reason),
-        (kind, _) => Err(Error::invalid(
-            "dead letter",
-            format!(
-                "{id} is a {kind} dead letter: an evaluation is replayed by resetting the \
-                 rule's cursor (reset_rule), not retried alone; discard it once handled"
-            ),
-        )),
+        (kind, _) => {
+            let replay = if kind == "rule" {
+                "an evaluation is replayed by resetting the rule's cursor (reset_rule)"
+            } else {
+                "its events are replayed by resetting the consumer's cursor (reset_cursor)"
+            };
+            Err(Error::invalid(
+                "dead letter",
+                format!(
+                    "{id} is a {kind} dead letter: {replay}, not retried alone; \
+                     discard it once handled"
+                ),
+            ))
+        }
     }
 }
 
@@ -450,14 +429,7 @@ pub(crate) fn discard_dead_letter(
     reason: &str,
 ) -> Result<()> {
     check_operator(operator, reason)?;
-    let d = dead_letters::get(conn, id)?
-        .ok_or_else(|| Error::not_found("dead letter", id.to_string()))?;
-    if d.resolved_at.is_some() {
-        return Err(Error::invalid(
-            "dead letter",
-            format!("{id} is resolved already"),
-        ));
-    }
+    let d = open_dead_letter(conn, id)?;
     if let ("run", Some(run)) = (d.kind.as_str(), &d.run_id) {
         return discard_run(conn, now, run, operator, reason);
     }

@@ -2,8 +2,8 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use crate::dead_letter::DeadLetter;
 use crate::error::Result;
-use crate::operate::DeadLetter;
 
 /// A dead letter to record.
 pub(crate) struct NewDeadLetter<'a> {
