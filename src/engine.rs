@@ -374,7 +374,7 @@ impl EngineBuilder {
         let shared = Shared {
             path: self.path,
             clock: self.clock,
-            writer: Writer::new(writer_conn, self.config.busy_timeout),
+            writer: Writer::new(writer_conn, self.config.busy_timeout)?,
             config: self.config,
             pool,
             notifier,

@@ -166,11 +166,24 @@ pub enum Error {
         /// SQLite's message.
         detail: String,
     },
-    /// A write closure ended the transaction itself (with `COMMIT` or
-    /// `ROLLBACK` through [`crate::Tx::conn`]) or SQLite rolled it back after an
-    /// I/O error. The whole transaction was abandoned: nothing of it committed.
+    /// SQLite rolled the write transaction back itself (after an I/O error, or
+    /// when the disk filled mid-statement), or the writer could not finish
+    /// it. The whole transaction was abandoned: nothing of it committed, and
+    /// every caller that shared it is told so.
     TransactionAborted {
         /// What happened.
+        detail: String,
+    },
+    /// A write closure ran a statement that would end or change the engine's
+    /// transaction — `BEGIN`, `COMMIT`/`END`, `ROLLBACK` (but not `ROLLBACK
+    /// TO` a savepoint of its own), a `RELEASE` or `ROLLBACK TO` of the
+    /// engine's `reflexr_*` savepoints, `ATTACH`/`DETACH`, or setting a
+    /// pragma the engine relies on (`journal_mode`, `synchronous`,
+    /// `foreign_keys`, …). It was refused before it ran: the transaction is
+    /// intact, and returning the error rolls the closure's work back as for
+    /// any error.
+    StatementRefused {
+        /// What was refused, in words.
         detail: String,
     },
     /// Any other SQLite error, including errors of the application's own SQL
@@ -221,6 +234,7 @@ impl Error {
                 | Error::CursorBackwards { .. }
                 | Error::CursorAhead { .. }
                 | Error::Encode { .. }
+                | Error::StatementRefused { .. }
         )
     }
 
@@ -348,6 +362,7 @@ impl fmt::Display for Error {
             Error::TransactionAborted { detail } => {
                 write!(f, "the transaction was abandoned: {detail}")
             }
+            Error::StatementRefused { detail } => write!(f, "statement refused: {detail}"),
             Error::Storage { code, message } => match code {
                 Some(c) => write!(f, "SQLite error {c}: {message}"),
                 None => write!(f, "SQLite error: {message}"),
@@ -374,6 +389,14 @@ impl From<rusqlite::Error> for Error {
                 ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
                     Error::Busy { detail: message }
                 }
+                // Only the writer's guard installs an authorizer.
+                ErrorCode::AuthorizationForStatementDenied => Error::StatementRefused {
+                    detail: "a write closure may not end or change the engine's transaction \
+                             (BEGIN, COMMIT, END, ROLLBACK, the engine's reflexr_* savepoints, \
+                             ATTACH, DETACH, or setting journal_mode, synchronous, foreign_keys \
+                             and the other pragmas the engine relies on)"
+                        .into(),
+                },
                 _ => Error::Storage {
                     code: Some(f.extended_code),
                     message,

@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::event::{Appended, NewEvent};
 use crate::lease::{self, Lease};
 use crate::log::{self, Origin};
+use crate::store::conn::Guard;
 
 /// A write in progress, handed to the closure of [`crate::Engine::write`].
 ///
@@ -18,10 +19,14 @@ use crate::log::{self, Origin};
 /// returns an error or panics, all of its work is rolled back; other callers'
 /// work that shares the transaction is not affected.
 ///
-/// The transaction belongs to the engine: do not run `COMMIT`, `ROLLBACK` or
-/// `BEGIN` through [`Tx::conn`]. Savepoints of your own are fine.
+/// The transaction belongs to the engine: `COMMIT`, `END`, `ROLLBACK`,
+/// `BEGIN`, the engine's `reflexr_*` savepoints, `ATTACH`/`DETACH` and
+/// setting the pragmas the engine relies on (`journal_mode`, `synchronous`,
+/// `foreign_keys`, …) are refused before they run, with
+/// [`crate::Error::StatementRefused`]. Savepoints of your own are fine.
 pub struct Tx<'a> {
     conn: &'a Connection,
+    guard: &'a Guard,
     shared: &'a Shared,
     /// Set when the transaction created something to react to (events,
     /// runs): its commit wakes this process's waiting threads.
@@ -29,9 +34,10 @@ pub struct Tx<'a> {
 }
 
 impl<'a> Tx<'a> {
-    pub(crate) fn new(conn: &'a Connection, shared: &'a Shared) -> Tx<'a> {
+    pub(crate) fn new(conn: &'a Connection, guard: &'a Guard, shared: &'a Shared) -> Tx<'a> {
         Tx {
             conn,
+            guard,
             shared,
             nudge: false,
         }
@@ -58,16 +64,13 @@ impl<'a> Tx<'a> {
         &mut self,
         f: impl FnOnce(&mut Tx<'a>) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
-        let sql = |conn: &Connection, s: &str| -> Result<()> {
-            conn.prepare_cached(s)?.execute([])?;
-            Ok(())
-        };
-        sql(self.conn, "SAVEPOINT reflexr_nested")?;
+        let (conn, guard) = (self.conn, self.guard);
+        guard.control(conn, "SAVEPOINT reflexr_nested")?;
         let result = f(self);
         if result.is_err() {
-            sql(self.conn, "ROLLBACK TO reflexr_nested")?;
+            guard.control(conn, "ROLLBACK TO reflexr_nested")?;
         }
-        sql(self.conn, "RELEASE reflexr_nested")?;
+        guard.control(conn, "RELEASE reflexr_nested")?;
         result
     }
 

@@ -24,10 +24,13 @@
 //! done with it. A panic in it is caught where it runs and re-raised in its
 //! caller's thread.
 //!
-//! A closure that ends the transaction itself (`COMMIT`/`ROLLBACK` through
-//! [`crate::Tx::conn`]), or an error after which SQLite rolled the
-//! transaction back, abandons the whole batch: every member is told
-//! [`Error::TransactionAborted`] (or the error), and nothing of it commits.
+//! A closure cannot end the transaction: the connection's guard
+//! ([`crate::store::conn::Guard`], SQLite's authorizer) refuses `COMMIT`,
+//! `ROLLBACK`, `BEGIN`, the engine's savepoints and the pragmas the engine
+//! relies on before they run, with [`Error::StatementRefused`]. Should SQLite
+//! still roll the transaction back on its own (an I/O error), the whole batch
+//! is abandoned: every member is told [`Error::TransactionAborted`] (or the
+//! error), and nothing of it commits.
 
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -39,7 +42,7 @@ use rusqlite::Connection;
 
 use crate::engine::Shared;
 use crate::error::{Error, Result};
-use crate::store::conn::retry_busy;
+use crate::store::conn::{Guard, retry_busy};
 use crate::tx::Tx;
 
 /// Most callers one transaction holds.
@@ -133,12 +136,14 @@ pub(crate) struct Writer {
     queue: Mutex<Queue>,
     /// Locked by the leader only.
     conn: Mutex<Connection>,
+    guard: Guard,
     busy_timeout: Duration,
 }
 
 impl Writer {
-    pub(crate) fn new(conn: Connection, busy_timeout: Duration) -> Writer {
-        Writer {
+    pub(crate) fn new(conn: Connection, busy_timeout: Duration) -> Result<Writer> {
+        let guard = Guard::install(&conn)?;
+        Ok(Writer {
             id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
@@ -148,8 +153,9 @@ impl Writer {
                 leading: false,
             }),
             conn: Mutex::new(conn),
+            guard,
             busy_timeout,
-        }
+        })
     }
 
     pub(crate) fn stats(&self) -> WriterStats {
@@ -288,22 +294,23 @@ impl Writer {
     /// commit. Returns how it ended and whether it created work to nudge for.
     fn run_batch(&self, shared: &Shared, jobs: &[Job]) -> (Ended, bool) {
         let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = &self.guard;
         if let Err(e) = retry_busy(self.busy_timeout, || {
-            Ok(conn.execute_batch("BEGIN IMMEDIATE")?)
+            guard.control(&conn, "BEGIN IMMEDIATE")
         }) {
             return (Err(Arc::new(e)), false);
         }
         let (mut members, mut nudge) = (0u64, false);
         for job in jobs {
-            if let Err(e) = savepoint(&conn) {
+            if let Err(e) = guard.control(&conn, "SAVEPOINT reflexr_call") {
                 return (self.abort(&conn, e), false);
             }
             // SAFETY: the job's caller is blocked until its signal says Done,
             // which happens after this batch; see `Job`.
             let run = unsafe { &mut *job.run };
-            let mut tx = Tx::new(&conn, shared);
+            let mut tx = Tx::new(&conn, guard, shared);
             let outcome = run(&mut tx);
-            if let Err(e) = end_savepoint(&conn, outcome.ok) {
+            if let Err(e) = end_savepoint(&conn, guard, outcome.ok) {
                 return (self.abort(&conn, e), false);
             }
             if outcome.ok {
@@ -311,13 +318,13 @@ impl Writer {
                 nudge |= outcome.nudge;
             }
         }
-        match conn.execute_batch("COMMIT") {
+        match guard.control(&conn, "COMMIT") {
             Ok(()) => {
                 self.commits.fetch_add(1, Ordering::Relaxed);
                 self.writes.fetch_add(members, Ordering::Relaxed);
                 (Ok(()), nudge)
             }
-            Err(e) => (self.abort(&conn, Error::from(e)), false),
+            Err(e) => (self.abort(&conn, e), false),
         }
     }
 
@@ -326,7 +333,7 @@ impl Writer {
     fn abort(&self, conn: &Connection, e: Error) -> Ended {
         self.aborts.fetch_add(1, Ordering::Relaxed);
         if !conn.is_autocommit()
-            && let Err(err) = conn.execute_batch("ROLLBACK")
+            && let Err(err) = self.guard.control(conn, "ROLLBACK")
         {
             log::error!("reflexr: rollback failed: {err}");
         }
@@ -334,29 +341,21 @@ impl Writer {
     }
 }
 
-fn savepoint(conn: &Connection) -> Result<()> {
-    conn.prepare_cached("SAVEPOINT reflexr_call")?.execute([])?;
-    Ok(())
-}
-
 /// Releases a caller's savepoint, rolling its work back first unless it
 /// succeeded. An error here, or a transaction SQLite already ended, dooms the
 /// batch.
-fn end_savepoint(conn: &Connection, keep: bool) -> Result<()> {
+fn end_savepoint(conn: &Connection, guard: &Guard, keep: bool) -> Result<()> {
     if conn.is_autocommit() {
         return Err(Error::TransactionAborted {
-            detail: "the transaction was ended inside a write closure \
-                     (a COMMIT or ROLLBACK through Tx::conn, or an I/O error SQLite \
-                     rolled back)"
+            detail: "SQLite rolled the transaction back during a write (an I/O error, \
+                     or a full disk mid-statement)"
                 .into(),
         });
     }
     if !keep {
-        conn.prepare_cached("ROLLBACK TO reflexr_call")?
-            .execute([])?;
+        guard.control(conn, "ROLLBACK TO reflexr_call")?;
     }
-    conn.prepare_cached("RELEASE reflexr_call")?.execute([])?;
-    Ok(())
+    guard.control(conn, "RELEASE reflexr_call")
 }
 
 /// Marks this thread as inside a write of one writer, for as long as the
@@ -495,10 +494,80 @@ mod tests {
         assert_eq!(after.writes - before.writes, 3, "the holder, a and d");
     }
 
+    /// Inserts `name`, then tries `sql` (ignoring its refusal), then ends as
+    /// `ok` says: what a closure that ends the transaction itself does.
+    fn insert_then(
+        e: &Engine,
+        name: &'static str,
+        sql: &'static str,
+        ok: bool,
+    ) -> crate::Result<()> {
+        e.write(move |tx| {
+            tx.execute("INSERT INTO t VALUES (?1)", [name])?;
+            let refused = tx.conn().execute_batch(sql).unwrap_err();
+            assert!(
+                matches!(Error::from(refused), Error::StatementRefused { .. }),
+                "{sql} is refused"
+            );
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::invalid("closure", "fails after its statement"))
+            }
+        })
+    }
+
     #[test]
-    fn a_closure_that_ends_the_transaction_aborts_the_whole_batch() {
-        // The batch's earlier members were told nothing yet; they must learn
-        // their work did not commit, not be told it did.
+    fn a_closure_cannot_commit_or_roll_back_the_engines_transaction() {
+        // Invariant 2: a COMMIT then an error, or a ROLLBACK then more
+        // writes, would half-apply a write reported as failed (or the
+        // reverse). Both are refused before they run, so the caller's
+        // outcome is what the file holds.
+        let (_dir, engine) = engine();
+        insert_then(&engine, "committed-then-failed", "COMMIT", false).unwrap_err();
+        insert_then(&engine, "rolled-back-then-ok", "ROLLBACK", true).unwrap();
+        insert_then(&engine, "end", "END", false).unwrap_err();
+        insert_then(&engine, "begin", "BEGIN", true).unwrap();
+        insert_then(&engine, "release", "RELEASE reflexr_call", false).unwrap_err();
+        insert_then(&engine, "rollback-to", "ROLLBACK TO reflexr_call", true).unwrap();
+        insert_then(&engine, "sync-off", "PRAGMA synchronous = OFF", true).unwrap();
+        insert_then(&engine, "attach", "ATTACH ':memory:' AS other", true).unwrap();
+        assert_eq!(
+            names(&engine),
+            [
+                "attach",
+                "begin",
+                "rollback-to",
+                "rolled-back-then-ok",
+                "sync-off"
+            ]
+        );
+        // What a closure may do: its own savepoints, reading pragmas.
+        let sync = engine
+            .write(|tx| {
+                tx.conn().execute_batch(
+                    "SAVEPOINT mine; INSERT INTO t VALUES ('undone'); ROLLBACK TO mine; \
+                     INSERT INTO t VALUES ('kept'); RELEASE mine;",
+                )?;
+                Ok(tx
+                    .conn()
+                    .pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))?)
+            })
+            .unwrap();
+        assert_eq!(sync, 2, "the writer is still synchronous=FULL");
+        assert!(names(&engine).contains(&"kept".to_string()));
+        assert!(!names(&engine).contains(&"undone".to_string()));
+        assert_eq!(
+            engine.writer_stats().aborts,
+            0,
+            "no transaction was abandoned"
+        );
+    }
+
+    #[test]
+    fn in_a_shared_batch_a_closure_ending_the_transaction_fails_only_itself() {
+        // Invariant 2 within a batch: each caller's outcome matches the file,
+        // whatever its neighbours try.
         let (_dir, engine) = engine();
         let rest = batch_of(
             &engine,
@@ -506,25 +575,24 @@ mod tests {
                 Box::new(|e: Engine| {
                     e.write(|tx| tx.execute("INSERT INTO t VALUES ('a')", []).map(|_| ()))
                 }),
+                Box::new(|e: Engine| insert_then(&e, "b", "COMMIT", false)),
+                Box::new(|e: Engine| insert_then(&e, "c", "ROLLBACK", true)),
                 Box::new(|e: Engine| {
                     e.write(|tx| {
-                        tx.execute("INSERT INTO t VALUES ('b')", [])?;
-                        tx.conn().execute_batch("ROLLBACK")?;
+                        tx.execute("INSERT INTO t VALUES ('d')", [])?;
+                        tx.conn().execute_batch("END")?;
                         Ok(())
                     })
                 }),
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('e')", []).map(|_| ()))
+                }),
             ],
         );
-        for r in rest {
-            let r = r.unwrap();
-            assert!(matches!(r, Err(Error::TransactionAborted { .. })), "{r:?}");
-        }
-        assert!(names(&engine).is_empty());
-        // The writer is usable afterwards.
-        engine
-            .write(|tx| tx.execute("INSERT INTO t VALUES ('e')", []).map(|_| ()))
-            .unwrap();
-        assert_eq!(names(&engine), ["e"]);
+        let outcomes: Vec<bool> = rest.into_iter().map(|r| r.unwrap().is_ok()).collect();
+        assert_eq!(outcomes, [true, false, true, false, true]);
+        assert_eq!(names(&engine), ["a", "c", "e"]);
+        assert_eq!(engine.writer_stats().aborts, 0);
     }
 
     #[test]

@@ -161,3 +161,95 @@ pub(crate) fn retry_busy<T>(timeout: Duration, mut step: impl FnMut() -> Result<
         }
     }
 }
+
+/// The writer connection's guard: SQLite's authorizer, consulted as each
+/// statement is prepared, refuses the statements that would end or change
+/// the engine's transaction while a closure of the application's (or any
+/// code that is not the writer's own bookkeeping) is running. The writer
+/// runs its own `BEGIN`, `SAVEPOINT`, `RELEASE`, `ROLLBACK TO` and `COMMIT`
+/// through [`Guard::control`], which lets them through.
+///
+/// Refused (the statement fails to prepare with `SQLITE_AUTH`, which reaches
+/// the caller as [`Error::StatementRefused`]):
+/// - `BEGIN`, `COMMIT`/`END`, `ROLLBACK` (not `ROLLBACK TO`);
+/// - `SAVEPOINT`, `RELEASE` and `ROLLBACK TO` of a savepoint named
+///   `reflexr_*` (the writer's and the engine's own);
+/// - `ATTACH` and `DETACH`;
+/// - setting one of [`GUARDED_PRAGMAS`] (reading them is fine).
+///
+/// `VACUUM` needs no rule: SQLite refuses it inside a transaction.
+#[derive(Clone)]
+pub(crate) struct Guard {
+    /// True while the writer runs a statement of its own.
+    control: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Pragmas a write closure may read but not set: durability, the journal,
+/// the engine's own settings and version, and checks other callers' work
+/// relies on (an immediate foreign-key error is how an append to a missing
+/// type becomes `NotFound`).
+pub(crate) const GUARDED_PRAGMAS: &[&str] = &[
+    "journal_mode",
+    "synchronous",
+    "foreign_keys",
+    "defer_foreign_keys",
+    "query_only",
+    "locking_mode",
+    "temp_store",
+    "writable_schema",
+    "user_version",
+    "schema_version",
+    "ignore_check_constraints",
+    "busy_timeout",
+];
+
+impl Guard {
+    /// Installs the authorizer on `conn`.
+    pub(crate) fn install(conn: &Connection) -> Result<Guard> {
+        use std::sync::atomic::Ordering;
+        let guard = Guard {
+            control: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        };
+        let control = std::sync::Arc::clone(&guard.control);
+        conn.authorizer(Some(move |ctx: rusqlite::hooks::AuthContext<'_>| {
+            if control.load(Ordering::Relaxed) || allowed(&ctx.action) {
+                rusqlite::hooks::Authorization::Allow
+            } else {
+                rusqlite::hooks::Authorization::Deny
+            }
+        }))?;
+        Ok(guard)
+    }
+
+    /// Runs one of the writer's own transaction-control statements. It is
+    /// prepared afresh each time, never cached, so a closure can never reuse
+    /// a statement prepared while control was on.
+    pub(crate) fn control(&self, conn: &Connection, sql: &str) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        self.control.store(true, Ordering::Relaxed);
+        let result = conn.execute_batch(sql);
+        self.control.store(false, Ordering::Relaxed);
+        Ok(result?)
+    }
+}
+
+/// True when the guard lets `action` through outside the writer's own
+/// statements.
+fn allowed(action: &rusqlite::hooks::AuthAction<'_>) -> bool {
+    use rusqlite::hooks::AuthAction;
+    match action {
+        AuthAction::Transaction { .. } | AuthAction::Attach { .. } | AuthAction::Detach { .. } => {
+            false
+        }
+        AuthAction::Savepoint { savepoint_name, .. } => !savepoint_name
+            .get(..8)
+            .is_some_and(|p| p.eq_ignore_ascii_case("reflexr_")),
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value: Some(_),
+        } => !GUARDED_PRAGMAS
+            .iter()
+            .any(|p| p.eq_ignore_ascii_case(pragma_name)),
+        _ => true,
+    }
+}
