@@ -244,6 +244,33 @@ impl Error {
         matches!(self, Error::DiskFull { .. } | Error::ReadOnly { .. })
     }
 
+    /// True for errors after which the write transaction cannot go on: the
+    /// storage failed (full, read-only, busy, damaged, an I/O error) or
+    /// SQLite ended the transaction. Anything else that goes wrong while the
+    /// engine records one unit of work (a run's settlement, a rule's
+    /// firing) is that unit's own failure, and is recorded against it.
+    pub(crate) fn dooms_transaction(&self) -> bool {
+        match self {
+            Error::DiskFull { .. }
+            | Error::ReadOnly { .. }
+            | Error::Busy { .. }
+            | Error::Corrupt { .. }
+            | Error::NotADatabase { .. }
+            | Error::TransactionAborted { .. }
+            | Error::Io { .. } => true,
+            Error::Storage { code: Some(c), .. } => matches!(
+                c & 0xff,
+                rusqlite::ffi::SQLITE_IOERR
+                    | rusqlite::ffi::SQLITE_NOMEM
+                    | rusqlite::ffi::SQLITE_CANTOPEN
+                    | rusqlite::ffi::SQLITE_PROTOCOL
+                    | rusqlite::ffi::SQLITE_INTERRUPT
+                    | rusqlite::ffi::SQLITE_ABORT
+            ),
+            _ => false,
+        }
+    }
+
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
         Error::Invalid {
             field,

@@ -114,12 +114,18 @@ pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
         let next = shared.write(|tx| {
             let mut round = Executed::default();
             for (run, outcome) in runs.iter().zip(&outcomes) {
-                match tx.nested(|tx| settle(tx, run, outcome)) {
+                match settle_contained(tx, run, outcome) {
                     Ok(Settled::Succeeded) => round.succeeded += 1,
                     Ok(Settled::Retried) => round.retried += 1,
                     Ok(Settled::Dead) => round.dead += 1,
                     Err(e) if e.is_lease_lost() => {
                         log::warn!("run {}: {e}; another executor has it", run.id);
+                        round.lost += 1;
+                    }
+                    Err(e) if !e.dooms_transaction() => {
+                        // Not even a failed attempt could be recorded: the
+                        // claim lapses and the run is claimed again.
+                        log::error!("run {}: cannot be settled: {e}", run.id);
                         round.lost += 1;
                     }
                     Err(e) => return Err(e),
@@ -178,6 +184,24 @@ enum Settled {
     Succeeded,
     Retried,
     Dead,
+}
+
+/// Settles one run in a savepoint of its own. When what the handler asked
+/// for cannot be recorded — an emitted event the log refuses (a type the
+/// workspace does not accept, a payload over the limit, a bad id), an
+/// application statement that fails — that is the run's own failure: its
+/// writes are rolled back and the attempt fails with the reason, retried or
+/// dead-lettered by its policy, while the other runs of the batch settle as
+/// their handlers said.
+fn settle_contained(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Settled> {
+    match tx.nested(|tx| settle(tx, run, outcome)) {
+        Err(e) if !e.is_lease_lost() && !e.dooms_transaction() => {
+            log::warn!("run {}: its outcome was refused: {e}", run.id);
+            let why = format!("the run's outcome could not be recorded: {e}");
+            tx.nested(|tx| fail(tx, run, &why))
+        }
+        other => other,
+    }
 }
 
 fn settle(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Settled> {

@@ -80,7 +80,7 @@ pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 pub use log::MAX_JSON_DEPTH;
-pub use names::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
+pub use names::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 pub use operate::{RuleInfo, RuleReset};
 pub use prune::{Pruned, Retention};
 pub use reaction::{Reaction, ReactionFn};

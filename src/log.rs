@@ -120,27 +120,34 @@ fn checked_payload(ev: &NewEvent, max: usize) -> Result<&str> {
             });
         }
     };
-    if payload.len() > max {
+    check_json("payload", payload, max)?;
+    Ok(payload)
+}
+
+/// Checks JSON text the engine stores (a payload, a run's input, a
+/// checkpoint, a rule's state): at most `max` bytes, at most
+/// [`MAX_JSON_DEPTH`] levels deep, and JSON. A malformed value is a typed
+/// error here rather than a CHECK constraint failure in SQLite.
+pub(crate) fn check_json(field: &'static str, text: &str, max: usize) -> Result<()> {
+    if text.len() > max {
         return Err(Error::invalid(
-            "payload",
-            format!("{} bytes, more than the limit of {max}", payload.len()),
+            field,
+            format!("{} bytes, more than the limit of {max}", text.len()),
         ));
     }
-    // Text given as JSON is checked here, so a malformed payload is a typed
-    // error rather than a CHECK constraint failure. Depth first: serde skips
-    // an ignored value without its recursion limit, and SQLite's json_valid
-    // refuses more than 1,000 levels.
-    let depth = json_depth(payload);
+    // Depth first: serde skips an ignored value without its recursion
+    // limit, and SQLite's json_valid refuses more than 1,000 levels.
+    let depth = json_depth(text);
     if depth > MAX_JSON_DEPTH {
         return Err(Error::invalid(
-            "payload",
+            field,
             format!("nested {depth} levels deep; at most {MAX_JSON_DEPTH}"),
         ));
     }
-    if let Err(e) = serde_json::from_str::<IgnoredAny>(payload) {
-        return Err(Error::invalid("payload", format!("not JSON: {e}")));
+    if let Err(e) = serde_json::from_str::<IgnoredAny>(text) {
+        return Err(Error::invalid(field, format!("not JSON: {e}")));
     }
-    Ok(payload)
+    Ok(())
 }
 
 /// How deeply a payload's arrays and objects may nest.

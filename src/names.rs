@@ -53,6 +53,29 @@ pub(crate) fn check_text(field: &'static str, text: &str, max: usize) -> Result<
     Ok(())
 }
 
+/// Longest error text the engine records (a run's last error, a dead
+/// letter's, a `RuleErrored` event's, a stuck consumer's); longer texts are
+/// cut, so that no error message, however long, can make the record of it
+/// fail.
+pub const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// `text` cut to at most [`MAX_ERROR_BYTES`] (at a character boundary), with
+/// a note of how much was cut.
+pub(crate) fn clip_error(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_ERROR_BYTES {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = MAX_ERROR_BYTES - 64;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}… ({} more bytes cut)",
+        &text[..end],
+        text.len() - end
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,6 +87,15 @@ mod tests {
             let err = check_name("workspace", bad).unwrap_err();
             assert!(err.is_bad_input(), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn long_errors_are_clipped_at_a_character_boundary() {
+        assert_eq!(clip_error("short"), "short");
+        let long = "é".repeat(10_000);
+        let clipped = clip_error(&long);
+        assert!(clipped.len() <= MAX_ERROR_BYTES);
+        assert!(clipped.ends_with("more bytes cut)"), "{clipped}");
     }
 
     #[test]

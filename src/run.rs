@@ -302,11 +302,14 @@ impl<'a> RunContext<'a> {
     ///
     /// # Errors
     /// [`Error::LeaseLost`] if the claim lapsed and another executor took the
-    /// run: stop working on it.
+    /// run: stop working on it. [`Error::Invalid`] for a value over the
+    /// payload limit ([`crate::EngineBuilder::max_payload_bytes`]) or nested
+    /// deeper than [`crate::MAX_JSON_DEPTH`] (nothing is saved).
     pub fn checkpoint<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
         let json = serde_json::to_string(value).map_err(|e| Error::Encode {
             message: e.to_string(),
         })?;
+        log::check_json("checkpoint", &json, self.shared.config.max_payload_bytes)?;
         let run = self.run;
         self.shared.write(|tx| {
             let now = tx.now_ms();

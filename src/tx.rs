@@ -65,8 +65,21 @@ impl<'a> Tx<'a> {
         f: impl FnOnce(&mut Tx<'a>) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
         let (conn, guard) = (self.conn, self.guard);
+        // A SAVEPOINT outside a transaction would begin a new one: if SQLite
+        // ended the engine's (an I/O error), stop here.
+        let gone = || crate::Error::TransactionAborted {
+            detail: "SQLite rolled the transaction back (an I/O error, or a full disk \
+                     mid-statement)"
+                .into(),
+        };
+        if conn.is_autocommit() {
+            return Err(gone().into());
+        }
         guard.control(conn, "SAVEPOINT reflexr_nested")?;
         let result = f(self);
+        if conn.is_autocommit() {
+            return Err(gone().into());
+        }
         if result.is_err() {
             guard.control(conn, "ROLLBACK TO reflexr_nested")?;
         }

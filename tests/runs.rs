@@ -420,6 +420,114 @@ fn events_emitted_by_a_run_are_not_duplicated_across_retries() {
 }
 
 #[test]
+fn one_runs_refused_output_fails_only_that_run_and_the_rest_of_its_batch_settles() {
+    // Invariant 5, contained: runs claimed in one batch whose outputs the
+    // log refuses (an unregistered type, a payload over the limit, an id
+    // over the limit), whose completion fails in the application's
+    // statement, or whose checkpoint is too large, each fail their own
+    // attempt with the reason; the run that did its job succeeds with its
+    // event, and the executor goes on.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = Engine::builder(&path)
+        .clock(clock.clone())
+        .holder_id("test")
+        .max_payload_bytes(64 * 1024)
+        .open()
+        .unwrap();
+    e.ensure_workspace("app", &["job", "done"]).unwrap();
+    e.register_rule(on_job(RetryPolicy::never())).unwrap();
+    e.register_action("work", |run, ctx| {
+        let input: serde_json::Value = run.input()?;
+        let done = || NewEvent::new("done", "job", "worker", 0);
+        match input["what"].as_str().unwrap() {
+            "ok" => ctx.emit("done", done())?,
+            "unregistered" => ctx.emit("done", NewEvent::new("nope", "job", "worker", 0))?,
+            "too-big" => ctx.emit(
+                "done",
+                done().payload(&serde_json::json!({ "blob": "x".repeat(100_000) })),
+            )?,
+            "app-statement" => ctx.complete(|tx| {
+                tx.execute("INSERT INTO no_such_table VALUES (1)", [])?;
+                Ok(())
+            })?,
+            "checkpoint" => ctx.checkpoint(&"y".repeat(100_000))?,
+            other => panic!("{other}"),
+        }
+        Ok(())
+    })
+    .unwrap();
+    e.register_channel(
+        "sms",
+        reflexr::ChannelPolicy::BestEffort,
+        |msg, ctx: &mut reflexr::RunContext<'_>| {
+            // The emitted id is `<delivery id>/sent`: past the id limit.
+            ctx.emit_to(
+                "app",
+                "sent",
+                NewEvent::new("done", &msg.template, "sms", 0),
+            )?;
+            Ok(())
+        },
+    )
+    .unwrap();
+    let whats = [
+        "ok",
+        "unregistered",
+        "too-big",
+        "app-statement",
+        "checkpoint",
+    ];
+    e.write(|tx| {
+        for (i, what) in whats.iter().enumerate() {
+            tx.append(
+                "app",
+                &NewEvent::new("job", format!("job/{i}"), "app", 0)
+                    .payload(&serde_json::json!({ "scope": what, "what": what })),
+            )?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let long_id = "d".repeat(reflexr::MAX_ID_BYTES - 2);
+    e.deliver(&reflexr::Delivery::new("sms", "hello").id(&long_id))
+        .unwrap();
+
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(idle.claimed, 6, "one batch");
+    assert_eq!((idle.succeeded, idle.dead), (1, 5));
+    let runs = e.runs(None, 10).unwrap();
+    let by_what = |what: &str| {
+        runs.iter()
+            .find(|r| r.input.contains(&format!("\"what\":\"{what}\"")))
+            .unwrap()
+    };
+    assert_eq!(by_what("ok").state, RunState::Succeeded);
+    let done = e.read(&Query::new("app").types(["done"])).unwrap();
+    assert_eq!(done.len(), 1, "the successful run's event, and no other");
+    assert_eq!(done[0].id, format!("{}/done", by_what("ok").id));
+    for (what, says) in [
+        ("unregistered", "event type not found"),
+        ("too-big", "invalid payload"),
+        ("app-statement", "no_such_table"),
+        ("checkpoint", "invalid checkpoint"),
+    ] {
+        let run = by_what(what);
+        assert_eq!(run.state, RunState::Dead, "{what}");
+        let error = run.last_error.as_deref().unwrap();
+        assert!(error.contains(says), "{what}: {error}");
+    }
+    let sms = e.run(&long_id).unwrap().unwrap();
+    assert_eq!(sms.state, RunState::Dead);
+    assert!(
+        sms.last_error.as_deref().unwrap().contains("invalid id"),
+        "{:?}",
+        sms.last_error
+    );
+    assert_eq!(e.dead_letters(false, 10).unwrap().len(), 5);
+}
+
+#[test]
 fn completing_in_the_same_transaction_as_an_app_row_is_atomic() {
     // Invariant 2 for runs: the app's row and the completion commit together.
     let (_dir, path) = temp_db();

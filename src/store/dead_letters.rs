@@ -37,7 +37,7 @@ pub(crate) fn insert(conn: &Connection, d: &NewDeadLetter<'_>) -> Result<bool> {
             d.event_id,
             d.run_id,
             d.reason,
-            d.error,
+            crate::names::clip_error(d.error),
             d.attempts,
             d.now
         ])?;

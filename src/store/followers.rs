@@ -106,6 +106,6 @@ pub(crate) fn stopped(conn: &Connection, name: &str, error: &str, now: i64) -> R
         "UPDATE reflexr_followers SET stops = stops + 1, last_error = ?2, stopped_at = ?3, \
            updated_at = ?3 WHERE name = ?1",
     )?
-    .execute(params![name, error, now])?;
+    .execute(params![name, crate::names::clip_error(error), now])?;
     Ok(())
 }

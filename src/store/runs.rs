@@ -83,7 +83,7 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<bool> {
         r.retry.factor,
         r.retry.jitter,
         r.due_at,
-        r.dead,
+        r.dead.map(crate::names::clip_error),
         r.now,
     ])?;
     Ok(true)
@@ -314,7 +314,14 @@ pub(crate) fn retry_later(
                updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL \
              WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
         )?
-        .execute(params![id, holder, attempt, now, due_at, error])?
+        .execute(params![
+            id,
+            holder,
+            attempt,
+            now,
+            due_at,
+            crate::names::clip_error(error)
+        ])?
         == 1)
 }
 
@@ -333,7 +340,13 @@ pub(crate) fn kill(
                updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL \
              WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
         )?
-        .execute(params![id, holder, attempt, now, error])?
+        .execute(params![
+            id,
+            holder,
+            attempt,
+            now,
+            crate::names::clip_error(error)
+        ])?
         == 1)
 }
 
