@@ -54,13 +54,21 @@ CREATE UNIQUE INDEX reflexr_events_by_id ON reflexr_events (workspace, id);
 CREATE INDEX reflexr_events_by_workspace ON reflexr_events (workspace, seq);
 
 -- A consumer's last handled seq in one workspace. Moves only forward, except
--- by an operator's reset, which reflexr_audit records.
+-- by an operator's reset, which reflexr_audit records. high_water is the
+-- furthest it has ever been (a rule below it is replaying). failures counts
+-- the commits that failed at this position (reset when it moves): a
+-- consumer whose commit keeps failing is stuck, and shows in
+-- reflexr_stuck_consumers with its last error.
 CREATE TABLE reflexr_cursors (
     workspace  TEXT NOT NULL REFERENCES reflexr_workspaces (name),
     kind       TEXT NOT NULL CHECK (kind IN ('app', 'rule', 'reaction', 'follower')),
     name       TEXT NOT NULL,
     position   INTEGER NOT NULL CHECK (position >= 0),
     updated_at INTEGER NOT NULL,
+    high_water INTEGER NOT NULL DEFAULT 0 CHECK (high_water >= 0),
+    failures   INTEGER NOT NULL DEFAULT 0 CHECK (failures >= 0),
+    last_error TEXT,
+    failed_at  INTEGER,
     PRIMARY KEY (workspace, kind, name)
 ) STRICT, WITHOUT ROWID;
 
@@ -218,7 +226,9 @@ CREATE TABLE reflexr_schedules (
 -- source), its lease is follower/<name> in reflexr_leases, its dead letters
 -- are kind follower. projection names the application function that selects
 -- and shapes what is published; an engine resumes every row whose projection
--- it has registered.
+-- it has registered. restart_requests counts operators' requests, from any
+-- process, that a stopped follower start again at its cursor: the process
+-- running it sees the count move.
 CREATE TABLE reflexr_followers (
     name         TEXT PRIMARY KEY,
     source       TEXT NOT NULL REFERENCES reflexr_workspaces (name),
@@ -231,7 +241,8 @@ CREATE TABLE reflexr_followers (
     last_error   TEXT,
     stopped_at   INTEGER,
     created_at   INTEGER NOT NULL,
-    updated_at   INTEGER NOT NULL
+    updated_at   INTEGER NOT NULL,
+    restart_requests INTEGER NOT NULL DEFAULT 0 CHECK (restart_requests >= 0)
 ) STRICT, WITHOUT ROWID;
 
 -- Counters of what the engines did to this file, across processes and
@@ -323,4 +334,12 @@ SELECT l.lane, l.head, r.rule, r.scope, r.last_error,
 FROM reflexr_lanes l JOIN reflexr_runs r ON r.id = l.head
 WHERE l.blocked = 1;
 
-PRAGMA user_version = 1;
+-- Consumers (rules, reactions, followers) whose commit failed three times or
+-- more at the same position: they are not moving, and last_error says why.
+CREATE VIEW reflexr_stuck_consumers AS
+SELECT workspace, kind, name, position, failures, last_error,
+       strftime('%Y-%m-%dT%H:%M:%fZ', failed_at / 1000.0, 'unixepoch') AS last_failed
+FROM reflexr_cursors
+WHERE failures >= 3;
+
+PRAGMA user_version = 2;

@@ -71,7 +71,24 @@ pub struct CursorInfo {
     pub lag: i64,
     /// When it last moved, in ms since the epoch.
     pub updated_at: i64,
+    /// How many times the consumer's commit failed at this position (0 once
+    /// it moves). At [`STUCK_AFTER_FAILURES`] it is stuck.
+    pub failures: i64,
+    /// The last of those failures' error.
+    pub last_error: Option<String>,
 }
+
+impl CursorInfo {
+    /// True when the consumer's commit failed [`STUCK_AFTER_FAILURES`] times
+    /// or more at this position: it is not moving (`reflexr_stuck_consumers`).
+    pub fn is_stuck(&self) -> bool {
+        self.failures >= STUCK_AFTER_FAILURES
+    }
+}
+
+/// How many failed commits at one position make a consumer stuck (the view
+/// `reflexr_stuck_consumers` uses the same number).
+pub const STUCK_AFTER_FAILURES: i64 = 3;
 
 /// What an operator's reset did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +186,43 @@ pub(crate) fn reset(
     Ok(Reset { from, to: position })
 }
 
+/// Records, in a transaction of its own, that a consumer's commit failed
+/// while its cursor stood at `position`: logged, counted
+/// (`consumer_failures`) and kept on the cursor, so a consumer that keeps
+/// failing at one position shows as stuck ([`CursorInfo::is_stuck`],
+/// `reflexr_stuck_consumers`) instead of only in a log line.
+pub(crate) fn record_failure(
+    shared: &Shared,
+    (workspace, kind, name): (&str, ConsumerKind, &str),
+    position: i64,
+    error: &crate::Error,
+) {
+    log::error!(
+        "{} {name} at seq {position} of {workspace}: {error}; it tries again",
+        kind.as_str()
+    );
+    let text = error.to_string();
+    let recorded = shared.write(|tx| -> Result<()> {
+        let now = tx.now_ms();
+        let n = cursors::record_failure(
+            tx.conn(),
+            workspace,
+            kind.as_str(),
+            name,
+            position,
+            &text,
+            now,
+        )?;
+        crate::store::counters::bump(tx.conn(), "consumer_failures", usize::from(n.is_some()))
+    });
+    if let Err(e) = recorded {
+        log::error!(
+            "{} {name}: the failure could not be recorded: {e}",
+            kind.as_str()
+        );
+    }
+}
+
 pub(crate) fn list(conn: &Connection) -> Result<Vec<CursorInfo>> {
     cursors::list(conn)?
         .into_iter()
@@ -180,6 +234,8 @@ pub(crate) fn list(conn: &Connection) -> Result<Vec<CursorInfo>> {
                 position: c.position,
                 lag: c.lag,
                 updated_at: c.updated_at,
+                failures: c.failures,
+                last_error: c.last_error,
             })
         })
         .collect()

@@ -1,6 +1,6 @@
 //! The [`Engine`] handle and its [`EngineBuilder`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -71,8 +71,10 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// When the loop last pruned (engine clock).
     pub last_prune: Mutex<i64>,
-    /// Followers stopped in this engine until restarted.
-    pub stopped_followers: Mutex<HashSet<String>>,
+    /// Followers stopped in this engine until restarted, with the ledger's
+    /// count of restart requests when they stopped: a request from any
+    /// process moves the count, and the follower starts again.
+    pub stopped_followers: Mutex<HashMap<String, i64>>,
     /// When each follower that could not take its lease may try again.
     pub follower_retry: Mutex<HashMap<String, i64>>,
     /// Engines on the target files of cross-file followers, by path.
@@ -384,7 +386,7 @@ impl EngineBuilder {
             runtime: Mutex::new(None),
             stop: AtomicBool::new(false),
             last_prune: Mutex::new(i64::MIN / 2),
-            stopped_followers: Mutex::new(HashSet::new()),
+            stopped_followers: Mutex::new(HashMap::new()),
             follower_retry: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
         };
@@ -1053,14 +1055,17 @@ impl Engine {
         self.shared.read(|c| follow::infos(c, &stopped))
     }
 
-    /// Lets a follower that stopped in this engine start again at its
-    /// cursor (after the configuration that stopped it was mended).
+    /// Lets a stopped follower start again at its cursor (after the
+    /// configuration that stopped it was mended), whichever process runs it:
+    /// the request is recorded in the ledger, and the engine relaying for the
+    /// follower picks it up at its next turn (this one at once).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a follower the ledger does not have.
     pub fn restart_follower(&self, name: &str) -> Result<()> {
-        if self
-            .shared
-            .read(|c| crate::store::followers::get(c, name))?
-            .is_none()
-        {
+        let found = self
+            .write(|tx| crate::store::followers::request_restart(tx.conn(), name, tx.now_ms()))?;
+        if !found {
             return Err(Error::not_found("follower", name));
         }
         self.shared

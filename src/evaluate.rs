@@ -7,18 +7,37 @@
 //!    events after it, and the stored states of the scopes they touch.
 //! 2. **Decide** (the application's code, still no lock held): for each
 //!    event the rule watches, compute the scope and run the decision on a
-//!    copy of the scope's state. An error, a panic or a missing scope is a
-//!    `RuleErrored` and a dead letter; the decision's state changes are
-//!    dropped. A batch stops after [`DECIDE_BUDGET`] of decisions, so a slow
-//!    rule holds back the workspace's other rules by one batch at most.
+//!    copy of the scope's state. An error, a panic, a missing scope, an
+//!    input or a state the file cannot hold is a `RuleErrored` and a dead
+//!    letter; the decision's state changes are dropped. A batch stops after
+//!    [`DECIDE_BUDGET`] of decisions, so a slow rule holds back the
+//!    workspace's other rules by one batch at most.
 //! 3. **Commit** (one transaction, through the writer): check the
 //!    workspace's evaluator lease (holder and generation) and that the
 //!    rule's cursor is as step 1 read it (position and stamp: an operator's
-//!    reset of the cursor or of the state changes the stamp); then write the changed
-//!    states, the `RuleFired` and `RuleErrored` events, the dead letters, the
-//!    new runs, and the cursor. A crash anywhere before the commit leaves
-//!    nothing, and the batch is decided again from the same cursor and state;
-//!    after it, nothing is decided again.
+//!    reset of the cursor or of the state changes the stamp); then write the
+//!    changed states, the `RuleFired` and `RuleErrored` events, the dead
+//!    letters, the new runs, and the cursor. A crash anywhere before the
+//!    commit leaves nothing, and the batch is decided again from the same
+//!    cursor and state; after it, nothing is decided again.
+//!
+//! # Firing ids
+//!
+//! A firing's id — its run's id, the idempotency key its action gives the
+//! outside world — is a pure function of the decision: see [`firing_id`].
+//! Deciding an event again (a replay, after [`crate::RuleReset::Replay`] or
+//! [`crate::OnNewVersion::Replay`]) derives the same ids, so a firing made
+//! before is found, not made twice: its `RuleFired` event and its run stay as
+//! they are, whatever state the run is in.
+//!
+//! # Nothing wedges a rule
+//!
+//! Each firing is recorded in a savepoint of its own: one the log refuses
+//! (it should not happen once inputs are checked; this is the guard) becomes
+//! a `RuleErrored` and a dead letter for that (rule, event), and the rule
+//! moves on. A commit that still fails is recorded against the rule's cursor
+//! (`reflexr_stuck_consumers` once it failed
+//! [`crate::STUCK_AFTER_FAILURES`] times at one position) and tried again.
 
 use std::any::Any;
 use std::cell::OnceCell;
@@ -33,6 +52,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, NewEvent};
 use crate::lease::{self, Lease};
 use crate::log::{self, Origin};
+use crate::names::MAX_SUBJECT_BYTES;
 use crate::rule::{Decision, Ordering, Rule};
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::runs::{self, NewRun};
@@ -47,12 +67,44 @@ pub(crate) fn lease_name(workspace: &str) -> String {
     format!("evaluator/{workspace}")
 }
 
+/// The namespace of the ids the engine derives (RFC 9562, UUIDv5): the
+/// UUIDv5 of the URL `https://reflexr.dev/ids`.
+const ID_NAMESPACE: uuid::Uuid = uuid::uuid!("efed730c-4498-5f3a-b0e8-cf8af01091f1");
+
+/// The id of the firing `index` (0: a decision fires at most once per event
+/// today) of `rule` for `event`: a UUIDv8 (RFC 9562) whose first 48 bits are
+/// the event's `recorded_at` in milliseconds — so firing ids sort by time,
+/// like the UUIDv7 ids of events, and the run index grows at its end — and
+/// whose other 74 bits are the last bits of the UUIDv5 (SHA-1) of
+/// `firing\0<rule>\0<workspace>\0<event id>\0<index>` in the engine's
+/// namespace. It depends on nothing but the rule's name and the event, so
+/// deciding the event again derives it again.
+pub fn firing_id(rule: &str, event: &Event, index: u32) -> String {
+    derived_id("firing", rule, event, index)
+}
+
+/// The id of the `RuleErrored` event of `rule` for `event`, derived like
+/// [`firing_id`] (so a replay that fails again records nothing twice).
+fn errored_id(rule: &str, event: &Event) -> String {
+    format!("{}:errored", derived_id("errored", rule, event, 0))
+}
+
+fn derived_id(kind: &str, rule: &str, event: &Event, index: u32) -> String {
+    let name = format!("{kind}\0{rule}\0{}\0{}\0{index}", event.workspace, event.id);
+    let hash = uuid::Uuid::new_v5(&ID_NAMESPACE, name.as_bytes());
+    let mut bytes = *hash.as_bytes();
+    let ms = u64::try_from(event.recorded_at).unwrap_or(0).to_be_bytes();
+    bytes[..6].copy_from_slice(&ms[2..]);
+    uuid::Uuid::new_v8(bytes).to_string()
+}
+
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Pass {
     /// Events the rules moved past (decided or skipped).
     pub events: usize,
     pub decided: usize,
+    /// New firings (a replay's firings found made before are not counted).
     pub fired: usize,
     pub errored: usize,
 }
@@ -89,7 +141,9 @@ type Stamp = (i64, i64);
 struct Decided<'r> {
     rule: &'r Rule,
     /// The cursor's (position, stamp) when the page was read.
-    stamp: (i64, i64),
+    stamp: Stamp,
+    /// The furthest the cursor has been: events up to it are decided again.
+    high_water: i64,
     /// How many of the page's events it got through.
     through: usize,
     decided: usize,
@@ -97,16 +151,26 @@ struct Decided<'r> {
     changed: Vec<(String, String, i64)>,
     firings: Vec<Firing>,
     errors: Vec<Errored>,
+    /// Events decided again (at or below the high water) that fired nothing
+    /// this time: a firing made before is looked for, and kept.
+    quiet_replays: Vec<usize>,
+}
+
+/// What committing one rule's batch did.
+#[derive(Default)]
+struct Committed {
+    fired: usize,
+    errored: usize,
 }
 
 /// One pass over the rules of a workspace. Rules whose cursors stand at the
 /// same position share one read of the page (and each event's parsed
 /// payload) and one commit, each rule's part in a savepoint of its own. A
 /// rule whose cursor or state an operator changed meanwhile is decided again
-/// (up to ten times a pass); a rule whose commit fails otherwise is logged
-/// and left for the next pass, without holding back the others. `lease`
-/// gives the workspace's evaluator lease (renewing it when due) before each
-/// group; `None` ends the pass.
+/// (up to ten times a pass); a rule whose commit fails otherwise is logged,
+/// recorded against its cursor and left for the next pass, without holding
+/// back the others. `lease` gives the workspace's evaluator lease (renewing
+/// it when due) before each group; `None` ends the pass.
 pub(crate) fn pass(
     shared: &Shared,
     rules: &[Arc<Rule>],
@@ -122,15 +186,19 @@ pub(crate) fn pass(
         if pending.is_empty() {
             break;
         }
-        let stamps: Vec<(i64, i64)> = shared.read(|c| {
+        let stamps: Vec<(Stamp, i64)> = shared.read(|c| {
             pending
                 .iter()
-                .map(|r| Ok(cursors::get_stamped(c, &workspace, kind, &r.name)?.unwrap_or((0, 0))))
+                .map(|r| {
+                    let stamp = cursors::get_stamped(c, &workspace, kind, &r.name)?;
+                    let high = cursors::high_water(c, &workspace, kind, &r.name)?;
+                    Ok((stamp.unwrap_or((0, 0)), high))
+                })
                 .collect()
         })?;
-        let mut groups: BTreeMap<i64, Vec<(&Rule, Stamp)>> = BTreeMap::new();
-        for (r, stamp) in pending.iter().zip(stamps) {
-            groups.entry(stamp.0).or_default().push((r, stamp));
+        let mut groups: BTreeMap<i64, Vec<(&Rule, Stamp, i64)>> = BTreeMap::new();
+        for (r, (stamp, high)) in pending.iter().zip(stamps) {
+            groups.entry(stamp.0).or_default().push((r, stamp, high));
         }
         let mut again = Vec::new();
         for (position, group) in groups {
@@ -146,30 +214,35 @@ pub(crate) fn pass(
             let parsed: Vec<OnceCell<Option<serde_json::Value>>> =
                 page.iter().map(|_| OnceCell::new()).collect();
             let mut decided = Vec::with_capacity(group.len());
-            for (rule, stamp) in group {
-                match decide(shared, rule, stamp, &page, &parsed) {
+            for (rule, stamp, high_water) in group {
+                match decide(shared, rule, stamp, high_water, &page, &parsed) {
                     Ok(d) => decided.push(d),
-                    Err(e) => ::log::error!("rule {}: {e}; it tries again next pass", rule.name),
+                    Err(e) => failed(shared, rule, position, &e),
                 }
             }
-            let outcomes = shared.write(|tx| -> Result<Vec<Result<bool>>> {
+            let outcomes = shared.write(|tx| -> Result<Vec<Result<Option<Committed>>>> {
                 lease::fence(tx.conn(), tx.now_ms(), &lease)?;
                 Ok(decided
                     .iter()
-                    .map(|d| tx.nested(|tx| commit(tx, d, &page, &lease)))
-                    .collect::<Vec<Result<bool>>>())
+                    .map(|d| match tx.nested(|tx| commit(tx, d, &page, &lease)) {
+                        // The cursor moved under the batch: its writes were
+                        // rolled back with the savepoint; decide again.
+                        Err(Error::CursorBackwards { .. }) => Ok(None),
+                        other => other,
+                    })
+                    .collect())
             })?;
             for (d, outcome) in decided.iter().zip(outcomes) {
                 match outcome {
-                    Ok(true) => total.add(Pass {
+                    Ok(Some(c)) => total.add(Pass {
                         events: d.through,
                         decided: d.decided,
-                        fired: d.firings.len(),
-                        errored: d.errors.len(),
+                        fired: c.fired,
+                        errored: c.errored,
                     }),
-                    Ok(false) => again.push(d.rule),
+                    Ok(None) => again.push(d.rule),
                     Err(e) if e.is_lease_lost() => return Err(e),
-                    Err(e) => ::log::error!("rule {}: {e}; it tries again next pass", d.rule.name),
+                    Err(e) => failed(shared, d.rule, position, &e),
                 }
             }
         }
@@ -181,24 +254,50 @@ pub(crate) fn pass(
     Ok(total)
 }
 
+/// A rule's batch could not be decided or committed: recorded against its
+/// cursor (so a rule that keeps failing at one position shows as stuck). It
+/// is tried again next pass.
+fn failed(shared: &Shared, rule: &Rule, position: i64, e: &Error) {
+    crate::cursor::record_failure(
+        shared,
+        (&rule.workspace, ConsumerKind::Rule, &rule.name),
+        position,
+        e,
+    );
+}
+
 /// Decides `rule` over `page` (which starts right after its cursor):
 /// scopes, states, decisions; writes nothing.
 fn decide<'r>(
     shared: &Shared,
     rule: &'r Rule,
-    stamp: (i64, i64),
+    stamp: Stamp,
+    high_water: i64,
     page: &[Event],
     parsed: &[OnceCell<Option<serde_json::Value>>],
 ) -> Result<Decided<'r>> {
+    let max_json = shared.config.max_payload_bytes;
     // Scopes of the events the rule watches, and their stored states.
-    let scopes: Vec<Option<std::result::Result<String, String>>> = page
+    let scopes: Vec<Option<std::result::Result<String, (&'static str, String)>>> = page
         .iter()
         .zip(parsed)
         .map(|(e, p)| {
             rule.types.contains(&e.event_type).then(|| {
-                catch_unwind(AssertUnwindSafe(|| rule.scope.of(e, p))).unwrap_or_else(|p| {
-                    Err(format!("the scope function panicked: {}", panic_text(&*p)))
-                })
+                let scope = catch_unwind(AssertUnwindSafe(|| rule.scope.of(e, p)))
+                    .unwrap_or_else(|p| {
+                        Err(format!("the scope function panicked: {}", panic_text(&*p)))
+                    })
+                    .map_err(|why| ("missing_scope", why))?;
+                if scope.len() > MAX_SUBJECT_BYTES {
+                    return Err((
+                        "scope_too_long",
+                        format!(
+                            "the scope is {} bytes, more than the limit of {MAX_SUBJECT_BYTES}",
+                            scope.len()
+                        ),
+                    ));
+                }
+                Ok(scope)
             })
         })
         .collect();
@@ -225,9 +324,11 @@ fn decide<'r>(
         .as_ref()
         .expect("a registered rule has a decision");
     let mut states: HashMap<String, Box<dyn Any + Send>> = HashMap::new();
-    let mut dirty: HashMap<String, i64> = HashMap::new();
+    // Scope → index of the last event that changed its state.
+    let mut dirty: HashMap<String, usize> = HashMap::new();
     let mut firings = Vec::new();
     let mut errors = Vec::new();
+    let mut quiet_replays = Vec::new();
     let mut decided = 0;
     let mut last = 0usize;
     let started = Instant::now();
@@ -240,257 +341,375 @@ fn decide<'r>(
         last = i;
         let Some(scope) = &scopes[i] else { continue };
         decided += 1;
-        let scope = match scope {
-            Ok(s) => s.as_str(),
-            Err(why) => {
-                errors.push(Errored {
-                    event: i,
-                    scope: None,
-                    reason: "missing_scope",
-                    error: why.clone(),
-                });
-                continue;
-            }
-        };
-        if !states.contains_key(scope) {
-            let loaded = match stored.get(scope) {
-                Some(json) => decider.load(json),
-                None => Ok(decider.initial()),
-            };
-            match loaded {
-                Ok(s) => {
-                    states.insert(scope.to_string(), s);
-                }
-                Err(why) => {
-                    errors.push(Errored {
-                        event: i,
-                        scope: Some(scope.to_string()),
-                        reason: "state_unreadable",
-                        error: why,
-                    });
-                    continue;
-                }
-            }
-        }
-        let current = states.get_mut(scope).expect("loaded above");
-        let mut copy = decider.copy(&**current);
-        let outcome = catch_unwind(AssertUnwindSafe(|| decider.decide(event, &mut *copy)));
-        match outcome {
-            Ok(Ok(decision)) => {
-                *current = copy;
-                match dirty.get_mut(scope) {
-                    Some(seq) => *seq = event.seq,
-                    None => {
-                        dirty.insert(scope.to_string(), event.seq);
-                    }
-                }
-                if let Decision::Fire(input) = decision {
-                    firings.push(Firing {
-                        id: log::new_id(),
-                        event: i,
-                        scope: scope.to_string(),
-                        input: input.to_string(),
-                    });
-                }
-            }
-            Ok(Err(e)) => errors.push(Errored {
-                event: i,
-                scope: Some(scope.to_string()),
-                reason: "decision_error",
-                error: e.to_string(),
-            }),
-            Err(panic) => errors.push(Errored {
-                event: i,
-                scope: Some(scope.to_string()),
-                reason: "decision_panic",
-                error: panic_text(&*panic),
-            }),
+        let fired_before = firings.len();
+        decide_one(
+            decider.as_ref(),
+            rule,
+            (i, event),
+            scope,
+            &stored,
+            &mut states,
+            &mut dirty,
+            &mut firings,
+            &mut errors,
+            max_json,
+        );
+        if event.seq <= high_water && firings.len() == fired_before {
+            quiet_replays.push(i);
         }
     }
 
-    // Only states that changed are written.
+    // Only states that changed are written. A state the file cannot hold
+    // is an error of the last event that changed it; the stored state stays.
     let mut changed = Vec::new();
-    for (scope, seq) in &dirty {
+    for (scope, i) in &dirty {
         let state = states.get(scope).expect("dirty states are loaded");
-        match decider.save(&**state) {
+        let json = decider.save(&**state).and_then(|json| {
+            match log::check_json("state", &json, max_json) {
+                Ok(()) => Ok(json),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        match json {
             Ok(json) if stored.get(scope) != Some(&json) => {
-                changed.push((scope.clone(), json, *seq))
+                changed.push((scope.clone(), json, page[*i].seq));
             }
             Ok(_) => {}
-            Err(why) => {
-                return Err(Error::Encode {
-                    message: format!("rule {}: {why}", rule.name),
-                });
-            }
+            Err(why) => errors.push(Errored {
+                event: *i,
+                scope: Some(scope.clone()),
+                reason: "state_refused",
+                error: format!("the state cannot be stored, and stays as it was: {why}"),
+            }),
         }
     }
     Ok(Decided {
         rule,
         stamp,
+        high_water,
         through: last + 1,
         decided,
         changed,
         firings,
         errors,
+        quiet_replays,
     })
 }
 
+/// One decision: the scope's state (loaded once per batch), the decision on
+/// a copy of it, and what came of it.
+#[allow(clippy::too_many_arguments)]
+fn decide_one(
+    decider: &dyn crate::rule::Decide,
+    rule: &Rule,
+    (i, event): (usize, &Event),
+    scope: &std::result::Result<String, (&'static str, String)>,
+    stored: &HashMap<String, String>,
+    states: &mut HashMap<String, Box<dyn Any + Send>>,
+    dirty: &mut HashMap<String, usize>,
+    firings: &mut Vec<Firing>,
+    errors: &mut Vec<Errored>,
+    max_json: usize,
+) {
+    let scope = match scope {
+        Ok(s) => s.as_str(),
+        Err((reason, why)) => {
+            errors.push(Errored {
+                event: i,
+                scope: None,
+                reason,
+                error: why.clone(),
+            });
+            return;
+        }
+    };
+    let error = |reason, error| Errored {
+        event: i,
+        scope: Some(scope.to_string()),
+        reason,
+        error,
+    };
+    if !states.contains_key(scope) {
+        let loaded = match stored.get(scope) {
+            Some(json) => decider.load(json),
+            None => Ok(decider.initial()),
+        };
+        match loaded {
+            Ok(s) => {
+                states.insert(scope.to_string(), s);
+            }
+            Err(why) => return errors.push(error("state_unreadable", why)),
+        }
+    }
+    let current = states.get_mut(scope).expect("loaded above");
+    let mut copy = decider.copy(&**current);
+    match catch_unwind(AssertUnwindSafe(|| decider.decide(event, &mut *copy))) {
+        Ok(Ok(decision)) => {
+            let input = match &decision {
+                Decision::Skip => None,
+                Decision::Fire(input) => {
+                    let text = input.to_string();
+                    match log::check_json("input", &text, max_json) {
+                        Ok(()) => Some(text),
+                        // The firing cannot be recorded: an error like any
+                        // other, and the decision's state changes go too.
+                        Err(e) => return errors.push(error("input_refused", e.to_string())),
+                    }
+                }
+            };
+            *current = copy;
+            dirty.insert(scope.to_string(), i);
+            if let Some(input) = input {
+                firings.push(Firing {
+                    id: firing_id(&rule.name, event, 0),
+                    event: i,
+                    scope: scope.to_string(),
+                    input,
+                });
+            }
+        }
+        Ok(Err(e)) => errors.push(error("decision_error", e.to_string())),
+        Err(panic) => errors.push(error("decision_panic", panic_text(&*panic))),
+    }
+}
+
+/// True when the firing `id` was recorded before: its run exists, or its
+/// `RuleFired` event does (the run may have been pruned).
+fn firing_exists(conn: &rusqlite::Connection, workspace: &str, id: &str) -> Result<bool> {
+    Ok(runs::get(conn, id)?.is_some()
+        || events::seq_of(conn, workspace, &format!("{id}:fired"))?.is_some())
+}
+
 /// Commits what one rule decided, in the caller's transaction (which checked
-/// the evaluator lease): false, writing nothing, if its cursor or state was
+/// the evaluator lease): `None`, writing nothing, if its cursor or state was
 /// changed since the page was read.
-fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event], lease: &Lease) -> Result<bool> {
-    let Decided {
-        rule,
-        stamp: read_stamp,
-        through,
-        decided,
-        changed,
-        firings,
-        errors,
-    } = d;
-    let (rule, read_stamp, decided) = (*rule, *read_stamp, *decided);
-    let new_cursor = page[through - 1].seq;
+fn commit(
+    tx: &mut Tx<'_>,
+    d: &Decided<'_>,
+    page: &[Event],
+    lease: &Lease,
+) -> Result<Option<Committed>> {
+    let rule = d.rule;
+    let new_cursor = page[d.through - 1].seq;
+    let now = tx.now_ms();
+    let kind = ConsumerKind::Rule.as_str();
+    // Nobody moved the cursor or reset the state since step 1 read them.
+    if cursors::get_stamped(tx.conn(), &rule.workspace, kind, &rule.name)?.unwrap_or((0, 0))
+        != d.stamp
+    {
+        return Ok(None);
+    }
+    for (scope, json, seq) in &d.changed {
+        rules::save_state(tx.conn(), &rule.name, scope, json, *seq, now)?;
+    }
+    let mut done = Committed::default();
+    let (mut existing, mut kept) = (0, 0);
+    let mut refused = Vec::new();
+    for f in &d.firings {
+        let event = &page[f.event];
+        if event.seq <= d.high_water && firing_exists(tx.conn(), &rule.workspace, &f.id)? {
+            existing += 1;
+            continue;
+        }
+        match tx.nested(|tx| record_firing(tx, rule, f, event, lease)) {
+            Ok(()) => done.fired += 1,
+            Err(e) if e.dooms_transaction() => return Err(e),
+            Err(e) => refused.push(Errored {
+                event: f.event,
+                scope: Some(f.scope.clone()),
+                reason: "firing_refused",
+                error: format!("the firing could not be recorded: {e}"),
+            }),
+        }
+    }
+    for &i in &d.quiet_replays {
+        let event = &page[i];
+        let id = firing_id(&rule.name, event, 0);
+        if firing_exists(tx.conn(), &rule.workspace, &id)? {
+            kept += 1;
+            ::log::info!(
+                "rule {}: replaying seq {} no longer fires; firing {id} made before is kept \
+                 as it was",
+                rule.name,
+                event.seq
+            );
+        }
+    }
+    let errored_at: std::collections::HashSet<usize> =
+        d.errors.iter().chain(&refused).map(|e| e.event).collect();
+    for e in d.errors.iter().chain(&refused) {
+        record_error(tx, rule, e, &page[e.event])?;
+        done.errored += 1;
+    }
+    // A replay that now decides an event without error settles the dead
+    // letter an earlier decision of it left open.
+    for (i, event) in page[..d.through].iter().enumerate() {
+        if event.seq > d.high_water {
+            break;
+        }
+        if !errored_at.contains(&i) && rule.types.contains(&event.event_type) {
+            dead_letters::resolve_for_event(
+                tx.conn(),
+                "rule",
+                &rule.name,
+                &rule.workspace,
+                event.seq,
+                now,
+            )?;
+        }
+    }
+    if done.fired + done.errored > 0 {
+        tx.mark_nudge();
+    }
+    let conn = tx.conn();
+    counters::bump(conn, "decisions", d.decided)?;
+    counters::bump(conn, "fired", done.fired)?;
+    counters::bump(conn, "errored", done.errored)?;
+    counters::bump(conn, "replay_existing", existing)?;
+    counters::bump(conn, "replay_kept", kept)?;
+    match cursors::advance(conn, &rule.workspace, kind, &rule.name, new_cursor, now)? {
+        Ok(()) => Ok(Some(done)),
+        // Rolls this rule's savepoint back (see `pass`).
+        Err(current) => Err(Error::CursorBackwards {
+            consumer: rule.name.clone(),
+            workspace: rule.workspace.clone(),
+            current,
+            requested: new_cursor,
+        }),
+    }
+}
+
+/// Records one firing: its `RuleFired` event and its run (or, past the
+/// chain depth limit, its dead run and dead letter).
+fn record_firing(
+    tx: &mut Tx<'_>,
+    rule: &Rule,
+    f: &Firing,
+    event: &Event,
+    lease: &Lease,
+) -> Result<()> {
     let now = tx.now_ms();
     let shared = tx.shared();
     let conn = tx.conn();
-    let kind = ConsumerKind::Rule.as_str();
-    // Nobody moved the cursor or reset the state since step 1 read them.
-    if cursors::get_stamped(conn, &rule.workspace, kind, &rule.name)?.unwrap_or((0, 0))
-        != read_stamp
-    {
-        return Ok(false);
-    }
-    for (scope, json, seq) in changed {
-        rules::save_state(conn, &rule.name, scope, json, *seq, now)?;
-    }
     let actor = format!("rule:{}", rule.name);
     let action = rule
         .action
         .as_deref()
         .expect("a registered rule has an action");
-    for f in firings {
-        let event = &page[f.event];
-        let too_deep = event.depth + 1 > shared.config.max_chain_depth;
-        let fired = NewEvent::new("RuleFired", &event.subject, &actor, event.occurred_at)
-            .id(format!("{}:fired", f.id))
-            .payload(&serde_json::json!({
-                "rule": rule.name,
-                "firing_id": f.id,
-                "action": action,
-                "scope": f.scope,
-                "input": serde_json::from_str::<serde_json::Value>(&f.input).unwrap_or_default(),
-                "event_seq": event.seq,
-                "event_id": event.id,
-                "run": if too_deep { "dead: chain depth limit" } else { "created" },
-                "evaluator": { "holder": lease.holder, "generation": lease.generation },
-            }));
-        let fired = with_cause(fired, event);
-        log::append(
-            conn,
-            shared,
-            &rule.workspace,
-            &fired,
-            Origin::Engine { depth: event.depth },
-        )?;
-        let dead = too_deep.then(|| {
-            format!(
-                "the firing event is {} deep; a run would emit events past the chain depth limit of {}",
-                event.depth, shared.config.max_chain_depth
-            )
-        });
-        let lane = (rule.ordering == Ordering::Scope).then(|| format!("{} {}", rule.name, f.scope));
-        runs::insert(
-            conn,
-            &NewRun {
-                id: &f.id,
-                kind: "rule",
-                action,
-                workspace: Some(&rule.workspace),
-                rule: Some(&rule.name),
-                scope: Some(&f.scope),
-                lane: lane.as_deref(),
-                on_dead_letter: rule.on_dead_letter.as_str(),
-                input: &f.input,
-                event_seq: Some(event.seq),
-                event_id: Some(&event.id),
-                depth: event.depth,
-                retry: &rule.retry,
-                due_at: now,
-                now,
-                dead: dead.as_deref(),
-            },
-        )?;
-        if let Some(why) = &dead {
-            dead_letters::insert(
-                conn,
-                &NewDeadLetter {
-                    kind: "run",
-                    consumer: &rule.name,
-                    workspace: Some(&rule.workspace),
-                    event_seq: Some(event.seq),
-                    event_id: Some(&event.id),
-                    run_id: Some(&f.id),
-                    reason: "depth_limit",
-                    error: why,
-                    attempts: 0,
-                    now,
-                },
-            )?;
-        }
-    }
-    for e in errors {
-        let event = &page[e.event];
-        let errored = NewEvent::new("RuleErrored", &event.subject, &actor, event.occurred_at)
-            .id(format!("{}:errored", log::new_id()))
-            .payload(&serde_json::json!({
-                "rule": rule.name,
-                "scope": e.scope,
-                "reason": e.reason,
-                "error": e.error,
-                "event_seq": event.seq,
-                "event_id": event.id,
-            }));
-        let errored = with_cause(errored, event);
-        log::append(
-            conn,
-            shared,
-            &rule.workspace,
-            &errored,
-            Origin::Engine { depth: event.depth },
-        )?;
+    let too_deep = event.depth + 1 > shared.config.max_chain_depth;
+    let input: serde_json::Value = serde_json::from_str(&f.input).map_err(|e| Error::Encode {
+        message: e.to_string(),
+    })?;
+    let fired = NewEvent::new("RuleFired", &event.subject, &actor, event.occurred_at)
+        .id(format!("{}:fired", f.id))
+        .payload(&serde_json::json!({
+            "rule": rule.name,
+            "firing_id": f.id,
+            "action": action,
+            "scope": f.scope,
+            "input": input,
+            "event_seq": event.seq,
+            "event_id": event.id,
+            "run": if too_deep { "dead: chain depth limit" } else { "created" },
+            "evaluator": { "holder": lease.holder, "generation": lease.generation },
+        }));
+    let fired = with_cause(fired, event);
+    log::append(
+        conn,
+        shared,
+        &rule.workspace,
+        &fired,
+        Origin::Engine { depth: event.depth },
+    )?;
+    let dead = too_deep.then(|| {
+        format!(
+            "the firing event is {} deep; a run would emit events past the chain depth limit of {}",
+            event.depth, shared.config.max_chain_depth
+        )
+    });
+    let lane = (rule.ordering == Ordering::Scope).then(|| format!("{} {}", rule.name, f.scope));
+    runs::insert(
+        conn,
+        &NewRun {
+            id: &f.id,
+            kind: "rule",
+            action,
+            workspace: Some(&rule.workspace),
+            rule: Some(&rule.name),
+            scope: Some(&f.scope),
+            lane: lane.as_deref(),
+            on_dead_letter: rule.on_dead_letter.as_str(),
+            input: &f.input,
+            event_seq: Some(event.seq),
+            event_id: Some(&event.id),
+            depth: event.depth,
+            retry: &rule.retry,
+            due_at: now,
+            now,
+            dead: dead.as_deref(),
+        },
+    )?;
+    if let Some(why) = &dead {
         dead_letters::insert(
             conn,
             &NewDeadLetter {
-                kind: "rule",
+                kind: "run",
                 consumer: &rule.name,
                 workspace: Some(&rule.workspace),
                 event_seq: Some(event.seq),
                 event_id: Some(&event.id),
-                run_id: None,
-                reason: e.reason,
-                error: &e.error,
-                attempts: 1,
+                run_id: Some(&f.id),
+                reason: "depth_limit",
+                error: why,
+                attempts: 0,
                 now,
             },
         )?;
     }
-    if !firings.is_empty() || !errors.is_empty() {
-        tx.mark_nudge();
-    }
-    counters::bump(tx.conn(), "decisions", decided)?;
-    counters::bump(tx.conn(), "fired", firings.len())?;
-    counters::bump(tx.conn(), "errored", errors.len())?;
-    match cursors::advance(
+    Ok(())
+}
+
+/// Records an evaluation error: a `RuleErrored` event (its id derived from
+/// the rule and the event, so a replay that fails again appends nothing
+/// twice) and a dead letter (reopened if an operator had resolved it).
+fn record_error(tx: &mut Tx<'_>, rule: &Rule, e: &Errored, event: &Event) -> Result<()> {
+    let now = tx.now_ms();
+    let actor = format!("rule:{}", rule.name);
+    let error = crate::names::clip_error(&e.error);
+    let errored = NewEvent::new("RuleErrored", &event.subject, &actor, event.occurred_at)
+        .id(errored_id(&rule.name, event))
+        .payload(&serde_json::json!({
+            "rule": rule.name,
+            "scope": e.scope,
+            "reason": e.reason,
+            "error": error,
+            "event_seq": event.seq,
+            "event_id": event.id,
+        }));
+    let errored = with_cause(errored, event);
+    log::append(
         tx.conn(),
+        tx.shared(),
         &rule.workspace,
-        kind,
-        &rule.name,
-        new_cursor,
-        now,
-    )? {
-        Ok(()) => Ok(true),
-        Err(_) => Ok(false),
-    }
+        &errored,
+        Origin::Engine { depth: event.depth },
+    )?;
+    dead_letters::insert(
+        tx.conn(),
+        &NewDeadLetter {
+            kind: "rule",
+            consumer: &rule.name,
+            workspace: Some(&rule.workspace),
+            event_seq: Some(event.seq),
+            event_id: Some(&event.id),
+            run_id: None,
+            reason: e.reason,
+            error: &error,
+            attempts: 1,
+            now,
+        },
+    )?;
+    Ok(())
 }
 
 fn with_cause(ev: NewEvent, cause: &Event) -> NewEvent {
@@ -509,5 +728,56 @@ pub(crate) fn panic_text(p: &(dyn Any + Send)) -> String {
         s.clone()
     } else {
         "a panic without a message".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(workspace: &str, id: &str, recorded_at: i64) -> Event {
+        Event {
+            seq: 1,
+            id: id.into(),
+            workspace: workspace.into(),
+            event_type: "t".into(),
+            subject: "s".into(),
+            actor: "a".into(),
+            occurred_at: 0,
+            recorded_at,
+            causation_id: None,
+            correlation_id: None,
+            depth: 0,
+            payload: "{}".into(),
+        }
+    }
+
+    #[test]
+    fn the_namespace_is_the_uuid5_of_its_url() {
+        assert_eq!(
+            ID_NAMESPACE,
+            uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, b"https://reflexr.dev/ids")
+        );
+    }
+
+    #[test]
+    fn firing_ids_depend_on_the_rule_and_the_event_only_and_sort_by_time() {
+        // Invariant 4 across replays: the id of a decision is derived again,
+        // not drawn again.
+        let e = event("app", "e-1", 1_800_000_000_000);
+        let id = firing_id("r", &e, 0);
+        assert_eq!(id, firing_id("r", &e.clone(), 0));
+        let parsed = uuid::Uuid::parse_str(&id).unwrap();
+        assert_eq!(parsed.get_version_num(), 8);
+        for other in [
+            firing_id("r2", &e, 0),
+            firing_id("r", &event("app2", "e-1", 1_800_000_000_000), 0),
+            firing_id("r", &event("app", "e-2", 1_800_000_000_000), 0),
+            firing_id("r", &e, 1),
+            errored_id("r", &e),
+        ] {
+            assert_ne!(id, other);
+        }
+        assert!(firing_id("r", &event("app", "e-3", 1_800_000_000_001), 0) > id);
     }
 }

@@ -29,14 +29,17 @@
 //! - **Dead letters, once per seq** — when the projection errors or panics,
 //!   returns an invalid event, or returns one of the engine's own types
 //!   (which reflexr refuses to anyone): the envelope is dead-lettered and the
-//!   follower moves on.
+//!   follower moves on. The built-in `"same"` projection skips the engine's
+//!   own types instead (they bridge nothing).
 //! - **Stop** on anything else — a refused publish, a storage failure, a type
 //!   the target does not accept (`NotFound`): that is the application's
 //!   configuration, not the envelope's fault, and dead-lettering it would skip
 //!   every later envelope of the type. The stop is logged as an error and
-//!   counted; the follower starts again at its cursor when the engine is
-//!   opened again or an operator restarts it
-//!   ([`crate::Engine::restart_follower`]).
+//!   counted, and recorded on its cursor (a follower stopped again and again
+//!   at one position shows as stuck); the follower starts again at its
+//!   cursor when the engine is opened again or an operator restarts it from
+//!   any process ([`crate::Engine::restart_follower`], `reflexr
+//!   restart-follower`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -104,9 +107,10 @@ pub struct Follow {
 
 impl Follow {
     /// Follow `source` (a workspace of this file) into `target`. By default
-    /// the target is in this file, the projection is `"same"` (every envelope
-    /// as it is, see [`same_event`]; registered by every engine), and the name
-    /// is `<source>-to-<target>`.
+    /// the target is in this file, the projection is `"same"` (every
+    /// application envelope as it is, see [`same_event`]; reflexr's own
+    /// `RuleFired` and `RuleErrored` bridge nothing; registered by every
+    /// engine), and the name is `<source>-to-<target>`.
     pub fn new(source: impl Into<String>, target: impl Into<String>) -> Follow {
         Follow {
             name: None,
@@ -218,7 +222,7 @@ pub(crate) fn register(tx: &mut Tx<'_>, f: &Follow) -> Result<String> {
 
 pub(crate) fn infos(
     conn: &rusqlite::Connection,
-    stopped: &std::collections::HashSet<String>,
+    stopped: &std::collections::HashMap<String, i64>,
 ) -> Result<Vec<FollowerInfo>> {
     let kind = ConsumerKind::Follower.as_str();
     followers::list(conn)?
@@ -227,7 +231,7 @@ pub(crate) fn infos(
             let cursor = cursors::get(conn, &r.source, kind, &r.name)?.unwrap_or(0);
             Ok(FollowerInfo {
                 lag: events::count_after(conn, &r.source, cursor)?,
-                stopped_here: stopped.contains(&r.name),
+                stopped_here: stopped.contains_key(&r.name),
                 cursor,
                 name: r.name,
                 source: r.source,
@@ -416,7 +420,12 @@ pub(crate) fn step(
         }
         followers::count(tx.conn(), &row.name, r.published as i64, r.dead as i64, now)?;
         if let Some(e) = &r.stopped {
-            followers::stopped(tx.conn(), &row.name, &e.to_string(), now)?;
+            let error = e.to_string();
+            followers::stopped(tx.conn(), &row.name, &error, now)?;
+            let at = last.unwrap_or(stamp.0);
+            let n =
+                cursors::record_failure(tx.conn(), &row.source, kind, &row.name, at, &error, now)?;
+            crate::store::counters::bump(tx.conn(), "consumer_failures", usize::from(n.is_some()))?;
         }
         Ok(r)
     });
@@ -428,6 +437,12 @@ pub(crate) fn step(
             let detail = e.to_string();
             let _ =
                 shared.write(|tx| followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms()));
+            crate::cursor::record_failure(
+                shared,
+                (&row.source, ConsumerKind::Follower, &row.name),
+                stamp.0,
+                &e,
+            );
             Ok(Relayed {
                 stopped: Some(e),
                 ..Relayed::default()

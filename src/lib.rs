@@ -71,15 +71,16 @@ mod workspace;
 mod writer;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use cursor::{ConsumerKind, CursorInfo, Reset};
+pub use cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
 pub use dead_letter::DeadLetter;
 pub use delivery::{ChannelPolicy, Delivery, Message, SenderFn};
 pub use engine::{Engine, EngineBuilder};
 pub use error::{Error, Result};
+pub use evaluate::firing_id;
 pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
-pub use log::MAX_JSON_DEPTH;
+pub use log::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
 pub use names::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 pub use operate::{RuleInfo, RuleReset};
 pub use prune::{Pruned, Retention};

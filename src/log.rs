@@ -52,7 +52,7 @@ pub(crate) fn append(
             names::check_text(field, v, MAX_ID_BYTES)?;
         }
     }
-    let payload = checked_payload(ev, shared.config.max_payload_bytes)?;
+    let payload = checked_payload(ev, shared.config.max_payload_bytes, origin)?;
     let id = match &ev.id {
         Some(id) => {
             names::check_text("id", id, MAX_ID_BYTES)?;
@@ -111,7 +111,14 @@ pub(crate) fn append(
     }
 }
 
-fn checked_payload(ev: &NewEvent, max: usize) -> Result<&str> {
+/// How much larger than the payload limit the engine's own envelopes
+/// (`RuleFired`, `RuleErrored`) may be: their wrapper — names, ids, the
+/// scope, a clipped error — around an action's input, which is itself
+/// checked against the limit. So a firing the log could hold the input of is
+/// always recorded.
+pub const ENVELOPE_ALLOWANCE_BYTES: usize = 16 * 1024;
+
+fn checked_payload(ev: &NewEvent, max: usize, origin: Origin) -> Result<&str> {
     let payload = match &ev.payload {
         Ok(p) => p.as_str(),
         Err(message) => {
@@ -120,7 +127,16 @@ fn checked_payload(ev: &NewEvent, max: usize) -> Result<&str> {
             });
         }
     };
-    check_json("payload", payload, max)?;
+    match origin {
+        // One more level of nesting: the wrapper around the input.
+        Origin::Engine { .. } => check_json_within(
+            "payload",
+            payload,
+            max + ENVELOPE_ALLOWANCE_BYTES,
+            MAX_JSON_DEPTH + 1,
+        )?,
+        _ => check_json("payload", payload, max)?,
+    }
     Ok(payload)
 }
 
@@ -129,6 +145,10 @@ fn checked_payload(ev: &NewEvent, max: usize) -> Result<&str> {
 /// [`MAX_JSON_DEPTH`] levels deep, and JSON. A malformed value is a typed
 /// error here rather than a CHECK constraint failure in SQLite.
 pub(crate) fn check_json(field: &'static str, text: &str, max: usize) -> Result<()> {
+    check_json_within(field, text, max, MAX_JSON_DEPTH)
+}
+
+fn check_json_within(field: &'static str, text: &str, max: usize, max_depth: usize) -> Result<()> {
     if text.len() > max {
         return Err(Error::invalid(
             field,
@@ -138,10 +158,10 @@ pub(crate) fn check_json(field: &'static str, text: &str, max: usize) -> Result<
     // Depth first: serde skips an ignored value without its recursion
     // limit, and SQLite's json_valid refuses more than 1,000 levels.
     let depth = json_depth(text);
-    if depth > MAX_JSON_DEPTH {
+    if depth > max_depth {
         return Err(Error::invalid(
             field,
-            format!("nested {depth} levels deep; at most {MAX_JSON_DEPTH}"),
+            format!("nested {depth} levels deep; at most {max_depth}"),
         ));
     }
     if let Err(e) = serde_json::from_str::<IgnoredAny>(text) {

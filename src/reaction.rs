@@ -189,7 +189,7 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize
         .handler
         .as_ref()
         .expect("a registered reaction has a handler");
-    shared.write(|tx| {
+    let committed = shared.write(|tx| {
         let now = tx.now_ms();
         lease::fence(tx.conn(), now, lease)?;
         if cursors::get_stamped(tx.conn(), &r.workspace, kind, &r.name)?.unwrap_or((0, 0)) != stamp
@@ -249,5 +249,19 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize
             });
         }
         Ok(page.iter().take_while(|e| e.seq <= last).count())
-    })
+    });
+    match committed {
+        Err(e) if !e.is_lease_lost() => {
+            // The batch commits nothing; it is handled again next turn, and
+            // a reaction that keeps failing here shows as stuck.
+            crate::cursor::record_failure(
+                shared,
+                (&r.workspace, ConsumerKind::Reaction, &r.name),
+                stamp.0,
+                &e,
+            );
+            Ok(0)
+        }
+        other => other,
+    }
 }

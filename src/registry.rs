@@ -24,9 +24,16 @@ pub(crate) struct Registry {
 impl Default for Registry {
     fn default() -> Self {
         let mut projections: BTreeMap<String, Arc<ProjectionFn>> = BTreeMap::new();
+        // Every application envelope as it is; reflexr's own RuleFired and
+        // RuleErrored bridge nothing (no workspace would take them).
         projections.insert(
             "same".into(),
-            Arc::new(|e: &crate::event::Event| Ok(Some(crate::follow::same_event(e)))),
+            Arc::new(|e: &crate::event::Event| {
+                Ok(
+                    (!crate::event::RESERVED_TYPES.contains(&e.event_type.as_str()))
+                        .then(|| crate::follow::same_event(e)),
+                )
+            }),
         );
         Registry {
             rules: BTreeMap::new(),

@@ -332,6 +332,21 @@ impl<'a> RunContext<'a> {
     /// application's own rows) and the events emitted so far. Nothing of it
     /// commits unless the run is still this executor's.
     ///
+    /// A handler may end with it; `?` turns its error into the handler's:
+    ///
+    /// ```
+    /// # fn main() -> reflexr::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
+    /// engine.register_action("charge", |run, ctx| {
+    ///     Ok(ctx.complete(|tx| {
+    ///         tx.execute("INSERT INTO charges (run) VALUES (?1)", [&run.id])?;
+    ///         Ok(())
+    ///     })?)
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// `f`'s error (nothing committed, the run stays claimed; return an
     /// error from the handler to retry it), or [`Error::LeaseLost`].

@@ -172,13 +172,20 @@ pub(crate) fn follow_step(shared: &Shared) -> Result<usize> {
     let rows = shared.read(crate::store::followers::list)?;
     let mut moved = 0;
     for row in rows {
-        if shared
-            .stopped_followers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&row.name)
         {
-            continue;
+            let mut stopped = shared
+                .stopped_followers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match stopped.get(&row.name) {
+                // An operator asked for a restart since it stopped.
+                Some(&seen) if row.restart_requests > seen => {
+                    log::info!("follower {} restarts at its cursor", row.name);
+                    stopped.remove(&row.name);
+                }
+                Some(_) => continue,
+                None => {}
+            }
         }
         let projection = shared
             .registry
@@ -214,7 +221,7 @@ pub(crate) fn follow_step(shared: &Shared) -> Result<usize> {
             Some(path) => match target_engine(shared, path) {
                 Ok(t) => Some(t),
                 Err(e) => {
-                    stop_follower(shared, &row.name, &e);
+                    stop_follower(shared, &row.name, row.restart_requests, &e);
                     let detail = e.to_string();
                     shared.write(|tx| {
                         crate::store::followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms())
@@ -227,26 +234,31 @@ pub(crate) fn follow_step(shared: &Shared) -> Result<usize> {
             Ok(r) => {
                 moved += r.moved;
                 if let Some(e) = r.stopped {
-                    stop_follower(shared, &row.name, &e);
+                    stop_follower(shared, &row.name, row.restart_requests, &e);
                 }
             }
             Err(e) if e.is_lease_lost() => {
                 log::warn!("follower {}: {e}", row.name);
                 forget_lease(shared, &name);
             }
-            Err(e) => return Err(e),
+            // A read that failed: this follower tries again next turn; the
+            // others go on.
+            Err(e) => log::error!("follower {}: {e}", row.name),
         }
     }
     Ok(moved)
 }
 
-fn stop_follower(shared: &Shared, name: &str, e: &Error) {
+/// Stops a follower in this engine; `requests` is the ledger's count of
+/// restart requests as read before the step (a request made since restarts
+/// it).
+fn stop_follower(shared: &Shared, name: &str, requests: i64, e: &Error) {
     log::error!("follower {name} stopped: {e}; it starts again at its cursor when restarted");
     shared
         .stopped_followers
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(name.to_string());
+        .insert(name.to_string(), requests);
 }
 
 /// The engine on a cross-file follower's target, opened once. A missing file
@@ -290,22 +302,32 @@ pub(crate) fn loop_step(shared: &Shared) -> Result<LoopPass> {
         return Ok(LoopPass::default());
     };
     let mut pass = LoopPass::default();
-    let result = (|| -> Result<()> {
-        for r in &reactions {
-            pass.reacted += reaction::step(shared, &lease, r)?;
+    // Each reaction and job on its own: one that fails is logged (a
+    // reaction's failure is also recorded on its cursor) and the others go
+    // on. Only a lost lease ends the turn.
+    let lost = |e: &Error| {
+        log::warn!("the loop: {e}");
+        forget_lease(shared, LOOP_LEASE);
+    };
+    for r in &reactions {
+        match reaction::step(shared, &lease, r) {
+            Ok(n) => pass.reacted += n,
+            Err(e) if e.is_lease_lost() => {
+                lost(&e);
+                return Ok(pass);
+            }
+            Err(e) => log::error!("reaction {}: {e}", r.name),
         }
-        for j in &jobs {
-            pass.scheduled += usize::from(schedule::step(shared, &lease, j)?);
+    }
+    for j in &jobs {
+        match schedule::step(shared, &lease, j) {
+            Ok(created) => pass.scheduled += usize::from(created),
+            Err(e) if e.is_lease_lost() => {
+                lost(&e);
+                return Ok(pass);
+            }
+            Err(e) => log::error!("job {}: {e}", j.name),
         }
-        Ok(())
-    })();
-    match result {
-        Err(e) if e.is_lease_lost() => {
-            log::warn!("the loop: {e}");
-            forget_lease(shared, LOOP_LEASE);
-            return Ok(pass);
-        }
-        other => other?,
     }
     if let Some(retention) = retention {
         let now = shared.clock.now_ms();

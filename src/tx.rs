@@ -153,6 +153,13 @@ impl<'a> Tx<'a> {
         )
     }
 
+    /// Reads events as [`crate::Engine::read`] does, inside this
+    /// transaction: it sees what the transaction wrote so far (a reaction's
+    /// handler, say, reading the log before it enqueues).
+    pub fn read(&self, query: &crate::Query) -> Result<Vec<crate::Event>> {
+        log::read(self.conn, query)
+    }
+
     /// The application consumer's cursor as this transaction sees it.
     pub fn cursor(&self, consumer: &str, workspace: &str) -> Result<i64> {
         cursor::load(self.conn, workspace, ConsumerKind::App, consumer)

@@ -424,3 +424,36 @@ fn stats_reports_counters_and_gauges() {
         "{text}"
     );
 }
+
+#[test]
+fn restart_follower_asks_the_process_running_a_stopped_follower_to_go_on() {
+    // ADR-0015's stop, restarted from the operator's shell: the request is
+    // in the file, and the engine that stopped the follower picks it up.
+    let (_dir, path) = temp_db();
+    let e = Engine::open(&path).unwrap();
+    e.ensure_workspace("edge", &["reading", "alarm"]).unwrap();
+    e.ensure_workspace("fleet", &["reading"]).unwrap();
+    e.follow(reflexr::Follow::new("edge", "fleet")).unwrap();
+    e.append("edge", &NewEvent::new("alarm", "s", "edge", 0))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    assert!(e.followed().unwrap()[0].stopped_here);
+
+    e.register_types("fleet", &["alarm"]).unwrap();
+    let out = json(&cli(
+        &path,
+        &["--json", "restart-follower", "edge-to-fleet"],
+    ));
+    assert_eq!(out["action"], "restart requested");
+    e.run_until_idle().unwrap();
+    let f = &e.followed().unwrap()[0];
+    assert_eq!((f.stopped_here, f.lag), (false, 0));
+
+    let out = cli(&path, &["restart-follower", "nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("follower not found"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -282,11 +282,78 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     e.run_until_idle().unwrap();
     assert_eq!(ids(&e, "fleet").len(), 3);
 
+    // Restarted by an operator in another process (the CLI, say) before the
+    // configuration is mended: it stops again at the same envelope, and
+    // after the third time it shows as stuck, with the reason.
+    let ops = engine_with(&path, &clock, "ops");
+    for _ in 0..2 {
+        ops.restart_follower("edge-to-fleet").unwrap();
+        e.run_until_idle().unwrap();
+    }
+    let cursor = |e: &Engine| {
+        e.cursors()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.kind == ConsumerKind::Follower)
+            .unwrap()
+    };
+    let stuck = cursor(&ops);
+    assert!(stuck.is_stuck(), "{stuck:?}");
+    assert_eq!((stuck.position, stuck.failures), (3, 3));
+    assert!(stuck.last_error.as_deref().unwrap().contains("alarm"));
+    assert_eq!(e.followed().unwrap()[0].stops, 3);
+
     e.register_types("fleet", &["alarm"]).unwrap();
-    e.restart_follower("edge-to-fleet").unwrap();
+    ops.restart_follower("edge-to-fleet").unwrap();
     e.run_until_idle().unwrap();
     assert_eq!(ids(&e, "fleet"), want, "then all arrive, in order");
     assert!(!e.followed().unwrap()[0].stopped_here);
+    assert_eq!(cursor(&e).failures, 0, "moving on clears the failures");
+    assert!(ops.restart_follower("nobody").unwrap_err().is_not_found());
+}
+
+#[test]
+fn the_same_projection_bridges_the_applications_events_and_skips_the_engines_own() {
+    // ADR-0015 with reflexr's reserved types: no workspace takes RuleFired
+    // or RuleErrored from anyone, so "same" bridges nothing for them (not a
+    // dead letter apiece).
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = source(&path, &clock, "test");
+    e.ensure_workspace("fleet", &["reading", "debug", "alarm"])
+        .unwrap();
+    e.register_action("noop", |_, _| Ok(())).unwrap();
+    e.register_rule(
+        reflexr::Rule::new("every-reading", "edge")
+            .on(["reading"])
+            .action("noop")
+            .decide(|ev| {
+                if ev.subject == "sensor/1" {
+                    return Err("sensor 1 is broken".into());
+                }
+                Ok(reflexr::Decision::fire(&serde_json::json!({})))
+            }),
+    )
+    .unwrap();
+    e.follow(Follow::new("edge", "fleet")).unwrap();
+    let want = append(&e, "reading", 3);
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        e.read(&Query::new("edge").types(["RuleFired", "RuleErrored"]))
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(ids(&e, "fleet"), want);
+    let dead: Vec<_> = e
+        .dead_letters(false, 10)
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.kind == "follower")
+        .collect();
+    assert!(dead.is_empty(), "{dead:?}");
+    let f = &e.followed().unwrap()[0];
+    assert_eq!((f.lag, f.dead_letters, f.stops), (0, 0, 0));
 }
 
 #[test]

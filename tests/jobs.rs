@@ -86,6 +86,112 @@ fn edit(e: &Engine, room: &str, fail: bool) -> reflexr::Result<()> {
 }
 
 #[test]
+fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_work() {
+    // "Nothing wedges silently": the failing reaction is recorded on its
+    // cursor; another reaction and the scheduler go on meanwhile.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    let sent = email_channel(&e, ChannelPolicy::BestEffort);
+    e.register_reaction(notifier()).unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = Arc::clone(&seen);
+    e.register_reaction(
+        Reaction::new("counter", "app")
+            .on(["session.changed"])
+            .handle(move |_, _| {
+                s.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }),
+    )
+    .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    e.register_job(counting_job("tick", MINUTE, &runs)).unwrap();
+    e.write(|tx| {
+        tx.conn().execute_batch(
+            "CREATE TRIGGER notifier_stuck BEFORE UPDATE OF position ON reflexr_cursors \
+             WHEN NEW.name = 'notifier' BEGIN SELECT RAISE(ABORT, 'the notifier is stuck'); END;",
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    edit(&e, "B", false).unwrap();
+    clock.advance(MINUTE);
+    for _ in 0..3 {
+        e.run_until_idle().unwrap();
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 1, "the other reaction went on");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "and so did the scheduler");
+    assert!(
+        sent.lock().unwrap().is_empty(),
+        "the stuck one enqueued nothing"
+    );
+    let stuck: Vec<_> = e
+        .cursors()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.is_stuck())
+        .collect();
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(
+        (stuck[0].kind, stuck[0].name.as_str()),
+        (ConsumerKind::Reaction, "notifier")
+    );
+    assert!(stuck[0].failures >= 3, "once per turn of the loop");
+    assert!(
+        stuck[0]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("the notifier is stuck")
+    );
+
+    e.write(|tx| tx.execute("DROP TRIGGER notifier_stuck", []).map(|_| ()))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        sent.lock().unwrap().len(),
+        3,
+        "unstuck, its notices go out once"
+    );
+    assert!(e.cursors().unwrap().iter().all(|c| c.failures == 0));
+}
+
+#[test]
+fn a_reaction_reads_the_log_inside_its_own_transaction() {
+    // Tx::read sees the transaction's own writes, and the committed log.
+    let (_dir, path) = temp_db();
+    let clock = common::clock();
+    let e = setup(&path, &clock, "test");
+    let counts = Arc::new(Mutex::new(Vec::new()));
+    let c = Arc::clone(&counts);
+    e.register_reaction(
+        Reaction::new("history", "app")
+            .on(["session.changed"])
+            .handle(move |event, tx| {
+                let before = tx.read(&Query::new("app").types(["session.changed"]))?;
+                c.lock()
+                    .unwrap()
+                    .push(before.iter().filter(|e| e.seq <= event.seq).count());
+                Ok(())
+            }),
+    )
+    .unwrap();
+    edit(&e, "B", false).unwrap();
+    edit(&e, "C", false).unwrap();
+    e.run_until_idle().unwrap();
+    assert_eq!(*counts.lock().unwrap(), [1, 2]);
+    let seen_own = e
+        .write(|tx| {
+            let at = tx.now_ms();
+            tx.append("app", &NewEvent::new("other", "x", "app", at))?;
+            Ok(tx.read(&Query::new("app").types(["other"]))?.len())
+        })
+        .unwrap();
+    assert_eq!(seen_own, 1, "a transaction reads what it appended");
+}
+
+#[test]
 fn a_change_reaches_every_rsvp_through_one_drain_of_the_whole_loop() {
     // The drain covers the loop: the event, the reaction, its deliveries and
     // their sender, in one run_until_idle.

@@ -233,6 +233,91 @@ fn an_application_database_gains_reflexr_tables_and_keeps_its_own() {
     assert_eq!(engine.head_seq().unwrap(), 0);
 }
 
+/// Every table's and view's columns, in order, and every index: the shape
+/// of a file's schema, whatever text created it.
+fn shape(conn: &Connection) -> Vec<String> {
+    let mut out = Vec::new();
+    let objects: Vec<(String, String)> = conn
+        .prepare("SELECT type, name FROM sqlite_schema WHERE name LIKE 'reflexr%' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (kind, name) in objects {
+        let columns: Vec<String> = conn
+            .prepare(&format!(
+                "SELECT name, type, \"notnull\", dflt_value FROM pragma_table_info('{name}')"
+            ))
+            .unwrap()
+            .query_map([], |r| {
+                Ok(format!(
+                    "{}:{}:{}:{:?}",
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<String>>(3)?
+                ))
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        out.push(format!("{kind} {name} ({})", columns.join(", ")));
+    }
+    out
+}
+
+#[test]
+fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape() {
+    // "The file": older files are migrated forward on open, in one
+    // transaction; the result is shaped like a new file.
+    let (_dir, old) = temp_db();
+    {
+        let raw = Connection::open(&old).unwrap();
+        raw.execute_batch("PRAGMA journal_mode = WAL").unwrap();
+        raw.execute_batch(include_str!("fixtures/schema_v1.sql"))
+            .unwrap();
+        raw.execute_batch(
+            "INSERT INTO reflexr_workspaces VALUES ('app', 1);
+             INSERT INTO reflexr_event_types VALUES ('app', 'tick', 0, 1);
+             INSERT INTO reflexr_events (workspace, id, type, subject, actor, occurred_at,
+               recorded_at, payload) VALUES ('app', 'e1', 'tick', 's', 'a', 1, 1, '{}');
+             INSERT INTO reflexr_cursors VALUES ('app', 'app', 'mailer', 1, 1);
+             INSERT INTO reflexr_followers (name, source, target, projection, created_at,
+               updated_at) VALUES ('f', 'app', 'other', 'same', 1, 1);",
+        )
+        .unwrap();
+        assert_eq!(pragma_i64(&raw, "user_version"), 1);
+    }
+    let engine = Engine::open(&old).unwrap();
+    assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
+    assert_eq!(engine.read(&Query::new("app")).unwrap().len(), 1);
+    assert_eq!(engine.followed().unwrap().len(), 1);
+    let high_water: i64 = engine
+        .with_reader(|c| {
+            Ok(c.query_row(
+                "SELECT high_water FROM reflexr_cursors WHERE name = 'mailer'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert_eq!(
+        high_water, 1,
+        "a cursor's high water starts at its position"
+    );
+    drop(engine);
+
+    let (_dir2, new) = temp_db();
+    drop(Engine::open(&new).unwrap());
+    let (old, new) = (
+        Connection::open(&old).unwrap(),
+        Connection::open(&new).unwrap(),
+    );
+    assert_eq!(pragma_i64(&old, "user_version"), SCHEMA_VERSION);
+    assert_eq!(shape(&old), shape(&new));
+}
+
 #[test]
 fn a_missing_file_is_an_error_unless_creating_was_asked_for() {
     let (_dir, path) = temp_db();

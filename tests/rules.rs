@@ -452,13 +452,14 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record() {
     let idle = e.run_until_idle().unwrap();
     assert_eq!(
         (idle.decided, idle.fired),
-        (20, 2),
-        "decided again from the start"
+        (20, 0),
+        "decided again from the start, and the same two firings found made"
     );
+    assert_eq!(e.runs(None, 100).unwrap().len(), 2, "no run made twice");
     assert_eq!(
-        e.runs(None, 100).unwrap().len(),
-        4,
-        "new firings, new run ids"
+        e.rule_state::<Count>("tenth", "0").unwrap(),
+        Some(Count { n: 20 }),
+        "the state is rebuilt"
     );
 
     e.reset_rule("tenth", RuleReset::State, "ops", "start counting again")
@@ -476,6 +477,313 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record() {
         .reset_rule("nope", RuleReset::State, "ops", "typo")
         .unwrap_err();
     assert!(err.is_not_found());
+}
+
+/// Every RuleFired's firing id, and every run's id, sorted.
+fn firing_and_run_ids(e: &Engine) -> (Vec<String>, Vec<String>) {
+    let mut fired: Vec<String> = e
+        .read(&Query::new("app").types(["RuleFired"]).limit(10_000))
+        .unwrap()
+        .iter()
+        .map(|ev| {
+            let p: serde_json::Value = ev.payload().unwrap();
+            p["firing_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let mut runs: Vec<String> = e
+        .runs(None, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    fired.sort();
+    runs.sort();
+    (fired, runs)
+}
+
+fn counter(e: &Engine, name: &str) -> i64 {
+    e.stats().unwrap().counters.get(name).copied().unwrap_or(0)
+}
+
+#[test]
+fn a_replay_from_zero_derives_the_same_firing_ids_and_makes_nothing_twice() {
+    // Invariant 4 across a replay: each (rule, event) fired once, with one
+    // id — the idempotency key its action gave the world.
+    let (_dir, path) = temp_db();
+    let e = setup(&path);
+    e.register_rule(every_nth("tenth", 10)).unwrap();
+    append_rsvps(&e, 3, 40);
+    assert_eq!(e.run_until_idle().unwrap().fired, 12);
+    let before = firing_and_run_ids(&e);
+    assert_eq!((before.0.len(), before.1.len()), (12, 12));
+    assert_eq!(before.0, before.1, "firing id = run id");
+    for run in e.runs(None, 100).unwrap() {
+        let event = e.event(run.event_seq.unwrap()).unwrap().unwrap();
+        assert_eq!(run.id, reflexr::firing_id("tenth", &event, 0), "derived");
+    }
+
+    e.reset_rule("tenth", RuleReset::Replay(0), "ops", "replay")
+        .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.fired), (120, 0));
+    assert_eq!(
+        firing_and_run_ids(&e),
+        before,
+        "the same N firings, the same ids"
+    );
+    assert_eq!(counter(&e, "replay_existing"), 12);
+    assert_eq!(fired(&e), expected(&e, "tenth", 10), "each once");
+}
+
+#[test]
+fn a_replay_after_a_fix_that_fires_more_adds_only_the_new_firings_and_keeps_the_old() {
+    // Invariant 4: a firing the new code makes and the old did not is made;
+    // one the old code made and the new does not is kept as it was.
+    let (_dir, path) = temp_db();
+    {
+        let e = setup(&path);
+        e.register_rule(every_nth("nth", 10)).unwrap();
+        append_rsvps(&e, 1, 30);
+        assert_eq!(e.run_until_idle().unwrap().fired, 3);
+    }
+    let (old_fired, old_runs) = {
+        let e = setup(&path);
+        e.register_rule(every_nth("nth", 10)).unwrap();
+        firing_and_run_ids(&e)
+    };
+    // Version 2 fires on every 4th: the 4th, 8th, …, 28th (7 of them), of
+    // which the 20th is shared with version 1; the 10th and 30th are not.
+    let e = setup(&path);
+    e.register_rule(every_nth("nth", 4).version(2, OnNewVersion::Replay))
+        .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.fired), (30, 6), "only the new ones");
+    assert_eq!(counter(&e, "replay_existing"), 1, "the 20th");
+    assert_eq!(counter(&e, "replay_kept"), 2, "the 10th and the 30th");
+    let (fired_now, runs_now) = firing_and_run_ids(&e);
+    assert_eq!((fired_now.len(), runs_now.len()), (9, 9));
+    assert!(old_fired.iter().all(|id| fired_now.contains(id)));
+    assert!(old_runs.iter().all(|id| runs_now.contains(id)));
+    assert!(
+        e.runs(None, 100)
+            .unwrap()
+            .iter()
+            .all(|r| r.state == reflexr::RunState::Succeeded),
+        "old runs left as they were, new ones run"
+    );
+}
+
+#[test]
+fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles_the_dead_letter() {
+    // Invariant 4 for errors: RuleErrored ids derive like firing ids.
+    let (_dir, path) = temp_db();
+    let broken = |fail: bool| {
+        Rule::new("picky", "app")
+            .on(["rsvp"])
+            .action("noop")
+            .decide(move |ev| {
+                let p: serde_json::Value = ev.payload()?;
+                if fail && p["guest"] == 1 {
+                    return Err("guest 1 breaks the rule".into());
+                }
+                Ok(Decision::Skip)
+            })
+    };
+    {
+        let e = setup(&path);
+        e.register_rule(broken(true)).unwrap();
+        append_rsvps(&e, 1, 3);
+        assert_eq!(e.run_until_idle().unwrap().errored, 1);
+        let dl = &e.dead_letters(false, 10).unwrap()[0];
+        e.discard_dead_letter(dl.id, "ops", "looking into it")
+            .unwrap();
+        e.reset_rule("picky", RuleReset::Replay(0), "ops", "again")
+            .unwrap();
+        assert_eq!(e.run_until_idle().unwrap().errored, 1);
+        let errored = e.read(&Query::new("app").types(["RuleErrored"])).unwrap();
+        assert_eq!(errored.len(), 1, "the same RuleErrored, not a second");
+        let open = e.dead_letters(false, 10).unwrap();
+        assert_eq!(open.len(), 1, "failing again opens its dead letter again");
+    }
+    let e = setup(&path);
+    e.register_rule(broken(false).version(2, OnNewVersion::Replay))
+        .unwrap();
+    assert_eq!(e.run_until_idle().unwrap().errored, 0);
+    assert!(
+        e.dead_letters(false, 10).unwrap().is_empty(),
+        "decided without error now: the dead letter is settled"
+    );
+    let all = e.dead_letters(true, 10).unwrap();
+    assert_eq!(all[0].resolution.as_deref(), Some("retried"));
+}
+
+#[test]
+fn a_pass_through_rule_fires_on_an_event_just_under_the_payload_limit() {
+    // Invariant 4 and "nothing wedges a rule": the input counts against the
+    // limit; RuleFired's wrapper around it does not.
+    let (_dir, path) = temp_db();
+    let e = setup(&path);
+    e.register_rule(
+        Rule::new("pass-through", "app")
+            .on(["other"])
+            .action("noop")
+            .decide(|ev| Ok(Decision::Fire(ev.payload()?))),
+    )
+    .unwrap();
+    let blob = "x".repeat((1 << 20) - 100);
+    e.append(
+        "app",
+        &NewEvent::new("other", "big", "app", 0).payload(&serde_json::json!({ "b": blob })),
+    )
+    .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.fired, idle.errored, idle.succeeded), (1, 0, 1));
+    let fired = e.read(&Query::new("app").types(["RuleFired"])).unwrap();
+    assert!(
+        fired[0].payload_json().len() > 1 << 20,
+        "over the limit by its wrapper"
+    );
+    assert_eq!(e.rules().unwrap()[0].lag, 0);
+}
+
+/// A state whose serialisation fails (serde_json wants string keys).
+#[derive(Clone, Default, Serialize, Deserialize)]
+struct Unstorable {
+    #[serde(default)]
+    by_pair: std::collections::HashMap<(u8, u8), u8>,
+}
+
+#[test]
+fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on() {
+    // Errors are per rule (ADR-0005): an input over the limit or too deep,
+    // a scope too long, a state that cannot be stored, a decision error of a
+    // megabyte — each a RuleErrored and a dead letter for its event, and the
+    // rule's cursor moves past them all.
+    let (_dir, path) = temp_db();
+    let e = setup(&path);
+    let deep = (0..300).fold(serde_json::json!(1), |v, _| serde_json::json!([v]));
+    e.register_rule(
+        Rule::new("fussy", "app")
+            .on(["other"])
+            .scope(Scope::with(|ev| {
+                Some(if ev.subject == "long-scope" {
+                    "s".repeat(5_000)
+                } else {
+                    ev.subject.clone()
+                })
+            }))
+            .action("noop")
+            .decide_with_state(Unstorable::default(), move |ev, state| {
+                Ok(match ev.subject.as_str() {
+                    "too-big" => Decision::Fire(serde_json::json!("y".repeat(2 << 20))),
+                    "too-deep" => Decision::Fire(deep.clone()),
+                    "unstorable" => {
+                        state.by_pair.insert((1, 2), 3);
+                        Decision::Skip
+                    }
+                    "long-error" => return Err("e".repeat(1 << 20).into()),
+                    _ => Decision::fire(&serde_json::json!({ "ok": ev.subject })),
+                })
+            }),
+    )
+    .unwrap();
+    let subjects = [
+        "fine-1",
+        "too-big",
+        "too-deep",
+        "long-scope",
+        "unstorable",
+        "long-error",
+        "fine-2",
+    ];
+    e.write(|tx| {
+        for s in subjects {
+            tx.append("app", &NewEvent::new("other", s, "app", 0))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.fired, idle.errored), (7, 2, 5));
+    assert_eq!(
+        e.rules().unwrap()[0].lag,
+        0,
+        "the rule moved past every one"
+    );
+    let mut reasons: Vec<(String, String)> = e
+        .dead_letters(false, 10)
+        .unwrap()
+        .into_iter()
+        .map(|d| {
+            assert!(
+                d.error.len() <= reflexr::MAX_ERROR_BYTES,
+                "{}",
+                d.error.len()
+            );
+            (d.reason, d.error.chars().take(40).collect())
+        })
+        .collect();
+    reasons.sort();
+    let got: Vec<&str> = reasons.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        got,
+        [
+            "decision_error",
+            "input_refused",
+            "input_refused",
+            "scope_too_long",
+            "state_refused"
+        ],
+        "{reasons:?}"
+    );
+    let errored = e.read(&Query::new("app").types(["RuleErrored"])).unwrap();
+    assert_eq!(errored.len(), 5);
+}
+
+#[test]
+fn a_rule_whose_commit_keeps_failing_shows_as_stuck_until_it_moves() {
+    // "Nothing wedges a rule silently": a commit that fails again and again
+    // at one position is counted and shown, with its error.
+    let (_dir, path) = temp_db();
+    let e = setup(&path);
+    e.register_rule(every_nth("tenth", 10)).unwrap();
+    e.write(|tx| {
+        tx.conn().execute_batch(
+            "CREATE TRIGGER no_rule_moves BEFORE UPDATE OF position ON reflexr_cursors \
+             WHEN NEW.kind = 'rule' BEGIN SELECT RAISE(ABORT, 'rules may not move today'); END;",
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    append_rsvps(&e, 1, 5);
+    for _ in 0..3 {
+        assert_eq!(e.run_until_idle().unwrap().decided, 0);
+    }
+    let cursor = e
+        .cursors()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.kind == ConsumerKind::Rule)
+        .unwrap();
+    assert!(cursor.is_stuck(), "{cursor:?}");
+    assert_eq!((cursor.position, cursor.failures), (0, 3));
+    assert!(
+        cursor
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("rules may not move today")
+    );
+    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_stuck_consumers"), 1);
+    assert_eq!(
+        e.stats().unwrap().counters.get("consumer_failures"),
+        Some(&3)
+    );
+
+    e.write(|tx| tx.execute("DROP TRIGGER no_rule_moves", []).map(|_| ()))
+        .unwrap();
+    assert_eq!(e.run_until_idle().unwrap().decided, 5);
+    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_stuck_consumers"), 0);
 }
 
 #[test]
@@ -499,8 +807,9 @@ fn a_new_rule_version_continues_resets_its_state_or_replays_as_it_says() {
     let idle = run(4, OnNewVersion::Replay);
     assert_eq!(
         (idle.decided, idle.fired),
-        (20, 2),
-        "all 20 decided again from a fresh state"
+        (20, 1),
+        "all 20 decided again from a fresh state: the 10th's firing was made by \
+         version 2, the 20th's is new"
     );
     let idle = run(4, OnNewVersion::Replay);
     assert_eq!(idle.decided, 5, "the same version again: nothing replayed");

@@ -176,6 +176,12 @@ enum Command {
     },
     /// Counters and gauges (the same as Engine::stats).
     Stats,
+    /// Asks a stopped follower to start again at its cursor, whichever
+    /// process runs it (after its configuration was mended).
+    RestartFollower {
+        /// The follower's name.
+        name: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -272,6 +278,10 @@ fn run(cli: &Cli) -> Fallible {
             *batch,
             cli.json,
         ),
+        Command::RestartFollower { name } => {
+            engine.restart_follower(name)?;
+            done(cli.json, "restart requested")
+        }
         Command::Stats => {
             let stats = engine.stats()?;
             if cli.json {
@@ -434,6 +444,7 @@ fn status(engine: &Engine, json: bool) -> Fallible {
                 "consumers": cursors.iter().map(|c| json!({
                     "workspace": c.workspace, "kind": c.kind.as_str(), "name": c.name,
                     "position": c.position, "lag": c.lag, "updated_at": c.updated_at,
+                    "failures": c.failures, "last_error": c.last_error, "stuck": c.is_stuck(),
                 })).collect::<Vec<_>>(),
                 "leases": leases.iter().map(|l| json!({
                     "name": l.name, "holder": l.holder, "generation": l.generation,
@@ -465,6 +476,29 @@ fn status(engine: &Engine, json: bool) -> Fallible {
         ]);
     }
     println!("{t}\n");
+    let stuck: Vec<_> = cursors.iter().filter(|c| c.is_stuck()).collect();
+    if !stuck.is_empty() {
+        println!("stuck consumers (their commit keeps failing)");
+        let mut t = table(&[
+            "workspace",
+            "kind",
+            "name",
+            "cursor",
+            "failures",
+            "last error",
+        ]);
+        for c in stuck {
+            t.add_row(vec![
+                c.workspace.clone(),
+                c.kind.as_str().to_string(),
+                c.name.clone(),
+                c.position.to_string(),
+                c.failures.to_string(),
+                c.last_error.clone().unwrap_or_default(),
+            ]);
+        }
+        println!("{t}\n");
+    }
     println!("leases");
     let mut t = table(&["name", "holder", "generation", "expires", "state"]);
     for l in &leases {

@@ -56,8 +56,60 @@ pub(crate) fn touch(
     Ok(())
 }
 
+/// The furthest the cursor has ever been (its position, unless an operator
+/// moved it back since): below it, a rule is replaying.
+pub(crate) fn high_water(
+    conn: &Connection,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+) -> Result<i64> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT high_water FROM reflexr_cursors \
+             WHERE workspace = ?1 AND kind = ?2 AND name = ?3",
+        )?
+        .query_row(params![workspace, kind, name], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// Records that the consumer's commit failed while its cursor stood at
+/// `position` (nothing happens if it has moved since). A consumer with
+/// [`STUCK_AFTER_FAILURES`](crate::STUCK_AFTER_FAILURES) failures at one
+/// position shows in `reflexr_stuck_consumers`. Returns the failures so far.
+pub(crate) fn record_failure(
+    conn: &Connection,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+    position: i64,
+    error: &str,
+    now: i64,
+) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_cursors SET failures = failures + 1, last_error = ?5, failed_at = ?6 \
+             WHERE workspace = ?1 AND kind = ?2 AND name = ?3 AND position = ?4 \
+             RETURNING failures",
+        )?
+        .query_row(
+            params![
+                workspace,
+                kind,
+                name,
+                position,
+                crate::names::clip_error(error),
+                now
+            ],
+            |r| r.get(0),
+        )
+        .optional()?)
+}
+
 /// Moves the cursor to `position` if that is not behind where it is. Returns
 /// `Err(current)` when it would have moved backwards (nothing is written).
+/// A move clears the failures recorded at the old position.
 pub(crate) fn advance(
     conn: &Connection,
     workspace: &str,
@@ -68,11 +120,16 @@ pub(crate) fn advance(
 ) -> Result<std::result::Result<(), i64>> {
     let n = conn
         .prepare_cached(
-            "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5) \
+            "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at, high_water) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?4) \
              ON CONFLICT (workspace, kind, name) DO UPDATE \
              SET position = excluded.position, \
-                 updated_at = max(excluded.updated_at, reflexr_cursors.updated_at + 1) \
+                 updated_at = max(excluded.updated_at, reflexr_cursors.updated_at + 1), \
+                 high_water = max(reflexr_cursors.high_water, excluded.position), \
+                 failures = iif(excluded.position > reflexr_cursors.position, 0, \
+                                reflexr_cursors.failures), \
+                 last_error = iif(excluded.position > reflexr_cursors.position, NULL, \
+                                  reflexr_cursors.last_error) \
              WHERE excluded.position >= reflexr_cursors.position",
         )?
         .execute(params![workspace, kind, name, position, now])?;
@@ -95,11 +152,13 @@ pub(crate) fn set(
 ) -> Result<Option<i64>> {
     let before = get(conn, workspace, kind, name)?;
     conn.prepare_cached(
-        "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5) \
+        "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at, high_water) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?4) \
          ON CONFLICT (workspace, kind, name) DO UPDATE \
          SET position = excluded.position, \
-             updated_at = max(excluded.updated_at, reflexr_cursors.updated_at + 1)",
+             updated_at = max(excluded.updated_at, reflexr_cursors.updated_at + 1), \
+             high_water = max(reflexr_cursors.high_water, excluded.position), \
+             failures = 0, last_error = NULL",
     )?
     .execute(params![workspace, kind, name, position, now])?;
     Ok(before)
@@ -113,6 +172,8 @@ pub(crate) struct Listed {
     pub position: i64,
     pub lag: i64,
     pub updated_at: i64,
+    pub failures: i64,
+    pub last_error: Option<String>,
 }
 
 /// Every cursor, with the number of its workspace's events after it.
@@ -121,7 +182,7 @@ pub(crate) fn list(conn: &Connection) -> Result<Vec<Listed>> {
         "SELECT c.workspace, c.kind, c.name, c.position, \
                 (SELECT count(*) FROM reflexr_events e \
                   WHERE e.workspace = c.workspace AND e.seq > c.position), \
-                c.updated_at \
+                c.updated_at, c.failures, c.last_error \
          FROM reflexr_cursors c ORDER BY c.workspace, c.kind, c.name",
     )?;
     let rows = stmt
@@ -133,6 +194,8 @@ pub(crate) fn list(conn: &Connection) -> Result<Vec<Listed>> {
                 position: r.get(3)?,
                 lag: r.get(4)?,
                 updated_at: r.get(5)?,
+                failures: r.get(6)?,
+                last_error: r.get(7)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;

@@ -20,14 +20,23 @@ pub(crate) struct NewDeadLetter<'a> {
 }
 
 /// Records it; a second dead letter for the same (consumer, event) or the
-/// same open run is not recorded twice. Returns whether it was new.
+/// same open run is not recorded twice. A (consumer, event) that fails again
+/// after an operator resolved its dead letter (a replay that still fails)
+/// opens it again, with the new error. Returns whether it was new or opened
+/// again.
 pub(crate) fn insert(conn: &Connection, d: &NewDeadLetter<'_>) -> Result<bool> {
     let n = conn
         .prepare_cached(
             "INSERT INTO reflexr_dead_letters \
                (kind, consumer, workspace, event_seq, event_id, run_id, reason, error, \
                 attempts, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+             ON CONFLICT (kind, consumer, workspace, event_seq) WHERE run_id IS NULL \
+             DO UPDATE SET reason = excluded.reason, error = excluded.error, \
+               attempts = reflexr_dead_letters.attempts + excluded.attempts, \
+               created_at = excluded.created_at, resolved_at = NULL, resolution = NULL \
+             WHERE reflexr_dead_letters.resolved_at IS NOT NULL \
+             ON CONFLICT DO NOTHING",
         )?
         .execute(params![
             d.kind,
@@ -111,6 +120,26 @@ pub(crate) fn resolve(conn: &Connection, id: i64, resolution: &str, now: i64) ->
              WHERE id = ?1 AND resolved_at IS NULL",
         )?
         .execute(params![id, now, resolution])?
+        == 1)
+}
+
+/// Resolves (as retried) the open dead letter of `consumer` for the event
+/// at `seq`, if there is one: the event was handled after all (a replay).
+pub(crate) fn resolve_for_event(
+    conn: &Connection,
+    kind: &str,
+    consumer: &str,
+    workspace: &str,
+    seq: i64,
+    now: i64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_dead_letters SET resolved_at = ?5, resolution = 'retried' \
+             WHERE kind = ?1 AND consumer = ?2 AND workspace = ?3 AND event_seq = ?4 \
+               AND run_id IS NULL AND resolved_at IS NULL",
+        )?
+        .execute(params![kind, consumer, workspace, seq, now])?
         == 1)
 }
 

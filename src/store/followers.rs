@@ -16,10 +16,11 @@ pub(crate) struct FollowerRow {
     pub stops: i64,
     pub last_error: Option<String>,
     pub stopped_at: Option<i64>,
+    pub restart_requests: i64,
 }
 
 const COLUMNS: &str = "name, source, target, target_file, projection, published, dead_letters, \
-                       stops, last_error, stopped_at";
+                       stops, last_error, stopped_at, restart_requests";
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<FollowerRow> {
     Ok(FollowerRow {
@@ -33,6 +34,7 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<FollowerRow> {
         stops: r.get(7)?,
         last_error: r.get(8)?,
         stopped_at: r.get(9)?,
+        restart_requests: r.get(10)?,
     })
 }
 
@@ -108,4 +110,16 @@ pub(crate) fn stopped(conn: &Connection, name: &str, error: &str, now: i64) -> R
     )?
     .execute(params![name, crate::names::clip_error(error), now])?;
     Ok(())
+}
+
+/// Records an operator's request that the follower, if stopped, start again
+/// at its cursor; false when there is no such follower.
+pub(crate) fn request_restart(conn: &Connection, name: &str, now: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_followers SET restart_requests = restart_requests + 1, \
+               updated_at = ?2 WHERE name = ?1",
+        )?
+        .execute(params![name, now])?
+        == 1)
 }

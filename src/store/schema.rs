@@ -17,12 +17,31 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
-/// `n`. Empty while there has only been one version.
-const MIGRATIONS: &[(i64, &str)] = &[];
+/// `n`. A migrated file has the same tables, columns and views as a new one
+/// (a test compares them).
+const MIGRATIONS: &[(i64, &str)] = &[(2, MIGRATE_TO_2)];
+
+/// Version 2: cursors know their high-water mark (replays keep their firing
+/// ids) and their failures at one position (stuck consumers); followers
+/// take restart requests from any process.
+const MIGRATE_TO_2: &str = "
+ALTER TABLE reflexr_cursors ADD COLUMN high_water INTEGER NOT NULL DEFAULT 0 CHECK (high_water >= 0);
+UPDATE reflexr_cursors SET high_water = position;
+ALTER TABLE reflexr_cursors ADD COLUMN failures INTEGER NOT NULL DEFAULT 0 CHECK (failures >= 0);
+ALTER TABLE reflexr_cursors ADD COLUMN last_error TEXT;
+ALTER TABLE reflexr_cursors ADD COLUMN failed_at INTEGER;
+ALTER TABLE reflexr_followers ADD COLUMN restart_requests INTEGER NOT NULL DEFAULT 0 CHECK (restart_requests >= 0);
+CREATE VIEW reflexr_stuck_consumers AS
+SELECT workspace, kind, name, position, failures, last_error,
+       strftime('%Y-%m-%dT%H:%M:%fZ', failed_at / 1000.0, 'unixepoch') AS last_failed
+FROM reflexr_cursors
+WHERE failures >= 3;
+PRAGMA user_version = 2;
+";
 
 /// A table every reflexr file has; its absence means the file is not (yet) one.
 const MARKER_TABLE: &str = "reflexr_events";
