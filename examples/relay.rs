@@ -59,14 +59,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // A restart that reads everything again publishes nothing twice.
-    edge.reset_cursor(
-        "edge-log",
-        reflexr::ConsumerKind::Follower,
-        &name,
-        0,
-        "demo",
-        "show that re-reading is harmless",
-    )?;
+    edge.operator("demo", "show that re-reading is harmless")
+        .reset_cursor("edge-log", reflexr::ConsumerKind::Follower, &name, 0)?;
     edge.run_until_idle()?;
 
     let edge_ids: Vec<String> = edge

@@ -6,7 +6,7 @@
 
 use rusqlite::Connection;
 
-use crate::engine::Shared;
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::names::{self, MAX_ID_BYTES};
 use crate::store::{audit, cursors, events, workspaces};
@@ -136,14 +136,11 @@ fn check_position(conn: &Connection, workspace: &str, name: &str, position: i64)
 /// a no-op).
 pub(crate) fn save(
     conn: &Connection,
-    shared: &Shared,
-    workspace: &str,
-    kind: ConsumerKind,
-    name: &str,
+    now: i64,
+    (workspace, kind, name): (&str, ConsumerKind, &str),
     position: i64,
 ) -> Result<()> {
     check_position(conn, workspace, name, position)?;
-    let now = shared.clock.now_ms();
     match cursors::advance(conn, workspace, kind.as_str(), name, position, now)? {
         Ok(()) => Ok(()),
         Err(current) => Err(Error::CursorBackwards {
@@ -159,7 +156,7 @@ pub(crate) fn save(
 /// and records who did it and why.
 pub(crate) fn reset(
     conn: &Connection,
-    shared: &Shared,
+    now: i64,
     target: (&str, ConsumerKind, &str),
     position: i64,
     operator: &str,
@@ -169,7 +166,6 @@ pub(crate) fn reset(
     check_position(conn, workspace, name, position)?;
     names::check_text("operator", operator, MAX_ID_BYTES)?;
     names::check_text("reason", reason, 4096)?;
-    let now = shared.clock.now_ms();
     let from = cursors::set(conn, workspace, kind.as_str(), name, position, now)?;
     let detail = serde_json::json!({ "from": from, "to": position }).to_string();
     audit::record(
@@ -192,7 +188,7 @@ pub(crate) fn reset(
 /// failing at one position shows as stuck ([`CursorInfo::is_stuck`],
 /// `reflexr_stuck_consumers`) instead of only in a log line.
 pub(crate) fn record_failure(
-    shared: &Shared,
+    db: &Db,
     (workspace, kind, name): (&str, ConsumerKind, &str),
     position: i64,
     error: &crate::Error,
@@ -202,7 +198,7 @@ pub(crate) fn record_failure(
         kind.as_str()
     );
     let text = error.to_string();
-    let recorded = shared.write(|tx| -> Result<()> {
+    let recorded = db.write(|tx| -> Result<()> {
         let now = tx.now_ms();
         let n = cursors::record_failure(
             tx.conn(),

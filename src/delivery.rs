@@ -20,10 +20,14 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, HandlerError, Result};
 use crate::event::Event;
-use crate::rule::{HandlerError, RetryPolicy};
+use crate::names;
+use crate::retry::RetryPolicy;
 use crate::run::{Run, RunContext};
+use crate::store::counters;
+use crate::store::runs::{self, NewRun};
+use crate::tx::Tx;
 
 /// What a channel does when a send fails.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -175,23 +179,34 @@ pub(crate) fn action(sender: Arc<SenderFn>) -> Arc<crate::run::ActionFn> {
     })
 }
 
+impl Tx<'_> {
+    /// Enqueues `delivery` on its channel, in this transaction: it is sent
+    /// (at least once) only if the transaction commits. Returns the
+    /// delivery's id. Enqueuing an id that exists already enqueues nothing.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a channel this engine has not registered
+    /// ([`crate::Engine::register_channel`]: its policy decides the retries);
+    /// [`Error::Invalid`] / [`Error::Encode`] for bad fields.
+    pub fn deliver(&mut self, delivery: &Delivery) -> Result<String> {
+        let id = enqueue(self, delivery)?;
+        self.mark_nudge();
+        Ok(id)
+    }
+}
+
 /// Inserts the delivery's run; returns its id.
-pub(crate) fn enqueue(
-    conn: &rusqlite::Connection,
-    shared: &crate::engine::Shared,
-    d: &Delivery,
-) -> Result<String> {
-    use crate::names;
+fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<String> {
     names::check_name("channel", &d.channel)?;
     names::check_name("template", &d.template)?;
     if let Some(to) = &d.to {
         names::check_text("recipient", to, names::MAX_SUBJECT_BYTES)?;
     }
-    let policy = shared
-        .registry
+    let retry = tx
+        .env()
+        .channels
         .read()
         .unwrap_or_else(|e| e.into_inner())
-        .channels
         .get(&d.channel)
         .copied()
         .ok_or_else(|| Error::not_found("channel", &d.channel))?;
@@ -203,16 +218,7 @@ pub(crate) fn enqueue(
             });
         }
     };
-    if props.len() > shared.config.max_payload_bytes {
-        return Err(Error::invalid(
-            "props",
-            format!(
-                "{} bytes, more than the limit of {}",
-                props.len(),
-                shared.config.max_payload_bytes
-            ),
-        ));
-    }
+    crate::changelog::check_json("props", props, tx.limits().max_payload_bytes)?;
     let props: serde_json::Value = serde_json::from_str(props)
         .map_err(|e| Error::invalid("props", format!("not JSON: {e}")))?;
     let id = match &d.id {
@@ -220,7 +226,7 @@ pub(crate) fn enqueue(
             names::check_text("delivery id", id, names::MAX_ID_BYTES)?;
             id.clone()
         }
-        None => crate::log::new_id(),
+        None => crate::changelog::new_id(),
     };
     let input = serde_json::json!({
         "channel": d.channel,
@@ -229,13 +235,12 @@ pub(crate) fn enqueue(
         "props": props,
     })
     .to_string();
-    let retry = policy.retry();
-    let now = shared.clock.now_ms();
+    let now = tx.now_ms();
     let action = action_of(&d.channel);
     let cause = d.cause.as_ref();
-    let new = crate::store::runs::insert(
-        conn,
-        &crate::store::runs::NewRun {
+    let new = runs::insert(
+        tx.conn(),
+        &NewRun {
             id: &id,
             kind: "delivery",
             action: &action,
@@ -254,6 +259,6 @@ pub(crate) fn enqueue(
             dead: None,
         },
     )?;
-    crate::store::counters::bump(conn, "deliveries", usize::from(new))?;
+    counters::bump(tx.conn(), "deliveries", usize::from(new))?;
     Ok(id)
 }

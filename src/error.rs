@@ -8,6 +8,22 @@ use rusqlite::ErrorCode;
 /// The result type of every fallible reflexr call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The error a decision, a scope function, a projection or a handler
+/// returns: any error, boxed. `?` converts most errors into it, reflexr's
+/// own [`Error`] included, and so does `"text".into()`.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The message of a caught panic.
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
+    }
+}
+
 /// Everything that can go wrong in reflexr.
 ///
 /// Bad input is refused with a typed error before anything is written, and a

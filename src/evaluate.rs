@@ -46,12 +46,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::changelog::{self, Origin};
+use crate::consumer::{self, Stand};
 use crate::cursor::ConsumerKind;
-use crate::engine::Shared;
-use crate::error::{Error, Result};
+use crate::db::Db;
+use crate::error::{Error, Result, panic_text};
 use crate::event::{Event, NewEvent};
-use crate::lease::{self, Lease};
-use crate::log::{self, Origin};
+use crate::lease::Lease;
 use crate::names::MAX_SUBJECT_BYTES;
 use crate::rule::{Decision, Ordering, Rule};
 use crate::store::dead_letters::{self, NewDeadLetter};
@@ -134,14 +135,11 @@ struct Errored {
     error: String,
 }
 
-/// A cursor's position and the stamp of its last change.
-type Stamp = (i64, i64);
-
 /// Everything one rule decided over one page, ready to commit.
 struct Decided<'r> {
     rule: &'r Rule,
-    /// The cursor's (position, stamp) when the page was read.
-    stamp: Stamp,
+    /// Where the cursor stood when the page was read.
+    stand: Stand,
     /// The furthest the cursor has been: events up to it are decided again.
     high_water: i64,
     /// How many of the page's events it got through.
@@ -163,72 +161,75 @@ struct Committed {
     errored: usize,
 }
 
-/// One pass over the rules of a workspace. Rules whose cursors stand at the
-/// same position share one read of the page (and each event's parsed
-/// payload) and one commit, each rule's part in a savepoint of its own. A
-/// rule whose cursor or state an operator changed meanwhile is decided again
-/// (up to ten times a pass); a rule whose commit fails otherwise is logged,
-/// recorded against its cursor and left for the next pass, without holding
-/// back the others. `lease` gives the workspace's evaluator lease (renewing
-/// it when due) before each group; `None` ends the pass.
+/// One pass over the rules of a workspace, `batch` events at a time. Rules
+/// whose cursors stand at the same position share one read of the page (and
+/// each event's parsed payload) and one commit, each rule's part in a
+/// savepoint of its own. A rule whose cursor or state an operator changed
+/// meanwhile is decided again (up to ten times a pass); a rule whose commit
+/// fails otherwise is recorded against its cursor and left for the next
+/// pass, without holding back the others. `lease` gives the workspace's
+/// evaluator lease (renewing it when due) before each group; `None` ends the
+/// pass.
 pub(crate) fn pass(
-    shared: &Shared,
+    db: &Db,
     rules: &[Arc<Rule>],
+    batch: usize,
     lease: &mut dyn FnMut() -> Result<Option<Lease>>,
 ) -> Result<Pass> {
     let Some(workspace) = rules.first().map(|r| r.workspace.clone()) else {
         return Ok(Pass::default());
     };
-    let kind = ConsumerKind::Rule.as_str();
     let mut total = Pass::default();
     let mut pending: Vec<&Rule> = rules.iter().map(|r| &**r).collect();
     for _ in 0..10 {
         if pending.is_empty() {
             break;
         }
-        let stamps: Vec<(Stamp, i64)> = shared.read(|c| {
+        let stands: Vec<(Stand, i64)> = db.read(|c| {
             pending
                 .iter()
                 .map(|r| {
-                    let stamp = cursors::get_stamped(c, &workspace, kind, &r.name)?;
+                    let stand = consumer::stand(c, r.consumer())?;
+                    let kind = ConsumerKind::Rule.as_str();
                     let high = cursors::high_water(c, &workspace, kind, &r.name)?;
-                    Ok((stamp.unwrap_or((0, 0)), high))
+                    Ok((stand, high))
                 })
                 .collect()
         })?;
-        let mut groups: BTreeMap<i64, Vec<(&Rule, Stamp, i64)>> = BTreeMap::new();
-        for (r, (stamp, high)) in pending.iter().zip(stamps) {
-            groups.entry(stamp.0).or_default().push((r, stamp, high));
+        let mut groups: BTreeMap<i64, Vec<(&Rule, Stand, i64)>> = BTreeMap::new();
+        for (r, (stand, high)) in pending.iter().zip(stands) {
+            groups
+                .entry(stand.position)
+                .or_default()
+                .push((r, stand, high));
         }
         let mut again = Vec::new();
         for (position, group) in groups {
             let Some(lease) = lease()? else {
                 return Ok(total);
             };
-            let page = shared.read(|c| {
-                events::page(c, &workspace, position, &[], shared.config.evaluate_batch)
-            })?;
+            let page = db.read(|c| events::page(c, &workspace, position, &[], batch))?;
             if page.is_empty() {
                 continue;
             }
             let parsed: Vec<OnceCell<Option<serde_json::Value>>> =
                 page.iter().map(|_| OnceCell::new()).collect();
+            let max_json = db.settings().limits.max_payload_bytes;
             let mut decided = Vec::with_capacity(group.len());
-            for (rule, stamp, high_water) in group {
-                match decide(shared, rule, stamp, high_water, &page, &parsed) {
+            for (rule, stand, high_water) in group {
+                match decide(db, rule, (stand, high_water), &page, &parsed, max_json) {
                     Ok(d) => decided.push(d),
-                    Err(e) => failed(shared, rule, position, &e),
+                    Err(e) => consumer::failed(db, rule.consumer(), position, &e),
                 }
             }
-            let outcomes = shared.write(|tx| -> Result<Vec<Result<Option<Committed>>>> {
-                lease::fence(tx.conn(), tx.now_ms(), &lease)?;
+            let outcomes = db.write(|tx| -> Result<Vec<Result<Option<Committed>>>> {
                 Ok(decided
                     .iter()
-                    .map(|d| match tx.nested(|tx| commit(tx, d, &page, &lease)) {
-                        // The cursor moved under the batch: its writes were
-                        // rolled back with the savepoint; decide again.
-                        Err(Error::CursorBackwards { .. }) => Ok(None),
-                        other => other,
+                    .map(|d| {
+                        let to = page[d.through - 1].seq;
+                        consumer::advance(tx, d.rule.consumer(), &lease, d.stand, |tx| {
+                            Ok((commit(tx, d, &page, &lease)?, to))
+                        })
                     })
                     .collect())
             })?;
@@ -242,7 +243,7 @@ pub(crate) fn pass(
                     }),
                     Ok(None) => again.push(d.rule),
                     Err(e) if e.is_lease_lost() => return Err(e),
-                    Err(e) => failed(shared, d.rule, position, &e),
+                    Err(e) => consumer::failed(db, d.rule.consumer(), position, &e),
                 }
             }
         }
@@ -254,29 +255,16 @@ pub(crate) fn pass(
     Ok(total)
 }
 
-/// A rule's batch could not be decided or committed: recorded against its
-/// cursor (so a rule that keeps failing at one position shows as stuck). It
-/// is tried again next pass.
-fn failed(shared: &Shared, rule: &Rule, position: i64, e: &Error) {
-    crate::cursor::record_failure(
-        shared,
-        (&rule.workspace, ConsumerKind::Rule, &rule.name),
-        position,
-        e,
-    );
-}
-
 /// Decides `rule` over `page` (which starts right after its cursor):
 /// scopes, states, decisions; writes nothing.
 fn decide<'r>(
-    shared: &Shared,
+    db: &Db,
     rule: &'r Rule,
-    stamp: Stamp,
-    high_water: i64,
+    (stand, high_water): (Stand, i64),
     page: &[Event],
     parsed: &[OnceCell<Option<serde_json::Value>>],
+    max_json: usize,
 ) -> Result<Decided<'r>> {
-    let max_json = shared.config.max_payload_bytes;
     // Scopes of the events the rule watches, and their stored states.
     let scopes: Vec<Option<std::result::Result<String, (&'static str, String)>>> = page
         .iter()
@@ -313,8 +301,7 @@ fn decide<'r>(
     let stored: HashMap<String, String> = if wanted.is_empty() {
         HashMap::new()
     } else {
-        shared
-            .read(|c| rules::states(c, &rule.name, &wanted))?
+        db.read(|c| rules::states(c, &rule.name, &wanted))?
             .into_iter()
             .collect()
     };
@@ -365,7 +352,7 @@ fn decide<'r>(
     for (scope, i) in &dirty {
         let state = states.get(scope).expect("dirty states are loaded");
         let json = decider.save(&**state).and_then(|json| {
-            match log::check_json("state", &json, max_json) {
+            match changelog::check_json("state", &json, max_json) {
                 Ok(()) => Ok(json),
                 Err(e) => Err(e.to_string()),
             }
@@ -385,7 +372,7 @@ fn decide<'r>(
     }
     Ok(Decided {
         rule,
-        stamp,
+        stand,
         high_water,
         through: last + 1,
         decided,
@@ -449,7 +436,7 @@ fn decide_one(
                 Decision::Skip => None,
                 Decision::Fire(input) => {
                     let text = input.to_string();
-                    match log::check_json("input", &text, max_json) {
+                    match changelog::check_json("input", &text, max_json) {
                         Ok(()) => Some(text),
                         // The firing cannot be recorded: an error like any
                         // other, and the decision's state changes go too.
@@ -480,25 +467,11 @@ fn firing_exists(conn: &rusqlite::Connection, workspace: &str, id: &str) -> Resu
         || events::seq_of(conn, workspace, &format!("{id}:fired"))?.is_some())
 }
 
-/// Commits what one rule decided, in the caller's transaction (which checked
-/// the evaluator lease): `None`, writing nothing, if its cursor or state was
-/// changed since the page was read.
-fn commit(
-    tx: &mut Tx<'_>,
-    d: &Decided<'_>,
-    page: &[Event],
-    lease: &Lease,
-) -> Result<Option<Committed>> {
+/// Writes what one rule decided, inside [`consumer::advance`] (which checked
+/// the evaluator lease and the cursor, and moves the cursor after).
+fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event], lease: &Lease) -> Result<Committed> {
     let rule = d.rule;
-    let new_cursor = page[d.through - 1].seq;
     let now = tx.now_ms();
-    let kind = ConsumerKind::Rule.as_str();
-    // Nobody moved the cursor or reset the state since step 1 read them.
-    if cursors::get_stamped(tx.conn(), &rule.workspace, kind, &rule.name)?.unwrap_or((0, 0))
-        != d.stamp
-    {
-        return Ok(None);
-    }
     for (scope, json, seq) in &d.changed {
         rules::save_state(tx.conn(), &rule.name, scope, json, *seq, now)?;
     }
@@ -567,16 +540,7 @@ fn commit(
     counters::bump(conn, "errored", done.errored)?;
     counters::bump(conn, "replay_existing", existing)?;
     counters::bump(conn, "replay_kept", kept)?;
-    match cursors::advance(conn, &rule.workspace, kind, &rule.name, new_cursor, now)? {
-        Ok(()) => Ok(Some(done)),
-        // Rolls this rule's savepoint back (see `pass`).
-        Err(current) => Err(Error::CursorBackwards {
-            consumer: rule.name.clone(),
-            workspace: rule.workspace.clone(),
-            current,
-            requested: new_cursor,
-        }),
-    }
+    Ok(done)
 }
 
 /// Records one firing: its `RuleFired` event and its run (or, past the
@@ -589,14 +553,13 @@ fn record_firing(
     lease: &Lease,
 ) -> Result<()> {
     let now = tx.now_ms();
-    let shared = tx.shared();
-    let conn = tx.conn();
+    let max_depth = tx.limits().max_chain_depth;
     let actor = format!("rule:{}", rule.name);
     let action = rule
         .action
         .as_deref()
         .expect("a registered rule has an action");
-    let too_deep = event.depth + 1 > shared.config.max_chain_depth;
+    let too_deep = event.depth + 1 > max_depth;
     let input: serde_json::Value = serde_json::from_str(&f.input).map_err(|e| Error::Encode {
         message: e.to_string(),
     })?;
@@ -614,17 +577,17 @@ fn record_firing(
             "evaluator": { "holder": lease.holder, "generation": lease.generation },
         }));
     let fired = with_cause(fired, event);
-    log::append(
-        conn,
-        shared,
+    tx.append_as(
         &rule.workspace,
         &fired,
         Origin::Engine { depth: event.depth },
     )?;
+    let conn = tx.conn();
     let dead = too_deep.then(|| {
         format!(
-            "the firing event is {} deep; a run would emit events past the chain depth limit of {}",
-            event.depth, shared.config.max_chain_depth
+            "the firing event is {} deep; a run would emit events past the chain depth limit of \
+             {max_depth}",
+            event.depth
         )
     });
     let lane = (rule.ordering == Ordering::Scope).then(|| format!("{} {}", rule.name, f.scope));
@@ -687,9 +650,7 @@ fn record_error(tx: &mut Tx<'_>, rule: &Rule, e: &Errored, event: &Event) -> Res
             "event_id": event.id,
         }));
     let errored = with_cause(errored, event);
-    log::append(
-        tx.conn(),
-        tx.shared(),
+    tx.append_as(
         &rule.workspace,
         &errored,
         Origin::Engine { depth: event.depth },
@@ -717,17 +678,6 @@ fn with_cause(ev: NewEvent, cause: &Event) -> NewEvent {
     match &cause.correlation_id {
         Some(c) => ev.correlation_id(c.clone()),
         None => ev,
-    }
-}
-
-/// The message of a caught panic.
-pub(crate) fn panic_text(p: &(dyn Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".into()
     }
 }
 

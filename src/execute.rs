@@ -11,11 +11,12 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::engine::Shared;
-use crate::error::{Error, Result};
-use crate::evaluate::panic_text;
-use crate::run::{self, Emitted, Run, RunContext};
+use crate::claims::Claims;
+use crate::db::Db;
+use crate::error::{Error, Result, panic_text};
+use crate::run::{self, Actions, Emitted, Run, RunContext};
 use crate::store::counters;
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::runs::{self, RunRow};
@@ -43,54 +44,51 @@ enum Outcome {
 /// (so threads check for shutdown and the drain evaluates in between).
 const MAX_ROUNDS: usize = 64;
 
-/// Claims up to `limit` runs, runs them in this thread, and settles them in
-/// the same transaction that claims the next batch: one durable commit per
-/// batch after the first. Goes on while there is work, up to
-/// [`MAX_ROUNDS`] batches.
-pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
-    let actions = {
-        let reg = shared.registry.read().unwrap_or_else(|e| e.into_inner());
-        if reg.actions.is_empty() {
-            return Ok(Executed::default());
-        }
-        reg.action_names_json()
-    };
-    // A cheap read first: an idle executor opens no write transaction and
-    // copies no handlers.
-    let now = shared.clock.now_ms();
-    if !shared.read(|c| runs::work_due(c, now, &actions))? {
+/// Claims up to `limit` runs of `actions`, runs them in this thread, and
+/// settles them in the same transaction that claims the next batch: one
+/// durable commit per batch after the first. Goes on while there is work, up
+/// to [`MAX_ROUNDS`] batches, and takes no new run once `stop` is set.
+/// `claims` tracks the claims whose handlers work, for the renewer.
+pub(crate) fn execute(
+    db: &Db,
+    actions: &Actions,
+    claims: &Claims,
+    stop: &AtomicBool,
+    limit: usize,
+) -> Result<Executed> {
+    if actions.handlers.is_empty() {
         return Ok(Executed::default());
     }
-    // Actions are only ever added, so these handlers cover every name in
-    // `actions` (the claim's filter).
-    let handlers = shared
-        .registry
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .actions
-        .clone();
-    let holder = shared.config.holder_id.clone();
-    let ttl = shared.claim_ttl_ms();
+    let names = actions.names_json.as_str();
+    // A cheap read first: an idle executor opens no write transaction.
+    let now = db.now_ms();
+    if !db.read(|c| runs::work_due(c, now, names))? {
+        return Ok(Executed::default());
+    }
+    let handlers = &actions.handlers;
+    let stopping = || stop.load(Ordering::SeqCst);
+    let holder = db.settings().holder_id.clone();
+    let ttl = db.settings().lease_ttl_ms();
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let claim = |tx: &mut Tx<'_>| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         for lapsed in runs::lapsed(tx.conn(), now, 100)? {
             runs::requeue_lapsed(tx.conn(), lapsed.ord, now)?;
         }
-        runs::claim(tx.conn(), &holder, now, now + ttl, limit, &actions)
+        runs::claim(tx.conn(), &holder, now, now + ttl, limit, names)
     };
-    let mut claimed: Vec<RunRow> = shared.write(claim)?;
+    let mut claimed: Vec<RunRow> = db.write(claim)?;
     let mut done = Executed::default();
     let mut rounds = 0;
     while !claimed.is_empty() {
         rounds += 1;
         done.claimed += claimed.len();
         let runs: Vec<Run> = claimed.iter().map(Run::from_row).collect();
-        shared.claims.track(&runs);
+        claims.track(&runs);
 
         let mut outcomes = Vec::with_capacity(runs.len());
         for (row, run) in claimed.iter().zip(&runs) {
-            if shared.stopping() {
+            if stopping() {
                 break;
             }
             let outcome = if run.attempt > run.max_attempts {
@@ -101,7 +99,7 @@ pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
                 )
             } else {
                 match handlers.get(&run.action) {
-                    Some(h) => call(shared, h, run),
+                    Some(h) => call(db, stop, h, run),
                     None => Outcome::Failed(format!("no handler for action {}", run.action)),
                 }
             };
@@ -109,9 +107,9 @@ pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
         }
         // Runs claimed but not started (shutdown) go back without an attempt.
         let unstarted = &runs[outcomes.len()..];
-        let more = rounds < MAX_ROUNDS && !shared.stopping();
+        let more = rounds < MAX_ROUNDS && !stopping();
 
-        let next = shared.write(|tx| {
+        let next = db.write(|tx| {
             let mut round = Executed::default();
             for (run, outcome) in runs.iter().zip(&outcomes) {
                 match settle_contained(tx, run, outcome) {
@@ -143,7 +141,7 @@ pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
             let next = if more { claim(tx)? } else { Vec::new() };
             Ok((round, next))
         });
-        shared.claims.untrack(&runs);
+        claims.untrack(&runs);
         let (round, next) = next?;
         done.succeeded += round.succeeded;
         done.retried += round.retried;
@@ -154,8 +152,8 @@ pub(crate) fn execute(shared: &Shared, limit: usize) -> Result<Executed> {
     Ok(done)
 }
 
-fn call(shared: &Shared, handler: &Arc<run::ActionFn>, run: &Run) -> Outcome {
-    let mut ctx = RunContext::new(shared, run);
+fn call(db: &Db, stop: &AtomicBool, handler: &Arc<run::ActionFn>, run: &Run) -> Outcome {
+    let mut ctx = RunContext::new(db, stop, run);
     let result = catch_unwind(AssertUnwindSafe(|| handler(run, &mut ctx)));
     match result {
         Ok(Ok(())) if ctx.completed => Outcome::AlreadyDone,
@@ -269,14 +267,14 @@ pub(crate) fn backoff_ms(row: &RunRow, attempt: u32) -> i64 {
 
 /// Renews every claim this engine holds whose renewal is due: the runs
 /// whose handlers are still working.
-pub(crate) fn renew_claims(shared: &Shared) -> Result<usize> {
-    let ttl = shared.claim_ttl_ms();
-    let now = shared.clock.now_ms();
-    let due = shared.claims.due(now, ttl);
+pub(crate) fn renew_claims(db: &Db, claims: &Claims) -> Result<usize> {
+    let ttl = db.settings().lease_ttl_ms();
+    let now = db.now_ms();
+    let due = claims.due(now, ttl);
     if due.is_empty() {
         return Ok(0);
     }
-    let renewed = shared.write(|tx| {
+    let renewed = db.write(|tx| {
         let now = tx.now_ms();
         let mut renewed = Vec::new();
         for (id, holder, attempt) in &due {
@@ -286,6 +284,6 @@ pub(crate) fn renew_claims(shared: &Shared) -> Result<usize> {
         }
         Ok::<_, Error>(renewed)
     })?;
-    shared.claims.renewed(&renewed, now + ttl);
+    claims.renewed(&renewed, now + ttl);
     Ok(renewed.len())
 }

@@ -44,18 +44,16 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
+use crate::consumer::{self, Consumer};
 use crate::cursor::ConsumerKind;
-use crate::engine::{Engine, Shared};
-use crate::error::{Error, Result};
-use crate::evaluate::panic_text;
+use crate::db::Db;
+use crate::error::{Error, HandlerError, Result, panic_text};
 use crate::event::{Event, NewEvent};
-use crate::lease::{self, Lease};
-use crate::log::{self, Origin};
+use crate::lease::Lease;
 use crate::names;
-use crate::rule::HandlerError;
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::followers::{self, FollowerRow};
-use crate::store::{cursors, events};
+use crate::store::{counters, cursors, events};
 use crate::tx::Tx;
 
 /// A projection: what a follower publishes for one source envelope, or
@@ -256,6 +254,8 @@ pub(crate) struct Relayed {
     pub dead: usize,
     /// The error that stopped the follower.
     pub stopped: Option<Error>,
+    /// Where the cursor stands after the batch.
+    pub at: i64,
 }
 
 /// What the projection said of one envelope.
@@ -275,13 +275,8 @@ enum Published {
 }
 
 fn publish(tx: &mut Tx<'_>, target: &str, event: &NewEvent) -> Published {
-    match log::append(tx.conn(), tx.shared(), target, event, Origin::App) {
-        Ok(a) => {
-            if !a.existing {
-                tx.mark_nudge();
-            }
-            Published::Ok
-        }
+    match tx.append(target, event) {
+        Ok(_) => Published::Ok,
         Err(e @ Error::ReservedType { .. }) => Published::Dead("reserved_type", e.to_string()),
         Err(e @ (Error::Invalid { .. } | Error::Encode { .. })) => {
             Published::Dead("invalid_event", e.to_string())
@@ -293,20 +288,18 @@ fn publish(tx: &mut Tx<'_>, target: &str, event: &NewEvent) -> Published {
 /// Relays one batch of `row`'s source under `lease`, into `target` (None:
 /// this file).
 pub(crate) fn step(
-    shared: &Shared,
+    db: &Db,
     lease: &Lease,
     row: &FollowerRow,
     projection: &ProjectionFn,
-    target: Option<&Engine>,
+    target: Option<&Db>,
 ) -> Result<Relayed> {
-    let kind = ConsumerKind::Follower.as_str();
-    let (stamp, page) = shared.read(|c| {
-        let stamp = cursors::get_stamped(c, &row.source, kind, &row.name)?.unwrap_or((0, 0));
-        Ok((
-            stamp,
-            events::page(c, &row.source, stamp.0, &[], SKIP_SAVE_EVERY)?,
-        ))
-    })?;
+    let c = Consumer {
+        workspace: &row.source,
+        kind: ConsumerKind::Follower,
+        name: &row.name,
+    };
+    let (stand, page) = consumer::read(db, c, SKIP_SAVE_EVERY)?;
     if page.is_empty() {
         return Ok(Relayed::default());
     }
@@ -331,8 +324,8 @@ pub(crate) fn step(
 
     // Across files, publish first, in the target's own transaction.
     let mut outcomes: Vec<Option<Published>> = Vec::with_capacity(items.len());
-    if let Some(target_engine) = target {
-        let result = target_engine.write(|ttx| {
+    if let Some(target_db) = target {
+        let result = target_db.write(|ttx| {
             let mut out = Vec::with_capacity(items.len());
             for (_, item) in &items {
                 match item {
@@ -355,94 +348,89 @@ pub(crate) fn step(
         }
     }
 
-    let outcome = shared.write(|tx| -> Result<Relayed> {
-        let now = tx.now_ms();
-        lease::fence(tx.conn(), now, lease)?;
-        if cursors::get_stamped(tx.conn(), &row.source, kind, &row.name)?.unwrap_or((0, 0)) != stamp
-        {
-            return Ok(Relayed::default()); // an operator moved the cursor: read again
-        }
-        let mut r = Relayed::default();
-        let mut last = None;
-        for (i, (event, item)) in items.iter().enumerate() {
-            let dead = match item {
-                Item::Skip => None,
-                Item::Dead(reason, error) => Some((*reason, error.clone())),
-                Item::Publish(e) => {
-                    let result = match target {
-                        None => publish(tx, &row.target, e),
-                        Some(_) => match outcomes.get_mut(i).and_then(Option::take) {
-                            Some(p) => p,
-                            // After a stop the rest were not published.
-                            None => break,
-                        },
-                    };
-                    match result {
-                        Published::Ok => {
-                            r.published += 1;
-                            None
-                        }
-                        Published::Dead(reason, error) => Some((reason, error)),
-                        Published::Stop(e) => {
-                            r.stopped = Some(e);
-                            break;
+    let outcome = db.write(|tx| -> Result<Option<Relayed>> {
+        let relayed = consumer::advance(tx, c, lease, stand, |tx| {
+            let now = tx.now_ms();
+            let mut r = Relayed::default();
+            let mut last = None;
+            for (i, (event, item)) in items.iter().enumerate() {
+                let dead = match item {
+                    Item::Skip => None,
+                    Item::Dead(reason, error) => Some((*reason, error.clone())),
+                    Item::Publish(e) => {
+                        let result = match target {
+                            None => publish(tx, &row.target, e),
+                            Some(_) => match outcomes.get_mut(i).and_then(Option::take) {
+                                Some(p) => p,
+                                // After a stop the rest were not published.
+                                None => break,
+                            },
+                        };
+                        match result {
+                            Published::Ok => {
+                                r.published += 1;
+                                None
+                            }
+                            Published::Dead(reason, error) => Some((reason, error)),
+                            Published::Stop(e) => {
+                                r.stopped = Some(e);
+                                break;
+                            }
                         }
                     }
+                };
+                if let Some((reason, error)) = dead {
+                    let new = dead_letters::insert(
+                        tx.conn(),
+                        &NewDeadLetter {
+                            kind: "follower",
+                            consumer: &row.name,
+                            workspace: Some(&row.source),
+                            event_seq: Some(event.seq),
+                            event_id: Some(&event.id),
+                            run_id: None,
+                            reason,
+                            error: &error,
+                            attempts: 1,
+                            now,
+                        },
+                    )?;
+                    r.dead += usize::from(new);
                 }
-            };
-            if let Some((reason, error)) = dead {
-                let new = dead_letters::insert(
-                    tx.conn(),
-                    &NewDeadLetter {
-                        kind: "follower",
-                        consumer: &row.name,
-                        workspace: Some(&row.source),
-                        event_seq: Some(event.seq),
-                        event_id: Some(&event.id),
-                        run_id: None,
-                        reason,
-                        error: &error,
-                        attempts: 1,
-                        now,
-                    },
-                )?;
-                r.dead += usize::from(new);
+                last = Some(event.seq);
+                r.moved += 1;
             }
-            last = Some(event.seq);
-            r.moved += 1;
-        }
-        if let Some(seq) = last
-            && cursors::advance(tx.conn(), &row.source, kind, &row.name, seq, now)?.is_err()
+            followers::count(tx.conn(), &row.name, r.published as i64, r.dead as i64, now)?;
+            let to = last.unwrap_or(stand.position);
+            r.at = to;
+            Ok((r, to))
+        })?;
+        // A stop is recorded with the advance, on the ledger and the cursor.
+        if let Some(Relayed {
+            stopped: Some(e),
+            at,
+            ..
+        }) = &relayed
         {
-            return Err(Error::TransactionAborted {
-                detail: format!("follower {}: its cursor moved backwards under it", row.name),
-            });
-        }
-        followers::count(tx.conn(), &row.name, r.published as i64, r.dead as i64, now)?;
-        if let Some(e) = &r.stopped {
-            let error = e.to_string();
+            let (error, now) = (e.to_string(), tx.now_ms());
             followers::stopped(tx.conn(), &row.name, &error, now)?;
-            let at = last.unwrap_or(stamp.0);
+            let kind = ConsumerKind::Follower.as_str();
             let n =
-                cursors::record_failure(tx.conn(), &row.source, kind, &row.name, at, &error, now)?;
-            crate::store::counters::bump(tx.conn(), "consumer_failures", usize::from(n.is_some()))?;
+                cursors::record_failure(tx.conn(), &row.source, kind, &row.name, *at, &error, now)?;
+            counters::bump(tx.conn(), "consumer_failures", usize::from(n.is_some()))?;
         }
-        Ok(r)
+        Ok(relayed)
     });
     match outcome {
-        Ok(r) => Ok(r),
+        Ok(Some(r)) => Ok(r),
+        // An operator moved the cursor: read again next turn.
+        Ok(None) => Ok(Relayed::default()),
         // Writing the source failed: the follower stops at its cursor (what
         // was published in another file is published again, to no effect).
         Err(e) if !e.is_lease_lost() => {
             let detail = e.to_string();
-            let _ =
-                shared.write(|tx| followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms()));
-            crate::cursor::record_failure(
-                shared,
-                (&row.source, ConsumerKind::Follower, &row.name),
-                stamp.0,
-                &e,
-            );
+            let _ = db.write(|tx| followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms()));
+            consumer::failed(db, c, stand.position, &e);
             Ok(Relayed {
                 stopped: Some(e),
                 ..Relayed::default()

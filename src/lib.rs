@@ -40,60 +40,75 @@
 //! them; the schema is `schema.sql`, readable with any `sqlite3` shell.
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
-mod claims;
+// Base: values and words, no I/O.
+mod audit;
 mod clock;
-mod cursor;
 mod dead_letter;
-mod delivery;
-mod engine;
 mod error;
-mod evaluate;
 mod event;
-mod execute;
-mod follow;
-mod lease;
-mod log;
 mod names;
-mod notify;
-mod operate;
-mod prune;
-mod reaction;
-mod registry;
-mod rule;
-mod run;
-mod runtime;
-mod schedule;
-mod stats;
+mod retry;
+// Store: every SQL statement, next to the table it touches.
 mod store;
+// Core: one open file, its writer and the operations every consumer uses.
+mod changelog;
+mod combiner;
+mod cursor;
+mod db;
+mod lease;
+mod notify;
+mod settings;
 mod tx;
 mod workspace;
 mod writer;
+// Consumers and work.
+mod claims;
+mod consumer;
+mod delivery;
+mod evaluate;
+mod execute;
+mod follow;
+mod operate;
+mod prune;
+mod reaction;
+mod rule;
+mod run;
+mod schedule;
+mod stats;
+// Runtime: threads, the drain, lease keeping.
+mod registry;
+mod runtime;
+// Facade: what an application calls.
+mod builder;
+mod engine;
+mod operator;
 
+pub use audit::AuditEntry;
+pub use builder::EngineBuilder;
+pub use changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
 pub use dead_letter::DeadLetter;
 pub use delivery::{ChannelPolicy, Delivery, Message, SenderFn};
-pub use engine::{Engine, EngineBuilder};
-pub use error::{Error, Result};
+pub use engine::Engine;
+pub use error::{Error, HandlerError, Result};
 pub use evaluate::firing_id;
 pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
-pub use log::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
 pub use names::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 pub use operate::{RuleInfo, RuleReset};
+pub use operator::Operator;
 pub use prune::{Pruned, Retention};
 pub use reaction::{Reaction, ReactionFn};
-pub use rule::{
-    Decision, HandlerError, OnDeadLetter, OnNewVersion, Ordering, RetryPolicy, Rule, Scope,
-    ScopeFn, Start,
-};
+pub use retry::RetryPolicy;
+pub use rule::{Decision, OnDeadLetter, OnNewVersion, Ordering, Rule, Scope, ScopeFn, Start};
 pub use run::{ActionFn, Run, RunContext, RunInfo, RunState};
 pub use runtime::Idle;
 pub use schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
 pub use stats::{CursorStat, FollowerStat, Stats, WriterStat};
-pub use store::audit::AuditEntry;
 pub use store::conn::Synchronous;
 pub use store::schema::SCHEMA_VERSION;
 pub use tx::Tx;

@@ -6,7 +6,6 @@ use rusqlite::Connection;
 
 use crate::cursor::ConsumerKind;
 use crate::dead_letter::DeadLetter;
-use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::names::{self, MAX_ID_BYTES};
 use crate::rule::{OnNewVersion, Rule, Start};
@@ -85,8 +84,7 @@ pub enum RuleReset {
 /// Records a rule being registered: a new rule gets its row and its start
 /// position; a known rule at a higher version gets what `on_new_version`
 /// says.
-pub(crate) fn register_rule(conn: &Connection, shared: &Shared, rule: &Rule) -> Result<()> {
-    let now = shared.clock.now_ms();
+pub(crate) fn register_rule(conn: &Connection, now: i64, rule: &Rule) -> Result<()> {
     if !crate::store::workspaces::exists(conn, &rule.workspace)? {
         return Err(Error::not_found("workspace", &rule.workspace));
     }
@@ -466,5 +464,30 @@ pub(crate) fn unfollow(
         &format!("follower {name}"),
         reason,
         serde_json::json!({ "source": row.source, "target": row.target, "cursor": cursor }),
+    )
+}
+
+/// Records an operator's request that a stopped follower start again at its
+/// cursor; the process running it picks it up (see
+/// [`crate::Operator::restart_follower`]).
+pub(crate) fn restart_follower(
+    conn: &Connection,
+    now: i64,
+    name: &str,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    if !crate::store::followers::request_restart(conn, name, now)? {
+        return Err(Error::not_found("follower", name));
+    }
+    record(
+        conn,
+        now,
+        operator,
+        "restart_follower",
+        &format!("follower {name}"),
+        reason,
+        serde_json::json!({}),
     )
 }

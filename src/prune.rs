@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use crate::engine::Shared;
+use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::store::{cursors, dead_letters, events, runs, workspaces};
 
@@ -80,20 +80,20 @@ fn ms(d: Duration) -> i64 {
 /// Prunes what `retention` allows; `progress` sees the running totals after
 /// every batch.
 pub(crate) fn prune(
-    shared: &Shared,
+    db: &Db,
     retention: &Retention,
     progress: &mut dyn FnMut(Pruned),
 ) -> Result<Pruned> {
     retention.validate()?;
     let mut total = Pruned::default();
-    let now = shared.clock.now_ms();
+    let now = db.now_ms();
     let batch = retention.batch;
     if let Some(age) = retention.events {
         let before = now.saturating_sub(ms(age));
-        let spaces = shared.read(workspaces::list)?;
+        let spaces = db.read(workspaces::list)?;
         for (workspace, _) in spaces {
             loop {
-                let n = shared.write(|tx| {
+                let n = db.write(|tx| {
                     // Read in the deleting transaction: no cursor can move
                     // back below it before the delete commits.
                     let up_to = cursors::min_position(tx.conn(), &workspace)?.unwrap_or(i64::MAX);
@@ -110,7 +110,7 @@ pub(crate) fn prune(
     if let Some(age) = retention.finished_work {
         let before = now.saturating_sub(ms(age));
         loop {
-            let n = shared.write(|tx| runs::delete_finished(tx.conn(), before, batch))?;
+            let n = db.write(|tx| runs::delete_finished(tx.conn(), before, batch))?;
             total.runs += n as u64;
             progress(total);
             if n < batch {
@@ -118,7 +118,7 @@ pub(crate) fn prune(
             }
         }
         loop {
-            let n = shared.write(|tx| dead_letters::delete_resolved(tx.conn(), before, batch))?;
+            let n = db.write(|tx| dead_letters::delete_resolved(tx.conn(), before, batch))?;
             total.dead_letters += n as u64;
             progress(total);
             if n < batch {

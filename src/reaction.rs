@@ -21,14 +21,14 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::consumer::{self, Consumer};
 use crate::cursor::ConsumerKind;
-use crate::engine::Shared;
-use crate::error::{Error, Result};
-use crate::evaluate::panic_text;
+use crate::db::Db;
+use crate::error::{Error, HandlerError, Result, panic_text};
 use crate::event::{Event, RESERVED_TYPES};
-use crate::lease::{self, Lease};
+use crate::lease::Lease;
 use crate::names;
-use crate::rule::{HandlerError, Start};
+use crate::rule::Start;
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::{counters, cursors, events};
 use crate::tx::Tx;
@@ -115,6 +115,15 @@ impl Reaction {
         self
     }
 
+    /// The reaction as a consumer of its workspace (its cursor).
+    pub(crate) fn consumer(&self) -> Consumer<'_> {
+        Consumer {
+            workspace: &self.workspace,
+            kind: ConsumerKind::Reaction,
+            name: &self.name,
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         names::check_name("reaction", &self.name)?;
         names::check_name("workspace", &self.workspace)?;
@@ -176,12 +185,9 @@ impl From<Error> for Failure {
 
 /// Handles one batch of `r`'s events under the loop lease. Returns how many
 /// events the cursor moved past.
-pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize> {
-    let kind = ConsumerKind::Reaction.as_str();
-    let (stamp, page) = shared.read(|c| {
-        let stamp = cursors::get_stamped(c, &r.workspace, kind, &r.name)?.unwrap_or((0, 0));
-        Ok((stamp, events::page(c, &r.workspace, stamp.0, &[], BATCH)?))
-    })?;
+pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
+    let c = r.consumer();
+    let (stand, page) = consumer::read(db, c, BATCH)?;
     if page.is_empty() {
         return Ok(0);
     }
@@ -189,79 +195,69 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, r: &Reaction) -> Result<usize
         .handler
         .as_ref()
         .expect("a registered reaction has a handler");
-    let committed = shared.write(|tx| {
-        let now = tx.now_ms();
-        lease::fence(tx.conn(), now, lease)?;
-        if cursors::get_stamped(tx.conn(), &r.workspace, kind, &r.name)?.unwrap_or((0, 0)) != stamp
-        {
-            return Ok(0); // an operator moved the cursor: read again
-        }
-        let started = Instant::now();
-        let mut last = None;
-        let (mut handled, mut failed) = (0, 0);
-        for event in &page {
-            if last.is_some() && started.elapsed() >= BUDGET {
-                break;
-            }
-            last = Some(event.seq);
-            if !r.types.contains(&event.event_type) {
-                continue;
-            }
-            let handled_event = tx.nested(|tx: &mut Tx<'_>| -> std::result::Result<(), Failure> {
-                match catch_unwind(AssertUnwindSafe(|| handler(event, tx))) {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(Failure {
-                        reason: "handler_error",
-                        error: e.to_string(),
-                    }),
-                    Err(p) => Err(Failure {
-                        reason: "handler_panic",
-                        error: panic_text(&*p),
-                    }),
+    let committed = db.write(|tx| {
+        consumer::advance(tx, c, lease, stand, |tx| {
+            let now = tx.now_ms();
+            let started = Instant::now();
+            let mut last = None;
+            let (mut handled, mut failed) = (0, 0);
+            for event in &page {
+                if last.is_some() && started.elapsed() >= BUDGET {
+                    break;
                 }
-            });
-            handled += 1;
-            if let Err(f) = handled_event {
-                failed += 1;
-                dead_letters::insert(
-                    tx.conn(),
-                    &NewDeadLetter {
-                        kind: "reaction",
-                        consumer: &r.name,
-                        workspace: Some(&r.workspace),
-                        event_seq: Some(event.seq),
-                        event_id: Some(&event.id),
-                        run_id: None,
-                        reason: f.reason,
-                        error: &f.error,
-                        attempts: 1,
-                        now,
-                    },
-                )?;
+                last = Some(event.seq);
+                if !r.types.contains(&event.event_type) {
+                    continue;
+                }
+                let outcome = tx.nested(|tx: &mut Tx<'_>| -> std::result::Result<(), Failure> {
+                    match catch_unwind(AssertUnwindSafe(|| handler(event, tx))) {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(e)) => Err(Failure {
+                            reason: "handler_error",
+                            error: e.to_string(),
+                        }),
+                        Err(p) => Err(Failure {
+                            reason: "handler_panic",
+                            error: panic_text(&*p),
+                        }),
+                    }
+                });
+                handled += 1;
+                if let Err(f) = outcome {
+                    failed += 1;
+                    dead_letters::insert(
+                        tx.conn(),
+                        &NewDeadLetter {
+                            kind: "reaction",
+                            consumer: &r.name,
+                            workspace: Some(&r.workspace),
+                            event_seq: Some(event.seq),
+                            event_id: Some(&event.id),
+                            run_id: None,
+                            reason: f.reason,
+                            error: &f.error,
+                            attempts: 1,
+                            now,
+                        },
+                    )?;
+                }
             }
-        }
-        let last = last.expect("the page is not empty");
-        counters::bump(tx.conn(), "reacted", handled)?;
-        counters::bump(tx.conn(), "reaction_errors", failed)?;
-        if cursors::advance(tx.conn(), &r.workspace, kind, &r.name, last, now)?.is_err() {
-            return Err(Error::TransactionAborted {
-                detail: format!("reaction {}: its cursor moved backwards under it", r.name),
-            });
-        }
-        Ok(page.iter().take_while(|e| e.seq <= last).count())
+            let last = last.expect("the page is not empty");
+            counters::bump(tx.conn(), "reacted", handled)?;
+            counters::bump(tx.conn(), "reaction_errors", failed)?;
+            Ok((page.iter().take_while(|e| e.seq <= last).count(), last))
+        })
     });
     match committed {
+        Ok(Some(moved)) => Ok(moved),
+        // An operator moved the cursor: read again next turn.
+        Ok(None) => Ok(0),
         Err(e) if !e.is_lease_lost() => {
             // The batch commits nothing; it is handled again next turn, and
             // a reaction that keeps failing here shows as stuck.
-            crate::cursor::record_failure(
-                shared,
-                (&r.workspace, ConsumerKind::Reaction, &r.name),
-                stamp.0,
-                &e,
-            );
+            consumer::failed(db, c, stand.position, &e);
             Ok(0)
         }
-        other => other,
+        Err(e) => Err(e),
     }
 }

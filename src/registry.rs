@@ -1,23 +1,23 @@
-//! What this process knows how to do: its registered rules and actions.
+//! What this process knows how to do: its registered rules, actions,
+//! reactions, jobs and projections.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::delivery::ChannelPolicy;
-use crate::follow::ProjectionFn;
+use crate::event::{Event, RESERVED_TYPES};
+use crate::follow::{ProjectionFn, same_event};
 use crate::reaction::Reaction;
 use crate::rule::Rule;
-use crate::run::ActionFn;
+use crate::run::{ActionFn, Actions};
 use crate::schedule::Job;
 
 pub(crate) struct Registry {
     pub rules: BTreeMap<String, Arc<Rule>>,
-    /// Every handler executors run, by action name: rules' actions,
-    /// `delivery/<channel>` senders, `job/<name>` jobs.
-    pub actions: BTreeMap<String, Arc<ActionFn>>,
+    /// Every handler executors run (see [`Actions`]); replaced whole when
+    /// one is added, so executors take it with one `Arc` clone.
+    pub actions: Arc<Actions>,
     pub reactions: BTreeMap<String, Arc<Reaction>>,
     pub jobs: BTreeMap<String, Arc<Job>>,
-    pub channels: BTreeMap<String, ChannelPolicy>,
     pub projections: BTreeMap<String, Arc<ProjectionFn>>,
 }
 
@@ -28,19 +28,15 @@ impl Default for Registry {
         // RuleErrored bridge nothing (no workspace would take them).
         projections.insert(
             "same".into(),
-            Arc::new(|e: &crate::event::Event| {
-                Ok(
-                    (!crate::event::RESERVED_TYPES.contains(&e.event_type.as_str()))
-                        .then(|| crate::follow::same_event(e)),
-                )
+            Arc::new(|e: &Event| {
+                Ok((!RESERVED_TYPES.contains(&e.event_type.as_str())).then(|| same_event(e)))
             }),
         );
         Registry {
             rules: BTreeMap::new(),
-            actions: BTreeMap::new(),
+            actions: Arc::default(),
             reactions: BTreeMap::new(),
             jobs: BTreeMap::new(),
-            channels: BTreeMap::new(),
             projections,
         }
     }
@@ -64,9 +60,8 @@ impl Registry {
             .collect()
     }
 
-    /// The registered action names as a JSON array, the form the claim takes.
-    pub fn action_names_json(&self) -> String {
-        let names: Vec<&String> = self.actions.keys().collect();
-        serde_json::to_string(&names).expect("strings encode")
+    /// Adds (or replaces) the handler of an action.
+    pub fn add_action(&mut self, name: &str, handler: Arc<ActionFn>) {
+        self.actions = Arc::new(self.actions.with(name, handler));
     }
 }

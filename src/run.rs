@@ -6,16 +6,18 @@
 //! (with backoff) or dead-letter them under a holder check (DESIGN.md,
 //! invariant 5).
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::engine::Shared;
-use crate::error::{Error, Result};
+use crate::changelog::{self, Origin};
+use crate::db::Db;
+use crate::error::{Error, HandlerError, Result};
 use crate::event::{Event, NewEvent, Query};
-use crate::log::{self, Origin};
-use crate::rule::HandlerError;
 use crate::store::runs::{self, RunRow};
 use crate::tx::Tx;
 
@@ -231,6 +233,30 @@ impl RunInfo {
 pub type ActionFn =
     dyn Fn(&Run, &mut RunContext<'_>) -> std::result::Result<(), HandlerError> + Send + Sync;
 
+/// The handlers this process runs, by action name — rules' actions,
+/// `delivery/<channel>` senders, `job/<name>` jobs — and their names as the
+/// claim takes them (a JSON array). Rebuilt whenever one is registered, so
+/// an executor takes the whole set with one `Arc` clone.
+#[derive(Default)]
+pub(crate) struct Actions {
+    pub handlers: BTreeMap<String, Arc<ActionFn>>,
+    pub names_json: String,
+}
+
+impl Actions {
+    /// These actions and `name`'s handler.
+    pub(crate) fn with(&self, name: &str, handler: Arc<ActionFn>) -> Actions {
+        let mut handlers = self.handlers.clone();
+        handlers.insert(name.to_string(), handler);
+        let names: Vec<&String> = handlers.keys().collect();
+        let names_json = serde_json::to_string(&names).expect("strings encode");
+        Actions {
+            handlers,
+            names_json,
+        }
+    }
+}
+
 /// An event a run asked to emit, appended when the run completes.
 pub(crate) struct Emitted {
     pub workspace: String,
@@ -240,16 +266,19 @@ pub(crate) struct Emitted {
 
 /// What a handler can do besides its own work.
 pub struct RunContext<'a> {
-    pub(crate) shared: &'a Shared,
-    pub(crate) run: &'a Run,
+    db: &'a Db,
+    stopping: &'a AtomicBool,
+    run: &'a Run,
     pub(crate) emitted: Vec<Emitted>,
     pub(crate) completed: bool,
 }
 
 impl<'a> RunContext<'a> {
-    pub(crate) fn new(shared: &'a Shared, run: &'a Run) -> RunContext<'a> {
+    /// `stopping` is the engine's shutdown flag.
+    pub(crate) fn new(db: &'a Db, stopping: &'a AtomicBool, run: &'a Run) -> RunContext<'a> {
         RunContext {
-            shared,
+            db,
+            stopping,
             run,
             emitted: Vec::new(),
             completed: false,
@@ -258,7 +287,7 @@ impl<'a> RunContext<'a> {
 
     /// The engine clock's time, in ms since the epoch.
     pub fn now_ms(&self) -> i64 {
-        self.shared.clock.now_ms()
+        self.db.now_ms()
     }
 
     /// True once the engine is shutting down. Shutdown waits for the handler
@@ -266,7 +295,7 @@ impl<'a> RunContext<'a> {
     /// an error, to be retried (by this process later or by another) from
     /// where it stopped.
     pub fn is_shutting_down(&self) -> bool {
-        self.shared.stopping()
+        self.stopping.load(Ordering::SeqCst)
     }
 
     /// Emits `event` into the run's workspace when the run completes, with
@@ -309,9 +338,10 @@ impl<'a> RunContext<'a> {
         let json = serde_json::to_string(value).map_err(|e| Error::Encode {
             message: e.to_string(),
         })?;
-        log::check_json("checkpoint", &json, self.shared.config.max_payload_bytes)?;
+        let max = self.db.settings().limits.max_payload_bytes;
+        changelog::check_json("checkpoint", &json, max)?;
         let run = self.run;
-        self.shared.write(|tx| {
+        self.db.write(|tx| {
             let now = tx.now_ms();
             if runs::save_checkpoint(
                 tx.conn(),
@@ -356,7 +386,7 @@ impl<'a> RunContext<'a> {
     ) -> Result<T> {
         let run = self.run;
         let emitted = std::mem::take(&mut self.emitted);
-        let value = self.shared.write(|tx| {
+        let value = self.db.write(|tx| {
             let value = f(tx)?;
             finish_success(tx, run, &emitted)?;
             Ok(value)
@@ -376,12 +406,12 @@ impl<'a> RunContext<'a> {
 
     /// Reads events, as [`crate::Engine::read`].
     pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
-        self.shared.read(|c| log::read(c, query))
+        self.db.read(|c| changelog::read(c, query))
     }
 
     /// Runs `f` on a read connection, as [`crate::Engine::with_reader`].
     pub fn with_reader<T>(&self, f: impl FnMut(&rusqlite::Connection) -> Result<T>) -> Result<T> {
-        self.shared.read(f)
+        self.db.read(f)
     }
 }
 
@@ -399,11 +429,10 @@ pub(crate) fn claim_lost(run: &Run) -> Error {
 /// [`Error::LeaseLost`].
 pub(crate) fn finish_success(tx: &mut Tx<'_>, run: &Run, emitted: &[Emitted]) -> Result<()> {
     let now = tx.now_ms();
-    let conn = tx.conn();
     // The update is the claim check: it changes the row only while the claim
     // (holder and attempt) is ours, and runs first, so a lost claim has
     // written nothing when it returns.
-    if !runs::succeed(conn, &run.id, &run.holder, i64::from(run.attempt), now)? {
+    if !runs::succeed(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)? {
         return Err(claim_lost(run));
     }
     for e in emitted {
@@ -411,18 +440,13 @@ pub(crate) fn finish_success(tx: &mut Tx<'_>, run: &Run, emitted: &[Emitted]) ->
         if event.causation_id.is_none() {
             event.causation_id.clone_from(&run.event_id);
         }
-        let appended = log::append(
-            conn,
-            tx.shared(),
+        tx.append_as(
             &e.workspace,
             &event,
             Origin::Run {
                 depth: run.depth + 1,
             },
         )?;
-        if !appended.existing {
-            tx.mark_nudge();
-        }
     }
     if let Some(lane) = &run.lane {
         runs::advance_lane(tx.conn(), lane, &run.id, now)?;

@@ -1,7 +1,10 @@
 //! The engine's threads, and the drain that does their work in the caller's
-//! thread instead.
+//! thread instead. [`Context`] holds the [`Db`] and the state that only the
+//! runtime needs: what this process registered, the claims its handlers
+//! work under, the leases it holds, its threads, its followers' scheduling
+//! and the prune timer.
 //!
-//! [`crate::Engine::start`] spawns:
+//! [`start`] spawns:
 //!
 //! - the **loop**, which takes the file's `loop` lease and, while it holds it,
 //!   runs the reactions, creates due occurrences of scheduled jobs and (with a
@@ -20,34 +23,118 @@
 //!
 //! Each waits on the nudge (a commit in this process) and the heartbeat
 //! (`PRAGMA data_version`, for other processes' commits, and for retries
-//! coming due). [`crate::Engine::shutdown`] — or dropping the last `Engine`
-//! handle — stops them taking work, lets each finish the handler it is in,
-//! gives back runs claimed but not started, releases the evaluator leases and
+//! coming due). [`shutdown`] stops them taking work, lets each finish the
+//! handler it is in, gives back runs claimed but not started, releases every
+//! lease this engine holds (the loop's, the evaluators', the followers') and
 //! joins every thread.
 //!
-//! [`crate::Engine::run_until_idle`] runs the same steps in the caller's
-//! thread until nothing is ready, so tests need no threads and no sleeping.
+//! [`run_until_idle`] runs the same steps in the caller's thread until
+//! nothing is ready, so tests need no threads and no sleeping.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::{Sender, bounded};
 
-use crate::engine::Engine;
-use crate::engine::Shared;
+use crate::claims::Claims;
+use crate::db::{Db, Open};
 use crate::error::{Error, Result};
 use crate::evaluate::{self, Pass};
 use crate::execute::{self, Executed};
 use crate::lease::{self, Lease};
-use crate::{follow, prune, reaction, schedule};
+use crate::prune::{self, Retention};
+use crate::registry::Registry;
+use crate::{follow, reaction, schedule};
+
+/// The runtime's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub executors: usize,
+    pub claim_batch: usize,
+    pub evaluate_batch: usize,
+    pub retention: Option<Retention>,
+}
+
+/// An open file with everything its runtime needs: what every clone of an
+/// [`crate::Engine`] shares.
+pub(crate) struct Context {
+    pub db: Db,
+    pub config: Config,
+    registry: RwLock<Registry>,
+    /// Claims on runs whose handlers are working, for the renewer.
+    claims: Claims,
+    /// The leases this engine holds (the loop's, the evaluators', the
+    /// followers'), by name.
+    leases: Mutex<HashMap<String, Lease>>,
+    threads: Mutex<Option<Threads>>,
+    /// Set while shutting down: workers take no new work.
+    stop: AtomicBool,
+    /// When the loop last pruned (engine clock).
+    last_prune: Mutex<i64>,
+    /// Followers stopped in this engine until restarted, with the ledger's
+    /// count of restart requests when they stopped: a request from any
+    /// process moves the count, and the follower starts again.
+    stopped_followers: Mutex<HashMap<String, i64>>,
+    /// When each follower that could not take its lease may try again.
+    follower_retry: Mutex<HashMap<String, i64>>,
+    /// The cross-file followers' target files, opened once, by path.
+    targets: Mutex<HashMap<String, Arc<Db>>>,
+}
 
 /// The threads of a started engine.
-pub(crate) struct Runtime {
-    threads: Vec<JoinHandle<()>>,
+struct Threads {
+    handles: Vec<JoinHandle<()>>,
     /// Dropped to wake the renewer at once on shutdown.
     _stop: Sender<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Context {
+    pub(crate) fn new(db: Db, config: Config) -> Context {
+        Context {
+            db,
+            config,
+            registry: RwLock::new(Registry::default()),
+            claims: Claims::default(),
+            leases: Mutex::new(HashMap::new()),
+            threads: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            last_prune: Mutex::new(i64::MIN / 2),
+            stopped_followers: Mutex::new(HashMap::new()),
+            follower_retry: Mutex::new(HashMap::new()),
+            targets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn registry(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn registry_mut(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True between [`start`] and [`shutdown`].
+    pub(crate) fn is_started(&self) -> bool {
+        lock(&self.threads).is_some()
+    }
+
+    /// The followers stopped in this engine (with the restart requests seen
+    /// when they stopped).
+    pub(crate) fn stopped_followers(&self) -> HashMap<String, i64> {
+        lock(&self.stopped_followers).clone()
+    }
+
+    /// Lets a follower stopped in this engine go on at its next turn.
+    pub(crate) fn unstop_follower(&self, name: &str) {
+        lock(&self.stopped_followers).remove(name);
+    }
 }
 
 /// What [`crate::Engine::run_until_idle`] did.
@@ -58,7 +145,8 @@ pub struct Idle {
     pub events: usize,
     /// Decisions made (events of a watched type).
     pub decided: usize,
-    /// Decisions that fired.
+    /// Decisions that fired (new firings: a replay's firings found made
+    /// before are not counted).
     pub fired: usize,
     /// Decisions that failed (recorded as `RuleErrored`).
     pub errored: usize,
@@ -103,14 +191,15 @@ const PRUNE_EVERY_MS: i64 = 10 * 60 * 1000;
 
 /// The lease `name`, taken or renewed (every third of its TTL) as needed;
 /// `None` while another holder has it.
-fn held_lease(shared: &Shared, name: &str) -> Result<Option<Lease>> {
-    let mut held = shared.leases.lock().unwrap_or_else(|e| e.into_inner());
-    let now = shared.clock.now_ms();
+fn held_lease(cx: &Context, name: &str) -> Result<Option<Lease>> {
+    let db = &cx.db;
+    let mut held = lock(&cx.leases);
+    let now = db.now_ms();
     if let Some(l) = held.get(name) {
         if now < l.renew_due_at() && l.is_live_at(now) {
             return Ok(Some(l.clone()));
         }
-        match shared.write(|tx| lease::renew(tx.conn(), tx.now_ms(), l)) {
+        match db.write(|tx| lease::renew(tx.conn(), tx.now_ms(), l)) {
             Ok(renewed) => {
                 held.insert(name.to_string(), renewed.clone());
                 return Ok(Some(renewed));
@@ -122,9 +211,9 @@ fn held_lease(shared: &Shared, name: &str) -> Result<Option<Lease>> {
             Err(e) => return Err(e),
         }
     }
-    let holder = shared.config.holder_id.clone();
-    let ttl = shared.config.lease_ttl;
-    match shared.write(|tx| lease::acquire(tx.conn(), tx.now_ms(), name, &holder, ttl)) {
+    let holder = db.settings().holder_id.clone();
+    let ttl = db.settings().lease_ttl;
+    match db.write(|tx| lease::acquire(tx.conn(), tx.now_ms(), name, &holder, ttl)) {
         Ok(l) => {
             log::info!("holding {name} (generation {})", l.generation);
             held.insert(name.to_string(), l.clone());
@@ -135,28 +224,21 @@ fn held_lease(shared: &Shared, name: &str) -> Result<Option<Lease>> {
     }
 }
 
-fn forget_lease(shared: &Shared, name: &str) {
-    shared
-        .leases
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(name);
+fn forget_lease(cx: &Context, name: &str) {
+    lock(&cx.leases).remove(name);
 }
 
 /// One pass over a workspace's rules, if this engine holds (or can take) its
 /// evaluator lease. The lease is checked (and renewed when due) before each
 /// group of rules, so a workspace with many slow rules keeps it.
-pub(crate) fn evaluate_step(shared: &Shared, workspace: &str) -> Result<Pass> {
-    let rules = shared
-        .registry
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .rules_of(workspace);
+pub(crate) fn evaluate_step(cx: &Context, workspace: &str) -> Result<Pass> {
+    let rules = cx.registry().rules_of(workspace);
     let name = evaluate::lease_name(workspace);
-    match evaluate::pass(shared, &rules, &mut || held_lease(shared, &name)) {
+    let batch = cx.config.evaluate_batch;
+    match evaluate::pass(&cx.db, &rules, batch, &mut || held_lease(cx, &name)) {
         Err(e) if e.is_lease_lost() => {
             log::warn!("evaluating {workspace}: {e}");
-            forget_lease(shared, &name);
+            forget_lease(cx, &name);
             Ok(Pass::default())
         }
         other => other,
@@ -168,15 +250,13 @@ pub(crate) fn evaluate_step(shared: &Shared, workspace: &str) -> Result<Pass> {
 /// under its lease. A follower that cannot take its lease tries again a
 /// third of the lease's TTL later. Returns how many envelopes the followers
 /// moved past.
-pub(crate) fn follow_step(shared: &Shared) -> Result<usize> {
-    let rows = shared.read(crate::store::followers::list)?;
+pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
+    let db = &cx.db;
+    let rows = db.read(crate::store::followers::list)?;
     let mut moved = 0;
     for row in rows {
         {
-            let mut stopped = shared
-                .stopped_followers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut stopped = lock(&cx.stopped_followers);
             match stopped.get(&row.name) {
                 // An operator asked for a restart since it stopped.
                 Some(&seen) if row.restart_requests > seen => {
@@ -187,59 +267,45 @@ pub(crate) fn follow_step(shared: &Shared) -> Result<usize> {
                 None => {}
             }
         }
-        let projection = shared
-            .registry
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .projections
-            .get(&row.projection)
-            .cloned();
+        let projection = cx.registry().projections.get(&row.projection).cloned();
         let Some(projection) = projection else {
             continue; // another process (with the projection) relays for it
         };
         let name = follow::lease_name(&row.name);
-        let now = shared.clock.now_ms();
-        let not_before = shared
-            .follower_retry
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&row.name)
-            .copied();
+        let now = db.now_ms();
+        let not_before = lock(&cx.follower_retry).get(&row.name).copied();
         if not_before.is_some_and(|t| now < t) {
             continue;
         }
-        let Some(lease) = held_lease(shared, &name)? else {
-            shared
-                .follower_retry
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(row.name.clone(), now + shared.claim_ttl_ms() / 3);
+        let Some(lease) = held_lease(cx, &name)? else {
+            let again = now + db.settings().lease_ttl_ms() / 3;
+            lock(&cx.follower_retry).insert(row.name.clone(), again);
             continue;
         };
         let target = match &row.target_file {
             None => None,
-            Some(path) => match target_engine(shared, path) {
+            Some(path) => match target_db(cx, path) {
                 Ok(t) => Some(t),
                 Err(e) => {
-                    stop_follower(shared, &row.name, row.restart_requests, &e);
+                    stop_follower(cx, &row.name, row.restart_requests, &e);
                     let detail = e.to_string();
-                    shared.write(|tx| {
+                    db.write(|tx| {
                         crate::store::followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms())
                     })?;
                     continue;
                 }
             },
         };
-        match follow::step(shared, &lease, &row, &*projection, target.as_ref()) {
+        match follow::step(db, &lease, &row, &*projection, target.as_deref()) {
             Ok(r) => {
                 moved += r.moved;
                 if let Some(e) = r.stopped {
-                    stop_follower(shared, &row.name, row.restart_requests, &e);
+                    stop_follower(cx, &row.name, row.restart_requests, &e);
                 }
             }
             Err(e) if e.is_lease_lost() => {
                 log::warn!("follower {}: {e}", row.name);
-                forget_lease(shared, &name);
+                forget_lease(cx, &name);
             }
             // A read that failed: this follower tries again next turn; the
             // others go on.
@@ -252,30 +318,31 @@ pub(crate) fn follow_step(shared: &Shared) -> Result<usize> {
 /// Stops a follower in this engine; `requests` is the ledger's count of
 /// restart requests as read before the step (a request made since restarts
 /// it).
-fn stop_follower(shared: &Shared, name: &str, requests: i64, e: &Error) {
+fn stop_follower(cx: &Context, name: &str, requests: i64, e: &Error) {
     log::error!("follower {name} stopped: {e}; it starts again at its cursor when restarted");
-    shared
-        .stopped_followers
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(name.to_string(), requests);
+    lock(&cx.stopped_followers).insert(name.to_string(), requests);
 }
 
-/// The engine on a cross-file follower's target, opened once. A missing file
-/// is an error (a typo must not create an empty hub).
-fn target_engine(shared: &Shared, path: &str) -> Result<Engine> {
-    let mut targets = shared.targets.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(e) = targets.get(path) {
-        return Ok(e.clone());
+/// The file a cross-file follower publishes into, opened once. A missing
+/// file is an error (a typo must not create an empty hub).
+fn target_db(cx: &Context, path: &str) -> Result<Arc<Db>> {
+    let mut targets = lock(&cx.targets);
+    if let Some(db) = targets.get(path) {
+        return Ok(Arc::clone(db));
     }
-    let engine = Engine::builder(path)
-        .shared_clock(Arc::clone(&shared.clock))
-        .synchronous(shared.config.synchronous)
-        .busy_timeout(shared.config.busy_timeout)
-        .create_if_missing(false)
-        .open()?;
-    targets.insert(path.to_string(), engine.clone());
-    Ok(engine)
+    let open = Open {
+        create: false,
+        pool_size: 2,
+        verify: false,
+    };
+    let db = Arc::new(Db::open(
+        std::path::Path::new(path),
+        &open,
+        cx.db.settings().clone(),
+        Arc::clone(cx.db.clock()),
+    )?);
+    targets.insert(path.to_string(), Arc::clone(&db));
+    Ok(db)
 }
 
 /// What one turn of the loop did.
@@ -287,30 +354,31 @@ pub(crate) struct LoopPass {
 
 /// One turn of the loop — every reaction's next batch, every due job, and
 /// pruning when due — if this engine holds (or can take) the loop lease.
-pub(crate) fn loop_step(shared: &Shared) -> Result<LoopPass> {
+pub(crate) fn loop_step(cx: &Context) -> Result<LoopPass> {
     let (reactions, jobs) = {
-        let reg = shared.registry.read().unwrap_or_else(|e| e.into_inner());
+        let reg = cx.registry();
         let r: Vec<_> = reg.reactions.values().cloned().collect();
         let j: Vec<_> = reg.jobs.values().cloned().collect();
         (r, j)
     };
-    let retention = shared.config.retention;
+    let retention = cx.config.retention;
     if reactions.is_empty() && jobs.is_empty() && retention.is_none() {
         return Ok(LoopPass::default());
     }
-    let Some(lease) = held_lease(shared, LOOP_LEASE)? else {
+    let Some(lease) = held_lease(cx, LOOP_LEASE)? else {
         return Ok(LoopPass::default());
     };
+    let db = &cx.db;
     let mut pass = LoopPass::default();
     // Each reaction and job on its own: one that fails is logged (a
     // reaction's failure is also recorded on its cursor) and the others go
     // on. Only a lost lease ends the turn.
     let lost = |e: &Error| {
         log::warn!("the loop: {e}");
-        forget_lease(shared, LOOP_LEASE);
+        forget_lease(cx, LOOP_LEASE);
     };
     for r in &reactions {
-        match reaction::step(shared, &lease, r) {
+        match reaction::step(db, &lease, r) {
             Ok(n) => pass.reacted += n,
             Err(e) if e.is_lease_lost() => {
                 lost(&e);
@@ -320,7 +388,7 @@ pub(crate) fn loop_step(shared: &Shared) -> Result<LoopPass> {
         }
     }
     for j in &jobs {
-        match schedule::step(shared, &lease, j) {
+        match schedule::step(db, &lease, j) {
             Ok(created) => pass.scheduled += usize::from(created),
             Err(e) if e.is_lease_lost() => {
                 lost(&e);
@@ -330,9 +398,9 @@ pub(crate) fn loop_step(shared: &Shared) -> Result<LoopPass> {
         }
     }
     if let Some(retention) = retention {
-        let now = shared.clock.now_ms();
+        let now = db.now_ms();
         let due = {
-            let mut last = shared.last_prune.lock().unwrap_or_else(|e| e.into_inner());
+            let mut last = lock(&cx.last_prune);
             let due = now - *last >= PRUNE_EVERY_MS;
             if due {
                 *last = now;
@@ -340,7 +408,7 @@ pub(crate) fn loop_step(shared: &Shared) -> Result<LoopPass> {
             due
         };
         if due {
-            let pruned = prune::prune(shared, &retention, &mut |_| {})?;
+            let pruned = prune::prune(db, &retention, &mut |_| {})?;
             if pruned != prune::Pruned::default() {
                 log::info!("pruned {pruned:?}");
             }
@@ -349,22 +417,30 @@ pub(crate) fn loop_step(shared: &Shared) -> Result<LoopPass> {
     Ok(pass)
 }
 
-pub(crate) fn run_until_idle(shared: &Shared) -> Result<Idle> {
+/// One executor's turn: claims and runs what is due, up to a few batches.
+fn execute_step(cx: &Context) -> Result<Executed> {
+    let actions = Arc::clone(&cx.registry().actions);
+    execute::execute(
+        &cx.db,
+        &actions,
+        &cx.claims,
+        &cx.stop,
+        cx.config.claim_batch,
+    )
+}
+
+pub(crate) fn run_until_idle(cx: &Context) -> Result<Idle> {
     let mut total = Idle::default();
-    let workspaces = shared
-        .registry
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .workspaces_with_rules();
+    let workspaces = cx.registry().workspaces_with_rules();
     loop {
         let mut progress = false;
         for ws in &workspaces {
-            let p = evaluate_step(shared, ws)?;
+            let p = evaluate_step(cx, ws)?;
             progress |= p.events > 0;
             total.add_pass(p);
         }
         loop {
-            let f = follow_step(shared)?;
+            let f = follow_step(cx)?;
             total.followed += f;
             if f == 0 {
                 break;
@@ -372,7 +448,7 @@ pub(crate) fn run_until_idle(shared: &Shared) -> Result<Idle> {
             progress = true;
         }
         loop {
-            let l = loop_step(shared)?;
+            let l = loop_step(cx)?;
             total.reacted += l.reacted;
             total.scheduled += l.scheduled;
             if l.reacted + l.scheduled == 0 {
@@ -381,7 +457,7 @@ pub(crate) fn run_until_idle(shared: &Shared) -> Result<Idle> {
             progress = true;
         }
         loop {
-            let e = execute::execute(shared, shared.config.claim_batch)?;
+            let e = execute_step(cx)?;
             total.add_executed(e);
             // Progress is a run settled; a claim given back is not.
             if e.succeeded + e.retried + e.dead + e.lost == 0 {
@@ -395,19 +471,15 @@ pub(crate) fn run_until_idle(shared: &Shared) -> Result<Idle> {
     }
 }
 
-pub(crate) fn start(shared: &Arc<Shared>) -> Result<()> {
-    let mut slot = shared.runtime.lock().unwrap_or_else(|e| e.into_inner());
+pub(crate) fn start(cx: &Arc<Context>) -> Result<()> {
+    let mut slot = lock(&cx.threads);
     if slot.is_some() {
         return Err(Error::invalid("start", "the engine is already started"));
     }
-    shared.stop.store(false, Ordering::SeqCst);
-    let workspaces = shared
-        .registry
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .workspaces_with_rules();
+    cx.stop.store(false, Ordering::SeqCst);
+    let workspaces = cx.registry().workspaces_with_rules();
     let (stop_tx, stop_rx) = bounded::<()>(0);
-    let mut threads = Vec::new();
+    let mut handles = Vec::new();
     let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
         std::thread::Builder::new()
             .name(name)
@@ -415,52 +487,48 @@ pub(crate) fn start(shared: &Arc<Shared>) -> Result<()> {
             .map_err(Error::from)
     };
     for ws in workspaces {
-        let s = Arc::clone(shared);
-        threads.push(spawn(
+        let c = Arc::clone(cx);
+        handles.push(spawn(
             format!("reflexr-eval-{ws}"),
-            Box::new(move || worker_loop(&s, |s| Ok(evaluate_step(s, &ws)?.events > 0))),
+            Box::new(move || worker_loop(&c, |c| Ok(evaluate_step(c, &ws)?.events > 0))),
         )?);
     }
     {
-        let s = Arc::clone(shared);
-        threads.push(spawn(
+        let c = Arc::clone(cx);
+        handles.push(spawn(
             "reflexr-loop".into(),
             Box::new(move || {
-                worker_loop(&s, |s| {
-                    let l = loop_step(s)?;
+                worker_loop(&c, |c| {
+                    let l = loop_step(c)?;
                     Ok(l.reacted + l.scheduled > 0)
                 })
             }),
         )?);
     }
     {
-        let s = Arc::clone(shared);
-        threads.push(spawn(
+        let c = Arc::clone(cx);
+        handles.push(spawn(
             "reflexr-follow".into(),
-            Box::new(move || worker_loop(&s, |s| Ok(follow_step(s)? > 0))),
+            Box::new(move || worker_loop(&c, |c| Ok(follow_step(c)? > 0))),
         )?);
     }
-    for i in 0..shared.config.executors {
-        let s = Arc::clone(shared);
-        threads.push(spawn(
+    for i in 0..cx.config.executors {
+        let c = Arc::clone(cx);
+        handles.push(spawn(
             format!("reflexr-exec-{i}"),
-            Box::new(move || {
-                worker_loop(&s, |s| {
-                    Ok(execute::execute(s, s.config.claim_batch)?.claimed > 0)
-                })
-            }),
+            Box::new(move || worker_loop(&c, |c| Ok(execute_step(c)?.claimed > 0))),
         )?);
     }
     {
-        let s = Arc::clone(shared);
-        threads.push(spawn(
+        let c = Arc::clone(cx);
+        handles.push(spawn(
             "reflexr-renew".into(),
             Box::new(move || {
                 // Checking costs a lock and a look at the clock; a write
                 // happens only for claims due (a third of their TTL left).
-                let tick = s.config.heartbeat;
-                while !s.stopping() {
-                    if let Err(e) = execute::renew_claims(&s) {
+                let tick = c.db.settings().heartbeat;
+                while !c.stop.load(Ordering::SeqCst) {
+                    if let Err(e) = execute::renew_claims(&c.db, &c.claims) {
                         log::error!("renewing claims: {e}");
                     }
                     // Returns at once when shutdown drops the sender.
@@ -469,8 +537,8 @@ pub(crate) fn start(shared: &Arc<Shared>) -> Result<()> {
             }),
         )?);
     }
-    *slot = Some(Runtime {
-        threads,
+    *slot = Some(Threads {
+        handles,
         _stop: stop_tx,
     });
     Ok(())
@@ -478,11 +546,11 @@ pub(crate) fn start(shared: &Arc<Shared>) -> Result<()> {
 
 /// Runs `step` while it finds work; when it finds none, waits for a nudge or
 /// a heartbeat.
-fn worker_loop(shared: &Shared, mut step: impl FnMut(&Shared) -> Result<bool>) {
-    let sub = shared.notifier.subscribe();
-    let heartbeat = shared.config.heartbeat;
-    while !shared.stopping() {
-        match step(shared) {
+fn worker_loop(cx: &Context, mut step: impl FnMut(&Context) -> Result<bool>) {
+    let sub = cx.db.subscribe();
+    let heartbeat = cx.db.settings().heartbeat;
+    while !cx.stop.load(Ordering::SeqCst) {
+        match step(cx) {
             Ok(true) => continue,
             Ok(false) => {}
             Err(e) => log::error!("{}: {e}", std::thread::current().name().unwrap_or("worker")),
@@ -493,38 +561,30 @@ fn worker_loop(shared: &Shared, mut step: impl FnMut(&Shared) -> Result<bool>) {
     }
 }
 
-pub(crate) fn shutdown(shared: &Shared) {
-    let runtime = shared
-        .runtime
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    let Some(runtime) = runtime else { return };
-    shared.stop.store(true, Ordering::SeqCst);
-    shared.notifier.nudge();
-    let Runtime { threads, _stop } = runtime;
-    drop(_stop);
-    for t in threads {
-        if t.join().is_err() {
-            log::error!("a reflexr worker thread panicked");
+/// Stops and joins the threads (if started), then releases the leases this
+/// engine holds. The engine stays usable: [`run_until_idle`], [`start`].
+pub(crate) fn shutdown(cx: &Context) {
+    let threads = lock(&cx.threads).take();
+    if let Some(Threads { handles, _stop }) = threads {
+        cx.stop.store(true, Ordering::SeqCst);
+        cx.db.nudge();
+        drop(_stop);
+        for t in handles {
+            if t.join().is_err() {
+                log::error!("a reflexr worker thread panicked");
+            }
         }
+        cx.stop.store(false, Ordering::SeqCst);
     }
-    release_leases(shared);
-    // Stopped: the engine is usable again (run_until_idle, start).
-    shared.stop.store(false, Ordering::SeqCst);
+    release_leases(cx);
 }
 
-/// Gives the evaluator leases back, so another process takes over at once.
-pub(crate) fn release_leases(shared: &Shared) {
-    let held: Vec<Lease> = shared
-        .leases
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .drain()
-        .map(|(_, l)| l)
-        .collect();
+/// Gives back every lease this engine holds (the loop's, the evaluators',
+/// the followers'), so another process takes over at once.
+fn release_leases(cx: &Context) {
+    let held: Vec<Lease> = lock(&cx.leases).drain().map(|(_, l)| l).collect();
     for l in held {
-        if let Err(e) = shared.write(|tx| lease::release(tx.conn(), tx.now_ms(), &l)) {
+        if let Err(e) = cx.db.write(|tx| lease::release(tx.conn(), tx.now_ms(), &l)) {
             log::warn!("releasing {}: {e}", l.name);
         }
     }

@@ -24,11 +24,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::Shared;
-use crate::error::{Error, Result};
+use crate::db::Db;
+use crate::error::{Error, HandlerError, Result};
 use crate::lease::{self, Lease};
 use crate::names;
-use crate::rule::{HandlerError, RetryPolicy};
+use crate::retry::RetryPolicy;
 use crate::run::{Run, RunContext};
 use crate::store::runs::{self, NewRun};
 use crate::store::schedules::{self, ScheduleRow};
@@ -335,9 +335,9 @@ pub(crate) fn register(conn: &rusqlite::Connection, now: i64, job: &Job) -> Resu
 
 /// Creates the job's due occurrence, if one is due, and moves its schedule
 /// on, in one transaction fenced by the loop lease. True if it did.
-pub(crate) fn step(shared: &Shared, lease: &Lease, job: &Job) -> Result<bool> {
-    let now = shared.clock.now_ms();
-    let Some(next) = shared
+pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
+    let now = db.now_ms();
+    let Some(next) = db
         .read(|c| schedules::get(c, &job.name))?
         .and_then(|r| r.next_due_at)
     else {
@@ -362,7 +362,7 @@ pub(crate) fn step(shared: &Shared, lease: &Lease, job: &Job) -> Result<bool> {
         Guarantee::AtLeastOnce => job.retry,
         Guarantee::AtMostOnce => RetryPolicy::never(),
     };
-    shared.write(|tx| {
+    db.write(|tx| {
         let now = tx.now_ms();
         lease::fence(tx.conn(), now, lease)?;
         if !schedules::advance(tx.conn(), &job.name, next, following, due, now)? {

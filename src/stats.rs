@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::cursor::{self, CursorInfo};
-use crate::engine::Shared;
+use crate::db::Db;
 use crate::error::Result;
 use crate::follow::FollowerInfo;
 use crate::store::{counters, events};
@@ -118,8 +118,8 @@ impl From<&FollowerInfo> for FollowerStat {
     }
 }
 
-pub(crate) fn collect(shared: &Shared, followers: &[FollowerInfo]) -> Result<Stats> {
-    shared.read(|c| {
+pub(crate) fn collect(db: &Db, followers: &[FollowerInfo]) -> Result<Stats> {
+    db.read(|c| {
         let runs = crate::store::runs::counts(c)?.into_iter().collect();
         let dead_letters = crate::store::dead_letters::open_counts(c)?
             .into_iter()
@@ -131,7 +131,7 @@ pub(crate) fn collect(shared: &Shared, followers: &[FollowerInfo]) -> Result<Sta
             dead_letters,
             cursors: cursor::list(c)?.iter().map(Into::into).collect(),
             followers: followers.iter().map(Into::into).collect(),
-            writer: shared.writer.stats().into(),
+            writer: db.writer_stats().into(),
         })
     })
 }

@@ -1,15 +1,28 @@
-//! The caller's side of a write: [`Tx`].
+//! The caller's side of a write: [`Tx`], and the environment it consults.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 
 use rusqlite::{Connection, Params};
 
+use crate::changelog::{self, Origin};
+use crate::clock::Clock;
 use crate::cursor::{self, ConsumerKind};
-use crate::delivery::Delivery;
-use crate::engine::Shared;
 use crate::error::Result;
-use crate::event::{Appended, NewEvent};
+use crate::event::{Appended, Event, NewEvent, Query};
 use crate::lease::{self, Lease};
-use crate::log::{self, Origin};
+use crate::retry::RetryPolicy;
+use crate::settings::{Limits, Settings};
 use crate::store::conn::Guard;
+
+/// What a write consults besides its connection: the engine's clock and
+/// settings, and the delivery channels this process registered (with the
+/// retry policy each delivery is stored with).
+pub(crate) struct Env {
+    pub clock: Arc<dyn Clock>,
+    pub settings: Settings,
+    pub channels: RwLock<BTreeMap<String, RetryPolicy>>,
+}
 
 /// A write in progress, handed to the closure of [`crate::Engine::write`].
 ///
@@ -27,18 +40,18 @@ use crate::store::conn::Guard;
 pub struct Tx<'a> {
     conn: &'a Connection,
     guard: &'a Guard,
-    shared: &'a Shared,
+    env: &'a Env,
     /// Set when the transaction created something to react to (events,
     /// runs): its commit wakes this process's waiting threads.
     nudge: bool,
 }
 
 impl<'a> Tx<'a> {
-    pub(crate) fn new(conn: &'a Connection, guard: &'a Guard, shared: &'a Shared) -> Tx<'a> {
+    pub(crate) fn new(conn: &'a Connection, guard: &'a Guard, env: &'a Env) -> Tx<'a> {
         Tx {
             conn,
             guard,
-            shared,
+            env,
             nudge: false,
         }
     }
@@ -47,8 +60,13 @@ impl<'a> Tx<'a> {
         self.nudge
     }
 
-    pub(crate) fn shared(&self) -> &'a Shared {
-        self.shared
+    pub(crate) fn env(&self) -> &'a Env {
+        self.env
+    }
+
+    /// The limits on what the engine stores.
+    pub(crate) fn limits(&self) -> Limits {
+        self.env.settings.limits
     }
 
     /// Records that the engine created events or runs through this
@@ -100,7 +118,7 @@ impl<'a> Tx<'a> {
 
     /// The engine clock's current time, in ms since the epoch.
     pub fn now_ms(&self) -> i64 {
-        self.shared.clock.now_ms()
+        self.env.clock.now_ms()
     }
 
     /// Appends `event` to `workspace`'s log.
@@ -115,23 +133,20 @@ impl<'a> Tx<'a> {
     /// Appending an id the workspace already has appends nothing and reports
     /// the existing seq with `existing: true` (invariant 3).
     pub fn append(&mut self, workspace: &str, event: &NewEvent) -> Result<Appended> {
-        let appended = log::append(self.conn, self.shared, workspace, event, Origin::App)?;
-        self.nudge |= !appended.existing;
-        Ok(appended)
+        self.append_as(workspace, event, Origin::App)
     }
 
-    /// Enqueues `delivery` on its channel, in this transaction: it is sent
-    /// (at least once) only if the transaction commits. Returns the
-    /// delivery's id. Enqueuing an id that exists already enqueues nothing.
-    ///
-    /// # Errors
-    /// [`crate::Error::NotFound`] for a channel this engine has not registered
-    /// ([`crate::Engine::register_channel`]: its policy decides the retries);
-    /// [`crate::Error::Invalid`] / [`crate::Error::Encode`] for bad fields.
-    pub fn deliver(&mut self, delivery: &Delivery) -> Result<String> {
-        let id = crate::delivery::enqueue(self.conn, self.shared, delivery)?;
-        self.nudge = true;
-        Ok(id)
+    /// Appends as `origin` says (the engine's own events, a run's).
+    pub(crate) fn append_as(
+        &mut self,
+        workspace: &str,
+        event: &NewEvent,
+        origin: Origin,
+    ) -> Result<Appended> {
+        let now = self.now_ms();
+        let appended = changelog::append(self.conn, now, self.limits(), workspace, event, origin)?;
+        self.nudge |= !appended.existing;
+        Ok(appended)
     }
 
     /// Moves the application consumer `consumer`'s cursor on `workspace` to
@@ -143,12 +158,11 @@ impl<'a> Tx<'a> {
     /// (invariant 8), [`crate::Error::CursorAhead`] when it is past the last
     /// seq ever assigned.
     pub fn save_cursor(&mut self, consumer: &str, workspace: &str, seq: i64) -> Result<()> {
+        let now = self.now_ms();
         cursor::save(
             self.conn,
-            self.shared,
-            workspace,
-            ConsumerKind::App,
-            consumer,
+            now,
+            (workspace, ConsumerKind::App, consumer),
             seq,
         )
     }
@@ -156,8 +170,8 @@ impl<'a> Tx<'a> {
     /// Reads events as [`crate::Engine::read`] does, inside this
     /// transaction: it sees what the transaction wrote so far (a reaction's
     /// handler, say, reading the log before it enqueues).
-    pub fn read(&self, query: &crate::Query) -> Result<Vec<crate::Event>> {
-        log::read(self.conn, query)
+    pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
+        changelog::read(self.conn, query)
     }
 
     /// The application consumer's cursor as this transaction sees it.
@@ -173,6 +187,6 @@ impl<'a> Tx<'a> {
     /// # Errors
     /// [`crate::Error::LeaseLost`].
     pub fn fence(&mut self, lease: &Lease) -> Result<()> {
-        lease::fence(self.conn, self.shared.clock.now_ms(), lease)
+        lease::fence(self.conn, self.now_ms(), lease)
     }
 }

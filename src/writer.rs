@@ -7,17 +7,16 @@
 //! here, against ~550,000 rows/s when a thousand rows share a commit). More
 //! connections do not help: SQLite has one writer. So callers share commits.
 //!
-//! # How (flat combining)
+//! # How
 //!
-//! A caller queues its closure and, if no caller is leading, leads. The
-//! leader takes every closure queued, opens `BEGIN IMMEDIATE`, runs each in a
+//! Callers are combined ([`crate::combiner`]): the leader takes every caller
+//! queued as a batch, opens `BEGIN IMMEDIATE`, runs each closure in a
 //! savepoint of its own (`ROLLBACK TO` it when the closure fails or panics,
 //! so one caller's failure undoes only its own part), commits, and tells each
-//! caller the outcome. While it commits (the fsync), new callers queue; when
-//! its own closure is done, it hands the lead to the first of them, which
-//! takes them all as the next batch. A follower is woken once, for its
-//! outcome (or to lead) — no caller waits its turn on the connection, which
-//! is where a caller-by-caller handoff spent its time on two cores.
+//! caller the outcome. While it commits (the fsync), new callers queue and
+//! form the next batch. A caller is woken once, for its outcome (or to lead)
+//! — no caller waits its turn on the connection, which is where a
+//! caller-by-caller handoff spent its time on two cores.
 //!
 //! So a closure may run on another caller's thread: it must be `Send`. It
 //! may still borrow from its caller, which stays blocked until the leader is
@@ -28,25 +27,24 @@
 //! ([`crate::store::conn::Guard`], SQLite's authorizer) refuses `COMMIT`,
 //! `ROLLBACK`, `BEGIN`, the engine's savepoints and the pragmas the engine
 //! relies on before they run, with [`Error::StatementRefused`]. Should SQLite
-//! still roll the transaction back on its own (an I/O error), the whole batch
-//! is abandoned: every member is told [`Error::TransactionAborted`] (or the
-//! error), and nothing of it commits.
+//! still roll the transaction back on its own (an I/O error), or the leader
+//! fail in the writer's own code, the whole batch is abandoned: the
+//! transaction is rolled back and every member is told
+//! [`Error::TransactionAborted`] (or the error) — what the file holds.
 
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::engine::Shared;
+use crate::combiner::{Batch, Combiner, Ended, Outcome};
 use crate::error::{Error, Result};
+use crate::notify::Notifier;
 use crate::store::conn::{Guard, retry_busy};
-use crate::tx::Tx;
-
-/// Most callers one transaction holds.
-const MAX_BATCH_MEMBERS: usize = 512;
+use crate::tx::{Env, Tx};
 
 static NEXT_WRITER_ID: AtomicUsize = AtomicUsize::new(1);
 
@@ -57,7 +55,7 @@ thread_local! {
 }
 
 /// Counters of the writer's work since the engine opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[non_exhaustive]
 pub struct WriterStats {
     /// Transactions committed.
@@ -65,67 +63,9 @@ pub struct WriterStats {
     /// Callers' writes those transactions held (a caller whose closure failed
     /// is not counted).
     pub writes: u64,
-    /// Transactions that ended in a rollback (a failed commit, or a
-    /// transaction a closure ended).
+    /// Transactions that ended in a rollback (a failed commit, SQLite ending
+    /// the transaction, or the writer failing mid-batch).
     pub aborts: u64,
-}
-
-/// How a caller's batch ended: committed, or the error that ended it.
-type Ended = std::result::Result<(), Arc<Error>>;
-
-/// A caller's closure as the leader runs it: returns whether the caller's
-/// work succeeded (and so awaits the commit).
-type Run<'a> = dyn FnMut(&mut Tx<'_>) -> Outcome + Send + 'a;
-
-/// What one closure did.
-#[derive(Clone, Copy)]
-struct Outcome {
-    ok: bool,
-    nudge: bool,
-}
-
-/// Where a caller waits: for its outcome, or for the lead.
-#[derive(Default)]
-struct Signal {
-    state: Mutex<Waiting>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-enum Waiting {
-    #[default]
-    Queued,
-    /// Lead the next batch (the caller's own closure is still queued).
-    Lead,
-    /// The closure ran (or never will) and its batch ended so.
-    Done(Ended),
-}
-
-impl Signal {
-    fn set(&self, to: Waiting) {
-        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        *s = to;
-        self.changed.notify_one();
-    }
-}
-
-/// A queued caller. `run` points into the caller's stack: the caller stays
-/// blocked in [`Writer::write`] until its signal says `Done`, and the leader
-/// uses `run` only before it signals `Done`, so the pointer never outlives
-/// what it points to.
-struct Job {
-    run: *mut Run<'static>,
-    signal: Arc<Signal>,
-}
-
-// SAFETY: `run` points to a `Send` closure, used by one thread at a time (the
-// leader) while its owner is blocked; the signal is `Sync`.
-unsafe impl Send for Job {}
-
-struct Queue {
-    jobs: Vec<Job>,
-    /// A caller is leading (running batches, or about to hand the lead on).
-    leading: bool,
 }
 
 pub(crate) struct Writer {
@@ -133,29 +73,40 @@ pub(crate) struct Writer {
     commits: AtomicU64,
     writes: AtomicU64,
     aborts: AtomicU64,
-    queue: Mutex<Queue>,
+    combiner: Combiner,
     /// Locked by the leader only.
     conn: Mutex<Connection>,
     guard: Guard,
     busy_timeout: Duration,
+    notifier: Arc<Notifier>,
 }
 
 impl Writer {
-    pub(crate) fn new(conn: Connection, busy_timeout: Duration) -> Result<Writer> {
+    /// The writer on `conn` (configured, schema current); it installs the
+    /// connection's guard. Commits that created work wake `notifier`.
+    pub(crate) fn new(
+        conn: Connection,
+        busy_timeout: Duration,
+        notifier: Arc<Notifier>,
+    ) -> Result<Writer> {
         let guard = Guard::install(&conn)?;
         Ok(Writer {
             id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             aborts: AtomicU64::new(0),
-            queue: Mutex::new(Queue {
-                jobs: Vec::new(),
-                leading: false,
-            }),
+            combiner: Combiner::new(),
             conn: Mutex::new(conn),
             guard,
             busy_timeout,
+            notifier,
         })
+    }
+
+    /// How many callers wait for a leader (for tests that build a batch).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.combiner.queued()
     }
 
     pub(crate) fn stats(&self) -> WriterStats {
@@ -166,10 +117,6 @@ impl Writer {
         }
     }
 
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Runs `f` inside the process's shared write transaction and returns its
     /// value once the transaction has committed.
     ///
@@ -178,7 +125,7 @@ impl Writer {
     /// holds the transaction the nested call would wait for. Use the [`Tx`]
     /// you were given. A panic of `f` is re-raised here, after its work was
     /// rolled back.
-    pub(crate) fn write<T, E, F>(&self, shared: &Shared, f: F) -> std::result::Result<T, E>
+    pub(crate) fn write<T, E, F>(&self, env: &Env, f: F) -> std::result::Result<T, E>
     where
         F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
         T: Send,
@@ -187,8 +134,10 @@ impl Writer {
         let _inside = Inside::enter(self.id);
         let mut f = Some(f);
         let mut slot: Option<std::thread::Result<std::result::Result<T, E>>> = None;
-        let mut run = |tx: &mut Tx<'_>| -> Outcome {
-            let f = f.take().expect("a caller's closure runs once");
+        let mut work = |tx: &mut Tx<'_>| -> Outcome {
+            let Some(f) = f.take() else {
+                return Outcome::default();
+            };
             let result = catch_unwind(AssertUnwindSafe(|| f(tx)));
             let ok = matches!(result, Ok(Ok(_)));
             slot = Some(result);
@@ -197,43 +146,9 @@ impl Writer {
                 nudge: tx.wants_nudge(),
             }
         };
-        let signal = Arc::new(Signal::default());
-        let run_ptr: *mut Run<'_> = &mut run;
-        // SAFETY: only the lifetime is erased; see `Job`. This function does
-        // not return before the signal says `Done`, after which the leader
-        // no longer uses the pointer.
-        let run_ptr: *mut Run<'static> = unsafe { std::mem::transmute(run_ptr) };
-        let lead = {
-            let mut q = self.queue();
-            q.jobs.push(Job {
-                run: run_ptr,
-                signal: Arc::clone(&signal),
-            });
-            !std::mem::replace(&mut q.leading, true)
-        };
-        if lead {
-            self.lead(shared, &signal);
-        }
-        let ended = loop {
-            let mut s = signal.state.lock().unwrap_or_else(PoisonError::into_inner);
-            match std::mem::take(&mut *s) {
-                Waiting::Done(ended) => break ended,
-                Waiting::Lead => {
-                    drop(s);
-                    self.lead(shared, &signal);
-                }
-                Waiting::Queued => {
-                    drop(
-                        signal
-                            .changed
-                            .wait(s)
-                            .unwrap_or_else(PoisonError::into_inner),
-                    );
-                }
-            }
-        };
-        // The leader wrote `slot` (through `run`) before it signalled Done,
-        // which this thread has seen under the signal's lock.
+        let ended = self
+            .combiner
+            .submit(&mut work, &mut |batch| self.run_batch(env, batch));
         match slot {
             Some(Err(panic)) => resume_unwind(panic),
             Some(Ok(Err(e))) => Err(e),
@@ -252,92 +167,95 @@ impl Writer {
         }
     }
 
-    /// Runs batches until the one holding `mine` has ended, then hands the
-    /// lead to the first caller still queued (or gives it up).
-    fn lead(&self, shared: &Shared, mine: &Arc<Signal>) {
-        loop {
-            let jobs: Vec<Job> = {
-                let mut q = self.queue();
-                let n = q.jobs.len().min(MAX_BATCH_MEMBERS);
-                q.jobs.drain(..n).collect()
-            };
-            let done_mine = jobs.iter().any(|j| Arc::ptr_eq(&j.signal, mine));
-            // Closures cannot panic out of run_batch (each runs under
-            // catch_unwind); this guards the writer's own code, so that no
-            // caller waits for ever and the lead is never left taken.
-            let (ended, nudge) = catch_unwind(AssertUnwindSafe(|| self.run_batch(shared, &jobs)))
-                .unwrap_or_else(|_| {
-                    let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-                    let e = Error::TransactionAborted {
-                        detail: "the writer failed while committing this batch".into(),
-                    };
-                    (self.abort(&conn, e), false)
-                });
-            for job in &jobs {
-                job.signal.set(Waiting::Done(ended.clone()));
-            }
-            if nudge {
-                shared.notifier.nudge();
-            }
-            if done_mine {
-                let mut q = self.queue();
-                match q.jobs.first() {
-                    Some(next) => next.signal.set(Waiting::Lead),
-                    None => q.leading = false,
-                }
-                return;
-            }
-        }
-    }
-
-    /// One transaction over `jobs`: each closure in a savepoint, then the
-    /// commit. Returns how it ended and whether it created work to nudge for.
-    fn run_batch(&self, shared: &Shared, jobs: &[Job]) -> (Ended, bool) {
+    /// One transaction over the batch: each member in a savepoint, then the
+    /// commit; the batch, dropped on the way out, tells the members.
+    fn run_batch(&self, env: &Env, mut batch: Batch) {
         let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        let guard = &self.guard;
+        let mut txn = Transaction {
+            conn: &conn,
+            guard: &self.guard,
+            open: false,
+        };
         if let Err(e) = retry_busy(self.busy_timeout, || {
-            guard.control(&conn, "BEGIN IMMEDIATE")
+            self.guard.control(&conn, "BEGIN IMMEDIATE")
         }) {
-            return (Err(Arc::new(e)), false);
+            return batch.end(Err(Arc::new(e)));
         }
+        txn.open = true;
         let (mut members, mut nudge) = (0u64, false);
-        for job in jobs {
-            if let Err(e) = guard.control(&conn, "SAVEPOINT reflexr_call") {
-                return (self.abort(&conn, e), false);
+        let mut failed = None;
+        for member in batch.members() {
+            if let Err(e) = self.guard.control(&conn, "SAVEPOINT reflexr_call") {
+                failed = Some(e);
+                break;
             }
-            // SAFETY: the job's caller is blocked until its signal says Done,
-            // which happens after this batch; see `Job`.
-            let run = unsafe { &mut *job.run };
-            let mut tx = Tx::new(&conn, guard, shared);
-            let outcome = run(&mut tx);
-            if let Err(e) = end_savepoint(&conn, guard, outcome.ok) {
-                return (self.abort(&conn, e), false);
+            let mut tx = Tx::new(&conn, &self.guard, env);
+            let outcome = member.run(&mut tx);
+            if let Err(e) = end_savepoint(&conn, &self.guard, outcome.ok) {
+                failed = Some(e);
+                break;
             }
             if outcome.ok {
                 members += 1;
                 nudge |= outcome.nudge;
             }
         }
-        match guard.control(&conn, "COMMIT") {
+        if let Some(e) = failed {
+            return batch.end(self.abort(&mut txn, e));
+        }
+        #[cfg(test)]
+        faults::at(faults::Fault::BeforeCommit);
+        match self.guard.control(&conn, "COMMIT") {
             Ok(()) => {
+                txn.open = false;
+                batch.end(Ok(()));
                 self.commits.fetch_add(1, Ordering::Relaxed);
                 self.writes.fetch_add(members, Ordering::Relaxed);
-                (Ok(()), nudge)
             }
-            Err(e) => (self.abort(&conn, e), false),
+            Err(e) => return batch.end(self.abort(&mut txn, e)),
+        }
+        #[cfg(test)]
+        faults::at(faults::Fault::AfterCommit);
+        drop(batch);
+        #[cfg(test)]
+        faults::at(faults::Fault::AfterWake);
+        if nudge {
+            self.notifier.nudge();
         }
     }
 
     /// Rolls the open transaction back (if SQLite has not already) and
     /// returns the error every member is told.
-    fn abort(&self, conn: &Connection, e: Error) -> Ended {
+    fn abort(&self, txn: &mut Transaction<'_>, e: Error) -> Ended {
         self.aborts.fetch_add(1, Ordering::Relaxed);
-        if !conn.is_autocommit()
-            && let Err(err) = self.guard.control(conn, "ROLLBACK")
-        {
-            log::error!("reflexr: rollback failed: {err}");
-        }
+        txn.roll_back();
         Err(Arc::new(e))
+    }
+}
+
+/// The batch's transaction: rolled back when left open, on every way out of
+/// [`Writer::run_batch`] — an unwind included.
+struct Transaction<'a> {
+    conn: &'a Connection,
+    guard: &'a Guard,
+    open: bool,
+}
+
+impl Transaction<'_> {
+    fn roll_back(&mut self) {
+        if self.open
+            && !self.conn.is_autocommit()
+            && let Err(e) = self.guard.control(self.conn, "ROLLBACK")
+        {
+            log::error!("reflexr: rollback failed: {e}");
+        }
+        self.open = false;
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        self.roll_back();
     }
 }
 
@@ -384,6 +302,38 @@ impl Drop for Inside {
     }
 }
 
+/// Points in the leader's own code where a test can make it panic, to prove
+/// that a leader failing anywhere leaves every caller with its true outcome
+/// and the writer usable.
+#[cfg(test)]
+pub(crate) mod faults {
+    use std::cell::Cell;
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub(crate) enum Fault {
+        BeforeCommit,
+        AfterCommit,
+        AfterWake,
+    }
+
+    thread_local! {
+        static ARMED: Cell<Option<Fault>> = const { Cell::new(None) };
+    }
+
+    /// Makes this thread's leader panic once at `fault` (arm it from a write
+    /// closure: closures run on the leader's thread).
+    pub(crate) fn arm(fault: Fault) {
+        ARMED.with(|a| a.set(Some(fault)));
+    }
+
+    pub(crate) fn at(fault: Fault) {
+        if ARMED.with(|a| a.get()) == Some(fault) {
+            ARMED.with(|a| a.set(None));
+            panic!("the leader fails at {fault:?}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! Group commit, driven deterministically: a first caller's closure holds
@@ -392,11 +342,41 @@ mod tests {
 
     use std::sync::Arc;
 
-    use crate::{Engine, Error};
+    use super::faults::{self, Fault};
+    use crate::db::Db;
+    use crate::error::Error;
+
+    /// The core of one file, with [`crate::Engine::write`]'s error type.
+    #[derive(Clone)]
+    struct Engine(Arc<Db>);
+
+    impl Engine {
+        fn write<T: Send>(
+            &self,
+            f: impl FnOnce(&mut crate::tx::Tx<'_>) -> crate::Result<T> + Send,
+        ) -> crate::Result<T> {
+            self.0.write(f)
+        }
+
+        fn read<T>(
+            &self,
+            f: impl FnMut(&rusqlite::Connection) -> crate::Result<T>,
+        ) -> crate::Result<T> {
+            self.0.read(f)
+        }
+
+        fn writer_stats(&self) -> super::WriterStats {
+            self.0.writer_stats()
+        }
+
+        fn writer(&self) -> &super::Writer {
+            self.0.writer()
+        }
+    }
 
     fn engine() -> (tempfile::TempDir, Engine) {
         let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open(dir.path().join("w.db")).unwrap();
+        let engine = Engine(Arc::new(Db::open_for_test(&dir.path().join("w.db"))));
         engine
             .write(|tx| tx.execute("CREATE TABLE t (name TEXT PRIMARY KEY)", []))
             .unwrap();
@@ -405,7 +385,7 @@ mod tests {
 
     fn names(engine: &Engine) -> Vec<String> {
         engine
-            .with_reader(|c| {
+            .read(|c| {
                 let mut s = c.prepare("SELECT name FROM t ORDER BY name")?;
                 let v = s
                     .query_map([], |r| r.get(0))?
@@ -434,11 +414,11 @@ mod tests {
                 })
             })
             .collect();
-        let writer = &engine.shared.writer;
+        let writer = engine.writer();
         engine
             .write(|_| {
                 gate.wait();
-                while writer.queue().jobs.len() < n {
+                while writer.queued() < n {
                     std::thread::yield_now();
                 }
                 Ok(())
@@ -630,5 +610,125 @@ mod tests {
         all.sort();
         assert_eq!(all, names(&engine));
         assert_eq!(all.len(), 400);
+    }
+
+    /// The name a caller wrote if its write was committed, from how its
+    /// call ended: `ok` is what its closure meant to return.
+    fn expected_in_file(result: &std::thread::Result<crate::Result<()>>, ok: bool) -> bool {
+        match result {
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => false,
+            // The caller's thread panicked: its closure did, or its thread
+            // led a batch and failed in the writer's own code.
+            Err(panic) => {
+                let text = crate::error::panic_text(&**panic);
+                ok && (text.contains("AfterCommit") || text.contains("AfterWake"))
+            }
+        }
+    }
+
+    #[test]
+    fn a_leader_that_fails_at_any_step_leaves_every_caller_with_its_true_outcome() {
+        // Invariant 2 through the writer's own failures: the batch's
+        // transaction rolls back unless it committed, every member is told
+        // what the file holds, the lead passes on, and the writer goes on.
+        for fault in [Fault::BeforeCommit, Fault::AfterCommit, Fault::AfterWake] {
+            let (_dir, engine) = engine();
+            let insert = |name: &'static str,
+                          arm: bool|
+             -> Box<dyn FnOnce(Engine) -> crate::Result<()> + Send> {
+                Box::new(move |e: Engine| {
+                    e.write(move |tx| {
+                        if arm {
+                            faults::arm(fault);
+                        }
+                        tx.execute("INSERT INTO t VALUES (?1)", [name]).map(|_| ())
+                    })
+                })
+            };
+            let rest = batch_of(
+                &engine,
+                vec![
+                    insert("a", false),
+                    insert("b", true),
+                    insert("c", false),
+                    insert("d", false),
+                ],
+            );
+            let committed = fault != Fault::BeforeCommit;
+            let panicked = rest.iter().filter(|r| r.is_err()).count();
+            assert_eq!(
+                panicked, 1,
+                "{fault:?}: the batch's leader, and only it, panics"
+            );
+            let mut want = Vec::new();
+            for (r, name) in rest.iter().zip(["a", "b", "c", "d"]) {
+                assert_eq!(expected_in_file(r, true), committed, "{fault:?} {name}");
+                if committed {
+                    want.push(name.to_string());
+                }
+            }
+            assert_eq!(names(&engine), want, "{fault:?}");
+            assert_eq!(engine.writer().queued(), 0);
+            engine
+                .write(|tx| tx.execute("INSERT INTO t VALUES ('after')", []).map(|_| ()))
+                .unwrap();
+            assert!(names(&engine).contains(&"after".to_string()), "{fault:?}");
+        }
+    }
+
+    #[test]
+    fn many_callers_with_random_failures_and_panics_each_get_the_outcome_the_file_holds() {
+        // Invariant 2 under stress: closures that fail or panic, leaders that
+        // fail in the writer's own code at random steps; every caller's
+        // outcome is what the file holds, and nothing hangs.
+        let (_dir, engine) = engine();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let e = engine.clone();
+                std::thread::spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(t);
+                    let mut out = Vec::new();
+                    for i in 0..150 {
+                        let name = format!("{t}-{i}");
+                        let (kind, fault) = (rng.u8(..10), rng.u8(..3));
+                        let n = name.clone();
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            e.write(move |tx| {
+                                tx.execute("INSERT INTO t VALUES (?1)", [&n])?;
+                                match kind {
+                                    0 => Err(Error::invalid("x", "refused")),
+                                    1 => panic!("the closure panics"),
+                                    2 => {
+                                        faults::arm(
+                                            [
+                                                Fault::BeforeCommit,
+                                                Fault::AfterCommit,
+                                                Fault::AfterWake,
+                                            ][usize::from(fault)],
+                                        );
+                                        Ok(())
+                                    }
+                                    _ => Ok(()),
+                                }
+                            })
+                        }));
+                        out.push((name, kind != 0 && kind != 1, result));
+                    }
+                    out
+                })
+            })
+            .collect();
+        let mut want: Vec<String> = Vec::new();
+        for t in threads {
+            for (name, ok, result) in t.join().unwrap() {
+                if expected_in_file(&result, ok) {
+                    want.push(name);
+                }
+            }
+        }
+        want.sort();
+        assert_eq!(names(&engine), want);
+        assert_eq!(engine.writer().queued(), 0);
     }
 }

@@ -100,13 +100,13 @@ proptest! {
             e.register_types("app", &[name.as_str()]),
             e.save_cursor(&name, "app", seq),
             e.save_cursor("c", &name, 1),
-            e.reset_cursor("app", ConsumerKind::App, &name, seq, &other, "test").map(|_| ()),
+            e.operator(&other, "test").reset_cursor("app", ConsumerKind::App, &name, seq).map(|_| ()),
             e.acquire_lease(&name, None).map(|_| ()),
             e.read(&Query::new(&name).after(seq)).map(|_| ()),
-            e.retry_run(&name, &other, "x"),
-            e.unblock(&name, &other, "ops", "x"),
-            e.delete_rule(&name, "ops", "x"),
-            e.restart_follower(&name),
+            e.operator(&other, "x").retry_run(&name),
+            e.operator("ops", "x").unblock(&name, &other),
+            e.operator("ops", "x").delete_rule(&name),
+            e.operator("ops", "x").restart_follower(&name),
         ];
         for r in results {
             if let Err(err) = r {

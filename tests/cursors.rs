@@ -124,14 +124,8 @@ fn an_operator_reset_moves_a_cursor_back_and_is_recorded() {
     let engine = setup(&path);
     engine.save_cursor("mailer", "app", 9).unwrap();
     let reset = engine
-        .reset_cursor(
-            "app",
-            ConsumerKind::App,
-            "mailer",
-            2,
-            "ops@example",
-            "replay after fix",
-        )
+        .operator("ops@example", "replay after fix")
+        .reset_cursor("app", ConsumerKind::App, "mailer", 2)
         .unwrap();
     assert_eq!((reset.from, reset.to), (Some(9), 2));
     assert_eq!(engine.cursor("mailer", "app").unwrap(), 2);
@@ -150,11 +144,13 @@ fn an_operator_reset_moves_a_cursor_back_and_is_recorded() {
 
     // A reset still refuses what no save could mean, and records nothing then.
     let e = engine
-        .reset_cursor("app", ConsumerKind::App, "mailer", 99, "ops", "typo")
+        .operator("ops", "typo")
+        .reset_cursor("app", ConsumerKind::App, "mailer", 99)
         .unwrap_err();
     assert!(matches!(e, Error::CursorAhead { .. }), "{e}");
     let e = engine
-        .reset_cursor("app", ConsumerKind::App, "mailer", 1, "", "no operator")
+        .operator("", "no operator")
+        .reset_cursor("app", ConsumerKind::App, "mailer", 1)
         .unwrap_err();
     assert!(e.is_bad_input(), "{e}");
     assert_eq!(engine.audit_log(10).unwrap().len(), 1);

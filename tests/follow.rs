@@ -287,7 +287,9 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     // after the third time it shows as stuck, with the reason.
     let ops = engine_with(&path, &clock, "ops");
     for _ in 0..2 {
-        ops.restart_follower("edge-to-fleet").unwrap();
+        ops.operator("ops", "try again")
+            .restart_follower("edge-to-fleet")
+            .unwrap();
         e.run_until_idle().unwrap();
     }
     let cursor = |e: &Engine| {
@@ -304,12 +306,19 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     assert_eq!(e.followed().unwrap()[0].stops, 3);
 
     e.register_types("fleet", &["alarm"]).unwrap();
-    ops.restart_follower("edge-to-fleet").unwrap();
+    ops.operator("ops", "fixed")
+        .restart_follower("edge-to-fleet")
+        .unwrap();
     e.run_until_idle().unwrap();
     assert_eq!(ids(&e, "fleet"), want, "then all arrive, in order");
     assert!(!e.followed().unwrap()[0].stopped_here);
     assert_eq!(cursor(&e).failures, 0, "moving on clears the failures");
-    assert!(ops.restart_follower("nobody").unwrap_err().is_not_found());
+    assert!(
+        ops.operator("ops", "typo")
+            .restart_follower("nobody")
+            .unwrap_err()
+            .is_not_found()
+    );
 }
 
 #[test]
@@ -399,7 +408,8 @@ fn bad_envelopes_are_dead_lettered_once_per_seq_and_the_follower_moves_on() {
     );
     // Read again from the start: nothing is dead-lettered twice, nothing
     // published twice.
-    e.reset_cursor("edge", ConsumerKind::Follower, &name, 0, "ops", "replay")
+    e.operator("ops", "replay")
+        .reset_cursor("edge", ConsumerKind::Follower, &name, 0)
         .unwrap();
     e.run_until_idle().unwrap();
     assert_eq!(e.dead_letters(false, 10).unwrap().len(), 4);

@@ -446,7 +446,8 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record() {
     append_rsvps(&e, 1, 20);
     assert_eq!(e.run_until_idle().unwrap().fired, 2);
 
-    e.reset_rule("tenth", RuleReset::Replay(0), "ops", "fixed the rule")
+    e.operator("ops", "fixed the rule")
+        .reset_rule("tenth", RuleReset::Replay(0))
         .unwrap();
     assert_eq!(e.rule_state::<Count>("tenth", "0").unwrap(), None);
     let idle = e.run_until_idle().unwrap();
@@ -462,7 +463,8 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record() {
         "the state is rebuilt"
     );
 
-    e.reset_rule("tenth", RuleReset::State, "ops", "start counting again")
+    e.operator("ops", "start counting again")
+        .reset_rule("tenth", RuleReset::State)
         .unwrap();
     append_rsvps(&e, 1, 10);
     assert_eq!(e.run_until_idle().unwrap().fired, 1);
@@ -470,11 +472,13 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record() {
     assert_eq!(audit.len(), 2);
     assert!(audit.iter().all(|a| a.action == "reset_rule"));
     let err = e
-        .reset_rule("tenth", RuleReset::Cursor(10_000), "ops", "typo")
+        .operator("ops", "typo")
+        .reset_rule("tenth", RuleReset::Cursor(10_000))
         .unwrap_err();
     assert!(err.is_bad_input());
     let err = e
-        .reset_rule("nope", RuleReset::State, "ops", "typo")
+        .operator("ops", "typo")
+        .reset_rule("nope", RuleReset::State)
         .unwrap_err();
     assert!(err.is_not_found());
 }
@@ -522,7 +526,8 @@ fn a_replay_from_zero_derives_the_same_firing_ids_and_makes_nothing_twice() {
         assert_eq!(run.id, reflexr::firing_id("tenth", &event, 0), "derived");
     }
 
-    e.reset_rule("tenth", RuleReset::Replay(0), "ops", "replay")
+    e.operator("ops", "replay")
+        .reset_rule("tenth", RuleReset::Replay(0))
         .unwrap();
     let idle = e.run_until_idle().unwrap();
     assert_eq!((idle.decided, idle.fired), (120, 0));
@@ -595,9 +600,11 @@ fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles
         append_rsvps(&e, 1, 3);
         assert_eq!(e.run_until_idle().unwrap().errored, 1);
         let dl = &e.dead_letters(false, 10).unwrap()[0];
-        e.discard_dead_letter(dl.id, "ops", "looking into it")
+        e.operator("ops", "looking into it")
+            .discard_dead_letter(dl.id)
             .unwrap();
-        e.reset_rule("picky", RuleReset::Replay(0), "ops", "again")
+        e.operator("ops", "again")
+            .reset_rule("picky", RuleReset::Replay(0))
             .unwrap();
         assert_eq!(e.run_until_idle().unwrap().errored, 1);
         let errored = e.read(&Query::new("app").types(["RuleErrored"])).unwrap();
@@ -832,7 +839,8 @@ fn a_rule_gone_from_the_code_keeps_its_rows_until_deleted() {
         e.rule_state::<Count>("retired", "0").unwrap(),
         Some(Count { n: 15 })
     );
-    e.delete_rule("retired", "ops", "the feature is gone")
+    e.operator("ops", "the feature is gone")
+        .delete_rule("retired")
         .unwrap();
     assert!(e.rules().unwrap().is_empty());
     assert_eq!(e.rule_state::<Count>("retired", "0").unwrap(), None);
@@ -864,7 +872,8 @@ fn a_state_reset_while_a_batch_is_being_decided_makes_it_decide_again() {
                     // An operator resets the state between this batch's read
                     // and its commit.
                     operator
-                        .reset_rule("third", RuleReset::State, "ops", "start over")
+                        .operator("ops", "start over")
+                        .reset_rule("third", RuleReset::State)
                         .unwrap();
                 }
                 state.n += 1;

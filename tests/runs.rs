@@ -127,7 +127,8 @@ fn exhausted_retries_dead_letter_the_run_with_the_error_text() {
     assert_eq!(d.run_id.as_deref(), Some(run.id.as_str()));
 
     // An operator retries it: a fresh set of attempts, on the record.
-    e.retry_dead_letter(d.id, "ops", "the mail server is back")
+    e.operator("ops", "the mail server is back")
+        .retry_dead_letter(d.id)
         .unwrap();
     assert_eq!(only_run(&e).state, RunState::Ready);
     assert!(e.dead_letters(false, 10).unwrap().is_empty());
@@ -299,9 +300,11 @@ fn block_holds_the_scope_until_an_operator_unblocks_it() {
         .into_iter()
         .find(|r| r.scope.as_deref() == Some("b"))
         .unwrap();
-    e.unblock("jobs", "a", "ops", "skip the poison message")
+    e.operator("ops", "skip the poison message")
+        .unblock("jobs", "a")
         .unwrap();
-    e.discard_run(&scope_b_dead.id, "ops", "not needed")
+    e.operator("ops", "not needed")
+        .discard_run(&scope_b_dead.id)
         .unwrap();
     e.run_until_idle().unwrap();
     let order = order.lock().unwrap().clone();
@@ -309,7 +312,7 @@ fn block_holds_the_scope_until_an_operator_unblocks_it() {
     let at = |idx| order.iter().position(|&i| i == idx).unwrap();
     assert!(at(1) < at(2), "scope a resumed in order: {order:?}");
     assert!(at(4) > at(3), "scope b went on: {order:?}");
-    let err = e.unblock("jobs", "a", "ops", "again").unwrap_err();
+    let err = e.operator("ops", "again").unblock("jobs", "a").unwrap_err();
     assert!(err.is_not_found(), "no longer blocked: {err}");
     let actions: Vec<String> = e
         .audit_log(10)
@@ -667,14 +670,19 @@ fn operators_list_runs_by_state_and_only_dead_runs_are_retried_or_discarded() {
     let counts = e.run_counts().unwrap();
     assert_eq!(counts, [(RunState::Dead, 1), (RunState::Succeeded, 2)]);
     let ok = &e.runs(Some(RunState::Succeeded), 10).unwrap()[0];
-    let err = e.retry_run(&ok.id, "ops", "why not").unwrap_err();
+    let err = e.operator("ops", "why not").retry_run(&ok.id).unwrap_err();
     assert!(err.is_bad_input(), "{err}");
-    let err = e.discard_run("no-such-run", "ops", "typo").unwrap_err();
+    let err = e
+        .operator("ops", "typo")
+        .discard_run("no-such-run")
+        .unwrap_err();
     assert!(err.is_not_found(), "{err}");
     let dead = &e.runs(Some(RunState::Dead), 10).unwrap()[0];
-    let err = e.discard_run(&dead.id, "", "who?").unwrap_err();
+    let err = e.operator("", "who?").discard_run(&dead.id).unwrap_err();
     assert!(err.is_bad_input());
-    e.discard_run(&dead.id, "ops", "known bad input").unwrap();
+    e.operator("ops", "known bad input")
+        .discard_run(&dead.id)
+        .unwrap();
     assert_eq!(e.run(&dead.id).unwrap().unwrap().state, RunState::Discarded);
     assert_eq!(
         e.dead_letters(true, 10).unwrap()[0].resolution.as_deref(),

@@ -55,6 +55,11 @@ impl Who {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "reflexr-cli".into())
     }
+
+    /// The engine's operator view, as this operator, for this reason.
+    fn on<'e>(&self, engine: &'e Engine) -> reflexr::Operator<'e> {
+        engine.operator(self.operator(), self.reason.clone())
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -181,6 +186,8 @@ enum Command {
     RestartFollower {
         /// The follower's name.
         name: String,
+        #[command(flatten)]
+        who: Who,
     },
 }
 
@@ -235,8 +242,8 @@ fn run(cli: &Cli) -> Fallible {
             who,
         } => {
             match (run, dead_letter) {
-                (Some(run), _) => engine.retry_run(run, &who.operator(), &who.reason)?,
-                (None, Some(id)) => engine.retry_dead_letter(*id, &who.operator(), &who.reason)?,
+                (Some(run), _) => who.on(&engine).retry_run(run)?,
+                (None, Some(id)) => who.on(&engine).retry_dead_letter(*id)?,
                 (None, None) => unreachable!("clap requires one"),
             }
             done(cli.json, "retried")
@@ -247,16 +254,14 @@ fn run(cli: &Cli) -> Fallible {
             who,
         } => {
             match (run, dead_letter) {
-                (Some(run), _) => engine.discard_run(run, &who.operator(), &who.reason)?,
-                (None, Some(id)) => {
-                    engine.discard_dead_letter(*id, &who.operator(), &who.reason)?
-                }
+                (Some(run), _) => who.on(&engine).discard_run(run)?,
+                (None, Some(id)) => who.on(&engine).discard_dead_letter(*id)?,
                 (None, None) => unreachable!("clap requires one"),
             }
             done(cli.json, "discarded")
         }
         Command::Unblock { rule, scope, who } => {
-            engine.unblock(rule, scope, &who.operator(), &who.reason)?;
+            who.on(&engine).unblock(rule, scope)?;
             done(cli.json, "unblocked")
         }
         Command::ResetCursor {
@@ -278,8 +283,8 @@ fn run(cli: &Cli) -> Fallible {
             *batch,
             cli.json,
         ),
-        Command::RestartFollower { name } => {
-            engine.restart_follower(name)?;
+        Command::RestartFollower { name, who } => {
+            who.on(&engine).restart_follower(name)?;
             done(cli.json, "restart requested")
         }
         Command::Stats => {
@@ -651,7 +656,7 @@ fn reset_cursor(
             return Err("not confirmed; nothing changed (pass --yes to skip the question)".into());
         }
     }
-    let reset = engine.reset_cursor(workspace, kind, name, to, &who.operator(), &who.reason)?;
+    let reset = who.on(engine).reset_cursor(workspace, kind, name, to)?;
     if json {
         println!(
             "{}",

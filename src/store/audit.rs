@@ -2,6 +2,7 @@
 
 use rusqlite::{Connection, params};
 
+use crate::audit::AuditEntry;
 use crate::error::Result;
 
 /// One operator action to record.
@@ -24,24 +25,6 @@ pub(crate) fn record(conn: &Connection, e: &Entry<'_>) -> Result<()> {
         e.at, e.operator, e.action, e.target, e.reason, e.detail
     ])?;
     Ok(())
-}
-
-/// A recorded action, as read back.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AuditEntry {
-    /// When, in ms since the epoch.
-    pub at: i64,
-    /// Who (as they named themselves).
-    pub operator: String,
-    /// What: `reset_cursor`, …
-    pub action: String,
-    /// On what, e.g. `cursor app/billing@shop`.
-    pub target: String,
-    /// Why, as the operator said.
-    pub reason: String,
-    /// The particulars, as JSON text (e.g. `{"from":120,"to":0}`).
-    pub detail: String,
 }
 
 /// The most recent `limit` entries, newest first.

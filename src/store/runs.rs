@@ -10,7 +10,7 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::Result;
-use crate::rule::RetryPolicy;
+use crate::retry::RetryPolicy;
 
 fn ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

@@ -3,10 +3,10 @@
 use rusqlite::Connection;
 use serde::de::IgnoredAny;
 
-use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 use crate::names::{self, MAX_ID_BYTES, MAX_SUBJECT_BYTES};
+use crate::settings::Limits;
 use crate::store::{events, workspaces};
 
 /// Who is appending.
@@ -27,9 +27,13 @@ pub(crate) fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
+/// Appends `ev` to `workspace`'s log in the caller's transaction, with
+/// `now` as its `recorded_at`; an id the workspace has already appends
+/// nothing and reports the existing seq (invariant 3).
 pub(crate) fn append(
     conn: &Connection,
-    shared: &Shared,
+    now: i64,
+    limits: Limits,
     workspace: &str,
     ev: &NewEvent,
     origin: Origin,
@@ -52,7 +56,7 @@ pub(crate) fn append(
             names::check_text(field, v, MAX_ID_BYTES)?;
         }
     }
-    let payload = checked_payload(ev, shared.config.max_payload_bytes, origin)?;
+    let payload = checked_payload(ev, limits.max_payload_bytes, origin)?;
     let id = match &ev.id {
         Some(id) => {
             names::check_text("id", id, MAX_ID_BYTES)?;
@@ -75,7 +79,7 @@ pub(crate) fn append(
         subject: &ev.subject,
         actor: &ev.actor,
         occurred_at: ev.occurred_at,
-        recorded_at: shared.clock.now_ms(),
+        recorded_at: now,
         payload,
         causation_id: ev.causation_id.as_deref(),
         correlation_id: ev.correlation_id.as_deref(),

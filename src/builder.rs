@@ -1,0 +1,241 @@
+//! [`EngineBuilder`]: how an [`Engine`] is opened, and its settings' defaults.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::db::{Db, Open};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::event::Query;
+use crate::lease::{self, DEFAULT_LEASE_TTL};
+use crate::names;
+use crate::prune::Retention;
+use crate::runtime::{self, Context};
+use crate::settings::{Limits, Settings};
+use crate::store::conn::Synchronous;
+
+/// Opens an [`Engine`] with settings other than the defaults.
+///
+/// # Defaults
+///
+/// | setting | default |
+/// | --- | --- |
+/// | [`synchronous`](EngineBuilder::synchronous) | [`Synchronous::Full`] |
+/// | [`clock`](EngineBuilder::clock) | [`SystemClock`] |
+/// | [`create_if_missing`](EngineBuilder::create_if_missing) | `true` |
+/// | [`pool_size`](EngineBuilder::pool_size) | 4 read connections |
+/// | [`busy_timeout`](EngineBuilder::busy_timeout) | 30 s |
+/// | [`heartbeat`](EngineBuilder::heartbeat) | 50 ms |
+/// | [`lease_ttl`](EngineBuilder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
+/// | [`max_payload_bytes`](EngineBuilder::max_payload_bytes) | 1 MiB |
+/// | [`holder_id`](EngineBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
+/// | [`verify_on_open`](EngineBuilder::verify_on_open) | `false` |
+/// | [`executors`](EngineBuilder::executors) | 2 threads |
+/// | [`claim_batch`](EngineBuilder::claim_batch) | 16 runs per claim |
+/// | [`evaluate_batch`](EngineBuilder::evaluate_batch) | 500 events per rule and batch |
+/// | [`max_chain_depth`](EngineBuilder::max_chain_depth) | 8 |
+/// | [`retention`](EngineBuilder::retention) | none: nothing is pruned automatically |
+#[derive(Clone)]
+pub struct EngineBuilder {
+    path: PathBuf,
+    clock: Arc<dyn Clock>,
+    open: OpenOptions,
+    settings: Settings,
+    runtime: runtime::Config,
+}
+
+/// [`Open`], cloneable for the builder.
+#[derive(Clone, Copy)]
+struct OpenOptions {
+    create: bool,
+    pool_size: u32,
+    verify: bool,
+}
+
+impl EngineBuilder {
+    /// A builder for opening `path` with other settings.
+    pub(crate) fn new(path: impl AsRef<Path>) -> EngineBuilder {
+        EngineBuilder {
+            path: path.as_ref().to_path_buf(),
+            clock: Arc::new(SystemClock),
+            open: OpenOptions {
+                create: true,
+                pool_size: 4,
+                verify: false,
+            },
+            settings: Settings {
+                synchronous: Synchronous::Full,
+                busy_timeout: Duration::from_secs(30),
+                heartbeat: Duration::from_millis(50),
+                lease_ttl: DEFAULT_LEASE_TTL,
+                holder_id: format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..)),
+                limits: Limits {
+                    max_payload_bytes: 1 << 20,
+                    max_chain_depth: 8,
+                },
+            },
+            runtime: runtime::Config {
+                executors: 2,
+                claim_batch: 16,
+                evaluate_batch: 500,
+                retention: None,
+            },
+        }
+    }
+
+    /// How hard a commit waits for the disk. Default [`Synchronous::Full`]: a
+    /// committed event survives power loss. [`Synchronous::Normal`] is an
+    /// opt-in that keeps commits safe from a process crash only.
+    pub fn synchronous(mut self, s: Synchronous) -> Self {
+        self.settings.synchronous = s;
+        self
+    }
+
+    /// Where time comes from. Default [`SystemClock`]; tests pass a
+    /// [`crate::ManualClock`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Whether a missing file is created. Default `true`. With `false`, a
+    /// missing file is [`Error::Missing`] (the CLI opens this way).
+    pub fn create_if_missing(mut self, create: bool) -> Self {
+        self.open.create = create;
+        self
+    }
+
+    /// How many read connections the pool keeps (1 to 64). Default 4.
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.open.pool_size = n;
+        self
+    }
+
+    /// How long a write waits for another process's lock, and a read for a
+    /// busy file, before failing with [`Error::Busy`]. Default 30 s.
+    pub fn busy_timeout(mut self, t: Duration) -> Self {
+        self.settings.busy_timeout = t;
+        self
+    }
+
+    /// How often a waiting thread checks for commits made by other processes
+    /// (`PRAGMA data_version`). Commits made through this engine wake waiters
+    /// at once regardless. Default 50 ms.
+    pub fn heartbeat(mut self, t: Duration) -> Self {
+        self.settings.heartbeat = t;
+        self
+    }
+
+    /// How long the engine's leases last unless renewed. Default 30 s, renewed
+    /// every third (ADR-0015).
+    pub fn lease_ttl(mut self, t: Duration) -> Self {
+        self.settings.lease_ttl = t;
+        self
+    }
+
+    /// The largest payload an append accepts, in bytes. Default 1 MiB; at
+    /// most 256 MiB.
+    pub fn max_payload_bytes(mut self, n: usize) -> Self {
+        self.settings.limits.max_payload_bytes = n;
+        self
+    }
+
+    /// The name this engine holds leases under. Default `pid<pid>-<random>`,
+    /// unique per open. Two engines must never share one.
+    pub fn holder_id(mut self, id: impl Into<String>) -> Self {
+        self.settings.holder_id = id.into();
+        self
+    }
+
+    /// Runs `PRAGMA quick_check` before opening, so a damaged file is refused
+    /// at once rather than when the damaged part is read. It reads the whole
+    /// file. Default `false`.
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.open.verify = verify;
+        self
+    }
+
+    /// How many executor threads [`Engine::start`] spawns (0 to 64). Default 2.
+    /// With 0 this process decides but leaves the runs to other processes.
+    pub fn executors(mut self, n: usize) -> Self {
+        self.runtime.executors = n;
+        self
+    }
+
+    /// How many runs an executor claims in one transaction (1 to 1,000).
+    /// Default 16. Larger batches share more commits; smaller ones spread
+    /// work across executors more evenly.
+    pub fn claim_batch(mut self, n: usize) -> Self {
+        self.runtime.claim_batch = n;
+        self
+    }
+
+    /// How many events a rule reads per batch (1 to 10,000). Default 500.
+    pub fn evaluate_batch(mut self, n: usize) -> Self {
+        self.runtime.evaluate_batch = n;
+        self
+    }
+
+    /// The deepest chain of causes a run may extend: an application's event
+    /// is at depth 0, an event a run emits is one deeper than the event that
+    /// fired the run, and a firing whose run would emit events deeper than
+    /// this is dead-lettered (reason `depth_limit`) instead of run, so rules
+    /// that trigger each other cannot loop for ever. Default 8.
+    pub fn max_chain_depth(mut self, n: u32) -> Self {
+        self.settings.limits.max_chain_depth = i64::from(n);
+        self
+    }
+
+    /// Prunes automatically: the loop (while this process holds its lease)
+    /// runs [`Engine::prune`] with `retention` every ten minutes. Default:
+    /// none, nothing is deleted unless [`Engine::prune`] is called.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.runtime.retention = Some(retention);
+        self
+    }
+
+    /// Opens the file.
+    ///
+    /// # Errors
+    /// - [`Error::NotADatabase`], [`Error::Corrupt`], [`Error::SchemaTooNew`],
+    ///   [`Error::ForeignDatabase`]: the file was refused and left unchanged.
+    /// - [`Error::Missing`]: no file, and `create_if_missing(false)`.
+    /// - [`Error::Pragma`]: SQLite did not take a setting (e.g. WAL on a
+    ///   file system that cannot share memory).
+    /// - [`Error::Invalid`]: a setting out of range.
+    pub fn open(self) -> Result<Engine> {
+        let (s, r) = (&self.settings, &self.runtime);
+        if s.limits.max_payload_bytes == 0 || s.limits.max_payload_bytes > 256 << 20 {
+            return Err(Error::invalid(
+                "max_payload_bytes",
+                "must be 1 byte to 256 MiB",
+            ));
+        }
+        if s.heartbeat.is_zero() {
+            return Err(Error::invalid("heartbeat", "must be more than zero"));
+        }
+        lease::ttl_ms(s.lease_ttl)?;
+        names::check_text("holder_id", &s.holder_id, names::MAX_ID_BYTES)?;
+        if let Some(retention) = &r.retention {
+            retention.validate()?;
+        }
+        if r.executors > 64 {
+            return Err(Error::invalid("executors", "must be 0 to 64"));
+        }
+        if !(1..=1_000).contains(&r.claim_batch) {
+            return Err(Error::invalid("claim_batch", "must be 1 to 1000"));
+        }
+        if !(1..=Query::MAX_LIMIT).contains(&r.evaluate_batch) {
+            return Err(Error::invalid("evaluate_batch", "must be 1 to 10000"));
+        }
+        let open = Open {
+            create: self.open.create,
+            pool_size: self.open.pool_size,
+            verify: self.open.verify,
+        };
+        let db = Db::open(&self.path, &open, self.settings, self.clock)?;
+        Ok(Engine::from_context(Context::new(db, self.runtime)))
+    }
+}

@@ -1,0 +1,320 @@
+//! Flat combining: the one place reflexr uses `unsafe`.
+//!
+//! Callers [`Combiner::submit`] their work and block. If no caller is
+//! leading, the submitter leads: it takes every request queued (up to
+//! [`MAX_BATCH`]) as a [`Batch`], has the writer run them in one transaction,
+//! and repeats until its own request has been in a batch; then it hands the
+//! lead to the first caller still queued. A caller is woken once: for its
+//! outcome, or to lead.
+//!
+//! # Why `unsafe`, and why it is sound
+//!
+//! A request points at its caller's closure, which lives on the caller's
+//! stack and may borrow from it: the closure's lifetime is erased so the
+//! leader can run it from another thread. That is sound because the closure
+//! is used only while its caller is blocked in [`Combiner::submit`], and the
+//! caller cannot leave `submit` — by returning or by unwinding — before its
+//! request is finished:
+//!
+//! - a request is used only through a [`Member`] of a [`Batch`]; a member is
+//!   neither `Clone` nor `Copy`, runs at most once, and is finished (its
+//!   caller told the batch's outcome) when the batch is dropped — on the
+//!   normal path and when the leader unwinds alike — after which nothing can
+//!   reach the pointer;
+//! - the caller's [`Waiter`] guard, on every exit from `submit`, either takes
+//!   its request back out of the queue (nobody took it: nobody will) or waits
+//!   until it is finished;
+//! - the lead is handed on by a guard as well, so a leader that unwinds
+//!   leaves neither the queue without a leader nor a caller waiting for ever.
+//!
+//! Nothing else in the crate may use `unsafe` (`#![deny(unsafe_code)]`).
+#![allow(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use crate::error::Error;
+use crate::tx::Tx;
+
+/// Most requests one batch (one transaction) holds.
+pub(crate) const MAX_BATCH: usize = 512;
+
+/// How a request's batch ended: committed, or the error that ended it.
+pub(crate) type Ended = Result<(), Arc<Error>>;
+
+/// What one piece of work reports to the leader: whether it succeeded (and
+/// so awaits the commit), and whether the commit should wake this process's
+/// waiting threads.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Outcome {
+    pub ok: bool,
+    pub nudge: bool,
+}
+
+/// A caller's work, as the leader runs it.
+pub(crate) type Work<'a> = dyn FnMut(&mut Tx<'_>) -> Outcome + Send + 'a;
+
+/// Where a caller waits: for its outcome, or for the lead.
+#[derive(Default)]
+struct Signal {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+enum State {
+    #[default]
+    Queued,
+    /// Lead the next batch (the caller's request is still queued).
+    Lead,
+    /// The request ran (or never will) and its batch ended so.
+    Finished(Ended),
+}
+
+impl Signal {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set(&self, to: State) {
+        *self.lock() = to;
+        self.changed.notify_one();
+    }
+}
+
+/// A queued request: the caller's work, lifetime erased (see the module's
+/// safety notes), and where the caller waits.
+struct Request {
+    work: NonNull<Work<'static>>,
+    signal: Arc<Signal>,
+}
+
+// SAFETY: `work` points at a `Send` closure; it is used by one thread at a
+// time (the leader) while its owner is blocked, and the signal is `Sync`.
+unsafe impl Send for Request {}
+
+struct Queue {
+    requests: VecDeque<Request>,
+    /// A caller is leading (running batches, or about to hand the lead on).
+    leading: bool,
+}
+
+/// The queue of one writer.
+pub(crate) struct Combiner {
+    queue: Mutex<Queue>,
+}
+
+/// One request in the batch being run.
+pub(crate) struct Member {
+    request: Request,
+}
+
+impl Member {
+    /// Runs the caller's work (the writer runs each member once).
+    pub(crate) fn run(&mut self, tx: &mut Tx<'_>) -> Outcome {
+        // SAFETY: the owner is blocked in `submit` until this member's batch
+        // is dropped (see the module's notes), so the closure is alive; the
+        // leader is the only thread using it.
+        let work = unsafe { self.request.work.as_mut() };
+        work(tx)
+    }
+}
+
+/// The requests one transaction holds. Dropping it — after the writer
+/// recorded how the transaction ended with [`Batch::end`], or while the
+/// leader unwinds before it could — tells every member its outcome: the one
+/// recorded, or [`Error::TransactionAborted`].
+pub(crate) struct Batch {
+    members: Vec<Member>,
+    ended: Option<Ended>,
+}
+
+impl Batch {
+    pub(crate) fn members(&mut self) -> &mut [Member] {
+        &mut self.members
+    }
+
+    /// Records how the transaction ended; the members are told when the
+    /// batch is dropped.
+    pub(crate) fn end(&mut self, ended: Ended) {
+        self.ended = Some(ended);
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        let ended = self.ended.take().unwrap_or_else(|| {
+            Err(Arc::new(Error::TransactionAborted {
+                detail: "the writer failed while running this batch; nothing of it committed"
+                    .into(),
+            }))
+        });
+        // Setting a signal cannot panic (a poisoned lock is taken as it is).
+        for m in self.members.drain(..) {
+            m.request.signal.set(State::Finished(ended.clone()));
+        }
+    }
+}
+
+impl Combiner {
+    pub(crate) fn new() -> Combiner {
+        Combiner {
+            queue: Mutex::new(Queue {
+                requests: VecDeque::new(),
+                leading: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many requests wait for a leader (for tests that build a batch).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.lock().requests.len()
+    }
+
+    /// Queues `work` and returns how its batch ended, once it has: the work
+    /// ran in a transaction that committed, or the error that ended it (the
+    /// work may not have run at all). Whenever this caller leads,
+    /// `run_batch` runs on its thread with the batch to run.
+    pub(crate) fn submit(&self, work: &mut Work<'_>, run_batch: &mut dyn FnMut(Batch)) -> Ended {
+        let work: NonNull<Work<'_>> = NonNull::from(work);
+        // SAFETY: only the lifetime is erased. `waiter` (below) keeps this
+        // frame from ending — by return or unwind — while the request can
+        // still be reached: see the module's notes.
+        let work: NonNull<Work<'static>> = unsafe { std::mem::transmute(work) };
+        let signal = Arc::new(Signal::default());
+        let lead = {
+            let mut q = self.lock();
+            q.requests.push_back(Request {
+                work,
+                signal: Arc::clone(&signal),
+            });
+            !std::mem::replace(&mut q.leading, true)
+        };
+        let waiter = Waiter {
+            combiner: self,
+            signal: &signal,
+        };
+        if lead {
+            self.lead(&signal, run_batch);
+        }
+        loop {
+            let mut s = signal.lock();
+            match std::mem::take(&mut *s) {
+                State::Finished(ended) => {
+                    std::mem::forget(waiter);
+                    return ended;
+                }
+                State::Lead => {
+                    drop(s);
+                    self.lead(&signal, run_batch);
+                }
+                State::Queued => {
+                    drop(
+                        signal
+                            .changed
+                            .wait(s)
+                            .unwrap_or_else(PoisonError::into_inner),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Runs batches until the one holding `mine` has been run; the guard
+    /// then hands the lead on.
+    fn lead(&self, mine: &Arc<Signal>, run_batch: &mut dyn FnMut(Batch)) {
+        let _lead = LeadGuard {
+            combiner: self,
+            mine,
+        };
+        loop {
+            let batch = {
+                let mut q = self.lock();
+                let n = q.requests.len().min(MAX_BATCH);
+                Batch {
+                    members: q
+                        .requests
+                        .drain(..n)
+                        .map(|request| Member { request })
+                        .collect(),
+                    ended: None,
+                }
+            };
+            let has_mine = batch
+                .members
+                .iter()
+                .any(|m| Arc::ptr_eq(&m.request.signal, mine));
+            run_batch(batch);
+            if has_mine {
+                return;
+            }
+        }
+    }
+}
+
+/// Hands the lead to the first caller still queued (other than the leader
+/// itself, which only happens when the leader unwinds), or gives it up.
+struct LeadGuard<'a> {
+    combiner: &'a Combiner,
+    mine: &'a Arc<Signal>,
+}
+
+impl Drop for LeadGuard<'_> {
+    fn drop(&mut self) {
+        let mut q = self.combiner.lock();
+        match q
+            .requests
+            .iter()
+            .find(|r| !Arc::ptr_eq(&r.signal, self.mine))
+        {
+            Some(next) => next.signal.set(State::Lead),
+            None => q.leading = false,
+        }
+    }
+}
+
+/// Runs only when `submit` is left without its outcome (an unwind): takes
+/// the caller's request back out of the queue if nobody took it, and
+/// otherwise waits until its batch is dropped. Either way, nothing can reach
+/// the caller's closure once `submit` is left.
+struct Waiter<'a> {
+    combiner: &'a Combiner,
+    signal: &'a Arc<Signal>,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        {
+            let mut q = self.combiner.lock();
+            if let Some(i) = q
+                .requests
+                .iter()
+                .position(|r| Arc::ptr_eq(&r.signal, self.signal))
+            {
+                q.requests.remove(i);
+                // It may have been handed the lead: pass it on.
+                if matches!(*self.signal.lock(), State::Lead) {
+                    match q.requests.front() {
+                        Some(next) => next.signal.set(State::Lead),
+                        None => q.leading = false,
+                    }
+                }
+                return;
+            }
+        }
+        let mut s = self.signal.lock();
+        while !matches!(*s, State::Finished(_)) {
+            s = self
+                .signal
+                .changed
+                .wait(s)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}

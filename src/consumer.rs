@@ -1,0 +1,107 @@
+//! The one loop every consumer runs — rules ([`crate::evaluate`]),
+//! reactions ([`crate::reaction`]) and followers ([`crate::follow`]):
+//!
+//! 1. [`read`] a page of the workspace after the consumer's cursor, with the
+//!    cursor's stamp;
+//! 2. decide or handle it (the consumer's own code, outside any lock);
+//! 3. [`advance`]: in one savepoint of the write transaction, check the
+//!    consumer's lease (holder, generation, expiry) and that the cursor is
+//!    as step 1 read it, write what step 2 produced, and move the cursor —
+//!    or write nothing at all. A cursor an operator moved (or whose state
+//!    they reset) since step 1 makes the consumer read again.
+//!
+//! A commit that fails anyway is recorded against the cursor with
+//! [`failed`], so a consumer that keeps failing at one position shows as
+//! stuck instead of only in a log line.
+
+use crate::cursor::{self, ConsumerKind};
+use crate::db::Db;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::lease::{self, Lease};
+use crate::store::{cursors, events};
+use crate::tx::Tx;
+
+/// Which consumer's cursor.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Consumer<'a> {
+    pub workspace: &'a str,
+    pub kind: ConsumerKind,
+    pub name: &'a str,
+}
+
+/// Where a consumer's cursor stood when its page was read: the position and
+/// the stamp of its last change (an operator's reset changes the stamp even
+/// when it sets the same position).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stand {
+    pub position: i64,
+    stamp: i64,
+}
+
+/// The cursor's stand (position 0 for a cursor never saved).
+pub(crate) fn stand(conn: &rusqlite::Connection, c: Consumer<'_>) -> Result<Stand> {
+    let (position, stamp) =
+        cursors::get_stamped(conn, c.workspace, c.kind.as_str(), c.name)?.unwrap_or((0, 0));
+    Ok(Stand { position, stamp })
+}
+
+/// Step 1: the consumer's stand and up to `limit` events after it.
+pub(crate) fn read(db: &Db, c: Consumer<'_>, limit: usize) -> Result<(Stand, Vec<Event>)> {
+    db.read(|conn| {
+        let stand = stand(conn, c)?;
+        let page = events::page(conn, c.workspace, stand.position, &[], limit)?;
+        Ok((stand, page))
+    })
+}
+
+/// Why a savepoint ends without committing.
+enum Halt {
+    /// The cursor moved since it was read: nothing is written.
+    Moved,
+    Failed(Error),
+}
+
+impl From<Error> for Halt {
+    fn from(e: Error) -> Halt {
+        Halt::Failed(e)
+    }
+}
+
+/// Step 3, in the caller's transaction: under `lease`, if the cursor still
+/// stands at `stand`, runs `write` — which returns its value and the seq the
+/// cursor moves to — and moves the cursor there, all in one savepoint.
+/// `Ok(None)` when the cursor had moved (nothing written: read again); an
+/// error rolls the savepoint back.
+pub(crate) fn advance<T>(
+    tx: &mut Tx<'_>,
+    c: Consumer<'_>,
+    lease: &Lease,
+    at: Stand,
+    write: impl FnOnce(&mut Tx<'_>) -> Result<(T, i64)>,
+) -> Result<Option<T>> {
+    let done = tx.nested(|tx| -> std::result::Result<T, Halt> {
+        lease::fence(tx.conn(), tx.now_ms(), lease)?;
+        if stand(tx.conn(), c)? != at {
+            return Err(Halt::Moved);
+        }
+        let (value, to) = write(tx)?;
+        let now = tx.now_ms();
+        match cursors::advance(tx.conn(), c.workspace, c.kind.as_str(), c.name, to, now)? {
+            Ok(()) => Ok(value),
+            // Behind where it stands: moved under us after all.
+            Err(_) => Err(Halt::Moved),
+        }
+    });
+    match done {
+        Ok(v) => Ok(Some(v)),
+        Err(Halt::Moved) => Ok(None),
+        Err(Halt::Failed(e)) => Err(e),
+    }
+}
+
+/// A consumer's commit failed while its cursor stood at `position`:
+/// recorded against the cursor (see [`cursor::record_failure`]).
+pub(crate) fn failed(db: &Db, c: Consumer<'_>, position: i64, e: &Error) {
+    cursor::record_failure(db, (c.workspace, c.kind, c.name), position, e);
+}

@@ -1,0 +1,186 @@
+//! [`Db`]: one open reflexr file — the core every other part of the engine
+//! works through. It owns the writer (and so every [`Tx`]), the pool of read
+//! connections, the notifier, the clock and the settings; it knows nothing
+//! of rules, runs or threads.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use r2d2::Pool;
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::Connection;
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::notify::{Notifier, Subscription};
+use crate::settings::Settings;
+use crate::store::conn::{self, Role};
+use crate::store::schema;
+use crate::tx::{Env, Tx};
+use crate::writer::{Writer, WriterStats};
+
+/// How to open a file, besides the settings.
+pub(crate) struct Open {
+    pub create: bool,
+    pub pool_size: u32,
+    pub verify: bool,
+}
+
+/// One open reflexr file.
+pub(crate) struct Db {
+    path: PathBuf,
+    env: Env,
+    pool: Pool<SqliteConnectionManager>,
+    writer: Writer,
+    notifier: Arc<Notifier>,
+}
+
+impl Db {
+    /// Opens (creating it if allowed) the file at `path`: recognised, its
+    /// schema applied or migrated, every connection configured and its
+    /// pragmas read back.
+    pub(crate) fn open(
+        path: &Path,
+        open: &Open,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Db> {
+        if !(1..=64).contains(&open.pool_size) {
+            return Err(Error::invalid("pool_size", "must be 1 to 64"));
+        }
+        let writer_conn = schema::open_writer(
+            path,
+            open.create,
+            settings.synchronous,
+            open.verify,
+            settings.busy_timeout,
+        )?;
+
+        // One reader configured by hand first, so a pragma SQLite refuses is
+        // reported as such instead of as a pool that never fills.
+        let first = conn::open_raw(path, false)?;
+        conn::retry_busy(settings.busy_timeout, || {
+            conn::configure(&first, settings.synchronous, Role::Reader)
+        })?;
+        let notifier = Arc::new(Notifier::new(first));
+
+        let sync = settings.synchronous;
+        let manager = SqliteConnectionManager::file(path)
+            .with_flags(conn::open_flags(false))
+            .with_init(move |conn| {
+                conn::configure(conn, sync, Role::Reader)
+                    .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+            });
+        let pool = Pool::builder()
+            .max_size(open.pool_size)
+            .min_idle(Some(1))
+            .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
+            .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
+            .build(manager)?;
+        let writer = Writer::new(writer_conn, settings.busy_timeout, Arc::clone(&notifier))?;
+        Ok(Db {
+            path: path.to_path_buf(),
+            env: Env {
+                clock,
+                settings,
+                channels: RwLock::new(BTreeMap::new()),
+            },
+            pool,
+            writer,
+            notifier,
+        })
+    }
+
+    /// The file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.env.settings
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.env.clock
+    }
+
+    /// The engine clock's time, in ms since the epoch.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.env.clock.now_ms()
+    }
+
+    /// The channels this process may enqueue deliveries on, with the retry
+    /// policy each delivery is stored with.
+    pub(crate) fn channels(&self) -> &RwLock<BTreeMap<String, crate::retry::RetryPolicy>> {
+        &self.env.channels
+    }
+
+    /// Runs `f` on a pooled read connection. Reads never block the writer (WAL)
+    /// and cannot write (`query_only`). A read that meets a busy file is
+    /// repeated until the busy timeout.
+    pub(crate) fn read<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        conn::retry_busy(self.env.settings.busy_timeout, || {
+            let c = self.pool.get()?;
+            f(&c)
+        })
+    }
+
+    /// Runs `f` in the process's shared write transaction (see
+    /// [`crate::writer`]) and returns its value once committed.
+    pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.writer.write(&self.env, f)
+    }
+
+    pub(crate) fn writer_stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+
+    /// Wakes every waiting thread of this process (a commit made through
+    /// another path, a registration, shutdown).
+    pub(crate) fn nudge(&self) {
+        self.notifier.nudge();
+    }
+
+    /// A subscription to commits: this process's at once (the nudge),
+    /// other processes' within a heartbeat. Subscribe before reading what
+    /// you will wait for.
+    pub(crate) fn subscribe(&self) -> Subscription {
+        self.notifier.subscribe()
+    }
+
+    /// For the core's own tests: a new file with the default settings and
+    /// the system clock.
+    #[cfg(test)]
+    pub(crate) fn open_for_test(path: &Path) -> Db {
+        let settings = Settings {
+            synchronous: conn::Synchronous::Full,
+            busy_timeout: Duration::from_secs(20),
+            heartbeat: Duration::from_millis(50),
+            lease_ttl: Duration::from_secs(30),
+            holder_id: "test".into(),
+            limits: crate::settings::Limits {
+                max_payload_bytes: 1 << 20,
+                max_chain_depth: 8,
+            },
+        };
+        let open = Open {
+            create: true,
+            pool_size: 2,
+            verify: false,
+        };
+        Db::open(path, &open, settings, Arc::new(crate::clock::SystemClock)).expect("open")
+    }
+
+    /// For the writer's own tests.
+    #[cfg(test)]
+    pub(crate) fn writer(&self) -> &Writer {
+        &self.writer
+    }
+}

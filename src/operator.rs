@@ -1,0 +1,157 @@
+//! [`Operator`]: what an operator does to the file, on the record.
+
+use crate::cursor::{self, ConsumerKind, Reset};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::operate::{self, RuleReset};
+
+/// An operator acting on the file, from [`Engine::operator`]: every
+/// intervention is checked (a typed error for what cannot be done: only a
+/// dead run is retried or discarded, only a blocked scope unblocked) and
+/// recorded in `reflexr_audit` with the operator and the reason, in the same
+/// transaction as the change it makes.
+///
+/// ```
+/// # fn main() -> reflexr::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
+/// let ops = engine.operator("ops@example", "the mail server is back");
+/// for run in engine.runs(Some(reflexr::RunState::Dead), 100)? {
+///     ops.retry_run(&run.id)?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Operator<'e> {
+    engine: &'e Engine,
+    operator: String,
+    reason: String,
+}
+
+impl Engine {
+    /// The operator view: interventions by `operator` (who, as they name
+    /// themselves), for `reason` (why), each checked and audited. The names
+    /// are checked when an intervention is made: 1 to 256 bytes for the
+    /// operator, up to 4 KiB for the reason, no control characters.
+    pub fn operator(&self, operator: impl Into<String>, reason: impl Into<String>) -> Operator<'_> {
+        Operator {
+            engine: self,
+            operator: operator.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl Operator<'_> {
+    fn who(&self) -> (&str, &str) {
+        (&self.operator, &self.reason)
+    }
+
+    /// Retries a dead run: ready again with a fresh set of attempts (behind
+    /// its scope's head, if its lane moved on).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::Invalid`] for a run that is not dead.
+    pub fn retry_run(&self, id: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::retry_run(tx.conn(), tx.now_ms(), id, op, why))
+    }
+
+    /// Discards a dead run: it stays as it was, marked discarded, and its
+    /// scope moves on.
+    pub fn discard_run(&self, id: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::discard_run(tx.conn(), tx.now_ms(), id, op, why))
+    }
+
+    /// Lets a scope blocked behind a dead run (`OnDeadLetter::Block`) go on;
+    /// the dead run stays dead.
+    pub fn unblock(&self, rule: &str, scope: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::unblock(tx.conn(), tx.now_ms(), rule, scope, op, why))
+    }
+
+    /// Retries what a dead letter gave up on (a run's: the run, as
+    /// [`Operator::retry_run`]). A rule's evaluation error is replayed with
+    /// [`Operator::reset_rule`] instead.
+    pub fn retry_dead_letter(&self, id: i64) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::retry_dead_letter(tx.conn(), tx.now_ms(), id, op, why))
+    }
+
+    /// Marks a dead letter handled without retrying it (a run's: the run is
+    /// discarded, as [`Operator::discard_run`]).
+    pub fn discard_dead_letter(&self, id: i64) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::discard_dead_letter(tx.conn(), tx.now_ms(), id, op, why))
+    }
+
+    /// Sets any consumer's cursor to `position`, backwards if need be: the one
+    /// way a cursor moves back (invariant 8).
+    pub fn reset_cursor(
+        &self,
+        workspace: &str,
+        kind: ConsumerKind,
+        name: &str,
+        position: i64,
+    ) -> Result<Reset> {
+        let (op, why) = self.who();
+        self.engine.write(|tx| {
+            let now = tx.now_ms();
+            cursor::reset(tx.conn(), now, (workspace, kind, name), position, op, why)
+        })
+    }
+
+    /// Resets a rule's cursor and/or state (see [`RuleReset`]; a replay
+    /// derives the same firing ids, so nothing is made twice).
+    pub fn reset_rule(&self, name: &str, what: RuleReset) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::reset_rule(tx.conn(), tx.now_ms(), name, what, op, why))
+    }
+
+    /// Deletes a rule's row, cursor and state (its runs and dead letters
+    /// stay), for rules the code no longer has.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] while this process registers the rule.
+    pub fn delete_rule(&self, name: &str) -> Result<()> {
+        if self.engine.registers_rule(name) {
+            return Err(Error::invalid(
+                "rule",
+                format!("{name} is registered by this process; remove it from the code first"),
+            ));
+        }
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::delete_rule(tx.conn(), tx.now_ms(), name, op, why))
+    }
+
+    /// Removes a follower from the ledger, with its cursor (its dead letters
+    /// stay).
+    pub fn unfollow(&self, name: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::unfollow(tx.conn(), tx.now_ms(), name, op, why))
+    }
+
+    /// Lets a stopped follower start again at its cursor (after the
+    /// configuration that stopped it was mended), whichever process runs it:
+    /// the request is recorded in the ledger, and the engine relaying for the
+    /// follower picks it up at its next turn (this one at once).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a follower the ledger does not have.
+    pub fn restart_follower(&self, name: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::restart_follower(tx.conn(), tx.now_ms(), name, op, why))?;
+        self.engine.unstop_follower(name);
+        Ok(())
+    }
+}

@@ -1,0 +1,40 @@
+//! The settings fixed when a file is opened that the core's operations
+//! consult: durability, waiting, leases, and the limits on what is stored.
+//! The builder's documentation gives their defaults
+//! ([`crate::EngineBuilder`]).
+
+use std::time::Duration;
+
+use crate::store::conn::Synchronous;
+
+/// How the core works on one open file.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub synchronous: Synchronous,
+    /// How long a write waits for another process's lock, and a read for a
+    /// busy file.
+    pub busy_timeout: Duration,
+    /// How often a waiting thread looks for other processes' commits.
+    pub heartbeat: Duration,
+    /// How long the engine's leases (and runs' claims) last unless renewed.
+    pub lease_ttl: Duration,
+    /// The name this engine holds leases and claims under.
+    pub holder_id: String,
+    pub limits: Limits,
+}
+
+/// The limits on what the engine stores.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// The largest payload, run input, checkpoint or rule state, in bytes.
+    pub max_payload_bytes: usize,
+    /// The deepest chain of causes a run may extend.
+    pub max_chain_depth: i64,
+}
+
+impl Settings {
+    /// A lease's (or a claim's) time to live, in ms.
+    pub(crate) fn lease_ttl_ms(&self) -> i64 {
+        i64::try_from(self.lease_ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+}
