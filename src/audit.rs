@@ -1,19 +1,51 @@
 //! What operators did: [`AuditEntry`], read back from `reflexr_audit`.
 
+use crate::words::open_text_enum;
+
+open_text_enum! {
+    /// What an operator (or the engine, on a rule's new version) did.
+    pub enum AuditAction {
+        /// Moved a consumer's cursor.
+        ResetCursor = "reset_cursor",
+        /// Reset a rule's cursor and/or state.
+        ResetRule = "reset_rule",
+        /// Deleted a rule's rows.
+        DeleteRule = "delete_rule",
+        /// Retried a dead run.
+        RetryRun = "retry_run",
+        /// Discarded a dead run.
+        DiscardRun = "discard_run",
+        /// Let a blocked scope go on.
+        Unblock = "unblock",
+        /// Resolved a dead letter without retrying it.
+        DiscardDeadLetter = "discard_dead_letter",
+        /// Removed a follower.
+        Unfollow = "unfollow",
+        /// Asked a stopped follower to go on.
+        RestartFollower = "restart_follower",
+        /// A rule's new version reset its state.
+        RuleVersionResetState = "rule_version_reset_state",
+        /// A rule's new version replays the log.
+        RuleVersionReplay = "rule_version_replay",
+    }
+}
+
 /// A recorded action, as read back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct AuditEntry {
     /// When, in ms since the epoch.
     pub at: i64,
     /// Who (as they named themselves).
     pub operator: String,
-    /// What: `reset_cursor`, …
-    pub action: String,
+    /// What.
+    pub action: AuditAction,
     /// On what, e.g. `cursor app/billing@shop`.
     pub target: String,
     /// Why, as the operator said.
     pub reason: String,
-    /// The particulars, as JSON text (e.g. `{"from":120,"to":0}`).
+    /// The particulars, as JSON text (e.g. `{"from":120,"to":0}`;
+    /// serialised as the JSON it holds).
+    #[serde(serialize_with = "crate::words::raw_json")]
     pub detail: String,
 }

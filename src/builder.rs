@@ -54,6 +54,19 @@ struct OpenOptions {
     verify: bool,
 }
 
+impl Engine {
+    /// Opens (creating it if missing) the reflexr file at `path` with the
+    /// defaults of [`EngineBuilder`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Engine> {
+        Engine::builder(path).open()
+    }
+
+    /// A builder for opening `path` with other settings.
+    pub fn builder(path: impl AsRef<Path>) -> EngineBuilder {
+        EngineBuilder::new(path)
+    }
+}
+
 impl EngineBuilder {
     /// A builder for opening `path` with other settings.
     pub(crate) fn new(path: impl AsRef<Path>) -> EngineBuilder {

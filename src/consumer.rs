@@ -11,15 +11,15 @@
 //!    they reset) since step 1 makes the consumer read again.
 //!
 //! A commit that fails anyway is recorded against the cursor with
-//! [`failed`], so a consumer that keeps failing at one position shows as
-//! stuck instead of only in a log line.
+//! [`failed`].
 
-use crate::cursor::{self, ConsumerKind};
+use crate::counter::Counter;
+use crate::cursor::ConsumerKind;
 use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::lease::{self, Lease};
-use crate::store::{cursors, events};
+use crate::store::{counters, cursors, events};
 use crate::tx::Tx;
 
 /// Which consumer's cursor.
@@ -101,7 +101,27 @@ pub(crate) fn advance<T>(
 }
 
 /// A consumer's commit failed while its cursor stood at `position`:
-/// recorded against the cursor (see [`cursor::record_failure`]).
-pub(crate) fn failed(db: &Db, c: Consumer<'_>, position: i64, e: &Error) {
-    cursor::record_failure(db, (c.workspace, c.kind, c.name), position, e);
+/// logged, counted (`consumer_failures`) and recorded on the cursor, in a
+/// transaction of its own, so a consumer that keeps failing at one position
+/// shows as stuck ([`crate::CursorInfo::is_stuck`],
+/// `reflexr_stuck_consumers`) instead of only in a log line.
+pub(crate) fn failed(db: &Db, c: Consumer<'_>, position: i64, error: &Error) {
+    let (kind, name) = (c.kind.as_str(), c.name);
+    log::error!(
+        "{kind} {name} at seq {position} of {}: {error}; it tries again",
+        c.workspace
+    );
+    let text = error.to_string();
+    let recorded = db.write(|tx| -> Result<()> {
+        let now = tx.now_ms();
+        let n = cursors::record_failure(tx.conn(), c.workspace, kind, name, position, &text, now)?;
+        counters::bump(
+            tx.conn(),
+            Counter::ConsumerFailures,
+            usize::from(n.is_some()),
+        )
+    });
+    if let Err(e) = recorded {
+        log::error!("{kind} {name}: the failure could not be recorded: {e}");
+    }
 }

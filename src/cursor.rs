@@ -6,57 +6,30 @@
 
 use rusqlite::Connection;
 
-use crate::db::Db;
+use crate::audit::AuditAction;
 use crate::error::{Error, Result};
 use crate::names::{self, MAX_ID_BYTES};
 use crate::store::{audit, cursors, events, workspaces};
+use crate::words::text_enum;
 
-/// What kind of consumer a cursor belongs to. The kinds have separate name
-/// spaces: an application consumer called `mail` and a reaction called `mail`
-/// have separate cursors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ConsumerKind {
-    /// A consumer of the application's own ([`crate::Engine::save_cursor`]).
-    App,
-    /// A rule's evaluation cursor.
-    Rule,
-    /// A reaction's cursor.
-    Reaction,
-    /// A follower's cursor on its source workspace.
-    Follower,
-}
-
-impl ConsumerKind {
-    /// The kind as stored: `app`, `rule`, `reaction`, `follower`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConsumerKind::App => "app",
-            ConsumerKind::Rule => "rule",
-            ConsumerKind::Reaction => "reaction",
-            ConsumerKind::Follower => "follower",
-        }
-    }
-
-    /// The kind named by `s` (as [`ConsumerKind::as_str`] writes it).
-    pub fn parse(s: &str) -> Result<ConsumerKind> {
-        Ok(match s {
-            "app" => ConsumerKind::App,
-            "rule" => ConsumerKind::Rule,
-            "reaction" => ConsumerKind::Reaction,
-            "follower" => ConsumerKind::Follower,
-            other => {
-                return Err(Error::invalid(
-                    "consumer kind",
-                    format!("{other:?}; one of app, rule, reaction, follower"),
-                ));
-            }
-        })
+text_enum! {
+    /// What kind of consumer a cursor belongs to. The kinds have separate
+    /// name spaces: an application consumer called `mail` and a reaction
+    /// called `mail` have separate cursors.
+    pub enum ConsumerKind ("consumer kind") {
+        /// A consumer of the application's own ([`crate::Engine::save_cursor`]).
+        App = "app",
+        /// A rule's evaluation cursor.
+        Rule = "rule",
+        /// A reaction's cursor.
+        Reaction = "reaction",
+        /// A follower's cursor on its source workspace.
+        Follower = "follower",
     }
 }
 
 /// A cursor as an operator sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct CursorInfo {
     /// The workspace it reads.
@@ -91,7 +64,7 @@ impl CursorInfo {
 pub const STUCK_AFTER_FAILURES: i64 = 3;
 
 /// What an operator's reset did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Reset {
     /// Where the cursor was (None: it had never been saved).
@@ -173,7 +146,7 @@ pub(crate) fn reset(
         &audit::Entry {
             at: now,
             operator,
-            action: "reset_cursor",
+            action: AuditAction::ResetCursor,
             target: &format!("cursor {}/{name}@{workspace}", kind.as_str()),
             reason,
             detail: &detail,
@@ -182,49 +155,12 @@ pub(crate) fn reset(
     Ok(Reset { from, to: position })
 }
 
-/// Records, in a transaction of its own, that a consumer's commit failed
-/// while its cursor stood at `position`: logged, counted
-/// (`consumer_failures`) and kept on the cursor, so a consumer that keeps
-/// failing at one position shows as stuck ([`CursorInfo::is_stuck`],
-/// `reflexr_stuck_consumers`) instead of only in a log line.
-pub(crate) fn record_failure(
-    db: &Db,
-    (workspace, kind, name): (&str, ConsumerKind, &str),
-    position: i64,
-    error: &crate::Error,
-) {
-    log::error!(
-        "{} {name} at seq {position} of {workspace}: {error}; it tries again",
-        kind.as_str()
-    );
-    let text = error.to_string();
-    let recorded = db.write(|tx| -> Result<()> {
-        let now = tx.now_ms();
-        let n = cursors::record_failure(
-            tx.conn(),
-            workspace,
-            kind.as_str(),
-            name,
-            position,
-            &text,
-            now,
-        )?;
-        crate::store::counters::bump(tx.conn(), "consumer_failures", usize::from(n.is_some()))
-    });
-    if let Err(e) = recorded {
-        log::error!(
-            "{} {name}: the failure could not be recorded: {e}",
-            kind.as_str()
-        );
-    }
-}
-
 pub(crate) fn list(conn: &Connection) -> Result<Vec<CursorInfo>> {
     cursors::list(conn)?
         .into_iter()
         .map(|c| {
             Ok(CursorInfo {
-                kind: ConsumerKind::parse(&c.kind)?,
+                kind: c.kind.parse()?,
                 workspace: c.workspace,
                 name: c.name,
                 position: c.position,

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::counter::Counter;
 use crate::error::{Error, HandlerError, Result};
 use crate::event::Event;
 use crate::names;
@@ -149,8 +150,8 @@ impl Message {
     /// The props, decoded.
     pub fn props<T: DeserializeOwned>(&self) -> Result<T> {
         serde_json::from_str(&self.props).map_err(|e| Error::Decode {
-            seq: 0,
-            event_type: format!("props of delivery {}", self.id),
+            what: format!("props of delivery {}", self.id),
+            seq: None,
             message: e.to_string(),
         })
     }
@@ -259,6 +260,6 @@ fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<String> {
             dead: None,
         },
     )?;
-    counters::bump(tx.conn(), "deliveries", usize::from(new))?;
+    counters::bump(tx.conn(), Counter::Deliveries, usize::from(new))?;
     Ok(id)
 }

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 
 use crate::audit::AuditEntry;
-use crate::builder::EngineBuilder;
 use crate::changelog;
 use crate::cursor::{self, ConsumerKind, CursorInfo};
 use crate::dead_letter::DeadLetter;
@@ -77,17 +76,6 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Opens (creating it if missing) the reflexr file at `path` with the
-    /// defaults of [`EngineBuilder`].
-    pub fn open(path: impl AsRef<Path>) -> Result<Engine> {
-        Engine::builder(path).open()
-    }
-
-    /// A builder for opening `path` with other settings.
-    pub fn builder(path: impl AsRef<Path>) -> EngineBuilder {
-        EngineBuilder::new(path)
-    }
-
     pub(crate) fn from_context(cx: Context) -> Engine {
         let cx = Arc::new(cx);
         Engine {
@@ -449,8 +437,8 @@ impl Engine {
         let json = self.cx.db.read(|c| store::rules::state(c, rule, scope))?;
         json.map(|j| {
             serde_json::from_str(&j).map_err(|e| Error::Decode {
-                seq: 0,
-                event_type: format!("state of rule {rule}, scope {scope}"),
+                what: format!("state of rule {rule}, scope {scope}"),
+                seq: None,
                 message: e.to_string(),
             })
         })
@@ -552,10 +540,10 @@ impl Engine {
     /// Every scheduled job the file knows, with its next due time.
     pub fn schedules(&self) -> Result<Vec<ScheduleInfo>> {
         self.cx.db.read(|c| {
-            Ok(store::schedules::list(c)?
+            store::schedules::list(c)?
                 .into_iter()
-                .map(Into::into)
-                .collect())
+                .map(ScheduleInfo::from_row)
+                .collect()
         })
     }
 
@@ -620,7 +608,7 @@ impl Engine {
     /// counters, and this process's writer. See [`Stats`].
     pub fn stats(&self) -> Result<Stats> {
         let followers = self.followed()?;
-        stats::collect(&self.cx.db, &followers)
+        stats::collect(&self.cx.db, followers)
     }
 
     // ----- maintenance ------------------------------------------------------

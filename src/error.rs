@@ -109,12 +109,14 @@ pub enum Error {
         /// The generation the caller held.
         generation: i64,
     },
-    /// An event's payload could not be decoded into the requested type.
+    /// Stored JSON (an event's payload, a run's input or checkpoint, a
+    /// delivery's props, a rule's state) could not be decoded into the
+    /// requested type. What is stored is fine and stays readable as JSON.
     Decode {
-        /// The event's seq.
-        seq: i64,
-        /// The event's type.
-        event_type: String,
+        /// What was decoded, e.g. `payload of event 42 (order.placed)`.
+        what: String,
+        /// The event's seq, when it was an event's payload.
+        seq: Option<i64>,
         /// serde's message.
         message: String,
     },
@@ -348,14 +350,7 @@ impl fmt::Display for Error {
                 f,
                 "lease {name:?} lost: {holder:?} no longer holds generation {generation}"
             ),
-            Error::Decode {
-                seq,
-                event_type,
-                message,
-            } => write!(
-                f,
-                "cannot decode the payload of event {seq} ({event_type}): {message}"
-            ),
+            Error::Decode { what, message, .. } => write!(f, "cannot decode the {what}: {message}"),
             Error::Encode { message } => write!(f, "cannot encode as JSON: {message}"),
             Error::NotADatabase { path } if path.as_os_str().is_empty() => {
                 write!(f, "the database file is not an SQLite database")

@@ -48,13 +48,16 @@ use std::time::{Duration, Instant};
 
 use crate::changelog::{self, Origin};
 use crate::consumer::{self, Stand};
+use crate::counter::Counter;
 use crate::cursor::ConsumerKind;
 use crate::db::Db;
+use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, Result, panic_text};
 use crate::event::{Event, NewEvent};
 use crate::lease::Lease;
 use crate::names::MAX_SUBJECT_BYTES;
 use crate::rule::{Decision, Ordering, Rule};
+use crate::run::RunKind;
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::runs::{self, NewRun};
 use crate::store::{counters, cursors, events, rules};
@@ -131,7 +134,7 @@ struct Firing {
 struct Errored {
     event: usize,
     scope: Option<String>,
-    reason: &'static str,
+    reason: Reason,
     error: String,
 }
 
@@ -266,7 +269,7 @@ fn decide<'r>(
     max_json: usize,
 ) -> Result<Decided<'r>> {
     // Scopes of the events the rule watches, and their stored states.
-    let scopes: Vec<Option<std::result::Result<String, (&'static str, String)>>> = page
+    let scopes: Vec<Option<std::result::Result<String, (Reason, String)>>> = page
         .iter()
         .zip(parsed)
         .map(|(e, p)| {
@@ -275,10 +278,10 @@ fn decide<'r>(
                     .unwrap_or_else(|p| {
                         Err(format!("the scope function panicked: {}", panic_text(&*p)))
                     })
-                    .map_err(|why| ("missing_scope", why))?;
+                    .map_err(|why| (Reason::MissingScope, why))?;
                 if scope.len() > MAX_SUBJECT_BYTES {
                     return Err((
-                        "scope_too_long",
+                        Reason::ScopeTooLong,
                         format!(
                             "the scope is {} bytes, more than the limit of {MAX_SUBJECT_BYTES}",
                             scope.len()
@@ -365,7 +368,7 @@ fn decide<'r>(
             Err(why) => errors.push(Errored {
                 event: *i,
                 scope: Some(scope.clone()),
-                reason: "state_refused",
+                reason: Reason::StateRefused,
                 error: format!("the state cannot be stored, and stays as it was: {why}"),
             }),
         }
@@ -390,7 +393,7 @@ fn decide_one(
     decider: &dyn crate::rule::Decide,
     rule: &Rule,
     (i, event): (usize, &Event),
-    scope: &std::result::Result<String, (&'static str, String)>,
+    scope: &std::result::Result<String, (Reason, String)>,
     stored: &HashMap<String, String>,
     states: &mut HashMap<String, Box<dyn Any + Send>>,
     dirty: &mut HashMap<String, usize>,
@@ -404,7 +407,7 @@ fn decide_one(
             errors.push(Errored {
                 event: i,
                 scope: None,
-                reason,
+                reason: reason.clone(),
                 error: why.clone(),
             });
             return;
@@ -425,7 +428,7 @@ fn decide_one(
             Ok(s) => {
                 states.insert(scope.to_string(), s);
             }
-            Err(why) => return errors.push(error("state_unreadable", why)),
+            Err(why) => return errors.push(error(Reason::StateUnreadable, why)),
         }
     }
     let current = states.get_mut(scope).expect("loaded above");
@@ -440,7 +443,7 @@ fn decide_one(
                         Ok(()) => Some(text),
                         // The firing cannot be recorded: an error like any
                         // other, and the decision's state changes go too.
-                        Err(e) => return errors.push(error("input_refused", e.to_string())),
+                        Err(e) => return errors.push(error(Reason::InputRefused, e.to_string())),
                     }
                 }
             };
@@ -455,8 +458,8 @@ fn decide_one(
                 });
             }
         }
-        Ok(Err(e)) => errors.push(error("decision_error", e.to_string())),
-        Err(panic) => errors.push(error("decision_panic", panic_text(&*panic))),
+        Ok(Err(e)) => errors.push(error(Reason::DecisionError, e.to_string())),
+        Err(panic) => errors.push(error(Reason::DecisionPanic, panic_text(&*panic))),
     }
 }
 
@@ -490,7 +493,7 @@ fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event], lease: &Lease) -> Re
             Err(e) => refused.push(Errored {
                 event: f.event,
                 scope: Some(f.scope.clone()),
-                reason: "firing_refused",
+                reason: Reason::FiringRefused,
                 error: format!("the firing could not be recorded: {e}"),
             }),
         }
@@ -523,7 +526,7 @@ fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event], lease: &Lease) -> Re
         if !errored_at.contains(&i) && rule.types.contains(&event.event_type) {
             dead_letters::resolve_for_event(
                 tx.conn(),
-                "rule",
+                DeadLetterKind::Rule,
                 &rule.name,
                 &rule.workspace,
                 event.seq,
@@ -535,11 +538,11 @@ fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event], lease: &Lease) -> Re
         tx.mark_nudge();
     }
     let conn = tx.conn();
-    counters::bump(conn, "decisions", d.decided)?;
-    counters::bump(conn, "fired", done.fired)?;
-    counters::bump(conn, "errored", done.errored)?;
-    counters::bump(conn, "replay_existing", existing)?;
-    counters::bump(conn, "replay_kept", kept)?;
+    counters::bump(conn, Counter::Decisions, d.decided)?;
+    counters::bump(conn, Counter::Fired, done.fired)?;
+    counters::bump(conn, Counter::Errored, done.errored)?;
+    counters::bump(conn, Counter::ReplayExisting, existing)?;
+    counters::bump(conn, Counter::ReplayKept, kept)?;
     Ok(done)
 }
 
@@ -595,7 +598,7 @@ fn record_firing(
         conn,
         &NewRun {
             id: &f.id,
-            kind: "rule",
+            kind: RunKind::Rule.as_str(),
             action,
             workspace: Some(&rule.workspace),
             rule: Some(&rule.name),
@@ -616,13 +619,13 @@ fn record_firing(
         dead_letters::insert(
             conn,
             &NewDeadLetter {
-                kind: "run",
+                kind: DeadLetterKind::Run,
                 consumer: &rule.name,
                 workspace: Some(&rule.workspace),
                 event_seq: Some(event.seq),
                 event_id: Some(&event.id),
                 run_id: Some(&f.id),
-                reason: "depth_limit",
+                reason: Reason::DepthLimit,
                 error: why,
                 attempts: 0,
                 now,
@@ -658,13 +661,13 @@ fn record_error(tx: &mut Tx<'_>, rule: &Rule, e: &Errored, event: &Event) -> Res
     dead_letters::insert(
         tx.conn(),
         &NewDeadLetter {
-            kind: "rule",
+            kind: DeadLetterKind::Rule,
             consumer: &rule.name,
             workspace: Some(&rule.workspace),
             event_seq: Some(event.seq),
             event_id: Some(&event.id),
             run_id: None,
-            reason: e.reason,
+            reason: e.reason.clone(),
             error: &error,
             attempts: 1,
             now,

@@ -10,8 +10,9 @@ use crate::error::{Error, Result};
 /// refused with [`Error::ReservedType`].
 pub const RESERVED_TYPES: [&str; 2] = ["RuleFired", "RuleErrored"];
 
-/// An event as stored in the log (the envelope).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An event as stored in the log (the envelope). Serialises with its type
+/// as `type` and its payload as the JSON it holds.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Event {
     /// The file-wide position, assigned at append, strictly increasing in
@@ -22,6 +23,7 @@ pub struct Event {
     /// The workspace (log) the event belongs to.
     pub workspace: String,
     /// The event's type, registered for the workspace.
+    #[serde(rename = "type")]
     pub event_type: String,
     /// What the event is about (e.g. `session/42`).
     pub subject: String,
@@ -38,6 +40,7 @@ pub struct Event {
     /// How many causes deep the event is in a chain: 0 for an application's
     /// own event, one more than its cause otherwise.
     pub depth: i64,
+    #[serde(serialize_with = "crate::words::raw_json")]
     pub(crate) payload: String,
 }
 
@@ -49,8 +52,8 @@ impl Event {
     /// is fine and stays readable as JSON.
     pub fn payload<T: DeserializeOwned>(&self) -> Result<T> {
         serde_json::from_str(&self.payload).map_err(|e| Error::Decode {
-            seq: self.seq,
-            event_type: self.event_type.clone(),
+            what: format!("payload of event {} ({})", self.seq, self.event_type),
+            seq: Some(self.seq),
             message: e.to_string(),
         })
     }
@@ -155,7 +158,7 @@ impl NewEvent {
 }
 
 /// What an append did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Appended {
     /// The event's seq: the new one, or the existing event's when the id was

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::claims::Claims;
+use crate::counter::Counter;
 use crate::db::Db;
+use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, Result, panic_text};
 use crate::run::{self, Actions, Emitted, Run, RunContext};
 use crate::store::counters;
@@ -133,9 +135,9 @@ pub(crate) fn execute(
                 let now = tx.now_ms();
                 runs::release(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)?;
             }
-            counters::bump(tx.conn(), "runs_succeeded", round.succeeded)?;
-            counters::bump(tx.conn(), "runs_retried", round.retried)?;
-            counters::bump(tx.conn(), "runs_dead", round.dead)?;
+            counters::bump(tx.conn(), Counter::RunsSucceeded, round.succeeded)?;
+            counters::bump(tx.conn(), Counter::RunsRetried, round.retried)?;
+            counters::bump(tx.conn(), Counter::RunsDead, round.dead)?;
             // The next batch, in the same commit (it may include runs this
             // settlement just made ready).
             let next = if more { claim(tx)? } else { Vec::new() };
@@ -233,13 +235,13 @@ fn fail(tx: &mut Tx<'_>, run: &Run, error: &str) -> Result<Settled> {
     dead_letters::insert(
         conn,
         &NewDeadLetter {
-            kind: "run",
+            kind: DeadLetterKind::Run,
             consumer: run.rule.as_deref().unwrap_or(&run.action),
             workspace: run.workspace.as_deref(),
             event_seq: run.event_seq,
             event_id: run.event_id.as_deref(),
             run_id: Some(&run.id),
-            reason: "attempts_exhausted",
+            reason: Reason::AttemptsExhausted,
             error,
             attempts: attempt,
             now,

@@ -45,8 +45,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
 use crate::consumer::{self, Consumer};
+use crate::counter::Counter;
 use crate::cursor::ConsumerKind;
 use crate::db::Db;
+use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, HandlerError, Result, panic_text};
 use crate::event::{Event, NewEvent};
 use crate::lease::Lease;
@@ -146,7 +148,7 @@ impl Follow {
 }
 
 /// A follower as the ledger knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct FollowerInfo {
     /// Its name.
@@ -261,7 +263,7 @@ pub(crate) struct Relayed {
 /// What the projection said of one envelope.
 enum Item {
     Publish(NewEvent),
-    Dead(&'static str, String),
+    Dead(Reason, String),
     Skip,
 }
 
@@ -269,7 +271,7 @@ enum Item {
 enum Published {
     Ok,
     /// The envelope's fault: dead-letter it and move on.
-    Dead(&'static str, String),
+    Dead(Reason, String),
     /// Not the envelope's fault: stop.
     Stop(Error),
 }
@@ -277,9 +279,9 @@ enum Published {
 fn publish(tx: &mut Tx<'_>, target: &str, event: &NewEvent) -> Published {
     match tx.append(target, event) {
         Ok(_) => Published::Ok,
-        Err(e @ Error::ReservedType { .. }) => Published::Dead("reserved_type", e.to_string()),
+        Err(e @ Error::ReservedType { .. }) => Published::Dead(Reason::ReservedType, e.to_string()),
         Err(e @ (Error::Invalid { .. } | Error::Encode { .. })) => {
-            Published::Dead("invalid_event", e.to_string())
+            Published::Dead(Reason::InvalidEvent, e.to_string())
         }
         Err(e) => Published::Stop(e),
     }
@@ -316,8 +318,8 @@ pub(crate) fn step(
                 publishes += 1;
                 Item::Publish(e.id(event.id.clone()))
             }
-            Ok(Err(e)) => Item::Dead("projection_error", e.to_string()),
-            Err(p) => Item::Dead("projection_panic", panic_text(&*p)),
+            Ok(Err(e)) => Item::Dead(Reason::ProjectionError, e.to_string()),
+            Err(p) => Item::Dead(Reason::ProjectionPanic, panic_text(&*p)),
         };
         items.push((event, item));
     }
@@ -356,7 +358,7 @@ pub(crate) fn step(
             for (i, (event, item)) in items.iter().enumerate() {
                 let dead = match item {
                     Item::Skip => None,
-                    Item::Dead(reason, error) => Some((*reason, error.clone())),
+                    Item::Dead(reason, error) => Some((reason.clone(), error.clone())),
                     Item::Publish(e) => {
                         let result = match target {
                             None => publish(tx, &row.target, e),
@@ -383,7 +385,7 @@ pub(crate) fn step(
                     let new = dead_letters::insert(
                         tx.conn(),
                         &NewDeadLetter {
-                            kind: "follower",
+                            kind: DeadLetterKind::Follower,
                             consumer: &row.name,
                             workspace: Some(&row.source),
                             event_seq: Some(event.seq),
@@ -417,7 +419,11 @@ pub(crate) fn step(
             let kind = ConsumerKind::Follower.as_str();
             let n =
                 cursors::record_failure(tx.conn(), &row.source, kind, &row.name, *at, &error, now)?;
-            counters::bump(tx.conn(), "consumer_failures", usize::from(n.is_some()))?;
+            counters::bump(
+                tx.conn(),
+                Counter::ConsumerFailures,
+                usize::from(n.is_some()),
+            )?;
         }
         Ok(relayed)
     });

@@ -25,7 +25,7 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// A lease the caller holds (or held: check with [`crate::Engine::renew_lease`]
 /// or fence a write with it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Lease {
     /// The lease's name (e.g. `evaluator/shop`).
@@ -72,7 +72,7 @@ impl Lease {
 }
 
 /// A lease as an observer sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct LeaseInfo {
     /// The lease's name.

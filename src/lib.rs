@@ -45,11 +45,13 @@
 // Base: values and words, no I/O.
 mod audit;
 mod clock;
+mod counter;
 mod dead_letter;
 mod error;
 mod event;
 mod names;
 mod retry;
+mod words;
 // Store: every SQL statement, next to the table it touches.
 mod store;
 // Core: one open file, its writer and the operations every consumer uses.
@@ -85,12 +87,13 @@ mod builder;
 mod engine;
 mod operator;
 
-pub use audit::AuditEntry;
+pub use audit::{AuditAction, AuditEntry};
 pub use builder::EngineBuilder;
 pub use changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use counter::Counter;
 pub use cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
-pub use dead_letter::DeadLetter;
+pub use dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
 pub use delivery::{ChannelPolicy, Delivery, Message, SenderFn};
 pub use engine::Engine;
 pub use error::{Error, HandlerError, Result};
@@ -105,10 +108,10 @@ pub use prune::{Pruned, Retention};
 pub use reaction::{Reaction, ReactionFn};
 pub use retry::RetryPolicy;
 pub use rule::{Decision, OnDeadLetter, OnNewVersion, Ordering, Rule, Scope, ScopeFn, Start};
-pub use run::{ActionFn, Run, RunContext, RunInfo, RunState};
+pub use run::{ActionFn, Run, RunContext, RunInfo, RunKind, RunState};
 pub use runtime::Idle;
 pub use schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
-pub use stats::{CursorStat, FollowerStat, Stats, WriterStat};
+pub use stats::Stats;
 pub use store::conn::Synchronous;
 pub use store::schema::SCHEMA_VERSION;
 pub use tx::Tx;

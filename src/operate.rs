@@ -4,8 +4,9 @@
 
 use rusqlite::Connection;
 
+use crate::audit::AuditAction;
 use crate::cursor::ConsumerKind;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, Resolution};
 use crate::error::{Error, Result};
 use crate::names::{self, MAX_ID_BYTES};
 use crate::rule::{OnNewVersion, Rule, Start};
@@ -24,7 +25,7 @@ fn record(
     conn: &Connection,
     now: i64,
     operator: &str,
-    action: &str,
+    action: AuditAction,
     target: &str,
     reason: &str,
     detail: serde_json::Value,
@@ -43,7 +44,7 @@ fn record(
 }
 
 /// A rule as the file knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct RuleInfo {
     /// The rule's name.
@@ -52,7 +53,8 @@ pub struct RuleInfo {
     pub workspace: String,
     /// Its version.
     pub version: i64,
-    /// Its settings as registered, JSON.
+    /// Its settings as registered, JSON (serialised as the JSON it holds).
+    #[serde(serialize_with = "crate::words::raw_json")]
     pub definition: String,
     /// Its cursor.
     pub cursor: i64,
@@ -124,7 +126,7 @@ pub(crate) fn register_rule(conn: &Connection, now: i64, rule: &Rule) -> Result<
                         conn,
                         now,
                         "reflexr",
-                        "rule_version_reset_state",
+                        AuditAction::RuleVersionResetState,
                         &target,
                         "new version",
                         detail,
@@ -138,7 +140,7 @@ pub(crate) fn register_rule(conn: &Connection, now: i64, rule: &Rule) -> Result<
                         conn,
                         now,
                         "reflexr",
-                        "rule_version_replay",
+                        AuditAction::RuleVersionReplay,
                         &target,
                         "new version",
                         detail,
@@ -228,7 +230,7 @@ pub(crate) fn reset_rule(
         conn,
         now,
         operator,
-        "reset_rule",
+        AuditAction::ResetRule,
         &format!("rule {name}"),
         reason,
         serde_json::json!({ "cursor_from": from, "cursor_to": cursor, "states_cleared": cleared }),
@@ -251,7 +253,7 @@ pub(crate) fn delete_rule(
         conn,
         now,
         operator,
-        "delete_rule",
+        AuditAction::DeleteRule,
         &format!("rule {name}"),
         reason,
         serde_json::json!({ "states_cleared": cleared, "definition": rule.definition }),
@@ -285,13 +287,13 @@ pub(crate) fn retry_run(
     let row = dead_run(conn, id)?;
     runs::revive(conn, id, row.lane.as_deref(), now)?;
     if let Some(d) = dead_letters::open_for_run(conn, id)? {
-        dead_letters::resolve(conn, d.id, "retried", now)?;
+        dead_letters::resolve(conn, d.id, Resolution::Retried, now)?;
     }
     record(
         conn,
         now,
         operator,
-        "retry_run",
+        AuditAction::RetryRun,
         &format!("run {id}"),
         reason,
         serde_json::json!({ "attempts": row.attempt, "last_error": row.last_error }),
@@ -312,13 +314,13 @@ pub(crate) fn discard_run(
         runs::advance_lane(conn, lane, id, now)?;
     }
     if let Some(d) = dead_letters::open_for_run(conn, id)? {
-        dead_letters::resolve(conn, d.id, "discarded", now)?;
+        dead_letters::resolve(conn, d.id, Resolution::Discarded, now)?;
     }
     record(
         conn,
         now,
         operator,
-        "discard_run",
+        AuditAction::DiscardRun,
         &format!("run {id}"),
         reason,
         serde_json::json!({ "attempts": row.attempt, "last_error": row.last_error }),
@@ -347,7 +349,7 @@ pub(crate) fn unblock(
         conn,
         now,
         operator,
-        "unblock",
+        AuditAction::Unblock,
         &format!("scope {scope} of rule {rule}"),
         reason,
         serde_json::json!({ "dead_run": head }),
@@ -373,7 +375,7 @@ pub(crate) fn list_runs(
 pub(crate) fn run_counts(conn: &Connection) -> Result<Vec<(RunState, i64)>> {
     runs::counts(conn)?
         .into_iter()
-        .map(|(s, n)| Ok((RunState::parse(&s)?, n)))
+        .map(|(s, n)| Ok((s.parse::<RunState>()?, n)))
         .collect()
 }
 
@@ -431,12 +433,12 @@ pub(crate) fn discard_dead_letter(
     if let ("run", Some(run)) = (d.kind.as_str(), &d.run_id) {
         return discard_run(conn, now, run, operator, reason);
     }
-    dead_letters::resolve(conn, id, "discarded", now)?;
+    dead_letters::resolve(conn, id, Resolution::Discarded, now)?;
     record(
         conn,
         now,
         operator,
-        "discard_dead_letter",
+        AuditAction::DiscardDeadLetter,
         &format!("dead letter {id}"),
         reason,
         serde_json::json!({ "kind": d.kind, "consumer": d.consumer, "event_seq": d.event_seq }),
@@ -460,7 +462,7 @@ pub(crate) fn unfollow(
         conn,
         now,
         operator,
-        "unfollow",
+        AuditAction::Unfollow,
         &format!("follower {name}"),
         reason,
         serde_json::json!({ "source": row.source, "target": row.target, "cursor": cursor }),
@@ -485,7 +487,7 @@ pub(crate) fn restart_follower(
         conn,
         now,
         operator,
-        "restart_follower",
+        AuditAction::RestartFollower,
         &format!("follower {name}"),
         reason,
         serde_json::json!({}),

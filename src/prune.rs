@@ -62,7 +62,7 @@ impl Retention {
 }
 
 /// What a prune removed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Pruned {
     /// Events deleted.

@@ -22,8 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::consumer::{self, Consumer};
+use crate::counter::Counter;
 use crate::cursor::ConsumerKind;
 use crate::db::Db;
+use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, HandlerError, Result, panic_text};
 use crate::event::{Event, RESERVED_TYPES};
 use crate::lease::Lease;
@@ -170,14 +172,14 @@ pub(crate) fn register(conn: &rusqlite::Connection, now: i64, r: &Reaction) -> R
 
 /// Why a handler's event was dead-lettered.
 struct Failure {
-    reason: &'static str,
+    reason: Reason,
     error: String,
 }
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
         Failure {
-            reason: "handler_error",
+            reason: Reason::HandlerError,
             error: e.to_string(),
         }
     }
@@ -213,11 +215,11 @@ pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
                     match catch_unwind(AssertUnwindSafe(|| handler(event, tx))) {
                         Ok(Ok(())) => Ok(()),
                         Ok(Err(e)) => Err(Failure {
-                            reason: "handler_error",
+                            reason: Reason::HandlerError,
                             error: e.to_string(),
                         }),
                         Err(p) => Err(Failure {
-                            reason: "handler_panic",
+                            reason: Reason::HandlerPanic,
                             error: panic_text(&*p),
                         }),
                     }
@@ -228,7 +230,7 @@ pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
                     dead_letters::insert(
                         tx.conn(),
                         &NewDeadLetter {
-                            kind: "reaction",
+                            kind: DeadLetterKind::Reaction,
                             consumer: &r.name,
                             workspace: Some(&r.workspace),
                             event_seq: Some(event.seq),
@@ -243,8 +245,8 @@ pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
                 }
             }
             let last = last.expect("the page is not empty");
-            counters::bump(tx.conn(), "reacted", handled)?;
-            counters::bump(tx.conn(), "reaction_errors", failed)?;
+            counters::bump(tx.conn(), Counter::Reacted, handled)?;
+            counters::bump(tx.conn(), Counter::ReactionErrors, failed)?;
             Ok((page.iter().take_while(|e| e.seq <= last).count(), last))
         })
     });

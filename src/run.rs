@@ -7,7 +7,6 @@
 //! invariant 5).
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -20,6 +19,7 @@ use crate::error::{Error, HandlerError, Result};
 use crate::event::{Event, NewEvent, Query};
 use crate::store::runs::{self, RunRow};
 use crate::tx::Tx;
+use crate::words::text_enum;
 
 /// A run as its handler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,8 +76,8 @@ impl Run {
     /// The input the firing gave, decoded.
     pub fn input<T: DeserializeOwned>(&self) -> Result<T> {
         serde_json::from_str(&self.input).map_err(|e| Error::Decode {
-            seq: self.event_seq.unwrap_or(0),
-            event_type: format!("input of run {}", self.id),
+            what: format!("input of run {}", self.id),
+            seq: None,
             message: e.to_string(),
         })
     }
@@ -93,8 +93,8 @@ impl Run {
             .as_deref()
             .map(|c| {
                 serde_json::from_str(c).map_err(|e| Error::Decode {
-                    seq: self.event_seq.unwrap_or(0),
-                    event_type: format!("checkpoint of run {}", self.id),
+                    what: format!("checkpoint of run {}", self.id),
+                    seq: None,
                     message: e.to_string(),
                 })
             })
@@ -102,72 +102,44 @@ impl Run {
     }
 }
 
-/// The state of a run in the work queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RunState {
-    /// Behind an earlier run of its rule and scope.
-    Waiting,
-    /// Claimable once due (a retry waits here for its backoff).
-    Ready,
-    /// Claimed by an executor.
-    Running,
-    /// Done.
-    Succeeded,
-    /// Given up on; see its dead letter.
-    Dead,
-    /// An operator dropped it after it died.
-    Discarded,
-}
-
-impl RunState {
-    /// The state as stored.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Waiting => "waiting",
-            RunState::Ready => "ready",
-            RunState::Running => "running",
-            RunState::Succeeded => "succeeded",
-            RunState::Dead => "dead",
-            RunState::Discarded => "discarded",
-        }
-    }
-
-    /// The state named `s`.
-    pub fn parse(s: &str) -> Result<RunState> {
-        Ok(match s {
-            "waiting" => RunState::Waiting,
-            "ready" => RunState::Ready,
-            "running" => RunState::Running,
-            "succeeded" => RunState::Succeeded,
-            "dead" => RunState::Dead,
-            "discarded" => RunState::Discarded,
-            other => {
-                return Err(Error::invalid(
-                    "run state",
-                    format!(
-                        "{other:?}; one of waiting, ready, running, succeeded, dead, discarded"
-                    ),
-                ));
-            }
-        })
+text_enum! {
+    /// The state of a run in the work queue.
+    pub enum RunState ("run state") {
+        /// Behind an earlier run of its rule and scope.
+        Waiting = "waiting",
+        /// Claimable once due (a retry waits here for its backoff).
+        Ready = "ready",
+        /// Claimed by an executor.
+        Running = "running",
+        /// Done.
+        Succeeded = "succeeded",
+        /// Given up on; see its dead letter.
+        Dead = "dead",
+        /// An operator dropped it after it died.
+        Discarded = "discarded",
     }
 }
 
-impl fmt::Display for RunState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+text_enum! {
+    /// What made a run.
+    pub enum RunKind ("run kind") {
+        /// A rule's firing.
+        Rule = "rule",
+        /// A delivery on a channel.
+        Delivery = "delivery",
+        /// A scheduled job's occurrence.
+        Job = "job",
     }
 }
 
 /// A run as an operator sees it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct RunInfo {
     /// The run id.
     pub id: String,
-    /// `rule`, `delivery` or `job`.
-    pub kind: String,
+    /// What made it.
+    pub kind: RunKind,
     /// The action.
     pub action: String,
     /// The rule that fired it.
@@ -192,7 +164,8 @@ pub struct RunInfo {
     pub last_error: Option<String>,
     /// The seq of the event that fired it.
     pub event_seq: Option<i64>,
-    /// Its input, as JSON text.
+    /// Its input, as JSON text (serialised as the JSON it holds).
+    #[serde(serialize_with = "crate::words::raw_json")]
     pub input: String,
     /// When it was created.
     pub created_at: i64,
@@ -205,9 +178,9 @@ pub struct RunInfo {
 impl RunInfo {
     pub(crate) fn from_row(r: RunRow) -> Result<RunInfo> {
         Ok(RunInfo {
-            state: RunState::parse(&r.state)?,
+            state: r.state.parse()?,
+            kind: r.kind.parse()?,
             id: r.id,
-            kind: r.kind,
             action: r.action,
             rule: r.rule,
             workspace: r.workspace,

@@ -138,7 +138,7 @@ impl Context {
 }
 
 /// What [`crate::Engine::run_until_idle`] did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Idle {
     /// Events the rules moved past.

@@ -24,6 +24,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::counter::Counter;
 use crate::db::Db;
 use crate::error::{Error, HandlerError, Result};
 use crate::lease::{self, Lease};
@@ -32,45 +33,32 @@ use crate::retry::RetryPolicy;
 use crate::run::{Run, RunContext};
 use crate::store::runs::{self, NewRun};
 use crate::store::schedules::{self, ScheduleRow};
+use crate::words::text_enum;
 
-/// What a job promises about each occurrence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Guarantee {
-    /// Run until it succeeds (or its retries are spent): a crash repeats it.
-    /// The default.
-    #[default]
-    AtLeastOnce,
-    /// One attempt, never repeated: a crash loses it.
-    AtMostOnce,
-}
-
-impl Guarantee {
-    fn as_str(self) -> &'static str {
-        match self {
-            Guarantee::AtLeastOnce => "at_least_once",
-            Guarantee::AtMostOnce => "at_most_once",
-        }
+text_enum! {
+    /// What a job promises about each occurrence.
+    #[derive(Default)]
+    pub enum Guarantee ("guarantee") {
+        /// Run until it succeeds (or its retries are spent): a crash repeats
+        /// it. The default.
+        #[default]
+        AtLeastOnce = "at_least_once",
+        /// One attempt, never repeated: a crash loses it.
+        AtMostOnce = "at_most_once",
     }
 }
 
-/// What happens to occurrences that fell due while no process ran the loop
-/// (more than one due at once).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Missed {
-    /// Run one occurrence for all of them (for the latest), then carry on.
-    /// The default.
-    #[default]
-    RunOnce,
-    /// Run none of them; carry on from the next due time.
-    Skip,
-}
-
-impl Missed {
-    fn as_str(self) -> &'static str {
-        match self {
-            Missed::RunOnce => "run_once",
-            Missed::Skip => "skip",
-        }
+text_enum! {
+    /// What happens to occurrences that fell due while no process ran the
+    /// loop (more than one due at once).
+    #[derive(Default)]
+    pub enum Missed ("missed") {
+        /// Run one occurrence for all of them (for the latest), then carry
+        /// on. The default.
+        #[default]
+        RunOnce = "run_once",
+        /// Run none of them; carry on from the next due time.
+        Skip = "skip",
     }
 }
 
@@ -405,7 +393,7 @@ pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
                     dead: None,
                 },
             )?;
-            crate::store::counters::bump(tx.conn(), "occurrences", usize::from(new))?;
+            crate::store::counters::bump(tx.conn(), Counter::Occurrences, usize::from(new))?;
             tx.mark_nudge();
         }
         Ok(true)
@@ -413,33 +401,33 @@ pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
 }
 
 /// A schedule as operators see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct ScheduleInfo {
     /// The job.
     pub name: String,
     /// `every <ms>ms`, `cron <expression>` or `off`.
     pub spec: String,
-    /// `at_least_once` or `at_most_once`.
-    pub guarantee: String,
-    /// `run_once` or `skip`.
-    pub missed: String,
+    /// What it promises about each occurrence.
+    pub guarantee: Guarantee,
+    /// What it does with occurrences missed during downtime.
+    pub missed: Missed,
     /// When it is next due (None: off).
     pub next_due_at: Option<i64>,
     /// When its last occurrence was due.
     pub last_due_at: Option<i64>,
 }
 
-impl From<ScheduleRow> for ScheduleInfo {
-    fn from(r: ScheduleRow) -> ScheduleInfo {
-        ScheduleInfo {
+impl ScheduleInfo {
+    pub(crate) fn from_row(r: ScheduleRow) -> Result<ScheduleInfo> {
+        Ok(ScheduleInfo {
+            guarantee: r.guarantee.parse()?,
+            missed: r.missed.parse()?,
             name: r.name,
             spec: r.spec,
-            guarantee: r.guarantee,
-            missed: r.missed,
             next_due_at: r.next_due_at,
             last_due_at: r.last_due_at,
-        }
+        })
     }
 }
 

@@ -78,14 +78,14 @@ impl<'a> Tx<'a> {
     /// Runs `f` in a savepoint of its own inside this transaction: if `f`
     /// fails, only its writes are rolled back. For the engine's batches that
     /// commit several independent units together.
-    pub(crate) fn nested<T, E: From<crate::Error>>(
+    pub(crate) fn nested<T, E: From<crate::error::Error>>(
         &mut self,
         f: impl FnOnce(&mut Tx<'a>) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
         let (conn, guard) = (self.conn, self.guard);
         // A SAVEPOINT outside a transaction would begin a new one: if SQLite
         // ended the engine's (an I/O error), stop here.
-        let gone = || crate::Error::TransactionAborted {
+        let gone = || crate::error::Error::TransactionAborted {
             detail: "SQLite rolled the transaction back (an I/O error, or a full disk \
                      mid-statement)"
                 .into(),

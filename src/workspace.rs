@@ -8,7 +8,7 @@ use crate::names;
 use crate::store::workspaces;
 
 /// A workspace as listed by [`crate::Engine::workspaces`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct WorkspaceInfo {
     /// Its name.

@@ -353,7 +353,7 @@ fn reset_cursor_asks_first_unless_told_yes() {
         .audit_log(10)
         .unwrap()
         .into_iter()
-        .filter(|a| a.action == "reset_cursor")
+        .filter(|a| a.action.as_str() == "reset_cursor")
         .count();
     assert_eq!(resets, 2);
     let out = cli(

@@ -135,7 +135,7 @@ fn an_operator_reset_moves_a_cursor_back_and_is_recorded() {
     let log = engine.audit_log(10).unwrap();
     assert_eq!(log.len(), 1);
     let entry = &log[0];
-    assert_eq!(entry.action, "reset_cursor");
+    assert_eq!(entry.action.as_str(), "reset_cursor");
     assert_eq!(entry.operator, "ops@example");
     assert_eq!(entry.reason, "replay after fix");
     assert_eq!(entry.target, "cursor app/mailer@app");

@@ -358,7 +358,7 @@ fn the_same_projection_bridges_the_applications_events_and_skips_the_engines_own
         .dead_letters(false, 10)
         .unwrap()
         .into_iter()
-        .filter(|d| d.kind == "follower")
+        .filter(|d| d.kind.as_str() == "follower")
         .collect();
     assert!(dead.is_empty(), "{dead:?}");
     let f = &e.followed().unwrap()[0];

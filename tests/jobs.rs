@@ -210,7 +210,7 @@ fn a_change_reaches_every_rsvp_through_one_drain_of_the_whole_loop() {
     assert!(
         deliveries
             .iter()
-            .all(|r| r.kind == "delivery" && r.event_seq == Some(1))
+            .all(|r| r.kind == reflexr::RunKind::Delivery && r.event_seq == Some(1))
     );
 }
 

@@ -412,7 +412,7 @@ fn reads_page_by_seq_filter_by_type_and_decode_payloads() {
         "recorded by the engine's clock"
     );
     let err = e.payload::<Vec<u8>>().unwrap_err();
-    assert!(matches!(err, Error::Decode { seq: 1, .. }), "{err}");
+    assert!(matches!(err, Error::Decode { seq: Some(1), .. }), "{err}");
 
     for bad in [
         Query::new("app").limit(0),

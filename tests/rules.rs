@@ -331,7 +331,7 @@ fn a_failing_rule_does_not_hold_back_another() {
         let mut v: Vec<String> = letters
             .iter()
             .filter(|d| d.consumer == consumer)
-            .map(|d| d.reason.clone())
+            .map(|d| d.reason.to_string())
             .collect();
         v.sort();
         v.dedup();
@@ -470,7 +470,7 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record() {
     assert_eq!(e.run_until_idle().unwrap().fired, 1);
     let audit = e.audit_log(10).unwrap();
     assert_eq!(audit.len(), 2);
-    assert!(audit.iter().all(|a| a.action == "reset_rule"));
+    assert!(audit.iter().all(|a| a.action.as_str() == "reset_rule"));
     let err = e
         .operator("ops", "typo")
         .reset_rule("tenth", RuleReset::Cursor(10_000))
@@ -505,8 +505,8 @@ fn firing_and_run_ids(e: &Engine) -> (Vec<String>, Vec<String>) {
     (fired, runs)
 }
 
-fn counter(e: &Engine, name: &str) -> i64 {
-    e.stats().unwrap().counters.get(name).copied().unwrap_or(0)
+fn counter(e: &Engine, c: reflexr::Counter) -> i64 {
+    e.stats().unwrap().counter(c)
 }
 
 #[test]
@@ -536,7 +536,7 @@ fn a_replay_from_zero_derives_the_same_firing_ids_and_makes_nothing_twice() {
         before,
         "the same N firings, the same ids"
     );
-    assert_eq!(counter(&e, "replay_existing"), 12);
+    assert_eq!(counter(&e, reflexr::Counter::ReplayExisting), 12);
     assert_eq!(fired(&e), expected(&e, "tenth", 10), "each once");
 }
 
@@ -563,8 +563,12 @@ fn a_replay_after_a_fix_that_fires_more_adds_only_the_new_firings_and_keeps_the_
         .unwrap();
     let idle = e.run_until_idle().unwrap();
     assert_eq!((idle.decided, idle.fired), (30, 6), "only the new ones");
-    assert_eq!(counter(&e, "replay_existing"), 1, "the 20th");
-    assert_eq!(counter(&e, "replay_kept"), 2, "the 10th and the 30th");
+    assert_eq!(counter(&e, reflexr::Counter::ReplayExisting), 1, "the 20th");
+    assert_eq!(
+        counter(&e, reflexr::Counter::ReplayKept),
+        2,
+        "the 10th and the 30th"
+    );
     let (fired_now, runs_now) = firing_and_run_ids(&e);
     assert_eq!((fired_now.len(), runs_now.len()), (9, 9));
     assert!(old_fired.iter().all(|id| fired_now.contains(id)));
@@ -621,7 +625,7 @@ fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles
         "decided without error now: the dead letter is settled"
     );
     let all = e.dead_letters(true, 10).unwrap();
-    assert_eq!(all[0].resolution.as_deref(), Some("retried"));
+    assert_eq!(all[0].resolution, Some(reflexr::Resolution::Retried));
 }
 
 #[test]
@@ -727,7 +731,7 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on() {
                 "{}",
                 d.error.len()
             );
-            (d.reason, d.error.chars().take(40).collect())
+            (d.reason.to_string(), d.error.chars().take(40).collect())
         })
         .collect();
     reasons.sort();
@@ -783,8 +787,10 @@ fn a_rule_whose_commit_keeps_failing_shows_as_stuck_until_it_moves() {
     );
     assert_eq!(count(&e, "SELECT count(*) FROM reflexr_stuck_consumers"), 1);
     assert_eq!(
-        e.stats().unwrap().counters.get("consumer_failures"),
-        Some(&3)
+        e.stats()
+            .unwrap()
+            .counter(reflexr::Counter::ConsumerFailures),
+        3
     );
 
     e.write(|tx| tx.execute("DROP TRIGGER no_rule_moves", []).map(|_| ()))

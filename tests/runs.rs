@@ -133,10 +133,12 @@ fn exhausted_retries_dead_letter_the_run_with_the_error_text() {
     assert_eq!(only_run(&e).state, RunState::Ready);
     assert!(e.dead_letters(false, 10).unwrap().is_empty());
     assert_eq!(
-        e.dead_letters(true, 10).unwrap()[0].resolution.as_deref(),
+        e.dead_letters(true, 10).unwrap()[0]
+            .resolution
+            .map(|r| r.as_str()),
         Some("retried")
     );
-    assert_eq!(e.audit_log(1).unwrap()[0].action, "retry_run");
+    assert_eq!(e.audit_log(1).unwrap()[0].action.as_str(), "retry_run");
     e.run_until_idle().unwrap();
     assert_eq!(only_run(&e).attempt, 1, "attempts start again");
 }
@@ -318,7 +320,7 @@ fn block_holds_the_scope_until_an_operator_unblocks_it() {
         .audit_log(10)
         .unwrap()
         .into_iter()
-        .map(|a| a.action)
+        .map(|a| a.action.to_string())
         .collect();
     assert_eq!(actions, ["discard_run", "unblock"]);
 }
@@ -643,7 +645,7 @@ fn a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter() {
     );
     let letters = e.dead_letters(false, 10).unwrap();
     assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].reason, "depth_limit");
+    assert_eq!(letters[0].reason.as_str(), "depth_limit");
     assert_eq!(letters[0].event_seq, Some(pings[3].seq));
 }
 
@@ -685,7 +687,9 @@ fn operators_list_runs_by_state_and_only_dead_runs_are_retried_or_discarded() {
         .unwrap();
     assert_eq!(e.run(&dead.id).unwrap().unwrap().state, RunState::Discarded);
     assert_eq!(
-        e.dead_letters(true, 10).unwrap()[0].resolution.as_deref(),
+        e.dead_letters(true, 10).unwrap()[0]
+            .resolution
+            .map(|r| r.as_str()),
         Some("discarded")
     );
 }

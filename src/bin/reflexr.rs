@@ -222,8 +222,7 @@ fn run(cli: &Cli) -> Fallible {
                 .after(*after)
                 .types(types)
                 .limit(*limit);
-            print_events(&engine.read(&q)?, cli.json);
-            Ok(())
+            print_events(&engine.read(&q)?, cli.json)
         }
         Command::Tail {
             workspace,
@@ -232,7 +231,7 @@ fn run(cli: &Cli) -> Fallible {
             count,
         } => tail(&engine, workspace, types, *from_start, *count, cli.json),
         Command::Runs { state, limit } => {
-            let state = state.as_deref().map(RunState::parse).transpose()?;
+            let state = state.as_deref().map(str::parse::<RunState>).transpose()?;
             runs(&engine, state, *limit, cli.json)
         }
         Command::DeadLetters { all, limit } => dead_letters(&engine, *all, *limit, cli.json),
@@ -298,7 +297,7 @@ fn run(cli: &Cli) -> Fallible {
                     stats.events_appended.to_string(),
                 ]);
                 for (k, v) in &stats.counters {
-                    t.add_row(vec![k.clone(), v.to_string()]);
+                    t.add_row(vec![k.to_string(), v.to_string()]);
                 }
                 for (k, v) in &stats.runs {
                     t.add_row(vec![format!("runs {k}"), v.to_string()]);
@@ -355,28 +354,15 @@ fn done(json: bool, what: &str) -> Fallible {
     Ok(())
 }
 
-fn event_json(e: &Event) -> serde_json::Value {
-    json!({
-        "seq": e.seq,
-        "id": e.id,
-        "workspace": e.workspace,
-        "type": e.event_type,
-        "subject": e.subject,
-        "actor": e.actor,
-        "occurred_at": e.occurred_at,
-        "recorded_at": e.recorded_at,
-        "causation_id": e.causation_id,
-        "correlation_id": e.correlation_id,
-        "depth": e.depth,
-        "payload": e.payload_value().unwrap_or(serde_json::Value::Null),
-    })
+/// Prints `value` as indented JSON.
+fn print_json(value: &impl serde::Serialize) -> Fallible {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
 }
 
-fn print_events(events: &[Event], json: bool) {
+fn print_events(events: &[Event], json: bool) -> Fallible {
     if json {
-        let all: Vec<_> = events.iter().map(event_json).collect();
-        println!("{}", serde_json::Value::Array(all));
-        return;
+        return print_json(&events);
     }
     let mut t = table(&["seq", "type", "subject", "actor", "recorded", "payload"]);
     for e in events {
@@ -390,6 +376,7 @@ fn print_events(events: &[Event], json: bool) {
         ]);
     }
     println!("{t}");
+    Ok(())
 }
 
 fn tail(
@@ -411,7 +398,7 @@ fn tail(
         for e in engine.wait_for_events(&q, Duration::from_secs(1))? {
             after = e.seq;
             if json {
-                writeln!(out, "{}", event_json(&e))?;
+                writeln!(out, "{}", serde_json::to_string(&e)?)?;
             } else {
                 writeln!(
                     out,
@@ -440,27 +427,20 @@ fn status(engine: &Engine, json: bool) -> Fallible {
     let stats = engine.stats()?;
     let now = engine.now_ms();
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({
-                "workspaces": workspaces.iter().map(|w| json!({
-                    "name": w.name, "event_types": w.event_types, "created_at": w.created_at,
-                })).collect::<Vec<_>>(),
-                "consumers": cursors.iter().map(|c| json!({
-                    "workspace": c.workspace, "kind": c.kind.as_str(), "name": c.name,
-                    "position": c.position, "lag": c.lag, "updated_at": c.updated_at,
-                    "failures": c.failures, "last_error": c.last_error, "stuck": c.is_stuck(),
-                })).collect::<Vec<_>>(),
-                "leases": leases.iter().map(|l| json!({
-                    "name": l.name, "holder": l.holder, "generation": l.generation,
-                    "expires_at": l.expires_at, "state": lease_state(l.expires_at, now),
-                })).collect::<Vec<_>>(),
-                "runs": runs.iter().map(|(s, n)| (s.as_str().to_string(), json!(n)))
-                    .collect::<serde_json::Map<_, _>>(),
-                "dead_letters": stats.dead_letters,
-            }))?
-        );
-        return Ok(());
+        let mut leases_json = Vec::new();
+        for l in &leases {
+            let mut v = serde_json::to_value(l)?;
+            v["state"] = json!(lease_state(l.expires_at, now));
+            leases_json.push(v);
+        }
+        return print_json(&json!({
+            "workspaces": workspaces,
+            "consumers": cursors,
+            "stuck": cursors.iter().filter(|c| c.is_stuck()).collect::<Vec<_>>(),
+            "leases": leases_json,
+            "runs": stats.runs,
+            "dead_letters": stats.dead_letters,
+        }));
     }
     println!("workspaces");
     let mut t = table(&["name", "types"]);
@@ -529,7 +509,7 @@ fn status(engine: &Engine, json: bool) -> Fallible {
     println!("dead letters (open)");
     let mut t = table(&["kind", "open"]);
     for (k, n) in &stats.dead_letters {
-        t.add_row(vec![k.clone(), n.to_string()]);
+        t.add_row(vec![k.to_string(), n.to_string()]);
     }
     println!("{t}");
     Ok(())
@@ -547,21 +527,7 @@ fn lease_state(expires_at: i64, now: i64) -> &'static str {
 fn runs(engine: &Engine, state: Option<RunState>, limit: usize, json: bool) -> Fallible {
     let runs = engine.runs(state, limit)?;
     if json {
-        let all: Vec<_> = runs
-            .iter()
-            .map(|r| {
-                json!({
-                    "id": r.id, "kind": r.kind, "action": r.action, "rule": r.rule,
-                    "workspace": r.workspace, "scope": r.scope, "state": r.state.as_str(),
-                    "attempt": r.attempt, "max_attempts": r.max_attempts, "due_at": r.due_at,
-                    "claimed_by": r.claimed_by, "last_error": r.last_error,
-                    "event_seq": r.event_seq, "created_at": r.created_at,
-                    "finished_at": r.finished_at,
-                })
-            })
-            .collect();
-        println!("{}", serde_json::Value::Array(all));
-        return Ok(());
+        return print_json(&runs);
     }
     let mut t = table(&[
         "id",
@@ -590,20 +556,7 @@ fn runs(engine: &Engine, state: Option<RunState>, limit: usize, json: bool) -> F
 fn dead_letters(engine: &Engine, all: bool, limit: usize, json: bool) -> Fallible {
     let letters = engine.dead_letters(all, limit)?;
     if json {
-        let all: Vec<_> = letters
-            .iter()
-            .map(|d| {
-                json!({
-                    "id": d.id, "kind": d.kind, "consumer": d.consumer, "workspace": d.workspace,
-                    "event_seq": d.event_seq, "event_id": d.event_id, "run_id": d.run_id,
-                    "reason": d.reason, "error": d.error, "attempts": d.attempts,
-                    "created_at": d.created_at, "resolved_at": d.resolved_at,
-                    "resolution": d.resolution,
-                })
-            })
-            .collect();
-        println!("{}", serde_json::Value::Array(all));
-        return Ok(());
+        return print_json(&letters);
     }
     let mut t = table(&[
         "id", "kind", "consumer", "seq", "run", "reason", "error", "when", "resolved",
@@ -611,16 +564,16 @@ fn dead_letters(engine: &Engine, all: bool, limit: usize, json: bool) -> Fallibl
     for d in &letters {
         t.add_row(vec![
             d.id.to_string(),
-            d.kind.clone(),
+            d.kind.to_string(),
             d.consumer.clone(),
             d.event_seq.map(|s| s.to_string()).unwrap_or_default(),
             d.run_id.clone().unwrap_or_default(),
-            d.reason.clone(),
+            d.reason.to_string(),
             d.error.clone(),
             time(d.created_at),
             d.resolution
-                .clone()
-                .unwrap_or_else(|| opt_time(d.resolved_at)),
+                .map(|r| format!("{r} {}", opt_time(d.resolved_at)))
+                .unwrap_or_default(),
         ]);
     }
     println!("{t}");
@@ -638,7 +591,7 @@ fn reset_cursor(
     who: &Who,
     json: bool,
 ) -> Fallible {
-    let kind = ConsumerKind::parse(kind)?;
+    let kind: ConsumerKind = kind.parse()?;
     let current = engine
         .cursors()?
         .into_iter()

@@ -2,14 +2,14 @@
 
 use rusqlite::{Connection, params};
 
-use crate::audit::AuditEntry;
+use crate::audit::{AuditAction, AuditEntry};
 use crate::error::Result;
 
 /// One operator action to record.
 pub(crate) struct Entry<'a> {
     pub at: i64,
     pub operator: &'a str,
-    pub action: &'a str,
+    pub action: AuditAction,
     pub target: &'a str,
     pub reason: &'a str,
     /// JSON text.
@@ -22,7 +22,12 @@ pub(crate) fn record(conn: &Connection, e: &Entry<'_>) -> Result<()> {
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
     .execute(params![
-        e.at, e.operator, e.action, e.target, e.reason, e.detail
+        e.at,
+        e.operator,
+        e.action.as_str(),
+        e.target,
+        e.reason,
+        e.detail
     ])?;
     Ok(())
 }
@@ -38,7 +43,7 @@ pub(crate) fn recent(conn: &Connection, limit: i64) -> Result<Vec<AuditEntry>> {
             Ok(AuditEntry {
                 at: r.get(0)?,
                 operator: r.get(1)?,
-                action: r.get(2)?,
+                action: AuditAction::from_stored(&r.get::<_, String>(2)?),
                 target: r.get(3)?,
                 reason: r.get(4)?,
                 detail: r.get(5)?,

@@ -2,11 +2,12 @@
 
 use rusqlite::{Connection, params};
 
+use crate::counter::Counter;
 use crate::error::Result;
 
 /// Adds `by` to the counter `name` (created at 0), in the caller's
 /// transaction. Does nothing for 0.
-pub(crate) fn bump(conn: &Connection, name: &str, by: usize) -> Result<()> {
+pub(crate) fn bump(conn: &Connection, name: Counter, by: usize) -> Result<()> {
     if by == 0 {
         return Ok(());
     }
@@ -14,15 +15,18 @@ pub(crate) fn bump(conn: &Connection, name: &str, by: usize) -> Result<()> {
         "INSERT INTO reflexr_counters (name, value) VALUES (?1, ?2) \
          ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
     )?
-    .execute(params![name, by as i64])?;
+    .execute(params![name.as_str(), by as i64])?;
     Ok(())
 }
 
-/// Every counter, by name.
-pub(crate) fn all(conn: &Connection) -> Result<Vec<(String, i64)>> {
+/// Every counter this version knows (another version's are left out).
+pub(crate) fn all(conn: &Connection) -> Result<Vec<(Counter, i64)>> {
     let mut stmt = conn.prepare_cached("SELECT name, value FROM reflexr_counters ORDER BY name")?;
-    let rows = stmt
+    let rows: Vec<(String, i64)> = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
-    Ok(rows)
+    Ok(rows
+        .into_iter()
+        .filter_map(|(name, v)| Some((name.parse().ok()?, v)))
+        .collect())
 }

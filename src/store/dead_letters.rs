@@ -2,18 +2,18 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
 use crate::error::Result;
 
 /// A dead letter to record.
 pub(crate) struct NewDeadLetter<'a> {
-    pub kind: &'a str,
+    pub kind: DeadLetterKind,
     pub consumer: &'a str,
     pub workspace: Option<&'a str>,
     pub event_seq: Option<i64>,
     pub event_id: Option<&'a str>,
     pub run_id: Option<&'a str>,
-    pub reason: &'a str,
+    pub reason: Reason,
     pub error: &'a str,
     pub attempts: i64,
     pub now: i64,
@@ -39,13 +39,13 @@ pub(crate) fn insert(conn: &Connection, d: &NewDeadLetter<'_>) -> Result<bool> {
              ON CONFLICT DO NOTHING",
         )?
         .execute(params![
-            d.kind,
+            d.kind.as_str(),
             d.consumer,
             d.workspace,
             d.event_seq,
             d.event_id,
             d.run_id,
-            d.reason,
+            d.reason.as_str(),
             crate::names::clip_error(d.error),
             d.attempts,
             d.now
@@ -56,21 +56,43 @@ pub(crate) fn insert(conn: &Connection, d: &NewDeadLetter<'_>) -> Result<bool> {
 const COLUMNS: &str = "id, kind, consumer, workspace, event_seq, event_id, run_id, reason, \
                        error, attempts, created_at, resolved_at, resolution";
 
+/// A text column holding one of `T`'s values.
+fn parsed<T: std::str::FromStr>(r: &Row<'_>, i: usize) -> rusqlite::Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    let text: String = r.get(i)?;
+    text.parse().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
 fn from_row(r: &Row<'_>) -> rusqlite::Result<DeadLetter> {
     Ok(DeadLetter {
         id: r.get(0)?,
-        kind: r.get(1)?,
+        kind: parsed(r, 1)?,
         consumer: r.get(2)?,
         workspace: r.get(3)?,
         event_seq: r.get(4)?,
         event_id: r.get(5)?,
         run_id: r.get(6)?,
-        reason: r.get(7)?,
+        reason: Reason::from_stored(&r.get::<_, String>(7)?),
         error: r.get(8)?,
         attempts: r.get(9)?,
         created_at: r.get(10)?,
         resolved_at: r.get(11)?,
-        resolution: r.get(12)?,
+        resolution: r
+            .get::<_, Option<String>>(12)?
+            .map(|t| {
+                t.parse::<Resolution>().map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        12,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
+                    )
+                })
+            })
+            .transpose()?,
     })
 }
 
@@ -113,13 +135,18 @@ pub(crate) fn open_for_run(conn: &Connection, run_id: &str) -> Result<Option<Dea
 }
 
 /// Marks an open dead letter resolved; false if it was not open.
-pub(crate) fn resolve(conn: &Connection, id: i64, resolution: &str, now: i64) -> Result<bool> {
+pub(crate) fn resolve(
+    conn: &Connection,
+    id: i64,
+    resolution: Resolution,
+    now: i64,
+) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "UPDATE reflexr_dead_letters SET resolved_at = ?2, resolution = ?3 \
              WHERE id = ?1 AND resolved_at IS NULL",
         )?
-        .execute(params![id, now, resolution])?
+        .execute(params![id, now, resolution.as_str()])?
         == 1)
 }
 
@@ -127,7 +154,7 @@ pub(crate) fn resolve(conn: &Connection, id: i64, resolution: &str, now: i64) ->
 /// at `seq`, if there is one: the event was handled after all (a replay).
 pub(crate) fn resolve_for_event(
     conn: &Connection,
-    kind: &str,
+    kind: DeadLetterKind,
     consumer: &str,
     workspace: &str,
     seq: i64,
@@ -139,7 +166,7 @@ pub(crate) fn resolve_for_event(
              WHERE kind = ?1 AND consumer = ?2 AND workspace = ?3 AND event_seq = ?4 \
                AND run_id IS NULL AND resolved_at IS NULL",
         )?
-        .execute(params![kind, consumer, workspace, seq, now])?
+        .execute(params![kind.as_str(), consumer, workspace, seq, now])?
         == 1)
 }
 
@@ -154,13 +181,13 @@ pub(crate) fn delete_resolved(conn: &Connection, before: i64, limit: usize) -> R
 }
 
 /// Dead letters not yet resolved, by kind.
-pub(crate) fn open_counts(conn: &Connection) -> Result<Vec<(String, i64)>> {
+pub(crate) fn open_counts(conn: &Connection) -> Result<Vec<(DeadLetterKind, i64)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT kind, count(*) FROM reflexr_dead_letters INDEXED BY reflexr_dead_letters_open \
          WHERE resolved_at IS NULL GROUP BY kind ORDER BY kind",
     )?;
     let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([], |r| Ok((parsed(r, 0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     Ok(rows)
 }
