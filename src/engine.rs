@@ -392,10 +392,13 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the engine's threads: an evaluator per workspace with rules,
-    /// the executors and the claim renewer (see the runtime notes in the
-    /// README). They run until [`Engine::shutdown`] or until the last handle
-    /// is dropped.
+    /// Starts the engine's threads: the loop (reactions, scheduled jobs and
+    /// pruning, under the `loop` lease), an evaluator per workspace with
+    /// rules (under its evaluator lease), the followers' thread (each
+    /// follower under its own lease), `executors` executor threads and the
+    /// claim renewer. They run until [`Engine::shutdown`] or until the last
+    /// handle is dropped. Register rules, actions, reactions, jobs, channels
+    /// and projections first: rules cannot be added once started.
     ///
     /// # Errors
     /// [`Error::Invalid`] if already started; [`Error::Io`] if a thread
@@ -405,9 +408,10 @@ impl Engine {
     }
 
     /// Stops the threads: they take no new work, finish the handler they are
-    /// in, give back runs claimed but not started, release the evaluator
-    /// leases, and are joined. Does nothing if not started. The engine stays
-    /// usable (and can be started again).
+    /// in, give back runs claimed but not started, and are joined; then
+    /// every lease this engine holds (the loop's, the evaluators', the
+    /// followers') is released, so another process takes over at once. The
+    /// engine stays usable (and can be started again).
     pub fn shutdown(&self) {
         runtime::shutdown(&self.cx);
     }

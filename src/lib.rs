@@ -37,7 +37,8 @@
 //! ```
 //!
 //! The README describes the design, its guarantees and the tests that prove
-//! them; the schema is `schema.sql`, readable with any `sqlite3` shell.
+//! them; `docs/ARCHITECTURE.md` the layers the modules stand in; the schema
+//! is `schema.sql`, readable with any `sqlite3` shell.
 
 #![warn(missing_docs)]
 #![deny(unsafe_code)]

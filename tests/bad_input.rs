@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{engine_with, temp_db};
+use common::{Arrange, Scene};
 use proptest::prelude::*;
 use reflexr::{ConsumerKind, Engine, Error, NewEvent, Query};
 
@@ -56,12 +56,12 @@ fn typed(err: &Error) -> bool {
         )
 }
 
-fn setup() -> (tempfile::TempDir, Engine) {
-    let (dir, path) = temp_db();
-    let e = engine_with(&path, &common::clock(), "test");
-    e.ensure_workspace("app", &["ok"]).unwrap();
-    e.append("app", &NewEvent::new("ok", "s", "a", 0)).unwrap();
-    (dir, e)
+/// The types of `app`, the workspace every test starts with.
+const OK: &[&str] = &["ok"];
+
+/// The one event `app` holds when a test starts.
+fn ok() -> NewEvent {
+    NewEvent::new("ok", "s", "a", 0)
 }
 
 proptest! {
@@ -72,7 +72,8 @@ proptest! {
         workspace in text(), event_type in text(), id in text(), subject in text(),
         actor in text(), body in payload(),
     ) {
-        let (_dir, e) = setup();
+        let s = Scene::new();
+        let e = s.open("test").workspace("app", OK).events("app", [ok()]);
         let before = snapshot(&e);
         let ev = NewEvent::new(&event_type, &subject, &actor, 0).id(&id).payload_json(&body);
         match e.append(&workspace, &ev) {
@@ -93,7 +94,8 @@ proptest! {
     fn names_everywhere_are_checked_before_anything_is_written(
         name in text(), other in text(), seq in -5i64..50,
     ) {
-        let (_dir, e) = setup();
+        let s = Scene::new();
+        let e = s.open("test").workspace("app", OK).events("app", [ok()]);
         let before = snapshot(&e);
         let results: Vec<reflexr::Result<()>> = vec![
             e.create_workspace(&name),
@@ -127,7 +129,8 @@ proptest! {
     ) {
         // The application may carry on after a refused append inside its
         // transaction: only that append is undone.
-        let (_dir, e) = setup();
+        let s = Scene::new();
+        let e = s.open("test").workspace("app", OK).events("app", [ok()]);
         let (first, second) = e.write(|tx| {
             let first = tx.append("app", &NewEvent::new("ok", "s", "a", 1))?;
             let second = tx.append("app", &NewEvent::new(&event_type, "s", "a", 2).payload_json(&body));
@@ -147,7 +150,8 @@ proptest! {
 
 #[test]
 fn a_payload_nested_deeper_than_the_parser_allows_is_refused_without_overflowing() {
-    let (_dir, e) = setup();
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", OK).events("app", [ok()]);
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     let err = e
         .append("app", &NewEvent::new("ok", "s", "a", 0).payload_json(deep))

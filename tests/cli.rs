@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::temp_db;
+use common::Scene;
 use reflexr::{Decision, Engine, NewEvent, OnDeadLetter, RetryPolicy, Rule, RunState, Scope};
 use serde_json::Value;
 
@@ -100,28 +100,28 @@ fn prepare_with(e: Engine) -> Engine {
 
 #[test]
 fn a_missing_file_is_an_error_and_nothing_is_created() {
-    let (_dir, path) = temp_db();
-    let out = cli(&path, &["status"]);
+    let s = Scene::new();
+    let out = cli(&s.path, &["status"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
-    assert!(!path.exists());
+    assert!(!s.path.exists());
 }
 
 #[test]
 fn usage_errors_exit_2() {
-    let (_dir, path) = temp_db();
-    prepare(&path);
+    let s = Scene::new();
+    prepare(&s.path);
     for args in [&["frobnicate"][..], &["events"], &["runs", "--limit", "x"]] {
-        let out = cli(&path, args);
+        let out = cli(&s.path, args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
     }
 }
 
 #[test]
 fn status_shows_workspaces_consumers_leases_runs_and_dead_letters() {
-    let (_dir, path) = temp_db();
-    prepare(&path);
-    let out = cli(&path, &["status"]);
+    let s = Scene::new();
+    prepare(&s.path);
+    let out = cli(&s.path, &["status"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     for want in [
@@ -139,7 +139,7 @@ fn status_shows_workspaces_consumers_leases_runs_and_dead_letters() {
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
-    let v = json(&cli(&path, &["status", "--json"]));
+    let v = json(&cli(&s.path, &["status", "--json"]));
     assert_eq!(v["workspaces"][0]["name"], "shop");
     let mailer = v["consumers"]
         .as_array()
@@ -160,10 +160,10 @@ fn status_shows_workspaces_consumers_leases_runs_and_dead_letters() {
 
 #[test]
 fn events_lists_a_workspace_after_a_seq_by_type() {
-    let (_dir, path) = temp_db();
-    prepare(&path);
+    let s = Scene::new();
+    prepare(&s.path);
     let v = json(&cli(
-        &path,
+        &s.path,
         &[
             "events",
             "-w",
@@ -183,12 +183,12 @@ fn events_lists_a_workspace_after_a_seq_by_type() {
         .collect();
     assert_eq!(seqs, [2, 3, 4]);
     assert_eq!(v[0]["payload"]["customer"], "bad");
-    let text = stdout(&cli(&path, &["events", "-w", "shop", "--limit", "1"]));
+    let text = stdout(&cli(&s.path, &["events", "-w", "shop", "--limit", "1"]));
     assert!(
         text.contains("order.placed") && text.contains("customer/ada"),
         "{text}"
     );
-    let out = cli(&path, &["events", "-w", "nope nope"]);
+    let out = cli(&s.path, &["events", "-w", "nope nope"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("invalid workspace"),
@@ -199,13 +199,13 @@ fn events_lists_a_workspace_after_a_seq_by_type() {
 
 #[test]
 fn tail_follows_events_committed_after_it_started() {
-    let (_dir, path) = temp_db();
-    let e = prepare(&path);
+    let s = Scene::new();
+    let e = prepare(&s.path);
     let existing = e.read(&reflexr::Query::new("shop")).unwrap().len();
     // It must wait for one more event than there is.
     let count = (existing + 1).to_string();
     let child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
-        .arg(&path)
+        .arg(&s.path)
         .args([
             "tail",
             "-w",
@@ -236,31 +236,31 @@ fn tail_follows_events_committed_after_it_started() {
 
 #[test]
 fn runs_and_dead_letters_list_by_state_and_retry_and_discard_are_recorded() {
-    let (_dir, path) = temp_db();
-    let e = prepare(&path);
-    let dead = json(&cli(&path, &["runs", "--state", "dead", "--json"]));
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let dead = json(&cli(&s.path, &["runs", "--state", "dead", "--json"]));
     assert_eq!(dead.as_array().unwrap().len(), 1);
     let run_id = dead[0]["id"].as_str().unwrap().to_string();
     assert_eq!(dead[0]["last_error"], "card declined");
-    let text = stdout(&cli(&path, &["runs"]));
+    let text = stdout(&cli(&s.path, &["runs"]));
     assert!(
         text.contains("charge") && text.contains("card declined"),
         "{text}"
     );
 
-    let letters = json(&cli(&path, &["dead-letters", "--json"]));
+    let letters = json(&cli(&s.path, &["dead-letters", "--json"]));
     assert_eq!(letters[0]["reason"], "attempts_exhausted");
     assert_eq!(letters[0]["run_id"], run_id.as_str());
-    assert!(stdout(&cli(&path, &["dead-letters"])).contains("card declined"));
+    assert!(stdout(&cli(&s.path, &["dead-letters"])).contains("card declined"));
 
     // Only a dead run can be retried: a succeeded one is refused, exit 1.
     let ok = e.runs(Some(RunState::Succeeded), 1).unwrap()[0].id.clone();
-    let out = cli(&path, &["retry", &ok]);
+    let out = cli(&s.path, &["retry", &ok]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("not dead"), "{}", stderr(&out));
 
     let out = cli(
-        &path,
+        &s.path,
         &[
             "retry",
             &run_id,
@@ -283,49 +283,52 @@ fn runs_and_dead_letters_list_by_state_and_retry_and_discard_are_recorded() {
     );
     // It fails again; discard it through its dead letter this time.
     e.run_until_idle().unwrap();
-    let letter = json(&cli(&path, &["dead-letters", "--json"]))[0]["id"]
+    let letter = json(&cli(&s.path, &["dead-letters", "--json"]))[0]["id"]
         .as_i64()
         .unwrap();
     let v = json(&cli(
-        &path,
+        &s.path,
         &["discard", "--dead-letter", &letter.to_string(), "--json"],
     ));
     assert_eq!(v["ok"], true);
     assert_eq!(e.run(&run_id).unwrap().unwrap().state, RunState::Discarded);
     assert!(
-        json(&cli(&path, &["dead-letters", "--json"]))
+        json(&cli(&s.path, &["dead-letters", "--json"]))
             .as_array()
             .unwrap()
             .is_empty()
     );
     assert_eq!(
-        json(&cli(&path, &["dead-letters", "--all", "--json"]))
+        json(&cli(&s.path, &["dead-letters", "--all", "--json"]))
             .as_array()
             .unwrap()
             .len(),
         2
     );
-    let out = cli(&path, &["retry", "no-such-run"]);
+    let out = cli(&s.path, &["retry", "no-such-run"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("not found"));
 }
 
 #[test]
 fn unblock_lets_a_blocked_scope_go_on() {
-    let (_dir, path) = temp_db();
-    let e = prepare(&path);
+    let s = Scene::new();
+    let e = prepare(&s.path);
     assert_eq!(e.runs(Some(RunState::Waiting), 10).unwrap().len(), 1);
-    let out = cli(&path, &["unblock", "big-order", "bad", "--reason", "skip"]);
+    let out = cli(
+        &s.path,
+        &["unblock", "big-order", "bad", "--reason", "skip"],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 1);
-    let out = cli(&path, &["unblock", "big-order", "bad"]);
+    let out = cli(&s.path, &["unblock", "big-order", "bad"]);
     assert_eq!(out.status.code(), Some(1), "not blocked any more");
 }
 
 #[test]
 fn reset_cursor_asks_first_unless_told_yes() {
-    let (_dir, path) = temp_db();
-    let e = prepare(&path);
+    let s = Scene::new();
+    let e = prepare(&s.path);
     let args = [
         "reset-cursor",
         "-w",
@@ -335,19 +338,19 @@ fn reset_cursor_asks_first_unless_told_yes() {
         "--to",
         "0",
     ];
-    let out = cli_with_input(&path, &args, "n\n");
+    let out = cli_with_input(&s.path, &args, "n\n");
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("from 2 to 0?"), "{}", stderr(&out));
     assert_eq!(e.cursor("mailer", "shop").unwrap(), 2, "unchanged");
 
-    let out = cli_with_input(&path, &args, "y\n");
+    let out = cli_with_input(&s.path, &args, "y\n");
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(e.cursor("mailer", "shop").unwrap(), 0);
 
     let mut yes = args.to_vec();
     yes[6] = "1";
     yes.extend(["--yes", "--json"]);
-    let v = json(&cli(&path, &yes));
+    let v = json(&cli(&s.path, &yes));
     assert_eq!((v["from"].as_i64(), v["to"].as_i64()), (Some(0), Some(1)));
     let resets = e
         .audit_log(10)
@@ -357,7 +360,7 @@ fn reset_cursor_asks_first_unless_told_yes() {
         .count();
     assert_eq!(resets, 2);
     let out = cli(
-        &path,
+        &s.path,
         &[
             "reset-cursor",
             "-w",
@@ -376,21 +379,21 @@ fn reset_cursor_asks_first_unless_told_yes() {
 
 #[test]
 fn prune_reports_what_it_removed_and_refuses_to_guess() {
-    let (_dir, path) = temp_db();
-    let e = prepare(&path);
+    let s = Scene::new();
+    let e = prepare(&s.path);
     e.save_cursor("mailer", "shop", 4).unwrap();
-    let out = cli(&path, &["prune"]);
+    let out = cli(&s.path, &["prune"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("say what to prune"));
     // Nothing is old enough yet.
     let v = json(&cli(
-        &path,
+        &s.path,
         &["prune", "--events-older-than", "1h", "--json"],
     ));
     assert_eq!(v["events"], 0);
     std::thread::sleep(std::time::Duration::from_millis(5)); // the CLI runs on the wall clock
     let v = json(&cli(
-        &path,
+        &s.path,
         &[
             "prune",
             "--events-older-than",
@@ -402,15 +405,15 @@ fn prune_reports_what_it_removed_and_refuses_to_guess() {
     ));
     assert!(v["events"].as_u64().unwrap() >= 4, "{v}");
     assert!(v["runs"].as_u64().unwrap() >= 1, "{v}");
-    let text = stdout(&cli(&path, &["prune", "--events-older-than", "1ms"]));
+    let text = stdout(&cli(&s.path, &["prune", "--events-older-than", "1ms"]));
     assert!(text.starts_with("pruned 0 events"), "{text}");
 }
 
 #[test]
 fn stats_reports_counters_and_gauges() {
-    let (_dir, path) = temp_db();
-    prepare(&path);
-    let v = json(&cli(&path, &["stats", "--json"]));
+    let s = Scene::new();
+    prepare(&s.path);
+    let v = json(&cli(&s.path, &["stats", "--json"]));
     assert!(v["events_appended"].as_i64().unwrap() >= 4);
     assert_eq!(v["counters"]["decisions"], 4);
     assert_eq!(v["counters"]["fired"], 3);
@@ -418,7 +421,7 @@ fn stats_reports_counters_and_gauges() {
     assert_eq!(v["counters"]["runs_dead"], 1);
     assert_eq!(v["runs"]["dead"], 1);
     assert_eq!(v["dead_letters"]["run"], 1);
-    let text = stdout(&cli(&path, &["stats"]));
+    let text = stdout(&cli(&s.path, &["stats"]));
     assert!(
         text.contains("decisions") && text.contains("lag app/mailer@shop"),
         "{text}"
@@ -429,8 +432,8 @@ fn stats_reports_counters_and_gauges() {
 fn restart_follower_asks_the_process_running_a_stopped_follower_to_go_on() {
     // ADR-0015's stop, restarted from the operator's shell: the request is
     // in the file, and the engine that stopped the follower picks it up.
-    let (_dir, path) = temp_db();
-    let e = Engine::open(&path).unwrap();
+    let s = Scene::new();
+    let e = Engine::open(&s.path).unwrap();
     e.ensure_workspace("edge", &["reading", "alarm"]).unwrap();
     e.ensure_workspace("fleet", &["reading"]).unwrap();
     e.follow(reflexr::Follow::new("edge", "fleet")).unwrap();
@@ -441,7 +444,7 @@ fn restart_follower_asks_the_process_running_a_stopped_follower_to_go_on() {
 
     e.register_types("fleet", &["alarm"]).unwrap();
     let out = json(&cli(
-        &path,
+        &s.path,
         &["--json", "restart-follower", "edge-to-fleet"],
     ));
     assert_eq!(out["action"], "restart requested");
@@ -449,7 +452,7 @@ fn restart_follower_asks_the_process_running_a_stopped_follower_to_go_on() {
     let f = &e.followed().unwrap()[0];
     assert_eq!((f.stopped_here, f.lag), (false, 0));
 
-    let out = cli(&path, &["restart-follower", "nobody"]);
+    let out = cli(&s.path, &["restart-follower", "nobody"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("follower not found"),

@@ -21,12 +21,11 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{is_child, spawn_child, temp_db};
+use common::{Scene, is_child, parent_file};
 use reflexr::{
     ChannelPolicy, Clock, Decision, Delivery, Engine, Follow, NewEvent, Reaction, RetryPolicy,
     Rule, Scope, SystemClock,
@@ -121,9 +120,8 @@ fn child_process_workload() {
     if !is_child() {
         return; // Only a child started by the torture test does this work.
     }
-    let path = std::env::var("REFLEXR_DB").unwrap();
     let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
-    let e = Engine::builder(&path)
+    let e = Engine::builder(parent_file())
         .clock(Later(hours))
         .holder_id(format!("child-{hours}"))
         .executors(2)
@@ -352,46 +350,37 @@ fn check(
 
 #[test]
 fn killed_again_and_again_the_invariants_hold() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     let kills: u64 = std::env::var("RELIABILITY_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
     {
-        let e = Engine::open(&path).unwrap();
+        let e = Engine::open(&s.path).unwrap();
         workload(&e);
     }
     let committed = Mutex::new(HashSet::new());
     let mut cursors = BTreeMap::new();
     for i in 0..kills {
-        let mut child = spawn_child(
+        let mut child = s.child(
             "child_process_workload",
-            &[
-                ("REFLEXR_DB", path.to_string_lossy().into_owned()),
-                ("REFLEXR_HOURS", (i + 1).to_string()),
-            ],
+            &[("REFLEXR_HOURS", (i + 1).to_string())],
         );
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        for l in lines.by_ref().map_while(|l| l.ok()) {
-            if l.ends_with("started") {
-                break;
-            }
-        }
+        child.past("started");
         // Kill at a varying moment: 5 to 150 ms into the work.
         std::thread::sleep(Duration::from_millis(5 + fastrand::u64(..145)));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        let ended = child.kill();
         let mut c = committed.lock().unwrap();
-        for l in lines.map_while(|l| l.ok()) {
+        for l in ended.rest {
             if let Some(id) = l.strip_prefix("committed ") {
                 c.insert(id.to_string());
             }
         }
-        cursors = check(&path, &c, &cursors);
+        cursors = check(&s.path, &c, &cursors);
     }
     // A last engine, later than every child, finishes the work; then
     // everything has ended, and exactly once.
-    let e = Engine::builder(&path)
+    let e = Engine::builder(&s.path)
         .clock(Later(kills as i64 + 10))
         .holder_id("finisher")
         .open()
@@ -404,8 +393,8 @@ fn killed_again_and_again_the_invariants_hold() {
         "the children committed work ({} orders)",
         c.len()
     );
-    check(&path, &c, &cursors);
-    let conn = Connection::open(&path).unwrap();
+    check(&s.path, &c, &cursors);
+    let conn = Connection::open(&s.path).unwrap();
     assert_eq!(
         int(
             &conn,

@@ -3,27 +3,24 @@
 
 mod common;
 
-use common::{engine_with, temp_db};
-use reflexr::{ConsumerKind, Engine, Error, NewEvent, Query};
+use common::{Arrange, Scene};
+use reflexr::{ConsumerKind, Error, NewEvent, Query};
 
-fn setup(path: &std::path::Path) -> Engine {
-    let engine = engine_with(path, &common::clock(), "test");
-    engine.ensure_workspace("app", &["tick"]).unwrap();
-    engine.ensure_workspace("other", &["tick"]).unwrap();
-    for i in 0..10 {
-        engine
-            .append("app", &NewEvent::new("tick", format!("t/{i}"), "clock", i))
-            .unwrap();
-    }
-    engine
+/// The workspaces every test starts with: `app`, where the ticks are, and
+/// `other`.
+const SPACES: &[(&str, &[&str])] = &[("app", &["tick"]), ("other", &["tick"])];
+
+/// The log of `app` when a test starts: ten ticks, seqs 1 to 10.
+fn ticks() -> impl Iterator<Item = NewEvent> {
+    (0..10).map(|i| NewEvent::new("tick", format!("t/{i}"), "clock", i))
 }
 
 #[test]
 fn a_cursor_starts_at_zero_moves_forward_and_survives_a_reopen() {
     // Invariant 8: durable and forward.
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let engine = setup(&path);
+        let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
         assert_eq!(engine.cursor("mailer", "app").unwrap(), 0);
         engine.save_cursor("mailer", "app", 4).unwrap();
         engine.save_cursor("mailer", "app", 4).unwrap(); // the same again: fine
@@ -33,7 +30,7 @@ fn a_cursor_starts_at_zero_moves_forward_and_survives_a_reopen() {
         engine.save_cursor("audit", "app", 2).unwrap();
         engine.save_cursor("mailer", "other", 1).unwrap();
     }
-    let engine = engine_with(&path, &common::clock(), "test");
+    let engine = s.open("test");
     assert_eq!(engine.cursor("mailer", "app").unwrap(), 7);
     assert_eq!(engine.cursor("audit", "app").unwrap(), 2);
     assert_eq!(engine.cursor("mailer", "other").unwrap(), 1);
@@ -51,8 +48,8 @@ fn a_cursor_starts_at_zero_moves_forward_and_survives_a_reopen() {
 #[test]
 fn saving_an_older_position_is_refused_and_changes_nothing() {
     // Invariant 8: a cursor never moves backwards by a save.
-    let (_dir, path) = temp_db();
-    let engine = setup(&path);
+    let s = Scene::new();
+    let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
     engine.save_cursor("mailer", "app", 6).unwrap();
     match engine.save_cursor("mailer", "app", 5) {
         Err(Error::CursorBackwards {
@@ -66,8 +63,8 @@ fn saving_an_older_position_is_refused_and_changes_nothing() {
 #[test]
 fn a_position_past_the_head_or_negative_or_on_a_missing_workspace_is_refused() {
     // Invariant 10: bad input gets a typed error.
-    let (_dir, path) = temp_db();
-    let engine = setup(&path);
+    let s = Scene::new();
+    let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
     let e = engine.save_cursor("mailer", "app", 11).unwrap_err();
     assert!(matches!(e, Error::CursorAhead { head: 10, .. }), "{e}");
     let e = engine.save_cursor("mailer", "app", -1).unwrap_err();
@@ -83,8 +80,8 @@ fn a_position_past_the_head_or_negative_or_on_a_missing_workspace_is_refused() {
 fn a_cursor_saved_in_the_consumers_transaction_commits_with_its_rows() {
     // Invariants 2 and 8: what a consumer wrote for the events it handled
     // commits with the cursor's advance, or neither does.
-    let (_dir, path) = temp_db();
-    let engine = setup(&path);
+    let s = Scene::new();
+    let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
     engine
         .write(|tx| tx.execute("CREATE TABLE handled (seq INTEGER PRIMARY KEY)", []))
         .unwrap();
@@ -120,8 +117,8 @@ fn a_cursor_saved_in_the_consumers_transaction_commits_with_its_rows() {
 #[test]
 fn an_operator_reset_moves_a_cursor_back_and_is_recorded() {
     // Invariant 8: the one way back, recorded.
-    let (_dir, path) = temp_db();
-    let engine = setup(&path);
+    let s = Scene::new();
+    let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
     engine.save_cursor("mailer", "app", 9).unwrap();
     let reset = engine
         .operator("ops@example", "replay after fix")

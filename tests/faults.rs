@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{count, engine_with, temp_db};
+use common::{Arrange, Scene, count};
 use reflexr::{
     Decision, Engine, Error, ManualClock, NewEvent, Ordering, Query, RetryPolicy, Rule, RunState,
 };
@@ -21,9 +21,8 @@ fn tick(i: usize) -> NewEvent {
 
 #[test]
 fn a_full_disk_is_a_clear_error_loses_nothing_and_appends_resume_when_there_is_room() {
-    let (_dir, path) = temp_db();
-    let e = engine_with(&path, &common::clock(), "test");
-    e.ensure_workspace("app", &["tick"]).unwrap();
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", &["tick"]);
     for i in 0..50 {
         e.append("app", &tick(i)).unwrap();
     }
@@ -104,27 +103,27 @@ fn make_read_only(path: &Path) -> Option<Box<dyn FnOnce()>> {
 
 #[test]
 fn a_read_only_file_is_refused_clearly_and_unchanged_and_opens_again_once_writable() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let e = Engine::open(&path).unwrap();
+        let e = Engine::open(&s.path).unwrap();
         e.ensure_workspace("app", &["tick"]).unwrap();
         e.append("app", &tick(1)).unwrap();
     }
-    let before = common::bytes(&path);
-    let Some(undo) = make_read_only(&path) else {
+    let before = common::bytes(&s.path);
+    let Some(undo) = make_read_only(&s.path) else {
         eprintln!(
             "SKIPPED: this file system cannot make a file read-only for root (chattr +i failed)"
         );
         return;
     };
-    let result = Engine::open(&path);
-    let after = common::bytes(&path);
+    let result = Engine::open(&s.path);
+    let after = common::bytes(&s.path);
     undo();
     let err = result.unwrap_err();
     assert!(matches!(err, Error::ReadOnly { .. }), "{err}");
     assert!(err.is_storage_fault());
     assert_eq!(before, after, "left unchanged");
-    let e = Engine::open(&path).unwrap();
+    let e = Engine::open(&s.path).unwrap();
     assert_eq!(e.read(&Query::new("app")).unwrap().len(), 1);
     e.append("app", &tick(2)).unwrap();
 }
@@ -134,16 +133,15 @@ fn a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs() {
     // The claim's lease is 3 s on the engine's clock; the handler works for
     // 6 s of it. The renewer extends the claim every third of the TTL, so the
     // run is neither taken by another executor nor run twice.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = Engine::builder(&path)
-        .clock(clock.clone())
+    let s = Scene::new();
+    let e = s
+        .builder("test")
         .lease_ttl(Duration::from_secs(3))
         .executors(1)
         .heartbeat(Duration::from_millis(5))
         .open()
-        .unwrap();
-    e.ensure_workspace("app", &["tick"]).unwrap();
+        .unwrap()
+        .workspace("app", &["tick"]);
     e.register_rule(
         Rule::new("slow", "app")
             .on(["tick"])
@@ -167,7 +165,7 @@ fn a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs() {
     let expiry = || e.run(&id).unwrap().unwrap().claim_expires_at.unwrap();
     for _ in 0..6 {
         let was = expiry();
-        clock.advance(Duration::from_secs(1));
+        s.clock.advance(Duration::from_secs(1));
         // Wait for the renewer (it runs every heartbeat) to extend the claim.
         let deadline = Instant::now() + Duration::from_secs(60);
         while expiry() <= was {
@@ -186,9 +184,17 @@ fn a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs() {
     assert_eq!(e.run(&id).unwrap().unwrap().attempt, 1, "run once");
 }
 
-fn engine_for_clock(path: &Path, clock: &ManualClock) -> Engine {
-    let e = engine_with(path, clock, "test");
-    e.ensure_workspace("app", &["tick"]).unwrap();
+#[test]
+fn a_clock_that_jumps_forward_or_back_stops_nothing() {
+    // Forward: leases the engine held have lapsed by its own clock; it takes
+    // them again (a new generation) and goes on. Back: recorded_at goes back
+    // with the clock (seq, not time, orders the log); leases keep their
+    // expiry (it only moves forward); runs come due by the clock as it is.
+    let s = Scene::new();
+    let e = s
+        .open("test")
+        .workspace("app", &["tick"])
+        .sql("CREATE TABLE IF NOT EXISTS done (id INTEGER PRIMARY KEY)");
     e.register_rule(
         Rule::new("each", "app")
             .on(["tick"])
@@ -206,29 +212,10 @@ fn engine_for_clock(path: &Path, clock: &ManualClock) -> Engine {
         Ok(())
     })
     .unwrap();
-    e.write(|tx| {
-        tx.execute(
-            "CREATE TABLE IF NOT EXISTS done (id INTEGER PRIMARY KEY)",
-            [],
-        )
-    })
-    .unwrap();
-    e
-}
-
-#[test]
-fn a_clock_that_jumps_forward_or_back_stops_nothing() {
-    // Forward: leases the engine held have lapsed by its own clock; it takes
-    // them again (a new generation) and goes on. Back: recorded_at goes back
-    // with the clock (seq, not time, orders the log); leases keep their
-    // expiry (it only moves forward); runs come due by the clock as it is.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = engine_for_clock(&path, &clock);
     e.append("app", &tick(1)).unwrap();
     assert_eq!(e.run_until_idle().unwrap().succeeded, 1);
 
-    clock.advance(Duration::from_secs(86_400));
+    s.clock.advance(Duration::from_secs(86_400));
     e.append("app", &tick(2)).unwrap();
     assert_eq!(
         e.run_until_idle().unwrap().succeeded,
@@ -244,7 +231,7 @@ fn a_clock_that_jumps_forward_or_back_stops_nothing() {
         .generation;
     assert_eq!(gen_after_forward, 2, "taken again, not assumed");
 
-    clock.set(clock_now(&clock) - 2 * 86_400_000);
+    s.clock.set(clock_now(&s.clock) - 2 * 86_400_000);
     e.append("app", &tick(3)).unwrap();
     assert_eq!(
         e.run_until_idle().unwrap().succeeded,

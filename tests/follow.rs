@@ -4,23 +4,29 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
-use common::{engine_with, is_child, spawn_child, temp_db};
-use reflexr::{Clock, ConsumerKind, Engine, Follow, ManualClock, NewEvent, Query, same_event};
+use common::{Arrange, Scene, is_child, later, parent_file};
+use reflexr::{ConsumerKind, Engine, Follow, NewEvent, Query, same_event};
 
-fn source(path: &std::path::Path, clock: &ManualClock, holder: &str) -> Engine {
-    let e = engine_with(path, clock, holder);
-    e.ensure_workspace("edge", &["reading", "debug", "alarm"])
-        .unwrap();
-    e
-}
+/// The types of `edge`, the workspace followed in every test.
+const EDGE: &[&str] = &["reading", "debug", "alarm"];
 
-fn hub(path: &std::path::Path, clock: &ManualClock) -> Engine {
-    let e = engine_with(path, clock, "hub");
-    e.ensure_workspace("fleet", &["reading"]).unwrap();
-    e
+/// `fleet`, where the readings go, in the hub file or beside `edge`.
+const FLEET: &[&str] = &["reading"];
+
+/// `edge` and, in the same file, `fleet`.
+const EDGE_AND_FLEET: &[(&str, &[&str])] = &[("edge", EDGE), ("fleet", FLEET)];
+
+/// The hub's file, beside the edge's.
+const HUB: &str = "hub.db";
+
+/// Follows `edge` into `fleet` in the scene's hub file, with the `readings`
+/// projection.
+fn to_hub(s: &Scene) -> Follow {
+    Follow::new("edge", "fleet")
+        .to_file(s.file(HUB))
+        .projection("readings")
 }
 
 fn readings_only(e: &Engine) {
@@ -53,10 +59,8 @@ fn ids(e: &Engine, workspace: &str) -> Vec<String> {
 
 #[test]
 fn a_follower_publishes_what_its_projection_selects_with_the_same_ids() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = source(&path, &clock, "test");
-    e.ensure_workspace("fleet", &["reading"]).unwrap();
+    let s = Scene::new();
+    let e = s.open("test").each_workspace(EDGE_AND_FLEET);
     readings_only(&e);
     e.follow(Follow::new("edge", "fleet").projection("readings"))
         .unwrap();
@@ -73,19 +77,12 @@ fn a_follower_publishes_what_its_projection_selects_with_the_same_ids() {
 
 #[test]
 fn a_follower_relays_an_edge_file_into_a_hub_file() {
-    let (_dir, edge_path) = temp_db();
-    let hub_path = edge_path.with_file_name("hub.db");
-    let clock = common::clock();
-    let h = hub(&hub_path, &clock);
-    let e = source(&edge_path, &clock, "edge");
+    let s = Scene::new();
+    let hub_path = s.file(HUB);
+    let h = s.open_at(&hub_path, "hub").workspace("fleet", FLEET);
+    let e = s.open("edge").workspace("edge", EDGE);
     readings_only(&e);
-    e.follow(
-        Follow::new("edge", "fleet")
-            .name("edge-to-hub")
-            .to_file(&hub_path)
-            .projection("readings"),
-    )
-    .unwrap();
+    e.follow(to_hub(&s).name("edge-to-hub")).unwrap();
     let want = append(&e, "reading", 250);
     append(&e, "debug", 10);
     e.run_until_idle().unwrap();
@@ -100,18 +97,11 @@ fn a_follower_killed_between_publish_and_cursor_save_publishes_no_duplicate() {
     // Exactly once comes from ids: the state a crash between the target's
     // commit and the source's cursor save leaves — published, cursor behind —
     // is read again, and nothing is published twice.
-    let (_dir, edge_path) = temp_db();
-    let hub_path = edge_path.with_file_name("hub.db");
-    let clock = common::clock();
-    let h = hub(&hub_path, &clock);
-    let e = source(&edge_path, &clock, "edge");
+    let s = Scene::new();
+    let h = s.open_at(&s.file(HUB), "hub").workspace("fleet", FLEET);
+    let e = s.open("edge").workspace("edge", EDGE);
     readings_only(&e);
-    e.follow(
-        Follow::new("edge", "fleet")
-            .to_file(&hub_path)
-            .projection("readings"),
-    )
-    .unwrap();
+    e.follow(to_hub(&s)).unwrap();
     let want = append(&e, "reading", 30);
     // The crash's leftovers: the first 20 published, the cursor still at 0.
     for ev in e.read(&Query::new("edge").limit(20)).unwrap() {
@@ -129,14 +119,13 @@ fn child_process_relays() {
     if !is_child() {
         return; // Only a child started by the kill test does this work.
     }
-    let edge_path = std::env::var("REFLEXR_DB").unwrap();
     let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
-    let clock = ManualClock::new(common::clock().now_ms() + hours * 3_600_000);
-    let e = engine_with(
-        std::path::Path::new(&edge_path),
-        &clock,
-        &format!("child-{hours}"),
-    );
+    let e = Engine::builder(parent_file())
+        .clock(later(hours))
+        .holder_id(format!("child-{hours}"))
+        .busy_timeout(Duration::from_secs(20))
+        .open()
+        .unwrap();
     e.register_projection("readings", |ev| {
         println!("\nsaw {}", ev.seq);
         std::thread::sleep(Duration::from_micros(200));
@@ -150,18 +139,11 @@ fn child_process_relays() {
 
 #[test]
 fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_batch() {
-    let (_dir, edge_path) = temp_db();
-    let hub_path = edge_path.with_file_name("hub.db");
-    let clock = common::clock();
-    let h = hub(&hub_path, &clock);
+    let s = Scene::new();
+    let h = s.open_at(&s.file(HUB), "hub").workspace("fleet", FLEET);
     let want = {
-        let e = source(&edge_path, &clock, "setup");
-        e.follow(
-            Follow::new("edge", "fleet")
-                .to_file(&hub_path)
-                .projection("readings"),
-        )
-        .unwrap();
+        let e = s.open("setup").workspace("edge", EDGE);
+        e.follow(to_hub(&s)).unwrap();
         let mut want = Vec::new();
         for _ in 0..8 {
             want.extend(append(&e, "reading", 60));
@@ -172,23 +154,14 @@ fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_bat
     let mut seen: HashMap<i64, usize> = HashMap::new();
     let mut kills = 0;
     for i in 0..10u64 {
-        let mut child = spawn_child(
+        let mut child = s.child(
             "child_process_relays",
-            &[
-                ("REFLEXR_DB", edge_path.to_string_lossy().into_owned()),
-                ("REFLEXR_HOURS", (i + 1).to_string()),
-            ],
+            &[("REFLEXR_HOURS", (i + 1).to_string())],
         );
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        for l in lines.by_ref().map_while(|l| l.ok()) {
-            if l.ends_with("relaying") {
-                break;
-            }
-        }
+        child.past("relaying");
         std::thread::sleep(Duration::from_millis(5 + (i * 13) % 40));
-        let _ = child.kill();
-        let done = child.wait().unwrap().success();
-        let out: Vec<String> = lines.map_while(|l| l.ok()).collect();
+        let ended = child.kill();
+        let (done, out) = (ended.success, ended.rest);
         for l in &out {
             if let Some(seq) = l.strip_prefix("saw ") {
                 *seen.entry(seq.parse().unwrap()).or_default() += 1;
@@ -200,8 +173,7 @@ fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_bat
         kills += 1;
     }
     // A last relay, later than every child, finishes.
-    let late = ManualClock::new(common::clock().now_ms() + 1_000 * 3_600_000);
-    let e = engine_with(&edge_path, &late, "finisher");
+    let e = s.builder("finisher").clock(later(1_000)).open().unwrap();
     readings_only(&e);
     e.run_until_idle().unwrap();
 
@@ -224,11 +196,9 @@ fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_bat
 fn two_followers_of_one_source_one_relays_and_the_other_takes_over_when_its_lease_lapses() {
     // ADR-0015: one process at a time follows a workspace (its lease); a
     // workspace whose follower died is followed again once the lease lapses.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let a = source(&path, &clock, "proc-a");
-    a.ensure_workspace("fleet", &["reading"]).unwrap();
-    let b = source(&path, &clock, "proc-b");
+    let s = Scene::new();
+    let a = s.open("proc-a").each_workspace(EDGE_AND_FLEET);
+    let b = s.open("proc-b").workspace("edge", EDGE);
     for e in [&a, &b] {
         readings_only(e);
     }
@@ -242,9 +212,9 @@ fn two_followers_of_one_source_one_relays_and_the_other_takes_over_when_its_leas
     // a dies; b tries again every third of the lease, and takes over once it
     // lapsed.
     append(&a, "reading", 5);
-    clock.advance(Duration::from_secs(10));
+    s.clock.advance(Duration::from_secs(10));
     assert_eq!(b.run_until_idle().unwrap().followed, 0, "not lapsed yet");
-    clock.advance(Duration::from_secs(21));
+    s.clock.advance(Duration::from_secs(21));
     assert_eq!(b.run_until_idle().unwrap().followed, 5);
     let lease = b
         .leases()
@@ -261,10 +231,8 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     // ADR-0015: NotFound is the application's configuration, not the
     // envelope's fault: stop (logged and counted), and the envelopes after
     // it wait; once fixed, they all arrive.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = source(&path, &clock, "test");
-    e.ensure_workspace("fleet", &["reading"]).unwrap();
+    let s = Scene::new();
+    let e = s.open("test").each_workspace(EDGE_AND_FLEET);
     e.follow(Follow::new("edge", "fleet")).unwrap(); // "same": every envelope
     let mut want = append(&e, "reading", 3);
     want.extend(append(&e, "alarm", 1));
@@ -285,7 +253,7 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     // Restarted by an operator in another process (the CLI, say) before the
     // configuration is mended: it stops again at the same envelope, and
     // after the third time it shows as stuck, with the reason.
-    let ops = engine_with(&path, &clock, "ops");
+    let ops = s.open("ops");
     for _ in 0..2 {
         ops.operator("ops", "try again")
             .restart_follower("edge-to-fleet")
@@ -326,12 +294,12 @@ fn the_same_projection_bridges_the_applications_events_and_skips_the_engines_own
     // ADR-0015 with reflexr's reserved types: no workspace takes RuleFired
     // or RuleErrored from anyone, so "same" bridges nothing for them (not a
     // dead letter apiece).
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = source(&path, &clock, "test");
-    e.ensure_workspace("fleet", &["reading", "debug", "alarm"])
-        .unwrap();
-    e.register_action("noop", |_, _| Ok(())).unwrap();
+    let s = Scene::new();
+    let e = s
+        .open("test")
+        .workspace("edge", EDGE)
+        .workspace("fleet", EDGE)
+        .noop("noop");
     e.register_rule(
         reflexr::Rule::new("every-reading", "edge")
             .on(["reading"])
@@ -369,10 +337,8 @@ fn the_same_projection_bridges_the_applications_events_and_skips_the_engines_own
 fn bad_envelopes_are_dead_lettered_once_per_seq_and_the_follower_moves_on() {
     // ADR-0015: a projection that errors or panics, an invalid event, or one
     // of reflexr's own types: dead letter, once per seq, and move on.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = source(&path, &clock, "test");
-    e.ensure_workspace("fleet", &["reading"]).unwrap();
+    let s = Scene::new();
+    let e = s.open("test").each_workspace(EDGE_AND_FLEET);
     e.register_projection("picky", |ev| {
         let p: serde_json::Value = ev.payload()?;
         Ok(Some(match p["i"].as_i64().unwrap() {
@@ -429,8 +395,7 @@ fn child_process_bridges_nothing() {
     if !is_child() {
         return; // Only a child started by the test below does this work.
     }
-    let path = std::env::var("REFLEXR_DB").unwrap();
-    let e = Engine::open(&path).unwrap();
+    let e = Engine::open(parent_file()).unwrap();
     e.register_projection("nothing", |ev| {
         println!("\nsaw {}", ev.seq);
         std::thread::sleep(Duration::from_micros(100));
@@ -445,28 +410,22 @@ fn the_cursor_is_saved_at_least_every_500_envelopes_that_bridge_nothing() {
     // ADR-0015: so a restart reads at most 500 again. A child reading
     // envelopes that bridge nothing is killed once it has read 800; its saved
     // cursor is within 500 of what it read.
-    let (_dir, path) = temp_db();
-    let clock = ManualClock::starting_now();
+    let s = Scene::starting_now();
     {
-        let e = source(&path, &clock, "setup");
-        e.ensure_workspace("fleet", &["reading"]).unwrap();
+        let e = s.open("setup").each_workspace(EDGE_AND_FLEET);
         e.follow(Follow::new("edge", "fleet").projection("nothing"))
             .unwrap();
         append(&e, "debug", 2_000);
     }
-    let mut child = spawn_child(
-        "child_process_bridges_nothing",
-        &[("REFLEXR_DB", path.to_string_lossy().into_owned())],
-    );
-    let read = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(|l| l.ok())
-        .filter_map(|l| l.strip_prefix("saw ").map(|s| s.parse::<i64>().unwrap()))
-        .find(|seq| *seq >= 800)
+    let mut child = s.child("child_process_bridges_nothing", &[]);
+    let read = child
+        .until(|l| {
+            let seq = l.strip_prefix("saw ")?.parse::<i64>().unwrap();
+            (seq >= 800).then_some(seq)
+        })
         .expect("the child read 800 envelopes");
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let e = Engine::open(&path).unwrap();
+    child.kill();
+    let e = Engine::open(&s.path).unwrap();
     let cursor = e.followed().unwrap()[0].cursor;
     assert!(
         read - cursor <= reflexr::SKIP_SAVE_EVERY as i64 && cursor <= read,
@@ -476,28 +435,20 @@ fn the_cursor_is_saved_at_least_every_500_envelopes_that_bridge_nothing() {
 
 #[test]
 fn the_ledger_lists_followers_and_an_engine_resumes_every_one_at_start() {
-    let (_dir, edge_path) = temp_db();
-    let hub_path = edge_path.with_file_name("hub.db");
-    let clock = ManualClock::starting_now();
-    let h = hub(&hub_path, &clock);
+    let s = Scene::starting_now();
+    let h = s.open_at(&s.file(HUB), "hub").workspace("fleet", FLEET);
     {
-        let e = source(&edge_path, &clock, "first-run");
-        e.ensure_workspace("local", &["reading"]).unwrap();
-        e.follow(
-            Follow::new("edge", "fleet")
-                .to_file(&hub_path)
-                .projection("readings"),
-        )
-        .unwrap();
+        let e = s
+            .open("first-run")
+            .workspace("edge", EDGE)
+            .workspace("local", &["reading"]);
+        e.follow(to_hub(&s)).unwrap();
         e.follow(Follow::new("edge", "local").projection("readings"))
             .unwrap();
     }
     // A new process: it registers its projections and starts; the ledger
     // tells it what to follow.
-    let e = Engine::builder(&edge_path)
-        .clock(clock.clone())
-        .open()
-        .unwrap();
+    let e = s.open("second-run");
     readings_only(&e);
     let listed: Vec<(String, Option<String>)> = e
         .followed()

@@ -3,37 +3,29 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{count, engine_with, is_child, spawn_child, temp_db};
+use common::{Arrange, Scene, count, is_child, parent_file};
 use proptest::prelude::*;
 use reflexr::{
-    ChannelPolicy, Clock, ConsumerKind, Delivery, Engine, Guarantee, Job, ManualClock, Missed,
-    NewEvent, Query, Reaction, Retention, RetryPolicy, RunState,
+    ChannelPolicy, Clock, ConsumerKind, Delivery, Engine, Guarantee, Job, Missed, NewEvent, Query,
+    Reaction, Retention, RetryPolicy, RunState,
 };
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-fn setup(path: &std::path::Path, clock: &ManualClock, holder: &str) -> Engine {
-    let e = engine_with(path, clock, holder);
-    e.ensure_workspace("app", &["session.changed", "other"])
-        .unwrap();
-    e.write(|tx| {
-        tx.conn().execute_batch(
-            "CREATE TABLE IF NOT EXISTS sessions (id INTEGER PRIMARY KEY, room TEXT);
-             CREATE TABLE IF NOT EXISTS rsvps (session INTEGER, email TEXT);
-             INSERT OR IGNORE INTO sessions VALUES (1, 'A');
-             DELETE FROM rsvps;
-             INSERT INTO rsvps VALUES (1, 'ada@x'), (1, 'grace@x'), (1, 'alan@x');",
-        )?;
-        Ok(())
-    })
-    .unwrap();
-    e
-}
+/// The types of `app`, the workspace of every test.
+const APP_TYPES: &[&str] = &["session.changed", "other"];
+
+/// The application's tables: session 1 in room A, with three RSVPs. Safe to
+/// run at every open (the RSVPs are written afresh).
+const APP_SQL: &str = "CREATE TABLE IF NOT EXISTS sessions (id INTEGER PRIMARY KEY, room TEXT);
+     CREATE TABLE IF NOT EXISTS rsvps (session INTEGER, email TEXT);
+     INSERT OR IGNORE INTO sessions VALUES (1, 'A');
+     DELETE FROM rsvps;
+     INSERT INTO rsvps VALUES (1, 'ada@x'), (1, 'grace@x'), (1, 'alan@x');";
 
 /// A reaction that enqueues one email per RSVP of the changed session.
 fn notifier() -> Reaction {
@@ -89,9 +81,8 @@ fn edit(e: &Engine, room: &str, fail: bool) -> reflexr::Result<()> {
 fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_work() {
     // "Nothing wedges silently": the failing reaction is recorded on its
     // cursor; another reaction and the scheduler go on meanwhile.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let scene = Scene::new();
+    let e = scene.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     let sent = email_channel(&e, ChannelPolicy::BestEffort);
     e.register_reaction(notifier()).unwrap();
     let seen = Arc::new(AtomicUsize::new(0));
@@ -107,16 +98,12 @@ fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_
     .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     e.register_job(counting_job("tick", MINUTE, &runs)).unwrap();
-    e.write(|tx| {
-        tx.conn().execute_batch(
-            "CREATE TRIGGER notifier_stuck BEFORE UPDATE OF position ON reflexr_cursors \
-             WHEN NEW.name = 'notifier' BEGIN SELECT RAISE(ABORT, 'the notifier is stuck'); END;",
-        )?;
-        Ok(())
-    })
-    .unwrap();
+    let e = e.sql(
+        "CREATE TRIGGER notifier_stuck BEFORE UPDATE OF position ON reflexr_cursors \
+         WHEN NEW.name = 'notifier' BEGIN SELECT RAISE(ABORT, 'the notifier is stuck'); END;",
+    );
     edit(&e, "B", false).unwrap();
-    clock.advance(MINUTE);
+    scene.clock.advance(MINUTE);
     for _ in 0..3 {
         e.run_until_idle().unwrap();
     }
@@ -160,9 +147,8 @@ fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_
 #[test]
 fn a_reaction_reads_the_log_inside_its_own_transaction() {
     // Tx::read sees the transaction's own writes, and the committed log.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     let counts = Arc::new(Mutex::new(Vec::new()));
     let c = Arc::clone(&counts);
     e.register_reaction(
@@ -195,9 +181,8 @@ fn a_reaction_reads_the_log_inside_its_own_transaction() {
 fn a_change_reaches_every_rsvp_through_one_drain_of_the_whole_loop() {
     // The drain covers the loop: the event, the reaction, its deliveries and
     // their sender, in one run_until_idle.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
     e.register_reaction(notifier()).unwrap();
     edit(&e, "B", false).unwrap();
@@ -217,9 +202,8 @@ fn a_change_reaches_every_rsvp_through_one_drain_of_the_whole_loop() {
 #[test]
 fn a_rolled_back_edit_leaves_no_change_and_no_delivery() {
     // Invariant 2: the edit, its event and (so) its notices, together or not.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
     e.register_reaction(notifier()).unwrap();
     assert!(edit(&e, "B", true).is_err());
@@ -240,7 +224,7 @@ fn child_process_reacts_and_hangs_before_commit() {
     if !is_child() {
         return; // Only a child started by the test below does this work.
     }
-    let path = std::env::var("REFLEXR_DB").unwrap();
+    let path = parent_file();
     let e = Engine::builder(&path).holder_id("child").open().unwrap();
     e.register_channel("email", ChannelPolicy::BestEffort, |_, _| Ok(()))
         .unwrap();
@@ -261,27 +245,18 @@ fn child_process_reacts_and_hangs_before_commit() {
 fn a_crash_between_a_reactions_handling_and_its_commit_re_handles_without_duplicates() {
     // The deliveries commit with the reaction's cursor: the crash loses both,
     // and the next handling enqueues them once.
-    let (_dir, path) = temp_db();
-    let clock = ManualClock::starting_now();
+    let s = Scene::starting_now();
     {
-        let e = setup(&path, &clock, "setup");
+        let e = s.open("setup").workspace("app", APP_TYPES).sql(APP_SQL);
         edit(&e, "B", false).unwrap();
     }
-    let mut child = spawn_child(
-        "child_process_reacts_and_hangs_before_commit",
-        &[("REFLEXR_DB", path.to_string_lossy().into_owned())],
-    );
-    BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(|l| l.ok())
-        .find(|l| l.ends_with("enqueued"))
-        .expect("the child handled the event");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let mut child = s.child("child_process_reacts_and_hangs_before_commit", &[]);
+    assert!(child.past("enqueued"), "the child handled the event");
+    child.kill();
 
     // The child held the loop lease: past it, this engine takes over.
-    clock.advance(MINUTE);
-    let e = setup(&path, &clock, "survivor");
+    s.clock.advance(MINUTE);
+    let e = s.open("survivor").workspace("app", APP_TYPES).sql(APP_SQL);
     assert_eq!(
         count(&e, "SELECT count(*) FROM reflexr_runs"),
         0,
@@ -303,9 +278,8 @@ fn a_crash_between_a_reactions_handling_and_its_commit_re_handles_without_duplic
 
 #[test]
 fn a_reaction_skips_unknown_types_and_dead_letters_a_failing_event_then_moves_on() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     email_channel(&e, ChannelPolicy::BestEffort);
     let handled = Arc::new(AtomicUsize::new(0));
     let h = Arc::clone(&handled);
@@ -349,9 +323,8 @@ fn a_reaction_skips_unknown_types_and_dead_letters_a_failing_event_then_moves_on
 
 #[test]
 fn the_best_effort_channel_never_retries_and_the_retried_one_gives_up_after_its_policy() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     let tries = Arc::new(Mutex::new(Vec::new()));
     for (channel, policy) in [
         ("push", ChannelPolicy::BestEffort),
@@ -373,7 +346,7 @@ fn the_best_effort_channel_never_retries_and_the_retried_one_gives_up_after_its_
         .unwrap();
     for _ in 0..5 {
         e.run_until_idle().unwrap();
-        clock.advance(MINUTE);
+        s.clock.advance(MINUTE);
     }
     let tries = tries.lock().unwrap();
     let of = |c: &str| tries.iter().filter(|(ch, _)| ch == c).count();
@@ -401,11 +374,10 @@ fn a_scheduled_occurrence_runs_once_with_two_engines_on_one_file() {
     // Each due occurrence runs once, whatever the number of processes: the
     // loop lease keeps one scheduler at a time, and the occurrence's id
     // (<job>@<due>) keeps a second from creating it again.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let t0 = clock.now_ms();
-    let a = setup(&path, &clock, "engine-a");
-    let b = setup(&path, &clock, "engine-b");
+    let s = Scene::new();
+    let t0 = s.clock.now_ms();
+    let a = s.open("engine-a").workspace("app", APP_TYPES).sql(APP_SQL);
+    let b = s.open("engine-b").workspace("app", APP_TYPES).sql(APP_SQL);
     let every = Duration::from_secs(20);
     let runs = Arc::new(AtomicUsize::new(0));
     a.register_job(counting_job("reminders", every, &runs))
@@ -419,7 +391,7 @@ fn a_scheduled_occurrence_runs_once_with_two_engines_on_one_file() {
         0,
         "first due an interval after registering"
     );
-    clock.advance(every);
+    s.clock.advance(every);
     b.run_until_idle().unwrap();
     assert_eq!(
         runs.load(Ordering::SeqCst),
@@ -431,7 +403,7 @@ fn a_scheduled_occurrence_runs_once_with_two_engines_on_one_file() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     // a goes quiet: its lease lapses, and b schedules what comes due.
-    clock.advance(Duration::from_secs(31));
+    s.clock.advance(Duration::from_secs(31));
     b.run_until_idle().unwrap();
     a.run_until_idle().unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 2);
@@ -452,9 +424,8 @@ fn a_scheduled_occurrence_runs_once_with_two_engines_on_one_file() {
 
 #[test]
 fn missed_occurrences_run_once_or_are_skipped_as_the_job_says() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     let once = Arc::new(AtomicUsize::new(0));
     let skip = Arc::new(AtomicUsize::new(0));
     e.register_job(counting_job("catch-up", MINUTE, &once).missed(Missed::RunOnce))
@@ -462,7 +433,7 @@ fn missed_occurrences_run_once_or_are_skipped_as_the_job_says() {
     e.register_job(counting_job("skip", MINUTE, &skip).missed(Missed::Skip))
         .unwrap();
     // The process was down for an hour.
-    clock.advance(MINUTE * 60);
+    s.clock.advance(MINUTE * 60);
     e.run_until_idle().unwrap();
     assert_eq!(once.load(Ordering::SeqCst), 1, "one run for 60 missed");
     assert_eq!(skip.load(Ordering::SeqCst), 0, "skipped");
@@ -470,7 +441,7 @@ fn missed_occurrences_run_once_or_are_skipped_as_the_job_says() {
     let input: serde_json::Value = serde_json::from_str(&catch_up.input).unwrap();
     assert_eq!(input["missed"], 59);
     // Then both carry on normally.
-    clock.advance(MINUTE);
+    s.clock.advance(MINUTE);
     e.run_until_idle().unwrap();
     assert_eq!(
         (once.load(Ordering::SeqCst), skip.load(Ordering::SeqCst)),
@@ -480,9 +451,8 @@ fn missed_occurrences_run_once_or_are_skipped_as_the_job_says() {
 
 #[test]
 fn an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_again() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     let calls = Arc::new(Mutex::new(Vec::new()));
     for (name, guarantee) in [
         ("most", Guarantee::AtMostOnce),
@@ -505,9 +475,9 @@ fn an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_a
         )
         .unwrap();
     }
-    clock.advance(MINUTE);
+    s.clock.advance(MINUTE);
     e.run_until_idle().unwrap();
-    clock.advance(MINUTE * 10);
+    s.clock.advance(MINUTE * 10);
     e.run_until_idle().unwrap();
     let calls = calls.lock().unwrap();
     let of = |job: &str| calls.iter().filter(|(j, _)| j == job).count();
@@ -526,23 +496,22 @@ fn an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_a
 
 #[test]
 fn an_interval_of_zero_switches_a_job_off() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let scene = Scene::new();
+    let e = scene.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     let runs = Arc::new(AtomicUsize::new(0));
     e.register_job(counting_job("reminders", Duration::ZERO, &runs))
         .unwrap();
-    clock.advance(MINUTE * 100);
+    scene.clock.advance(MINUTE * 100);
     e.run_until_idle().unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let s = &e.schedules().unwrap()[0];
     assert_eq!((s.spec.as_str(), s.next_due_at), ("off", None));
     // Switched on again, it is due an interval later.
     drop(e);
-    let e = setup(&path, &clock, "test");
+    let e = scene.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     e.register_job(counting_job("reminders", MINUTE, &runs))
         .unwrap();
-    clock.advance(MINUTE);
+    scene.clock.advance(MINUTE);
     e.run_until_idle().unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -558,12 +527,11 @@ proptest! {
     ) {
         // Invariant 9: an event goes only once every cursor on its workspace
         // passed it and it is older than the retention.
-        let (_dir, path) = temp_db();
-        let clock = common::clock();
-        let e = setup(&path, &clock, "test");
+        let s = Scene::new();
+        let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
         for i in 0..events {
             e.append("app", &NewEvent::new("other", format!("x/{i}"), "app", 0)).unwrap();
-            clock.advance(MINUTE);
+            s.clock.advance(MINUTE);
         }
         for (k, c) in cursors.iter().enumerate() {
             e.save_cursor(&format!("c{k}"), "app", (*c).min(events) as i64).unwrap();
@@ -574,7 +542,7 @@ proptest! {
         };
         let pruned = e.prune(&retention).unwrap();
         let min_cursor = cursors.iter().map(|c| (*c).min(events)).min().unwrap_or(events) as i64;
-        let now = clock.now_ms();
+        let now = s.clock.now_ms();
         let left = e.read(&Query::new("app").limit(1_000)).unwrap();
         for ev in &left {
             // Anything left would have been allowed to stay.
@@ -594,9 +562,8 @@ proptest! {
 
 #[test]
 fn pruning_removes_finished_runs_but_keeps_dead_ones() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
     e.register_channel("email", ChannelPolicy::BestEffort, |msg, _| {
         if msg.to.as_deref() == Some("bad") {
             Err("no".into())
@@ -609,7 +576,7 @@ fn pruning_removes_finished_runs_but_keeps_dead_ones() {
         e.deliver(&Delivery::new("email", "x").to(to)).unwrap();
     }
     e.run_until_idle().unwrap();
-    clock.advance(MINUTE * 10);
+    s.clock.advance(MINUTE * 10);
     let pruned = e.prune(&Retention::older_than(MINUTE)).unwrap();
     assert_eq!((pruned.runs, pruned.dead_letters), (2, 0));
     assert_eq!(e.runs(None, 10).unwrap()[0].state, RunState::Dead);
@@ -623,10 +590,9 @@ fn an_occurrence_whose_executor_stopped_mid_run_is_lost_if_at_most_once_and_reru
     // leaves an at-most-once occurrence dead, never run again, and an
     // at-least-once one to be run again by another executor.
     for (guarantee, reruns) in [(Guarantee::AtMostOnce, 0), (Guarantee::AtLeastOnce, 1)] {
-        let (_dir, path) = temp_db();
-        let clock = common::clock();
-        let a = setup(&path, &clock, "engine-a");
-        let b = setup(&path, &clock, "engine-b");
+        let s = Scene::new();
+        let a = s.open("engine-a").workspace("app", APP_TYPES).sql(APP_SQL);
+        let b = s.open("engine-b").workspace("app", APP_TYPES).sql(APP_SQL);
         let (started_tx, started) = std::sync::mpsc::channel();
         let (release_tx, release) = std::sync::mpsc::channel::<()>();
         let release = Mutex::new(release);
@@ -644,13 +610,13 @@ fn an_occurrence_whose_executor_stopped_mid_run_is_lost_if_at_most_once_and_reru
         let b_runs = Arc::new(AtomicUsize::new(0));
         b.register_job(counting_job("j", MINUTE, &b_runs).guarantee(guarantee))
             .unwrap();
-        clock.advance(MINUTE);
+        s.clock.advance(MINUTE);
         let worker = {
             let a = a.clone();
             std::thread::spawn(move || a.run_until_idle())
         };
         started.recv().unwrap();
-        clock.advance(Duration::from_secs(31)); // a's claim lapses
+        s.clock.advance(Duration::from_secs(31)); // a's claim lapses
         b.run_until_idle().unwrap();
         assert_eq!(b_runs.load(Ordering::SeqCst), reruns, "{guarantee:?}");
         release_tx.send(()).unwrap();

@@ -5,30 +5,24 @@ mod common;
 
 use std::time::Duration;
 
-use common::{count, engine_with, temp_db};
-use reflexr::{Clock, Engine, Error, ManualClock};
+use common::{Arrange, Scene, count};
+use reflexr::{Clock, Error};
 
 const TTL: Duration = Duration::from_secs(30);
 
-fn two_engines() -> (tempfile::TempDir, ManualClock, Engine, Engine) {
-    let (dir, path) = temp_db();
-    let clock = common::clock();
-    let a = engine_with(&path, &clock, "proc-a");
-    let b = engine_with(&path, &clock, "proc-b");
-    a.write(|tx| tx.execute("CREATE TABLE work (by TEXT, generation INTEGER)", []))
-        .unwrap();
-    (dir, clock, a, b)
-}
+/// The application's table of work done under a lease.
+const WORK_SQL: &str = "CREATE TABLE work (by TEXT, generation INTEGER)";
 
 #[test]
 fn one_holder_at_a_time_until_the_lease_lapses_then_the_generation_goes_up() {
-    let (_dir, clock, a, b) = two_engines();
+    let s = Scene::new();
+    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
     let la = a.acquire_lease("evaluator/app", Some(TTL)).unwrap();
     assert_eq!((la.holder.as_str(), la.generation), ("proc-a", 1));
-    assert_eq!(la.expires_at, clock.now_ms() + 30_000);
+    assert_eq!(la.expires_at, s.clock.now_ms() + 30_000);
     assert_eq!(
         la.renew_due_at(),
-        clock.now_ms() + 10_000,
+        s.clock.now_ms() + 10_000,
         "renewed every third"
     );
 
@@ -36,28 +30,29 @@ fn one_holder_at_a_time_until_the_lease_lapses_then_the_generation_goes_up() {
         Err(Error::LeaseHeld { holder, .. }) => assert_eq!(holder, "proc-a"),
         other => panic!("expected LeaseHeld, got {other:?}"),
     }
-    clock.advance(Duration::from_secs(29));
+    s.clock.advance(Duration::from_secs(29));
     assert!(
         b.acquire_lease("evaluator/app", Some(TTL)).is_err(),
         "not yet lapsed"
     );
-    clock.advance(Duration::from_secs(1));
+    s.clock.advance(Duration::from_secs(1));
     let lb = b.acquire_lease("evaluator/app", Some(TTL)).unwrap();
     assert_eq!((lb.holder.as_str(), lb.generation), ("proc-b", 2));
 }
 
 #[test]
 fn renewal_extends_a_held_lease_and_fails_once_it_was_taken_over() {
-    let (_dir, clock, a, b) = two_engines();
+    let s = Scene::new();
+    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
     let mut la = a.acquire_lease("follower/edge", Some(TTL)).unwrap();
     for _ in 0..5 {
-        clock.advance(Duration::from_secs(10));
+        s.clock.advance(Duration::from_secs(10));
         la = a.renew_lease(&la).unwrap();
         assert_eq!(la.generation, 1, "renewal keeps the generation");
-        assert_eq!(la.expires_at, clock.now_ms() + 30_000);
+        assert_eq!(la.expires_at, s.clock.now_ms() + 30_000);
     }
     // Renewals stop (a paused process); the lease lapses; b takes over.
-    clock.advance(Duration::from_secs(31));
+    s.clock.advance(Duration::from_secs(31));
     let lb = b.acquire_lease("follower/edge", Some(TTL)).unwrap();
     let e = a.renew_lease(&la).unwrap_err();
     assert!(e.is_lease_lost(), "{e}");
@@ -71,7 +66,8 @@ fn renewal_extends_a_held_lease_and_fails_once_it_was_taken_over() {
 fn a_stale_holders_fenced_write_is_refused_after_another_took_over() {
     // Invariant 7: a write made under a lease commits only while the lease is
     // held, and the check is in the write's own transaction.
-    let (_dir, clock, a, b) = two_engines();
+    let s = Scene::new();
+    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
     let la = a.acquire_lease("scheduler", Some(TTL)).unwrap();
     a.write(|tx| {
         tx.fence(&la)?;
@@ -79,7 +75,7 @@ fn a_stale_holders_fenced_write_is_refused_after_another_took_over() {
     })
     .unwrap();
 
-    clock.advance(TTL);
+    s.clock.advance(TTL);
     let lb = b.acquire_lease("scheduler", Some(TTL)).unwrap();
     assert_eq!(lb.generation, la.generation + 1);
 
@@ -117,9 +113,10 @@ fn a_stale_holders_fenced_write_is_refused_after_another_took_over() {
 #[test]
 fn an_expired_lease_fences_even_before_anyone_takes_it() {
     // Invariant 7: held means "not expired" too, by the engine's clock.
-    let (_dir, clock, a, _b) = two_engines();
+    let s = Scene::new();
+    let (a, _b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
     let la = a.acquire_lease("scheduler", Some(TTL)).unwrap();
-    clock.advance(TTL);
+    s.clock.advance(TTL);
     let e = a.write(|tx| tx.fence(&la)).unwrap_err();
     assert!(e.is_lease_lost());
     assert!(a.renew_lease(&la).unwrap_err().is_lease_lost());
@@ -127,7 +124,8 @@ fn an_expired_lease_fences_even_before_anyone_takes_it() {
 
 #[test]
 fn release_frees_the_lease_at_once_and_never_reuses_a_generation() {
-    let (_dir, _clock, a, b) = two_engines();
+    let s = Scene::new();
+    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
     let la = a.acquire_lease("loop", None).unwrap();
     assert_eq!(la.ttl_ms, 30_000, "the engine's default ttl");
     assert!(a.release_lease(&la).unwrap());
@@ -145,34 +143,37 @@ fn release_frees_the_lease_at_once_and_never_reuses_a_generation() {
 
 #[test]
 fn acquiring_a_lease_one_holds_extends_it_without_a_new_generation() {
-    let (_dir, clock, a, _b) = two_engines();
+    let s = Scene::new();
+    let (a, _b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
     let first = a.acquire_lease("loop", Some(TTL)).unwrap();
-    clock.advance(Duration::from_secs(5));
+    s.clock.advance(Duration::from_secs(5));
     let again = a.acquire_lease("loop", Some(TTL)).unwrap();
     assert_eq!(again.generation, first.generation);
     assert_eq!(again.acquired_at, first.acquired_at);
-    assert_eq!(again.expires_at, clock.now_ms() + 30_000);
+    assert_eq!(again.expires_at, s.clock.now_ms() + 30_000);
 }
 
 #[test]
 fn a_clock_that_jumps_back_never_shortens_a_lease() {
-    let (_dir, clock, a, b) = two_engines();
+    let s = Scene::new();
+    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
     let la = a.acquire_lease("loop", Some(TTL)).unwrap();
-    let t0 = clock.now_ms();
-    clock.set(t0 - 60_000);
+    let t0 = s.clock.now_ms();
+    s.clock.set(t0 - 60_000);
     let renewed = a.renew_lease(&la).unwrap();
     assert_eq!(
         renewed.expires_at, la.expires_at,
         "expiry only moves forward"
     );
-    clock.set(t0 + 29_000);
+    s.clock.set(t0 + 29_000);
     assert!(b.acquire_lease("loop", Some(TTL)).is_err());
 }
 
 #[test]
 fn bad_lease_arguments_are_typed_errors() {
     // Invariant 10.
-    let (_dir, _clock, a, _b) = two_engines();
+    let s = Scene::new();
+    let (a, _b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
     for (name, ttl) in [
         ("", TTL),
         ("has space", TTL),

@@ -4,25 +4,18 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{count, engine_with, is_child, spawn_child, temp_db};
+use common::{Arrange, Scene, count, is_child, parent_file};
 use reflexr::{Engine, Error, NewEvent, Query};
 use serde::{Deserialize, Serialize};
 
-fn setup() -> (tempfile::TempDir, Engine) {
-    let (dir, path) = temp_db();
-    let engine = engine_with(&path, &common::clock(), "test");
-    engine
-        .ensure_workspace("app", &["thing.made", "thing.gone"])
-        .unwrap();
-    engine
-        .write(|tx| tx.execute("CREATE TABLE things (id TEXT PRIMARY KEY)", []))
-        .unwrap();
-    (dir, engine)
-}
+/// The types of `app`, the workspace of every test.
+const APP_TYPES: &[&str] = &["thing.made", "thing.gone"];
+
+/// The application's table, written with its events.
+const THINGS_SQL: &str = "CREATE TABLE things (id TEXT PRIMARY KEY)";
 
 fn made(id: &str) -> NewEvent {
     NewEvent::new("thing.made", format!("thing/{id}"), "tester", 1_000)
@@ -32,7 +25,8 @@ fn made(id: &str) -> NewEvent {
 #[test]
 fn app_rows_and_events_commit_or_roll_back_together() {
     // Invariant 2: together or not at all.
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
 
     engine
         .write(|tx| {
@@ -82,7 +76,8 @@ fn app_rows_and_events_commit_or_roll_back_together() {
 #[test]
 fn reappending_an_id_is_a_noop_that_reports_the_existing_seq() {
     // Invariant 3: once per id, per workspace.
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
     engine.ensure_workspace("other", &["thing.made"]).unwrap();
 
     let first = engine.append("app", &made("a").id("evt-1")).unwrap();
@@ -121,7 +116,8 @@ fn reappending_an_id_is_a_noop_that_reports_the_existing_seq() {
 
 #[test]
 fn generated_ids_are_time_ordered_uuids() {
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
     let ids: Vec<String> = (0..50)
         .map(|i| engine.append("app", &made(&i.to_string())).unwrap().id)
         .collect();
@@ -138,7 +134,8 @@ fn generated_ids_are_time_ordered_uuids() {
 fn concurrent_appenders_get_gap_free_seqs_in_commit_order() {
     // Invariant 1: a reader after cursor c sees every committed event after
     // c in seq order, and nothing later appears below what it has seen.
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
     const THREADS: usize = 4;
     const EACH: usize = 300;
     let done = Arc::new(AtomicBool::new(false));
@@ -204,8 +201,7 @@ fn child_process_appender() {
     if !is_child() {
         return; // Only a child started by the test below does this work.
     }
-    let path = std::env::var("REFLEXR_DB").unwrap();
-    let engine = Engine::open(&path).unwrap();
+    let engine = Engine::open(parent_file()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -236,17 +232,12 @@ fn a_second_process_appends_at_the_same_time_without_busy_errors() {
     // user": the child appends from before the parent's first append until
     // after its last, every append of both succeeds, and the seqs of both
     // are gap-free together.
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
     const N: usize = 300;
-    let path = engine.path().to_string_lossy().into_owned();
-    let mut child = spawn_child("child_process_appender", &[("REFLEXR_DB", path)]);
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut child = s.child("child_process_appender", &[]);
     let seq_of = |l: &str| l.strip_prefix("seq ").map(|s| s.parse::<i64>().unwrap());
-    let mut theirs = Vec::new();
-    while theirs.is_empty() {
-        let line = lines.next().expect("the child appends").unwrap();
-        theirs.extend(seq_of(&line));
-    }
+    let mut theirs = vec![child.until(seq_of).expect("the child appends")];
     let mine: Vec<i64> = (0..N)
         .map(|i| {
             engine
@@ -255,10 +246,10 @@ fn a_second_process_appends_at_the_same_time_without_busy_errors() {
                 .seq
         })
         .collect();
-    drop(child.stdin.take()); // tells the child to stop
-    theirs.extend(lines.map_while(|l| l.ok()).filter_map(|l| seq_of(&l)));
-    let status = child.wait().unwrap();
-    assert!(status.success(), "the child's appends all succeeded");
+    child.hang_up(); // tells the child to stop
+    let ended = child.finish();
+    theirs.extend(ended.rest.iter().filter_map(|l| seq_of(l)));
+    assert!(ended.success, "the child's appends all succeeded");
 
     let first_mine = mine[0];
     let last_mine = mine[N - 1];
@@ -281,7 +272,8 @@ fn a_second_process_appends_at_the_same_time_without_busy_errors() {
 #[test]
 fn unregistered_types_are_not_found_and_reserved_types_are_refused() {
     // Invariant 10: typed errors, nothing committed changed.
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
     engine.append("app", &made("before")).unwrap();
 
     let e = engine
@@ -329,7 +321,8 @@ fn unregistered_types_are_not_found_and_reserved_types_are_refused() {
 #[test]
 fn malformed_events_get_typed_errors_and_change_nothing() {
     // Invariant 10.
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
     engine.append("app", &made("before").id("keep")).unwrap();
     let long = "x".repeat(reflexr::MAX_ID_BYTES + 1);
     let cases: Vec<(NewEvent, &str)> = vec![
@@ -371,7 +364,8 @@ struct Made {
 
 #[test]
 fn reads_page_by_seq_filter_by_type_and_decode_payloads() {
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
     for i in 0..10 {
         engine.append("app", &made(&i.to_string())).unwrap();
         if i % 3 == 0 {
@@ -426,7 +420,8 @@ fn reads_page_by_seq_filter_by_type_and_decode_payloads() {
 
 #[test]
 fn depth_follows_the_causation_within_a_workspace() {
-    let (_dir, engine) = setup();
+    let s = Scene::new();
+    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
     let root = engine.append("app", &made("root")).unwrap();
     let child = engine
         .append("app", &made("child").causation_id(root.id.clone()))

@@ -14,10 +14,9 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use common::{is_child, spawn_child, temp_db};
+use common::{Scene, is_child, parent_file};
 use reflexr::{Clock, Decision, Engine, NewEvent, Rule, Scope, SystemClock};
 use rusqlite::Connection;
 
@@ -68,12 +67,11 @@ fn child_process_node() {
     if !is_child() {
         return; // Only a child started by the test below does this work.
     }
-    let path = std::env::var("REFLEXR_DB").unwrap();
     let node: i64 = std::env::var("REFLEXR_NODE").unwrap().parse().unwrap();
     let ms: u64 = std::env::var("REFLEXR_MS").unwrap().parse().unwrap();
     let delay: u64 = std::env::var("REFLEXR_DELAY").unwrap().parse().unwrap();
     std::thread::sleep(Duration::from_millis(delay));
-    let e = Engine::builder(&path)
+    let e = Engine::builder(parent_file())
         .holder_id(format!("node-{node}"))
         .lease_ttl(Duration::from_millis(600))
         .heartbeat(Duration::from_millis(10))
@@ -102,8 +100,8 @@ fn child_process_node() {
 
 #[test]
 fn four_processes_on_one_file_lose_nothing_duplicate_nothing_and_fence_their_evaluators() {
-    let (_dir, path) = temp_db();
-    register(&Engine::open(&path).unwrap());
+    let s = Scene::new();
+    register(&Engine::open(&s.path).unwrap());
     // Staggered starts and lives, so the evaluator lease moves from process
     // to process: node 0 starts first (and so most likely evaluates first)
     // and is killed midway, so its leases must lapse before another takes
@@ -111,67 +109,58 @@ fn four_processes_on_one_file_lose_nothing_duplicate_nothing_and_fence_their_eva
     let children: Vec<_> = (0..4)
         .map(|node| {
             let ms = 1_000 + node * 400;
-            let mut child = spawn_child(
+            let child = s.child(
                 "child_process_node",
                 &[
-                    ("REFLEXR_DB", path.to_string_lossy().into_owned()),
                     ("REFLEXR_NODE", node.to_string()),
                     ("REFLEXR_MS", ms.to_string()),
                     ("REFLEXR_DELAY", (node * 250).to_string()),
                 ],
             );
-            let out = child.stdout.take().unwrap();
-            (node, child, out)
+            (node, child)
         })
         .collect();
     let mut appended = HashSet::new();
     let mut readers = Vec::new();
-    for (node, mut child, out) in children {
+    for (node, mut child) in children {
         readers.push(std::thread::spawn(move || {
             let mut ids = Vec::new();
-            let mut lines = BufReader::new(out).lines();
-            if node == 0 {
+            let ended = if node == 0 {
                 // Kill node 0 once it has appended for a while.
-                for l in lines.by_ref().map_while(|l| l.ok()) {
-                    if let Some(id) = l.strip_prefix("appended ") {
-                        ids.push(id.to_string());
-                        if ids.len() == 200 {
-                            child.kill().unwrap();
-                            break;
-                        }
-                    }
-                }
-            }
-            for l in lines.map_while(|l| l.ok()) {
+                child.until(|l| {
+                    ids.extend(l.strip_prefix("appended ").map(str::to_string));
+                    (ids.len() == 200).then_some(())
+                });
+                child.kill()
+            } else {
+                child.finish()
+            };
+            for l in &ended.rest {
                 if let Some(id) = l.strip_prefix("appended ") {
                     ids.push(id.to_string());
                 }
             }
-            let status = child.wait().unwrap();
-            (node, status, ids)
+            (node, ended.success, ids)
         }));
     }
     for r in readers {
-        let (node, status, ids) = r.join().unwrap();
+        let (node, success, ids) = r.join().unwrap();
         if node != 0 {
-            assert!(
-                status.success(),
-                "node {node}: a call failed (see its stderr)"
-            );
+            assert!(success, "node {node}: a call failed (see its stderr)");
         }
         appended.extend(ids);
     }
 
     // A last engine, an hour later (node 0's leases have lapsed for it),
     // finishes what the processes left.
-    let e = Engine::builder(&path)
+    let e = Engine::builder(&s.path)
         .clock(reflexr::ManualClock::new(SystemClock.now_ms() + 3_600_000))
         .open()
         .unwrap();
     register(&e);
     e.run_until_idle().unwrap();
 
-    let conn = Connection::open(&path).unwrap();
+    let conn = Connection::open(&s.path).unwrap();
     let ids: Vec<String> = conn
         .prepare("SELECT id FROM reflexr_events WHERE workspace = 'app' AND type = 'tick'")
         .unwrap()

@@ -8,14 +8,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{is_child, spawn_child, temp_db};
+use common::{Scene, is_child, parent_file};
 use reflexr::{Engine, NewEvent, Query};
 
 const NEVER: Duration = Duration::from_secs(3600);
+/// A heartbeat that notices other connections' commits at once.
+const QUICK: Duration = Duration::from_millis(5);
 const PATIENCE: Duration = Duration::from_secs(60);
 
 fn tick(i: usize) -> NewEvent {
@@ -24,9 +25,9 @@ fn tick(i: usize) -> NewEvent {
 
 #[test]
 fn a_commit_that_appends_wakes_a_waiter_in_the_same_process_at_once() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     // A heartbeat of an hour: only the nudge can wake the waiter in time.
-    let engine = Engine::builder(&path).heartbeat(NEVER).open().unwrap();
+    let engine = s.builder("test").heartbeat(NEVER).open().unwrap();
     engine.ensure_workspace("app", &["tick"]).unwrap();
 
     let (started_tx, started) = mpsc::channel();
@@ -50,8 +51,8 @@ fn a_commit_that_appends_wakes_a_waiter_in_the_same_process_at_once() {
 
 #[test]
 fn a_waiter_returns_what_is_already_there_without_waiting() {
-    let (_dir, path) = temp_db();
-    let engine = Engine::builder(&path).heartbeat(NEVER).open().unwrap();
+    let s = Scene::new();
+    let engine = s.builder("test").heartbeat(NEVER).open().unwrap();
     engine.ensure_workspace("app", &["tick"]).unwrap();
     engine.append("app", &tick(1)).unwrap();
     let page = engine.wait_for_events(&Query::new("app"), NEVER).unwrap();
@@ -67,13 +68,10 @@ fn a_waiter_returns_what_is_already_there_without_waiting() {
 fn a_commit_by_another_engine_is_noticed_by_the_heartbeat() {
     // Two engines share no nudges: only PRAGMA data_version can tell the
     // first about the second's commit.
-    let (_dir, path) = temp_db();
-    let watcher = Engine::builder(&path)
-        .heartbeat(Duration::from_millis(5))
-        .open()
-        .unwrap();
+    let s = Scene::new();
+    let watcher = s.builder("watcher").heartbeat(QUICK).open().unwrap();
     watcher.ensure_workspace("app", &["tick"]).unwrap();
-    let other = Engine::open(&path).unwrap();
+    let other = s.open("other");
 
     let (started_tx, started) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
@@ -93,7 +91,7 @@ fn child_process_appends_on_cue() {
     if !is_child() {
         return; // Only a child started by the test below does this work.
     }
-    let engine = Engine::open(std::env::var("REFLEXR_DB").unwrap()).unwrap();
+    let engine = Engine::open(parent_file()).unwrap();
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
     let a = engine.append("app", &tick(99)).unwrap();
@@ -102,16 +100,10 @@ fn child_process_appends_on_cue() {
 
 #[test]
 fn a_commit_by_another_process_is_noticed_by_the_heartbeat() {
-    let (_dir, path) = temp_db();
-    let engine = Engine::builder(&path)
-        .heartbeat(Duration::from_millis(5))
-        .open()
-        .unwrap();
+    let s = Scene::new();
+    let engine = s.builder("test").heartbeat(QUICK).open().unwrap();
     engine.ensure_workspace("app", &["tick"]).unwrap();
-    let mut child = spawn_child(
-        "child_process_appends_on_cue",
-        &[("REFLEXR_DB", path.to_string_lossy().into_owned())],
-    );
+    let mut child = s.child("child_process_appends_on_cue", &[]);
     let waiter = {
         let engine = engine.clone();
         std::thread::spawn(move || {
@@ -120,19 +112,17 @@ fn a_commit_by_another_process_is_noticed_by_the_heartbeat() {
                 .unwrap()
         })
     };
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    child.send("go\n");
     let page = waiter.join().unwrap();
     assert_eq!(page.len(), 1);
     // Read to the end: a child whose stdout is closed early fails writing
     // libtest's own last lines.
-    let lines: Vec<String> = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(|l| l.ok())
-        .collect();
-    let out = lines
+    let ended = child.finish();
+    let out = ended
+        .rest
         .iter()
         .find_map(|l| l.strip_prefix("appended ").map(str::to_owned))
         .expect("the child appended");
     assert_eq!(out.parse::<i64>().unwrap(), page[0].seq);
-    assert!(child.wait().unwrap().success());
+    assert!(ended.success);
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{bytes, temp_db};
+use common::{Scene, bytes};
 use reflexr::{Engine, Error, NewEvent, Query, SCHEMA_VERSION, Synchronous};
 use rusqlite::Connection;
 
@@ -33,11 +33,11 @@ fn closed_reflexr_file(path: &Path, events: usize) {
 
 #[test]
 fn a_new_file_is_wal_with_the_current_schema_and_every_pragma_read_back() {
-    let (_dir, path) = temp_db();
-    let engine = Engine::open(&path).unwrap();
+    let s = Scene::new();
+    let engine = Engine::open(&s.path).unwrap();
     assert_eq!(engine.synchronous(), Synchronous::Full);
 
-    let raw = Connection::open(&path).unwrap();
+    let raw = Connection::open(&s.path).unwrap();
     let mode: String = raw
         .pragma_query_value(None, "journal_mode", |r| r.get(0))
         .unwrap();
@@ -74,7 +74,7 @@ fn a_new_file_is_wal_with_the_current_schema_and_every_pragma_read_back() {
     );
 
     drop(engine);
-    let normal = Engine::builder(&path)
+    let normal = Engine::builder(&s.path)
         .synchronous(Synchronous::Normal)
         .open()
         .unwrap();
@@ -86,9 +86,9 @@ fn a_new_file_is_wal_with_the_current_schema_and_every_pragma_read_back() {
 
 #[test]
 fn reopening_keeps_everything() {
-    let (_dir, path) = temp_db();
-    closed_reflexr_file(&path, 5);
-    let engine = Engine::open(&path).unwrap();
+    let s = Scene::new();
+    closed_reflexr_file(&s.path, 5);
+    let engine = Engine::open(&s.path).unwrap();
     assert_eq!(engine.read(&Query::new("app")).unwrap().len(), 5);
     assert_eq!(engine.workspaces().unwrap()[0].event_types, ["tick"]);
 }
@@ -96,43 +96,43 @@ fn reopening_keeps_everything() {
 #[test]
 fn a_file_that_is_not_sqlite_is_refused_and_left_unchanged() {
     // Invariant 10: never a panic, never an overwrite.
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     std::fs::write(
-        &path,
+        &s.path,
         "name,seq\nthis is a CSV file, not a database\n".repeat(200),
     )
     .unwrap();
-    let before = bytes(&path);
-    match Engine::open(&path) {
-        Err(Error::NotADatabase { path: p }) => assert_eq!(p, path),
+    let before = bytes(&s.path);
+    match Engine::open(&s.path) {
+        Err(Error::NotADatabase { path: p }) => assert_eq!(p, s.path),
         other => panic!("expected NotADatabase, got {other:?}"),
     }
-    assert_eq!(bytes(&path), before);
+    assert_eq!(bytes(&s.path), before);
 }
 
 #[test]
 fn a_file_with_a_damaged_schema_page_is_refused_and_left_unchanged() {
-    let (_dir, path) = temp_db();
-    closed_reflexr_file(&path, 20);
-    let mut b = bytes(&path);
+    let s = Scene::new();
+    closed_reflexr_file(&s.path, 20);
+    let mut b = bytes(&s.path);
     // Page 1 after the 100-byte header holds the b-tree of sqlite_schema.
     for x in &mut b[100..1024] {
         *x = 0xA5;
     }
-    std::fs::write(&path, &b).unwrap();
-    match Engine::open(&path) {
+    std::fs::write(&s.path, &b).unwrap();
+    match Engine::open(&s.path) {
         Err(Error::Corrupt { detail }) => assert!(detail.contains("test.db"), "{detail}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
-    assert_eq!(bytes(&path), b);
+    assert_eq!(bytes(&s.path), b);
 }
 
 #[test]
 fn a_damaged_data_page_is_found_on_open_when_verifying_and_reported_by_reads() {
-    let (_dir, path) = temp_db();
-    closed_reflexr_file(&path, 2_000);
+    let s = Scene::new();
+    closed_reflexr_file(&s.path, 2_000);
     let (root, page_size): (i64, i64) = {
-        let raw = Connection::open(&path).unwrap();
+        let raw = Connection::open(&s.path).unwrap();
         let root = raw
             .query_row(
                 "SELECT rootpage FROM sqlite_schema WHERE name = 'reflexr_events'",
@@ -142,23 +142,23 @@ fn a_damaged_data_page_is_found_on_open_when_verifying_and_reported_by_reads() {
             .unwrap();
         (root, pragma_i64(&raw, "page_size"))
     };
-    let mut b = bytes(&path);
+    let mut b = bytes(&s.path);
     let start = ((root - 1) * page_size) as usize;
     for x in &mut b[start..start + page_size as usize] {
         *x = 0x5A;
     }
-    std::fs::write(&path, &b).unwrap();
+    std::fs::write(&s.path, &b).unwrap();
 
-    let e = Engine::builder(&path)
+    let e = Engine::builder(&s.path)
         .verify_on_open(true)
         .open()
         .unwrap_err();
     assert!(matches!(e, Error::Corrupt { .. }), "{e}");
-    assert_eq!(bytes(&path), b, "refused unchanged");
+    assert_eq!(bytes(&s.path), b, "refused unchanged");
 
     // Without the check the file opens (only its schema was read), and the
     // damage is a typed error where it is met — not a panic.
-    let engine = Engine::open(&path).unwrap();
+    let engine = Engine::open(&s.path).unwrap();
     let e = engine.read(&Query::new("app")).unwrap_err();
     assert!(matches!(e, Error::Corrupt { .. }), "{e}");
     assert!(matches!(
@@ -169,63 +169,63 @@ fn a_damaged_data_page_is_found_on_open_when_verifying_and_reported_by_reads() {
 
 #[test]
 fn a_file_from_a_newer_reflexr_is_refused_and_left_unchanged() {
-    let (_dir, path) = temp_db();
-    closed_reflexr_file(&path, 3);
+    let s = Scene::new();
+    closed_reflexr_file(&s.path, 3);
     {
-        let raw = Connection::open(&path).unwrap();
+        let raw = Connection::open(&s.path).unwrap();
         raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
             .unwrap();
     }
-    let before = bytes(&path);
-    match Engine::open(&path) {
+    let before = bytes(&s.path);
+    match Engine::open(&s.path) {
         Err(Error::SchemaTooNew {
             found, supported, ..
         }) => assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION)),
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
-    assert_eq!(bytes(&path), before);
+    assert_eq!(bytes(&s.path), before);
 }
 
 #[test]
 fn another_programs_versioned_database_is_refused_and_left_unchanged() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let raw = Connection::open(&path).unwrap();
+        let raw = Connection::open(&s.path).unwrap();
         raw.execute_batch("CREATE TABLE notes (body TEXT); PRAGMA user_version = 7;")
             .unwrap();
     }
-    let before = bytes(&path);
-    let e = Engine::open(&path).unwrap_err();
+    let before = bytes(&s.path);
+    let e = Engine::open(&s.path).unwrap_err();
     assert!(matches!(e, Error::ForeignDatabase { .. }), "{e}");
-    assert_eq!(bytes(&path), before);
+    assert_eq!(bytes(&s.path), before);
 }
 
 #[test]
 fn a_name_clash_with_the_applications_tables_is_refused_and_left_unchanged() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let raw = Connection::open(&path).unwrap();
+        let raw = Connection::open(&s.path).unwrap();
         raw.execute_batch("CREATE TABLE reflexr_audit (mine TEXT);")
             .unwrap();
     }
-    let before = bytes(&path);
-    let e = Engine::open(&path).unwrap_err();
+    let before = bytes(&s.path);
+    let e = Engine::open(&s.path).unwrap_err();
     assert!(matches!(e, Error::ForeignDatabase { .. }), "{e}");
-    assert_eq!(bytes(&path), before);
+    assert_eq!(bytes(&s.path), before);
 }
 
 #[test]
 fn an_application_database_gains_reflexr_tables_and_keeps_its_own() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let raw = Connection::open(&path).unwrap();
+        let raw = Connection::open(&s.path).unwrap();
         raw.execute_batch(
             "CREATE TABLE sessions (id INTEGER PRIMARY KEY, title TEXT);
              INSERT INTO sessions VALUES (1, 'keynote');",
         )
         .unwrap();
     }
-    let engine = Engine::open(&path).unwrap();
+    let engine = Engine::open(&s.path).unwrap();
     let title: String = engine
         .with_reader(|c| Ok(c.query_row("SELECT title FROM sessions", [], |r| r.get(0))?))
         .unwrap();
@@ -271,7 +271,8 @@ fn shape(conn: &Connection) -> Vec<String> {
 fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape() {
     // "The file": older files are migrated forward on open, in one
     // transaction; the result is shaped like a new file.
-    let (_dir, old) = temp_db();
+    let s = Scene::new();
+    let old = s.path.clone();
     {
         let raw = Connection::open(&old).unwrap();
         raw.execute_batch("PRAGMA journal_mode = WAL").unwrap();
@@ -308,7 +309,7 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
     );
     drop(engine);
 
-    let (_dir2, new) = temp_db();
+    let new = s.file("new.db");
     drop(Engine::open(&new).unwrap());
     let (old, new) = (
         Connection::open(&old).unwrap(),
@@ -320,38 +321,38 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
 
 #[test]
 fn a_missing_file_is_an_error_unless_creating_was_asked_for() {
-    let (_dir, path) = temp_db();
-    let e = Engine::builder(&path)
+    let s = Scene::new();
+    let e = Engine::builder(&s.path)
         .create_if_missing(false)
         .open()
         .unwrap_err();
     assert!(matches!(e, Error::Missing { .. }), "{e}");
-    assert!(!path.exists(), "nothing was created");
-    let e = Engine::open(path.parent().unwrap()).unwrap_err();
+    assert!(!s.path.exists(), "nothing was created");
+    let e = Engine::open(s.path.parent().unwrap()).unwrap_err();
     assert!(e.is_bad_input(), "a directory: {e}");
 }
 
 #[test]
 fn bad_settings_are_refused_before_the_file_is_touched() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     for b in [
-        Engine::builder(&path).pool_size(0),
-        Engine::builder(&path).max_payload_bytes(0),
-        Engine::builder(&path).heartbeat(std::time::Duration::ZERO),
-        Engine::builder(&path).holder_id(""),
-        Engine::builder(&path).lease_ttl(std::time::Duration::from_millis(2)),
+        Engine::builder(&s.path).pool_size(0),
+        Engine::builder(&s.path).max_payload_bytes(0),
+        Engine::builder(&s.path).heartbeat(std::time::Duration::ZERO),
+        Engine::builder(&s.path).holder_id(""),
+        Engine::builder(&s.path).lease_ttl(std::time::Duration::from_millis(2)),
     ] {
         assert!(b.open().unwrap_err().is_bad_input());
     }
-    assert!(!path.exists());
+    assert!(!s.path.exists());
 }
 
 #[test]
 fn several_engines_opening_one_new_file_at_once_all_succeed() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     let handles: Vec<_> = (0..4)
         .map(|i| {
-            let path = path.clone();
+            let path = s.path.clone();
             std::thread::spawn(move || {
                 let e = Engine::open(&path).unwrap();
                 e.ensure_workspace("app", &["tick"]).unwrap();
@@ -373,10 +374,10 @@ fn schema_sql_loads_in_the_sqlite3_shell_and_the_library_opens_the_result() {
     if std::env::var_os("REFLEXR_SKIP_SQLITE3").is_some() {
         return;
     }
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     let schema = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/schema.sql")).unwrap();
     let mut child = std::process::Command::new("sqlite3")
-        .arg(&path)
+        .arg(&s.path)
         .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -389,13 +390,13 @@ fn schema_sql_loads_in_the_sqlite3_shell_and_the_library_opens_the_result() {
         "sqlite3: {stderr}"
     );
 
-    let engine = Engine::open(&path).unwrap();
+    let engine = Engine::open(&s.path).unwrap();
     engine.ensure_workspace("app", &["tick"]).unwrap();
     engine
         .append("app", &NewEvent::new("tick", "t", "c", 0))
         .unwrap();
     let views = std::process::Command::new("sqlite3")
-        .arg(&path)
+        .arg(&s.path)
         .arg("SELECT workspace, type FROM reflexr_event_log; SELECT count(*) FROM reflexr_cursor_lag;")
         .output()
         .unwrap();

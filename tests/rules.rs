@@ -5,13 +5,12 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
-use common::{count, engine_with, is_child, spawn_child, temp_db};
+use common::{Arrange, Scene, count, is_child, later, parent_file};
 use reflexr::{
-    Clock, ConsumerKind, Decision, Engine, Error, ManualClock, NewEvent, OnNewVersion, Query, Rule,
-    RuleReset, Scope, Start,
+    ConsumerKind, Decision, Engine, Error, NewEvent, OnNewVersion, Query, Rule, RuleReset, Scope,
+    Start,
 };
 use serde::{Deserialize, Serialize};
 
@@ -42,12 +41,8 @@ fn rsvp(session: u32, guest: u32) -> NewEvent {
         .payload(&serde_json::json!({ "session": session, "guest": guest }))
 }
 
-fn setup(path: &std::path::Path) -> Engine {
-    let e = engine_with(path, &common::clock(), "test");
-    e.ensure_workspace("app", &["rsvp", "other"]).unwrap();
-    e.register_action("noop", |_, _| Ok(())).unwrap();
-    e
-}
+/// The types of `app`, the workspace of every test.
+const APP_TYPES: &[&str] = &["rsvp", "other"];
 
 fn append_rsvps(e: &Engine, sessions: u32, per_session: u32) {
     e.write(|tx| {
@@ -110,8 +105,8 @@ fn expected(e: &Engine, rule: &str, every: u32) -> BTreeMap<(String, i64), usize
 #[test]
 fn a_stateful_rule_fires_exactly_what_an_independent_fold_predicts() {
     // Invariant 4.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("tenth", 10)).unwrap();
     append_rsvps(&e, 3, 35);
     let idle = e.run_until_idle().unwrap();
@@ -148,19 +143,16 @@ fn child_process_evaluator() {
     if !is_child() {
         return; // Only a child started by the crash test does this work.
     }
-    let path = std::env::var("REFLEXR_DB").unwrap();
     // Each child's clock stands an hour after the last one's, so the lease a
     // killed child held has lapsed for the next: no one waits for it.
     let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
-    let e = Engine::builder(&path)
-        .clock(ManualClock::new(
-            common::clock().now_ms() + hours * 3_600_000,
-        ))
+    let e = Engine::builder(parent_file())
+        .clock(later(hours))
         .evaluate_batch(7)
         .holder_id(format!("child-{}", std::process::id()))
         .open()
-        .unwrap();
-    e.register_action("noop", |_, _| Ok(())).unwrap();
+        .unwrap()
+        .noop("noop");
     let slow = every_nth("tenth", 10).decide_with_state(Count::default(), |_, state| {
         // Slow enough that a kill lands inside a batch.
         std::thread::sleep(Duration::from_micros(300));
@@ -181,9 +173,9 @@ fn child_process_evaluator() {
 fn every_decision_is_made_exactly_once_across_kills_mid_batch() {
     // Invariant 4: state, cursor, RuleFired events and runs commit together,
     // so a process killed anywhere in a batch loses and repeats nothing.
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let e = setup(&path);
+        let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
         append_rsvps(&e, 5, 60);
     }
     let kills: usize = std::env::var("REFLEXR_RULE_KILLS")
@@ -193,25 +185,15 @@ fn every_decision_is_made_exactly_once_across_kills_mid_batch() {
     let mut killed = 0;
     let mut finished = false;
     for i in 0..kills * 3 {
-        let mut child = spawn_child(
+        let mut child = s.child(
             "child_process_evaluator",
-            &[
-                ("REFLEXR_DB", path.to_string_lossy().into_owned()),
-                ("REFLEXR_HOURS", (i + 1).to_string()),
-            ],
+            &[("REFLEXR_HOURS", (i + 1).to_string())],
         );
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        while let Some(Ok(l)) = lines.next() {
-            if l.ends_with("evaluating") {
-                break;
-            }
-        }
+        child.past("evaluating");
         // Kill at a varying moment inside the run: 1 to 25 ms in.
         std::thread::sleep(Duration::from_millis(1 + (i as u64 * 7) % 25));
-        let _ = child.kill();
-        let status = child.wait().unwrap();
-        let rest: Vec<String> = lines.map_while(|l| l.ok()).collect();
-        if status.success() && rest.iter().any(|l| l.ends_with("done")) {
+        let ended = child.kill();
+        if ended.success && ended.rest.iter().any(|l| l.ends_with("done")) {
             finished = true;
             break;
         }
@@ -223,9 +205,12 @@ fn every_decision_is_made_exactly_once_across_kills_mid_batch() {
     assert!(killed > 0, "the child was killed at least once");
     // Whatever the kills left, a last evaluator, later than every child,
     // finishes the work.
-    let late = ManualClock::new(common::clock().now_ms() + 1_000 * 3_600_000);
-    let e = engine_with(&path, &late, "finisher");
-    e.register_action("noop", |_, _| Ok(())).unwrap();
+    let e = s
+        .builder("finisher")
+        .clock(later(1_000))
+        .open()
+        .unwrap()
+        .noop("noop");
     e.register_rule(every_nth("tenth", 10)).unwrap();
     e.run_until_idle().unwrap();
 
@@ -250,14 +235,14 @@ fn every_decision_is_made_exactly_once_across_kills_mid_batch() {
 #[test]
 fn a_stateful_rule_keeps_its_state_across_a_restart() {
     // Invariant 4: the state is in the file, with the cursor.
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let e = setup(&path);
+        let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
         e.register_rule(every_nth("hundredth", 100)).unwrap();
         append_rsvps(&e, 1, 60);
         assert_eq!(e.run_until_idle().unwrap().fired, 0);
     }
-    let e = setup(&path);
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("hundredth", 100)).unwrap();
     append_rsvps(&e, 1, 40);
     let idle = e.run_until_idle().unwrap();
@@ -266,14 +251,14 @@ fn a_stateful_rule_keeps_its_state_across_a_restart() {
 
 #[test]
 fn a_rule_added_later_catches_up_and_one_starting_at_the_head_does_not() {
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("early", 10)).unwrap();
     append_rsvps(&e, 2, 20);
     e.run_until_idle().unwrap();
     drop(e);
 
-    let e = setup(&path);
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("early", 10)).unwrap();
     e.register_rule(every_nth("late", 10)).unwrap();
     e.register_rule(every_nth("from-now", 10).start(Start::Head))
@@ -295,8 +280,8 @@ fn a_rule_added_later_catches_up_and_one_starting_at_the_head_does_not() {
 fn a_failing_rule_does_not_hold_back_another() {
     // Errors are per rule: recorded as RuleErrored and dead-lettered, and the
     // rule moves on.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("healthy", 5)).unwrap();
     e.register_rule(
         Rule::new("broken", "app")
@@ -355,13 +340,10 @@ fn a_failing_rule_does_not_hold_back_another() {
 #[test]
 fn only_the_lease_holder_evaluates_and_another_takes_over_when_renewal_stops() {
     // Invariant 7 (fencing) and 4 (exactly once) across two engines.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let a = engine_with(&path, &clock, "engine-a");
-    a.ensure_workspace("app", &["rsvp"]).unwrap();
-    let b = engine_with(&path, &clock, "engine-b");
+    let s = Scene::new();
+    let a = s.open("engine-a").workspace("app", &["rsvp"]).noop("noop");
+    let b = s.open("engine-b").noop("noop");
     for e in [&a, &b] {
-        e.register_action("noop", |_, _| Ok(())).unwrap();
         e.register_rule(every_nth("tenth", 10)).unwrap();
     }
     append_rsvps(&a, 1, 10);
@@ -376,7 +358,7 @@ fn only_the_lease_holder_evaluates_and_another_takes_over_when_renewal_stops() {
 
     // a stops renewing (paused, or gone); its lease lapses; b takes over.
     append_rsvps(&a, 1, 10);
-    clock.advance(Duration::from_secs(31));
+    s.clock.advance(Duration::from_secs(31));
     let idle = b.run_until_idle().unwrap();
     assert_eq!((idle.decided, idle.fired), (10, 1));
     let lease = b
@@ -396,8 +378,8 @@ fn only_the_lease_holder_evaluates_and_another_takes_over_when_renewal_stops() {
 #[test]
 fn rules_may_not_watch_reserved_types_and_must_be_complete() {
     // Invariant 10.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     let bad = [
         Rule::new("r", "app")
             .on(["RuleFired"])
@@ -440,8 +422,8 @@ fn rules_may_not_watch_reserved_types_and_must_be_complete() {
 #[test]
 fn an_operator_replays_a_rule_and_resets_its_state_on_the_record() {
     // Invariant 8: the rule's cursor moves back only by a recorded reset.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("tenth", 10)).unwrap();
     append_rsvps(&e, 1, 20);
     assert_eq!(e.run_until_idle().unwrap().fired, 2);
@@ -513,8 +495,8 @@ fn counter(e: &Engine, c: reflexr::Counter) -> i64 {
 fn a_replay_from_zero_derives_the_same_firing_ids_and_makes_nothing_twice() {
     // Invariant 4 across a replay: each (rule, event) fired once, with one
     // id — the idempotency key its action gave the world.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("tenth", 10)).unwrap();
     append_rsvps(&e, 3, 40);
     assert_eq!(e.run_until_idle().unwrap().fired, 12);
@@ -544,21 +526,21 @@ fn a_replay_from_zero_derives_the_same_firing_ids_and_makes_nothing_twice() {
 fn a_replay_after_a_fix_that_fires_more_adds_only_the_new_firings_and_keeps_the_old() {
     // Invariant 4: a firing the new code makes and the old did not is made;
     // one the old code made and the new does not is kept as it was.
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let e = setup(&path);
+        let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
         e.register_rule(every_nth("nth", 10)).unwrap();
         append_rsvps(&e, 1, 30);
         assert_eq!(e.run_until_idle().unwrap().fired, 3);
     }
     let (old_fired, old_runs) = {
-        let e = setup(&path);
+        let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
         e.register_rule(every_nth("nth", 10)).unwrap();
         firing_and_run_ids(&e)
     };
     // Version 2 fires on every 4th: the 4th, 8th, …, 28th (7 of them), of
     // which the 20th is shared with version 1; the 10th and 30th are not.
-    let e = setup(&path);
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("nth", 4).version(2, OnNewVersion::Replay))
         .unwrap();
     let idle = e.run_until_idle().unwrap();
@@ -585,7 +567,7 @@ fn a_replay_after_a_fix_that_fires_more_adds_only_the_new_firings_and_keeps_the_
 #[test]
 fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles_the_dead_letter() {
     // Invariant 4 for errors: RuleErrored ids derive like firing ids.
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     let broken = |fail: bool| {
         Rule::new("picky", "app")
             .on(["rsvp"])
@@ -599,7 +581,7 @@ fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles
             })
     };
     {
-        let e = setup(&path);
+        let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
         e.register_rule(broken(true)).unwrap();
         append_rsvps(&e, 1, 3);
         assert_eq!(e.run_until_idle().unwrap().errored, 1);
@@ -616,7 +598,7 @@ fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles
         let open = e.dead_letters(false, 10).unwrap();
         assert_eq!(open.len(), 1, "failing again opens its dead letter again");
     }
-    let e = setup(&path);
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(broken(false).version(2, OnNewVersion::Replay))
         .unwrap();
     assert_eq!(e.run_until_idle().unwrap().errored, 0);
@@ -632,8 +614,8 @@ fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles
 fn a_pass_through_rule_fires_on_an_event_just_under_the_payload_limit() {
     // Invariant 4 and "nothing wedges a rule": the input counts against the
     // limit; RuleFired's wrapper around it does not.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(
         Rule::new("pass-through", "app")
             .on(["other"])
@@ -670,8 +652,8 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on() {
     // a scope too long, a state that cannot be stored, a decision error of a
     // megabyte — each a RuleErrored and a dead letter for its event, and the
     // rule's cursor moves past them all.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     let deep = (0..300).fold(serde_json::json!(1), |v, _| serde_json::json!([v]));
     e.register_rule(
         Rule::new("fussy", "app")
@@ -755,17 +737,13 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on() {
 fn a_rule_whose_commit_keeps_failing_shows_as_stuck_until_it_moves() {
     // "Nothing wedges a rule silently": a commit that fails again and again
     // at one position is counted and shown, with its error.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     e.register_rule(every_nth("tenth", 10)).unwrap();
-    e.write(|tx| {
-        tx.conn().execute_batch(
-            "CREATE TRIGGER no_rule_moves BEFORE UPDATE OF position ON reflexr_cursors \
-             WHEN NEW.kind = 'rule' BEGIN SELECT RAISE(ABORT, 'rules may not move today'); END;",
-        )?;
-        Ok(())
-    })
-    .unwrap();
+    let e = e.sql(
+        "CREATE TRIGGER no_rule_moves BEFORE UPDATE OF position ON reflexr_cursors \
+         WHEN NEW.kind = 'rule' BEGIN SELECT RAISE(ABORT, 'rules may not move today'); END;",
+    );
     append_rsvps(&e, 1, 5);
     for _ in 0..3 {
         assert_eq!(e.run_until_idle().unwrap().decided, 0);
@@ -801,9 +779,9 @@ fn a_rule_whose_commit_keeps_failing_shows_as_stuck_until_it_moves() {
 
 #[test]
 fn a_new_rule_version_continues_resets_its_state_or_replays_as_it_says() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     let run = |version: u32, on_new: OnNewVersion| {
-        let e = setup(&path);
+        let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
         e.register_rule(every_nth("tenth", 10).version(version, on_new))
             .unwrap();
         append_rsvps(&e, 1, 5);
@@ -830,14 +808,14 @@ fn a_new_rule_version_continues_resets_its_state_or_replays_as_it_says() {
 
 #[test]
 fn a_rule_gone_from_the_code_keeps_its_rows_until_deleted() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let e = setup(&path);
+        let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
         e.register_rule(every_nth("retired", 10)).unwrap();
         append_rsvps(&e, 1, 15);
         e.run_until_idle().unwrap();
     }
-    let e = setup(&path);
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
     let rules = e.rules().unwrap();
     assert_eq!(rules.len(), 1);
     assert_eq!((rules[0].registered_here, rules[0].cursor), (false, 16));
@@ -863,9 +841,9 @@ fn a_rule_gone_from_the_code_keeps_its_rows_until_deleted() {
 fn a_state_reset_while_a_batch_is_being_decided_makes_it_decide_again() {
     // Invariant 4 under an operator: the batch's commit checks that nothing
     // moved the cursor or reset the state since it read them.
-    let (_dir, path) = temp_db();
-    let e = setup(&path);
-    let operator = Engine::open(&path).unwrap();
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
+    let operator = Engine::open(&s.path).unwrap();
     let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let trigger = std::sync::Arc::clone(&armed);
     e.register_rule(

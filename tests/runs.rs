@@ -3,16 +3,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use common::{count, engine_with, is_child, spawn_child, temp_db};
+use common::{Arrange, Scene, count, is_child, parent_file};
 use proptest::prelude::*;
 use reflexr::{
-    Clock, Decision, Engine, ManualClock, NewEvent, OnDeadLetter, Ordering, Query, RetryPolicy,
-    Rule, RunState, Scope,
+    Clock, Decision, Engine, NewEvent, OnDeadLetter, Ordering, Query, RetryPolicy, Rule, RunState,
+    Scope,
 };
 
 const BACKOFF: Duration = Duration::from_secs(10);
@@ -33,18 +32,11 @@ fn job(scope: &str, idx: usize) -> NewEvent {
         .payload(&serde_json::json!({ "scope": scope, "idx": idx }))
 }
 
-fn setup(path: &std::path::Path, clock: &ManualClock, holder: &str) -> Engine {
-    let e = engine_with(path, clock, holder);
-    e.ensure_workspace("app", &["job", "done", "ping"]).unwrap();
-    e.write(|tx| {
-        tx.execute(
-            "CREATE TABLE IF NOT EXISTS done (run TEXT PRIMARY KEY, by TEXT)",
-            [],
-        )
-    })
-    .unwrap();
-    e
-}
+/// The types of `app`, the workspace of every test.
+const APP_TYPES: &[&str] = &["job", "done", "ping"];
+
+/// The application's table: the worker that completed each run.
+const DONE_SQL: &str = "CREATE TABLE IF NOT EXISTS done (run TEXT PRIMARY KEY, by TEXT)";
 
 fn only_run(e: &Engine) -> reflexr::RunInfo {
     let runs = e.runs(None, 10).unwrap();
@@ -55,9 +47,8 @@ fn only_run(e: &Engine) -> reflexr::RunInfo {
 #[test]
 fn a_handler_that_fails_twice_then_succeeds_runs_three_times_and_completes_once() {
     // Invariant 5: executed until it succeeds; retries wait for their backoff.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::attempts(5).fixed(BACKOFF)))
         .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -77,14 +68,18 @@ fn a_handler_that_fails_twice_then_succeeds_runs_three_times_and_completes_once(
     assert_eq!((first.fired, first.retried, first.succeeded), (1, 1, 0));
     let run = only_run(&e);
     assert_eq!(run.state, RunState::Ready);
-    assert_eq!(run.due_at, clock.now_ms() + 10_000, "due after its backoff");
+    assert_eq!(
+        run.due_at,
+        s.clock.now_ms() + 10_000,
+        "due after its backoff"
+    );
     assert_eq!(e.run_until_idle().unwrap().claimed, 0, "not due yet");
 
-    clock.advance(BACKOFF);
+    s.clock.advance(BACKOFF);
     assert_eq!(e.run_until_idle().unwrap().retried, 1);
-    clock.advance(BACKOFF);
+    s.clock.advance(BACKOFF);
     assert_eq!(e.run_until_idle().unwrap().succeeded, 1);
-    clock.advance(BACKOFF * 10);
+    s.clock.advance(BACKOFF * 10);
     assert_eq!(e.run_until_idle().unwrap().claimed, 0);
 
     assert_eq!(calls.load(AtomicOrdering::SeqCst), 3);
@@ -95,9 +90,8 @@ fn a_handler_that_fails_twice_then_succeeds_runs_three_times_and_completes_once(
 
 #[test]
 fn exhausted_retries_dead_letter_the_run_with_the_error_text() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
         .unwrap();
     e.register_action("work", |run, _| {
@@ -107,7 +101,7 @@ fn exhausted_retries_dead_letter_the_run_with_the_error_text() {
     e.append("app", &job("a", 0)).unwrap();
     for _ in 0..3 {
         e.run_until_idle().unwrap();
-        clock.advance(BACKOFF);
+        s.clock.advance(BACKOFF);
     }
     let run = only_run(&e);
     assert_eq!((run.state, run.attempt), (RunState::Dead, 3));
@@ -146,10 +140,9 @@ fn exhausted_retries_dead_letter_the_run_with_the_error_text() {
 #[test]
 fn a_worker_whose_claim_lapsed_cannot_complete_once_another_worker_claimed_the_run() {
     // Invariants 5 and 7: completion checks the claim's holder and attempt.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let a = setup(&path, &clock, "worker-a");
-    let b = setup(&path, &clock, "worker-b");
+    let s = Scene::new();
+    let a = s.open("worker-a").workspace("app", APP_TYPES).sql(DONE_SQL);
+    let b = s.open("worker-b").workspace("app", APP_TYPES).sql(DONE_SQL);
     a.register_rule(on_job(RetryPolicy::attempts(5))).unwrap();
     let (started_tx, started) = mpsc::channel();
     let (go_tx, go) = mpsc::channel::<()>();
@@ -180,7 +173,7 @@ fn a_worker_whose_claim_lapsed_cannot_complete_once_another_worker_claimed_the_r
     };
     started.recv().unwrap();
     // a's claim lapses (nobody renews it: a is paused); b takes the run.
-    clock.advance(Duration::from_secs(31));
+    s.clock.advance(Duration::from_secs(31));
     let idle = b.run_until_idle().unwrap();
     assert_eq!((idle.claimed, idle.succeeded), (1, 1));
     go_tx.send(()).unwrap();
@@ -200,7 +193,7 @@ fn child_process_hangs_in_a_handler() {
     if !is_child() {
         return; // Only a child started by the test below does this work.
     }
-    let path = std::env::var("REFLEXR_DB").unwrap();
+    let path = parent_file();
     let e = Engine::builder(&path).holder_id("child").open().unwrap();
     e.register_action("work", |run, _| {
         println!("\nhandling {} attempt {}", run.id, run.attempt);
@@ -215,9 +208,8 @@ fn child_process_hangs_in_a_handler() {
 #[test]
 fn a_run_whose_executor_was_killed_mid_handler_is_taken_by_another_after_its_lease_lapses() {
     // Invariant 5: a claimed run whose lease lapses is claimable again.
-    let (_dir, path) = temp_db();
-    let clock = ManualClock::starting_now();
-    let e = setup(&path, &clock, "survivor");
+    let s = Scene::starting_now();
+    let e = s.open("survivor").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::attempts(5))).unwrap();
     e.append("app", &job("a", 0)).unwrap();
     // Decide here, leave the run for the child to claim.
@@ -228,18 +220,12 @@ fn a_run_whose_executor_was_killed_mid_handler_is_taken_by_another_after_its_lea
         "no handler registered yet"
     );
 
-    let mut child = spawn_child(
-        "child_process_hangs_in_a_handler",
-        &[("REFLEXR_DB", path.to_string_lossy().into_owned())],
-    );
-    let line = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(|l| l.ok())
-        .find(|l| l.starts_with("handling"))
+    let mut child = s.child("child_process_hangs_in_a_handler", &[]);
+    let line = child
+        .until(|l| l.starts_with("handling").then(|| l.to_string()))
         .expect("the child claimed the run");
     assert!(line.ends_with("attempt 1"));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.kill();
     assert_eq!(only_run(&e).state, RunState::Running);
     assert_eq!(only_run(&e).claimed_by.as_deref(), Some("child"));
 
@@ -257,7 +243,7 @@ fn a_run_whose_executor_was_killed_mid_handler_is_taken_by_another_after_its_lea
     );
     // The child claimed by the system clock, a little after this clock's
     // start: a minute past covers its 30 s claim.
-    clock.advance(Duration::from_secs(60));
+    s.clock.advance(Duration::from_secs(60));
     assert_eq!(e.run_until_idle().unwrap().succeeded, 1);
     assert_eq!(ran.load(AtomicOrdering::SeqCst), 1);
     let run = only_run(&e);
@@ -267,9 +253,8 @@ fn a_run_whose_executor_was_killed_mid_handler_is_taken_by_another_after_its_lea
 #[test]
 fn block_holds_the_scope_until_an_operator_unblocks_it() {
     // Invariant 6: on_dead_letter = block.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::never()).on_dead_letter(OnDeadLetter::Block))
         .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -328,9 +313,8 @@ fn block_holds_the_scope_until_an_operator_unblocks_it() {
 #[test]
 fn continue_lets_the_scope_go_on_after_a_dead_run() {
     // Invariant 6: on_dead_letter = continue (the default).
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::never())).unwrap();
     e.register_action("work", |run, _| {
         let input: serde_json::Value = run.input()?;
@@ -351,9 +335,8 @@ fn continue_lets_the_scope_go_on_after_a_dead_run() {
 #[test]
 fn a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope() {
     // Invariant 6.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
         .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -378,7 +361,7 @@ fn a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope() {
         [(0, 1), (2, 1), (3, 1)],
         "b went on; a waits"
     );
-    clock.advance(BACKOFF);
+    s.clock.advance(BACKOFF);
     e.run_until_idle().unwrap();
     assert_eq!(
         *order.lock().unwrap(),
@@ -390,9 +373,8 @@ fn a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope() {
 #[test]
 fn events_emitted_by_a_run_are_not_duplicated_across_retries() {
     // The firing id is the run id: emitted ids derive from it.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
         .unwrap();
     e.register_action("work", |run, ctx| {
@@ -413,7 +395,7 @@ fn events_emitted_by_a_run_are_not_duplicated_across_retries() {
             .unwrap()
             .is_empty()
     );
-    clock.advance(BACKOFF);
+    s.clock.advance(BACKOFF);
     e.run_until_idle().unwrap();
 
     let done = e.read(&Query::new("app").types(["done"])).unwrap();
@@ -432,15 +414,13 @@ fn one_runs_refused_output_fails_only_that_run_and_the_rest_of_its_batch_settles
     // statement, or whose checkpoint is too large, each fail their own
     // attempt with the reason; the run that did its job succeeds with its
     // event, and the executor goes on.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = Engine::builder(&path)
-        .clock(clock.clone())
-        .holder_id("test")
+    let s = Scene::new();
+    let e = s
+        .builder("test")
         .max_payload_bytes(64 * 1024)
         .open()
-        .unwrap();
-    e.ensure_workspace("app", &["job", "done"]).unwrap();
+        .unwrap()
+        .workspace("app", &["job", "done"]);
     e.register_rule(on_job(RetryPolicy::never())).unwrap();
     e.register_action("work", |run, ctx| {
         let input: serde_json::Value = run.input()?;
@@ -535,9 +515,8 @@ fn one_runs_refused_output_fails_only_that_run_and_the_rest_of_its_batch_settles
 #[test]
 fn completing_in_the_same_transaction_as_an_app_row_is_atomic() {
     // Invariant 2 for runs: the app's row and the completion commit together.
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
         .unwrap();
     e.register_action("work", |run, ctx| {
@@ -563,7 +542,7 @@ fn completing_in_the_same_transaction_as_an_app_row_is_atomic() {
         "rolled back with the completion"
     );
     assert_eq!(only_run(&e).state, RunState::Ready);
-    clock.advance(BACKOFF);
+    s.clock.advance(BACKOFF);
     e.run_until_idle().unwrap();
     assert_eq!(
         count(&e, "SELECT count(*) FROM done WHERE by = 'attempt 2'"),
@@ -574,13 +553,8 @@ fn completing_in_the_same_transaction_as_an_app_row_is_atomic() {
 
 #[test]
 fn a_panicking_handler_is_a_failed_attempt_and_the_executor_threads_go_on() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = Engine::builder(&path)
-        .clock(clock.clone())
-        .executors(2)
-        .open()
-        .unwrap();
+    let s = Scene::new();
+    let e = s.builder("test").executors(2).open().unwrap();
     e.ensure_workspace("app", &["job"]).unwrap();
     e.register_rule(on_job(RetryPolicy::attempts(3).fixed(Duration::ZERO)))
         .unwrap();
@@ -612,13 +586,8 @@ fn a_panicking_handler_is_a_failed_attempt_and_the_executor_threads_go_on() {
 
 #[test]
 fn a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = Engine::builder(&path)
-        .clock(clock)
-        .max_chain_depth(3)
-        .open()
-        .unwrap();
+    let s = Scene::new();
+    let e = s.builder("test").max_chain_depth(3).open().unwrap();
     e.ensure_workspace("app", &["ping"]).unwrap();
     e.register_rule(
         Rule::new("echo", "app")
@@ -651,9 +620,8 @@ fn a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter() {
 
 #[test]
 fn operators_list_runs_by_state_and_only_dead_runs_are_retried_or_discarded() {
-    let (_dir, path) = temp_db();
-    let clock = common::clock();
-    let e = setup(&path, &clock, "test");
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
     e.register_rule(on_job(RetryPolicy::never()).ordering(Ordering::None))
         .unwrap();
     e.register_action("work", |run, _| {
@@ -706,14 +674,14 @@ proptest! {
     ) {
         // Invariant 6: runs of one rule and scope start in firing order, each
         // after the previous one ended, whatever fails and retries.
-        let (_dir, path) = temp_db();
-        let e = Engine::builder(&path)
-            .clock(common::clock())
+        let s = Scene::new();
+        let e = s
+            .builder("test")
             .executors(4)
             .claim_batch(2)
             .open()
-            .unwrap();
-        e.ensure_workspace("app", &["job"]).unwrap();
+            .unwrap()
+            .workspace("app", &["job"]);
         e.register_rule(on_job(RetryPolicy::attempts(5).fixed(Duration::ZERO))).unwrap();
         let trace: Trace = Arc::default();
         let (done_tx, done) = mpsc::channel();

@@ -7,27 +7,17 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
-use common::temp_db;
+use common::{Arrange, Scene};
 use reflexr::{Decision, Engine, NewEvent, Ordering, RetryPolicy, Rule, RunState};
 
-fn engine(path: &std::path::Path, executors: usize, claim_batch: usize) -> Engine {
-    let e = Engine::builder(path)
-        .clock(common::clock())
-        .executors(executors)
-        .claim_batch(claim_batch)
-        .open()
-        .unwrap();
-    e.ensure_workspace("app", &["job"]).unwrap();
-    e.register_rule(
-        Rule::new("jobs", "app")
-            .on(["job"])
-            .ordering(Ordering::None)
-            .action("work")
-            .retry(RetryPolicy::attempts(3))
-            .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
-    )
-    .unwrap();
-    e
+/// A rule firing a `work` run for each `job` event, in no order.
+fn on_job() -> Rule {
+    Rule::new("jobs", "app")
+        .on(["job"])
+        .ordering(Ordering::None)
+        .action("work")
+        .retry(RetryPolicy::attempts(3))
+        .decide(|_| Ok(Decision::Fire(serde_json::Value::Null)))
 }
 
 fn jobs(e: &Engine, n: usize) {
@@ -42,8 +32,15 @@ fn jobs(e: &Engine, n: usize) {
 
 #[test]
 fn shutdown_finishes_the_handler_in_hand_and_gives_back_runs_not_started() {
-    let (_dir, path) = temp_db();
-    let e = engine(&path, 1, 4);
+    let s = Scene::new();
+    let e = s
+        .builder("test")
+        .executors(1)
+        .claim_batch(4)
+        .open()
+        .unwrap()
+        .workspace("app", &["job"]);
+    e.register_rule(on_job()).unwrap();
     let (started_tx, started) = mpsc::channel();
     let started_tx = Mutex::new(started_tx);
     let first = AtomicBool::new(true);
@@ -88,9 +85,11 @@ fn shutdown_finishes_the_handler_in_hand_and_gives_back_runs_not_started() {
 
 #[test]
 fn dropping_the_last_handle_stops_and_joins_the_threads() {
-    let (_dir, path) = temp_db();
+    let s = Scene::new();
     {
-        let e = engine(&path, 2, 16);
+        // The builder's defaults: two executors, claims of 16.
+        let e = s.open("test").workspace("app", &["job"]);
+        e.register_rule(on_job()).unwrap();
         let (ran_tx, ran) = mpsc::channel();
         let ran_tx = Mutex::new(ran_tx);
         e.register_action("work", move |_, _| {
@@ -107,15 +106,17 @@ fn dropping_the_last_handle_stops_and_joins_the_threads() {
             .unwrap();
     }
     // All handles are gone: the threads were joined and the lease released.
-    let e = Engine::open(&path).unwrap();
+    let e = Engine::open(&s.path).unwrap();
     let lease = &e.leases().unwrap()[0];
     assert_eq!(lease.expires_at, 0);
 }
 
 #[test]
 fn starting_twice_or_registering_a_rule_after_start_is_refused() {
-    let (_dir, path) = temp_db();
-    let e = engine(&path, 1, 16);
+    let s = Scene::new();
+    let e = s.builder("test").executors(1).open().unwrap();
+    e.ensure_workspace("app", &["job"]).unwrap();
+    e.register_rule(on_job()).unwrap();
     e.start().unwrap();
     assert!(e.start().unwrap_err().is_bad_input());
     let late = Rule::new("late", "app")
