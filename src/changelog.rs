@@ -152,6 +152,26 @@ pub(crate) fn check_json(field: &'static str, text: &str, max: usize) -> Result<
     check_json_within(field, text, max, MAX_JSON_DEPTH)
 }
 
+/// [`check_json`] for text serde produced from a typed value (a rule's
+/// state, a firing's input): valid JSON by construction, so only its size
+/// and depth are checked, not parsed again.
+pub(crate) fn check_serialized(field: &'static str, text: &str, max: usize) -> Result<()> {
+    if text.len() > max {
+        return Err(Error::invalid(
+            field,
+            format!("{} bytes, more than the limit of {max}", text.len()),
+        ));
+    }
+    let depth = json_depth(text);
+    if depth > MAX_JSON_DEPTH {
+        return Err(Error::invalid(
+            field,
+            format!("nested {depth} levels deep; at most {MAX_JSON_DEPTH}"),
+        ));
+    }
+    Ok(())
+}
+
 fn check_json_within(field: &'static str, text: &str, max: usize, max_depth: usize) -> Result<()> {
     if text.len() > max {
         return Err(Error::invalid(

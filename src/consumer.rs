@@ -56,15 +56,15 @@ pub(crate) fn read(db: &Db, c: Consumer<'_>, limit: usize) -> Result<(Stand, Vec
 }
 
 /// Why a savepoint ends without committing.
-enum Halt {
+enum Halt<E> {
     /// The cursor moved since it was read: nothing is written.
     Moved,
-    Failed(Error),
+    Failed(E),
 }
 
-impl From<Error> for Halt {
-    fn from(e: Error) -> Halt {
-        Halt::Failed(e)
+impl<E: From<Error>> From<Error> for Halt<E> {
+    fn from(e: Error) -> Halt<E> {
+        Halt::Failed(E::from(e))
     }
 }
 
@@ -73,19 +73,19 @@ impl From<Error> for Halt {
 /// cursor moves to — and moves the cursor there, all in one savepoint.
 /// `Ok(None)` when the cursor had moved (nothing written: read again); an
 /// error rolls the savepoint back.
-pub(crate) fn advance<T>(
+pub(crate) fn advance<T, E: From<Error>>(
     tx: &mut Tx<'_>,
     c: Consumer<'_>,
     lease: &Lease,
     at: Stand,
-    write: impl FnOnce(&mut Tx<'_>) -> Result<(T, i64)>,
-) -> Result<Option<T>> {
-    let done = tx.nested(|tx| -> std::result::Result<T, Halt> {
+    write: impl FnOnce(&mut Tx<'_>) -> std::result::Result<(T, i64), E>,
+) -> std::result::Result<Option<T>, E> {
+    let done = tx.nested(|tx| -> std::result::Result<T, Halt<E>> {
         lease::fence(tx.conn(), tx.now_ms(), lease)?;
         if stand(tx.conn(), c)? != at {
             return Err(Halt::Moved);
         }
-        let (value, to) = write(tx)?;
+        let (value, to) = write(tx).map_err(Halt::Failed)?;
         let now = tx.now_ms();
         match cursors::advance(tx.conn(), c.workspace, c.kind.as_str(), c.name, to, now)? {
             Ok(()) => Ok(value),

@@ -228,12 +228,7 @@ pub(crate) fn pass(
             let outcomes = db.write(|tx| -> Result<Vec<Result<Option<Committed>>>> {
                 Ok(decided
                     .iter()
-                    .map(|d| {
-                        let to = page[d.through - 1].seq;
-                        consumer::advance(tx, d.rule.consumer(), &lease, d.stand, |tx| {
-                            Ok((commit(tx, d, &page, &lease)?, to))
-                        })
-                    })
+                    .map(|d| commit_rule(tx, d, &page, &lease))
                     .collect())
             })?;
             for (d, outcome) in decided.iter().zip(outcomes) {
@@ -355,7 +350,7 @@ fn decide<'r>(
     for (scope, i) in &dirty {
         let state = states.get(scope).expect("dirty states are loaded");
         let json = decider.save(&**state).and_then(|json| {
-            match changelog::check_json("state", &json, max_json) {
+            match changelog::check_serialized("state", &json, max_json) {
                 Ok(()) => Ok(json),
                 Err(e) => Err(e.to_string()),
             }
@@ -439,7 +434,7 @@ fn decide_one(
                 Decision::Skip => None,
                 Decision::Fire(input) => {
                     let text = input.to_string();
-                    match changelog::check_json("input", &text, max_json) {
+                    match changelog::check_serialized("input", &text, max_json) {
                         Ok(()) => Some(text),
                         // The firing cannot be recorded: an error like any
                         // other, and the decision's state changes go too.
@@ -470,9 +465,56 @@ fn firing_exists(conn: &rusqlite::Connection, workspace: &str, id: &str) -> Resu
         || events::seq_of(conn, workspace, &format!("{id}:fired"))?.is_some())
 }
 
+/// Why writing a rule's batch stopped.
+enum CommitError {
+    /// The firing at this index of [`Decided::firings`] could not be
+    /// recorded: the batch is written again with it as an error.
+    Firing(usize, Error),
+    Other(Error),
+}
+
+impl From<Error> for CommitError {
+    fn from(e: Error) -> CommitError {
+        CommitError::Other(e)
+    }
+}
+
+/// Commits what one rule decided through the consumer loop: `None` if its
+/// cursor moved meanwhile. Firings are recorded without a savepoint each; a
+/// firing the file refuses rolls the rule's savepoint back, and the batch
+/// is written again with that firing recorded as a `firing_refused` error.
+fn commit_rule(
+    tx: &mut Tx<'_>,
+    d: &Decided<'_>,
+    page: &[Event],
+    lease: &Lease,
+) -> Result<Option<Committed>> {
+    let to = page[d.through - 1].seq;
+    let mut refused: Vec<(usize, Error)> = Vec::new();
+    loop {
+        let attempt = consumer::advance(tx, d.rule.consumer(), lease, d.stand, |tx| {
+            Ok((commit(tx, d, page, lease, &refused)?, to))
+        });
+        match attempt {
+            Ok(done) => return Ok(done),
+            Err(CommitError::Firing(i, e)) if !refused.iter().any(|(r, _)| *r == i) => {
+                refused.push((i, e));
+            }
+            Err(CommitError::Firing(_, e) | CommitError::Other(e)) => return Err(e),
+        }
+    }
+}
+
 /// Writes what one rule decided, inside [`consumer::advance`] (which checked
-/// the evaluator lease and the cursor, and moves the cursor after).
-fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event], lease: &Lease) -> Result<Committed> {
+/// the evaluator lease and the cursor, and moves the cursor after); the
+/// firings in `refused` are recorded as errors instead.
+fn commit(
+    tx: &mut Tx<'_>,
+    d: &Decided<'_>,
+    page: &[Event],
+    lease: &Lease,
+    refused: &[(usize, Error)],
+) -> std::result::Result<Committed, CommitError> {
     let rule = d.rule;
     let now = tx.now_ms();
     for (scope, json, seq) in &d.changed {
@@ -480,24 +522,29 @@ fn commit(tx: &mut Tx<'_>, d: &Decided<'_>, page: &[Event], lease: &Lease) -> Re
     }
     let mut done = Committed::default();
     let (mut existing, mut kept) = (0, 0);
-    let mut refused = Vec::new();
-    for f in &d.firings {
+    let mut refused_errors = Vec::new();
+    for (i, f) in d.firings.iter().enumerate() {
         let event = &page[f.event];
-        if event.seq <= d.high_water && firing_exists(tx.conn(), &rule.workspace, &f.id)? {
-            existing += 1;
-            continue;
-        }
-        match tx.nested(|tx| record_firing(tx, rule, f, event, lease)) {
-            Ok(()) => done.fired += 1,
-            Err(e) if e.dooms_transaction() => return Err(e),
-            Err(e) => refused.push(Errored {
+        if let Some((_, e)) = refused.iter().find(|(r, _)| *r == i) {
+            refused_errors.push(Errored {
                 event: f.event,
                 scope: Some(f.scope.clone()),
                 reason: Reason::FiringRefused,
                 error: format!("the firing could not be recorded: {e}"),
-            }),
+            });
+            continue;
+        }
+        if event.seq <= d.high_water && firing_exists(tx.conn(), &rule.workspace, &f.id)? {
+            existing += 1;
+            continue;
+        }
+        match record_firing(tx, rule, f, event, lease) {
+            Ok(()) => done.fired += 1,
+            Err(e) if e.dooms_transaction() => return Err(CommitError::Other(e)),
+            Err(e) => return Err(CommitError::Firing(i, e)),
         }
     }
+    let refused = refused_errors;
     for &i in &d.quiet_replays {
         let event = &page[i];
         let id = firing_id(&rule.name, event, 0);

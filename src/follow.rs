@@ -351,7 +351,7 @@ pub(crate) fn step(
     }
 
     let outcome = db.write(|tx| -> Result<Option<Relayed>> {
-        let relayed = consumer::advance(tx, c, lease, stand, |tx| {
+        let relayed = consumer::advance(tx, c, lease, stand, |tx| -> Result<_> {
             let now = tx.now_ms();
             let mut r = Relayed::default();
             let mut last = None;

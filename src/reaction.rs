@@ -198,7 +198,7 @@ pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
         .as_ref()
         .expect("a registered reaction has a handler");
     let committed = db.write(|tx| {
-        consumer::advance(tx, c, lease, stand, |tx| {
+        consumer::advance(tx, c, lease, stand, |tx| -> Result<_> {
             let now = tx.now_ms();
             let started = Instant::now();
             let mut last = None;

@@ -13,7 +13,7 @@ use crate::event::{Appended, Event, NewEvent, Query};
 use crate::lease::{self, Lease};
 use crate::retry::RetryPolicy;
 use crate::settings::{Limits, Settings};
-use crate::store::conn::Guard;
+use crate::store::conn::{Control, Guard};
 
 /// What a write consults besides its connection: the engine's clock and
 /// settings, and the delivery channels this process registered (with the
@@ -93,15 +93,15 @@ impl<'a> Tx<'a> {
         if conn.is_autocommit() {
             return Err(gone().into());
         }
-        guard.control(conn, "SAVEPOINT reflexr_nested")?;
+        guard.control(conn, Control::Nested)?;
         let result = f(self);
         if conn.is_autocommit() {
             return Err(gone().into());
         }
         if result.is_err() {
-            guard.control(conn, "ROLLBACK TO reflexr_nested")?;
+            guard.control(conn, Control::RollbackNested)?;
         }
-        guard.control(conn, "RELEASE reflexr_nested")?;
+        guard.control(conn, Control::ReleaseNested)?;
         result
     }
 

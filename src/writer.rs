@@ -43,7 +43,7 @@ use rusqlite::Connection;
 use crate::combiner::{Batch, Combiner, Ended, Outcome};
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
-use crate::store::conn::{Guard, retry_busy};
+use crate::store::conn::{Control, Guard, retry_busy};
 use crate::tx::{Env, Tx};
 
 static NEXT_WRITER_ID: AtomicUsize = AtomicUsize::new(1);
@@ -177,7 +177,7 @@ impl Writer {
             open: false,
         };
         if let Err(e) = retry_busy(self.busy_timeout, || {
-            self.guard.control(&conn, "BEGIN IMMEDIATE")
+            self.guard.control(&conn, Control::Begin)
         }) {
             return batch.end(Err(Arc::new(e)));
         }
@@ -185,7 +185,7 @@ impl Writer {
         let (mut members, mut nudge) = (0u64, false);
         let mut failed = None;
         for member in batch.members() {
-            if let Err(e) = self.guard.control(&conn, "SAVEPOINT reflexr_call") {
+            if let Err(e) = self.guard.control(&conn, Control::Call) {
                 failed = Some(e);
                 break;
             }
@@ -205,7 +205,7 @@ impl Writer {
         }
         #[cfg(test)]
         faults::at(faults::Fault::BeforeCommit);
-        match self.guard.control(&conn, "COMMIT") {
+        match self.guard.control(&conn, Control::Commit) {
             Ok(()) => {
                 txn.open = false;
                 batch.end(Ok(()));
@@ -245,7 +245,7 @@ impl Transaction<'_> {
     fn roll_back(&mut self) {
         if self.open
             && !self.conn.is_autocommit()
-            && let Err(e) = self.guard.control(self.conn, "ROLLBACK")
+            && let Err(e) = self.guard.control(self.conn, Control::Rollback)
         {
             log::error!("reflexr: rollback failed: {e}");
         }
@@ -271,9 +271,9 @@ fn end_savepoint(conn: &Connection, guard: &Guard, keep: bool) -> Result<()> {
         });
     }
     if !keep {
-        guard.control(conn, "ROLLBACK TO reflexr_call")?;
+        guard.control(conn, Control::RollbackCall)?;
     }
-    guard.control(conn, "RELEASE reflexr_call")
+    guard.control(conn, Control::ReleaseCall)
 }
 
 /// Marks this thread as inside a write of one writer, for as long as the
@@ -536,6 +536,20 @@ mod tests {
             .unwrap();
         assert_eq!(sync, 2, "the writer is still synchronous=FULL");
         assert!(names(&engine).contains(&"kept".to_string()));
+        // The writer's own control statements are cached, but not under
+        // their plain text: a closure preparing them is refused all the same.
+        engine
+            .write(|tx| {
+                for sql in ["RELEASE reflexr_call", "COMMIT", "SAVEPOINT reflexr_nested"] {
+                    let refused = tx.conn().prepare_cached(sql).map(|_| ()).unwrap_err();
+                    assert!(
+                        matches!(Error::from(refused), Error::StatementRefused { .. }),
+                        "{sql}"
+                    );
+                }
+                Ok(())
+            })
+            .unwrap();
         assert!(!names(&engine).contains(&"undone".to_string()));
         assert_eq!(
             engine.writer_stats().aborts,

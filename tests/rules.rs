@@ -734,6 +734,51 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on() {
 }
 
 #[test]
+fn a_firing_the_file_refuses_is_an_evaluation_error_and_the_others_are_recorded() {
+    // Errors are per (rule, event): a firing whose run cannot be recorded
+    // (here an application trigger refuses one scope's runs) becomes a
+    // RuleErrored and a dead letter; the batch's other firings, its state
+    // and its cursor commit as decided.
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
+    e.register_rule(every_nth("each", 1)).unwrap();
+    let e = e.sql(
+        "CREATE TRIGGER no_runs_for_1 BEFORE INSERT ON reflexr_runs \
+         WHEN NEW.scope = '1' BEGIN SELECT RAISE(ABORT, 'no runs for session 1'); END;",
+    );
+    append_rsvps(&e, 3, 2);
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.fired, idle.errored), (6, 4, 2));
+    let runs: Vec<String> = e
+        .runs(None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.scope.unwrap())
+        .collect();
+    assert_eq!(runs.len(), 4);
+    assert!(runs.iter().all(|scope| scope != "1"));
+    let dead = e.dead_letters(false, 10).unwrap();
+    assert_eq!(dead.len(), 2);
+    assert!(
+        dead.iter()
+            .all(|d| d.reason == reflexr::Reason::FiringRefused
+                && d.error.contains("no runs for session 1"))
+    );
+    assert_eq!(
+        e.read(&Query::new("app").types(["RuleFired"]))
+            .unwrap()
+            .len(),
+        4,
+        "a refused firing leaves no RuleFired behind"
+    );
+    assert_eq!(
+        e.rule_state::<Count>("each", "1").unwrap(),
+        Some(Count { n: 2 })
+    );
+    assert_eq!(e.rules().unwrap()[0].lag, 0);
+}
+
+#[test]
 fn a_rule_whose_commit_keeps_failing_shows_as_stuck_until_it_moves() {
     // "Nothing wedges a rule silently": a commit that fails again and again
     // at one position is counted and shown, with its error.

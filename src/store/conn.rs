@@ -178,10 +178,50 @@ pub(crate) fn retry_busy<T>(timeout: Duration, mut step: impl FnMut() -> Result<
 /// - setting one of [`GUARDED_PRAGMAS`] (reading them is fine).
 ///
 /// `VACUUM` needs no rule: SQLite refuses it inside a transaction.
-#[derive(Clone)]
+///
+/// The control statements are prepared once and cached, under SQL text that
+/// ends in a comment holding a random number drawn when the guard is
+/// installed: a closure cannot name them, so whatever it prepares — even
+/// the same statement — goes through the authorizer.
 pub(crate) struct Guard {
     /// True while the writer runs a statement of its own.
     control: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Each control statement's SQL, with the guard's secret comment.
+    texts: [String; Control::COUNT],
+}
+
+/// The writer's own transaction-control statements.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Control {
+    Begin,
+    Commit,
+    Rollback,
+    /// A caller's savepoint in the batch.
+    Call,
+    RollbackCall,
+    ReleaseCall,
+    /// The engine's savepoint inside a caller's work.
+    Nested,
+    RollbackNested,
+    ReleaseNested,
+}
+
+impl Control {
+    const COUNT: usize = 9;
+
+    fn sql(self) -> &'static str {
+        match self {
+            Control::Begin => "BEGIN IMMEDIATE",
+            Control::Commit => "COMMIT",
+            Control::Rollback => "ROLLBACK",
+            Control::Call => "SAVEPOINT reflexr_call",
+            Control::RollbackCall => "ROLLBACK TO reflexr_call",
+            Control::ReleaseCall => "RELEASE reflexr_call",
+            Control::Nested => "SAVEPOINT reflexr_nested",
+            Control::RollbackNested => "ROLLBACK TO reflexr_nested",
+            Control::ReleaseNested => "RELEASE reflexr_nested",
+        }
+    }
 }
 
 /// Pragmas a write closure may read but not set: durability, the journal,
@@ -207,8 +247,21 @@ impl Guard {
     /// Installs the authorizer on `conn`.
     pub(crate) fn install(conn: &Connection) -> Result<Guard> {
         use std::sync::atomic::Ordering;
+        let secret = fastrand::u64(..);
+        let all = [
+            Control::Begin,
+            Control::Commit,
+            Control::Rollback,
+            Control::Call,
+            Control::RollbackCall,
+            Control::ReleaseCall,
+            Control::Nested,
+            Control::RollbackNested,
+            Control::ReleaseNested,
+        ];
         let guard = Guard {
             control: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            texts: all.map(|c| format!("{} /* reflexr {secret:016x} */", c.sql())),
         };
         let control = std::sync::Arc::clone(&guard.control);
         conn.authorizer(Some(move |ctx: rusqlite::hooks::AuthContext<'_>| {
@@ -221,15 +274,17 @@ impl Guard {
         Ok(guard)
     }
 
-    /// Runs one of the writer's own transaction-control statements. It is
-    /// prepared afresh each time, never cached, so a closure can never reuse
-    /// a statement prepared while control was on.
-    pub(crate) fn control(&self, conn: &Connection, sql: &str) -> Result<()> {
+    /// Runs one of the writer's own transaction-control statements (prepared
+    /// and, if need be, prepared again while the guard lets it through).
+    pub(crate) fn control(&self, conn: &Connection, what: Control) -> Result<()> {
         use std::sync::atomic::Ordering;
         self.control.store(true, Ordering::Relaxed);
-        let result = conn.execute_batch(sql);
+        let result = conn
+            .prepare_cached(&self.texts[what as usize])
+            .and_then(|mut s| s.execute([]));
         self.control.store(false, Ordering::Relaxed);
-        Ok(result?)
+        result?;
+        Ok(())
     }
 }
 
