@@ -67,7 +67,7 @@ pub enum Error {
         reason: String,
     },
     /// A cursor save asked to move a cursor backwards. Only an operator reset
-    /// ([`crate::Engine::reset_cursor`]) may do that.
+    /// ([`crate::Operator::reset_cursor`]) may do that.
     CursorBackwards {
         /// The consumer whose cursor it is.
         consumer: String,

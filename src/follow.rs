@@ -38,7 +38,7 @@
 //!   counted, and recorded on its cursor (a follower stopped again and again
 //!   at one position shows as stuck); the follower starts again at its
 //!   cursor when the engine is opened again or an operator restarts it from
-//!   any process ([`crate::Engine::restart_follower`], `reflexr
+//!   any process ([`crate::Operator::restart_follower`], `reflexr
 //!   restart-follower`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -69,7 +69,7 @@ pub struct RuleInfo {
     pub updated_at: i64,
 }
 
-/// What to reset of a rule ([`crate::Engine::reset_rule`]).
+/// What to reset of a rule ([`crate::Operator::reset_rule`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RuleReset {
