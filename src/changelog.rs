@@ -231,7 +231,19 @@ fn is_foreign_key_violation(e: &rusqlite::Error) -> bool {
 
 pub(crate) fn read(conn: &Connection, q: &Query) -> Result<Vec<Event>> {
     q.validate()?;
-    events::page(conn, &q.workspace, q.after, &q.types, q.limit)
+    match &q.subject {
+        None => events::page(conn, &q.workspace, q.after, &q.types, q.limit),
+        Some(subject) => Ok(events::scan(
+            conn,
+            &q.workspace,
+            q.after,
+            &q.types,
+            Some(subject),
+            q.limit,
+            usize::MAX,
+        )?
+        .0),
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@ text_enum! {
         RunsRetried = "runs_retried",
         /// Runs dead-lettered.
         RunsDead = "runs_dead",
+        /// Claims whose executor stopped renewing them, made claimable
+        /// again.
+        ClaimsRescued = "claims_rescued",
         /// Events reactions handled.
         Reacted = "reacted",
         /// Events whose reaction handler failed (dead-lettered).

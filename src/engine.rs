@@ -14,9 +14,13 @@ use crate::delivery::{self, ChannelPolicy, Delivery, Message};
 use crate::error::{Error, HandlerError, Result};
 use crate::event::{Appended, Event, NewEvent, Query};
 use crate::follow::{self, Follow, FollowerInfo};
+use crate::inspect::{
+    self, DeadLetterFilter, DeadLetterPage, EventPage, RunDetail, RunFilter, RunPage,
+};
 use crate::lease::{self, Lease, LeaseInfo};
 use crate::names;
-use crate::operate::{self, RuleInfo};
+use crate::notify::Subscription;
+use crate::operate::{self, MAX_BULK, Matches, RuleInfo};
 use crate::prune::{self, Pruned, Retention};
 use crate::reaction::{self, Reaction};
 use crate::rule::Rule;
@@ -254,6 +258,67 @@ impl Engine {
     /// One event by seq.
     pub fn event(&self, seq: i64) -> Result<Option<Event>> {
         self.cx.db.read(|c| events::get(c, seq))
+    }
+
+    /// One event of `workspace` by its id.
+    pub fn event_by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>> {
+        names::check_name("workspace", workspace)?;
+        names::check_text("id", id, names::MAX_ID_BYTES)?;
+        self.cx.db.read(|c| events::by_id(c, workspace, id))
+    }
+
+    /// A page of the events `query` asks for — its types and its subject —
+    /// looked for among at most [`crate::SCAN_WINDOW`] events of its
+    /// workspace after its `after`, so a rare subject in a long log costs a
+    /// bounded read per page. Go on from the page's `next_after`.
+    pub fn events_page(&self, query: &Query) -> Result<EventPage> {
+        self.cx.db.read(|c| inspect::events_page(c, query))
+    }
+
+    /// A page of the runs `filter` matches, newest first, looked for among
+    /// at most [`crate::SCAN_WINDOW`] runs (go on from the page's `next`).
+    pub fn find_runs(&self, filter: &RunFilter) -> Result<RunPage> {
+        self.cx.db.read(|c| inspect::find_runs(c, filter))
+    }
+
+    /// One run with the event that fired it and the events it emitted.
+    pub fn run_detail(&self, id: &str) -> Result<Option<RunDetail>> {
+        self.cx.db.read(|c| inspect::run_detail(c, id))
+    }
+
+    /// A page of the dead letters `filter` matches, newest first.
+    pub fn find_dead_letters(&self, filter: &DeadLetterFilter) -> Result<DeadLetterPage> {
+        self.cx.db.read(|c| inspect::find_dead_letters(c, filter))
+    }
+
+    /// The dead runs `filter` matches, at most `max`: what a bulk retry or
+    /// discard ([`crate::Operator::retry_runs`]) would act on — its dry run.
+    pub fn matching_dead_runs(&self, filter: &RunFilter, max: usize) -> Result<Matches<String>> {
+        self.cx
+            .db
+            .read(|c| operate::matching_dead_runs(c, filter, max.min(MAX_BULK)))
+    }
+
+    /// The open dead letters `filter` matches, at most `max`: what
+    /// [`crate::Operator::retry_dead_letters`] would act on.
+    pub fn matching_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        max: usize,
+    ) -> Result<Matches<i64>> {
+        self.cx
+            .db
+            .read(|c| operate::matching_dead_letters(c, filter, max.min(MAX_BULK)))
+    }
+
+    /// A watch on the file's commits: [`Watch::wait`] returns when this
+    /// process commits (at once) or another process does (within a
+    /// heartbeat). For threads that follow the file (a live view).
+    pub fn watch(&self) -> Watch {
+        Watch {
+            sub: self.cx.db.subscribe(),
+            heartbeat: self.cx.db.settings().heartbeat,
+        }
     }
 
     /// The highest seq ever assigned in the file (0 before the first append).
@@ -623,5 +688,27 @@ impl Engine {
     /// [`Error::Corrupt`] with SQLite's findings.
     pub fn check_integrity(&self) -> Result<()> {
         self.cx.db.read(schema::quick_check)
+    }
+}
+
+/// A watch on a file's commits, from [`Engine::watch`].
+pub struct Watch {
+    sub: Subscription,
+    heartbeat: Duration,
+}
+
+impl Watch {
+    /// Waits until something may have been committed since the last wait —
+    /// by this process (woken at once) or another (noticed within the
+    /// heartbeat) — or `timeout` passes. True for a commit, false for the
+    /// timeout. A wake-up may be spurious: read to see what changed.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        self.sub.wait(self.heartbeat, Instant::now() + timeout)
+    }
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").finish_non_exhaustive()
     }
 }

@@ -66,6 +66,15 @@ pub enum Error {
         /// Why, in words.
         reason: String,
     },
+    /// What was asked cannot be done to the thing in the state it is in:
+    /// retrying a run that is not dead, resolving a dead letter already
+    /// resolved. Nothing was changed.
+    Conflict {
+        /// What kind of thing ("run", "dead letter", …).
+        kind: &'static str,
+        /// Why, in words.
+        reason: String,
+    },
     /// A cursor save asked to move a cursor backwards. Only an operator reset
     /// ([`crate::Operator::reset_cursor`]) may do that.
     CursorBackwards {
@@ -234,6 +243,12 @@ impl Error {
         matches!(self, Error::LeaseLost { .. })
     }
 
+    /// True for [`Error::Conflict`]: the thing is not in a state that allows
+    /// it (a run that is not dead cannot be retried).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Conflict { .. })
+    }
+
     /// True for [`Error::Busy`]: another process kept the file locked past the
     /// busy timeout. Trying again later is safe.
     pub fn is_busy(&self) -> bool {
@@ -253,6 +268,7 @@ impl Error {
                 | Error::CursorAhead { .. }
                 | Error::Encode { .. }
                 | Error::StatementRefused { .. }
+                | Error::Conflict { .. }
         )
     }
 
@@ -314,6 +330,7 @@ impl fmt::Display for Error {
                 "event type {event_type:?} is reserved: only the engine appends it"
             ),
             Error::Invalid { field, reason } => write!(f, "invalid {field}: {reason}"),
+            Error::Conflict { kind, reason } => write!(f, "{kind} conflict: {reason}"),
             Error::CursorBackwards {
                 consumer,
                 workspace,

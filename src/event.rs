@@ -183,6 +183,7 @@ pub struct Query {
     pub(crate) workspace: String,
     pub(crate) after: i64,
     pub(crate) types: Vec<String>,
+    pub(crate) subject: Option<String>,
     pub(crate) limit: usize,
 }
 
@@ -199,6 +200,7 @@ impl Query {
             workspace: workspace.into(),
             after: 0,
             types: Vec::new(),
+            subject: None,
             limit: Self::DEFAULT_LIMIT,
         }
     }
@@ -216,6 +218,15 @@ impl Query {
         S: Into<String>,
     {
         self.types = types.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Only events about `subject`. [`crate::Engine::read`] looks through
+    /// the workspace after `after` until the page is full; for a rare
+    /// subject in a long log, [`crate::Engine::events_page`] looks through a
+    /// bounded stretch at a time.
+    pub fn subject(mut self, subject: impl Into<String>) -> Query {
+        self.subject = Some(subject.into());
         self
     }
 
@@ -243,6 +254,9 @@ impl Query {
         }
         for t in &self.types {
             crate::names::check_name("event type", t)?;
+        }
+        if let Some(s) = &self.subject {
+            crate::names::check_text("subject", s, crate::names::MAX_SUBJECT_BYTES)?;
         }
         Ok(())
     }

@@ -74,9 +74,11 @@ pub(crate) fn execute(
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let claim = |tx: &mut Tx<'_>| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
+        let mut rescued = 0;
         for lapsed in runs::lapsed(tx.conn(), now, 100)? {
-            runs::requeue_lapsed(tx.conn(), lapsed.ord, now)?;
+            rescued += usize::from(runs::requeue_lapsed(tx.conn(), lapsed.ord, now)?);
         }
+        counters::bump(tx.conn(), Counter::ClaimsRescued, rescued)?;
         runs::claim(tx.conn(), &holder, now, now + ttl, limit, names)
     };
     let mut claimed: Vec<RunRow> = db.write(claim)?;

@@ -73,6 +73,7 @@ mod delivery;
 mod evaluate;
 mod execute;
 mod follow;
+mod inspect;
 mod operate;
 mod prune;
 mod reaction;
@@ -96,14 +97,18 @@ pub use counter::Counter;
 pub use cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
 pub use dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
 pub use delivery::{ChannelPolicy, Delivery, Message, SenderFn};
-pub use engine::Engine;
+pub use engine::{Engine, Watch};
 pub use error::{Error, HandlerError, Result};
 pub use evaluate::firing_id;
 pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
+pub use inspect::{
+    DeadLetterFilter, DeadLetterPage, EventPage, MAX_PAGE, RunDetail, RunFilter, RunPage,
+    SCAN_WINDOW,
+};
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 pub use names::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
-pub use operate::{RuleInfo, RuleReset};
+pub use operate::{Bulk, MAX_BULK, Matches, RuleInfo, RuleReset};
 pub use operator::Operator;
 pub use prune::{Pruned, Retention};
 pub use reaction::{Reaction, ReactionFn};

@@ -265,13 +265,13 @@ pub(crate) fn delete_rule(
 fn dead_run(conn: &Connection, id: &str) -> Result<runs::RunRow> {
     let row = runs::get(conn, id)?.ok_or_else(|| Error::not_found("run", id))?;
     if row.state != "dead" {
-        return Err(Error::invalid(
-            "run",
-            format!(
+        return Err(Error::Conflict {
+            kind: "run",
+            reason: format!(
                 "{id} is {}, not dead; only a dead run is retried or discarded",
                 row.state
             ),
-        ));
+        });
     }
     Ok(row)
 }
@@ -386,10 +386,10 @@ fn open_dead_letter(conn: &Connection, id: i64) -> Result<DeadLetter> {
     let d = dead_letters::get(conn, id)?
         .ok_or_else(|| Error::not_found("dead letter", id.to_string()))?;
     if d.resolved_at.is_some() {
-        return Err(Error::invalid(
-            "dead letter",
-            format!("{id} is resolved already"),
-        ));
+        return Err(Error::Conflict {
+            kind: "dead letter",
+            reason: format!("{id} is resolved already"),
+        });
     }
     Ok(d)
 }
@@ -492,4 +492,115 @@ pub(crate) fn restart_follower(
         reason,
         serde_json::json!({}),
     )
+}
+
+// ----- bulk ------------------------------------------------------------------
+
+/// What a bulk intervention did ([`crate::Operator::retry_runs`] and
+/// friends).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
+pub struct Bulk {
+    /// The ids acted on.
+    pub done: Vec<String>,
+    /// The ids left as they were, with why (not found; no longer dead;
+    /// resolved already).
+    pub skipped: Vec<(String, String)>,
+}
+
+/// Most ids one bulk intervention takes.
+pub const MAX_BULK: usize = 1_000;
+
+/// Runs `one` for each id in a savepoint of its own: an id that cannot be
+/// acted on (the error is the thing's, not the file's) is skipped and said
+/// why; the others go ahead, all in the caller's transaction.
+pub(crate) fn bulk<I: ToString>(
+    tx: &mut crate::tx::Tx<'_>,
+    ids: &[I],
+    mut one: impl FnMut(&rusqlite::Connection, i64, &I) -> Result<()>,
+) -> Result<Bulk> {
+    if ids.len() > MAX_BULK {
+        return Err(Error::invalid(
+            "ids",
+            format!("{} at once; at most {MAX_BULK}", ids.len()),
+        ));
+    }
+    let mut out = Bulk::default();
+    for id in ids {
+        let done = tx.nested(|tx| one(tx.conn(), tx.now_ms(), id));
+        match done {
+            Ok(()) => out.done.push(id.to_string()),
+            Err(e) if e.dooms_transaction() => return Err(e),
+            Err(e) => out.skipped.push((id.to_string(), e.to_string())),
+        }
+    }
+    Ok(out)
+}
+
+/// The ids of what a bulk intervention would act on, found by a filter.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Matches<T> {
+    /// The ids, newest first.
+    pub ids: Vec<T>,
+    /// True when more match than were taken (act, then ask again).
+    pub more: bool,
+}
+
+/// How many pages a search for matches looks through at most.
+const MATCH_PAGES: usize = 100;
+
+/// The dead runs `filter` matches, at most `max` (its state must be unset or
+/// dead; its limit and cursor are the search's own).
+pub(crate) fn matching_dead_runs(
+    conn: &Connection,
+    filter: &crate::inspect::RunFilter,
+    max: usize,
+) -> Result<Matches<String>> {
+    if filter.state.is_some_and(|s| s != RunState::Dead) {
+        return Err(Error::invalid(
+            "state",
+            "only dead runs are retried or discarded",
+        ));
+    }
+    let mut f = filter
+        .clone()
+        .state(RunState::Dead)
+        .limit(crate::inspect::MAX_PAGE);
+    let mut ids = Vec::new();
+    for _ in 0..MATCH_PAGES {
+        let page = crate::inspect::find_runs(conn, &f)?;
+        ids.extend(page.runs.into_iter().map(|r| r.id));
+        match page.next {
+            Some(next) if ids.len() <= max => f.before = Some(next),
+            _ => break,
+        }
+    }
+    let more = ids.len() > max;
+    ids.truncate(max);
+    Ok(Matches { ids, more })
+}
+
+/// The open dead letters `filter` matches, at most `max`.
+pub(crate) fn matching_dead_letters(
+    conn: &Connection,
+    filter: &crate::inspect::DeadLetterFilter,
+    max: usize,
+) -> Result<Matches<i64>> {
+    let mut f = filter
+        .clone()
+        .include_resolved(false)
+        .limit(crate::inspect::MAX_PAGE);
+    let mut ids = Vec::new();
+    for _ in 0..MATCH_PAGES {
+        let page = crate::inspect::find_dead_letters(conn, &f)?;
+        ids.extend(page.dead_letters.into_iter().map(|d| d.id));
+        match page.next {
+            Some(next) if ids.len() <= max => f.before = Some(next),
+            _ => break,
+        }
+    }
+    let more = ids.len() > max;
+    ids.truncate(max);
+    Ok(Matches { ids, more })
 }

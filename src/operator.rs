@@ -3,7 +3,7 @@
 use crate::cursor::{self, ConsumerKind, Reset};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::operate::{self, RuleReset};
+use crate::operate::{self, Bulk, RuleReset};
 
 /// An operator acting on the file, from [`Engine::operator`]: every
 /// intervention is checked (a typed error for what cannot be done: only a
@@ -153,5 +153,54 @@ impl Operator<'_> {
             .write(|tx| operate::restart_follower(tx.conn(), tx.now_ms(), name, op, why))?;
         self.engine.unstop_follower(name);
         Ok(())
+    }
+
+    /// Retries these dead runs, each as [`Operator::retry_run`], in one
+    /// transaction; an id that is not a dead run is skipped and said why.
+    /// Find them with [`Engine::matching_dead_runs`] (the dry run).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for more than [`crate::MAX_BULK`] ids.
+    pub fn retry_runs(&self, ids: &[String]) -> Result<Bulk> {
+        let (op, why) = self.who();
+        self.engine.write(|tx| {
+            operate::bulk(tx, ids, |c, now, id| {
+                operate::retry_run(c, now, id, op, why)
+            })
+        })
+    }
+
+    /// Discards these dead runs, as [`Operator::retry_runs`] retries them.
+    pub fn discard_runs(&self, ids: &[String]) -> Result<Bulk> {
+        let (op, why) = self.who();
+        self.engine.write(|tx| {
+            operate::bulk(tx, ids, |c, now, id| {
+                operate::discard_run(c, now, id, op, why)
+            })
+        })
+    }
+
+    /// Retries what these open dead letters gave up on, each as
+    /// [`Operator::retry_dead_letter`], in one transaction; one that cannot
+    /// be retried is skipped and said why. Find them with
+    /// [`Engine::matching_dead_letters`].
+    pub fn retry_dead_letters(&self, ids: &[i64]) -> Result<Bulk> {
+        let (op, why) = self.who();
+        self.engine.write(|tx| {
+            operate::bulk(tx, ids, |c, now, id| {
+                operate::retry_dead_letter(c, now, *id, op, why)
+            })
+        })
+    }
+
+    /// Discards these open dead letters, as [`Operator::retry_dead_letters`]
+    /// retries them.
+    pub fn discard_dead_letters(&self, ids: &[i64]) -> Result<Bulk> {
+        let (op, why) = self.who();
+        self.engine.write(|tx| {
+            operate::bulk(tx, ids, |c, now, id| {
+                operate::discard_dead_letter(c, now, *id, op, why)
+            })
+        })
     }
 }

@@ -167,6 +167,10 @@ pub struct RunInfo {
     /// Its input, as JSON text (serialised as the JSON it holds).
     #[serde(serialize_with = "crate::words::raw_json")]
     pub input: String,
+    /// What its last attempt saved with [`RunContext::checkpoint`], as JSON
+    /// text (serialised as the JSON it holds).
+    #[serde(serialize_with = "crate::words::raw_json_opt")]
+    pub checkpoint: Option<String>,
     /// When it was created.
     pub created_at: i64,
     /// When it last changed.
@@ -193,6 +197,7 @@ impl RunInfo {
             last_error: r.last_error,
             event_seq: r.event_seq,
             input: r.input,
+            checkpoint: r.checkpoint,
             created_at: r.created_at,
             updated_at: r.updated_at,
             finished_at: r.finished_at,

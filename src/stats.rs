@@ -30,6 +30,9 @@ pub struct Stats {
     pub counters: BTreeMap<Counter, i64>,
     /// Runs in each state now.
     pub runs: BTreeMap<RunState, i64>,
+    /// When the oldest ready run became due (None: none is ready); the
+    /// queue's wait is `now - oldest_ready_due_at`.
+    pub oldest_ready_due_at: Option<i64>,
     /// Dead letters not yet resolved, by kind.
     pub dead_letters: BTreeMap<DeadLetterKind, i64>,
     /// Every cursor with its lag and failures.
@@ -57,6 +60,7 @@ pub(crate) fn collect(db: &Db, followers: Vec<FollowerInfo>) -> Result<Stats> {
             events_appended: events::head(c)?,
             counters: counters::all(c)?.into_iter().collect(),
             runs,
+            oldest_ready_due_at: runs::oldest_ready_due(c)?,
             dead_letters: dead_letters::open_counts(c)?.into_iter().collect(),
             cursors: cursor::list(c)?,
             followers: followers.clone(),

@@ -111,6 +111,17 @@ macro_rules! open_text_enum {
 
 pub(crate) use {open_text_enum, text_enum};
 
+/// [`raw_json`] for a column that may be empty.
+pub(crate) fn raw_json_opt<S: serde::Serializer>(
+    text: &Option<String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match text {
+        Some(t) => raw_json(t, s),
+        None => s.serialize_none(),
+    }
+}
+
 /// Serialises JSON text the file holds (a payload, an input) as the JSON it
 /// is, not as a string; text that is not JSON (it cannot be, the schema
 /// checks it) would go as a string.

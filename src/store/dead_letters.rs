@@ -191,3 +191,57 @@ pub(crate) fn open_counts(conn: &Connection) -> Result<Vec<(DeadLetterKind, i64)
         .collect::<rusqlite::Result<_>>()?;
     Ok(rows)
 }
+
+/// What to look for among dead letters, as the store takes it.
+pub(crate) struct Find<'a> {
+    pub kind: Option<DeadLetterKind>,
+    pub consumer: Option<&'a str>,
+    pub workspace: Option<&'a str>,
+    pub reason: Option<&'a str>,
+    pub include_resolved: bool,
+    /// Only dead letters before this id (newest first).
+    pub before: i64,
+    pub limit: usize,
+    /// How many ids below `before` one call looks through.
+    pub window: i64,
+}
+
+/// Dead letters matching `f`, newest first, among the `f.window` ids below
+/// `f.before`; and the id to go on below (None at the start).
+pub(crate) fn find(conn: &Connection, f: &Find<'_>) -> Result<(Vec<DeadLetter>, Option<i64>)> {
+    let floor = f.before.saturating_sub(f.window).max(0);
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_dead_letters \
+         WHERE id < ?1 AND id >= ?2 AND (?3 OR resolved_at IS NULL) \
+           AND (?4 IS NULL OR kind = ?4) AND (?5 IS NULL OR consumer = ?5) \
+           AND (?6 IS NULL OR workspace = ?6) AND (?7 IS NULL OR reason = ?7) \
+         ORDER BY id DESC LIMIT {}",
+        f.limit
+    ))?;
+    let rows = stmt
+        .query_map(
+            params![
+                f.before,
+                floor,
+                f.include_resolved,
+                f.kind.map(DeadLetterKind::as_str),
+                f.consumer,
+                f.workspace,
+                f.reason
+            ],
+            from_row,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let next = match rows.last() {
+        Some(last) if rows.len() == f.limit => Some(last.id),
+        _ => (floor > 0).then_some(floor),
+    };
+    Ok((rows, next))
+}
+
+/// One past the newest dead letter's id.
+pub(crate) fn end(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT coalesce(max(id), 0) + 1 FROM reflexr_dead_letters")?
+        .query_row([], |r| r.get(0))?)
+}

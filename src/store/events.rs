@@ -166,3 +166,86 @@ pub(crate) fn delete_old(
         ))?
         .execute(params![workspace, up_to, recorded_before])?)
 }
+
+/// The workspace's events after `after` that match `types` (any, if empty)
+/// and `subject`, in seq order: at most `limit` of them, found among at most
+/// `window` of the workspace's events after `after`. Returns them and the
+/// seq the window reached (to go on from), or None when it reached the end
+/// of the log.
+pub(crate) fn scan(
+    conn: &Connection,
+    workspace: &str,
+    after: i64,
+    types: &[String],
+    subject: Option<&str>,
+    limit: usize,
+    window: usize,
+) -> Result<(Vec<Event>, Option<i64>)> {
+    // The window's last seq: an index-only walk of `window` entries (none
+    // for an unbounded window).
+    let bound: Option<i64> = match i64::try_from(window) {
+        Ok(w) if w < i64::MAX => conn
+            .prepare_cached(&format!(
+                "SELECT seq FROM reflexr_events WHERE workspace = ?1 AND seq > ?2 \
+                 ORDER BY seq LIMIT 1 OFFSET {}",
+                w.saturating_sub(1)
+            ))?
+            .query_row(params![workspace, after], |r| r.get(0))
+            .optional()?,
+        _ => None,
+    };
+    let types_json = serde_json::to_string(types).expect("a list of strings encodes");
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_events \
+         WHERE workspace = ?1 AND seq > ?2 AND seq <= ?3 \
+           AND (?4 = '[]' OR type IN (SELECT value FROM json_each(?4))) \
+           AND (?5 IS NULL OR subject = ?5) \
+         ORDER BY seq LIMIT {limit}"
+    ))?;
+    let events = stmt
+        .query_map(
+            params![
+                workspace,
+                after,
+                bound.unwrap_or(i64::MAX),
+                types_json,
+                subject
+            ],
+            from_row,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let reached = match events.last() {
+        Some(last) if events.len() == limit => Some(last.seq),
+        _ => bound,
+    };
+    Ok((events, reached))
+}
+
+/// The workspace's event with this id.
+pub(crate) fn by_id(conn: &Connection, workspace: &str, id: &str) -> Result<Option<Event>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_events WHERE workspace = ?1 AND id = ?2"
+        ))?
+        .query_row(params![workspace, id], from_row)
+        .optional()?)
+}
+
+/// Events in any workspace whose id starts with `prefix` (a run's emitted
+/// events: `<run id>/<key>`), through the id index of each workspace.
+pub(crate) fn with_id_prefix(conn: &Connection, prefix: &str, limit: usize) -> Result<Vec<Event>> {
+    // Every id with the prefix sorts between the prefix and the prefix with
+    // its last byte raised by one ('/' + 1 = '0').
+    let mut upper = prefix.to_string();
+    let last = upper.pop().map_or(0, |c| c as u32 + 1);
+    upper.push(char::from_u32(last).unwrap_or(char::MAX));
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_events \
+         WHERE workspace IN (SELECT name FROM reflexr_workspaces) \
+           AND id >= ?1 AND id < ?2 ORDER BY seq LIMIT {limit}"
+    ))?;
+    let events = stmt
+        .query_map(params![prefix, upper], from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(events)
+}

@@ -523,6 +523,78 @@ pub(crate) fn advance_lane(conn: &Connection, lane: &str, finished: &str, now: i
     Ok(())
 }
 
+/// What to look for among runs, as the store takes it.
+pub(crate) struct Find<'a> {
+    pub state: Option<&'a str>,
+    pub action: Option<&'a str>,
+    pub rule: Option<&'a str>,
+    pub workspace: Option<&'a str>,
+    pub scope: Option<&'a str>,
+    /// A JSON path of the input and the value it must hold.
+    pub input: Option<(&'a str, rusqlite::types::Value)>,
+    /// Only runs before this position in the queue (newest first).
+    pub before: i64,
+    pub limit: usize,
+    /// How many positions below `before` one call looks through.
+    pub window: i64,
+}
+
+/// Runs matching `f`, newest first, found among the `f.window` positions
+/// below `f.before`. Returns them and the position to go on below (None
+/// when the queue's start was reached).
+pub(crate) fn find(conn: &Connection, f: &Find<'_>) -> Result<(Vec<RunRow>, Option<i64>)> {
+    let floor = f.before.saturating_sub(f.window).max(0);
+    let (path, value) = match &f.input {
+        Some((path, value)) => (Some(*path), value.clone()),
+        None => (None, rusqlite::types::Value::Null),
+    };
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_runs \
+         WHERE ord < ?1 AND ord >= ?2 \
+           AND (?3 IS NULL OR state = ?3) AND (?4 IS NULL OR action = ?4) \
+           AND (?5 IS NULL OR rule = ?5) AND (?6 IS NULL OR workspace = ?6) \
+           AND (?7 IS NULL OR scope = ?7) \
+           AND (?8 IS NULL OR json_extract(input, ?8) = ?9) \
+         ORDER BY ord DESC LIMIT {}",
+        f.limit
+    ))?;
+    let rows = stmt
+        .query_map(
+            params![
+                f.before,
+                floor,
+                f.state,
+                f.action,
+                f.rule,
+                f.workspace,
+                f.scope,
+                path,
+                value
+            ],
+            from_row,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let next = match rows.last() {
+        Some(last) if rows.len() == f.limit => Some(last.ord),
+        _ => (floor > 0).then_some(floor),
+    };
+    Ok((rows, next))
+}
+
+/// One past the newest run's position.
+pub(crate) fn end(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT coalesce(max(ord), 0) + 1 FROM reflexr_runs")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// When the oldest run that is ready became due (None: none is ready).
+pub(crate) fn oldest_ready_due(conn: &Connection) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT min(due_at) FROM reflexr_runs WHERE state = 'ready'")?
+        .query_row([], |r| r.get(0))?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

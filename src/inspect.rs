@@ -1,0 +1,377 @@
+//! What operators look for: events, runs and dead letters found by filter,
+//! a page at a time, each call looking through a bounded stretch of the file
+//! so that no question — however rare its answer — costs a scan of it all.
+//!
+//! A page says where to go on from (`next`): pass it back to read the next
+//! stretch. A page may hold fewer items than asked, or none, and still have
+//! a `next`: the stretch it looked through held no more matches.
+
+use rusqlite::Connection;
+use serde::Serialize;
+
+use crate::dead_letter::{DeadLetter, DeadLetterKind};
+use crate::error::{Error, Result};
+use crate::event::{Event, Query};
+use crate::names;
+use crate::run::{RunInfo, RunState};
+use crate::store::{dead_letters, events, runs};
+
+/// How many items a page holds at most.
+pub const MAX_PAGE: usize = 1_000;
+/// How many events, runs or dead letters one call looks through at most.
+pub const SCAN_WINDOW: usize = 10_000;
+
+/// A page of events: those after the query's seq that match it, and the seq
+/// to go on after.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct EventPage {
+    /// The events, in seq order.
+    pub events: Vec<Event>,
+    /// Pass as the next query's `after` to go on; None: the page reached the
+    /// end of the log (wait for more).
+    pub next_after: Option<i64>,
+}
+
+/// Events matching `q` (its types and subject), at most its limit, among at
+/// most [`SCAN_WINDOW`] events of its workspace after its `after`.
+pub(crate) fn events_page(conn: &Connection, q: &Query) -> Result<EventPage> {
+    q.validate()?;
+    let (events, next_after) = events::scan(
+        conn,
+        &q.workspace,
+        q.after,
+        &q.types,
+        q.subject.as_deref(),
+        q.limit,
+        SCAN_WINDOW,
+    )?;
+    Ok(EventPage { events, next_after })
+}
+
+/// Which runs to find ([`crate::Engine::find_runs`]): every field set must
+/// match. Newest first.
+///
+/// ```
+/// # use reflexr::{RunFilter, RunState};
+/// let f = RunFilter::new()
+///     .state(RunState::Dead)
+///     .action("notify-organiser")
+///     .input("session", serde_json::json!(42))
+///     .limit(50);
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
+pub struct RunFilter {
+    /// In this state.
+    pub state: Option<RunState>,
+    /// Of this action.
+    pub action: Option<String>,
+    /// Fired by this rule.
+    pub rule: Option<String>,
+    /// For an event of this workspace.
+    pub workspace: Option<String>,
+    /// In this scope.
+    pub scope: Option<String>,
+    /// Whose input holds this value at this place: a top-level key, or a
+    /// JSON path starting with `$` (SQLite's `json_extract`). A string
+    /// matches a string, a number a number: `"42"` is not `42`.
+    pub input: Option<(String, serde_json::Value)>,
+    /// Only runs older than this cursor (a page's `next`).
+    pub before: Option<i64>,
+    /// At most this many (1 to [`MAX_PAGE`]; default 100).
+    pub limit: usize,
+}
+
+impl RunFilter {
+    /// Every run, 100 at a time.
+    pub fn new() -> RunFilter {
+        RunFilter {
+            limit: 100,
+            ..RunFilter::default()
+        }
+    }
+
+    /// Only runs in `state`.
+    pub fn state(mut self, state: RunState) -> RunFilter {
+        self.state = Some(state);
+        self
+    }
+
+    /// Only runs of `action`.
+    pub fn action(mut self, action: impl Into<String>) -> RunFilter {
+        self.action = Some(action.into());
+        self
+    }
+
+    /// Only runs `rule` fired.
+    pub fn rule(mut self, rule: impl Into<String>) -> RunFilter {
+        self.rule = Some(rule.into());
+        self
+    }
+
+    /// Only runs for events of `workspace`.
+    pub fn workspace(mut self, workspace: impl Into<String>) -> RunFilter {
+        self.workspace = Some(workspace.into());
+        self
+    }
+
+    /// Only runs of `scope`.
+    pub fn scope(mut self, scope: impl Into<String>) -> RunFilter {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// Only runs whose input holds `value` at `path` (a key, or a `$` path).
+    pub fn input(mut self, path: impl Into<String>, value: serde_json::Value) -> RunFilter {
+        self.input = Some((path.into(), value));
+        self
+    }
+
+    /// Only runs older than `cursor` (a page's `next`).
+    pub fn before(mut self, cursor: i64) -> RunFilter {
+        self.before = Some(cursor);
+        self
+    }
+
+    /// At most `n` runs.
+    pub fn limit(mut self, n: usize) -> RunFilter {
+        self.limit = n;
+        self
+    }
+}
+
+/// A page of runs, newest first.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct RunPage {
+    /// The runs.
+    pub runs: Vec<RunInfo>,
+    /// Pass as the filter's `before` to go on; None: the oldest run was
+    /// reached.
+    pub next: Option<i64>,
+}
+
+/// The path `json_extract` takes for a key or a `$` path.
+fn json_path(path: &str) -> Result<String> {
+    if path.is_empty() || path.len() > names::MAX_NAME_BYTES || path.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "input path",
+            "a key or a $ path of 1 to 128 characters",
+        ));
+    }
+    Ok(if path.starts_with('$') {
+        path.to_string()
+    } else {
+        format!("$.\"{}\"", path.replace('"', "\\\""))
+    })
+}
+
+/// How a JSON value compares with what `json_extract` returns.
+fn sql_value(v: &serde_json::Value) -> Result<rusqlite::types::Value> {
+    use rusqlite::types::Value;
+    Ok(match v {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Integer(i64::from(*b)),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Integer(i),
+            None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Value::Text(s.clone()),
+        other => Value::Text(other.to_string()),
+    })
+}
+
+fn check_limit(limit: usize) -> Result<()> {
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Error::invalid(
+            "limit",
+            format!("must be 1 to {MAX_PAGE}, got {limit}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn find_runs(conn: &Connection, f: &RunFilter) -> Result<RunPage> {
+    check_limit(f.limit)?;
+    for (field, v) in [
+        ("action", &f.action),
+        ("rule", &f.rule),
+        ("workspace", &f.workspace),
+    ] {
+        if let Some(v) = v {
+            names::check_name(field, v)?;
+        }
+    }
+    let input = match &f.input {
+        Some((path, value)) => Some((json_path(path)?, sql_value(value)?)),
+        None => None,
+    };
+    let before = match f.before {
+        Some(b) => b,
+        None => runs::end(conn)?,
+    };
+    let (rows, next) = runs::find(
+        conn,
+        &runs::Find {
+            state: f.state.map(RunState::as_str),
+            action: f.action.as_deref(),
+            rule: f.rule.as_deref(),
+            workspace: f.workspace.as_deref(),
+            scope: f.scope.as_deref(),
+            input: input.as_ref().map(|(p, v)| (p.as_str(), v.clone())),
+            before,
+            limit: f.limit,
+            window: SCAN_WINDOW as i64,
+        },
+    )?;
+    Ok(RunPage {
+        runs: rows
+            .into_iter()
+            .map(RunInfo::from_row)
+            .collect::<Result<_>>()?,
+        next,
+    })
+}
+
+/// A run with what it came from and what it made.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct RunDetail {
+    /// The run.
+    pub run: RunInfo,
+    /// The event that fired it (None: a delivery or a job, or pruned).
+    pub event: Option<Event>,
+    /// The events it emitted (ids `<run id>/<key>`), in any workspace.
+    pub emitted: Vec<Event>,
+}
+
+pub(crate) fn run_detail(conn: &Connection, id: &str) -> Result<Option<RunDetail>> {
+    let Some(row) = runs::get(conn, id)? else {
+        return Ok(None);
+    };
+    let event = match (&row.workspace, &row.event_id) {
+        (Some(ws), Some(event_id)) => events::by_id(conn, ws, event_id)?,
+        _ => None,
+    };
+    let emitted = events::with_id_prefix(conn, &format!("{id}/"), MAX_PAGE)?;
+    Ok(Some(RunDetail {
+        run: RunInfo::from_row(row)?,
+        event,
+        emitted,
+    }))
+}
+
+/// Which dead letters to find ([`crate::Engine::find_dead_letters`]):
+/// every field set must match. Newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct DeadLetterFilter {
+    /// Of this kind.
+    pub kind: Option<DeadLetterKind>,
+    /// Of this rule, reaction, follower or action.
+    pub consumer: Option<String>,
+    /// For an event of this workspace.
+    pub workspace: Option<String>,
+    /// For this reason (as stored, e.g. `attempts_exhausted`).
+    pub reason: Option<String>,
+    /// Resolved ones too (default: open ones only).
+    pub include_resolved: bool,
+    /// Only dead letters older than this cursor (a page's `next`).
+    pub before: Option<i64>,
+    /// At most this many (1 to [`MAX_PAGE`]; default 100).
+    pub limit: usize,
+}
+
+impl DeadLetterFilter {
+    /// Every open dead letter, 100 at a time.
+    pub fn new() -> DeadLetterFilter {
+        DeadLetterFilter {
+            limit: 100,
+            ..DeadLetterFilter::default()
+        }
+    }
+
+    /// Only dead letters of `kind`.
+    pub fn kind(mut self, kind: DeadLetterKind) -> DeadLetterFilter {
+        self.kind = Some(kind);
+        self
+    }
+
+    /// Only those of `consumer`.
+    pub fn consumer(mut self, consumer: impl Into<String>) -> DeadLetterFilter {
+        self.consumer = Some(consumer.into());
+        self
+    }
+
+    /// Only those for events of `workspace`.
+    pub fn workspace(mut self, workspace: impl Into<String>) -> DeadLetterFilter {
+        self.workspace = Some(workspace.into());
+        self
+    }
+
+    /// Only those given up on for `reason`.
+    pub fn reason(mut self, reason: impl Into<String>) -> DeadLetterFilter {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Resolved ones too.
+    pub fn include_resolved(mut self, yes: bool) -> DeadLetterFilter {
+        self.include_resolved = yes;
+        self
+    }
+
+    /// Only those older than `cursor` (a page's `next`).
+    pub fn before(mut self, cursor: i64) -> DeadLetterFilter {
+        self.before = Some(cursor);
+        self
+    }
+
+    /// At most `n`.
+    pub fn limit(mut self, n: usize) -> DeadLetterFilter {
+        self.limit = n;
+        self
+    }
+}
+
+/// A page of dead letters, newest first.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct DeadLetterPage {
+    /// The dead letters.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Pass as the filter's `before` to go on; None: the oldest was reached.
+    pub next: Option<i64>,
+}
+
+pub(crate) fn find_dead_letters(conn: &Connection, f: &DeadLetterFilter) -> Result<DeadLetterPage> {
+    check_limit(f.limit)?;
+    if let Some(c) = &f.consumer {
+        names::check_name("consumer", c)?;
+    }
+    if let Some(w) = &f.workspace {
+        names::check_name("workspace", w)?;
+    }
+    if let Some(r) = &f.reason {
+        names::check_name("reason", r)?;
+    }
+    let before = match f.before {
+        Some(b) => b,
+        None => dead_letters::end(conn)?,
+    };
+    let (dead_letters, next) = dead_letters::find(
+        conn,
+        &dead_letters::Find {
+            kind: f.kind,
+            consumer: f.consumer.as_deref(),
+            workspace: f.workspace.as_deref(),
+            reason: f.reason.as_deref(),
+            include_resolved: f.include_resolved,
+            before,
+            limit: f.limit,
+            window: SCAN_WINDOW as i64,
+        },
+    )?;
+    Ok(DeadLetterPage { dead_letters, next })
+}

@@ -1,0 +1,232 @@
+//! What operators look for and do in bulk: events by subject, runs by
+//! filter (an input value included), a run's detail, dead letters by
+//! filter, and bulk retries and discards that act on exactly the ids found
+//! (DESIGN.md invariant 10: bad input is a typed error; nothing changes).
+
+mod common;
+
+use common::{Arrange, Scene};
+use reflexr::{
+    DeadLetterFilter, DeadLetterKind, Decision, Engine, NewEvent, Query, RetryPolicy, Rule,
+    RunFilter, RunState, SCAN_WINDOW, Scope,
+};
+
+/// A shop: `order` events fire a charge per customer scope; the charge
+/// fails for customers whose name starts with `bad`, and emits `charged`
+/// otherwise.
+fn shop(s: &Scene) -> Engine {
+    let e = s
+        .open("test")
+        .workspace("shop", &["order", "charged", "noise"]);
+    e.register_rule(
+        Rule::new("charge", "shop")
+            .on(["order"])
+            .scope(Scope::payload("customer"))
+            .action("charge")
+            .retry(RetryPolicy::never())
+            .decide(|ev| Ok(Decision::Fire(ev.payload()?))),
+    )
+    .unwrap();
+    e.register_action("charge", |run, ctx| {
+        let input: serde_json::Value = run.input()?;
+        if input["customer"].as_str().unwrap().starts_with("bad") {
+            return Err("card declined".into());
+        }
+        ctx.emit("charged", NewEvent::new("charged", "charge", "shop", 0))?;
+        Ok(())
+    })
+    .unwrap();
+    e
+}
+
+fn order(customer: &str, n: i64) -> NewEvent {
+    NewEvent::new("order", format!("customer/{customer}"), customer, 0)
+        .payload(&serde_json::json!({ "customer": customer, "n": n }))
+}
+
+#[test]
+fn a_rare_subject_is_found_a_bounded_window_at_a_time_without_gaps() {
+    // Invariant 1 for paged reads: following next_after from 0 meets every
+    // matching event once, in order, however far apart they are.
+    let s = Scene::new();
+    let e = s.open("test").workspace("shop", &["order", "noise"]);
+    let n = SCAN_WINDOW * 2 + 500;
+    e.write(|tx| {
+        for i in 0..n {
+            let subject = if i % 7_000 == 3 { "rare" } else { "common" };
+            tx.append("shop", &NewEvent::new("noise", subject, "app", 0))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let mut found = Vec::new();
+    let mut after = 0;
+    let mut pages = 0;
+    loop {
+        let page = e
+            .events_page(&Query::new("shop").after(after).subject("rare").limit(2))
+            .unwrap();
+        pages += 1;
+        found.extend(page.events.iter().map(|ev| ev.seq));
+        match page.next_after {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    let want: Vec<i64> = (0..n as i64)
+        .filter(|i| i % 7_000 == 3)
+        .map(|i| i + 1)
+        .collect();
+    assert_eq!(found, want);
+    assert!(pages >= 3, "{pages} pages: a window cannot cover the log");
+    // The same subject through the unbounded read, and by id.
+    let all = e
+        .read(&Query::new("shop").subject("rare").limit(100))
+        .unwrap();
+    assert_eq!(all.len(), want.len());
+    let one = e.event_by_id("shop", &all[0].id).unwrap().unwrap();
+    assert_eq!(one.seq, all[0].seq);
+    assert!(e.event_by_id("shop", "no-such-id").unwrap().is_none());
+}
+
+#[test]
+fn runs_are_found_by_state_action_scope_and_a_value_in_their_input() {
+    let s = Scene::new();
+    let e = shop(&s);
+    for (i, c) in ["ada", "bad-bob", "grace", "bad-carl", "ada"]
+        .iter()
+        .enumerate()
+    {
+        e.append("shop", &order(c, i as i64)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+
+    let dead = e
+        .find_runs(&RunFilter::new().state(RunState::Dead))
+        .unwrap();
+    let scopes: Vec<_> = dead.runs.iter().map(|r| r.scope.clone().unwrap()).collect();
+    assert_eq!(scopes, ["bad-carl", "bad-bob"], "newest first");
+    let by_input = e
+        .find_runs(&RunFilter::new().input("customer", serde_json::json!("ada")))
+        .unwrap();
+    assert_eq!(by_input.runs.len(), 2);
+    let by_number = e
+        .find_runs(&RunFilter::new().input("$.n", serde_json::json!(2)))
+        .unwrap();
+    assert_eq!(by_number.runs[0].scope.as_deref(), Some("grace"));
+    assert!(
+        e.find_runs(&RunFilter::new().input("n", serde_json::json!("2")))
+            .unwrap()
+            .runs
+            .is_empty(),
+        "the text \"2\" is not the number 2"
+    );
+    let page = e
+        .find_runs(&RunFilter::new().scope("ada").limit(1))
+        .unwrap();
+    assert_eq!(page.runs.len(), 1);
+    let rest = e
+        .find_runs(&RunFilter::new().scope("ada").before(page.next.unwrap()))
+        .unwrap();
+    assert_eq!(rest.runs.len(), 1);
+    assert_ne!(rest.runs[0].id, page.runs[0].id);
+
+    // A run's detail: its input, the event that fired it, what it emitted.
+    let ok = &by_number.runs[0];
+    let detail = e.run_detail(&ok.id).unwrap().unwrap();
+    assert_eq!(detail.event.unwrap().seq, ok.event_seq.unwrap());
+    assert_eq!(detail.emitted.len(), 1);
+    assert_eq!(detail.emitted[0].id, format!("{}/charged", ok.id));
+    assert!(e.run_detail("no-such-run").unwrap().is_none());
+
+    for bad in [
+        RunFilter::new().limit(0),
+        RunFilter::new().limit(reflexr::MAX_PAGE + 1),
+        RunFilter::new().action("not a name"),
+        RunFilter::new().input("", serde_json::json!(1)),
+    ] {
+        assert!(e.find_runs(&bad).unwrap_err().is_bad_input(), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_bulk_retry_acts_on_exactly_the_ids_its_dry_run_found() {
+    // Invariant 5 through operators: only dead runs are retried, each once,
+    // each on the record; what is no longer dead is skipped and said why.
+    let s = Scene::new();
+    let e = shop(&s);
+    for (i, c) in ["bad-1", "bad-2", "ok", "bad-3"].iter().enumerate() {
+        e.append("shop", &order(c, i as i64)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    let found = e.matching_dead_runs(&RunFilter::new(), 100).unwrap();
+    assert_eq!((found.ids.len(), found.more), (3, false));
+    let two = e.matching_dead_runs(&RunFilter::new(), 2).unwrap();
+    assert_eq!((two.ids.len(), two.more), (2, true));
+    assert!(
+        e.matching_dead_runs(&RunFilter::new().state(RunState::Succeeded), 10)
+            .unwrap_err()
+            .is_bad_input()
+    );
+
+    // One of them is discarded meanwhile: the bulk retry skips it.
+    let ops = e.operator("ops", "the card service is back");
+    ops.discard_run(&found.ids[0]).unwrap();
+    let bulk = ops.retry_runs(&found.ids).unwrap();
+    assert_eq!(bulk.done, found.ids[1..]);
+    assert_eq!(bulk.skipped.len(), 1);
+    assert!(bulk.skipped[0].1.contains("not dead"), "{:?}", bulk.skipped);
+    assert_eq!(
+        e.runs(Some(RunState::Ready), 10).unwrap().len(),
+        2,
+        "exactly those two are ready again"
+    );
+    let audit = e.audit_log(10).unwrap();
+    assert_eq!(
+        audit
+            .iter()
+            .filter(|a| a.action.as_str() == "retry_run")
+            .count(),
+        2
+    );
+    let too_many: Vec<String> = (0..=reflexr::MAX_BULK).map(|i| i.to_string()).collect();
+    assert!(ops.retry_runs(&too_many).unwrap_err().is_bad_input());
+}
+
+#[test]
+fn dead_letters_are_found_by_kind_and_consumer_and_settled_in_bulk() {
+    let s = Scene::new();
+    let e = shop(&s);
+    for (i, c) in ["bad-1", "bad-2", "bad-3"].iter().enumerate() {
+        e.append("shop", &order(c, i as i64)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    let runs = e
+        .find_dead_letters(&DeadLetterFilter::new().kind(DeadLetterKind::Run))
+        .unwrap();
+    assert_eq!(runs.dead_letters.len(), 3);
+    assert!(
+        e.find_dead_letters(&DeadLetterFilter::new().consumer("someone-else"))
+            .unwrap()
+            .dead_letters
+            .is_empty()
+    );
+    let found = e
+        .matching_dead_letters(&DeadLetterFilter::new().consumer("charge"), 10)
+        .unwrap();
+    assert_eq!(found.ids.len(), 3);
+    let ops = e.operator("ops", "known declines");
+    let bulk = ops.discard_dead_letters(&found.ids[..2]).unwrap();
+    assert_eq!(bulk.done.len(), 2);
+    let again = ops.discard_dead_letters(&found.ids).unwrap();
+    assert_eq!((again.done.len(), again.skipped.len()), (1, 2));
+    assert!(again.skipped[0].1.contains("resolved already"));
+    assert!(e.dead_letters(false, 10).unwrap().is_empty());
+    let all = e
+        .find_dead_letters(&DeadLetterFilter::new().include_resolved(true))
+        .unwrap();
+    assert_eq!(all.dead_letters.len(), 3);
+    // A run that is not dead is a conflict, not bad input of the caller's.
+    let err = ops.retry_run(&e.runs(None, 1).unwrap()[0].id).unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+}
