@@ -168,6 +168,9 @@ CREATE INDEX reflexr_runs_lapsed ON reflexr_runs (claim_expires_at)
 -- The next run of a lane, when its head ends.
 CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord)
     WHERE state = 'waiting';
+-- Runs in the order they last changed: the feed of run changes operators
+-- watch live (the admin stream's runs topic).
+CREATE INDEX reflexr_runs_by_change ON reflexr_runs (updated_at, ord);
 
 -- Lanes with ordering = scope: the run at the head of each (rule, scope),
 -- and whether the lane is blocked behind a dead run (on_dead_letter = block)
@@ -342,4 +345,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 2;
+PRAGMA user_version = 3;

@@ -23,6 +23,8 @@ open_text_enum! {
         Unfollow = "unfollow",
         /// Asked a stopped follower to go on.
         RestartFollower = "restart_follower",
+        /// Pruned events and finished work.
+        Prune = "prune",
         /// A rule's new version reset its state.
         RuleVersionResetState = "rule_version_reset_state",
         /// A rule's new version replays the log.

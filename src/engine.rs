@@ -88,6 +88,12 @@ impl Engine {
         }
     }
 
+    /// Has `service` stop with the engine.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn add_service(&self, service: Arc<dyn crate::runtime::Service>) {
+        self.cx.add_service(&service);
+    }
+
     /// True when this process registered the rule `name`.
     pub(crate) fn registers_rule(&self, name: &str) -> bool {
         self.cx.registry().rules.contains_key(name)
@@ -279,6 +285,21 @@ impl Engine {
     /// at most [`crate::SCAN_WINDOW`] runs (go on from the page's `next`).
     pub fn find_runs(&self, filter: &RunFilter) -> Result<RunPage> {
         self.cx.db.read(|c| inspect::find_runs(c, filter))
+    }
+
+    /// Runs whose state, claim or due time changed after `after` — the
+    /// `(updated_at, position)` of the last one seen — in the order they
+    /// changed: a feed of run changes (the admin stream's `runs` topic).
+    pub fn runs_changed(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunInfo>> {
+        self.cx.db.read(|c| inspect::runs_changed(c, after, limit))
+    }
+
+    /// Dead letters with an id after `after` (resolved ones too), oldest
+    /// first: a feed of new dead letters.
+    pub fn dead_letters_after(&self, after: i64, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.cx
+            .db
+            .read(|c| inspect::dead_letters_after(c, after, limit))
     }
 
     /// One run with the event that fired it and the events it emitted.

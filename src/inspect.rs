@@ -375,3 +375,28 @@ pub(crate) fn find_dead_letters(conn: &Connection, f: &DeadLetterFilter) -> Resu
     )?;
     Ok(DeadLetterPage { dead_letters, next })
 }
+
+/// Runs whose state (or claim, or due time) changed after `after` — an
+/// `(updated_at, position)` pair — in the order they changed, at most
+/// `limit`: a feed of run changes.
+pub(crate) fn runs_changed(
+    conn: &Connection,
+    after: (i64, i64),
+    limit: usize,
+) -> Result<Vec<RunInfo>> {
+    check_limit(limit)?;
+    runs::changed_after(conn, after, limit)?
+        .into_iter()
+        .map(RunInfo::from_row)
+        .collect()
+}
+
+/// Dead letters (open or not) with an id after `after`, oldest first.
+pub(crate) fn dead_letters_after(
+    conn: &Connection,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<DeadLetter>> {
+    check_limit(limit)?;
+    dead_letters::list(conn, true, after, limit as i64)
+}

@@ -88,7 +88,12 @@ mod runtime;
 mod builder;
 mod engine;
 mod operator;
+// Surfaces: adapters over the facade.
+#[cfg(feature = "admin")]
+pub mod admin;
 
+#[cfg(feature = "admin")]
+pub use admin::{AdminConfig, AdminServer};
 pub use audit::{AuditAction, AuditEntry};
 pub use builder::EngineBuilder;
 pub use changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};

@@ -16,7 +16,7 @@ use crate::store::dead_letters;
 use crate::store::{cursors, events, rules, runs};
 
 /// Who did it and why, for the audit record.
-fn check_operator(operator: &str, reason: &str) -> Result<()> {
+pub(crate) fn check_operator(operator: &str, reason: &str) -> Result<()> {
     names::check_text("operator", operator, MAX_ID_BYTES)?;
     names::check_text("reason", reason, 4096)
 }
@@ -603,4 +603,29 @@ pub(crate) fn matching_dead_letters(
     let more = ids.len() > max;
     ids.truncate(max);
     Ok(Matches { ids, more })
+}
+
+/// Records a prune an operator asked for, with what it removed.
+pub(crate) fn record_prune(
+    conn: &Connection,
+    now: i64,
+    retention: &crate::prune::Retention,
+    pruned: &crate::prune::Pruned,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_millis() as u64);
+    record(
+        conn,
+        now,
+        operator,
+        AuditAction::Prune,
+        "the file",
+        reason,
+        serde_json::json!({
+            "events_older_than_ms": ms(retention.events),
+            "work_older_than_ms": ms(retention.finished_work),
+            "removed": pruned,
+        }),
+    )
 }

@@ -4,6 +4,7 @@ use crate::cursor::{self, ConsumerKind, Reset};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::operate::{self, Bulk, RuleReset};
+use crate::prune::{Pruned, Retention};
 
 /// An operator acting on the file, from [`Engine::operator`]: every
 /// intervention is checked (a typed error for what cannot be done: only a
@@ -202,5 +203,27 @@ impl Operator<'_> {
                 operate::discard_dead_letter(c, now, *id, op, why)
             })
         })
+    }
+
+    /// Prunes as [`Engine::prune`] does, and records it (what was asked and
+    /// what was removed).
+    pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
+        self.prune_with_progress(retention, |_| {})
+    }
+
+    /// [`Operator::prune`], calling `progress` with the running totals after
+    /// every batch (for a progress bar).
+    pub fn prune_with_progress(
+        &self,
+        retention: &Retention,
+        progress: impl FnMut(Pruned),
+    ) -> Result<Pruned> {
+        let (op, why) = self.who();
+        operate::check_operator(op, why)?;
+        let pruned = self.engine.prune_with_progress(retention, progress)?;
+        self.engine.write(|tx| {
+            operate::record_prune(tx.conn(), tx.now_ms(), retention, &pruned, op, why)
+        })?;
+        Ok(pruned)
     }
 }

@@ -138,6 +138,9 @@ text_enum! {
 pub struct RunInfo {
     /// The run id.
     pub id: String,
+    /// Its place in the queue, in creation order (a [`crate::RunFilter`]
+    /// cursor).
+    pub position: i64,
     /// What made it.
     pub kind: RunKind,
     /// The action.
@@ -184,6 +187,7 @@ impl RunInfo {
         Ok(RunInfo {
             state: r.state.parse()?,
             kind: r.kind.parse()?,
+            position: r.ord,
             id: r.id,
             action: r.action,
             rule: r.rule,

@@ -28,12 +28,15 @@
 //! lease this engine holds (the loop's, the evaluators', the followers') and
 //! joins every thread.
 //!
+//! Services that run beside the engine (an administration server) stop with
+//! it, first.
+//!
 //! [`run_until_idle`] runs the same steps in the caller's thread until
 //! nothing is ready, so tests need no threads and no sleeping.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -82,6 +85,15 @@ pub(crate) struct Context {
     follower_retry: Mutex<HashMap<String, i64>>,
     /// The cross-file followers' target files, opened once, by path.
     targets: Mutex<HashMap<String, Arc<Db>>>,
+    /// What runs beside the engine and stops with it (admin servers).
+    services: Mutex<Vec<Weak<dyn Service>>>,
+}
+
+/// Something that runs beside the engine on its own threads and stops with
+/// it (an administration server).
+pub(crate) trait Service: Send + Sync {
+    /// Stops it and joins its threads.
+    fn stop(&self);
 }
 
 /// The threads of a started engine.
@@ -109,7 +121,15 @@ impl Context {
             stopped_followers: Mutex::new(HashMap::new()),
             follower_retry: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
+            services: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Has `service` stopped with the engine ([`shutdown`]).
+    pub(crate) fn add_service(&self, service: &Arc<dyn Service>) {
+        let mut services = lock(&self.services);
+        services.retain(|s| s.strong_count() > 0);
+        services.push(Arc::downgrade(service));
     }
 
     pub(crate) fn registry(&self) -> RwLockReadGuard<'_, Registry> {
@@ -564,6 +584,10 @@ fn worker_loop(cx: &Context, mut step: impl FnMut(&Context) -> Result<bool>) {
 /// Stops and joins the threads (if started), then releases the leases this
 /// engine holds. The engine stays usable: [`run_until_idle`], [`start`].
 pub(crate) fn shutdown(cx: &Context) {
+    let services: Vec<_> = lock(&cx.services).drain(..).collect();
+    for s in services.iter().filter_map(Weak::upgrade) {
+        s.stop();
+    }
     let threads = lock(&cx.threads).take();
     if let Some(Threads { handles, _stop }) = threads {
         cx.stop.store(true, Ordering::SeqCst);

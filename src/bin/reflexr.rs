@@ -178,9 +178,26 @@ enum Command {
         /// Rows per transaction.
         #[arg(long, default_value_t = 1000)]
         batch: usize,
+        #[command(flatten)]
+        who: Who,
     },
     /// Counters and gauges (the same as Engine::stats).
     Stats,
+    /// Serves the administration API — REST, WebSocket streams, Prometheus
+    /// metrics — on the file, beside the application, until interrupted.
+    #[cfg(feature = "admin")]
+    Serve {
+        /// Where to listen (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+        /// A file holding the bearer token (its first line); or set
+        /// REFLEXR_ADMIN_TOKEN. Required to listen off loopback.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Refuse every change (403); reads and streams only.
+        #[arg(long)]
+        read_only: bool,
+    },
     /// Asks a stopped follower to start again at its cursor, whichever
     /// process runs it (after its configuration was mended).
     RestartFollower {
@@ -275,13 +292,21 @@ fn run(cli: &Cli) -> Fallible {
             events_older_than,
             work_older_than,
             batch,
+            who,
         } => prune(
             &engine,
             *events_older_than,
             *work_older_than,
             *batch,
+            who,
             cli.json,
         ),
+        #[cfg(feature = "admin")]
+        Command::Serve {
+            listen,
+            token_file,
+            read_only,
+        } => serve(&engine, *listen, token_file.as_deref(), *read_only),
         Command::RestartFollower { name, who } => {
             who.on(&engine).restart_follower(name)?;
             done(cli.json, "restart requested")
@@ -326,6 +351,41 @@ fn run(cli: &Cli) -> Fallible {
             Ok(())
         }
     }
+}
+
+/// Serves until SIGINT or SIGTERM, then stops the server (its threads
+/// joined) and returns.
+#[cfg(feature = "admin")]
+fn serve(
+    engine: &Engine,
+    listen: std::net::SocketAddr,
+    token_file: Option<&std::path::Path>,
+    read_only: bool,
+) -> Fallible {
+    let mut config = reflexr::AdminConfig::new()
+        .listen(listen)
+        .read_only(read_only);
+    if let Some(path) = token_file {
+        config = config.token_file(path)?;
+    } else if let Ok(token) = std::env::var("REFLEXR_ADMIN_TOKEN") {
+        config = config.token(token);
+    }
+    let server = engine.serve_admin(config)?;
+    println!(
+        "serving {} on http://{}{}",
+        engine.path().display(),
+        server.local_addr(),
+        if read_only { " (read-only)" } else { "" }
+    );
+    std::io::stdout().flush()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })?;
+    let _ = rx.recv();
+    eprintln!("stopping");
+    server.shutdown();
+    Ok(())
 }
 
 fn table(header: &[&str]) -> Table {
@@ -630,6 +690,7 @@ fn prune(
     events: Option<Duration>,
     work: Option<Duration>,
     batch: usize,
+    who: &Who,
     json: bool,
 ) -> Fallible {
     if events.is_none() && work.is_none() {
@@ -646,7 +707,7 @@ fn prune(
         indicatif::ProgressBar::hidden()
     };
     bar.enable_steady_tick(Duration::from_millis(120));
-    let pruned = engine.prune_with_progress(&retention, |p| {
+    let pruned = who.on(engine).prune_with_progress(&retention, |p| {
         bar.set_message(format!(
             "deleted {} events, {} runs, {} dead letters",
             p.events, p.runs, p.dead_letters

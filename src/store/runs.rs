@@ -581,6 +581,22 @@ pub(crate) fn find(conn: &Connection, f: &Find<'_>) -> Result<(Vec<RunRow>, Opti
     Ok((rows, next))
 }
 
+/// Runs changed after `(updated_at, ord)`, in that order: at most `limit`.
+pub(crate) fn changed_after(
+    conn: &Connection,
+    after: (i64, i64),
+    limit: usize,
+) -> Result<Vec<RunRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_runs INDEXED BY reflexr_runs_by_change \
+         WHERE (updated_at, ord) > (?1, ?2) ORDER BY updated_at, ord LIMIT {limit}"
+    ))?;
+    let rows = stmt
+        .query_map(params![after.0, after.1], from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}
+
 /// One past the newest run's position.
 pub(crate) fn end(conn: &Connection) -> Result<i64> {
     Ok(conn

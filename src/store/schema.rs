@@ -17,13 +17,19 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
 /// `n`. A migrated file has the same tables, columns and views as a new one
 /// (a test compares them).
-const MIGRATIONS: &[(i64, &str)] = &[(2, MIGRATE_TO_2)];
+const MIGRATIONS: &[(i64, &str)] = &[(2, MIGRATE_TO_2), (3, MIGRATE_TO_3)];
+
+/// Version 3: runs indexed by when they changed (the feed of run changes).
+const MIGRATE_TO_3: &str = "
+CREATE INDEX reflexr_runs_by_change ON reflexr_runs (updated_at, ord);
+PRAGMA user_version = 3;
+";
 
 /// Version 2: cursors know their high-water mark (replays keep their firing
 /// ids) and their failures at one position (stuck consumers); followers

@@ -3,6 +3,8 @@
 //! test starts from, and child processes ([`Scene::child`], [`Watched`]).
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};

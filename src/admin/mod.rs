@@ -1,0 +1,466 @@
+//! Administration over HTTP: a REST API, live WebSocket streams and
+//! Prometheus metrics, served from threads on `std::net` (feature `admin`).
+//!
+//! [`Engine::serve_admin`] runs the server in the application's process,
+//! sharing its engine; `reflexr <DB> serve` runs it beside the application,
+//! on the same file. Either way it is a surface over the engine's public
+//! operations: parse, authorise, call, render.
+//!
+//! # Threads
+//!
+//! One acceptor thread, and one thread per open connection, up to
+//! [`AdminConfig::max_connections`] in all and
+//! [`AdminConfig::max_connections_per_peer`] from one address; a connection
+//! over either cap is answered `503` and closed at once. A request must
+//! arrive whole within its deadlines, so a slow client holds a thread for
+//! seconds at most, and only its own address's share of them.
+//!
+//! # Security (the defaults)
+//!
+//! Loopback only (`127.0.0.1`) unless told otherwise, and a token required
+//! for any other address. With a token, every route but `/healthz` (and the
+//! console's static files) wants `Authorization: Bearer <token>`, compared
+//! in constant time. Mutations want a JSON body, refuse cross-site requests
+//! (`Sec-Fetch-Site`, `Origin` against `Host`), and are refused in read-only
+//! mode; every WebSocket upgrade has its `Origin` checked. TLS is a reverse
+//! proxy's job (see the README).
+
+mod api;
+mod http;
+mod metrics;
+mod stream;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::runtime::Service;
+
+pub use http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
+
+/// How an administration server listens and what it allows.
+///
+/// # Defaults
+///
+/// | setting | default |
+/// | --- | --- |
+/// | [`listen`](AdminConfig::listen) | `127.0.0.1:7878` |
+/// | [`token`](AdminConfig::token) | none (allowed on loopback only) |
+/// | [`read_only`](AdminConfig::read_only) | `false` |
+/// | [`max_connections`](AdminConfig::max_connections) | 128 |
+/// | [`max_connections_per_peer`](AdminConfig::max_connections_per_peer) | 32 |
+/// | [`head_timeout`](AdminConfig::head_timeout) | 10 s for a request's head once it began |
+/// | [`idle_timeout`](AdminConfig::idle_timeout) | 15 s for a kept-alive connection's next request |
+/// | [`io_timeout`](AdminConfig::io_timeout) | 10 s for a body, or a response to be taken |
+/// | [`stream_buffer`](AdminConfig::stream_buffer) | 1,024 messages per WebSocket client |
+///
+/// Request heads are capped at [`MAX_HEAD_BYTES`] (16 KiB), bodies at
+/// [`MAX_BODY_BYTES`] (1 MiB).
+#[derive(Clone)]
+pub struct AdminConfig {
+    pub(crate) listen: SocketAddr,
+    pub(crate) token: Option<String>,
+    pub(crate) read_only: bool,
+    pub(crate) max_connections: usize,
+    pub(crate) max_connections_per_peer: usize,
+    pub(crate) head_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) io_timeout: Duration,
+    pub(crate) stream_buffer: usize,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "(set)"))
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> AdminConfig {
+        AdminConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
+            token: None,
+            read_only: false,
+            max_connections: 128,
+            max_connections_per_peer: 32,
+            head_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(15),
+            io_timeout: Duration::from_secs(10),
+            stream_buffer: 1_024,
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The defaults.
+    pub fn new() -> AdminConfig {
+        AdminConfig::default()
+    }
+
+    /// Where to listen (port 0: any free port; see
+    /// [`AdminServer::local_addr`]). Default `127.0.0.1:7878`. An address
+    /// other than loopback needs a [`token`](AdminConfig::token).
+    pub fn listen(mut self, addr: SocketAddr) -> AdminConfig {
+        self.listen = addr;
+        self
+    }
+
+    /// The bearer token every request but `/healthz` must carry. Default
+    /// none: allowed on loopback only.
+    pub fn token(mut self, token: impl Into<String>) -> AdminConfig {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Reads the token from a file (its first line, trimmed).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if it cannot be read; [`Error::Invalid`] if it is
+    /// empty.
+    pub fn token_file(self, path: impl AsRef<std::path::Path>) -> Result<AdminConfig> {
+        let text = std::fs::read_to_string(path.as_ref())?;
+        let token = text.lines().next().unwrap_or("").trim().to_string();
+        if token.is_empty() {
+            return Err(Error::invalid("token file", "the file holds no token"));
+        }
+        Ok(self.token(token))
+    }
+
+    /// Serve reads only: every mutating route and stream command is
+    /// refused with `403`. Default `false`.
+    pub fn read_only(mut self, read_only: bool) -> AdminConfig {
+        self.read_only = read_only;
+        self
+    }
+
+    /// Open connections at most (1 to 4,096). Default 128.
+    pub fn max_connections(mut self, n: usize) -> AdminConfig {
+        self.max_connections = n;
+        self
+    }
+
+    /// Open connections from one address at most. Default 32.
+    pub fn max_connections_per_peer(mut self, n: usize) -> AdminConfig {
+        self.max_connections_per_peer = n;
+        self
+    }
+
+    /// How long a request's head may take once its first byte came.
+    /// Default 10 s.
+    pub fn head_timeout(mut self, t: Duration) -> AdminConfig {
+        self.head_timeout = t;
+        self
+    }
+
+    /// How long a kept-alive connection waits for its next request.
+    /// Default 15 s.
+    pub fn idle_timeout(mut self, t: Duration) -> AdminConfig {
+        self.idle_timeout = t;
+        self
+    }
+
+    /// How long a body may take to arrive, and a response to be taken by
+    /// the client. Default 10 s.
+    pub fn io_timeout(mut self, t: Duration) -> AdminConfig {
+        self.io_timeout = t;
+        self
+    }
+
+    /// How many messages a WebSocket client's buffer holds before its
+    /// subscriptions are cut with `lagged`. Default 1,024.
+    pub fn stream_buffer(mut self, n: usize) -> AdminConfig {
+        self.stream_buffer = n;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !self.listen.ip().is_loopback() && self.token.is_none() {
+            return Err(Error::invalid(
+                "listen",
+                format!(
+                    "{} is not a loopback address: a token is required to serve on it",
+                    self.listen
+                ),
+            ));
+        }
+        if let Some(t) = &self.token
+            && (t.len() < 16 || t.chars().any(|c| c.is_control() || c == ' '))
+        {
+            return Err(Error::invalid(
+                "token",
+                "at least 16 characters, without spaces or control characters",
+            ));
+        }
+        if !(1..=4_096).contains(&self.max_connections) || self.max_connections_per_peer == 0 {
+            return Err(Error::invalid(
+                "max_connections",
+                "1 to 4096 in all, at least 1 per peer",
+            ));
+        }
+        if self.stream_buffer < 16 {
+            return Err(Error::invalid("stream_buffer", "at least 16 messages"));
+        }
+        for t in [self.head_timeout, self.idle_timeout, self.io_timeout] {
+            if t.is_zero() {
+                return Err(Error::invalid("timeout", "must be more than zero"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A running administration server. Dropping it (or [`AdminServer::shutdown`],
+/// or [`Engine::shutdown`]) stops it: no new connection is taken, open ones
+/// are closed after the request they are in, and every thread is joined.
+///
+/// The server keeps its engine open while it runs.
+pub struct AdminServer {
+    inner: Arc<Server>,
+}
+
+impl std::fmt::Debug for AdminServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminServer")
+            .field("local_addr", &self.inner.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminServer {
+    /// The address it listens on (with the port chosen, for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// Stops the server and joins its threads.
+    pub fn shutdown(self) {
+        self.inner.stop();
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.inner.stop();
+    }
+}
+
+impl Engine {
+    /// Serves the administration API for this engine (see the module
+    /// [`crate::admin`] and the README's "Administration over HTTP"):
+    /// the REST routes under `/api/v1`, the WebSocket streams at
+    /// `/api/v1/stream`, Prometheus metrics at `/metrics`, and `/healthz`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a non-loopback address without a token or a
+    /// bad setting; [`Error::Io`] when the address cannot be bound.
+    pub fn serve_admin(&self, config: AdminConfig) -> Result<AdminServer> {
+        config.validate()?;
+        let listener = TcpListener::bind(config.listen)?;
+        let addr = listener.local_addr()?;
+        let server = Arc::new(Server {
+            engine: self.clone(),
+            config,
+            addr,
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(Conns::default()),
+            acceptor: Mutex::new(None),
+        });
+        let s = Arc::clone(&server);
+        let acceptor = std::thread::Builder::new()
+            .name("reflexr-admin".into())
+            .spawn(move || s.accept(listener))?;
+        *lock(&server.acceptor) = Some(acceptor);
+        self.add_service(Arc::clone(&server) as Arc<dyn Service>);
+        log::info!("admin server listening on {addr}");
+        Ok(AdminServer { inner: server })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The open connections: how many, from where, and their threads.
+#[derive(Default)]
+struct Conns {
+    open: usize,
+    per_peer: HashMap<IpAddr, usize>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+pub(crate) struct Server {
+    pub(crate) engine: Engine,
+    pub(crate) config: AdminConfig,
+    addr: SocketAddr,
+    stop: AtomicBool,
+    conns: Mutex<Conns>,
+    acceptor: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Service for Server {
+    fn stop(&self) {
+        if self.stop.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the acceptor out of accept().
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = lock(&self.acceptor).take() {
+            let _ = t.join();
+        }
+        let threads = std::mem::take(&mut lock(&self.conns).threads);
+        for t in threads {
+            let _ = t.join();
+        }
+        log::info!("admin server on {} stopped", self.addr);
+    }
+}
+
+impl Server {
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn accept(self: Arc<Self>, listener: TcpListener) {
+        for stream in listener.incoming() {
+            if self.stopping() {
+                break;
+            }
+            let Ok(stream) = stream else { continue };
+            let Ok(peer) = stream.peer_addr() else {
+                continue;
+            };
+            let admitted = {
+                let mut c = lock(&self.conns);
+                c.threads.retain(|t| !t.is_finished());
+                let from_peer = c.per_peer.get(&peer.ip()).copied().unwrap_or(0);
+                let ok = c.open < self.config.max_connections
+                    && from_peer < self.config.max_connections_per_peer;
+                if ok {
+                    c.open += 1;
+                    *c.per_peer.entry(peer.ip()).or_default() += 1;
+                }
+                ok
+            };
+            if !admitted {
+                busy(stream);
+                continue;
+            }
+            let s = Arc::clone(&self);
+            let spawned = std::thread::Builder::new()
+                .name("reflexr-admin-conn".into())
+                .spawn(move || {
+                    let _slot = Slot {
+                        server: &s,
+                        peer: peer.ip(),
+                    };
+                    s.serve(stream);
+                });
+            match spawned {
+                Ok(t) => lock(&self.conns).threads.push(t),
+                Err(e) => {
+                    log::error!("admin: cannot start a connection thread: {e}");
+                    let mut c = lock(&self.conns);
+                    c.open -= 1;
+                    release_peer(&mut c, peer.ip());
+                }
+            }
+        }
+    }
+
+    /// One connection: requests until it closes, goes idle, or the server
+    /// stops; a WebSocket upgrade hands the connection to the stream.
+    fn serve(&self, mut stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let mut buf = Vec::new();
+        loop {
+            let idle_until = Instant::now() + self.config.idle_timeout;
+            let read = http::read_request(
+                &mut stream,
+                &mut buf,
+                idle_until,
+                self.config.head_timeout,
+                self.config.io_timeout,
+            );
+            let response = match read {
+                Ok(req) if stream::is_upgrade(&req) => {
+                    stream::serve(self, stream, &req);
+                    return;
+                }
+                Ok(req) => {
+                    let keep = req.keep_alive() && !self.stopping();
+                    let r = api::handle(self, &req);
+                    let keep = keep && !r.close;
+                    if http::write_response(&mut stream, &r, keep, self.config.io_timeout).is_err()
+                        || !keep
+                    {
+                        return;
+                    }
+                    continue;
+                }
+                Err(http::ReadError::Idle | http::ReadError::Io) => return,
+                Err(http::ReadError::Timeout) => {
+                    http::Response::error(408, "timeout", "the request did not arrive in time")
+                }
+                Err(http::ReadError::HeadTooLarge) => http::Response::error(
+                    431,
+                    "head_too_large",
+                    format!("a request head is at most {MAX_HEAD_BYTES} bytes and 64 headers"),
+                ),
+                Err(http::ReadError::BodyTooLarge) => http::Response::error(
+                    413,
+                    "too_large",
+                    format!("a request body is at most {MAX_BODY_BYTES} bytes"),
+                ),
+                Err(http::ReadError::LengthRequired) => http::Response::error(
+                    411,
+                    "length_required",
+                    "a body must say its length (Content-Length); chunked bodies are refused",
+                ),
+                Err(http::ReadError::Malformed(why)) => {
+                    http::Response::error(400, "bad_request", why)
+                }
+            };
+            let _ = http::write_response(&mut stream, &response, false, self.config.io_timeout);
+            return;
+        }
+    }
+}
+
+/// A connection's place in the caps, given back when its thread ends.
+struct Slot<'a> {
+    server: &'a Server,
+    peer: IpAddr,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut c = lock(&self.server.conns);
+        c.open -= 1;
+        release_peer(&mut c, self.peer);
+    }
+}
+
+fn release_peer(c: &mut Conns, peer: IpAddr) {
+    if let Some(n) = c.per_peer.get_mut(&peer) {
+        *n -= 1;
+        if *n == 0 {
+            c.per_peer.remove(&peer);
+        }
+    }
+}
+
+/// Answers a connection over the caps with `503`, without waiting for it.
+fn busy(mut stream: TcpStream) {
+    let r = http::Response::error(503, "busy", "too many connections; try again")
+        .with_header("Retry-After", "1");
+    let _ = http::write_response(&mut stream, &r, false, Duration::from_millis(200));
+}

@@ -1,0 +1,196 @@
+//! Clients of the administration server for the tests: HTTP through `ureq`,
+//! raw bytes for what a well-behaved client would never send, and a
+//! WebSocket through `tungstenite`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tungstenite::{Message, WebSocket};
+
+/// How long a test waits for an answer before it fails (only matters when
+/// it fails).
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// An HTTP client of one server.
+pub struct Api {
+    pub addr: SocketAddr,
+    agent: ureq::Agent,
+    token: Option<String>,
+}
+
+impl Api {
+    pub fn new(addr: SocketAddr, token: Option<&str>) -> Api {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(PATIENCE))
+            .build()
+            .into();
+        Api {
+            addr,
+            agent,
+            token: token.map(String::from),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn authed<B>(&self, r: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.token {
+            Some(t) => r.header("Authorization", format!("Bearer {t}")),
+            None => r,
+        }
+    }
+
+    /// GET, the status and the body as JSON (`Value::Null` if it is not).
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let (status, text) = self.get_text(path);
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// GET, the status and the body as text.
+    pub fn get_text(&self, path: &str) -> (u16, String) {
+        let mut r = self
+            .authed(self.agent.get(self.url(path)))
+            .call()
+            .expect("a response");
+        let status = r.status().as_u16();
+        (status, r.body_mut().read_to_string().unwrap_or_default())
+    }
+
+    /// POST of a JSON body, the status and the answer as JSON.
+    pub fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let mut r = self
+            .authed(self.agent.post(self.url(path)))
+            .send_json(body)
+            .expect("a response");
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// POST with headers of the test's own.
+    pub fn post_with(&self, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
+        let mut req = self.authed(self.agent.post(self.url(path)));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let mut r = req.send(body).expect("a response");
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+}
+
+/// Sends `bytes` as they are and reads the answer until the server closes
+/// the connection: its status (0 if none came) and its whole text.
+pub fn raw(addr: SocketAddr, bytes: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    (status_of(&text), text)
+}
+
+/// The status code of a response's text.
+pub fn status_of(text: &str) -> u16 {
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A WebSocket client of the stream.
+pub struct Stream {
+    ws: WebSocket<TcpStream>,
+}
+
+impl Stream {
+    /// Connects to `/api/v1/stream`, with the token as a header (or none),
+    /// and an `Origin` if given. `Err(status)` when the upgrade is refused.
+    pub fn connect(
+        addr: SocketAddr,
+        token: Option<&str>,
+        origin: Option<&str>,
+    ) -> Result<Stream, u16> {
+        use tungstenite::client::IntoClientRequest;
+        let mut req = format!("ws://{addr}/api/v1/stream")
+            .into_client_request()
+            .unwrap();
+        if let Some(t) = token {
+            req.headers_mut()
+                .insert("Authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        if let Some(o) = origin {
+            req.headers_mut().insert("Origin", o.parse().unwrap());
+        }
+        let tcp = TcpStream::connect(addr).expect("connect");
+        tcp.set_read_timeout(Some(PATIENCE)).unwrap();
+        match tungstenite::client(req, tcp) {
+            Ok((ws, _)) => Ok(Stream { ws }),
+            Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => {
+                Err(r.status().as_u16())
+            }
+            Err(e) => panic!("handshake: {e}"),
+        }
+    }
+
+    /// Sends a JSON message.
+    pub fn send(&mut self, v: Value) {
+        self.ws.send(Message::text(v.to_string())).expect("send");
+    }
+
+    /// The next JSON message, skipping pings (None if the server closed).
+    pub fn next(&mut self) -> Option<Value> {
+        loop {
+            match self.ws.read() {
+                Ok(Message::Text(t)) => return Some(serde_json::from_str(t.as_str()).unwrap()),
+                Ok(Message::Close(_)) => return None,
+                Ok(_) => continue,
+                Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
+                    return None;
+                }
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// Messages until one for which `done` is true (that one included).
+    pub fn until(&mut self, mut done: impl FnMut(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + PATIENCE;
+        let mut out = Vec::new();
+        while Instant::now() < deadline {
+            let Some(m) = self.next() else { break };
+            let end = done(&m);
+            out.push(m);
+            if end {
+                return out;
+            }
+        }
+        let last: Vec<String> = out
+            .iter()
+            .rev()
+            .take(3)
+            .map(|m| {
+                let t = m.to_string();
+                t.chars().take(300).collect()
+            })
+            .collect();
+        panic!(
+            "the stream ended or stalled after {} messages; the last: {last:?}",
+            out.len()
+        );
+    }
+
+    /// The message that answers `op` (`subscribed`, `error`, …) with this id.
+    pub fn answer(&mut self, id: &str) -> Value {
+        self.until(|m| m["id"] == id && m["type"] != "event")
+            .pop()
+            .unwrap()
+    }
+}
