@@ -37,6 +37,15 @@ pub struct EventPage {
 /// most [`SCAN_WINDOW`] events of its workspace after its `after`.
 pub(crate) fn events_page(conn: &Connection, q: &Query) -> Result<EventPage> {
     q.validate()?;
+    if q.types.is_empty() && q.subject.is_none() {
+        // Every event matches: no window to bound, a plain page.
+        let events = events::page(conn, &q.workspace, q.after, &[], q.limit)?;
+        let next_after = match events.last() {
+            Some(last) if events.len() == q.limit => Some(last.seq),
+            _ => None,
+        };
+        return Ok(EventPage { events, next_after });
+    }
     let (events, next_after) = events::scan(
         conn,
         &q.workspace,

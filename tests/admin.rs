@@ -714,3 +714,29 @@ impl ThenJson for u16 {
         (self, Value::Null)
     }
 }
+
+#[test]
+fn shutdown_does_not_wait_for_an_idle_keep_alive_client() {
+    // Surfaces: stopping the engine stops its server at once; a client
+    // holding a kept-alive connection open (with an hour of idle allowance)
+    // does not hold it up, and finds the connection closed. Under the defect
+    // this test names, `shutdown` waited out the idle allowance: the test
+    // would hang rather than pass.
+    let s = Scene::new();
+    let e = shop(&s);
+    let (server, api) = serve(
+        &e,
+        AdminConfig::new().idle_timeout(Duration::from_secs(3_600)),
+    );
+    let mut conn = std::net::TcpStream::connect(api.addr).unwrap();
+    conn.set_read_timeout(Some(common::http::PATIENCE)).unwrap();
+    use std::io::{Read, Write};
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = conn.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("keep-alive"));
+    server.shutdown();
+    // The server closed its end: the next read sees the end of the stream.
+    assert_eq!(conn.read(&mut buf).unwrap_or(0), 0);
+}

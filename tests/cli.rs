@@ -460,3 +460,66 @@ fn restart_follower_asks_the_process_running_a_stopped_follower_to_go_on() {
         stderr(&out)
     );
 }
+
+#[cfg(feature = "admin")]
+#[test]
+fn serve_answers_over_http_until_sigterm_and_refuses_changes_read_only() {
+    // Surfaces: `serve` prints where it listens, answers the API on the
+    // file beside the application, keeps a read-only promise, and stops
+    // cleanly (exit 0) on SIGTERM.
+    use common::http::Api;
+    use std::io::BufRead;
+    let s = Scene::new();
+    let _e = prepare(&s.path);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(&s.path)
+        .args(["serve", "--listen", "127.0.0.1:0", "--read-only"])
+        .env_remove("REFLEXR_ADMIN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_suffix(" (read-only)")
+        .and_then(|l| l.rsplit_once("http://"))
+        .map(|(_, a)| a.parse().unwrap())
+        .unwrap_or_else(|| panic!("where it listens: {first:?}"));
+    let api = Api::new(addr, None);
+    let (status, body) = api.get("/api/v1/status");
+    assert_eq!(status, 200);
+    assert!(body["workspaces"].to_string().contains("shop"), "{body}");
+    let (status, body) = api.post(
+        "/api/v1/lanes/unblock",
+        serde_json::json!({ "rule": "charge", "scope": "customer/bad", "operator": "ops", "reason": "test" }),
+    );
+    assert_eq!(status, 403, "{body}");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("stopping"));
+}
+
+#[cfg(feature = "admin")]
+#[test]
+fn serve_refuses_to_listen_off_loopback_without_a_token() {
+    // Surfaces, security defaults: no token, no listening beyond loopback.
+    let s = Scene::new();
+    let _e = prepare(&s.path);
+    let out = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(&s.path)
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env_remove("REFLEXR_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("token"), "{}", stderr(&out));
+}

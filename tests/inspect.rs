@@ -45,6 +45,47 @@ fn order(customer: &str, n: i64) -> NewEvent {
 }
 
 #[test]
+fn an_unfiltered_page_walk_meets_every_event_once_and_ends_at_the_head() {
+    // Invariant 1 for paged reads without a filter: pages follow one another
+    // with no gap or repeat, and the last says the head was reached.
+    let s = Scene::new();
+    let e = s.open("test").workspace("shop", &["order", "noise"]);
+    e.write(|tx| {
+        for i in 0..250 {
+            tx.append("shop", &order("ada", i))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = e
+            .events_page(&Query::new("shop").after(after).limit(100))
+            .unwrap();
+        seen.extend(page.events.iter().map(|ev| ev.seq));
+        match page.next_after {
+            Some(next) => {
+                assert_eq!(page.events.len(), 100, "a page that goes on is full");
+                after = next;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=250).collect::<Vec<i64>>());
+    // Exactly at the head: a full page still says go on, the next is empty.
+    let last = e
+        .events_page(&Query::new("shop").after(150).limit(100))
+        .unwrap();
+    assert_eq!(last.next_after, Some(250));
+    let empty = e
+        .events_page(&Query::new("shop").after(250).limit(100))
+        .unwrap();
+    assert!(empty.events.is_empty());
+    assert_eq!(empty.next_after, None);
+}
+
+#[test]
 fn a_rare_subject_is_found_a_bounded_window_at_a_time_without_gaps() {
     // Invariant 1 for paged reads: following next_after from 0 meets every
     // matching event once, in order, however far apart they are.

@@ -8,6 +8,7 @@
 //! Every result has a `baseline` measured in this run on this machine, and
 //! `ratio = value / baseline`. Rates are per second (higher is better).
 
+mod admin;
 mod growth;
 mod latency;
 mod raw;

@@ -58,6 +58,10 @@ impl Request {
     }
 }
 
+/// How often a connection waiting for its next request looks whether the
+/// server is stopping.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+
 /// Why no request was read.
 #[derive(Debug)]
 pub(crate) enum ReadError {
@@ -82,10 +86,13 @@ pub(crate) enum ReadError {
 /// Reads one request from `stream`, whose bytes already read but not used
 /// are in `buf` (keep-alive). Waits for its first byte until `idle_until`;
 /// once it began, its head must arrive within `head_timeout` and its body
-/// within `body_timeout`.
+/// within `body_timeout`. While it waits for a first byte it gives up as
+/// soon as `stopping` says so (a server shutting down does not wait out
+/// its idle keep-alive connections).
 pub(crate) fn read_request(
     stream: &mut TcpStream,
     buf: &mut Vec<u8>,
+    stopping: &dyn Fn() -> bool,
     idle_until: Instant,
     head_timeout: Duration,
     body_timeout: Duration,
@@ -100,7 +107,7 @@ pub(crate) fn read_request(
         }
         let deadline = match began {
             Some(t) => t + head_timeout,
-            None => idle_until,
+            None => idle_until.min(Instant::now() + STOP_CHECK),
         };
         match read_some(stream, buf, deadline) {
             Ok(0) => {
@@ -113,7 +120,11 @@ pub(crate) fn read_request(
             Ok(_) => {
                 began.get_or_insert_with(Instant::now);
             }
-            Err(Timed::Out) if began.is_none() => return Err(ReadError::Idle),
+            Err(Timed::Out) if began.is_none() => {
+                if stopping() || Instant::now() >= idle_until {
+                    return Err(ReadError::Idle);
+                }
+            }
             Err(Timed::Out) => return Err(ReadError::Timeout),
             Err(Timed::Failed) => return Err(ReadError::Io),
         }
@@ -340,7 +351,9 @@ pub(crate) fn write_response(
         head.push_str("\r\n");
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(&r.body)?;
+    // One write: the answer leaves in as few segments as it can.
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(&r.body);
+    stream.write_all(&bytes)?;
     stream.flush()
 }

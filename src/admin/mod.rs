@@ -18,8 +18,7 @@
 //! # Security (the defaults)
 //!
 //! Loopback only (`127.0.0.1`) unless told otherwise, and a token required
-//! for any other address. With a token, every route but `/healthz` (and the
-//! console's static files) wants `Authorization: Bearer <token>`, compared
+//! for any other address. With a token, every route but `/healthz` wants `Authorization: Bearer <token>`, compared
 //! in constant time. Mutations want a JSON body, refuse cross-site requests
 //! (`Sec-Fetch-Site`, `Origin` against `Host`), and are refused in read-only
 //! mode; every WebSocket upgrade has its `Origin` checked. TLS is a reverse
@@ -386,6 +385,7 @@ impl Server {
             let read = http::read_request(
                 &mut stream,
                 &mut buf,
+                &|| self.stopping(),
                 idle_until,
                 self.config.head_timeout,
                 self.config.io_timeout,

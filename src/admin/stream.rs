@@ -16,7 +16,9 @@
 //! [`super::AdminConfig::stream_buffer`] messages; a subscription that
 //! finds the buffer full ends with a `lagged` message saying where to
 //! resume. In the application's own process a commit wakes the clients at
-//! once; from another process within the engine's heartbeat.
+//! once; another process's commit is noticed within a turn (10 ms), when
+//! the quiet connection polls the file's `data_version` and reads the
+//! client's messages.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
@@ -41,8 +43,11 @@ const PING_EVERY: Duration = Duration::from_secs(15);
 const IDLE_LIMIT: Duration = Duration::from_secs(60);
 /// How long a client that must authenticate by message has to do it.
 const AUTH_WITHIN: Duration = Duration::from_secs(10);
-/// How long one turn waits for the client or a commit.
-const TICK: Duration = Duration::from_millis(50);
+/// How long a quiet turn waits for a commit before it looks at the client
+/// again: the most a command waits for its answer.
+const TICK: Duration = Duration::from_millis(10);
+/// How long a write waits for a slow client.
+const WRITE_WAIT: Duration = Duration::from_millis(50);
 /// Most items one subscription reads per turn.
 const PAGE: usize = 500;
 
@@ -107,8 +112,7 @@ pub(crate) fn serve(server: &Server, mut stream: TcpStream, req: &Request) {
     if write_upgrade(&mut stream, &accept, server.config.io_timeout).is_err() {
         return;
     }
-    let _ = stream.set_read_timeout(Some(TICK));
-    let _ = stream.set_write_timeout(Some(TICK));
+    let _ = stream.set_write_timeout(Some(WRITE_WAIT));
     let config = WebSocketConfig::default()
         .max_message_size(Some(64 * 1024))
         .max_frame_size(Some(64 * 1024))
@@ -209,17 +213,28 @@ enum Flow {
     End,
 }
 
+enum Heard {
+    Nothing,
+    Something,
+    End,
+}
+
 impl Session<'_> {
     fn run(mut self) {
         let watch = self.server.engine.watch();
+        // Whether the subscriptions may have something new: after a commit,
+        // a command, or a turn that filled its page.
+        let mut due = true;
         loop {
             if self.server.stopping() {
                 let _ = self.ws.close(None);
                 let _ = self.ws.flush();
                 return;
             }
-            if let Flow::End = self.read_client() {
-                return;
+            match self.read_client() {
+                Heard::End => return,
+                Heard::Something => due = true,
+                Heard::Nothing => {}
             }
             if !self.authed && self.opened.elapsed() > AUTH_WITHIN {
                 self.error(
@@ -240,47 +255,72 @@ impl Session<'_> {
                 self.pinged = Instant::now();
                 let _ = self.ws.write(Message::Ping(Vec::new().into()));
             }
-            let produced = self.produce();
+            let produced = (due || self.timer_due()) && self.produce();
             if let Flow::End = self.send() {
                 return;
             }
-            // Nothing new: wait for a commit (the read timeout already
-            // paced this turn when the client was quiet).
-            if !produced && self.out.is_empty() {
-                watch.wait(TICK);
-            }
+            // Go round at once while there is more to read; otherwise wait
+            // for a commit, a slice at a time so the client is heard.
+            due = produced || watch.wait(TICK);
         }
     }
 
-    /// Reads what the client sent, if anything, within a turn.
-    fn read_client(&mut self) -> Flow {
-        match self.ws.read() {
-            Ok(msg) => {
-                self.heard = Instant::now();
-                match msg {
-                    Message::Text(t) => self.command(t.as_str()),
-                    Message::Close(_) => return Flow::End,
-                    Message::Binary(_) => {
-                        self.error(None, "bad_request", "send JSON text messages")
-                    }
-                    _ => {}
-                }
-                Flow::Go
-            }
-            Err(tungstenite::Error::Io(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Flow::Go
-            }
-            Err(tungstenite::Error::Capacity(_)) => {
-                self.error(None, "too_large", "a message is at most 64 KiB");
-                Flow::End
-            }
-            Err(_) => Flow::End,
+    /// Whether a `stats` subscription is due, commit or not.
+    fn timer_due(&self) -> bool {
+        let now = Instant::now();
+        self.subs
+            .iter()
+            .any(|s| matches!(s.topic, Topic::Stats { next, .. } if next <= now))
+    }
+
+    /// Reads what the client sent, without waiting: up to a few messages a
+    /// turn.
+    fn read_client(&mut self) -> Heard {
+        let mut heard = Heard::Nothing;
+        if self.ws.get_ref().set_nonblocking(true).is_err() {
+            return Heard::End;
         }
+        for _ in 0..16 {
+            match self.ws.read() {
+                Ok(msg) => {
+                    self.heard = Instant::now();
+                    heard = Heard::Something;
+                    match msg {
+                        Message::Text(t) => self.command(t.as_str()),
+                        Message::Close(_) => {
+                            heard = Heard::End;
+                            break;
+                        }
+                        Message::Binary(_) => {
+                            self.error(None, "bad_request", "send JSON text messages")
+                        }
+                        _ => {}
+                    }
+                }
+                Err(tungstenite::Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break;
+                }
+                Err(tungstenite::Error::Capacity(_)) => {
+                    self.error(None, "too_large", "a message is at most 64 KiB");
+                    heard = Heard::End;
+                    break;
+                }
+                Err(_) => {
+                    heard = Heard::End;
+                    break;
+                }
+            }
+        }
+        // Writes wait (up to the write timeout) for a slow client.
+        if self.ws.get_ref().set_nonblocking(false).is_err() {
+            return Heard::End;
+        }
+        heard
     }
 
     fn push(&mut self, v: Value) {
@@ -446,9 +486,12 @@ impl Session<'_> {
                 // A look at a copy: does it have more than there is room for?
                 let (mut probe, mut found) = (sub.clone(), Vec::new());
                 if poll(&e, &mut probe, 1, &mut found).is_err() || !found.is_empty() {
-                    messages.push(json!({
-                        "type": "lagged", "sub": sub.id, "resume_after": resume(&sub.topic),
-                    }));
+                    messages.push(
+                        json!({
+                            "type": "lagged", "sub": sub.id, "resume_after": resume(&sub.topic),
+                        })
+                        .to_string(),
+                    );
                     ended.push(i);
                     produced = true;
                 }
@@ -458,8 +501,11 @@ impl Session<'_> {
                 Ok(Poll::Quiet) => {}
                 Ok(Poll::Some | Poll::More) => produced = true,
                 Err(err) => {
-                    messages.push(json!({ "type": "error", "id": sub.id,
-                        "error": { "code": err.code, "message": err.message } }));
+                    messages.push(
+                        json!({ "type": "error", "id": sub.id,
+                            "error": { "code": err.code, "message": err.message } })
+                        .to_string(),
+                    );
                     ended.push(i);
                 }
             }
@@ -467,9 +513,7 @@ impl Session<'_> {
         for i in ended.into_iter().rev() {
             self.subs.remove(i);
         }
-        for m in messages {
-            self.push(m);
-        }
+        self.out.extend(messages.into_iter().map(Message::text));
         produced
     }
 
@@ -521,12 +565,20 @@ fn resume(t: &Topic) -> Value {
     }
 }
 
+/// `{"type": kind, "sub": sub, kind: body}`, written straight from the
+/// item (no `Value` in between: the tail's cost is mostly this).
+fn item(kind: &str, sub: &str, body: &impl serde::Serialize) -> String {
+    let body = serde_json::to_string(body).unwrap_or_else(|_| "null".into());
+    let sub = serde_json::to_string(sub).unwrap_or_default();
+    format!("{{\"type\":\"{kind}\",\"sub\":{sub},\"{kind}\":{body}}}")
+}
+
 /// Reads up to `n` of `sub`'s next items into `out`, advancing it.
 fn poll(
     e: &crate::engine::Engine,
     sub: &mut Sub,
     n: usize,
-    out: &mut Vec<Value>,
+    out: &mut Vec<String>,
 ) -> Result<Poll, ApiError> {
     let id = sub.id.as_str();
     let (got, full) = match &mut sub.topic {
@@ -547,7 +599,7 @@ fn poll(
             let (got, full) = (page.events.len(), page.events.len() == n);
             for ev in page.events {
                 *after = ev.seq;
-                out.push(json!({ "type": "event", "sub": id, "event": ev }));
+                out.push(item("event", id, &ev));
             }
             // A stretch that matched nothing still moves the position on.
             if let Some(next) = page.next_after {
@@ -573,7 +625,7 @@ fn poll(
                         seen.clear();
                     }
                     seen.insert(r.position, print);
-                    out.push(json!({ "type": "run", "sub": id, "run": r }));
+                    out.push(item("run", id, &r));
                     got += 1;
                     if got == n {
                         break;
@@ -593,7 +645,7 @@ fn poll(
             let (got, full) = (found.len(), found.len() == n);
             for d in found {
                 *after = d.id;
-                out.push(json!({ "type": "dead_letter", "sub": id, "dead_letter": d }));
+                out.push(item("dead_letter", id, &d));
             }
             (got, full)
         }
@@ -618,7 +670,9 @@ fn poll(
                 None => json!({ "appended_per_s": null, "settled_per_s": null }),
             };
             *last = Some((now, stats.events_appended, settled));
-            out.push(json!({ "type": "stats", "sub": id, "stats": stats, "rates": rates }));
+            out.push(
+                json!({ "type": "stats", "sub": id, "stats": stats, "rates": rates }).to_string(),
+            );
             (1, false)
         }
     };
