@@ -60,6 +60,17 @@ pub(crate) fn append(
     let id = match &ev.id {
         Some(id) => {
             names::check_text("id", id, MAX_ID_BYTES)?;
+            // Looked up first: an INSERT that conflicts would still take a
+            // seq from AUTOINCREMENT (sqlite_sequence moves on), leaving a
+            // gap and a head that counts an event never appended. A fresh
+            // generated id cannot be there, and skips the look-up.
+            if let Some(seq) = events::seq_of(conn, workspace, id)? {
+                return Ok(Appended {
+                    seq,
+                    id: id.clone(),
+                    existing: true,
+                });
+            }
             id.clone()
         }
         None => new_id(),

@@ -112,6 +112,21 @@ fn reappending_an_id_is_a_noop_that_reports_the_existing_seq() {
         ),
         1
     );
+
+    // A re-append takes no seq: the head stays, and the next event comes
+    // right after the last one (no gap, and `events_appended` counts only
+    // events that exist).
+    let head = engine.head_seq().unwrap();
+    for _ in 0..3 {
+        assert!(
+            engine
+                .append("app", &made("x").id("evt-1"))
+                .unwrap()
+                .existing
+        );
+    }
+    assert_eq!(engine.head_seq().unwrap(), head);
+    assert_eq!(engine.append("app", &made("d")).unwrap().seq, head + 1);
 }
 
 #[test]
