@@ -181,6 +181,8 @@ CREATE TABLE reflexr_lanes (
     blocked    INTEGER NOT NULL DEFAULT 0 CHECK (blocked IN (0, 1)),
     updated_at INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
+-- The blocked lanes, newest first, for operators (only blocked rows are in it).
+CREATE INDEX reflexr_lanes_blocked ON reflexr_lanes (updated_at) WHERE blocked = 1;
 
 -- What a consumer or an executor gave up on, never silently. kind says
 -- whose: a rule's evaluation (rule), a run (run), and later reactions,
@@ -345,4 +347,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 3;
+PRAGMA user_version = 4;

@@ -15,7 +15,7 @@ use crate::error::{Error, HandlerError, Result};
 use crate::event::{Appended, Event, NewEvent, Query};
 use crate::follow::{self, Follow, FollowerInfo};
 use crate::inspect::{
-    self, DeadLetterFilter, DeadLetterPage, EventPage, RunDetail, RunFilter, RunPage,
+    self, BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, RunDetail, RunFilter, RunPage,
 };
 use crate::lease::{self, Lease, LeaseInfo};
 use crate::names;
@@ -305,6 +305,12 @@ impl Engine {
     /// One run with the event that fired it and the events it emitted.
     pub fn run_detail(&self, id: &str) -> Result<Option<RunDetail>> {
         self.cx.db.read(|c| inspect::run_detail(c, id))
+    }
+
+    /// The scopes held behind a dead run, most recently blocked first, at
+    /// most `limit` (1 to [`crate::MAX_PAGE`]).
+    pub fn blocked_lanes(&self, limit: usize) -> Result<Vec<BlockedLane>> {
+        self.cx.db.read(|c| inspect::blocked_lanes(c, limit))
     }
 
     /// A page of the dead letters `filter` matches, newest first.

@@ -344,6 +344,44 @@ impl DeadLetterFilter {
     }
 }
 
+/// A scope held behind a dead run (`OnDeadLetter::Block`) until an operator
+/// unblocks it ([`crate::Operator::unblock`]) or retries the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct BlockedLane {
+    /// The rule.
+    pub rule: String,
+    /// The scope.
+    pub scope: String,
+    /// The dead run it is held behind.
+    pub run_id: String,
+    /// That run's last error.
+    pub last_error: Option<String>,
+    /// When the lane was blocked (ms since the epoch, engine clock).
+    pub since: i64,
+}
+
+/// The blocked lanes, most recently blocked first, at most `limit`
+/// (1 to [`MAX_PAGE`]).
+pub(crate) fn blocked_lanes(conn: &Connection, limit: usize) -> Result<Vec<BlockedLane>> {
+    check_limit(limit)?;
+    Ok(runs::blocked_lanes(conn, limit)?
+        .into_iter()
+        .map(|(lane, head, rule, scope, last_error, since)| {
+            // The lane is "<rule> <scope>"; names hold no spaces. The run's
+            // own columns say it when it is still there.
+            let (r, s) = lane.split_once(' ').unwrap_or((lane.as_str(), ""));
+            BlockedLane {
+                rule: rule.unwrap_or_else(|| r.to_string()),
+                scope: scope.unwrap_or_else(|| s.to_string()),
+                run_id: head,
+                last_error,
+                since,
+            }
+        })
+        .collect())
+}
+
 /// A page of dead letters, newest first.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]

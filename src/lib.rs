@@ -108,8 +108,8 @@ pub use evaluate::firing_id;
 pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
 pub use inspect::{
-    DeadLetterFilter, DeadLetterPage, EventPage, MAX_PAGE, RunDetail, RunFilter, RunPage,
-    SCAN_WINDOW,
+    BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, MAX_PAGE, RunDetail, RunFilter,
+    RunPage, SCAN_WINDOW,
 };
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 pub use names::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};

@@ -35,6 +35,9 @@ pub struct Stats {
     pub oldest_ready_due_at: Option<i64>,
     /// Dead letters not yet resolved, by kind.
     pub dead_letters: BTreeMap<DeadLetterKind, i64>,
+    /// Scopes held behind a dead run until an operator acts
+    /// ([`crate::Engine::blocked_lanes`] lists them).
+    pub blocked_lanes: i64,
     /// Every cursor with its lag and failures.
     pub cursors: Vec<CursorInfo>,
     /// Every follower with its counters (published, dead letters, stops).
@@ -62,6 +65,7 @@ pub(crate) fn collect(db: &Db, followers: Vec<FollowerInfo>) -> Result<Stats> {
             runs,
             oldest_ready_due_at: runs::oldest_ready_due(c)?,
             dead_letters: dead_letters::open_counts(c)?.into_iter().collect(),
+            blocked_lanes: runs::blocked_count(c)?,
             cursors: cursor::list(c)?,
             followers: followers.clone(),
             writer: db.writer_stats(),

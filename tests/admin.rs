@@ -329,18 +329,24 @@ fn each_mutation_changes_the_file_as_asked_and_is_audited_with_who_and_why() {
 
     // Unblock a lane, reset a cursor, restart a follower, prune.
     let blocked = count(&e, "SELECT count(*) FROM reflexr_blocked_lanes");
-    if blocked > 0 {
-        let scope: String = e
-            .with_reader(|c| {
-                Ok(c.query_row("SELECT scope FROM reflexr_blocked_lanes", [], |r| r.get(0))?)
-            })
-            .unwrap();
+    let (_, lanes) = api.get("/api/v1/lanes");
+    let lanes = lanes["blocked"].as_array().unwrap().clone();
+    assert_eq!(
+        lanes.len() as i64,
+        blocked,
+        "the API lists what the view holds"
+    );
+    let (_, status) = api.get("/api/v1/status");
+    assert_eq!(status["blocked_lanes"], blocked);
+    for lane in &lanes {
         let (st, _) = api.post(
             "/api/v1/lanes/unblock",
-            json!({ "rule": "charge", "scope": scope, "operator": "ops@example", "reason": "go on" }),
+            json!({ "rule": lane["rule"], "scope": lane["scope"], "operator": "ops@example", "reason": "go on" }),
         );
         assert_eq!(st, 200);
     }
+    let (_, lanes) = api.get("/api/v1/lanes");
+    assert_eq!(lanes["blocked"], json!([]));
     let (st, reset) = api.post(
         "/api/v1/cursors/reset",
         json!({ "workspace": "shop", "kind": "reaction", "name": "counter", "to": 1,

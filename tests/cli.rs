@@ -311,6 +311,64 @@ fn runs_and_dead_letters_list_by_state_and_retry_and_discard_are_recorded() {
 }
 
 #[test]
+fn append_adds_one_event_as_an_application_would_and_an_id_once() {
+    // Invariants 3 and 10 through the CLI: an id is appended once; a type
+    // the workspace does not have is a typed error that changes nothing.
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let head = e.head_seq().unwrap();
+    let args = [
+        "append",
+        "-w",
+        "shop",
+        "-t",
+        "order.cancelled",
+        "--subject",
+        "customer/ada",
+        "--actor",
+        "ops",
+        "--payload",
+        r#"{"why":"duplicate"}"#,
+        "--id",
+        "fix-1",
+    ];
+    let out = cli(&s.path, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("appended seq {} (fix-1)", head + 1)
+    );
+    let ev = e.event(head + 1).unwrap().unwrap();
+    assert_eq!((ev.id.as_str(), ev.actor.as_str()), ("fix-1", "ops"));
+    assert_eq!(ev.payload_value().unwrap()["why"], "duplicate");
+    let again = json(&cli(&s.path, &[&args[..], &["--json"]].concat()));
+    assert_eq!(again["existing"], true);
+    assert_eq!(again["seq"], head + 1);
+    let out = cli(
+        &s.path,
+        &["append", "-w", "shop", "-t", "nope", "--subject", "x"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("nope"), "{}", stderr(&out));
+    let out = cli(
+        &s.path,
+        &[
+            "append",
+            "-w",
+            "shop",
+            "-t",
+            "order.cancelled",
+            "--subject",
+            "x",
+            "--payload",
+            "{oops",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(e.head_seq().unwrap(), head + 1, "nothing else was appended");
+}
+
+#[test]
 fn unblock_lets_a_blocked_scope_go_on() {
     let s = Scene::new();
     let e = prepare(&s.path);

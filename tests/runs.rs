@@ -287,6 +287,20 @@ fn block_holds_the_scope_until_an_operator_unblocks_it() {
         .into_iter()
         .find(|r| r.scope.as_deref() == Some("b"))
         .unwrap();
+    // Operators find what is held: both scopes, behind their dead runs.
+    let blocked = e.blocked_lanes(10).unwrap();
+    let mut held: Vec<(String, String)> = blocked
+        .iter()
+        .map(|l| (l.scope.clone(), l.last_error.clone().unwrap_or_default()))
+        .collect();
+    held.sort();
+    assert_eq!(
+        held,
+        [("a".into(), "poison".into()), ("b".into(), "poison".into())]
+    );
+    assert!(blocked.iter().all(|l| l.rule == "jobs"));
+    assert!(blocked.iter().any(|l| l.run_id == scope_b_dead.id));
+    assert_eq!(e.stats().unwrap().blocked_lanes, 2);
     e.operator("ops", "skip the poison message")
         .unblock("jobs", "a")
         .unwrap();
@@ -299,6 +313,8 @@ fn block_holds_the_scope_until_an_operator_unblocks_it() {
     let at = |idx| order.iter().position(|&i| i == idx).unwrap();
     assert!(at(1) < at(2), "scope a resumed in order: {order:?}");
     assert!(at(4) > at(3), "scope b went on: {order:?}");
+    assert!(e.blocked_lanes(10).unwrap().is_empty());
+    assert_eq!(e.stats().unwrap().blocked_lanes, 0);
     let err = e.operator("ops", "again").unblock("jobs", "a").unwrap_err();
     assert!(err.is_not_found(), "no longer blocked: {err}");
     let actions: Vec<String> = e

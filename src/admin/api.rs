@@ -158,6 +158,7 @@ pub(crate) const ROUTES: &[Route] = &[
     post("/api/v1/dead-letters/{id}/discard", discard_dead_letter),
     post("/api/v1/dead-letters/retry", bulk_retry_dead_letters),
     post("/api/v1/dead-letters/discard", bulk_discard_dead_letters),
+    get("/api/v1/lanes", lanes),
     post("/api/v1/lanes/unblock", unblock),
     post("/api/v1/cursors/reset", reset_cursor),
     post("/api/v1/prune", prune),
@@ -451,6 +452,7 @@ fn status(ctx: &Ctx<'_>) -> Outcome {
         "runs": stats.runs,
         "oldest_ready_due_at": stats.oldest_ready_due_at,
         "dead_letters": stats.dead_letters,
+        "blocked_lanes": stats.blocked_lanes,
         "followers": stats.followers,
     }))
 }
@@ -848,6 +850,11 @@ struct Unblock {
     scope: String,
     operator: String,
     reason: String,
+}
+
+fn lanes(ctx: &Ctx<'_>) -> Outcome {
+    only_params(ctx, &["limit"], None)?;
+    ok(&json!({ "blocked": ctx.engine().blocked_lanes(limit_param(ctx)?)? }))
 }
 
 fn unblock(ctx: &Ctx<'_>) -> Outcome {

@@ -133,6 +133,13 @@ pub(crate) fn render(e: &Engine) -> Result<String> {
     }
 
     o.head(
+        "reflexr_lanes_blocked",
+        "gauge",
+        "Scopes held behind a dead run until an operator acts.",
+    );
+    o.sample("reflexr_lanes_blocked", &[], stats.blocked_lanes);
+
+    o.head(
         "reflexr_cursor_lag_events",
         "gauge",
         "Events of its workspace after each consumer's cursor.",

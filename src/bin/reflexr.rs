@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use comfy_table::{Table, presets};
-use reflexr::{ConsumerKind, Engine, Event, Query, Retention, RunState};
+use reflexr::{ConsumerKind, Engine, Event, NewEvent, Query, Retention, RunState};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -97,6 +97,35 @@ enum Command {
         /// Stop after this many events.
         #[arg(long)]
         count: Option<usize>,
+    },
+    /// Appends one event, as an application would (a correction, a
+    /// script, a test); prints its seq. An id already in the workspace
+    /// appends nothing and says so.
+    Append {
+        /// The workspace.
+        #[arg(short, long)]
+        workspace: String,
+        /// The event's type (registered for the workspace).
+        #[arg(short = 't', long = "type")]
+        event_type: String,
+        /// What it is about (e.g. session/42).
+        #[arg(long)]
+        subject: String,
+        /// Who made the change (default: $USER).
+        #[arg(long)]
+        actor: Option<String>,
+        /// The payload, as JSON.
+        #[arg(long, default_value = "{}")]
+        payload: String,
+        /// The event's id (default: a new one).
+        #[arg(long)]
+        id: Option<String>,
+        /// The id of the event that caused it.
+        #[arg(long)]
+        causation_id: Option<String>,
+        /// The id shared by its conversation or workflow.
+        #[arg(long)]
+        correlation_id: Option<String>,
     },
     /// Runs of the work queue, oldest first.
     Runs {
@@ -275,6 +304,44 @@ fn run(cli: &Cli) -> Fallible {
                 (None, None) => unreachable!("clap requires one"),
             }
             done(cli.json, "discarded")
+        }
+        Command::Append {
+            workspace,
+            event_type,
+            subject,
+            actor,
+            payload,
+            id,
+            causation_id,
+            correlation_id,
+        } => {
+            let actor = actor
+                .clone()
+                .or_else(|| std::env::var("USER").ok())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "reflexr-cli".into());
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let mut ev = NewEvent::new(event_type, subject, actor, now).payload_json(payload);
+            if let Some(id) = id {
+                ev = ev.id(id);
+            }
+            if let Some(c) = causation_id {
+                ev = ev.causation_id(c);
+            }
+            if let Some(c) = correlation_id {
+                ev = ev.correlation_id(c);
+            }
+            let appended = engine.append(workspace, &ev)?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&appended)?);
+            } else if appended.existing {
+                println!("already appended: {} is seq {}", appended.id, appended.seq);
+            } else {
+                println!("appended seq {} ({})", appended.seq, appended.id);
+            }
+            Ok(())
         }
         Command::Unblock { rule, scope, who } => {
             who.on(&engine).unblock(rule, scope)?;

@@ -523,6 +523,49 @@ pub(crate) fn advance_lane(conn: &Connection, lane: &str, finished: &str, now: i
     Ok(())
 }
 
+/// A blocked lane as the store reads it: the lane, its head run, the head's
+/// rule, scope and last error, and when the lane was blocked.
+pub(crate) type BlockedRow = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i64,
+);
+
+/// The blocked lanes, most recently blocked first, at most `limit`.
+pub(crate) fn blocked_lanes(conn: &Connection, limit: usize) -> Result<Vec<BlockedRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT l.lane, l.head, r.rule, r.scope, r.last_error, l.updated_at \
+         FROM reflexr_lanes l INDEXED BY reflexr_lanes_blocked \
+         LEFT JOIN reflexr_runs r ON r.id = l.head \
+         WHERE l.blocked = 1 ORDER BY l.updated_at DESC LIMIT {limit}"
+    ))?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// How many lanes are blocked.
+pub(crate) fn blocked_count(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT count(*) FROM reflexr_lanes INDEXED BY reflexr_lanes_blocked WHERE blocked = 1",
+        )?
+        .query_row([], |r| r.get(0))?)
+}
+
 /// What to look for among runs, as the store takes it.
 pub(crate) struct Find<'a> {
     pub state: Option<&'a str>,

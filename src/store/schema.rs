@@ -17,13 +17,19 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
 /// `n`. A migrated file has the same tables, columns and views as a new one
 /// (a test compares them).
-const MIGRATIONS: &[(i64, &str)] = &[(2, MIGRATE_TO_2), (3, MIGRATE_TO_3)];
+const MIGRATIONS: &[(i64, &str)] = &[(2, MIGRATE_TO_2), (3, MIGRATE_TO_3), (4, MIGRATE_TO_4)];
+
+/// Version 4: the blocked lanes, indexed (operators list them).
+const MIGRATE_TO_4: &str = "
+CREATE INDEX reflexr_lanes_blocked ON reflexr_lanes (updated_at) WHERE blocked = 1;
+PRAGMA user_version = 4;
+";
 
 /// Version 3: runs indexed by when they changed (the feed of run changes).
 const MIGRATE_TO_3: &str = "
