@@ -16,6 +16,8 @@
 //! ```text
 //! cargo run --example events_app            # a temp-file database
 //! cargo run --example events_app -- app.db  # keep it, to look with the reflexr CLI
+//! cargo run --example events_app -- app.db --expired-tablets 3   # 3 more guests whose
+//!                                           # push fails: more dead letters to look at
 //! ```
 
 use std::collections::HashSet;
@@ -87,10 +89,20 @@ fn session(tx: &Tx<'_>, id: i64) -> reflexr::Result<serde_json::Value> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     env_logger::init();
     let dir = tempfile::tempdir()?;
-    let path = match std::env::args().nth(1) {
-        Some(p) => std::path::PathBuf::from(p),
-        None => dir.path().join("events.db"),
-    };
+    let mut args = std::env::args().skip(1);
+    let mut path = dir.path().join("events.db");
+    let mut expired_tablets = 0usize;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--expired-tablets" => {
+                expired_tablets = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or("--expired-tablets takes a number")?;
+            }
+            p => path = std::path::PathBuf::from(p),
+        }
+    }
     let engine = Engine::builder(&path).open()?;
     let t0 = Instant::now();
     let log = move |what: String| println!("{:>5} ms  {what}", t0.elapsed().as_millis());
@@ -107,6 +119,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              INSERT INTO devices VALUES ('ada', 'phone-ada'), ('grace', 'phone-grace'),
                                         ('grace', 'tablet-grace-expired');",
         )?;
+        // More guests of the first session, each with an expired tablet.
+        for i in 1..=expired_tablets {
+            tx.execute(
+                "INSERT INTO rsvps VALUES (1, ?1, ?2)",
+                (format!("guest{i}"), format!("guest{i}@example.com")),
+            )?;
+            tx.execute(
+                "INSERT INTO devices VALUES (?1, ?2)",
+                (format!("guest{i}"), format!("tablet-guest{i}-expired")),
+            )?;
+        }
         Ok(())
     })?;
 
@@ -239,8 +262,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     log("admin moves 'Rust in anger' to Hall B".into());
     edit_session(&engine, "admin", 1, "Hall B")?;
     // ada: 1 email, 1 push; grace: 1 email (refused once, then sent) and 2
-    // pushes (one to an expired token, tried once): 5 sends in all.
-    for _ in 0..5 {
+    // pushes (one to an expired token, tried once): 5 sends in all; each
+    // extra guest adds an email and a failed push.
+    for _ in 0..5 + 2 * expired_tablets {
         sent.recv_timeout(Duration::from_secs(30))?;
     }
 

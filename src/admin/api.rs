@@ -43,7 +43,7 @@ impl ApiError {
         ApiError::new(400, "bad_request", message)
     }
 
-    fn not_found(message: impl Into<String>) -> ApiError {
+    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(404, "not_found", message)
     }
 
@@ -137,6 +137,14 @@ pub(crate) const ROUTES: &[Route] = &[
     Route {
         public: true,
         ..get("/healthz", healthz)
+    },
+    Route {
+        public: true,
+        ..get("/", console_index)
+    },
+    Route {
+        public: true,
+        ..get("/console/{file}", console_file)
     },
     get("/metrics", metrics),
     get("/api/v1/openapi.json", openapi),
@@ -380,6 +388,14 @@ fn query_value(v: &str) -> Value {
 
 // ----- reads ---------------------------------------------------------------
 
+fn console_index(ctx: &Ctx<'_>) -> Outcome {
+    super::console::serve(ctx.req, "index.html")
+}
+
+fn console_file(ctx: &Ctx<'_>) -> Outcome {
+    super::console::serve(ctx.req, ctx.path("file"))
+}
+
 fn healthz(ctx: &Ctx<'_>) -> Outcome {
     let head = ctx.engine().head_seq()?;
     ok(&json!({ "ok": true, "head_seq": head }))
@@ -394,6 +410,7 @@ fn metrics(ctx: &Ctx<'_>) -> Outcome {
         body: text.into_bytes(),
         headers: Vec::new(),
         close: false,
+        head_only: false,
     })
 }
 
@@ -404,6 +421,7 @@ fn openapi(_: &Ctx<'_>) -> Outcome {
         body: OPENAPI.as_bytes().to_vec(),
         headers: vec![("Cache-Control", "no-cache".into())],
         close: false,
+        head_only: false,
     })
 }
 

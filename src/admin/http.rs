@@ -264,6 +264,8 @@ pub(crate) struct Response {
     pub headers: Vec<(&'static str, String)>,
     /// Close the connection after it.
     pub close: bool,
+    /// The answer to a HEAD: the head as a GET would have it, no body.
+    pub head_only: bool,
 }
 
 impl Response {
@@ -276,6 +278,7 @@ impl Response {
             }),
             headers: Vec::new(),
             close: false,
+            head_only: false,
         }
     }
 
@@ -353,7 +356,9 @@ pub(crate) fn write_response(
     head.push_str("\r\n");
     // One write: the answer leaves in as few segments as it can.
     let mut bytes = head.into_bytes();
-    bytes.extend_from_slice(&r.body);
+    if !r.head_only {
+        bytes.extend_from_slice(&r.body);
+    }
     stream.write_all(&bytes)?;
     stream.flush()
 }

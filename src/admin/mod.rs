@@ -18,13 +18,15 @@
 //! # Security (the defaults)
 //!
 //! Loopback only (`127.0.0.1`) unless told otherwise, and a token required
-//! for any other address. With a token, every route but `/healthz` wants `Authorization: Bearer <token>`, compared
+//! for any other address. With a token, every route but `/healthz` and the
+//! console's static files wants `Authorization: Bearer <token>`, compared
 //! in constant time. Mutations want a JSON body, refuse cross-site requests
 //! (`Sec-Fetch-Site`, `Origin` against `Host`), and are refused in read-only
 //! mode; every WebSocket upgrade has its `Origin` checked. TLS is a reverse
 //! proxy's job (see the README).
 
 mod api;
+mod console;
 mod http;
 mod metrics;
 mod stream;
@@ -397,7 +399,8 @@ impl Server {
                 }
                 Ok(req) => {
                     let keep = req.keep_alive() && !self.stopping();
-                    let r = api::handle(self, &req);
+                    let mut r = api::handle(self, &req);
+                    r.head_only = req.method == "HEAD";
                     let keep = keep && !r.close;
                     if http::write_response(&mut stream, &r, keep, self.config.io_timeout).is_err()
                         || !keep

@@ -108,6 +108,7 @@ pub(crate) fn serve(server: &Server, mut stream: TcpStream, req: &Request) {
             ),
         ],
         close: false,
+        head_only: false,
     };
     if write_upgrade(&mut stream, &accept, server.config.io_timeout).is_err() {
         return;
