@@ -277,6 +277,9 @@ impl Engine {
     /// looked for among at most [`crate::SCAN_WINDOW`] events of its
     /// workspace after its `after`, so a rare subject in a long log costs a
     /// bounded read per page. Go on from the page's `next_after`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a workspace the file does not have.
     pub fn events_page(&self, query: &Query) -> Result<EventPage> {
         self.cx.db.read(|c| inspect::events_page(c, query))
     }

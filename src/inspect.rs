@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, Query};
 use crate::names;
 use crate::run::{RunInfo, RunState};
-use crate::store::{dead_letters, events, runs};
+use crate::store::{dead_letters, events, runs, workspaces};
 
 /// How many items a page holds at most.
 pub const MAX_PAGE: usize = 1_000;
@@ -37,6 +37,16 @@ pub struct EventPage {
 /// most [`SCAN_WINDOW`] events of its workspace after its `after`.
 pub(crate) fn events_page(conn: &Connection, q: &Query) -> Result<EventPage> {
     q.validate()?;
+    let page = page_of(conn, q)?;
+    // An empty page of a workspace the file does not have is a mistake to
+    // name, not a quiet log.
+    if page.events.is_empty() && !workspaces::exists(conn, &q.workspace)? {
+        return Err(Error::not_found("workspace", &q.workspace));
+    }
+    Ok(page)
+}
+
+fn page_of(conn: &Connection, q: &Query) -> Result<EventPage> {
     if q.types.is_empty() && q.subject.is_none() {
         // Every event matches: no window to bound, a plain page.
         let events = events::page(conn, &q.workspace, q.after, &[], q.limit)?;
@@ -56,6 +66,51 @@ pub(crate) fn events_page(conn: &Connection, q: &Query) -> Result<EventPage> {
         SCAN_WINDOW,
     )?;
     Ok(EventPage { events, next_after })
+}
+
+/// A run filter as the surfaces take it in JSON (the admin API's bodies,
+/// MCP's arguments): the fields of [`RunFilter`] by name, `state` as its
+/// word, `input` as one `{"<key or $.path>": <value>}` entry.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(any(feature = "admin", feature = "mcp")), allow(dead_code))]
+pub(crate) struct RunFilterSpec {
+    pub state: Option<String>,
+    pub action: Option<String>,
+    pub rule: Option<String>,
+    pub workspace: Option<String>,
+    pub scope: Option<String>,
+    pub input: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+#[cfg_attr(not(any(feature = "admin", feature = "mcp")), allow(dead_code))]
+impl RunFilterSpec {
+    /// The filter it describes.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a state that is not one, or an `input` that
+    /// is not exactly one entry.
+    pub fn filter(self) -> Result<RunFilter> {
+        let mut f = RunFilter::new();
+        f.state = self.state.map(|s| s.parse::<RunState>()).transpose()?;
+        f.action = self.action;
+        f.rule = self.rule;
+        f.workspace = self.workspace;
+        f.scope = self.scope;
+        if let Some(input) = self.input {
+            let mut entries = input.into_iter();
+            match (entries.next(), entries.next()) {
+                (Some(one), None) => f.input = Some(one),
+                _ => {
+                    return Err(Error::invalid(
+                        "input",
+                        "one {\"<key or $.path>\": <value>} entry",
+                    ));
+                }
+            }
+        }
+        Ok(f)
+    }
 }
 
 /// Which runs to find ([`crate::Engine::find_runs`]): every field set must

@@ -91,6 +91,8 @@ mod operator;
 // Surfaces: adapters over the facade.
 #[cfg(feature = "admin")]
 pub mod admin;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 
 #[cfg(feature = "admin")]
 pub use admin::{AdminConfig, AdminServer};
@@ -112,6 +114,8 @@ pub use inspect::{
     RunPage, SCAN_WINDOW,
 };
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
+#[cfg(feature = "mcp")]
+pub use mcp::{Mcp, McpConfig};
 pub use names::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 pub use operate::{Bulk, MAX_BULK, Matches, RuleInfo, RuleReset};
 pub use operator::Operator;

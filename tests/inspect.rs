@@ -83,6 +83,9 @@ fn an_unfiltered_page_walk_meets_every_event_once_and_ends_at_the_head() {
         .unwrap();
     assert!(empty.events.is_empty());
     assert_eq!(empty.next_after, None);
+    // A workspace the file does not have is named, not a quiet empty log.
+    let err = e.events_page(&Query::new("shoop")).unwrap_err();
+    assert!(err.is_not_found(), "{err}");
 }
 
 #[test]

@@ -15,7 +15,7 @@ use crate::dead_letter::DeadLetterKind;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::event::Query;
-use crate::inspect::{DeadLetterFilter, MAX_PAGE, RunFilter};
+use crate::inspect::{DeadLetterFilter, MAX_PAGE, RunFilter, RunFilterSpec};
 use crate::prune::Retention;
 use crate::run::RunState;
 
@@ -179,6 +179,12 @@ pub(crate) const ROUTES: &[Route] = &[
     post("/api/v1/followers/{name}/restart", restart_follower),
     get("/api/v1/schedules", schedules),
     get("/api/v1/audit", audit),
+    // Not `mutating`: read-only mode hides MCP's mutating tools instead of
+    // refusing the route; the cross-site and JSON checks are the handler's.
+    Route {
+        mutating: false,
+        ..post("/api/v1/mcp", mcp)
+    },
 ];
 
 /// The parameters of `path` if it matches `pattern`.
@@ -659,6 +665,107 @@ fn audit(ctx: &Ctx<'_>) -> Outcome {
     ok(&ctx.engine().audit_log(limit_param(ctx)?)?)
 }
 
+/// MCP's Streamable HTTP transport, JSON responses only: one JSON-RPC
+/// message a POST; a notification gets 202 and no body.
+#[cfg(feature = "mcp")]
+fn mcp(ctx: &Ctx<'_>) -> Outcome {
+    use crate::mcp::{Head, LEGACY_VERSIONS, MODERN_VERSIONS, McpConfig, RpcError, code};
+    same_origin(ctx.req)?;
+    if !ctx.req.header("content-type").is_some_and(|t| {
+        t.trim()
+            .to_ascii_lowercase()
+            .starts_with("application/json")
+    }) {
+        return Err(ApiError::new(
+            415,
+            "unsupported_media_type",
+            "send application/json",
+        ));
+    }
+    if let Some(accept) = ctx.req.header("accept")
+        && !["application/json", "*/*", "application/*"]
+            .iter()
+            .any(|t| accept.to_ascii_lowercase().contains(t))
+    {
+        return Err(ApiError::new(
+            406,
+            "not_acceptable",
+            "this server answers application/json",
+        ));
+    }
+    let Ok(text) = std::str::from_utf8(&ctx.req.body) else {
+        return Err(ApiError::bad("the body is not UTF-8"));
+    };
+    let header = |n: &str| ctx.req.header(n).map(str::trim);
+    let check = |h: &Head<'_>| -> Result<(), RpcError> {
+        let mismatch = |what: &str| {
+            Err(RpcError::new(
+                code::HEADER_MISMATCH,
+                format!("the {what} header must say what the body says"),
+            ))
+        };
+        match h.meta_version {
+            Some(v) => {
+                if header("mcp-protocol-version") != Some(v) {
+                    return mismatch("MCP-Protocol-Version");
+                }
+                if header("mcp-method") != Some(h.method) {
+                    return mismatch("Mcp-Method");
+                }
+                let named = matches!(h.method, "tools/call" | "resources/read" | "prompts/get");
+                if named && header("mcp-name") != h.name {
+                    return mismatch("Mcp-Name");
+                }
+            }
+            None => {
+                if let Some(v) = header("mcp-protocol-version")
+                    && !LEGACY_VERSIONS.contains(&v)
+                    && !MODERN_VERSIONS.contains(&v)
+                {
+                    return Err(RpcError::new(code::UNSUPPORTED_VERSION, "Unsupported protocol version")
+                        .with_data(json!({
+                            "supported": MODERN_VERSIONS.iter().chain(LEGACY_VERSIONS).collect::<Vec<_>>(),
+                            "requested": v,
+                        })));
+                }
+            }
+        }
+        Ok(())
+    };
+    let server = crate::mcp::Mcp::new(
+        ctx.engine().clone(),
+        McpConfig::new().read_only(ctx.server.config.read_only),
+    );
+    let out = server.dispatch_checked(text, &check);
+    let Some(reply) = out.reply else {
+        return Ok(Response {
+            status: 202,
+            content_type: "application/json",
+            body: Vec::new(),
+            headers: Vec::new(),
+            close: false,
+            head_only: false,
+        });
+    };
+    let modern = out.meta_version.is_some();
+    let status = match out.error {
+        Some(
+            code::PARSE | code::INVALID_REQUEST | code::HEADER_MISMATCH | code::UNSUPPORTED_VERSION,
+        ) => 400,
+        Some(code::INVALID_PARAMS) if out.era.is_none() => 400,
+        Some(code::METHOD_NOT_FOUND) if modern => 404,
+        _ => 200,
+    };
+    Ok(Response::json(status, &reply))
+}
+
+#[cfg(not(feature = "mcp"))]
+fn mcp(_: &Ctx<'_>) -> Outcome {
+    Err(ApiError::not_found(
+        "MCP is not in this build (feature mcp)".to_string(),
+    ))
+}
+
 // ----- changes -------------------------------------------------------------
 
 /// Who asks for a change, and why: every change's body names them, and the
@@ -714,38 +821,6 @@ fn discard_dead_letter(ctx: &Ctx<'_>) -> Outcome {
     done("discarded")
 }
 
-/// A run filter in a body.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RunFilterBody {
-    state: Option<String>,
-    action: Option<String>,
-    rule: Option<String>,
-    workspace: Option<String>,
-    scope: Option<String>,
-    /// `{ "<path>": <value> }`, one entry.
-    input: Option<serde_json::Map<String, Value>>,
-}
-
-impl RunFilterBody {
-    fn filter(self) -> Result<RunFilter, ApiError> {
-        let mut f = RunFilter::new();
-        f.state = self.state.map(|s| s.parse::<RunState>()).transpose()?;
-        f.action = self.action;
-        f.rule = self.rule;
-        f.workspace = self.workspace;
-        f.scope = self.scope;
-        if let Some(input) = self.input {
-            let mut entries = input.into_iter();
-            match (entries.next(), entries.next()) {
-                (Some(one), None) => f.input = Some(one),
-                _ => return Err(ApiError::bad("input: one {\"<path>\": <value>} entry")),
-            }
-        }
-        Ok(f)
-    }
-}
-
 /// A bulk change: what to act on (a filter, or ids from a dry run), and
 /// whether to act (`confirm: true`) or only say what would be acted on.
 #[derive(Deserialize)]
@@ -753,7 +828,7 @@ impl RunFilterBody {
 struct BulkRuns {
     operator: String,
     reason: String,
-    filter: Option<RunFilterBody>,
+    filter: Option<RunFilterSpec>,
     ids: Option<Vec<String>>,
     #[serde(default)]
     confirm: bool,

@@ -212,6 +212,18 @@ enum Command {
     },
     /// Counters and gauges (the same as Engine::stats).
     Stats,
+    /// Serves MCP over stdio (newline-delimited JSON-RPC) for an AI
+    /// assistant: the operators' tools on this file. Nothing but protocol
+    /// messages on stdout; logs on stderr.
+    #[cfg(feature = "mcp")]
+    Mcp {
+        /// Leave out (and refuse) every tool that changes the file.
+        #[arg(long)]
+        read_only: bool,
+        /// Who the audit log says made the changes.
+        #[arg(long, default_value = "mcp")]
+        operator: String,
+    },
     /// Serves the administration API — REST, WebSocket streams, Prometheus
     /// metrics — on the file, beside the application, until interrupted.
     #[cfg(feature = "admin")]
@@ -369,6 +381,21 @@ fn run(cli: &Cli) -> Fallible {
             cli.json,
         ),
         #[cfg(feature = "admin")]
+        #[cfg(feature = "mcp")]
+        Command::Mcp {
+            read_only,
+            operator,
+        } => {
+            let mcp = reflexr::Mcp::new(
+                engine.clone(),
+                reflexr::McpConfig::new()
+                    .read_only(*read_only)
+                    .operator(operator.clone()),
+            );
+            log::info!("serving MCP over stdio on {}", engine.path().display());
+            mcp.serve_stdio(std::io::stdin().lock(), std::io::stdout().lock())?;
+            Ok(())
+        }
         Command::Serve {
             listen,
             token_file,
