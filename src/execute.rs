@@ -46,11 +46,25 @@ enum Outcome {
 /// (so threads check for shutdown and the drain evaluates in between).
 const MAX_ROUNDS: usize = 64;
 
+/// The most runs one claim takes when batches grow (see [`execute`]).
+const MAX_CLAIM: usize = 256;
+
+/// How long one batch's handlers may work before what they finished is
+/// settled: a batch of slow handlers does not hold its settlements (and
+/// the scopes waiting on them) for long.
+const BATCH_BUDGET: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Claims up to `limit` runs of `actions`, runs them in this thread, and
 /// settles them in the same transaction that claims the next batch: one
 /// durable commit per batch after the first. Goes on while there is work, up
 /// to [`MAX_ROUNDS`] batches, and takes no new run once `stop` is set.
 /// `claims` tracks the claims whose handlers work, for the renewer.
+///
+/// Batches grow with the backlog: a claim that comes back full doubles the
+/// next one, up to [`MAX_CLAIM`] (or `limit` when that is larger); one that
+/// does not returns to `limit`. Handlers stop taking runs of a batch after
+/// [`BATCH_BUDGET`]; the runs not started yet stay claimed and go first in
+/// the next round.
 pub(crate) fn execute(
     db: &Db,
     actions: &Actions,
@@ -71,28 +85,45 @@ pub(crate) fn execute(
     let stopping = || stop.load(Ordering::SeqCst);
     let holder = db.settings().holder_id.clone();
     let ttl = db.settings().lease_ttl_ms();
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let claim = |tx: &mut Tx<'_>| -> Result<Vec<RunRow>> {
+    let base = limit.max(1);
+    let most = MAX_CLAIM.max(base);
+    let claim = |tx: &mut Tx<'_>, n: usize| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         let mut rescued = 0;
         for lapsed in runs::lapsed(tx.conn(), now, 100)? {
             rescued += usize::from(runs::requeue_lapsed(tx.conn(), lapsed.ord, now)?);
         }
         counters::bump(tx.conn(), Counter::ClaimsRescued, rescued)?;
-        runs::claim(tx.conn(), &holder, now, now + ttl, limit, names)
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        runs::claim(tx.conn(), &holder, now, now + ttl, n, names)
     };
-    let mut claimed: Vec<RunRow> = db.write(claim)?;
+    let mut size = base;
+    let mut fresh: Vec<RunRow> = db.write(|tx| claim(tx, size))?;
+    // Claimed in an earlier round, not started yet (still ours, tracked).
+    let mut carried: Vec<(RunRow, Run)> = Vec::new();
     let mut done = Executed::default();
     let mut rounds = 0;
-    while !claimed.is_empty() {
+    while !fresh.is_empty() || !carried.is_empty() {
         rounds += 1;
-        done.claimed += claimed.len();
-        let runs: Vec<Run> = claimed.iter().map(Run::from_row).collect();
-        claims.track(&runs);
+        // The next claim's size: doubled after a full one, back to the base
+        // after one that found less.
+        size = if fresh.len() >= size {
+            (size * 2).min(most)
+        } else {
+            base
+        };
+        done.claimed += fresh.len();
+        let new_runs: Vec<Run> = fresh.iter().map(Run::from_row).collect();
+        claims.track(&new_runs);
+        let batch: Vec<(RunRow, Run)> = carried
+            .drain(..)
+            .chain(fresh.into_iter().zip(new_runs))
+            .collect();
 
-        let mut outcomes = Vec::with_capacity(runs.len());
-        for (row, run) in claimed.iter().zip(&runs) {
-            if stopping() {
+        let started = std::time::Instant::now();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (row, run) in &batch {
+            if stopping() || (!outcomes.is_empty() && started.elapsed() > BATCH_BUDGET) {
                 break;
             }
             let outcome = if run.attempt > run.max_attempts {
@@ -109,13 +140,63 @@ pub(crate) fn execute(
             };
             outcomes.push(outcome);
         }
-        // Runs claimed but not started (shutdown) go back without an attempt.
-        let unstarted = &runs[outcomes.len()..];
-        let more = rounds < MAX_ROUNDS && !stopping();
+        let (ran, rest) = batch.split_at(outcomes.len());
+        let ran: Vec<&Run> = ran.iter().map(|(_, r)| r).collect();
+        // Runs claimed but not started: back without an attempt when
+        // stopping, kept for the next round otherwise.
+        let releasing = stopping();
+        let more = rounds < MAX_ROUNDS && !releasing;
+        let keep = if more { rest.len() } else { 0 };
+        let want = size.saturating_sub(keep);
 
         let next = db.write(|tx| {
             let mut round = Executed::default();
-            for (run, outcome) in runs.iter().zip(&outcomes) {
+            // Plain successes (nothing emitted, no lane to move on) settle in
+            // one statement; the rest, and all of them if a claim turns out
+            // lost, one by one.
+            let plain: Vec<usize> = outcomes
+                .iter()
+                .enumerate()
+                .filter(|(i, o)| {
+                    matches!(o, Outcome::Succeeded(e) if e.is_empty()) && ran[*i].lane.is_none()
+                })
+                .map(|(i, _)| i)
+                .collect();
+            let mut settled_plain = false;
+            if plain.len() > 1 {
+                settled_plain = tx
+                    .nested(|tx| {
+                        let claims = serde_json::to_string(
+                            &plain
+                                .iter()
+                                .map(|i| (&ran[*i].id, ran[*i].attempt))
+                                .collect::<Vec<_>>(),
+                        )
+                        .expect("ids and attempts encode");
+                        let now = tx.now_ms();
+                        let n = runs::succeed_many(tx.conn(), &holder, &claims, now)?;
+                        if n == plain.len() {
+                            Ok(true)
+                        } else {
+                            // Roll the savepoint back: settle one by one.
+                            Err(Error::invalid("claims", "a claim was lost"))
+                        }
+                    })
+                    .or_else(|e| {
+                        if e.dooms_transaction() {
+                            Err(e)
+                        } else {
+                            Ok(false)
+                        }
+                    })?;
+            }
+            if settled_plain {
+                round.succeeded += plain.len();
+            }
+            for (i, (run, outcome)) in ran.iter().zip(&outcomes).enumerate() {
+                if settled_plain && plain.binary_search(&i).is_ok() {
+                    continue;
+                }
                 match settle_contained(tx, run, outcome) {
                     Ok(Settled::Succeeded) => round.succeeded += 1,
                     Ok(Settled::Retried) => round.retried += 1,
@@ -133,25 +214,48 @@ pub(crate) fn execute(
                     Err(e) => return Err(e),
                 }
             }
-            for run in unstarted {
-                let now = tx.now_ms();
-                runs::release(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)?;
+            if !more {
+                for (_, run) in rest {
+                    let now = tx.now_ms();
+                    runs::release(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)?;
+                }
             }
             counters::bump(tx.conn(), Counter::RunsSucceeded, round.succeeded)?;
             counters::bump(tx.conn(), Counter::RunsRetried, round.retried)?;
             counters::bump(tx.conn(), Counter::RunsDead, round.dead)?;
             // The next batch, in the same commit (it may include runs this
             // settlement just made ready).
-            let next = if more { claim(tx)? } else { Vec::new() };
+            let next = if more && want > 0 {
+                claim(tx, want)?
+            } else {
+                Vec::new()
+            };
             Ok((round, next))
         });
-        claims.untrack(&runs);
-        let (round, next) = next?;
+        let settled: Vec<Run> = ran.iter().map(|r| (*r).clone()).collect();
+        claims.untrack(&settled);
+        if !more {
+            let released: Vec<Run> = rest.iter().map(|(_, r)| r.clone()).collect();
+            claims.untrack(&released);
+        }
+        let (round, next) = match next {
+            Ok(n) => n,
+            Err(e) => {
+                // Nothing of the round committed: the rest stay claimed
+                // until their claims lapse, and are claimed again then.
+                let rest: Vec<Run> = rest.iter().map(|(_, r)| r.clone()).collect();
+                claims.untrack(&rest);
+                return Err(e);
+            }
+        };
         done.succeeded += round.succeeded;
         done.retried += round.retried;
         done.dead += round.dead;
         done.lost += round.lost;
-        claimed = next;
+        if more {
+            carried = rest.to_vec();
+        }
+        fresh = next;
     }
     Ok(done)
 }

@@ -186,6 +186,67 @@ fn a_worker_whose_claim_lapsed_cannot_complete_once_another_worker_claimed_the_r
     assert_eq!(count(&b, "SELECT count(*) FROM done WHERE by = 'b'"), 1);
 }
 
+#[test]
+fn a_batch_settled_in_one_statement_falls_back_run_by_run_when_one_claim_was_lost() {
+    // Invariants 5 and 7: plain successes settle in one statement, and that
+    // statement checks every claim; when one was lost, the batch settles one
+    // by one: the lost run is refused, the others still succeed.
+    let s = Scene::new();
+    let e = s.open("worker-a").workspace("app", APP_TYPES);
+    e.register_rule(
+        Rule::new("jobs", "app")
+            .on(["job"])
+            .ordering(Ordering::None)
+            .action("work")
+            .decide(|e| Ok(Decision::Fire(e.payload()?))),
+    )
+    .unwrap();
+    for i in 0..3 {
+        e.append("app", &job("any", i)).unwrap();
+    }
+    e.run_until_idle().unwrap(); // decided; no handler yet
+    let mut runs = e.runs(None, 10).unwrap();
+    runs.sort_by_key(|r| (r.created_at, r.id.clone()));
+    let ids: Vec<String> = runs.into_iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), 3);
+    // The three are claimed in one batch; while the batch's handlers work,
+    // another holder takes one of the claims (as after a lapse).
+    let thief = s.open("thief");
+    let victim = ids[0].clone();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = Arc::clone(&handled);
+    e.register_action("work", move |_, _| {
+        if h.fetch_add(1, AtomicOrdering::SeqCst) + 1 == 3 {
+            thief.write(|tx| {
+                tx.execute(
+                    "UPDATE reflexr_runs SET claimed_by = 'someone-else' WHERE id = ?1",
+                    [&victim],
+                )?;
+                Ok(())
+            })?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(
+        handled.load(AtomicOrdering::SeqCst),
+        3,
+        "one batch, three handlers"
+    );
+    assert_eq!((idle.claimed, idle.succeeded), (3, 2));
+    let state = |id: &str| e.run(id).unwrap().unwrap();
+    assert_eq!(
+        state(&ids[0]).state,
+        RunState::Running,
+        "the lost claim settled nothing"
+    );
+    assert_eq!(state(&ids[0]).claimed_by.as_deref(), Some("someone-else"));
+    for id in &ids[1..] {
+        assert_eq!(state(id).state, RunState::Succeeded, "{id}");
+    }
+}
+
 /// The child's side of the kill test: claims the run and hangs in its
 /// handler until killed.
 #[test]

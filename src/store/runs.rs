@@ -298,6 +298,27 @@ pub(crate) fn succeed(
         == 1)
 }
 
+/// Marks many claimed runs succeeded in one statement: `claims` is a JSON
+/// array of `[id, attempt]`, all held by `holder`. Returns how many rows
+/// changed: fewer than asked means a claim was lost, and the caller must
+/// roll back and settle one by one.
+pub(crate) fn succeed_many(
+    conn: &Connection,
+    holder: &str,
+    claims: &str,
+    now: i64,
+) -> Result<usize> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?3, updated_at = ?3, \
+               claimed_by = NULL, claim_expires_at = NULL \
+             WHERE id IN (SELECT value ->> 0 FROM json_each(?2)) \
+               AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2)) \
+               AND state = 'running' AND claimed_by = ?1",
+        )?
+        .execute(params![holder, claims, now])?)
+}
+
 /// Puts a claimed run back as ready at `due_at`, after a failed attempt.
 pub(crate) fn retry_later(
     conn: &Connection,
