@@ -92,7 +92,7 @@ impl EngineBuilder {
             runtime: runtime::Config {
                 executors: 2,
                 claim_batch: 16,
-                evaluate_batch: 500,
+                evaluate_batch: 2_000,
                 retention: None,
             },
         }

@@ -14,7 +14,7 @@ use rusqlite::Connection;
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::notify::{Notifier, Subscription};
+use crate::notify::{FileWatch, Notifier, Subscription};
 use crate::settings::Settings;
 use crate::store::conn::{self, Role};
 use crate::store::schema;
@@ -35,6 +35,8 @@ pub(crate) struct Db {
     pool: Pool<SqliteConnectionManager>,
     writer: Writer,
     notifier: Arc<Notifier>,
+    /// The WAL watch (feature `watch`), ended with the file.
+    _watch: Option<FileWatch>,
 }
 
 impl Db {
@@ -80,6 +82,7 @@ impl Db {
             .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
             .build(manager)?;
         let writer = Writer::new(writer_conn, settings.busy_timeout, Arc::clone(&notifier))?;
+        let watch = notifier.watch_file(path);
         Ok(Db {
             path: path.to_path_buf(),
             env: Env {
@@ -90,6 +93,7 @@ impl Db {
             pool,
             writer,
             notifier,
+            _watch: watch,
         })
     }
 

@@ -40,7 +40,6 @@
 //! [`crate::STUCK_AFTER_FAILURES`] times at one position) and tried again.
 
 use std::any::Any;
-use std::cell::OnceCell;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -215,12 +214,10 @@ pub(crate) fn pass(
             if page.is_empty() {
                 continue;
             }
-            let parsed: Vec<OnceCell<Option<serde_json::Value>>> =
-                page.iter().map(|_| OnceCell::new()).collect();
             let max_json = db.settings().limits.max_payload_bytes;
             let mut decided = Vec::with_capacity(group.len());
             for (rule, stand, high_water) in group {
-                match decide(db, rule, (stand, high_water), &page, &parsed, max_json) {
+                match decide(db, rule, (stand, high_water), &page, max_json) {
                     Ok(d) => decided.push(d),
                     Err(e) => consumer::failed(db, rule.consumer(), position, &e),
                 }
@@ -260,16 +257,14 @@ fn decide<'r>(
     rule: &'r Rule,
     (stand, high_water): (Stand, i64),
     page: &[Event],
-    parsed: &[OnceCell<Option<serde_json::Value>>],
     max_json: usize,
 ) -> Result<Decided<'r>> {
     // Scopes of the events the rule watches, and their stored states.
     let scopes: Vec<Option<std::result::Result<String, (Reason, String)>>> = page
         .iter()
-        .zip(parsed)
-        .map(|(e, p)| {
+        .map(|e| {
             rule.types.contains(&e.event_type).then(|| {
-                let scope = catch_unwind(AssertUnwindSafe(|| rule.scope.of(e, p)))
+                let scope = catch_unwind(AssertUnwindSafe(|| rule.scope.of(e)))
                     .unwrap_or_else(|p| {
                         Err(format!("the scope function panicked: {}", panic_text(&*p)))
                     })
@@ -443,7 +438,13 @@ fn decide_one(
                 }
             };
             *current = copy;
-            dirty.insert(scope.to_string(), i);
+            // A scope's key is allocated once per batch, not per decision.
+            match dirty.get_mut(scope) {
+                Some(last) => *last = i,
+                None => {
+                    dirty.insert(scope.to_string(), i);
+                }
+            }
             if let Some(input) = input {
                 firings.push(Firing {
                     id: firing_id(&rule.name, event, 0),
@@ -749,6 +750,7 @@ mod tests {
             correlation_id: None,
             depth: 0,
             payload: "{}".into(),
+            parsed: Default::default(),
         }
     }
 

@@ -104,22 +104,14 @@ impl Scope {
         Scope::Custom(Arc::new(f))
     }
 
-    /// The scope of `event`, or a description of why there is none.
-    /// `parsed` holds the event's payload parsed once for every rule that
-    /// reads a payload field of it.
-    pub(crate) fn of(
-        &self,
-        event: &Event,
-        parsed: &std::cell::OnceCell<Option<serde_json::Value>>,
-    ) -> std::result::Result<String, String> {
+    /// The scope of `event`, or a description of why there is none (a
+    /// payload field reads the event's one parse, [`Event::json`]).
+    pub(crate) fn of(&self, event: &Event) -> std::result::Result<String, String> {
         match self {
             Scope::Subject => Ok(event.subject.clone()),
             Scope::Global => Ok(String::new()),
             Scope::Payload(field) => {
-                let value = parsed
-                    .get_or_init(|| serde_json::from_str(&event.payload).ok())
-                    .as_ref()
-                    .ok_or("the payload is not JSON")?;
+                let value = event.json().map_err(|_| "the payload is not JSON")?;
                 let found = if field.starts_with('/') {
                     value.pointer(field)
                 } else {

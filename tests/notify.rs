@@ -126,3 +126,27 @@ fn a_commit_by_another_process_is_noticed_by_the_heartbeat() {
     assert_eq!(out.parse::<i64>().unwrap(), page[0].seq);
     assert!(ended.success);
 }
+
+#[cfg(feature = "watch")]
+#[test]
+fn a_commit_by_another_process_is_noticed_by_the_file_watch_without_a_heartbeat() {
+    // Feature `watch`: the WAL's writes wake the waiter; the heartbeat is an
+    // hour, so without the watch this would wait out its patience, empty.
+    let s = Scene::new();
+    let engine = s.builder("test").heartbeat(NEVER).open().unwrap();
+    engine.ensure_workspace("app", &["tick"]).unwrap();
+    let mut child = s.child("child_process_appends_on_cue", &[]);
+    let waiter = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            engine
+                .wait_for_events(&Query::new("app"), PATIENCE)
+                .unwrap()
+        })
+    };
+    child.send("go\n");
+    let page = waiter.join().unwrap();
+    assert_eq!(page.len(), 1, "woken by the watch, with the event");
+    let ended = child.finish();
+    assert!(ended.success);
+}

@@ -20,12 +20,14 @@ pub const ALL: &[(&str, Stage)] = &[
     ("runs_1executor", runs_1executor),
     ("runs_4executors", runs_4executors),
     ("runs_4executors_blocked10k", runs_4executors_blocked10k),
+    ("enqueue_single", enqueue_single),
     ("relay_same_file", super::relay::relay_same_file),
     ("relay_cross_file", super::relay::relay_cross_file),
     ("latency_inprocess", super::latency::latency_inprocess),
     ("latency_crossprocess", super::latency::latency_crossprocess),
     ("admin_events_page_rps", super::admin::admin_events_page_rps),
     ("ws_tail_events_per_s", super::admin::ws_tail_events_per_s),
+    ("idle_cpu_pct", idle_cpu_pct),
     ("growth", super::growth::growth),
 ];
 
@@ -180,12 +182,14 @@ fn trivial_rule(name: &str) -> Rule {
         .scope(Scope::Global)
         .action("noop")
         .decide(|e| {
-            let p: serde_json::Value = e.payload()?;
-            Ok(if p["n"].as_u64().unwrap_or(1).is_multiple_of(100) {
-                Decision::Fire(serde_json::Value::Null)
-            } else {
-                Decision::Skip
-            })
+            // Event::json: one parse of the payload, shared by every rule.
+            Ok(
+                if e.json()?["n"].as_u64().unwrap_or(1).is_multiple_of(100) {
+                    Decision::Fire(serde_json::Value::Null)
+                } else {
+                    Decision::Skip
+                },
+            )
         })
 }
 
@@ -325,4 +329,86 @@ fn runs_4executors_blocked10k(ctx: &Ctx) -> Vec<Figure> {
         "runs/s",
         baseline,
     )]
+}
+
+/// One `Engine::deliver` per call, each its own transaction; baseline: one
+/// raw row into a bare queue table per transaction.
+fn enqueue_single(ctx: &Ctx) -> Vec<Figure> {
+    let n = ctx.n(1_000, 5_000);
+    let baseline = median(ctx, 3, |r| {
+        raw::enqueue_one(&ctx.db(&format!("enqueue-raw-{r}")), ctx.sync, n)
+    });
+    let value = median(ctx, 3, |r| {
+        let engine = engine(ctx, &format!("enqueue-{r}"));
+        engine
+            .register_channel("mail", reflexr::ChannelPolicy::BestEffort, |_, _| Ok(()))
+            .unwrap();
+        let start = Instant::now();
+        for i in 0..n {
+            engine
+                .deliver(
+                    &reflexr::Delivery::new("mail", "welcome")
+                        .to(format!("user{i}@example.com"))
+                        .props(&serde_json::json!({ "n": i })),
+                )
+                .unwrap();
+        }
+        rate(n, start.elapsed())
+    });
+    vec![Figure::new("enqueue_single", value, "enqueues/s", baseline)]
+}
+
+/// CPU an idle started engine uses (a rule, a reaction, a job, a channel,
+/// two executors, nothing to do), in % of one core over the window; the
+/// baseline is the aim, 1 %.
+fn idle_cpu_pct(ctx: &Ctx) -> Vec<Figure> {
+    let window = Duration::from_secs(if ctx.quick { 3 } else { 10 });
+    let engine = engine(ctx, "idle");
+    engine
+        .register_rule(
+            Rule::new("watch", "bench")
+                .on(["tick"])
+                .action("noop")
+                .decide(|_| Ok(Decision::Skip)),
+        )
+        .unwrap();
+    engine.register_action("noop", |_, _| Ok(())).unwrap();
+    engine
+        .register_reaction(
+            reflexr::Reaction::new("react", "bench")
+                .on(["tick"])
+                .handle(|_, _| Ok(())),
+        )
+        .unwrap();
+    engine
+        .register_channel("mail", reflexr::ChannelPolicy::BestEffort, |_, _| Ok(()))
+        .unwrap();
+    engine
+        .register_job(
+            reflexr::Job::every("hourly", Duration::from_secs(3_600)).handler(|_, _| Ok(())),
+        )
+        .unwrap();
+    engine.start().unwrap();
+    std::thread::sleep(Duration::from_millis(500)); // settled
+    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    std::thread::sleep(window);
+    let pct = (cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
+    engine.shutdown();
+    vec![Figure::new("idle_cpu_pct", pct, "% of a core", 1.0)]
+}
+
+/// This process's user and system CPU time so far, in seconds (Linux).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the command's closing parenthesis come field 3 (the state)
+    // onwards: utime (field 14) and stime (15) are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    let ticks = 100.0; // USER_HZ on Linux
+    f.get(11)
+        .zip(f.get(12))
+        .map_or(0.0, |(u, s)| (u + s) / ticks)
 }

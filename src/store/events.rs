@@ -82,6 +82,7 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<Event> {
         correlation_id: r.get(9)?,
         depth: r.get(10)?,
         payload: r.get(11)?,
+        parsed: Default::default(),
     })
 }
 
