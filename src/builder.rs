@@ -27,7 +27,7 @@ use crate::store::conn::Synchronous;
 /// | [`create_if_missing`](EngineBuilder::create_if_missing) | `true` |
 /// | [`pool_size`](EngineBuilder::pool_size) | 4 read connections |
 /// | [`busy_timeout`](EngineBuilder::busy_timeout) | 30 s |
-/// | [`heartbeat`](EngineBuilder::heartbeat) | 50 ms |
+/// | [`heartbeat`](EngineBuilder::heartbeat) | 50 ms; 200 ms with the WAL watch (feature `watch`) |
 /// | [`lease_ttl`](EngineBuilder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
 /// | [`max_payload_bytes`](EngineBuilder::max_payload_bytes) | 1 MiB |
 /// | [`holder_id`](EngineBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
@@ -82,6 +82,7 @@ impl EngineBuilder {
                 synchronous: Synchronous::Full,
                 busy_timeout: Duration::from_secs(30),
                 heartbeat: Duration::from_millis(50),
+                heartbeat_set: false,
                 lease_ttl: DEFAULT_LEASE_TTL,
                 holder_id: format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..)),
                 limits: Limits {
@@ -134,10 +135,13 @@ impl EngineBuilder {
     }
 
     /// How often a waiting thread checks for commits made by other processes
-    /// (`PRAGMA data_version`). Commits made through this engine wake waiters
-    /// at once regardless. Default 50 ms.
+    /// (`PRAGMA data_version`) and for retries and schedules coming due.
+    /// Commits made through this engine wake waiters at once regardless, and
+    /// so do other processes' when the WAL watch runs (feature `watch`).
+    /// Default 50 ms; 200 ms when the watch runs.
     pub fn heartbeat(mut self, t: Duration) -> Self {
         self.settings.heartbeat = t;
+        self.settings.heartbeat_set = true;
         self
     }
 

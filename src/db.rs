@@ -39,6 +39,9 @@ pub(crate) struct Db {
     _watch: Option<FileWatch>,
 }
 
+/// The default heartbeat while the WAL watch runs.
+const WATCHED_HEARTBEAT: Duration = Duration::from_millis(200);
+
 impl Db {
     /// Opens (creating it if allowed) the file at `path`: recognised, its
     /// schema applied or migrated, every connection configured and its
@@ -83,6 +86,12 @@ impl Db {
             .build(manager)?;
         let writer = Writer::new(writer_conn, settings.busy_timeout, Arc::clone(&notifier))?;
         let watch = notifier.watch_file(path);
+        let mut settings = settings;
+        if watch.is_some() && !settings.heartbeat_set {
+            // Other processes' commits come through the watch: the
+            // heartbeat is the fallback, and the clock for what comes due.
+            settings.heartbeat = WATCHED_HEARTBEAT;
+        }
         Ok(Db {
             path: path.to_path_buf(),
             env: Env {
@@ -167,6 +176,7 @@ impl Db {
             synchronous: conn::Synchronous::Full,
             busy_timeout: Duration::from_secs(20),
             heartbeat: Duration::from_millis(50),
+            heartbeat_set: true,
             lease_ttl: Duration::from_secs(30),
             holder_id: "test".into(),
             limits: crate::settings::Limits {

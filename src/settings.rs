@@ -14,8 +14,12 @@ pub(crate) struct Settings {
     /// How long a write waits for another process's lock, and a read for a
     /// busy file.
     pub busy_timeout: Duration,
-    /// How often a waiting thread looks for other processes' commits.
+    /// How often a waiting thread looks for other processes' commits (and
+    /// for runs and schedules coming due).
     pub heartbeat: Duration,
+    /// Whether the application chose the heartbeat (else it is the default
+    /// for the file: longer when the WAL watch runs).
+    pub heartbeat_set: bool,
     /// How long the engine's leases (and runs' claims) last unless renewed.
     pub lease_ttl: Duration,
     /// The name this engine holds leases and claims under.
