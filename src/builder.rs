@@ -33,8 +33,8 @@ use crate::store::conn::Synchronous;
 /// | [`holder_id`](EngineBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
 /// | [`verify_on_open`](EngineBuilder::verify_on_open) | `false` |
 /// | [`executors`](EngineBuilder::executors) | 2 threads |
-/// | [`claim_batch`](EngineBuilder::claim_batch) | 16 runs per claim |
-/// | [`evaluate_batch`](EngineBuilder::evaluate_batch) | 500 events per rule and batch |
+/// | [`claim_batch`](EngineBuilder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
+/// | [`evaluate_batch`](EngineBuilder::evaluate_batch) | 2,000 events per rule and batch |
 /// | [`max_chain_depth`](EngineBuilder::max_chain_depth) | 8 |
 /// | [`retention`](EngineBuilder::retention) | none: nothing is pruned automatically |
 #[derive(Clone)]
@@ -182,14 +182,16 @@ impl EngineBuilder {
     }
 
     /// How many runs an executor claims in one transaction (1 to 1,000).
-    /// Default 16. Larger batches share more commits; smaller ones spread
-    /// work across executors more evenly.
+    /// Default 16. A claim that comes back full doubles the next one, up to
+    /// 256 (or this, when larger), and one that finds less goes back to it:
+    /// a backlog is worked in large batches (more runs per commit), a
+    /// trickle in small ones spread across executors.
     pub fn claim_batch(mut self, n: usize) -> Self {
         self.runtime.claim_batch = n;
         self
     }
 
-    /// How many events a rule reads per batch (1 to 10,000). Default 500.
+    /// How many events a rule reads per batch (1 to 10,000). Default 2,000.
     pub fn evaluate_batch(mut self, n: usize) -> Self {
         self.runtime.evaluate_batch = n;
         self
