@@ -125,11 +125,19 @@ CREATE TABLE reflexr_rule_state (
 -- state: waiting (behind an earlier run of its lane), ready (claimable once
 -- due_at has passed; a retry waits here), running (claimed by claimed_by at
 -- attempt; claimable again once claim_expires_at has passed), succeeded,
--- dead (gave up; see reflexr_dead_letters), discarded (an operator dropped it).
+-- dead (gave up; see reflexr_dead_letters), discarded (an operator dropped it),
+-- cancelled (an operator cancelled it before it ended: cancelled_by and
+-- cancel_reason say who and why). kind: rule (a firing), delivery, job (a
+-- scheduled occurrence), task (enqueued directly). priority: higher first.
+-- unique_key / unique_mode: no second run of the action with the key while
+-- one is pending ('pending'), pending or running ('active'), or within a
+-- period ('period', kept in reflexr_unique_periods). started_at: when the
+-- current (or last) attempt was claimed. cancel_requested_at: a running run
+-- asked to stop; its completion is refused.
 CREATE TABLE reflexr_runs (
     ord              INTEGER PRIMARY KEY,
     id               TEXT NOT NULL UNIQUE,
-    kind             TEXT NOT NULL CHECK (kind IN ('rule', 'delivery', 'job')),
+    kind             TEXT NOT NULL CHECK (kind IN ('rule', 'delivery', 'job', 'task')),
     action           TEXT NOT NULL,
     workspace        TEXT,
     rule             TEXT,
@@ -142,7 +150,8 @@ CREATE TABLE reflexr_runs (
     event_id         TEXT,
     depth            INTEGER NOT NULL DEFAULT 0,
     state            TEXT NOT NULL
-                     CHECK (state IN ('waiting', 'ready', 'running', 'succeeded', 'dead', 'discarded')),
+                     CHECK (state IN ('waiting', 'ready', 'running', 'succeeded', 'dead',
+                                      'discarded', 'cancelled')),
     attempt          INTEGER NOT NULL DEFAULT 0,
     max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 1),
     backoff_ms       INTEGER NOT NULL CHECK (backoff_ms >= 0),
@@ -156,12 +165,20 @@ CREATE TABLE reflexr_runs (
     last_error       TEXT,
     created_at       INTEGER NOT NULL,
     updated_at       INTEGER NOT NULL,
-    finished_at      INTEGER
+    finished_at      INTEGER,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    unique_key       TEXT,
+    unique_mode      TEXT CHECK (unique_mode IS NULL OR unique_mode IN ('pending', 'active', 'period')),
+    started_at       INTEGER,
+    cancel_requested_at INTEGER,
+    cancelled_by     TEXT,
+    cancel_reason    TEXT
 ) STRICT;
 
--- Claims: the ready runs by due time. Runs that wait behind their lane or
--- sit dead are not ready, so the claim's cost does not grow with them.
-CREATE INDEX reflexr_runs_due ON reflexr_runs (state, due_at);
+-- Claims: the ready runs by priority, then due time. Runs that wait behind
+-- their lane or sit dead are not ready, so the claim's cost does not grow
+-- with them.
+CREATE INDEX reflexr_runs_due ON reflexr_runs (state, priority DESC, due_at);
 -- Claims whose executor stopped renewing them.
 CREATE INDEX reflexr_runs_lapsed ON reflexr_runs (claim_expires_at)
     WHERE state = 'running';
@@ -171,6 +188,14 @@ CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord)
 -- Runs in the order they last changed: the feed of run changes operators
 -- watch live (the admin stream's runs topic).
 CREATE INDEX reflexr_runs_by_change ON reflexr_runs (updated_at, ord);
+-- What runs now, per action: concurrency limits count it.
+CREATE INDEX reflexr_runs_running ON reflexr_runs (action) WHERE state = 'running';
+-- Unique runs: one per (action, key) while pending, or while pending or
+-- running. The database refuses a second; nobody checks-then-inserts.
+CREATE UNIQUE INDEX reflexr_runs_unique_pending ON reflexr_runs (action, unique_key)
+    WHERE unique_mode = 'pending' AND state IN ('waiting', 'ready');
+CREATE UNIQUE INDEX reflexr_runs_unique_active ON reflexr_runs (action, unique_key)
+    WHERE unique_mode = 'active' AND state IN ('waiting', 'ready', 'running');
 
 -- Lanes with ordering = scope: the run at the head of each (rule, scope),
 -- and whether the lane is blocked behind a dead run (on_dead_letter = block)
@@ -260,6 +285,52 @@ CREATE TABLE reflexr_counters (
 
 -- Views for operators, readable from the sqlite3 shell without the library.
 
+-- Control of the work (see the README's "Control of the work").
+-- What is paused: an action (channels and scheduled jobs are paused as
+-- their actions, delivery/<channel> and job/<name>), a rule, a reaction.
+CREATE TABLE reflexr_paused (
+    kind     TEXT NOT NULL CHECK (kind IN ('action', 'rule', 'reaction')),
+    name     TEXT NOT NULL,
+    since    INTEGER NOT NULL,
+    operator TEXT NOT NULL,
+    reason   TEXT NOT NULL,
+    PRIMARY KEY (kind, name)
+) STRICT, WITHOUT ROWID;
+
+-- Per action: the default priority of its runs, at most max_running at once
+-- across every process, at most rate_count starts per rate_period_ms; with
+-- partition_by (a key or $.path of the input), each limit counts per value.
+CREATE TABLE reflexr_actions (
+    action         TEXT PRIMARY KEY,
+    priority       INTEGER NOT NULL DEFAULT 0,
+    max_running    INTEGER CHECK (max_running IS NULL OR max_running >= 1),
+    rate_count     INTEGER CHECK (rate_count IS NULL OR rate_count >= 1),
+    rate_period_ms INTEGER CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
+    partition_by   TEXT,
+    updated_at     INTEGER NOT NULL,
+    CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL))
+) STRICT, WITHOUT ROWID;
+
+-- Starts of rate-limited actions within their period (a sliding window):
+-- n runs of the partition claimed at `at` (one row per claim).
+CREATE TABLE reflexr_starts (
+    action TEXT NOT NULL,
+    part   TEXT NOT NULL,
+    at     INTEGER NOT NULL,
+    n      INTEGER NOT NULL CHECK (n >= 1)
+) STRICT;
+CREATE INDEX reflexr_starts_window ON reflexr_starts (action, part, at);
+
+-- Unique runs 'period': the key is taken until `until`.
+CREATE TABLE reflexr_unique_periods (
+    action TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    until  INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    PRIMARY KEY (action, key)
+) STRICT, WITHOUT ROWID;
+
+
 CREATE VIEW reflexr_event_log AS
 SELECT seq,
        workspace,
@@ -347,4 +418,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 4;
+PRAGMA user_version = 5;

@@ -29,6 +29,14 @@ open_text_enum! {
         RuleVersionResetState = "rule_version_reset_state",
         /// A rule's new version replays the log.
         RuleVersionReplay = "rule_version_replay",
+        /// Paused an action, a rule or a reaction.
+        Pause = "pause",
+        /// Resumed one.
+        Resume = "resume",
+        /// Cancelled a run.
+        Cancel = "cancel",
+        /// Changed an action's priority or limits.
+        ConfigureAction = "configure_action",
     }
 }
 

@@ -37,6 +37,18 @@ pub(crate) struct Db {
     notifier: Arc<Notifier>,
     /// The WAL watch (feature `watch`), ended with the file.
     _watch: Option<FileWatch>,
+    /// Threads waiting for runs to end ([`Db::run_waiter`]): settlements
+    /// nudge only while there are some.
+    run_waiters: std::sync::atomic::AtomicUsize,
+}
+
+/// A thread waiting for runs to end, counted while it lives.
+pub(crate) struct RunWaiter<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for RunWaiter<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The default heartbeat while the WAL watch runs.
@@ -103,6 +115,7 @@ impl Db {
             writer,
             notifier,
             _watch: watch,
+            run_waiters: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -159,6 +172,18 @@ impl Db {
     /// another path, a registration, shutdown).
     pub(crate) fn nudge(&self) {
         self.notifier.nudge();
+    }
+
+    /// Counts a thread waiting for runs to end, while the guard lives.
+    pub(crate) fn run_waiter(&self) -> RunWaiter<'_> {
+        self.run_waiters
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        RunWaiter(&self.run_waiters)
+    }
+
+    /// Whether a thread of this process waits for runs to end.
+    pub(crate) fn has_run_waiters(&self) -> bool {
+        self.run_waiters.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// A subscription to commits: this process's at once (the nudge),

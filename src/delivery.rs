@@ -64,6 +64,7 @@ pub struct Delivery {
     pub(crate) props: std::result::Result<String, String>,
     pub(crate) id: Option<String>,
     pub(crate) cause: Option<(String, i64, String, i64)>,
+    pub(crate) unique: Option<(String, crate::control::Unique)>,
 }
 
 impl Delivery {
@@ -76,7 +77,16 @@ impl Delivery {
             props: Ok("{}".into()),
             id: None,
             cause: None,
+            unique: None,
         }
+    }
+
+    /// No second delivery on this channel with `key` while `unique` holds
+    /// (e.g. one reminder per user and day): the enqueue returns the
+    /// existing delivery's id, marked deduplicated.
+    pub fn unique(mut self, key: impl Into<String>, unique: crate::control::Unique) -> Delivery {
+        self.unique = Some((key.into(), unique));
+        self
     }
 
     /// The recipient (an address, a device token), for the sender and for
@@ -169,7 +179,7 @@ pub type SenderFn =
 
 /// The action name of a channel's deliveries.
 pub(crate) fn action_of(channel: &str) -> String {
-    format!("delivery/{channel}")
+    names::channel_action(channel)
 }
 
 /// The action handler that decodes the message and calls the sender.
@@ -189,15 +199,17 @@ impl Tx<'_> {
     /// [`Error::NotFound`] for a channel this engine has not registered
     /// ([`crate::Engine::register_channel`]: its policy decides the retries);
     /// [`Error::Invalid`] / [`Error::Encode`] for bad fields.
-    pub fn deliver(&mut self, delivery: &Delivery) -> Result<String> {
-        let id = enqueue(self, delivery)?;
-        self.mark_nudge();
-        Ok(id)
+    pub fn deliver(&mut self, delivery: &Delivery) -> Result<crate::control::Enqueued> {
+        let done = enqueue(self, delivery)?;
+        if !done.deduplicated {
+            self.mark_nudge();
+        }
+        Ok(done)
     }
 }
 
-/// Inserts the delivery's run; returns its id.
-fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<String> {
+/// Inserts the delivery's run; returns its id (or the one holding its key).
+fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<crate::control::Enqueued> {
     names::check_name("channel", &d.channel)?;
     names::check_name("template", &d.template)?;
     if let Some(to) = &d.to {
@@ -238,6 +250,10 @@ fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<String> {
     .to_string();
     let now = tx.now_ms();
     let action = action_of(&d.channel);
+    let unique = match &d.unique {
+        Some((key, u)) => Some(crate::control::uniq(key, *u)?),
+        None => None,
+    };
     let cause = d.cause.as_ref();
     let new = runs::insert(
         tx.conn(),
@@ -258,8 +274,27 @@ fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<String> {
             due_at: now,
             now,
             dead: None,
+            priority: None,
+            unique,
         },
     )?;
-    counters::bump(tx.conn(), Counter::Deliveries, usize::from(new))?;
-    Ok(id)
+    counters::bump(
+        tx.conn(),
+        Counter::Deliveries,
+        usize::from(new == runs::Inserted::New),
+    )?;
+    Ok(match new {
+        runs::Inserted::New => crate::control::Enqueued {
+            id,
+            deduplicated: false,
+        },
+        runs::Inserted::Existed => crate::control::Enqueued {
+            id,
+            deduplicated: true,
+        },
+        runs::Inserted::Duplicate(other) => crate::control::Enqueued {
+            id: other,
+            deduplicated: true,
+        },
+    })
 }

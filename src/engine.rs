@@ -8,6 +8,7 @@ use rusqlite::Connection;
 
 use crate::audit::AuditEntry;
 use crate::changelog;
+use crate::control::{self, ActionConfig, Enqueue, Enqueued, PausedInfo};
 use crate::cursor::{self, ConsumerKind, CursorInfo};
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{self, ChannelPolicy, Delivery, Message};
@@ -377,6 +378,82 @@ impl Engine {
         }
     }
 
+    // ----- control of the work ----------------------------------------------
+
+    /// Enqueues a run of an action in a transaction of its own (shorthand for
+    /// a [`Engine::write`] with one [`Tx::enqueue`]). See [`Enqueue`].
+    ///
+    /// ```
+    /// # fn main() -> reflexr::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
+    /// use reflexr::{Enqueue, Unique};
+    /// let first = engine.enqueue(
+    ///     &Enqueue::new("rebuild-search-index", &serde_json::json!({ "shard": 3 }))
+    ///         .unique("shard/3", Unique::WhilePending),
+    /// )?;
+    /// let again = engine.enqueue(
+    ///     &Enqueue::new("rebuild-search-index", &serde_json::json!({ "shard": 3 }))
+    ///         .unique("shard/3", Unique::WhilePending),
+    /// )?;
+    /// assert!(again.deduplicated && again.id == first.id);
+    /// # Ok(()) }
+    /// ```
+    pub fn enqueue(&self, e: &Enqueue) -> Result<Enqueued> {
+        self.write(|tx| tx.enqueue(e))
+    }
+
+    /// Waits until the run ends (succeeded, dead, discarded or cancelled) or
+    /// `timeout` passes, and returns it as it stands then (check its
+    /// `state`). Woken by this process's settlements at once, by other
+    /// processes' within the watch or a heartbeat.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a run the file does not have.
+    pub fn wait_for_run(&self, id: &str, timeout: Duration) -> Result<RunInfo> {
+        let deadline = Instant::now() + timeout;
+        let _waiting = self.cx.db.run_waiter();
+        let sub = self.cx.db.subscribe();
+        loop {
+            let run = self.run(id)?.ok_or_else(|| Error::not_found("run", id))?;
+            let ended = matches!(
+                run.state,
+                RunState::Succeeded | RunState::Dead | RunState::Discarded | RunState::Cancelled
+            );
+            if ended || !sub.wait(self.cx.db.settings().heartbeat, deadline) {
+                return Ok(run);
+            }
+        }
+    }
+
+    /// Sets an action's default priority and limits, kept in the file so
+    /// every process obeys them (see [`ActionConfig`]); replaces what was
+    /// set before. An operator's change goes through
+    /// [`crate::Operator::configure_action`], on the record.
+    pub fn configure_action(&self, config: &ActionConfig) -> Result<()> {
+        self.write(|tx| control::configure(tx.conn(), config, tx.now_ms()))
+    }
+
+    /// Every action's settings kept in the file.
+    pub fn action_configs(&self) -> Result<Vec<ActionConfig>> {
+        self.cx.db.read(control::configs)
+    }
+
+    /// What is paused, by whom and why.
+    pub fn paused(&self) -> Result<Vec<PausedInfo>> {
+        self.cx.db.read(control::paused)
+    }
+
+    /// Wakes this process's threads (something they wait on changed).
+    pub(crate) fn nudge_all(&self) {
+        self.cx.db.nudge();
+    }
+
+    /// Tells a handler working here that its run was cancelled.
+    pub(crate) fn tell_cancelled(&self, id: &str) {
+        self.cx.claims().cancel(&[id.to_string()]);
+    }
+
     // ----- cursors ----------------------------------------------------------
 
     /// The application consumer's cursor on `workspace` (0 if never saved).
@@ -619,7 +696,7 @@ impl Engine {
 
     /// Enqueues a delivery in a transaction of its own (shorthand for a
     /// [`Engine::write`] with one [`Tx::deliver`]).
-    pub fn deliver(&self, delivery: &Delivery) -> Result<String> {
+    pub fn deliver(&self, delivery: &Delivery) -> Result<Enqueued> {
         self.write(|tx| tx.deliver(delivery))
     }
 

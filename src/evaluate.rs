@@ -182,7 +182,13 @@ pub(crate) fn pass(
         return Ok(Pass::default());
     };
     let mut total = Pass::default();
-    let mut pending: Vec<&Rule> = rules.iter().map(|r| &**r).collect();
+    // Paused rules decide nothing; their cursors stay where they are.
+    let paused = db.read(|c| crate::control::paused_names(c, "rule"))?;
+    let mut pending: Vec<&Rule> = rules
+        .iter()
+        .map(|r| &**r)
+        .filter(|r| !paused.contains(&r.name))
+        .collect();
     for _ in 0..10 {
         if pending.is_empty() {
             break;
@@ -661,6 +667,8 @@ fn record_firing(
             due_at: now,
             now,
             dead: dead.as_deref(),
+            priority: None,
+            unique: None,
         },
     )?;
     if let Some(why) = &dead {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::claims::Claims;
+use crate::control;
 use crate::counter::Counter;
 use crate::db::Db;
 use crate::dead_letter::{DeadLetterKind, Reason};
@@ -33,6 +34,8 @@ pub(crate) struct Executed {
     pub dead: usize,
     /// Settlements refused because the claim was no longer ours.
     pub lost: usize,
+    /// Runs that ended cancelled (an operator asked them to stop).
+    pub cancelled: usize,
 }
 
 enum Outcome {
@@ -75,10 +78,10 @@ pub(crate) fn execute(
     if actions.handlers.is_empty() {
         return Ok(Executed::default());
     }
-    let names = actions.names_json.as_str();
+    let names = &actions.names;
     // A cheap read first: an idle executor opens no write transaction.
     let now = db.now_ms();
-    if !db.read(|c| runs::work_due(c, now, names))? {
+    if !db.read(|c| control::work_due(c, now, names))? {
         return Ok(Executed::default());
     }
     let handlers = &actions.handlers;
@@ -94,8 +97,7 @@ pub(crate) fn execute(
             rescued += usize::from(runs::requeue_lapsed(tx.conn(), lapsed.ord, now)?);
         }
         counters::bump(tx.conn(), Counter::ClaimsRescued, rescued)?;
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        runs::claim(tx.conn(), &holder, now, now + ttl, n, names)
+        control::claim(tx.conn(), &holder, now, now + ttl, n, names)
     };
     let mut size = base;
     let mut fresh: Vec<RunRow> = db.write(|tx| claim(tx, size))?;
@@ -134,7 +136,7 @@ pub(crate) fn execute(
                 )
             } else {
                 match handlers.get(&run.action) {
-                    Some(h) => call(db, stop, h, run),
+                    Some(h) => call(db, stop, claims, h, run),
                     None => Outcome::Failed(format!("no handler for action {}", run.action)),
                 }
             };
@@ -198,6 +200,7 @@ pub(crate) fn execute(
                     continue;
                 }
                 match settle_contained(tx, run, outcome) {
+                    Ok(Settled::Cancelled) => round.cancelled += 1,
                     Ok(Settled::Succeeded) => round.succeeded += 1,
                     Ok(Settled::Retried) => round.retried += 1,
                     Ok(Settled::Dead) => round.dead += 1,
@@ -221,6 +224,10 @@ pub(crate) fn execute(
                 }
             }
             counters::bump(tx.conn(), Counter::RunsSucceeded, round.succeeded)?;
+            // Runs ended: threads waiting for them look again.
+            if db.has_run_waiters() {
+                tx.mark_nudge();
+            }
             counters::bump(tx.conn(), Counter::RunsRetried, round.retried)?;
             counters::bump(tx.conn(), Counter::RunsDead, round.dead)?;
             // The next batch, in the same commit (it may include runs this
@@ -252,6 +259,7 @@ pub(crate) fn execute(
         done.retried += round.retried;
         done.dead += round.dead;
         done.lost += round.lost;
+        done.cancelled += round.cancelled;
         if more {
             carried = rest.to_vec();
         }
@@ -260,8 +268,14 @@ pub(crate) fn execute(
     Ok(done)
 }
 
-fn call(db: &Db, stop: &AtomicBool, handler: &Arc<run::ActionFn>, run: &Run) -> Outcome {
-    let mut ctx = RunContext::new(db, stop, run);
+fn call(
+    db: &Db,
+    stop: &AtomicBool,
+    claims: &Claims,
+    handler: &Arc<run::ActionFn>,
+    run: &Run,
+) -> Outcome {
+    let mut ctx = RunContext::new(db, stop, claims.cancel_flag(&run.id), run);
     let result = catch_unwind(AssertUnwindSafe(|| handler(run, &mut ctx)));
     match result {
         Ok(Ok(())) if ctx.completed => Outcome::AlreadyDone,
@@ -290,6 +304,7 @@ enum Settled {
     Succeeded,
     Retried,
     Dead,
+    Cancelled,
 }
 
 /// Settles one run in a savepoint of its own. When what the handler asked
@@ -301,6 +316,29 @@ enum Settled {
 /// their handlers said.
 fn settle_contained(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Settled> {
     match tx.nested(|tx| settle(tx, run, outcome)) {
+        // Refused because an operator cancelled the run while it ran: it
+        // ends cancelled, whatever its handler said.
+        Err(e) if e.is_lease_lost() => {
+            let cancelled = tx.nested(|tx| {
+                let now = tx.now_ms();
+                let done = runs::end_cancelled(
+                    tx.conn(),
+                    &run.id,
+                    &run.holder,
+                    i64::from(run.attempt),
+                    now,
+                )?;
+                if done && let Some(lane) = &run.lane {
+                    runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+                }
+                Ok::<_, Error>(done)
+            })?;
+            if cancelled {
+                Ok(Settled::Cancelled)
+            } else {
+                Err(e)
+            }
+        }
         Err(e) if !e.is_lease_lost() && !e.dooms_transaction() => {
             log::warn!("run {}: its outcome was refused: {e}", run.id);
             let why = format!("the run's outcome could not be recorded: {e}");
@@ -382,7 +420,7 @@ pub(crate) fn renew_claims(db: &Db, claims: &Claims) -> Result<usize> {
     if due.is_empty() {
         return Ok(0);
     }
-    let renewed = db.write(|tx| {
+    let (renewed, cancelled) = db.write(|tx| {
         let now = tx.now_ms();
         let mut renewed = Vec::new();
         for (id, holder, attempt) in &due {
@@ -390,8 +428,14 @@ pub(crate) fn renew_claims(db: &Db, claims: &Claims) -> Result<usize> {
                 renewed.push(id.clone());
             }
         }
-        Ok::<_, Error>(renewed)
+        // A renewal is where a handler in another process learns that an
+        // operator cancelled its run.
+        let ids: Vec<&String> = due.iter().map(|(id, _, _)| id).collect();
+        let ids = serde_json::to_string(&ids).expect("ids encode");
+        let cancelled = runs::cancel_requested(tx.conn(), &ids)?;
+        Ok::<_, Error>((renewed, cancelled))
     })?;
     claims.renewed(&renewed, now + ttl);
+    claims.cancel(&cancelled);
     Ok(renewed.len())
 }

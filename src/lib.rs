@@ -69,6 +69,7 @@ mod writer;
 // Consumers and work.
 mod claims;
 mod consumer;
+mod control;
 mod delivery;
 mod evaluate;
 mod execute;
@@ -100,6 +101,7 @@ pub use audit::{AuditAction, AuditEntry};
 pub use builder::EngineBuilder;
 pub use changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use control::{ActionConfig, Enqueue, Enqueued, Pausable, PausedInfo, Unique};
 pub use counter::Counter;
 pub use cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
 pub use dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};

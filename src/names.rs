@@ -76,6 +76,16 @@ pub(crate) fn clip_error(text: &str) -> std::borrow::Cow<'_, str> {
     ))
 }
 
+/// The action name of a channel's deliveries.
+pub(crate) fn channel_action(channel: &str) -> String {
+    format!("delivery/{channel}")
+}
+
+/// The action name of a scheduled job's occurrences.
+pub(crate) fn job_action(job: &str) -> String {
+    format!("job/{job}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

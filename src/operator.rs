@@ -1,5 +1,6 @@
 //! [`Operator`]: what an operator does to the file, on the record.
 
+use crate::control::{self, ActionConfig, Pausable};
 use crate::cursor::{self, ConsumerKind, Reset};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -46,6 +47,52 @@ impl Engine {
 impl Operator<'_> {
     fn who(&self) -> (&str, &str) {
         (&self.operator, &self.reason)
+    }
+
+    /// Pauses an action, a channel, a scheduled job, a rule or a reaction
+    /// (see [`Pausable`]), in every process on the file. False when it was
+    /// paused already.
+    pub fn pause(&self, what: &Pausable) -> Result<bool> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| control::pause(tx.conn(), what, tx.now_ms(), op, why))
+    }
+
+    /// Resumes what was paused: it goes on from where it stood.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when it was not paused.
+    pub fn resume(&self, what: &Pausable) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| control::resume(tx.conn(), what, tx.now_ms(), op, why))?;
+        self.engine.nudge_all();
+        Ok(())
+    }
+
+    /// Cancels a run: a pending one ends `cancelled` at once (it never
+    /// starts); a running one is asked to stop — its handler sees
+    /// [`crate::RunContext::is_cancelled`] (at once in this process, at its
+    /// next claim renewal in another) and its completion is refused: it ends
+    /// `cancelled`. Returns the state it was in.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`]; [`Error::Conflict`] for a run that has ended.
+    pub fn cancel_run(&self, id: &str) -> Result<crate::run::RunState> {
+        let (op, why) = self.who();
+        let was = self
+            .engine
+            .write(|tx| control::cancel(tx.conn(), id, tx.now_ms(), op, why))?;
+        self.engine.tell_cancelled(id);
+        was.parse()
+    }
+
+    /// Sets an action's priority and limits (as
+    /// [`Engine::configure_action`]), on the record.
+    pub fn configure_action(&self, config: &ActionConfig) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| control::configure_audited(tx.conn(), config, tx.now_ms(), op, why))
     }
 
     /// Retries a dead run: ready again with a fresh set of attempts (behind

@@ -117,6 +117,9 @@ text_enum! {
         Dead = "dead",
         /// An operator dropped it after it died.
         Discarded = "discarded",
+        /// An operator cancelled it before it ended (see
+        /// [`crate::Operator::cancel_run`]).
+        Cancelled = "cancelled",
     }
 }
 
@@ -129,6 +132,8 @@ text_enum! {
         Delivery = "delivery",
         /// A scheduled job's occurrence.
         Job = "job",
+        /// Work enqueued directly ([`crate::Engine::enqueue`]).
+        Task = "task",
     }
 }
 
@@ -174,6 +179,22 @@ pub struct RunInfo {
     /// text (serialised as the JSON it holds).
     #[serde(serialize_with = "crate::words::raw_json_opt")]
     pub checkpoint: Option<String>,
+    /// Its priority: higher is claimed first.
+    pub priority: i64,
+    /// Its uniqueness key, if it has one, and how long the key holds
+    /// (`pending`, `active` or `period`).
+    pub unique_key: Option<String>,
+    /// How long its key holds.
+    pub unique_mode: Option<String>,
+    /// When its current (or last) attempt was claimed.
+    pub started_at: Option<i64>,
+    /// When an operator asked it to stop while it ran (its completion is
+    /// refused; it ends cancelled).
+    pub cancel_requested_at: Option<i64>,
+    /// Who cancelled it, and why.
+    pub cancelled_by: Option<String>,
+    /// Why it was cancelled.
+    pub cancel_reason: Option<String>,
     /// When it was created.
     pub created_at: i64,
     /// When it last changed.
@@ -202,6 +223,13 @@ impl RunInfo {
             event_seq: r.event_seq,
             input: r.input,
             checkpoint: r.checkpoint,
+            priority: r.priority,
+            unique_key: r.unique_key,
+            unique_mode: r.unique_mode,
+            started_at: r.started_at,
+            cancel_requested_at: r.cancel_requested_at,
+            cancelled_by: r.cancelled_by,
+            cancel_reason: r.cancel_reason,
             created_at: r.created_at,
             updated_at: r.updated_at,
             finished_at: r.finished_at,
@@ -222,7 +250,8 @@ pub type ActionFn =
 #[derive(Default)]
 pub(crate) struct Actions {
     pub handlers: BTreeMap<String, Arc<ActionFn>>,
-    pub names_json: String,
+    /// The names, for the claim.
+    pub names: Vec<String>,
 }
 
 impl Actions {
@@ -230,12 +259,8 @@ impl Actions {
     pub(crate) fn with(&self, name: &str, handler: Arc<ActionFn>) -> Actions {
         let mut handlers = self.handlers.clone();
         handlers.insert(name.to_string(), handler);
-        let names: Vec<&String> = handlers.keys().collect();
-        let names_json = serde_json::to_string(&names).expect("strings encode");
-        Actions {
-            handlers,
-            names_json,
-        }
+        let names = handlers.keys().cloned().collect();
+        Actions { handlers, names }
     }
 }
 
@@ -250,17 +275,24 @@ pub(crate) struct Emitted {
 pub struct RunContext<'a> {
     db: &'a Db,
     stopping: &'a AtomicBool,
+    cancelled: std::sync::Arc<AtomicBool>,
     run: &'a Run,
     pub(crate) emitted: Vec<Emitted>,
     pub(crate) completed: bool,
 }
 
 impl<'a> RunContext<'a> {
-    /// `stopping` is the engine's shutdown flag.
-    pub(crate) fn new(db: &'a Db, stopping: &'a AtomicBool, run: &'a Run) -> RunContext<'a> {
+    /// `stopping` is the engine's shutdown flag; `cancelled` the run's own.
+    pub(crate) fn new(
+        db: &'a Db,
+        stopping: &'a AtomicBool,
+        cancelled: std::sync::Arc<AtomicBool>,
+        run: &'a Run,
+    ) -> RunContext<'a> {
         RunContext {
             db,
             stopping,
+            cancelled,
             run,
             emitted: Vec::new(),
             completed: false,
@@ -278,6 +310,15 @@ impl<'a> RunContext<'a> {
     /// where it stopped.
     pub fn is_shutting_down(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// True once an operator cancelled the run
+    /// ([`crate::Operator::cancel_run`]): seen at once when the cancel was
+    /// made in this process, at the next claim renewal otherwise. A handler
+    /// that can stop early should; whatever it returns, the run ends
+    /// `cancelled` and its completion is refused.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
     }
 
     /// Emits `event` into the run's workspace when the run completes, with

@@ -132,6 +132,11 @@ impl Context {
         services.push(Arc::downgrade(service));
     }
 
+    /// The claims this process's handlers work under.
+    pub(crate) fn claims(&self) -> &Claims {
+        &self.claims
+    }
+
     pub(crate) fn registry(&self) -> RwLockReadGuard<'_, Registry> {
         self.registry.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -397,7 +402,9 @@ pub(crate) fn loop_step(cx: &Context) -> Result<LoopPass> {
         log::warn!("the loop: {e}");
         forget_lease(cx, LOOP_LEASE);
     };
-    for r in &reactions {
+    // Paused reactions handle nothing; their cursors stay where they are.
+    let paused = db.read(|c| crate::control::paused_names(c, "reaction"))?;
+    for r in reactions.iter().filter(|r| !paused.contains(&r.name)) {
         match reaction::step(db, &lease, r) {
             Ok(n) => pass.reacted += n,
             Err(e) if e.is_lease_lost() => {

@@ -272,7 +272,7 @@ impl Job {
 
 /// The action name of a job's occurrences.
 pub(crate) fn action_of(job: &str) -> String {
-    format!("job/{job}")
+    crate::names::job_action(job)
 }
 
 /// The action handler that decodes the occurrence and calls the job.
@@ -391,8 +391,11 @@ pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
                     due_at: now,
                     now,
                     dead: None,
+                    priority: None,
+                    unique: None,
                 },
             )?;
+            let new = new == runs::Inserted::New;
             crate::store::counters::bump(tx.conn(), Counter::Occurrences, usize::from(new))?;
             tx.mark_nudge();
         }

@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use common::Scene;
 use reflexr::{Decision, Engine, NewEvent, OnDeadLetter, RetryPolicy, Rule, RunState, Scope};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn cli(db: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_reflexr"))
@@ -580,4 +580,98 @@ fn serve_refuses_to_listen_off_loopback_without_a_token() {
         .unwrap();
     assert!(!out.status.success());
     assert!(stderr(&out).contains("token"), "{}", stderr(&out));
+}
+
+#[test]
+fn enqueue_pause_resume_cancel_and_limits_from_the_cli_are_recorded() {
+    // Control of the work through the CLI: each change lands in the file and
+    // the audit log; a uniqueness key deduplicates.
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let first = json(&cli(
+        &s.path,
+        &[
+            "enqueue",
+            "send-invoice",
+            "--input",
+            r#"{"invoice":42}"#,
+            "--unique",
+            "inv/42",
+            "--in",
+            "1h",
+            "--json",
+        ],
+    ));
+    assert_eq!(first["deduplicated"], false);
+    let again = json(&cli(
+        &s.path,
+        &[
+            "enqueue",
+            "send-invoice",
+            "--input",
+            r#"{"invoice":42}"#,
+            "--unique",
+            "inv/42",
+            "--json",
+        ],
+    ));
+    assert_eq!(
+        (again["deduplicated"].clone(), again["id"].clone()),
+        (json!(true), first["id"].clone())
+    );
+    let id = first["id"].as_str().unwrap();
+    assert!(
+        cli(
+            &s.path,
+            &[
+                "limits",
+                "send-invoice",
+                "--max-running",
+                "2",
+                "--rate",
+                "10/1m",
+                "--reason",
+                "provider"
+            ]
+        )
+        .status
+        .success()
+    );
+    assert!(
+        cli(
+            &s.path,
+            &["pause", "action", "send-invoice", "--reason", "maintenance"]
+        )
+        .status
+        .success()
+    );
+    let listed = json(&cli(&s.path, &["limits", "--json"]));
+    assert_eq!(listed["actions"][0]["max_running"], 2);
+    assert_eq!(listed["actions"][0]["rate"], json!([10, 60_000]));
+    assert_eq!(listed["paused"][0]["name"], "send-invoice");
+    assert!(
+        cli(&s.path, &["resume", "action", "send-invoice"])
+            .status
+            .success()
+    );
+    let out = cli(&s.path, &["resume", "action", "send-invoice"]);
+    assert_eq!(out.status.code(), Some(1), "not paused any more");
+    assert!(
+        cli(&s.path, &["cancel", id, "--reason", "withdrawn"])
+            .status
+            .success()
+    );
+    assert_eq!(e.run(id).unwrap().unwrap().state, RunState::Cancelled);
+    let out = cli(&s.path, &["pause", "gadget", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("action, channel, job, rule or reaction"));
+    let actions: Vec<String> = e
+        .audit_log(10)
+        .unwrap()
+        .iter()
+        .map(|a| a.action.to_string())
+        .collect();
+    for a in ["configure_action", "pause", "resume", "cancel"] {
+        assert!(actions.contains(&a.to_string()), "{a} in {actions:?}");
+    }
 }

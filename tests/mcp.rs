@@ -145,7 +145,7 @@ fn the_stateless_revision_discovers_and_answers_in_its_own_shape() {
     let list = ask(&mcp, request(2, "tools/list", json!({ "_meta": meta() })));
     assert_eq!(list["result"]["resultType"], "complete");
     assert!(list["result"]["ttlMs"].is_u64());
-    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 16);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 20);
     let call = ask(
         &mcp,
         request(
@@ -379,7 +379,7 @@ fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names.len(), 11);
+    assert_eq!(names.len(), 12);
     for t in list["result"]["tools"].as_array().unwrap() {
         assert_eq!(t["annotations"]["readOnlyHint"], true, "{}", t["name"]);
     }
@@ -581,7 +581,7 @@ fn over_http_a_read_only_server_hides_the_mutating_tools() {
         &request(1, "tools/list", json!({})).to_string(),
     );
     assert_eq!(st, 200);
-    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 11);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 12);
     let before = fingerprint(&e);
     let (_, refused) = api.post_with(
         "/api/v1/mcp",

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::{Scene, bytes};
-use reflexr::{Engine, Error, NewEvent, Query, SCHEMA_VERSION, Synchronous};
+use reflexr::{Engine, Error, NewEvent, Query, RunState, SCHEMA_VERSION, Synchronous};
 use rusqlite::Connection;
 
 fn pragma_i64(conn: &Connection, name: &str) -> i64 {
@@ -285,7 +285,11 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
                recorded_at, payload) VALUES ('app', 'e1', 'tick', 's', 'a', 1, 1, '{}');
              INSERT INTO reflexr_cursors VALUES ('app', 'app', 'mailer', 1, 1);
              INSERT INTO reflexr_followers (name, source, target, projection, created_at,
-               updated_at) VALUES ('f', 'app', 'other', 'same', 1, 1);",
+               updated_at) VALUES ('f', 'app', 'other', 'same', 1, 1);
+             INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts,
+               backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at,
+               updated_at) VALUES ('r1', 'rule', 'act', '{\"n\":1}', 'ready', 3, 1000, 60000,
+               2.0, 0.1, 1, 1, 1);",
         )
         .unwrap();
         assert_eq!(pragma_i64(&raw, "user_version"), 1);
@@ -294,6 +298,15 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
     assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
     assert_eq!(engine.read(&Query::new("app")).unwrap().len(), 1);
     assert_eq!(engine.followed().unwrap().len(), 1);
+    // The runs table was rebuilt (version 5): its rows came along.
+    let run = engine
+        .run("r1")
+        .unwrap()
+        .expect("the run survived the rebuild");
+    assert_eq!(
+        (run.state, run.action.as_str(), run.priority),
+        (RunState::Ready, "act", 0)
+    );
     let high_water: i64 = engine
         .with_reader(|c| {
             Ok(c.query_row(

@@ -20,6 +20,7 @@ pub const ALL: &[(&str, Stage)] = &[
     ("runs_1executor", runs_1executor),
     ("runs_4executors", runs_4executors),
     ("runs_4executors_blocked10k", runs_4executors_blocked10k),
+    ("runs_4executors_limited", runs_4executors_limited),
     ("enqueue_single", enqueue_single),
     ("relay_same_file", super::relay::relay_same_file),
     ("relay_cross_file", super::relay::relay_cross_file),
@@ -304,6 +305,37 @@ pub(crate) fn run_rate(
     let value = rate(n, start.elapsed());
     engine.shutdown();
     value
+}
+
+/// The same as `runs_4executors` with the action under a concurrency limit
+/// and a rate limit (set above what four executors reach, so they cost the
+/// claim without holding it back) and three thousand more runs waiting at
+/// three other priorities: the claim's cost with limits and priorities on.
+/// Baseline: `runs_4executors` of this run.
+fn runs_4executors_limited(ctx: &Ctx) -> Vec<Figure> {
+    let baseline = ctx.figure("runs_4executors");
+    let n = ctx.n(5_000, 20_000);
+    let value = run_rate(ctx, "runs_4executors_limited", 4, n, |path| {
+        let e = Engine::open(path).unwrap();
+        e.configure_action(
+            &reflexr::ActionConfig::new("noop")
+                .max_running(2_000)
+                .rate(10_000_000, Duration::from_secs(1)),
+        )
+        .unwrap();
+        // Priorities: the rule's firings get the action's default; these
+        // three thousand wait at other priorities beside them.
+        for i in 0..3_000i64 {
+            e.enqueue(&reflexr::Enqueue::new("noop", &i).priority(i % 3 - 1))
+                .unwrap();
+        }
+    });
+    vec![Figure::new(
+        "runs_4executors_limited",
+        value,
+        "runs/s",
+        baseline,
+    )]
 }
 
 fn runs_1executor(ctx: &Ctx) -> Vec<Figure> {

@@ -159,6 +159,7 @@ pub(crate) const ROUTES: &[Route] = &[
     get("/api/v1/runs/{id}", run),
     post("/api/v1/runs/{id}/retry", retry_run),
     post("/api/v1/runs/{id}/discard", discard_run),
+    post("/api/v1/runs/{id}/cancel", cancel_run),
     post("/api/v1/runs/retry", bulk_retry_runs),
     post("/api/v1/runs/discard", bulk_discard_runs),
     get("/api/v1/dead-letters", dead_letters),
@@ -167,6 +168,10 @@ pub(crate) const ROUTES: &[Route] = &[
     post("/api/v1/dead-letters/retry", bulk_retry_dead_letters),
     post("/api/v1/dead-letters/discard", bulk_discard_dead_letters),
     get("/api/v1/lanes", lanes),
+    get("/api/v1/actions", actions),
+    post("/api/v1/actions/configure", configure_action),
+    post("/api/v1/pause", pause),
+    post("/api/v1/resume", resume),
     post("/api/v1/lanes/unblock", unblock),
     post("/api/v1/cursors/reset", reset_cursor),
     post("/api/v1/prune", prune),
@@ -477,6 +482,7 @@ fn status(ctx: &Ctx<'_>) -> Outcome {
         "oldest_ready_due_at": stats.oldest_ready_due_at,
         "dead_letters": stats.dead_letters,
         "blocked_lanes": stats.blocked_lanes,
+        "paused": e.paused()?,
         "followers": stats.followers,
     }))
 }
@@ -943,6 +949,84 @@ struct Unblock {
     scope: String,
     operator: String,
     reason: String,
+}
+
+fn cancel_run(ctx: &Ctx<'_>) -> Outcome {
+    let w: Who = body(ctx)?;
+    let was = ctx
+        .engine()
+        .operator(w.operator, w.reason)
+        .cancel_run(ctx.path("id"))?;
+    ok(&json!({ "ok": true, "action": "cancel", "was": was }))
+}
+
+fn actions(ctx: &Ctx<'_>) -> Outcome {
+    only_params(ctx, &[], None)?;
+    let e = ctx.engine();
+    ok(&json!({ "actions": e.action_configs()?, "paused": e.paused()? }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Configure {
+    action: String,
+    #[serde(default)]
+    priority: i64,
+    max_running: Option<u32>,
+    rate_count: Option<u32>,
+    rate_period_ms: Option<u64>,
+    partition_by: Option<String>,
+    operator: String,
+    reason: String,
+}
+
+fn configure_action(ctx: &Ctx<'_>) -> Outcome {
+    let b: Configure = body(ctx)?;
+    let mut c = crate::control::ActionConfig::new(b.action).priority(b.priority);
+    if let Some(n) = b.max_running {
+        c = c.max_running(n);
+    }
+    match (b.rate_count, b.rate_period_ms) {
+        (Some(n), Some(ms)) => c = c.rate(n, std::time::Duration::from_millis(ms)),
+        (None, None) => {}
+        _ => return Err(ApiError::bad("rate_count and rate_period_ms go together")),
+    }
+    if let Some(f) = b.partition_by {
+        c = c.partition_by(f);
+    }
+    ctx.engine()
+        .operator(b.operator, b.reason)
+        .configure_action(&c)?;
+    done("configure_action")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    kind: String,
+    name: String,
+    operator: String,
+    reason: String,
+}
+
+impl PauseBody {
+    fn target(&self) -> Result<crate::control::Pausable, ApiError> {
+        Ok(crate::control::Pausable::parse(&self.kind, &self.name)?)
+    }
+}
+
+fn pause(ctx: &Ctx<'_>) -> Outcome {
+    let b: PauseBody = body(ctx)?;
+    let what = b.target()?;
+    let fresh = ctx.engine().operator(b.operator, b.reason).pause(&what)?;
+    ok(&json!({ "ok": true, "action": "pause", "paused_now": fresh }))
+}
+
+fn resume(ctx: &Ctx<'_>) -> Outcome {
+    let b: PauseBody = body(ctx)?;
+    let what = b.target()?;
+    ctx.engine().operator(b.operator, b.reason).resume(&what)?;
+    done("resume")
 }
 
 fn lanes(ctx: &Ctx<'_>) -> Outcome {

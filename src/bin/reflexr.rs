@@ -127,6 +127,78 @@ enum Command {
         #[arg(long)]
         correlation_id: Option<String>,
     },
+    /// Enqueues a run of an action (any process that registered the action
+    /// runs it); prints its id.
+    Enqueue {
+        /// The action.
+        action: String,
+        /// Its arguments, as JSON.
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// Not before this long from now (e.g. 10m).
+        #[arg(long = "in", value_parser = humantime::parse_duration)]
+        delay: Option<std::time::Duration>,
+        /// Its priority: higher is claimed first (default: the action's).
+        #[arg(long, allow_negative_numbers = true)]
+        priority: Option<i64>,
+        /// Runs of the action with the same scope run one at a time, in order.
+        #[arg(long)]
+        scope: Option<String>,
+        /// A uniqueness key: no second run of the action with it while it holds.
+        #[arg(long)]
+        unique: Option<String>,
+        /// How long the key holds: pending, active, or a period (e.g. 1h).
+        #[arg(long, default_value = "active", requires = "unique")]
+        unique_while: String,
+    },
+    /// Pauses an action, a channel, a scheduled job, a rule or a reaction,
+    /// in every process on the file (recorded).
+    Pause {
+        /// action, channel, job, rule or reaction.
+        kind: String,
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Resumes what was paused (recorded).
+    Resume {
+        /// action, channel, job, rule or reaction.
+        kind: String,
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Cancels a run: a pending one at once; a running one is asked to stop
+    /// and its completion refused (recorded).
+    Cancel {
+        /// The run id.
+        run: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Sets an action's priority and limits, kept in the file for every
+    /// process (recorded); without options, lists every action's settings
+    /// and what is paused.
+    Limits {
+        /// The action (none: list).
+        action: Option<String>,
+        /// Its runs' default priority.
+        #[arg(long, allow_negative_numbers = true, requires = "action")]
+        priority: Option<i64>,
+        /// At most this many running at once, across every process.
+        #[arg(long, requires = "action")]
+        max_running: Option<u32>,
+        /// At most N starts per period, as N/PERIOD (e.g. 100/1m).
+        #[arg(long, requires = "action")]
+        rate: Option<String>,
+        /// Each limit counts per value of this input field.
+        #[arg(long, requires = "action")]
+        partition_by: Option<String>,
+        #[command(flatten)]
+        who: Who,
+    },
     /// Runs of the work queue, oldest first.
     Runs {
         /// Only runs in this state (waiting, ready, running, succeeded, dead, discarded).
@@ -355,6 +427,108 @@ fn run(cli: &Cli) -> Fallible {
             }
             Ok(())
         }
+        Command::Enqueue {
+            action,
+            input,
+            delay,
+            priority,
+            scope,
+            unique,
+            unique_while,
+        } => {
+            let input: serde_json::Value =
+                serde_json::from_str(input).map_err(|e| format!("--input is not JSON: {e}"))?;
+            let mut e = reflexr::Enqueue::new(action.clone(), &input);
+            if let Some(d) = delay {
+                e = e.after(*d);
+            }
+            if let Some(p) = priority {
+                e = e.priority(*p);
+            }
+            if let Some(s) = scope {
+                e = e.scope(s.clone());
+            }
+            if let Some(key) = unique {
+                let how = match unique_while.as_str() {
+                    "pending" => reflexr::Unique::WhilePending,
+                    "active" => reflexr::Unique::WhileActive,
+                    period => {
+                        reflexr::Unique::For(humantime::parse_duration(period).map_err(|e| {
+                            format!("--unique-while {period:?}: pending, active or a period ({e})")
+                        })?)
+                    }
+                };
+                e = e.unique(key.clone(), how);
+            }
+            let done = engine.enqueue(&e)?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&done)?);
+            } else if done.deduplicated {
+                println!("deduplicated: {} holds the key", done.id);
+            } else {
+                println!("enqueued {}", done.id);
+            }
+            Ok(())
+        }
+        Command::Pause { kind, name, who } => {
+            let what = pausable(kind, name)?;
+            let fresh = who.on(&engine).pause(&what)?;
+            done(cli.json, if fresh { "paused" } else { "paused already" })
+        }
+        Command::Resume { kind, name, who } => {
+            who.on(&engine).resume(&pausable(kind, name)?)?;
+            done(cli.json, "resumed")
+        }
+        Command::Cancel { run, who } => {
+            let was = who.on(&engine).cancel_run(run)?;
+            done(
+                cli.json,
+                if was == RunState::Running {
+                    "asked to stop: its completion will be refused"
+                } else {
+                    "cancelled"
+                },
+            )
+        }
+        Command::Limits {
+            action,
+            priority,
+            max_running,
+            rate,
+            partition_by,
+            who,
+        } => match action {
+            None => limits(&engine, cli.json),
+            Some(action) => {
+                let mut c = engine
+                    .action_configs()?
+                    .into_iter()
+                    .find(|c| &c.action == action)
+                    .unwrap_or_else(|| reflexr::ActionConfig::new(action.clone()));
+                if let Some(p) = priority {
+                    c = c.priority(*p);
+                }
+                if let Some(n) = max_running {
+                    c = c.max_running(*n);
+                }
+                if let Some(r) = rate {
+                    let (n, period) = r
+                        .split_once('/')
+                        .ok_or_else(|| format!("--rate {r:?}: N/PERIOD, e.g. 100/1m"))?;
+                    let n: u32 = n
+                        .parse()
+                        .map_err(|_| format!("--rate {r:?}: N is a count"))?;
+                    let period = humantime::parse_duration(period)
+                        .map_err(|e| format!("--rate {r:?}: {e}"))?;
+                    c = c.rate(n, period);
+                }
+                if let Some(f) = partition_by {
+                    c = c.partition_by(f.clone());
+                }
+                who.on(&engine).configure_action(&c)?;
+                done(cli.json, "set")
+            }
+        },
         Command::Unblock { rule, scope, who } => {
             who.on(&engine).unblock(rule, scope)?;
             done(cli.json, "unblocked")
@@ -573,6 +747,54 @@ fn tail(
     }
 }
 
+fn pausable(kind: &str, name: &str) -> reflexr::Result<reflexr::Pausable> {
+    reflexr::Pausable::parse(kind, name)
+}
+
+/// What is paused, as a table.
+fn paused_table(paused: &[reflexr::PausedInfo]) -> Table {
+    let mut t = table(&["kind", "name", "since", "by", "why"]);
+    for p in paused {
+        t.add_row(vec![
+            p.kind.clone(),
+            p.name.clone(),
+            time(p.since),
+            p.operator.clone(),
+            p.reason.clone(),
+        ]);
+    }
+    t
+}
+
+/// Every action's settings and what is paused.
+fn limits(engine: &Engine, json: bool) -> Fallible {
+    let configs = engine.action_configs()?;
+    let paused = engine.paused()?;
+    if json {
+        return print_json(&json!({ "actions": configs, "paused": paused }));
+    }
+    println!("actions");
+    let mut t = table(&["action", "priority", "max running", "rate", "partition by"]);
+    for c in &configs {
+        t.add_row(vec![
+            c.action.clone(),
+            c.priority.to_string(),
+            c.max_running.map_or("-".into(), |n| n.to_string()),
+            c.rate.map_or("-".into(), |(n, ms)| {
+                format!(
+                    "{n}/{}",
+                    humantime::format_duration(std::time::Duration::from_millis(ms.max(0) as u64))
+                )
+            }),
+            c.partition_by.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    println!("{t}\n");
+    println!("paused");
+    println!("{}", paused_table(&paused));
+    Ok(())
+}
+
 fn status(engine: &Engine, json: bool) -> Fallible {
     let workspaces = engine.workspaces()?;
     let cursors = engine.cursors()?;
@@ -594,6 +816,8 @@ fn status(engine: &Engine, json: bool) -> Fallible {
             "leases": leases_json,
             "runs": stats.runs,
             "dead_letters": stats.dead_letters,
+            "blocked_lanes": stats.blocked_lanes,
+            "paused": engine.paused()?,
         }));
     }
     println!("workspaces");
@@ -666,6 +890,11 @@ fn status(engine: &Engine, json: bool) -> Fallible {
         t.add_row(vec![k.to_string(), n.to_string()]);
     }
     println!("{t}");
+    let paused = engine.paused()?;
+    if !paused.is_empty() {
+        println!("\npaused");
+        println!("{}", paused_table(&paused));
+    }
     Ok(())
 }
 

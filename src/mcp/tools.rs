@@ -197,6 +197,50 @@ const TOOLS: &[Tool] = &[
         call: list_schedules,
     },
     Tool {
+        name: "list_actions",
+        title: "Actions: priorities, limits, pauses",
+        description: "Every action's default priority, concurrency and rate limits (and what they are partitioned by), and what is paused (actions, channels, jobs, rules, reactions), by whom and why.",
+        input: no_input,
+        output: actions_schema,
+        mutating: false,
+        destructive: false,
+        idempotent: true,
+        call: list_actions,
+    },
+    Tool {
+        name: "cancel_run",
+        title: "Cancel a run",
+        description: "Cancels a run: a pending one ends cancelled at once; a running one is asked to stop (its handler sees it) and its completion is refused. Needs confirm: true. Audited with the reason.",
+        input: cancel_input,
+        output: any_object,
+        mutating: true,
+        destructive: true,
+        idempotent: false,
+        call: cancel_run,
+    },
+    Tool {
+        name: "pause",
+        title: "Pause",
+        description: "Pauses an action (none of its runs is claimed), a channel or a scheduled job (their actions), a rule or a reaction (its cursor stays), in every process on the file. Audited with the reason.",
+        input: pause_input,
+        output: any_object,
+        mutating: true,
+        destructive: false,
+        idempotent: true,
+        call: pause,
+    },
+    Tool {
+        name: "resume",
+        title: "Resume",
+        description: "Resumes what was paused: it goes on from where it stood. Audited with the reason.",
+        input: pause_input,
+        output: any_object,
+        mutating: true,
+        destructive: false,
+        idempotent: false,
+        call: resume,
+    },
+    Tool {
         name: "audit_log",
         title: "Audit log",
         description: "What operators did, newest first: who, what, to what, and why.",
@@ -489,7 +533,76 @@ fn audit_log(mcp: &Mcp, a: Value) -> Answer {
     Ok(json!({ "entries": mcp.engine().audit_log(limit(a.limit)?).map_err(fail)? }))
 }
 
+fn list_actions(mcp: &Mcp, a: Value) -> Answer {
+    let Nothing {} = args(a)?;
+    let e = mcp.engine();
+    Ok(json!({ "actions": e.action_configs().map_err(fail)?, "paused": e.paused().map_err(fail)? }))
+}
+
 // ----- the changes -------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cancel {
+    id: String,
+    #[serde(default)]
+    confirm: bool,
+    reason: String,
+}
+
+fn cancel_run(mcp: &Mcp, a: Value) -> Answer {
+    let a: Cancel = args(a)?;
+    need_reason(&a.reason)?;
+    if !a.confirm {
+        return Err(format!(
+            "cancel_run needs confirm: true. It would cancel run {}.",
+            a.id
+        ));
+    }
+    let was = mcp
+        .engine()
+        .operator(mcp.config().operator.clone(), a.reason)
+        .cancel_run(&a.id)
+        .map_err(fail)?;
+    Ok(json!({ "cancelled": a.id, "was": was }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseArgs {
+    kind: String,
+    name: String,
+    reason: String,
+}
+
+impl PauseArgs {
+    fn target(&self) -> Result<crate::control::Pausable, String> {
+        crate::control::Pausable::parse(&self.kind, &self.name).map_err(fail)
+    }
+}
+
+fn pause(mcp: &Mcp, a: Value) -> Answer {
+    let a: PauseArgs = args(a)?;
+    need_reason(&a.reason)?;
+    let what = a.target()?;
+    let fresh = mcp
+        .engine()
+        .operator(mcp.config().operator.clone(), a.reason)
+        .pause(&what)
+        .map_err(fail)?;
+    Ok(json!({ "paused": what, "paused_now": fresh }))
+}
+
+fn resume(mcp: &Mcp, a: Value) -> Answer {
+    let a: PauseArgs = args(a)?;
+    need_reason(&a.reason)?;
+    let what = a.target()?;
+    mcp.engine()
+        .operator(mcp.config().operator.clone(), a.reason)
+        .resume(&what)
+        .map_err(fail)?;
+    Ok(json!({ "resumed": what }))
+}
 
 /// What a bulk tool acts on.
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -1018,6 +1131,43 @@ fn bulk_input(discard: bool) -> Value {
         "type": "object",
         "properties": props,
         "required": ["target", "reason"],
+        "additionalProperties": false,
+    })
+}
+
+fn actions_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "actions": { "type": "array", "items": { "type": "object" } },
+            "paused": { "type": "array", "items": { "type": "object" } },
+        },
+        "required": ["actions", "paused"],
+    })
+}
+
+fn cancel_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "id": { "type": "string", "description": "The run's id." },
+            "confirm": { "type": "boolean", "description": "Must be true." },
+            "reason": reason_schema(),
+        },
+        "required": ["id", "confirm", "reason"],
+        "additionalProperties": false,
+    })
+}
+
+fn pause_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "kind": { "type": "string", "enum": ["action", "channel", "job", "rule", "reaction"] },
+            "name": { "type": "string" },
+            "reason": reason_schema(),
+        },
+        "required": ["kind", "name", "reason"],
         "additionalProperties": false,
     })
 }

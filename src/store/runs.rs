@@ -38,14 +38,44 @@ pub(crate) struct NewRun<'a> {
     /// Created dead, with this error (it is never run; it takes no place in
     /// its lane).
     pub dead: Option<&'a str>,
+    /// Its priority; None: the action's default (`reflexr_actions`), or 0.
+    pub priority: Option<i64>,
+    /// No second run of the action with this key while it is in scope.
+    pub unique: Option<Uniq<'a>>,
+}
+
+/// A uniqueness key and how long it holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Uniq<'a> {
+    pub key: &'a str,
+    /// `pending`, `active` or `period`.
+    pub mode: &'a str,
+    /// For `period`: how long, in ms.
+    pub period_ms: i64,
+}
+
+/// What an insert did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Inserted {
+    /// Created.
+    New,
+    /// A run with this id was there already.
+    Existed,
+    /// Another run holds the uniqueness key: its id.
+    Duplicate(String),
 }
 
 /// Creates the run: the head of its lane and ready, behind an earlier run of
-/// the lane and waiting, or dead. A run id already present is a no-op
-/// (returns false).
-pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<bool> {
+/// the lane and waiting, or dead. A run id already present is a no-op, and
+/// so is a uniqueness key another run holds (that run's id is returned).
+pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
     if exists(conn, r.id)? {
-        return Ok(false);
+        return Ok(Inserted::Existed);
+    }
+    if let Some(u) = &r.unique
+        && let Some(other) = holder_of_key(conn, r.action, u, r.now)?
+    {
+        return Ok(Inserted::Duplicate(other));
     }
     let state = if r.dead.is_some() {
         "dead"
@@ -55,13 +85,18 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<bool> {
             _ => "ready",
         }
     };
+    let (unique_key, unique_mode) = r
+        .unique
+        .map_or((None, None), |u| (Some(u.key), Some(u.mode)));
     conn.prepare_cached(
         "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
            on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
            backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
-           created_at, updated_at, finished_at) \
+           created_at, updated_at, finished_at, priority, unique_key, unique_mode) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-           ?17, ?18, ?19, ?20, ?21, ?21, CASE WHEN ?13 = 'dead' THEN ?21 END)",
+           ?17, ?18, ?19, ?20, ?21, ?21, CASE WHEN ?13 = 'dead' THEN ?21 END, \
+           coalesce(?22, (SELECT priority FROM reflexr_actions WHERE action = ?3), 0), \
+           ?23, ?24)",
     )?
     .execute(params![
         r.id,
@@ -85,8 +120,51 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<bool> {
         r.due_at,
         r.dead.map(crate::names::clip_error),
         r.now,
+        r.priority,
+        unique_key,
+        unique_mode,
     ])?;
-    Ok(true)
+    if let Some(u) = r.unique.filter(|u| u.mode == "period") {
+        conn.prepare_cached(
+            "INSERT INTO reflexr_unique_periods (action, key, until, run_id) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (action, key) DO UPDATE SET until = excluded.until, run_id = excluded.run_id",
+        )?
+        .execute(params![r.action, u.key, r.now.saturating_add(u.period_ms), r.id])?;
+    }
+    Ok(Inserted::New)
+}
+
+/// The run that holds `u`'s key for `action` now, if one does. The unique
+/// indexes (and the period table's key) are what enforce it; this finds
+/// the holder to name it, inside the same write transaction.
+fn holder_of_key(
+    conn: &Connection,
+    action: &str,
+    u: &Uniq<'_>,
+    now: i64,
+) -> Result<Option<String>> {
+    Ok(match u.mode {
+        "period" => conn
+            .prepare_cached(
+                "SELECT run_id FROM reflexr_unique_periods WHERE action = ?1 AND key = ?2 AND until > ?3",
+            )?
+            .query_row(params![action, u.key, now], |r| r.get(0))
+            .optional()?,
+        "pending" => conn
+            .prepare_cached(
+                "SELECT id FROM reflexr_runs WHERE action = ?1 AND unique_key = ?2 \
+                 AND unique_mode = 'pending' AND state IN ('waiting', 'ready')",
+            )?
+            .query_row(params![action, u.key], |r| r.get(0))
+            .optional()?,
+        _ => conn
+            .prepare_cached(
+                "SELECT id FROM reflexr_runs WHERE action = ?1 AND unique_key = ?2 \
+                 AND unique_mode = 'active' AND state IN ('waiting', 'ready', 'running')",
+            )?
+            .query_row(params![action, u.key], |r| r.get(0))
+            .optional()?,
+    })
 }
 
 fn exists(conn: &Connection, id: &str) -> Result<bool> {
@@ -128,12 +206,20 @@ pub(crate) struct RunRow {
     pub created_at: i64,
     pub updated_at: i64,
     pub finished_at: Option<i64>,
+    pub priority: i64,
+    pub unique_key: Option<String>,
+    pub unique_mode: Option<String>,
+    pub started_at: Option<i64>,
+    pub cancel_requested_at: Option<i64>,
+    pub cancelled_by: Option<String>,
+    pub cancel_reason: Option<String>,
 }
 
 const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, \
     input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, \
     backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, \
-    last_error, created_at, updated_at, finished_at";
+    last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, \
+    started_at, cancel_requested_at, cancelled_by, cancel_reason";
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
     Ok(RunRow {
@@ -165,6 +251,13 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
         created_at: r.get(25)?,
         updated_at: r.get(26)?,
         finished_at: r.get(27)?,
+        priority: r.get(28)?,
+        unique_key: r.get(29)?,
+        unique_mode: r.get(30)?,
+        started_at: r.get(31)?,
+        cancel_requested_at: r.get(32)?,
+        cancelled_by: r.get(33)?,
+        cancel_reason: r.get(34)?,
     })
 }
 
@@ -224,7 +317,10 @@ pub(crate) fn lapsed(conn: &Connection, now: i64, limit: i64) -> Result<Vec<RunR
 pub(crate) fn requeue_lapsed(conn: &Connection, ord: i64, now: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached(
-            "UPDATE reflexr_runs SET state = 'ready', due_at = ?2, claimed_by = NULL, \
+            "UPDATE reflexr_runs SET \
+               state = CASE WHEN cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END, \
+               finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE ?2 END, \
+               due_at = ?2, claimed_by = NULL, \
                claim_expires_at = NULL, updated_at = ?2, \
                last_error = 'the claim lapsed: its executor stopped renewing it' \
              WHERE ord = ?1 AND state = 'running' AND claim_expires_at <= ?2",
@@ -234,8 +330,11 @@ pub(crate) fn requeue_lapsed(conn: &Connection, ord: i64, now: i64) -> Result<bo
 }
 
 /// Claims up to `limit` ready runs that are due and whose action is in
-/// `actions` (a JSON array), oldest due first: each becomes `running` under
-/// `holder` at its next attempt until `expires_at`.
+/// `actions` (a JSON array), higher priorities first, then oldest due: each
+/// becomes `running` under `holder` at its next attempt until `expires_at`.
+/// One statement per priority that ready runs have (usually one), each a
+/// range of the `(state, priority, due_at)` index: runs not due yet, waiting
+/// or blocked cost nothing.
 pub(crate) fn claim(
     conn: &Connection,
     holder: &str,
@@ -244,11 +343,228 @@ pub(crate) fn claim(
     limit: i64,
     actions: &str,
 ) -> Result<Vec<RunRow>> {
-    let mut stmt = conn.prepare_cached(&format!("{} RETURNING {COLUMNS}", claim_sql(limit)))?;
-    let mut rows = stmt
-        .query_map(params![holder, now, expires_at, actions], from_row)?
+    let mut rows = Vec::new();
+    for priority in ready_priorities(conn)? {
+        let want = limit - rows.len() as i64;
+        if want <= 0 {
+            break;
+        }
+        let mut stmt = conn.prepare_cached(&format!("{} RETURNING {COLUMNS}", claim_sql(want)))?;
+        rows.extend(
+            stmt.query_map(
+                params![holder, now, expires_at, actions, priority],
+                from_row,
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+        );
+    }
+    rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.due_at, r.ord));
+    Ok(rows)
+}
+
+/// The priorities ready runs have, highest first: one index seek each.
+pub(crate) fn ready_priorities(conn: &Connection) -> Result<Vec<i64>> {
+    let mut stmt = conn.prepare_cached(READY_PRIORITIES)?;
+    let rows = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<i64>>>()?;
+    Ok(rows)
+}
+
+const READY_PRIORITIES: &str = "WITH RECURSIVE p(v) AS ( \
+       SELECT (SELECT priority FROM reflexr_runs INDEXED BY reflexr_runs_due \
+               WHERE state = 'ready' ORDER BY priority DESC LIMIT 1) \
+       UNION ALL \
+       SELECT (SELECT priority FROM reflexr_runs INDEXED BY reflexr_runs_due \
+               WHERE state = 'ready' AND priority < p.v ORDER BY priority DESC LIMIT 1) \
+       FROM p WHERE p.v IS NOT NULL) \
+     SELECT v FROM p WHERE v IS NOT NULL";
+
+/// Ready, due runs of `action`, by priority then due time, at most `limit`:
+/// `(ord, the input's value at `path`)`, for a claim that must respect the
+/// action's limits.
+pub(crate) fn candidates(
+    conn: &Connection,
+    action: &str,
+    now: i64,
+    path: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(i64, Option<String>)>> {
+    let mut rows = Vec::new();
+    for priority in ready_priorities(conn)? {
+        if rows.len() >= limit {
+            break;
+        }
+        // Without a partition, the input is not read at all.
+        let key = if path.is_some() {
+            "CAST(json_extract(input, ?3) AS TEXT)"
+        } else {
+            "?3 IS NULL"
+        };
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT ord, {key} FROM reflexr_runs \
+             INDEXED BY reflexr_runs_due \
+             WHERE state = 'ready' AND priority = ?4 AND due_at <= ?2 AND action = ?1 \
+             ORDER BY due_at LIMIT {limit}"
+        ))?;
+        rows.extend(
+            stmt.query_map(params![action, now, path, priority], |r| {
+                Ok((r.get(0)?, if path.is_some() { r.get(1)? } else { None }))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+        );
+    }
+    rows.truncate(limit);
+    Ok(rows)
+}
+
+/// Claims the runs at these positions (a JSON array), as [`claim`] does.
+pub(crate) fn claim_ords(
+    conn: &Connection,
+    holder: &str,
+    now: i64,
+    expires_at: i64,
+    ords: &str,
+) -> Result<Vec<RunRow>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
+           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2 \
+         WHERE ord IN (SELECT value FROM json_each(?4)) AND state = 'ready' \
+         RETURNING {COLUMNS}"
+    ))?;
+    let rows = stmt
+        .query_map(params![holder, now, expires_at, ords], from_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    rows.sort_by_key(|r| (r.due_at, r.ord));
+    Ok(rows)
+}
+
+/// How many runs of `action` run now, by the input's value at `path` (one
+/// group, keyed None, without a path).
+pub(crate) fn running_by(
+    conn: &Connection,
+    action: &str,
+    path: Option<&str>,
+) -> Result<Vec<(Option<String>, i64)>> {
+    let Some(path) = path else {
+        let n: i64 = conn
+            .prepare_cached(
+                "SELECT count(*) FROM reflexr_runs INDEXED BY reflexr_runs_running \
+                 WHERE state = 'running' AND action = ?1",
+            )?
+            .query_row([action], |r| r.get(0))?;
+        return Ok(vec![(None, n)]);
+    };
+    let mut stmt = conn.prepare_cached(
+        "SELECT CAST(json_extract(input, ?2) AS TEXT), count(*) FROM reflexr_runs \
+         INDEXED BY reflexr_runs_running WHERE state = 'running' AND action = ?1 GROUP BY 1",
+    )?;
+    let rows = stmt
+        .query_map(params![action, path], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// Starts of `action` in the window after `since`, by partition.
+pub(crate) fn starts_since(
+    conn: &Connection,
+    action: &str,
+    since: i64,
+) -> Result<Vec<(String, i64)>> {
+    conn.prepare_cached("DELETE FROM reflexr_starts WHERE action = ?1 AND at <= ?2")?
+        .execute(params![action, since])?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT part, sum(n) FROM reflexr_starts WHERE action = ?1 AND at > ?2 GROUP BY part",
+    )?;
+    let rows = stmt
+        .query_map(params![action, since], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// Records `n` starts of a rate-limited action's partition, at `at`.
+pub(crate) fn record_starts(
+    conn: &Connection,
+    action: &str,
+    part: &str,
+    at: i64,
+    n: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO reflexr_starts (action, part, at, n) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![action, part, at, n])?;
+    Ok(())
+}
+
+/// Asks a running run to stop, or cancels a pending one outright: what it
+/// was before. A run that already ended is left as it is (None).
+pub(crate) fn cancel(
+    conn: &Connection,
+    id: &str,
+    now: i64,
+    by: &str,
+    reason: &str,
+) -> Result<Option<String>> {
+    let Some(row) = get(conn, id)? else {
+        return Ok(None);
+    };
+    match row.state.as_str() {
+        "waiting" | "ready" => {
+            conn.prepare_cached(
+                "UPDATE reflexr_runs SET state = 'cancelled', finished_at = ?2, updated_at = ?2, \
+                   cancelled_by = ?3, cancel_reason = ?4 \
+                 WHERE id = ?1 AND state IN ('waiting', 'ready')",
+            )?
+            .execute(params![id, now, by, crate::names::clip_error(reason)])?;
+            if row.state == "ready"
+                && let Some(lane) = &row.lane
+            {
+                advance_lane(conn, lane, id, now)?;
+            }
+        }
+        "running" => {
+            conn.prepare_cached(
+                "UPDATE reflexr_runs SET cancel_requested_at = coalesce(cancel_requested_at, ?2), \
+                   updated_at = ?2, cancelled_by = ?3, cancel_reason = ?4 \
+                 WHERE id = ?1 AND state = 'running'",
+            )?
+            .execute(params![id, now, by, crate::names::clip_error(reason)])?;
+        }
+        _ => {}
+    }
+    Ok(Some(row.state))
+}
+
+/// Ends a claimed run whose cancellation was asked for: cancelled, instead
+/// of what its handler said. False when the claim is not ours or no
+/// cancellation was asked.
+pub(crate) fn end_cancelled(
+    conn: &Connection,
+    id: &str,
+    holder: &str,
+    attempt: i64,
+    now: i64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE reflexr_runs SET state = 'cancelled', finished_at = ?4, updated_at = ?4, \
+               claimed_by = NULL, claim_expires_at = NULL \
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
+               AND cancel_requested_at IS NOT NULL",
+        )?
+        .execute(params![id, holder, attempt, now])?
+        == 1)
+}
+
+/// Of these run ids (a JSON array), those asked to stop.
+pub(crate) fn cancel_requested(conn: &Connection, ids: &str) -> Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id FROM reflexr_runs WHERE id IN (SELECT value FROM json_each(?1)) \
+         AND cancel_requested_at IS NOT NULL",
+    )?;
+    let rows = stmt
+        .query_map([ids], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
 }
 
@@ -260,11 +576,28 @@ pub(crate) fn work_due(conn: &Connection, now: i64, actions: &str) -> Result<boo
         .query_row(params![now, actions], |r| r.get(0))?)
 }
 
-const WORK_DUE: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs \
-                                       WHERE state = 'ready' AND due_at <= ?1 \
-                                         AND action IN (SELECT value FROM json_each(?2))) \
-                            OR EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
-                                       WHERE state = 'running' AND claim_expires_at <= ?1)";
+/// True when a claim lapsed (its executor stopped renewing it).
+pub(crate) fn lapsed_due(conn: &Connection, now: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
+                            WHERE state = 'running' AND claim_expires_at <= ?1)",
+        )?
+        .query_row([now], |r| r.get(0))?)
+}
+
+const WORK_DUE: &str = "WITH RECURSIVE p(v) AS ( \
+       SELECT (SELECT priority FROM reflexr_runs INDEXED BY reflexr_runs_due \
+               WHERE state = 'ready' ORDER BY priority DESC LIMIT 1) \
+       UNION ALL \
+       SELECT (SELECT priority FROM reflexr_runs INDEXED BY reflexr_runs_due \
+               WHERE state = 'ready' AND priority < p.v ORDER BY priority DESC LIMIT 1) \
+       FROM p WHERE p.v IS NOT NULL) \
+     SELECT EXISTS (SELECT 1 FROM p CROSS JOIN reflexr_runs r INDEXED BY reflexr_runs_due \
+                    WHERE p.v IS NOT NULL AND r.state = 'ready' AND r.priority = p.v \
+                      AND r.due_at <= ?1 AND r.action IN (SELECT value FROM json_each(?2))) \
+         OR EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
+                    WHERE state = 'running' AND claim_expires_at <= ?1)";
 
 /// The claim: ready runs by due time, through the `(state, due_at)` index, so
 /// waiting, blocked and finished runs cost it nothing. `{limit}` is written
@@ -272,9 +605,9 @@ const WORK_DUE: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs \
 fn claim_sql(limit: i64) -> String {
     format!(
         "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
-           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2 \
-         WHERE ord IN (SELECT ord FROM reflexr_runs \
-                       WHERE state = 'ready' AND due_at <= ?2 \
+           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2 \
+         WHERE ord IN (SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_due \
+                       WHERE state = 'ready' AND priority = ?5 AND due_at <= ?2 \
                          AND action IN (SELECT value FROM json_each(?4)) \
                        ORDER BY due_at LIMIT {limit})"
     )
@@ -292,7 +625,8 @@ pub(crate) fn succeed(
         .prepare_cached(
             "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?4, updated_at = ?4, \
                claimed_by = NULL, claim_expires_at = NULL \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
+               AND cancel_requested_at IS NULL",
         )?
         .execute(params![id, holder, attempt, now])?
         == 1)
@@ -314,7 +648,7 @@ pub(crate) fn succeed_many(
                claimed_by = NULL, claim_expires_at = NULL \
              WHERE id IN (SELECT value ->> 0 FROM json_each(?2)) \
                AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2)) \
-               AND state = 'running' AND claimed_by = ?1",
+               AND state = 'running' AND claimed_by = ?1 AND cancel_requested_at IS NULL",
         )?
         .execute(params![holder, claims, now])?)
 }
@@ -333,7 +667,8 @@ pub(crate) fn retry_later(
         .prepare_cached(
             "UPDATE reflexr_runs SET state = 'ready', due_at = ?5, last_error = ?6, \
                updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
+               AND cancel_requested_at IS NULL",
         )?
         .execute(params![
             id,
@@ -359,7 +694,8 @@ pub(crate) fn kill(
         .prepare_cached(
             "UPDATE reflexr_runs SET state = 'dead', last_error = ?5, finished_at = ?4, \
                updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
+               AND cancel_requested_at IS NULL",
         )?
         .execute(params![
             id,
@@ -692,22 +1028,34 @@ mod tests {
 
     #[test]
     fn the_claim_reads_only_ready_runs_by_index_whatever_else_the_queue_holds() {
-        // The claim's cost must not grow with waiting, blocked or finished
-        // runs: it searches the (state, due_at) index for ready runs, in due
-        // order, without sorting; so does the idle executor's check.
+        // The claim's cost must not grow with waiting, blocked, finished or
+        // not-yet-due runs: per priority that ready runs have (found by a
+        // seek each), it searches the (state, priority, due_at) index for
+        // due ready runs, in due order, without sorting; so does the idle
+        // executor's check.
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join("p.db")).unwrap();
         conn.execute_batch(crate::store::schema::SCHEMA_SQL)
             .unwrap();
         let p = plan(&conn, &claim_sql(16));
         assert!(
-            p.contains("USING INDEX reflexr_runs_due (state=? AND due_at<?)"),
+            p.contains("USING INDEX reflexr_runs_due (state=? AND priority=? AND due_at<?)"),
             "{p}"
         );
         assert!(!p.contains("SCAN reflexr_runs"), "{p}");
         assert!(!p.contains("TEMP B-TREE"), "{p}");
+        let p = plan(&conn, READY_PRIORITIES);
+        assert!(p.contains("reflexr_runs_due (state=?)"), "{p}");
+        assert!(
+            p.contains("reflexr_runs_due (state=? AND priority<?)"),
+            "{p}"
+        );
+        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
         let p = plan(&conn, WORK_DUE);
-        assert!(p.contains("reflexr_runs_due (state=? AND due_at<?)"), "{p}");
+        assert!(
+            p.contains("reflexr_runs_due (state=? AND priority=? AND due_at<?)"),
+            "{p}"
+        );
         assert!(
             p.contains("reflexr_runs_lapsed (claim_expires_at<?)"),
             "{p}"

@@ -17,13 +17,134 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
 /// `n`. A migrated file has the same tables, columns and views as a new one
 /// (a test compares them).
-const MIGRATIONS: &[(i64, &str)] = &[(2, MIGRATE_TO_2), (3, MIGRATE_TO_3), (4, MIGRATE_TO_4)];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (2, MIGRATE_TO_2),
+    (3, MIGRATE_TO_3),
+    (4, MIGRATE_TO_4),
+    (5, MIGRATE_TO_5),
+];
+
+/// Version 5: control of the work. The runs table is rebuilt (SQLite cannot
+/// change a CHECK): kind `task`, state `cancelled`, priority, uniqueness,
+/// start and cancel columns; the claim's index orders by priority; new
+/// tables for pauses, per-action settings and limits, rate windows and
+/// unique periods.
+const MIGRATE_TO_5: &str = "
+DROP VIEW reflexr_runs_by_state;
+DROP VIEW reflexr_blocked_lanes;
+DROP INDEX reflexr_runs_due;
+DROP INDEX reflexr_runs_lapsed;
+DROP INDEX reflexr_runs_waiting;
+DROP INDEX reflexr_runs_by_change;
+CREATE TABLE reflexr_runs_v5 (
+    ord              INTEGER PRIMARY KEY,
+    id               TEXT NOT NULL UNIQUE,
+    kind             TEXT NOT NULL CHECK (kind IN ('rule', 'delivery', 'job', 'task')),
+    action           TEXT NOT NULL,
+    workspace        TEXT,
+    rule             TEXT,
+    scope            TEXT,
+    lane             TEXT,
+    on_dead_letter   TEXT NOT NULL DEFAULT 'continue'
+                     CHECK (on_dead_letter IN ('continue', 'block')),
+    input            TEXT NOT NULL CHECK (json_valid(input)),
+    event_seq        INTEGER,
+    event_id         TEXT,
+    depth            INTEGER NOT NULL DEFAULT 0,
+    state            TEXT NOT NULL
+                     CHECK (state IN ('waiting', 'ready', 'running', 'succeeded', 'dead',
+                                      'discarded', 'cancelled')),
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 1),
+    backoff_ms       INTEGER NOT NULL CHECK (backoff_ms >= 0),
+    backoff_max_ms   INTEGER NOT NULL CHECK (backoff_max_ms >= 0),
+    backoff_factor   REAL NOT NULL CHECK (backoff_factor >= 1.0),
+    jitter           REAL NOT NULL CHECK (jitter >= 0.0 AND jitter <= 1.0),
+    due_at           INTEGER NOT NULL,
+    claimed_by       TEXT,
+    claim_expires_at INTEGER,
+    checkpoint       TEXT CHECK (checkpoint IS NULL OR json_valid(checkpoint)),
+    last_error       TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    finished_at      INTEGER,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    unique_key       TEXT,
+    unique_mode      TEXT CHECK (unique_mode IS NULL OR unique_mode IN ('pending', 'active', 'period')),
+    started_at       INTEGER,
+    cancel_requested_at INTEGER,
+    cancelled_by     TEXT,
+    cancel_reason    TEXT
+) STRICT;
+INSERT INTO reflexr_runs_v5 (ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, last_error, created_at, updated_at, finished_at)
+SELECT ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, last_error, created_at, updated_at, finished_at FROM reflexr_runs;
+DROP TABLE reflexr_runs;
+ALTER TABLE reflexr_runs_v5 RENAME TO reflexr_runs;
+CREATE INDEX reflexr_runs_due ON reflexr_runs (state, priority DESC, due_at);
+CREATE INDEX reflexr_runs_lapsed ON reflexr_runs (claim_expires_at)
+    WHERE state = 'running';
+CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord)
+    WHERE state = 'waiting';
+CREATE INDEX reflexr_runs_by_change ON reflexr_runs (updated_at, ord);
+CREATE INDEX reflexr_runs_running ON reflexr_runs (action) WHERE state = 'running';
+CREATE UNIQUE INDEX reflexr_runs_unique_pending ON reflexr_runs (action, unique_key)
+    WHERE unique_mode = 'pending' AND state IN ('waiting', 'ready');
+CREATE UNIQUE INDEX reflexr_runs_unique_active ON reflexr_runs (action, unique_key)
+    WHERE unique_mode = 'active' AND state IN ('waiting', 'ready', 'running');
+CREATE TABLE reflexr_paused (
+    kind     TEXT NOT NULL CHECK (kind IN ('action', 'rule', 'reaction')),
+    name     TEXT NOT NULL,
+    since    INTEGER NOT NULL,
+    operator TEXT NOT NULL,
+    reason   TEXT NOT NULL,
+    PRIMARY KEY (kind, name)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE reflexr_actions (
+    action         TEXT PRIMARY KEY,
+    priority       INTEGER NOT NULL DEFAULT 0,
+    max_running    INTEGER CHECK (max_running IS NULL OR max_running >= 1),
+    rate_count     INTEGER CHECK (rate_count IS NULL OR rate_count >= 1),
+    rate_period_ms INTEGER CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
+    partition_by   TEXT,
+    updated_at     INTEGER NOT NULL,
+    CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL))
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE reflexr_starts (
+    action TEXT NOT NULL,
+    part   TEXT NOT NULL,
+    at     INTEGER NOT NULL,
+    n      INTEGER NOT NULL CHECK (n >= 1)
+) STRICT;
+CREATE INDEX reflexr_starts_window ON reflexr_starts (action, part, at);
+
+CREATE TABLE reflexr_unique_periods (
+    action TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    until  INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    PRIMARY KEY (action, key)
+) STRICT, WITHOUT ROWID;
+CREATE VIEW reflexr_runs_by_state AS
+SELECT kind, action, state, count(*) AS runs,
+       strftime('%Y-%m-%dT%H:%M:%fZ', min(due_at) / 1000.0, 'unixepoch') AS earliest_due
+FROM reflexr_runs
+GROUP BY kind, action, state;
+
+CREATE VIEW reflexr_blocked_lanes AS
+SELECT l.lane, l.head, r.rule, r.scope, r.last_error,
+       strftime('%Y-%m-%dT%H:%M:%fZ', l.updated_at / 1000.0, 'unixepoch') AS since
+FROM reflexr_lanes l JOIN reflexr_runs r ON r.id = l.head
+WHERE l.blocked = 1;
+PRAGMA user_version = 5;
+";
 
 /// Version 4: the blocked lanes, indexed (operators list them).
 const MIGRATE_TO_4: &str = "

@@ -233,3 +233,26 @@ test('the console is served with its security headers and revalidated by ETag', 
   assert.match(js.headers.get('content-type'), /^text\/javascript/);
   assert.equal((await fetch(`${server.url}/console/nope.js`)).status, 404);
 });
+
+test('a pending run is cancelled from its page, and a pause is resumed from the overview', async (t) => {
+  const db = await demo();
+  const { server, page } = await open(t, db);
+  const enq = await cli(db, ['enqueue', 'send-invoice', '--input', '{"invoice":42}', '--in', '1h', '--json']);
+  assert.equal(enq.code, 0, enq.stderr);
+  const { id } = JSON.parse(enq.stdout);
+  await page.goto(`${server.url}/#/run/${id}`);
+  await page.locator('#cancel-run').click();
+  await confirm(page, 'customer withdrew');
+  await page.locator('#notice-text').filter({ hasText: 'The run was cancelled.' }).waitFor();
+  assert.equal((await runs(db)).find((r) => r.id === id).state, 'cancelled');
+
+  const paused = await cli(db, ['pause', 'channel', 'push', '--reason', 'provider down']);
+  assert.equal(paused.code, 0, paused.stderr);
+  await page.goto(`${server.url}/#/overview`);
+  await page.locator('button[data-action="resume"][data-name="delivery/push"]').click();
+  await confirm(page, 'provider back');
+  await page.locator('#notice-text').filter({ hasText: 'goes on' }).waitFor();
+  const { json: actions } = await api(server.url, '/api/v1/actions');
+  assert.deepEqual(actions.paused, []);
+  assert.deepEqual(unexpected(page), []);
+});

@@ -7,7 +7,7 @@
 // Everything shown is built with DOM calls and textContent, so nothing the
 // file holds is ever parsed as HTML.
 
-const RUN_STATES = ['waiting', 'ready', 'running', 'succeeded', 'dead', 'discarded'];
+const RUN_STATES = ['waiting', 'ready', 'running', 'succeeded', 'dead', 'discarded', 'cancelled'];
 const DEAD_LETTER_KINDS = ['rule', 'run', 'reaction', 'follower', 'delivery'];
 const TAIL_MAX = 500;
 
@@ -416,7 +416,9 @@ function eventLink(workspace, id, label = id) {
 
 /** The overview: counts, the live chart, consumers, blocked lanes, leases, followers. */
 async function overview(main) {
-  const [status, lanes] = await Promise.all([api('/api/v1/status'), api('/api/v1/lanes')]);
+  const [status, lanes, actions] = await Promise.all([
+    api('/api/v1/status'), api('/api/v1/lanes'), api('/api/v1/actions'),
+  ]);
   const counts = new Map();
   const count = (key, value) => {
     const el = h('span', { data: { count: key } }, num(value));
@@ -447,6 +449,16 @@ async function overview(main) {
     consumersTable(status.consumers),
     h('h2', {}, 'Blocked lanes'),
     lanesTable(lanes.blocked),
+    h('h2', {}, 'Paused'),
+    pausedTable(actions.paused),
+    h('h2', {}, 'Action priorities and limits'),
+    table('Actions', [
+      { label: 'action', cell: (c) => c.action },
+      { label: 'priority', cell: (c) => String(c.priority), class: 'num' },
+      { label: 'max running', cell: (c) => (c.max_running ?? '–'), class: 'num' },
+      { label: 'rate', cell: (c) => (c.rate ? `${c.rate[0]} per ${c.rate[1]} ms` : '–') },
+      { label: 'per', cell: (c) => c.partition_by ?? '–' },
+    ], actions.actions, { empty: 'No action has a priority or limits set.' }),
     h('h2', {}, 'Leases'),
     table('Leases', [
       { label: 'name', cell: (l) => l.name },
@@ -504,6 +516,32 @@ function consumersTable(consumers) {
     rowClass: (c) => (c.failures >= 3 ? 'bad' : undefined),
     empty: 'No consumers yet.',
   });
+}
+
+function pausedTable(paused) {
+  const columns = [
+    { label: 'kind', cell: (p) => p.kind },
+    { label: 'name', cell: (p) => p.name },
+    { label: 'since', cell: (p) => when(p.since) },
+    { label: 'by', cell: (p) => p.operator },
+    { label: 'why', cell: (p) => p.reason, class: 'wrap' },
+  ];
+  if (canChange()) {
+    columns.push({
+      label: 'actions',
+      cell: (p) => h('button', {
+        type: 'button',
+        data: { action: 'resume', name: p.name },
+        onclick: () => act({
+          title: `Resume ${p.kind} ${p.name}`,
+          text: 'It goes on from where it stood.',
+          action: 'Resume',
+        }, (who) => change('/api/v1/resume', who, { kind: p.kind, name: p.name }),
+        () => `${p.kind} ${p.name} goes on.`),
+      }, 'Resume…'),
+    });
+  }
+  return table('Paused', columns, paused, { empty: 'Nothing is paused.' });
 }
 
 function lanesTable(lanes) {
@@ -781,6 +819,9 @@ async function runPage(main, query, [id]) {
       ['scope', r.scope ?? '–'],
       ['workspace', r.workspace ?? '–'],
       ['attempt', `${r.attempt} of ${r.max_attempts}`],
+      ['priority', String(r.priority)],
+      r.unique_key ? ['unique', `${r.unique_key} (${r.unique_mode})`] : null,
+      r.cancelled_by ? ['cancelled by', `${r.cancelled_by}: ${r.cancel_reason ?? ''}`] : null,
       ['last error', r.last_error ?? '–'],
       ['due', when(r.due_at)],
       ['claimed by', r.claimed_by ?? '–'],
@@ -788,6 +829,21 @@ async function runPage(main, query, [id]) {
       ['updated', when(r.updated_at)],
       ['finished', when(r.finished_at)],
     ]));
+  if (['waiting', 'ready', 'running'].includes(r.state) && canChange()) {
+    main.append(h('div', { class: 'toolbar' },
+      h('button', {
+        type: 'button',
+        class: 'danger',
+        id: 'cancel-run',
+        onclick: () => act({
+          title: 'Cancel this run',
+          text: r.state === 'running'
+            ? 'It is running: its handler is asked to stop, and its completion will be refused.'
+            : 'It will never start.',
+          action: 'Cancel the run',
+        }, (who) => change(`/api/v1/runs/${enc(r.id)}/cancel`, who), () => 'The run was cancelled.'),
+      }, 'Cancel…')));
+  }
   if (r.state === 'dead' && canChange()) {
     main.append(h('div', { class: 'toolbar' },
       h('button', {

@@ -1,0 +1,760 @@
+//! Control of the work: enqueueing directly, pausing and resuming,
+//! cancelling, unique runs, priorities, and concurrency and rate limits per
+//! action — all kept in the file, so every process on it obeys them.
+//!
+//! - **Enqueue** ([`Enqueue`], [`crate::Tx::enqueue`]): a run of an action
+//!   with JSON arguments, now or at a time, in the caller's transaction. The
+//!   producer need not register the action: any process whose executors
+//!   have it runs it.
+//! - **Pause** ([`Pausable`]): an action (a channel's or a scheduled job's
+//!   is its action), a rule's evaluation, a reaction. Nothing of an action
+//!   is claimed while it is paused; a paused rule or reaction does not move
+//!   its cursor. Resuming picks up where it stood.
+//! - **Cancel**: a pending run ends `cancelled` at once; a running one is
+//!   asked to stop (its handler sees [`crate::RunContext::is_cancelled`] at
+//!   its next claim renewal, at once in the same process) and its
+//!   completion is refused: it ends `cancelled`.
+//! - **Unique** ([`Unique`]): no second run of an action with a key while
+//!   one is pending, pending or running, or within a period. Partial unique
+//!   indexes (and a keyed table for periods) hold it.
+//! - **Priorities and limits** ([`ActionConfig`]): a default priority per
+//!   action (higher is claimed first), at most N running at once across
+//!   every process, at most R starts per period (a sliding window), each
+//!   optionally per value of an input field.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use rusqlite::{Connection, params};
+use serde::Serialize;
+
+use crate::audit::AuditAction;
+use crate::error::{Error, Result};
+use crate::names;
+use crate::retry::RetryPolicy;
+use crate::store::audit::{self as audit_store, Entry};
+use crate::store::runs::{self, Inserted, NewRun, RunRow, Uniq};
+use crate::tx::Tx;
+
+/// How long a uniqueness key holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unique {
+    /// While a run with the key waits (waiting or ready): a second is not
+    /// made; once it started, another may be enqueued.
+    WhilePending,
+    /// While a run with the key waits or runs.
+    WhileActive,
+    /// For this long after the first was enqueued, whatever became of it.
+    For(Duration),
+}
+
+impl Unique {
+    fn mode(self) -> &'static str {
+        match self {
+            Unique::WhilePending => "pending",
+            Unique::WhileActive => "active",
+            Unique::For(_) => "period",
+        }
+    }
+}
+
+/// A run to enqueue directly: an action and its arguments.
+///
+/// ```
+/// # use reflexr::{Enqueue, Unique};
+/// # use std::time::Duration;
+/// let job = Enqueue::new("send-invoice", &serde_json::json!({ "invoice": 42 }))
+///     .priority(5)
+///     .scope("customer/7")              // one at a time per customer, in order
+///     .unique("invoice/42", Unique::WhileActive)
+///     .after(Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Enqueue {
+    pub(crate) action: String,
+    pub(crate) input: std::result::Result<String, String>,
+    pub(crate) at: Option<i64>,
+    pub(crate) after: Option<Duration>,
+    pub(crate) priority: Option<i64>,
+    pub(crate) scope: Option<String>,
+    pub(crate) unique: Option<(String, Unique)>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) id: Option<String>,
+}
+
+impl Enqueue {
+    /// A run of `action` with `input` as its arguments (any JSON value).
+    pub fn new<T: Serialize + ?Sized>(action: impl Into<String>, input: &T) -> Enqueue {
+        Enqueue {
+            action: action.into(),
+            input: serde_json::to_string(input).map_err(|e| e.to_string()),
+            at: None,
+            after: None,
+            priority: None,
+            scope: None,
+            unique: None,
+            retry: RetryPolicy::default(),
+            id: None,
+        }
+    }
+
+    /// Not before this time (ms since the epoch, by the engine's clock).
+    pub fn at(mut self, ms: i64) -> Enqueue {
+        self.at = Some(ms);
+        self
+    }
+
+    /// Not before this long from now.
+    pub fn after(mut self, delay: Duration) -> Enqueue {
+        self.after = Some(delay);
+        self
+    }
+
+    /// Its priority: higher is claimed first (default: the action's, see
+    /// [`ActionConfig::priority`], else 0).
+    pub fn priority(mut self, priority: i64) -> Enqueue {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// Runs of the action with the same scope run one at a time, in the
+    /// order they were enqueued.
+    pub fn scope(mut self, scope: impl Into<String>) -> Enqueue {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// No second run of the action with `key` while `unique` holds: the
+    /// enqueue returns the existing run's id, marked deduplicated.
+    pub fn unique(mut self, key: impl Into<String>, unique: Unique) -> Enqueue {
+        self.unique = Some((key.into(), unique));
+        self
+    }
+
+    /// How failed attempts are retried (default [`RetryPolicy::default`]).
+    pub fn retry(mut self, retry: RetryPolicy) -> Enqueue {
+        self.retry = retry;
+        self
+    }
+
+    /// The run's id (default: a new one); enqueueing an id that exists
+    /// enqueues nothing.
+    pub fn id(mut self, id: impl Into<String>) -> Enqueue {
+        self.id = Some(id.into());
+        self
+    }
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Enqueued {
+    /// The run's id: the new one, or the one that held the key (or the id).
+    pub id: String,
+    /// True when nothing new was made: the key was held, or the id existed.
+    pub deduplicated: bool,
+}
+
+/// A checked uniqueness key.
+pub(crate) fn uniq(key: &str, u: Unique) -> Result<Uniq<'_>> {
+    names::check_text("unique key", key, names::MAX_ID_BYTES)?;
+    let period_ms = match u {
+        Unique::For(d) if d.is_zero() => {
+            return Err(Error::invalid("unique", "a period must be more than zero"));
+        }
+        Unique::For(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        _ => 0,
+    };
+    Ok(Uniq {
+        key,
+        mode: u.mode(),
+        period_ms,
+    })
+}
+
+/// Inserts an enqueued run (or finds the one that holds its key).
+pub(crate) fn enqueue(tx: &Tx<'_>, e: &Enqueue) -> Result<Enqueued> {
+    names::check_name("action", &e.action)?;
+    let input = e
+        .input
+        .as_ref()
+        .map_err(|m| Error::Encode { message: m.clone() })?;
+    crate::changelog::check_json("input", input, tx.limits().max_payload_bytes)?;
+    e.retry.validate()?;
+    if let Some(s) = &e.scope {
+        names::check_text("scope", s, names::MAX_SUBJECT_BYTES)?;
+    }
+    let unique = match &e.unique {
+        Some((key, u)) => Some(uniq(key, *u)?),
+        None => None,
+    };
+    let id = match &e.id {
+        Some(id) => {
+            names::check_text("id", id, names::MAX_ID_BYTES)?;
+            id.clone()
+        }
+        None => crate::changelog::new_id(),
+    };
+    let now = tx.now_ms();
+    let due_at = match (e.at, e.after) {
+        (Some(at), _) => at,
+        (None, Some(d)) => now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        (None, None) => now,
+    };
+    let lane = e.scope.as_ref().map(|s| format!("task:{} {s}", e.action));
+    let inserted = runs::insert(
+        tx.conn(),
+        &NewRun {
+            id: &id,
+            kind: "task",
+            action: &e.action,
+            workspace: None,
+            rule: None,
+            scope: e.scope.as_deref(),
+            lane: lane.as_deref(),
+            on_dead_letter: "continue",
+            input,
+            event_seq: None,
+            event_id: None,
+            depth: 0,
+            retry: &e.retry,
+            due_at,
+            now,
+            dead: None,
+            priority: e.priority,
+            unique,
+        },
+    )?;
+    Ok(match inserted {
+        Inserted::New => Enqueued {
+            id,
+            deduplicated: false,
+        },
+        Inserted::Existed => Enqueued {
+            id,
+            deduplicated: true,
+        },
+        Inserted::Duplicate(other) => Enqueued {
+            id: other,
+            deduplicated: true,
+        },
+    })
+}
+
+/// What can be paused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "name", rename_all = "snake_case")]
+pub enum Pausable {
+    /// An action: none of its runs is claimed.
+    Action(String),
+    /// A channel's deliveries (its action, `delivery/<channel>`).
+    Channel(String),
+    /// A scheduled job's occurrences (its action, `job/<name>`): they are
+    /// made, and wait.
+    Job(String),
+    /// A rule: it decides nothing, and its cursor stays.
+    Rule(String),
+    /// A reaction: it handles nothing, and its cursor stays.
+    Reaction(String),
+}
+
+impl Pausable {
+    /// What `kind` (`action`, `channel`, `job`, `rule` or `reaction`) and
+    /// `name` say.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for another kind.
+    pub fn parse(kind: &str, name: &str) -> Result<Pausable> {
+        let name = name.to_string();
+        Ok(match kind {
+            "action" => Pausable::Action(name),
+            "channel" => Pausable::Channel(name),
+            "job" => Pausable::Job(name),
+            "rule" => Pausable::Rule(name),
+            "reaction" => Pausable::Reaction(name),
+            other => {
+                return Err(Error::invalid(
+                    "kind",
+                    format!("{other:?}: action, channel, job, rule or reaction"),
+                ));
+            }
+        })
+    }
+
+    /// The row's kind and name.
+    fn key(&self) -> (&'static str, String) {
+        match self {
+            Pausable::Action(a) => ("action", a.clone()),
+            Pausable::Channel(c) => ("action", names::channel_action(c)),
+            Pausable::Job(j) => ("action", names::job_action(j)),
+            Pausable::Rule(r) => ("rule", r.clone()),
+            Pausable::Reaction(r) => ("reaction", r.clone()),
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Pausable::Action(n)
+            | Pausable::Channel(n)
+            | Pausable::Job(n)
+            | Pausable::Rule(n)
+            | Pausable::Reaction(n) => n,
+        }
+    }
+}
+
+/// Something paused, and by whom.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PausedInfo {
+    /// `action`, `rule` or `reaction` (channels and jobs are their actions).
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// Since when (ms since the epoch).
+    pub since: i64,
+    /// Who paused it.
+    pub operator: String,
+    /// Why.
+    pub reason: String,
+}
+
+pub(crate) fn pause(
+    conn: &Connection,
+    what: &Pausable,
+    now: i64,
+    op: &str,
+    why: &str,
+) -> Result<bool> {
+    names::check_name("name", what.name())?;
+    let (kind, name) = what.key();
+    let n = conn
+        .prepare_cached(
+            "INSERT INTO reflexr_paused (kind, name, since, operator, reason) VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (kind, name) DO NOTHING",
+        )?
+        .execute(params![kind, name, now, op, why])?;
+    crate::operate::check_operator(op, why)?;
+    if n == 1 {
+        audit(
+            conn,
+            now,
+            op,
+            AuditAction::Pause,
+            &format!("{kind} {name}"),
+            why,
+            "{}",
+        )?;
+    }
+    Ok(n == 1)
+}
+
+pub(crate) fn resume(
+    conn: &Connection,
+    what: &Pausable,
+    now: i64,
+    op: &str,
+    why: &str,
+) -> Result<()> {
+    let (kind, name) = what.key();
+    let n = conn
+        .prepare_cached("DELETE FROM reflexr_paused WHERE kind = ?1 AND name = ?2")?
+        .execute(params![kind, name])?;
+    if n == 0 {
+        return Err(Error::not_found("paused", format!("{kind} {name}")));
+    }
+    audit(
+        conn,
+        now,
+        op,
+        AuditAction::Resume,
+        &format!("{kind} {name}"),
+        why,
+        "{}",
+    )
+}
+
+pub(crate) fn paused(conn: &Connection) -> Result<Vec<PausedInfo>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT kind, name, since, operator, reason FROM reflexr_paused ORDER BY kind, name",
+    )?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok(PausedInfo {
+                kind: r.get(0)?,
+                name: r.get(1)?,
+                since: r.get(2)?,
+                operator: r.get(3)?,
+                reason: r.get(4)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// The names of this kind that are paused.
+pub(crate) fn paused_names(conn: &Connection, kind: &str) -> Result<HashSet<String>> {
+    let mut stmt = conn.prepare_cached("SELECT name FROM reflexr_paused WHERE kind = ?1")?;
+    let rows = stmt
+        .query_map([kind], |r| r.get(0))?
+        .collect::<rusqlite::Result<HashSet<String>>>()?;
+    Ok(rows)
+}
+
+/// One action's settings: its default priority and its limits.
+///
+/// ```
+/// # use reflexr::ActionConfig;
+/// # use std::time::Duration;
+/// let c = ActionConfig::new("charge-card")
+///     .priority(10)
+///     .max_running(4)                          // at most 4 at once, every process together
+///     .rate(100, Duration::from_secs(60))      // at most 100 starts a minute
+///     .partition_by("customer");               // each per customer (an input field)
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ActionConfig {
+    /// The action.
+    pub action: String,
+    /// The priority its runs get unless they say otherwise.
+    pub priority: i64,
+    /// At most this many running at once, across every process.
+    pub max_running: Option<u32>,
+    /// At most `.0` starts in any window of `.1` ms.
+    pub rate: Option<(u32, i64)>,
+    /// Each limit counts per value of this input field (a key, or a `$`
+    /// path).
+    pub partition_by: Option<String>,
+}
+
+impl ActionConfig {
+    /// No limits and priority 0.
+    pub fn new(action: impl Into<String>) -> ActionConfig {
+        ActionConfig {
+            action: action.into(),
+            priority: 0,
+            max_running: None,
+            rate: None,
+            partition_by: None,
+        }
+    }
+
+    /// The default priority of its runs.
+    pub fn priority(mut self, p: i64) -> ActionConfig {
+        self.priority = p;
+        self
+    }
+
+    /// At most `n` running at once, across every process on the file.
+    pub fn max_running(mut self, n: u32) -> ActionConfig {
+        self.max_running = Some(n);
+        self
+    }
+
+    /// At most `count` starts in any window of `period`.
+    pub fn rate(mut self, count: u32, period: Duration) -> ActionConfig {
+        self.rate = Some((count, i64::try_from(period.as_millis()).unwrap_or(i64::MAX)));
+        self
+    }
+
+    /// Each limit counts per value of this input field.
+    pub fn partition_by(mut self, field: impl Into<String>) -> ActionConfig {
+        self.partition_by = Some(field.into());
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        names::check_name("action", &self.action)?;
+        if self.max_running == Some(0) {
+            return Err(Error::invalid("max_running", "at least 1"));
+        }
+        if let Some((n, p)) = self.rate
+            && (n == 0 || p <= 0)
+        {
+            return Err(Error::invalid(
+                "rate",
+                "at least 1 start per period of at least 1 ms",
+            ));
+        }
+        if let Some(f) = &self.partition_by {
+            names::check_text("partition_by", f, names::MAX_NAME_BYTES)?;
+        }
+        Ok(())
+    }
+
+    /// The JSON path of the partition field.
+    fn path(&self) -> Option<String> {
+        self.partition_by.as_deref().map(json_path)
+    }
+}
+
+/// A key, or a `$` path as it is.
+fn json_path(field: &str) -> String {
+    if field.starts_with('$') {
+        field.to_string()
+    } else {
+        format!("$.\"{}\"", field.replace('"', "\\\""))
+    }
+}
+
+pub(crate) fn configure(conn: &Connection, c: &ActionConfig, now: i64) -> Result<()> {
+    c.validate()?;
+    conn.prepare_cached(
+        "INSERT INTO reflexr_actions (action, priority, max_running, rate_count, rate_period_ms, \
+           partition_by, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+         ON CONFLICT (action) DO UPDATE SET priority = excluded.priority, \
+           max_running = excluded.max_running, rate_count = excluded.rate_count, \
+           rate_period_ms = excluded.rate_period_ms, partition_by = excluded.partition_by, \
+           updated_at = excluded.updated_at",
+    )?
+    .execute(params![
+        c.action,
+        c.priority,
+        c.max_running,
+        c.rate.map(|r| r.0),
+        c.rate.map(|r| r.1),
+        c.partition_by,
+        now
+    ])?;
+    Ok(())
+}
+
+pub(crate) fn configure_audited(
+    conn: &Connection,
+    c: &ActionConfig,
+    now: i64,
+    op: &str,
+    why: &str,
+) -> Result<()> {
+    configure(conn, c, now)?;
+    let detail = serde_json::to_string(c).unwrap_or_default();
+    audit(
+        conn,
+        now,
+        op,
+        AuditAction::ConfigureAction,
+        &c.action,
+        why,
+        &detail,
+    )
+}
+
+pub(crate) fn configs(conn: &Connection) -> Result<Vec<ActionConfig>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT action, priority, max_running, rate_count, rate_period_ms, partition_by \
+         FROM reflexr_actions ORDER BY action",
+    )?;
+    let rows = stmt
+        .query_map([], config_from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// `action, priority, max_running, rate_count, rate_period_ms, partition_by`.
+fn config_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ActionConfig> {
+    let count: Option<u32> = r.get(3)?;
+    let period: Option<i64> = r.get(4)?;
+    Ok(ActionConfig {
+        action: r.get(0)?,
+        priority: r.get(1)?,
+        max_running: r.get(2)?,
+        rate: count.zip(period),
+        partition_by: r.get(5)?,
+    })
+}
+
+/// Cancels a run (see the module's docs), recorded with who and why.
+pub(crate) fn cancel(conn: &Connection, id: &str, now: i64, op: &str, why: &str) -> Result<String> {
+    let was = runs::cancel(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
+    match was.as_str() {
+        "waiting" | "ready" | "running" => {}
+        other => {
+            return Err(Error::Conflict {
+                kind: "run",
+                reason: format!(
+                    "{id} is {other} already: only a run that has not ended is cancelled"
+                ),
+            });
+        }
+    }
+    let detail = serde_json::json!({ "was": was }).to_string();
+    audit(
+        conn,
+        now,
+        op,
+        AuditAction::Cancel,
+        &format!("run {id}"),
+        why,
+        &detail,
+    )?;
+    Ok(was)
+}
+
+fn audit(
+    conn: &Connection,
+    at: i64,
+    op: &str,
+    action: AuditAction,
+    target: &str,
+    why: &str,
+    detail: &str,
+) -> Result<()> {
+    crate::operate::check_operator(op, why)?;
+    audit_store::record(
+        conn,
+        &Entry {
+            at,
+            operator: op,
+            action,
+            target,
+            reason: why,
+            detail,
+        },
+    )
+}
+
+/// Claims for executors whose actions are `actions`: up to `limit` runs,
+/// skipping paused actions and respecting each action's limits; the rest
+/// in one statement. Higher priorities first within each part; the batch
+/// comes back by priority, then due time.
+pub(crate) fn claim(
+    conn: &Connection,
+    holder: &str,
+    now: i64,
+    expires_at: i64,
+    limit: usize,
+    actions: &[String],
+) -> Result<Vec<RunRow>> {
+    let paused = paused_names(conn, "action")?;
+    let limited: BTreeMap<String, ActionConfig> = limits_of(conn, actions)?;
+    let free: Vec<&String> = actions
+        .iter()
+        .filter(|a| !paused.contains(*a) && !limited.contains_key(*a))
+        .collect();
+    let mut rows = Vec::new();
+    if !free.is_empty() {
+        let names = serde_json::to_string(&free).expect("names encode");
+        let n = i64::try_from(limit).unwrap_or(i64::MAX);
+        rows = runs::claim(conn, holder, now, expires_at, n, &names)?;
+    }
+    for (action, c) in &limited {
+        if rows.len() >= limit || paused.contains(action) {
+            continue;
+        }
+        let want = limit - rows.len();
+        let path = c.path();
+        // What each partition may still start: running slots and rate
+        // tokens, the smaller.
+        let mut room: HashMap<Option<String>, i64> = HashMap::new();
+        let running: HashMap<Option<String>, i64> =
+            runs::running_by(conn, action, path.as_deref())?
+                .into_iter()
+                .collect();
+        let started: HashMap<String, i64> = match c.rate {
+            Some((_, period)) => runs::starts_since(conn, action, now.saturating_sub(period))?
+                .into_iter()
+                .collect(),
+            None => HashMap::new(),
+        };
+        let allowance = |key: &Option<String>| -> i64 {
+            let slots = c.max_running.map_or(i64::MAX, |m| {
+                i64::from(m) - running.get(key).copied().unwrap_or(0)
+            });
+            let tokens = c.rate.map_or(i64::MAX, |(n, _)| {
+                i64::from(n)
+                    - started
+                        .get(key.as_deref().unwrap_or(""))
+                        .copied()
+                        .unwrap_or(0)
+            });
+            slots.min(tokens)
+        };
+        let mut picked = Vec::new();
+        let mut parts = Vec::new();
+        // One partition: exactly what it may start. Several: some more,
+        // to skip those that are full.
+        let fetch = match &path {
+            None => usize::try_from(allowance(&None).max(0))
+                .unwrap_or(0)
+                .min(want),
+            Some(_) => want.saturating_mul(4).max(16),
+        };
+        if fetch == 0 {
+            continue;
+        }
+        for (ord, key) in runs::candidates(conn, action, now, path.as_deref(), fetch)? {
+            if picked.len() >= want {
+                break;
+            }
+            let left = room.entry(key.clone()).or_insert_with(|| allowance(&key));
+            if *left > 0 {
+                *left -= 1;
+                picked.push(ord);
+                parts.push(key);
+            }
+        }
+        if picked.is_empty() {
+            continue;
+        }
+        let ords = serde_json::to_string(&picked).expect("ords encode");
+        let claimed = runs::claim_ords(conn, holder, now, expires_at, &ords)?;
+        if c.rate.is_some() {
+            // One row per partition and claim: the window's cost grows with
+            // claims, not runs.
+            let mut per: BTreeMap<&str, i64> = BTreeMap::new();
+            for key in &parts {
+                *per.entry(key.as_deref().unwrap_or("")).or_default() += 1;
+            }
+            for (part, n) in per {
+                runs::record_starts(conn, action, part, now, n)?;
+            }
+        }
+        rows.extend(claimed);
+    }
+    rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.due_at, r.ord));
+    Ok(rows)
+}
+
+/// Whether `actions` have work an executor could claim now: a ready, due
+/// run of an action that is not paused (limits are the claim's to judge).
+pub(crate) fn work_due(conn: &Connection, now: i64, actions: &[String]) -> Result<bool> {
+    let paused = paused_names(conn, "action")?;
+    let open: Vec<&String> = actions.iter().filter(|a| !paused.contains(*a)).collect();
+    if open.is_empty() {
+        return runs::lapsed_due(conn, now);
+    }
+    let names = serde_json::to_string(&open).expect("names encode");
+    runs::work_due(conn, now, &names)
+}
+
+fn limits_of(conn: &Connection, actions: &[String]) -> Result<BTreeMap<String, ActionConfig>> {
+    let names = serde_json::to_string(actions).expect("names encode");
+    let mut stmt = conn.prepare_cached(
+        "SELECT action, priority, max_running, rate_count, rate_period_ms, partition_by \
+         FROM reflexr_actions WHERE action IN (SELECT value FROM json_each(?1)) \
+           AND (max_running IS NOT NULL OR rate_count IS NOT NULL)",
+    )?;
+    let rows = stmt
+        .query_map([names], config_from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows.into_iter().map(|c| (c.action.clone(), c)).collect())
+}
+
+impl Tx<'_> {
+    /// Enqueues a run of an action ([`Enqueue`]) in this transaction: it
+    /// exists if and only if the transaction commits. No handler need be
+    /// registered here: the executors of any process that registered the
+    /// action run it.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] / [`Error::Encode`] for bad fields (nothing is
+    /// enqueued).
+    pub fn enqueue(&mut self, e: &Enqueue) -> Result<Enqueued> {
+        let done = enqueue(self, e)?;
+        if !done.deduplicated {
+            self.mark_nudge();
+        }
+        Ok(done)
+    }
+}

@@ -1,0 +1,520 @@
+//! Control of the work: direct enqueue in the caller's transaction, waiting
+//! for a run, unique runs enforced by the file, priorities, pauses,
+//! cancels, and concurrency and rate limits across processes (DESIGN.md
+//! invariants 2, 5 and 6; 10 for bad input).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use common::{Arrange, Scene, count, is_child, parent_file};
+use reflexr::{
+    ActionConfig, Decision, Engine, Enqueue, Error, NewEvent, Pausable, Reaction, Rule, RunState,
+    Unique,
+};
+use serde_json::{Value, json};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn task(n: i64) -> Enqueue {
+    Enqueue::new("work", &json!({ "n": n }))
+}
+
+/// Records the `n` of each run its handler saw, in order.
+fn recording(e: &Engine) -> Arc<Mutex<Vec<i64>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    e.register_action("work", move |run, _| {
+        let input: Value = run.input()?;
+        s.lock().unwrap().push(input["n"].as_i64().unwrap());
+        Ok(())
+    })
+    .unwrap();
+    seen
+}
+
+#[test]
+fn an_enqueue_exists_if_and_only_if_the_callers_transaction_commits() {
+    // Invariant 2 for enqueued work: the run commits or rolls back with the
+    // application's rows.
+    let s = Scene::new();
+    let e = s
+        .open("producer")
+        .sql("CREATE TABLE orders (id INTEGER PRIMARY KEY)");
+    let failed: reflexr::Result<()> = e.write(|tx| {
+        tx.execute("INSERT INTO orders VALUES (1)", [])?;
+        tx.enqueue(&task(1))?;
+        Err(Error::Invalid {
+            field: "order",
+            reason: "out of stock".into(),
+        })
+    });
+    assert!(failed.is_err());
+    assert!(e.runs(None, 10).unwrap().is_empty(), "rolled back together");
+    let done = e
+        .write(|tx| {
+            tx.execute("INSERT INTO orders VALUES (2)", [])?;
+            tx.enqueue(&task(2))
+        })
+        .unwrap();
+    assert!(!done.deduplicated);
+    let run = e.run(&done.id).unwrap().unwrap();
+    assert_eq!((run.kind.as_str(), run.state), ("task", RunState::Ready));
+    // The producer registered no handler; a consumer on the file runs it.
+    let consumer = s.open("consumer");
+    let seen = recording(&consumer);
+    assert_eq!(consumer.run_until_idle().unwrap().succeeded, 1);
+    assert_eq!(*seen.lock().unwrap(), [2]);
+    assert_eq!(e.run(&done.id).unwrap().unwrap().state, RunState::Succeeded);
+    // Bad input changes nothing.
+    assert!(e.enqueue(&Enqueue::new("", &json!({}))).is_err());
+    assert!(
+        e.enqueue(&task(3).unique("", Unique::WhilePending))
+            .is_err()
+    );
+    assert_eq!(e.runs(None, 10).unwrap().len(), 1);
+}
+
+#[test]
+fn wait_for_run_returns_when_the_run_ends() {
+    let s = Scene::new();
+    let e = s.open("test");
+    let (go_tx, go) = mpsc::channel::<()>();
+    let go = Mutex::new(go);
+    e.register_action("work", move |_, _| {
+        go.lock().unwrap().recv().unwrap();
+        Ok(())
+    })
+    .unwrap();
+    let id = e.enqueue(&task(1)).unwrap().id;
+    let waiter = {
+        let e = e.clone();
+        let id = id.clone();
+        std::thread::spawn(move || e.wait_for_run(&id, PATIENCE).unwrap())
+    };
+    let worker = {
+        let e = e.clone();
+        std::thread::spawn(move || e.run_until_idle().unwrap())
+    };
+    go_tx.send(()).unwrap();
+    let run = waiter.join().unwrap();
+    assert_eq!(run.state, RunState::Succeeded);
+    worker.join().unwrap();
+    // A run that is not there is a typed error.
+    assert!(
+        e.wait_for_run("nope", Duration::ZERO)
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[test]
+fn a_unique_key_holds_while_pending_while_active_or_for_a_period() {
+    // The database refuses a second run with a held key: the enqueue gets
+    // the holder's id, marked deduplicated.
+    let s = Scene::new();
+    let e = s.open("test");
+    let seen = recording(&e);
+
+    let a = e
+        .enqueue(&task(1).unique("k", Unique::WhilePending))
+        .unwrap();
+    let b = e
+        .enqueue(&task(2).unique("k", Unique::WhilePending))
+        .unwrap();
+    assert!(b.deduplicated && b.id == a.id);
+    e.run_until_idle().unwrap();
+    let c = e
+        .enqueue(&task(3).unique("k", Unique::WhilePending))
+        .unwrap();
+    assert!(!c.deduplicated, "the first ended: the key is free");
+
+    // The unique index itself: a second pending run with the key is refused
+    // by SQLite, whoever writes it.
+    let forged = e.write(|tx| {
+        tx.execute(
+            "UPDATE reflexr_runs SET unique_key = 'k', unique_mode = 'pending' WHERE id = ?1",
+            [&a.id],
+        )?;
+        tx.execute(
+            "UPDATE reflexr_runs SET state = 'ready' WHERE id = ?1",
+            [&a.id],
+        )?;
+        Ok(())
+    });
+    assert!(forged.is_err(), "the partial unique index holds");
+    e.run_until_idle().unwrap();
+
+    let d = e
+        .enqueue(&task(4).unique("j", Unique::WhileActive))
+        .unwrap();
+    let (started_tx, started) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let go = Mutex::new(go);
+    let e2 = s.open("worker");
+    e2.register_action("work", move |_, _| {
+        started_tx.send(()).unwrap();
+        go.lock().unwrap().recv().unwrap();
+        Ok(())
+    })
+    .unwrap();
+    let worker = {
+        let e2 = e2.clone();
+        std::thread::spawn(move || e2.run_until_idle().unwrap())
+    };
+    started.recv().unwrap();
+    let f = e
+        .enqueue(&task(5).unique("j", Unique::WhileActive))
+        .unwrap();
+    assert!(
+        f.deduplicated && f.id == d.id,
+        "still running: the key holds"
+    );
+    go_tx.send(()).unwrap();
+    worker.join().unwrap();
+    assert!(
+        !e.enqueue(&task(6).unique("j", Unique::WhileActive))
+            .unwrap()
+            .deduplicated
+    );
+    e.run_until_idle().unwrap();
+
+    let g = e
+        .enqueue(&task(7).unique("p", Unique::For(Duration::from_secs(60))))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    let h = e
+        .enqueue(&task(8).unique("p", Unique::For(Duration::from_secs(60))))
+        .unwrap();
+    assert!(
+        h.deduplicated && h.id == g.id,
+        "within the period, though it ended"
+    );
+    s.clock.advance(Duration::from_secs(61));
+    assert!(
+        !e.enqueue(&task(9).unique("p", Unique::For(Duration::from_secs(60))))
+            .unwrap()
+            .deduplicated
+    );
+    e.run_until_idle().unwrap();
+    let mut ns = seen.lock().unwrap().clone();
+    ns.sort_unstable();
+    // 4 ran in the other worker; no deduplicated one (2, 5, 8) ran at all.
+    assert_eq!(ns, [1, 3, 6, 7, 9]);
+    assert_eq!(e.run(&d.id).unwrap().unwrap().state, RunState::Succeeded);
+    assert_eq!(
+        e.runs(None, 20).unwrap().len(),
+        6,
+        "one run per enqueue that was not deduplicated"
+    );
+}
+
+#[test]
+fn higher_priorities_are_claimed_first_and_a_scope_keeps_its_order() {
+    // Invariant 6 with priorities: within a scope, enqueue order; among
+    // the runs a claim can take, higher priority first.
+    let s = Scene::new();
+    let e = s.open("test");
+    let seen = recording(&e);
+    e.configure_action(&ActionConfig::new("work").priority(1))
+        .unwrap();
+    e.enqueue(&task(1).priority(0)).unwrap();
+    e.enqueue(&task(2)).unwrap(); // the action's default: 1
+    e.enqueue(&task(3).priority(9)).unwrap();
+    e.enqueue(&task(4).priority(5).scope("s")).unwrap();
+    e.enqueue(&task(5).priority(9).scope("s")).unwrap(); // waits behind 4
+    e.enqueue(&task(6).priority(-3)).unwrap();
+    e.run_until_idle().unwrap();
+    let order = seen.lock().unwrap().clone();
+    let without_5: Vec<i64> = order.iter().copied().filter(|n| *n != 5).collect();
+    assert_eq!(without_5, [3, 4, 2, 1, 6], "by priority: 9, 5, 1, 0, -3");
+    let at = |n| order.iter().position(|x| *x == n).unwrap();
+    assert!(
+        at(4) < at(5),
+        "a scope keeps its order whatever the priorities"
+    );
+    let priorities: Vec<i64> = {
+        let mut runs = e.runs(None, 10).unwrap();
+        runs.sort_by_key(|r| r.created_at);
+        runs.iter().map(|r| r.priority).collect()
+    };
+    assert!(
+        priorities.contains(&1),
+        "the action's default was stored: {priorities:?}"
+    );
+}
+
+#[test]
+fn pausing_an_action_rule_or_reaction_stops_it_where_it_stands_until_resumed() {
+    let s = Scene::new();
+    let e = s.open("test").workspace("app", &["job"]);
+    let seen = recording(&e);
+    let reacted = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&reacted);
+    e.register_reaction(
+        Reaction::new("counter", "app")
+            .on(["job"])
+            .handle(move |_, _| {
+                r.fetch_add(1, AtomicOrdering::SeqCst);
+                Ok(())
+            }),
+    )
+    .unwrap();
+    e.register_rule(
+        Rule::new("fire", "app")
+            .on(["job"])
+            .action("work")
+            .decide(|ev| Ok(Decision::Fire(ev.payload()?))),
+    )
+    .unwrap();
+    let ops = e.operator("ops", "maintenance");
+    assert!(ops.pause(&Pausable::Action("work".into())).unwrap());
+    assert!(
+        !ops.pause(&Pausable::Action("work".into())).unwrap(),
+        "paused already"
+    );
+    ops.pause(&Pausable::Rule("fire".into())).unwrap();
+    ops.pause(&Pausable::Reaction("counter".into())).unwrap();
+    e.enqueue(&task(1)).unwrap();
+    e.append(
+        "app",
+        &NewEvent::new("job", "j", "app", 0).payload(&json!({ "n": 2 })),
+    )
+    .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.claimed, idle.decided, idle.reacted), (0, 0, 0));
+    assert_eq!(e.paused().unwrap().len(), 3);
+
+    ops.resume(&Pausable::Rule("fire".into())).unwrap();
+    ops.resume(&Pausable::Reaction("counter".into())).unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.claimed), (1, 0), "work still paused");
+    assert_eq!(reacted.load(AtomicOrdering::SeqCst), 1);
+    ops.resume(&Pausable::Action("work".into())).unwrap();
+    assert_eq!(e.run_until_idle().unwrap().succeeded, 2);
+    let mut ns = seen.lock().unwrap().clone();
+    ns.sort_unstable();
+    assert_eq!(ns, [1, 2]);
+    assert!(
+        ops.resume(&Pausable::Rule("fire".into()))
+            .unwrap_err()
+            .is_not_found()
+    );
+    let actions: Vec<String> = e
+        .audit_log(20)
+        .unwrap()
+        .iter()
+        .map(|a| a.action.to_string())
+        .collect();
+    assert_eq!(actions.iter().filter(|a| *a == "pause").count(), 3);
+    assert_eq!(actions.iter().filter(|a| *a == "resume").count(), 3);
+    // Channels and jobs pause as their actions.
+    ops.pause(&Pausable::Channel("email".into())).unwrap();
+    ops.pause(&Pausable::Job("nightly".into())).unwrap();
+    let names: Vec<String> = e.paused().unwrap().into_iter().map(|p| p.name).collect();
+    assert_eq!(names, ["delivery/email", "job/nightly"]);
+}
+
+#[test]
+fn a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_completion() {
+    // Invariants 5 and 7: a cancelled run ends cancelled, whatever its
+    // handler says; an ended run cannot be cancelled.
+    let s = Scene::new();
+    let e = s.open("test");
+    let pending = e
+        .enqueue(&task(1).after(Duration::from_secs(60)))
+        .unwrap()
+        .id;
+    let ops = e.operator("ops", "not needed");
+    assert_eq!(ops.cancel_run(&pending).unwrap(), RunState::Ready);
+    let run = e.run(&pending).unwrap().unwrap();
+    assert_eq!(
+        (run.state, run.cancelled_by.as_deref()),
+        (RunState::Cancelled, Some("ops"))
+    );
+
+    let running = e.enqueue(&task(2)).unwrap().id;
+    let (started_tx, started) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let go = Mutex::new(go);
+    let saw_cancel = Arc::new(AtomicUsize::new(0));
+    let saw = Arc::clone(&saw_cancel);
+    e.register_action("work", move |_, ctx| {
+        started_tx.send(()).unwrap();
+        go.lock().unwrap().recv().unwrap();
+        if ctx.is_cancelled() {
+            saw.fetch_add(1, AtomicOrdering::SeqCst);
+        }
+        Ok(()) // says it succeeded: refused
+    })
+    .unwrap();
+    s.clock.advance(Duration::from_secs(61)); // the cancelled one would be due
+    let worker = {
+        let e = e.clone();
+        std::thread::spawn(move || e.run_until_idle().unwrap())
+    };
+    started.recv().unwrap();
+    assert_eq!(ops.cancel_run(&running).unwrap(), RunState::Running);
+    go_tx.send(()).unwrap();
+    let idle = worker.join().unwrap();
+    assert_eq!(
+        (idle.claimed, idle.succeeded),
+        (1, 0),
+        "only the running one was claimed"
+    );
+    assert_eq!(
+        saw_cancel.load(AtomicOrdering::SeqCst),
+        1,
+        "seen at once in this process"
+    );
+    let run = e.run(&running).unwrap().unwrap();
+    assert_eq!(run.state, RunState::Cancelled);
+    assert!(run.cancel_requested_at.is_some());
+    let err = ops.cancel_run(&running).unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert!(ops.cancel_run("nope").unwrap_err().is_not_found());
+    assert_eq!(
+        count(
+            &e,
+            "SELECT count(*) FROM reflexr_audit WHERE action = 'cancel'"
+        ),
+        2
+    );
+}
+
+#[test]
+fn a_rate_limit_holds_in_every_window_of_its_period() {
+    // At most 3 starts in any 1,000 ms, over a long run on a manual clock.
+    let s = Scene::new();
+    let e = s.open("test");
+    let seen = recording(&e);
+    e.configure_action(&ActionConfig::new("work").rate(3, Duration::from_millis(1_000)))
+        .unwrap();
+    for n in 0..20 {
+        e.enqueue(&task(n)).unwrap();
+    }
+    for _ in 0..40 {
+        e.run_until_idle().unwrap();
+        s.clock.advance(Duration::from_millis(250));
+    }
+    assert_eq!(seen.lock().unwrap().len(), 20, "all ran, in time");
+    let mut starts: Vec<i64> = e
+        .runs(None, 100)
+        .unwrap()
+        .iter()
+        .map(|r| r.started_at.unwrap())
+        .collect();
+    starts.sort_unstable();
+    for (i, t) in starts.iter().enumerate() {
+        let in_window = starts[i..].iter().take_while(|u| **u < t + 1_000).count();
+        assert!(
+            in_window <= 3,
+            "{in_window} starts in the 1,000 ms from {t}"
+        );
+    }
+}
+
+#[test]
+fn a_concurrency_limit_partitioned_by_an_input_field_counts_each_value() {
+    let s = Scene::new();
+    let e = s.builder("test").claim_batch(10).open().unwrap();
+    let seen = recording(&e);
+    e.configure_action(
+        &ActionConfig::new("work")
+            .max_running(1)
+            .partition_by("customer"),
+    )
+    .unwrap();
+    for (n, customer) in [(1, "a"), (2, "a"), (3, "b"), (4, "b"), (5, "c")] {
+        e.enqueue(&Enqueue::new(
+            "work",
+            &json!({ "n": n, "customer": customer }),
+        ))
+        .unwrap();
+    }
+    // One claim: one run per customer at most.
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(idle.succeeded, 5);
+    let first_batch: Vec<i64> = seen.lock().unwrap().iter().take(3).copied().collect();
+    assert_eq!(first_batch, [1, 3, 5], "a, b, c: one each, then the rest");
+}
+
+/// The child's side of the cross-process limit test: two executors on the
+/// file, the limited action's handler taking a few milliseconds.
+#[test]
+fn child_process_works_limited_runs() {
+    if !is_child() {
+        return;
+    }
+    let e = Engine::builder(parent_file()).executors(2).open().unwrap();
+    e.register_action("limited", |_, _| {
+        std::thread::sleep(Duration::from_millis(3));
+        Ok(())
+    })
+    .unwrap();
+    e.start().unwrap();
+    println!("\nstarted");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    e.shutdown();
+}
+
+#[test]
+fn four_executors_in_two_processes_never_exceed_a_concurrency_limit() {
+    // Checked from the file: at no moment do more than 2 runs of the action
+    // hold a claim, by their claim (started_at) and end (finished_at) times.
+    let s = Scene::new();
+    {
+        // The system clock: the processes below run on it.
+        let e = Engine::open(&s.path).unwrap();
+        e.configure_action(&ActionConfig::new("limited").max_running(2))
+            .unwrap();
+        for n in 0..40 {
+            e.enqueue(&Enqueue::new("limited", &json!({ "n": n })))
+                .unwrap();
+        }
+    }
+    let mut child = s.child("child_process_works_limited_runs", &[]);
+    assert!(child.past("started"));
+    let e = Engine::builder(&s.path).executors(2).open().unwrap();
+    e.register_action("limited", |_, _| {
+        std::thread::sleep(Duration::from_millis(3));
+        Ok(())
+    })
+    .unwrap();
+    e.start().unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let watch = e.watch();
+    loop {
+        let left = count(
+            &e,
+            "SELECT count(*) FROM reflexr_runs WHERE state != 'succeeded'",
+        );
+        if left == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{left} runs left");
+        watch.wait(Duration::from_millis(200));
+    }
+    e.shutdown();
+    child.send("done\n");
+    assert!(child.finish().success);
+    let runs = e.runs(None, 100).unwrap();
+    assert_eq!(runs.iter().filter(|r| r.started_at.is_some()).count(), 40);
+    let mut edges: Vec<(i64, i32)> = Vec::new();
+    for r in &runs {
+        edges.push((r.started_at.unwrap(), 1));
+        edges.push((r.finished_at.unwrap(), -1));
+    }
+    // Ends before starts at the same millisecond: a slot freed and taken.
+    edges.sort_by_key(|(t, d)| (*t, *d));
+    let (mut now, mut most) = (0, 0);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    assert!(most <= 2, "{most} ran at once");
+    assert!(most >= 1);
+}
