@@ -32,6 +32,7 @@ use crate::store::conn::Synchronous;
 /// | [`max_payload_bytes`](EngineBuilder::max_payload_bytes) | 1 MiB |
 /// | [`holder_id`](EngineBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
 /// | [`verify_on_open`](EngineBuilder::verify_on_open) | `false` |
+/// | [`vfs`](EngineBuilder::vfs) | SQLite's default VFS |
 /// | [`executors`](EngineBuilder::executors) | 2 threads |
 /// | [`claim_batch`](EngineBuilder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
 /// | [`evaluate_batch`](EngineBuilder::evaluate_batch) | 2,000 events per rule and batch |
@@ -47,11 +48,12 @@ pub struct EngineBuilder {
 }
 
 /// [`Open`], cloneable for the builder.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct OpenOptions {
     create: bool,
     pool_size: u32,
     verify: bool,
+    vfs: Option<String>,
 }
 
 impl Engine {
@@ -77,6 +79,7 @@ impl EngineBuilder {
                 create: true,
                 pool_size: 4,
                 verify: false,
+                vfs: None,
             },
             settings: Settings {
                 synchronous: Synchronous::Full,
@@ -174,6 +177,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Opens the file through a VFS registered with SQLite under `name`
+    /// (e.g. one that encrypts, or the test suite's power-cut simulator)
+    /// instead of the default one; every connection of the engine uses it.
+    /// Default: the default VFS.
+    pub fn vfs(mut self, name: impl Into<String>) -> Self {
+        self.open.vfs = Some(name.into());
+        self
+    }
+
     /// How many executor threads [`Engine::start`] spawns (0 to 64). Default 2.
     /// With 0 this process decides but leaves the runs to other processes.
     pub fn executors(mut self, n: usize) -> Self {
@@ -249,10 +261,14 @@ impl EngineBuilder {
         if !(1..=Query::MAX_LIMIT).contains(&r.evaluate_batch) {
             return Err(Error::invalid("evaluate_batch", "must be 1 to 10000"));
         }
+        if let Some(vfs) = &self.open.vfs {
+            names::check_name("vfs", vfs)?;
+        }
         let open = Open {
             create: self.open.create,
             pool_size: self.open.pool_size,
             verify: self.open.verify,
+            vfs: self.open.vfs.clone(),
         };
         let db = Db::open(&self.path, &open, self.settings, self.clock)?;
         Ok(Engine::from_context(Context::new(db, self.runtime)))

@@ -26,6 +26,9 @@ pub(crate) struct Open {
     pub create: bool,
     pub pool_size: u32,
     pub verify: bool,
+    /// A VFS registered with SQLite to open the file through (None: the
+    /// default).
+    pub vfs: Option<String>,
 }
 
 /// One open reflexr file.
@@ -37,6 +40,8 @@ pub(crate) struct Db {
     notifier: Arc<Notifier>,
     /// The WAL watch (feature `watch`), ended with the file.
     _watch: Option<FileWatch>,
+    /// The VFS the file was opened through, if not the default.
+    vfs: Option<String>,
     /// Threads waiting for runs to end ([`Db::run_waiter`]): settlements
     /// nudge only while there are some.
     run_waiters: std::sync::atomic::AtomicUsize,
@@ -69,6 +74,7 @@ impl Db {
         }
         let writer_conn = schema::open_writer(
             path,
+            open.vfs.as_deref(),
             open.create,
             settings.synchronous,
             open.verify,
@@ -77,15 +83,16 @@ impl Db {
 
         // One reader configured by hand first, so a pragma SQLite refuses is
         // reported as such instead of as a pool that never fills.
-        let first = conn::open_raw(path, false)?;
+        let first = conn::open_raw(path, false, open.vfs.as_deref())?;
         conn::retry_busy(settings.busy_timeout, || {
             conn::configure(&first, settings.synchronous, Role::Reader)
         })?;
         let notifier = Arc::new(Notifier::new(first));
 
         let sync = settings.synchronous;
-        let manager = SqliteConnectionManager::file(path)
-            .with_flags(conn::open_flags(false))
+        let (target, flags) = conn::target(path, open.vfs.as_deref(), false)?;
+        let manager = SqliteConnectionManager::file(target)
+            .with_flags(flags)
             .with_init(move |conn| {
                 conn::configure(conn, sync, Role::Reader)
                     .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
@@ -115,8 +122,14 @@ impl Db {
             writer,
             notifier,
             _watch: watch,
+            vfs: open.vfs.clone(),
             run_waiters: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// The VFS the file was opened through, if not the default.
+    pub(crate) fn vfs(&self) -> Option<&str> {
+        self.vfs.as_deref()
     }
 
     /// The file.
@@ -213,6 +226,7 @@ impl Db {
             create: true,
             pool_size: 2,
             verify: false,
+            vfs: None,
         };
         Db::open(path, &open, settings, Arc::new(crate::clock::SystemClock)).expect("open")
     }

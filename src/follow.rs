@@ -25,7 +25,10 @@
 //!   its cursor commit in one transaction; across files the publishes commit
 //!   in the target first, then the cursor in the source, so a crash between
 //!   the two re-reads at most one batch ([`PUBLISH_BATCH`] envelopes) and
-//!   publishes nothing twice.
+//!   publishes nothing twice. The target is written with `synchronous=FULL`
+//!   whatever the source's mode, so its publishes are on the disk before the
+//!   cursor can be: a power cut never leaves the cursor past what the target
+//!   lost (`tests/power.rs`).
 //! - **Dead letters, once per seq** — when the projection errors or panics,
 //!   returns an invalid event, or returns one of the engine's own types
 //!   (which reflexr refuses to anyone): the envelope is dead-lettered and the

@@ -50,6 +50,7 @@ use crate::execute::{self, Executed};
 use crate::lease::{self, Lease};
 use crate::prune::{self, Retention};
 use crate::registry::Registry;
+use crate::store::conn::Synchronous;
 use crate::{follow, reaction, schedule};
 
 /// The runtime's settings.
@@ -359,11 +360,19 @@ fn target_db(cx: &Context, path: &str) -> Result<Arc<Db>> {
         create: false,
         pool_size: 2,
         verify: false,
+        vfs: cx.db.vfs().map(String::from),
     };
+    // The publishes are synced before the source's cursor moves past them,
+    // whatever the source's own mode: under `Normal` a checkpoint of the
+    // source could make its cursor durable while the target's last commits,
+    // never synced, are lost to a power cut — and those events would never
+    // be relayed (tests/power.rs found it).
+    let mut settings = cx.db.settings().clone();
+    settings.synchronous = Synchronous::Full;
     let db = Arc::new(Db::open(
         std::path::Path::new(path),
         &open,
-        cx.db.settings().clone(),
+        settings,
         Arc::clone(cx.db.clock()),
     )?);
     targets.insert(path.to_string(), Arc::clone(&db));

@@ -361,6 +361,26 @@ fn bad_settings_are_refused_before_the_file_is_touched() {
 }
 
 #[test]
+fn a_vfs_sqlite_does_not_know_is_refused_before_the_file_is_touched() {
+    // Invariant 10: bad input is a typed error and changes nothing.
+    let s = Scene::new();
+    let e = Engine::builder(&s.path)
+        .vfs("no-such-vfs")
+        .open()
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Invalid { field: "vfs", .. }),
+        "a typed error: {e}"
+    );
+    assert!(!s.path.exists(), "nothing was created");
+    let e = Engine::builder(&s.path).vfs("a vfs?").open().unwrap_err();
+    assert!(e.is_bad_input(), "{e}");
+    // The default VFS, named, opens the file as usual.
+    let e = Engine::builder(&s.path).vfs("unix").open().unwrap();
+    assert_eq!(e.synchronous(), Synchronous::Full);
+}
+
+#[test]
 fn several_engines_opening_one_new_file_at_once_all_succeed() {
     let s = Scene::new();
     let handles: Vec<_> = (0..4)

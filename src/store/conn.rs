@@ -56,10 +56,47 @@ pub(crate) fn open_flags(create: bool) -> OpenFlags {
     flags
 }
 
+/// What SQLite is asked to open: the path, or — with a VFS of the
+/// application's (`EngineBuilder::vfs`) — a `file:` URI naming it, with the
+/// URI flag. A URI is text, so with a VFS the path must be UTF-8.
+pub(crate) fn target(
+    path: &Path,
+    vfs: Option<&str>,
+    create: bool,
+) -> Result<(std::path::PathBuf, OpenFlags)> {
+    let flags = open_flags(create);
+    let Some(vfs) = vfs else {
+        return Ok((path.to_path_buf(), flags));
+    };
+    let text = path
+        .to_str()
+        .ok_or_else(|| Error::invalid("path", "must be UTF-8 to open through a VFS"))?;
+    let mut uri = String::from("file:");
+    for c in text.chars() {
+        match c {
+            '%' => uri.push_str("%25"),
+            '?' => uri.push_str("%3F"),
+            '#' => uri.push_str("%23"),
+            c => uri.push(c),
+        }
+    }
+    uri.push_str("?vfs=");
+    uri.push_str(vfs);
+    Ok((uri.into(), flags | OpenFlags::SQLITE_OPEN_URI))
+}
+
 /// Opens a connection to an existing file without touching it: no pragma that
-/// writes is set here.
-pub(crate) fn open_raw(path: &Path, create: bool) -> Result<Connection> {
-    let conn = Connection::open_with_flags(path, open_flags(create))?;
+/// writes is set here. A VFS that SQLite does not know is refused as bad
+/// input.
+pub(crate) fn open_raw(path: &Path, create: bool, vfs: Option<&str>) -> Result<Connection> {
+    let (target, flags) = target(path, vfs, create)?;
+    let conn = Connection::open_with_flags(target, flags).map_err(|e| match vfs {
+        Some(name) if e.to_string().contains("no such vfs") => Error::invalid(
+            "vfs",
+            format!("no VFS named {name:?} is registered with SQLite"),
+        ),
+        _ => e.into(),
+    })?;
     conn.busy_handler(Some(busy_handler))?;
     Ok(conn)
 }

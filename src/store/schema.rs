@@ -191,6 +191,7 @@ struct Probe {
 /// the writer will use, configured and with the schema current.
 pub(crate) fn open_writer(
     path: &Path,
+    vfs: Option<&str>,
     create: bool,
     sync: Synchronous,
     verify: bool,
@@ -207,7 +208,7 @@ pub(crate) fn open_writer(
             path: path.to_path_buf(),
         });
     }
-    let conn = conn::open_raw(path, create).map_err(|e| at_path(e, path))?;
+    let conn = conn::open_raw(path, create, vfs).map_err(|e| at_path(e, path))?;
     let probe = conn::retry_busy(busy_timeout, || probe(&conn)).map_err(|e| at_path(e, path))?;
     // SQLite opens a file it cannot write read-only, without a word; an
     // engine whose every write would then fail is refused here instead.

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod power;
+pub mod torture;
 
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
@@ -206,7 +208,7 @@ pub struct Ended {
 
 impl Watched {
     /// Watches `child`, which was spawned with its stdout piped.
-    fn new(mut child: Child) -> Watched {
+    pub fn new(mut child: Child) -> Watched {
         let out = child.stdout.take().expect("the child's stdout is piped");
         Watched {
             child,
