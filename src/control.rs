@@ -458,7 +458,10 @@ impl ActionConfig {
         self
     }
 
-    /// Each limit counts per value of this input field.
+    /// Each limit counts per value of this input field: a field name (any
+    /// text but `"`), or a `$` path (`$.a.b`, `$."a b"`, `$.list[0]`; checked
+    /// when it is configured: [`Error::Invalid`] otherwise). A run whose input lacks
+    /// the field counts in the partition `""`.
     pub fn partition_by(mut self, field: impl Into<String>) -> ActionConfig {
         self.partition_by = Some(field.into());
         self
@@ -479,6 +482,9 @@ impl ActionConfig {
         }
         if let Some(f) = &self.partition_by {
             names::check_text("partition_by", f, names::MAX_NAME_BYTES)?;
+            // A path SQLite refuses would fail every claim of the action:
+            // refused here instead.
+            names::check_json_path("partition_by", &json_path(f))?;
         }
         Ok(())
     }
@@ -489,12 +495,13 @@ impl ActionConfig {
     }
 }
 
-/// A key, or a `$` path as it is.
+/// A field name (quoted, so any character but `"` is taken as it is), or a
+/// `$` path as it is.
 fn json_path(field: &str) -> String {
     if field.starts_with('$') {
         field.to_string()
     } else {
-        format!("$.\"{}\"", field.replace('"', "\\\""))
+        format!("$.\"{field}\"")
     }
 }
 
@@ -615,9 +622,11 @@ fn audit(
 }
 
 /// Claims for executors whose actions are `actions`: up to `limit` runs,
-/// skipping paused actions and respecting each action's limits; the rest
-/// in one statement. Higher priorities first within each part; the batch
-/// comes back by priority, then due time.
+/// skipping paused actions and respecting each action's limits, higher
+/// priorities first whatever the action: at each priority that ready runs
+/// have, the limited actions take what their limits allow (at most that,
+/// so they cannot crowd the others out), then the rest in one statement.
+/// The batch comes back by priority, then due time.
 pub(crate) fn claim(
     conn: &Connection,
     holder: &str,
@@ -632,88 +641,180 @@ pub(crate) fn claim(
         .iter()
         .filter(|a| !paused.contains(*a) && !limited.contains_key(*a))
         .collect();
-    let mut rows = Vec::new();
-    if !free.is_empty() {
-        let names = serde_json::to_string(&free).expect("names encode");
-        let n = i64::try_from(limit).unwrap_or(i64::MAX);
-        rows = runs::claim(conn, holder, now, expires_at, n, &names)?;
-    }
+    let free = (!free.is_empty()).then(|| serde_json::to_string(&free).expect("names encode"));
+    let mut limits = Vec::new();
     for (action, c) in &limited {
-        if rows.len() >= limit || paused.contains(action) {
-            continue;
+        if !paused.contains(action) {
+            limits.push(Limited::load(conn, action, c, now)?);
         }
-        let want = limit - rows.len();
-        let path = c.path();
-        // What each partition may still start: running slots and rate
-        // tokens, the smaller.
-        let mut room: HashMap<Option<String>, i64> = HashMap::new();
-        let running: HashMap<Option<String>, i64> =
-            runs::running_by(conn, action, path.as_deref())?
-                .into_iter()
-                .collect();
-        let started: HashMap<String, i64> = match c.rate {
+    }
+    if free.is_none() && limits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut rows = Vec::new();
+    for priority in runs::ready_priorities(conn)? {
+        for l in &mut limits {
+            if rows.len() >= limit {
+                break;
+            }
+            let picked = l.pick(conn, now, priority, limit - rows.len())?;
+            if !picked.is_empty() {
+                let ords = serde_json::to_string(&picked).expect("ords encode");
+                rows.extend(runs::claim_ords(conn, holder, now, expires_at, &ords)?);
+            }
+        }
+        if rows.len() >= limit {
+            break;
+        }
+        if let Some(names) = &free {
+            let want = i64::try_from(limit - rows.len()).unwrap_or(i64::MAX);
+            rows.extend(runs::claim_at(
+                conn, holder, now, expires_at, want, names, priority,
+            )?);
+        }
+    }
+    for l in &limits {
+        l.record_starts(conn, now)?;
+    }
+    rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.due_at, r.ord));
+    Ok(rows)
+}
+
+/// One limited action during a claim: what each partition may still start
+/// (running slots and rate tokens, the smaller), counted from the file.
+struct Limited<'a> {
+    action: &'a str,
+    config: &'a ActionConfig,
+    path: Option<String>,
+    running: HashMap<String, i64>,
+    started: HashMap<String, i64>,
+    /// Partition → what it may still start in this claim.
+    room: HashMap<String, i64>,
+    /// Partitions with no room left (a JSON array's items).
+    full: Vec<String>,
+    /// Partition → runs picked in this claim (the rate's starts).
+    picked: BTreeMap<String, i64>,
+}
+
+impl<'a> Limited<'a> {
+    /// A candidate page holds this many runs per run wanted (at least
+    /// [`Limited::MIN_PAGE`]), and a claim reads at most
+    /// [`Limited::MAX_PAGES`] pages of an action at one priority: each page
+    /// after the first skips the partitions the last one filled, so a
+    /// partition's backlog never hides another partition's runs for long.
+    const PAGE_FACTOR: usize = 4;
+    const MIN_PAGE: usize = 16;
+    const MAX_PAGES: usize = 8;
+
+    fn load(
+        conn: &Connection,
+        action: &'a str,
+        config: &'a ActionConfig,
+        now: i64,
+    ) -> Result<Self> {
+        let path = config.path();
+        let running = runs::running_by(conn, action, path.as_deref())?
+            .into_iter()
+            .collect();
+        let started = match config.rate {
             Some((_, period)) => runs::starts_since(conn, action, now.saturating_sub(period))?
                 .into_iter()
                 .collect(),
             None => HashMap::new(),
         };
-        let allowance = |key: &Option<String>| -> i64 {
-            let slots = c.max_running.map_or(i64::MAX, |m| {
-                i64::from(m) - running.get(key).copied().unwrap_or(0)
-            });
-            let tokens = c.rate.map_or(i64::MAX, |(n, _)| {
-                i64::from(n)
-                    - started
-                        .get(key.as_deref().unwrap_or(""))
-                        .copied()
-                        .unwrap_or(0)
-            });
-            slots.min(tokens)
-        };
+        Ok(Limited {
+            action,
+            config,
+            path,
+            running,
+            started,
+            room: HashMap::new(),
+            full: Vec::new(),
+            picked: BTreeMap::new(),
+        })
+    }
+
+    /// What `part` may start, before this claim's picks.
+    fn allowance(&self, part: &str) -> i64 {
+        let c = self.config;
+        let slots = c.max_running.map_or(i64::MAX, |m| {
+            i64::from(m) - self.running.get(part).copied().unwrap_or(0)
+        });
+        let tokens = c.rate.map_or(i64::MAX, |(n, _)| {
+            i64::from(n) - self.started.get(part).copied().unwrap_or(0)
+        });
+        slots.min(tokens)
+    }
+
+    /// Up to `want` ready, due runs at `priority` that the limits allow
+    /// (their positions), counted against the limits.
+    fn pick(
+        &mut self,
+        conn: &Connection,
+        now: i64,
+        priority: i64,
+        want: usize,
+    ) -> Result<Vec<i64>> {
         let mut picked = Vec::new();
-        let mut parts = Vec::new();
-        // One partition: exactly what it may start. Several: some more,
-        // to skip those that are full.
-        let fetch = match &path {
-            None => usize::try_from(allowance(&None).max(0))
-                .unwrap_or(0)
-                .min(want),
-            Some(_) => want.saturating_mul(4).max(16),
+        // Without a partition there is one: fetch exactly what it may start.
+        let page = match &self.path {
+            None => {
+                let allowance = self.allowance("");
+                let left = *self.room.entry(String::new()).or_insert(allowance);
+                usize::try_from(left.max(0)).unwrap_or(0).min(want)
+            }
+            Some(_) => want.saturating_mul(Self::PAGE_FACTOR).max(Self::MIN_PAGE),
         };
-        if fetch == 0 {
-            continue;
+        if page == 0 {
+            return Ok(picked);
         }
-        for (ord, key) in runs::candidates(conn, action, now, path.as_deref(), fetch)? {
-            if picked.len() >= want {
+        let mut after = (i64::MIN, i64::MIN);
+        for _ in 0..Self::MAX_PAGES {
+            let full = serde_json::to_string(&self.full).expect("partitions encode");
+            let found = runs::candidates(
+                conn,
+                self.action,
+                now,
+                priority,
+                self.path.as_deref(),
+                &full,
+                after,
+                page,
+            )?;
+            for (ord, due_at, part) in &found {
+                after = (*due_at, *ord);
+                if picked.len() >= want {
+                    break;
+                }
+                let allowance = self.allowance(part);
+                let left = self.room.entry(part.clone()).or_insert(allowance);
+                if *left > 0 {
+                    *left -= 1;
+                    picked.push(*ord);
+                    *self.picked.entry(part.clone()).or_default() += 1;
+                }
+                if *left <= 0 && !self.full.contains(part) {
+                    self.full.push(part.clone());
+                }
+            }
+            if picked.len() >= want || found.len() < page || self.path.is_none() {
                 break;
             }
-            let left = room.entry(key.clone()).or_insert_with(|| allowance(&key));
-            if *left > 0 {
-                *left -= 1;
-                picked.push(ord);
-                parts.push(key);
-            }
         }
-        if picked.is_empty() {
-            continue;
-        }
-        let ords = serde_json::to_string(&picked).expect("ords encode");
-        let claimed = runs::claim_ords(conn, holder, now, expires_at, &ords)?;
-        if c.rate.is_some() {
-            // One row per partition and claim: the window's cost grows with
-            // claims, not runs.
-            let mut per: BTreeMap<&str, i64> = BTreeMap::new();
-            for key in &parts {
-                *per.entry(key.as_deref().unwrap_or("")).or_default() += 1;
-            }
-            for (part, n) in per {
-                runs::record_starts(conn, action, part, now, n)?;
-            }
-        }
-        rows.extend(claimed);
+        Ok(picked)
     }
-    rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.due_at, r.ord));
-    Ok(rows)
+
+    /// Records this claim's starts for a rate-limited action: one row per
+    /// partition and claim, so the window's cost grows with claims, not runs.
+    fn record_starts(&self, conn: &Connection, now: i64) -> Result<()> {
+        if self.config.rate.is_none() {
+            return Ok(());
+        }
+        for (part, n) in &self.picked {
+            runs::record_starts(conn, self.action, part, now, *n)?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether `actions` have work an executor could claim now: a ready, due

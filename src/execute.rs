@@ -22,7 +22,7 @@ use crate::error::{Error, Result, panic_text};
 use crate::run::{self, Actions, Emitted, Run, RunContext};
 use crate::store::counters;
 use crate::store::dead_letters::{self, NewDeadLetter};
-use crate::store::runs::{self, RunRow};
+use crate::store::runs::{self, Requeued, RunRow};
 use crate::tx::Tx;
 
 /// What happened to the runs of one claim.
@@ -94,7 +94,17 @@ pub(crate) fn execute(
         let now = tx.now_ms();
         let mut rescued = 0;
         for lapsed in runs::lapsed(tx.conn(), now, 100)? {
-            rescued += usize::from(runs::requeue_lapsed(tx.conn(), lapsed.ord, now)?);
+            match runs::requeue_lapsed(tx.conn(), lapsed.ord, now)? {
+                Requeued::Ready => rescued += 1,
+                // Cancelled while its executor was gone: it ended, and the
+                // next run of its scope may start.
+                Requeued::Cancelled => {
+                    if let Some(lane) = &lapsed.lane {
+                        runs::advance_lane(tx.conn(), lane, &lapsed.id, now)?;
+                    }
+                }
+                Requeued::No => {}
+            }
         }
         counters::bump(tx.conn(), Counter::ClaimsRescued, rescued)?;
         control::claim(tx.conn(), &holder, now, now + ttl, n, names)
@@ -218,9 +228,21 @@ pub(crate) fn execute(
                 }
             }
             if !more {
-                for (_, run) in rest {
+                for (row, run) in rest {
                     let now = tx.now_ms();
-                    runs::release(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)?;
+                    let given = runs::release(
+                        tx.conn(),
+                        row.ord,
+                        &run.holder,
+                        i64::from(run.attempt),
+                        now,
+                    )?;
+                    if given == Requeued::Cancelled {
+                        round.cancelled += 1;
+                        if let Some(lane) = &run.lane {
+                            runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+                        }
+                    }
                 }
             }
             counters::bump(tx.conn(), Counter::RunsSucceeded, round.succeeded)?;

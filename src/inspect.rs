@@ -224,11 +224,13 @@ fn json_path(path: &str) -> Result<String> {
             "a key or a $ path of 1 to 128 characters",
         ));
     }
-    Ok(if path.starts_with('$') {
+    let full = if path.starts_with('$') {
         path.to_string()
     } else {
-        format!("$.\"{}\"", path.replace('"', "\\\""))
-    })
+        format!("$.\"{path}\"")
+    };
+    names::check_json_path("input path", &full)?;
+    Ok(full)
 }
 
 /// How a JSON value compares with what `json_extract` returns.

@@ -35,6 +35,50 @@ pub(crate) fn check_name(field: &'static str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// A JSON path in the part of SQLite's grammar reflexr takes: `$`, then any
+/// number of `.key` (any characters but `.`, `[`, `]` and `"`), `."key"`
+/// (any but `"`), `[N]` and `[#-N]`. SQLite reads a path only as far as the
+/// document goes, so a bad path can pass on one document and fail on the
+/// next: it is checked whole here instead.
+pub(crate) fn check_json_path(field: &'static str, path: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::invalid(
+            field,
+            format!("{path:?} is not a JSON path: {why}"),
+        ))
+    };
+    let Some(mut rest) = path.strip_prefix('$') else {
+        return bad("it must start with $");
+    };
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix(".\"") {
+            let Some(end) = r.find('"') else {
+                return bad("a quoted key is not closed");
+            };
+            rest = &r[end + 1..];
+        } else if let Some(r) = rest.strip_prefix('.') {
+            let end = r.find(['.', '[']).unwrap_or(r.len());
+            let key = &r[..end];
+            if key.is_empty() || key.contains([']', '"']) {
+                return bad("a key must be 1 or more characters other than . [ ] \"");
+            }
+            rest = &r[end..];
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let Some(end) = r.find(']') else {
+                return bad("a [ is not closed");
+            };
+            let index = r[..end].strip_prefix("#-").unwrap_or(&r[..end]);
+            if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+                return bad("an index must be [N] or [#-N]");
+            }
+            rest = &r[end + 1..];
+        } else {
+            return bad("expected . or [ after a step");
+        }
+    }
+    Ok(())
+}
+
 /// A free text that must be present: 1 to `max` bytes of UTF-8 with no
 /// control characters (ids, actors, holders).
 pub(crate) fn check_text(field: &'static str, text: &str, max: usize) -> Result<()> {
@@ -95,6 +139,40 @@ mod tests {
         assert!(check_name("workspace", "tenant/acme-1.eu:prod@x+y_z").is_ok());
         for bad in ["", "a b", "naïve", "tab\t", "semi;colon", &"x".repeat(129)] {
             let err = check_name("workspace", bad).unwrap_err();
+            assert!(err.is_bad_input(), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn json_paths_are_checked_whole_and_what_passes_sqlite_takes() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let doc = r#"{"a": {"b c": [1, {"d.e": 2}], "x": 3}, "k": [[4]]}"#;
+        for good in [
+            "$",
+            "$.a",
+            "$.a.x",
+            "$.a.\"b c\"[1].\"d.e\"",
+            "$.k[0][#-1]",
+            "$.\"\"",
+        ] {
+            assert!(check_json_path("path", good).is_ok(), "{good}");
+            let r: rusqlite::Result<Option<String>> =
+                conn.query_row("SELECT json_type(?1, ?2)", [doc, good], |r| r.get(0));
+            assert!(r.is_ok(), "SQLite takes {good}: {r:?}");
+        }
+        for bad in [
+            "",
+            "customer",
+            "$customer",
+            "$.a[",
+            "$.a[x]",
+            "$.",
+            "$..a",
+            "$.\"open",
+            "$.a]",
+            "$[#]",
+        ] {
+            let err = check_json_path("path", bad).unwrap_err();
             assert!(err.is_bad_input(), "{bad:?}: {err}");
         }
     }

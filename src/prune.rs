@@ -126,5 +126,8 @@ pub(crate) fn prune(
             }
         }
     }
+    // The control tables' housekeeping: ended uniqueness periods, starts
+    // outside every rate window.
+    db.write(|tx| runs::sweep_control(tx.conn(), now))?;
     Ok(total)
 }

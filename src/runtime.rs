@@ -496,7 +496,7 @@ pub(crate) fn run_until_idle(cx: &Context) -> Result<Idle> {
             let e = execute_step(cx)?;
             total.add_executed(e);
             // Progress is a run settled; a claim given back is not.
-            if e.succeeded + e.retried + e.dead + e.lost == 0 {
+            if e.succeeded + e.retried + e.dead + e.lost + e.cancelled == 0 {
                 break;
             }
             progress = true;

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::{Arrange, Scene, count, is_child, parent_file};
 use reflexr::{
-    ActionConfig, Decision, Engine, Enqueue, Error, NewEvent, Pausable, Reaction, Rule, RunState,
-    Unique,
+    ActionConfig, Decision, Engine, Enqueue, Error, NewEvent, Pausable, Reaction, RetryPolicy,
+    Rule, RunState, Unique,
 };
 use serde_json::{Value, json};
 
@@ -517,4 +517,239 @@ fn four_executors_in_two_processes_never_exceed_a_concurrency_limit() {
     }
     assert!(most <= 2, "{most} ran at once");
     assert!(most >= 1);
+}
+
+/// Forges what an executor that died mid-run leaves: `id` running under a
+/// holder that will never renew its claim, which lapses in one second.
+fn held_by_a_dead_executor(e: &Engine, id: &str) {
+    e.write(|tx| {
+        let now = tx.now_ms();
+        tx.execute(
+            "UPDATE reflexr_runs SET state = 'running', attempt = 1, claimed_by = 'gone', \
+               claim_expires_at = ?2, started_at = ?3 WHERE id = ?1",
+            rusqlite::params![id, now + 1_000, now],
+        )?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_run_going_back_to_pending_yields_its_key_to_the_run_that_took_it_and_claims_go_on() {
+    // Invariants 5 and 6 with uniqueness: a `WhilePending` key is free once
+    // its run starts; if that run fails and is retried (or revived) while a
+    // newer run holds the key, it keeps its retry without the key — the
+    // unique index is never broken, and no claim is refused because of it.
+    let s = Scene::new();
+    let e = s.open("test");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (seen2, e2) = (Arc::clone(&seen), e.clone());
+    e.register_action("work", move |run, _| {
+        let n = run.input::<Value>()?["n"].as_i64().unwrap();
+        seen2.lock().unwrap().push(n);
+        if n == 1 && run.attempt == 1 {
+            // While it runs the key is free: a newer run takes it, waiting
+            // behind it in the scope. Then this attempt fails.
+            let b = e2.enqueue(&task(2).scope("s").unique("k", Unique::WhilePending))?;
+            assert!(!b.deduplicated);
+            return Err("the first attempt fails".into());
+        }
+        Ok(())
+    })
+    .unwrap();
+    let retried = RetryPolicy::attempts(3).fixed(Duration::ZERO);
+    let a = e
+        .enqueue(
+            &task(1)
+                .scope("s")
+                .unique("k", Unique::WhilePending)
+                .retry(retried),
+        )
+        .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [1, 1, 2],
+        "retried, then the next of the scope"
+    );
+    assert_eq!(idle.succeeded, 2);
+    let key_of = |id: &str| -> Option<String> {
+        e.with_reader(|c| {
+            Ok(c.query_row(
+                "SELECT unique_key FROM reflexr_runs WHERE id = ?1",
+                [id],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap()
+    };
+    assert_eq!(key_of(&a.id), None, "the retried run gave the key up");
+
+    // An operator's retry of a dead run whose key another run holds now.
+    e.register_action("dies", |_, _| Err("always".into()))
+        .unwrap();
+    let dies = |n: i64| {
+        Enqueue::new("dies", &json!({ "n": n }))
+            .unique("d", Unique::WhileActive)
+            .retry(RetryPolicy::attempts(1))
+    };
+    let dead = e.enqueue(&dies(1)).unwrap().id;
+    e.run_until_idle().unwrap();
+    assert_eq!(e.run(&dead).unwrap().unwrap().state, RunState::Dead);
+    let holder = e.enqueue(&dies(2).after(Duration::from_secs(600))).unwrap();
+    assert!(!holder.deduplicated, "a dead run holds no key");
+    e.operator("ops", "the service is back")
+        .retry_run(&dead)
+        .unwrap();
+    assert_eq!(e.run(&dead).unwrap().unwrap().state, RunState::Ready);
+    assert_eq!(key_of(&dead), None);
+    assert_eq!(key_of(&holder.id).as_deref(), Some("d"));
+}
+
+#[test]
+fn a_cancelled_run_whose_executor_died_ends_cancelled_and_its_scope_moves_on() {
+    // Invariant 6: a run that ended, however, lets the next of its scope
+    // start — here one cancelled while its executor was gone.
+    let s = Scene::new();
+    let e = s.open("test");
+    let seen = recording(&e);
+    let first = e.enqueue(&task(1).scope("s")).unwrap().id;
+    e.enqueue(&task(2).scope("s")).unwrap();
+    held_by_a_dead_executor(&e, &first);
+    let ops = e.operator("ops", "stuck");
+    assert_eq!(ops.cancel_run(&first).unwrap(), RunState::Running);
+    s.clock.advance(Duration::from_secs(2)); // the dead executor's claim lapses
+    e.run_until_idle().unwrap();
+    assert_eq!(e.run(&first).unwrap().unwrap().state, RunState::Cancelled);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [2],
+        "the next of the scope ran; the cancelled one never"
+    );
+}
+
+#[test]
+fn a_partition_that_is_not_a_json_path_is_refused_and_changes_nothing() {
+    // Invariant 10: a path SQLite would refuse at every claim is refused
+    // when it is configured.
+    let s = Scene::new();
+    let e = s.open("test");
+    for bad in ["$customer", "$.a[", "cust\"omer"] {
+        let err = e
+            .configure_action(&ActionConfig::new("work").max_running(1).partition_by(bad))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Invalid {
+                    field: "partition_by",
+                    ..
+                }
+            ),
+            "{bad}: {err}"
+        );
+    }
+    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_actions"), 0);
+    // A key with dots or spaces is a key, as it is.
+    e.configure_action(
+        &ActionConfig::new("work")
+            .max_running(1)
+            .partition_by("a.b c"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn limited_runs_of_a_higher_priority_go_before_a_backlog_of_unlimited_ones() {
+    // Priorities hold across actions with and without limits: a backlog of
+    // unlimited work does not keep a limited action's urgent runs waiting.
+    let s = Scene::new();
+    let e = s.builder("test").claim_batch(4).open().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    for action in ["bulk", "urgent"] {
+        let o = Arc::clone(&order);
+        e.register_action(action, move |_, _| {
+            o.lock().unwrap().push(action);
+            Ok(())
+        })
+        .unwrap();
+    }
+    e.configure_action(&ActionConfig::new("urgent").max_running(10))
+        .unwrap();
+    for _ in 0..40 {
+        e.enqueue(&Enqueue::new("bulk", &json!({}))).unwrap();
+    }
+    for _ in 0..2 {
+        e.enqueue(&Enqueue::new("urgent", &json!({})).priority(10))
+            .unwrap();
+    }
+    e.run_until_idle().unwrap();
+    let order = order.lock().unwrap();
+    assert_eq!(order.len(), 42);
+    assert_eq!(order[..2], ["urgent", "urgent"], "{order:?}");
+}
+
+#[test]
+fn a_partition_with_a_long_backlog_does_not_hide_another_partitions_runs() {
+    // A limit per partition: the claim looks past a full partition's
+    // backlog for the runs of partitions that have room.
+    let s = Scene::new();
+    let e = s.open("test");
+    let seen = recording(&e);
+    e.configure_action(
+        &ActionConfig::new("work")
+            .max_running(1)
+            .partition_by("customer"),
+    )
+    .unwrap();
+    let mut a = Vec::new();
+    for n in 0..200 {
+        a.push(
+            e.enqueue(&Enqueue::new("work", &json!({ "n": n, "customer": "a" })))
+                .unwrap()
+                .id,
+        );
+    }
+    e.enqueue(&Enqueue::new(
+        "work",
+        &json!({ "n": 1000, "customer": "b" }),
+    ))
+    .unwrap();
+    // Customer a's one slot is taken by an executor elsewhere.
+    held_by_a_dead_executor(&e, &a[0]);
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [1000],
+        "b ran; a's backlog waits for its slot"
+    );
+}
+
+#[test]
+fn pruning_sweeps_ended_uniqueness_periods_and_starts_outside_every_window() {
+    let s = Scene::new();
+    let e = s.open("test");
+    recording(&e);
+    e.configure_action(&ActionConfig::new("work").rate(5, Duration::from_secs(1)))
+        .unwrap();
+    e.enqueue(&task(1).unique("p", Unique::For(Duration::from_secs(10))))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    let rows = |table: &str| count(&e, &format!("SELECT count(*) FROM {table}"));
+    assert_eq!(
+        (rows("reflexr_unique_periods"), rows("reflexr_starts")),
+        (1, 1)
+    );
+    e.prune(&reflexr::Retention::default()).unwrap();
+    assert_eq!(
+        (rows("reflexr_unique_periods"), rows("reflexr_starts")),
+        (1, 1),
+        "both still hold"
+    );
+    s.clock.advance(Duration::from_secs(11));
+    e.prune(&reflexr::Retention::default()).unwrap();
+    assert_eq!(
+        (rows("reflexr_unique_periods"), rows("reflexr_starts")),
+        (0, 0)
+    );
 }

@@ -15,16 +15,16 @@
 //!   cursor exactly once;
 //! - no cursor ever moved back (8).
 //!
-//! `RELIABILITY_KILLS` sets the number of kills (default 50; 1000 for the
-//! long run).
+//! `RELIABILITY_KILLS` sets the number of kills (default 50; 10,000 for the
+//! long run, in a fresh file every 500 kills).
 
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::torture::{Later, append_orders_until_stopped, check, int, prepare, workload};
+use common::torture::{Later, append_orders_until_stopped, check, int, prepare, rounds, workload};
 use common::{Scene, is_child, parent_file};
 use reflexr::Engine;
 use rusqlite::Connection;
@@ -50,10 +50,34 @@ fn child_process_workload() {
     append_orders_until_stopped(&e, hours);
 }
 
+/// Kills per file. The checker reads the whole file after every kill, so a
+/// long run goes on in fresh files, a file for every this many kills, to
+/// stay linear in kills.
+const KILLS_PER_FILE: u64 = 500;
+
 #[test]
 fn killed_again_and_again_the_invariants_hold() {
+    let kills = rounds("RELIABILITY_KILLS", 50);
+    let (mut done, mut file) = (0, 0);
+    while done < kills {
+        let n = (kills - done).min(KILLS_PER_FILE);
+        let started = Instant::now();
+        let kept = kill_again_and_again(n);
+        file += 1;
+        done += n;
+        println!(
+            "crash: file {file}: {n} kills, {kept} acknowledged orders all kept, {:.1} s ({done} of {kills} kills)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// One file: `kills` children killed at random moments, every invariant
+/// checked after each; then a finisher ends the work and the file is
+/// checked once more. Returns the number of acknowledged orders.
+fn kill_again_and_again(kills: u64) -> usize {
     let s = Scene::new();
-    let kills = prepare(&s.path, "RELIABILITY_KILLS", 50);
+    prepare(&s.path);
     let committed = Mutex::new(HashSet::new());
     let mut cursors = BTreeMap::new();
     for i in 0..kills {
@@ -109,4 +133,5 @@ fn killed_again_and_again_the_invariants_hold() {
     for c in e.cursors().unwrap() {
         assert_eq!(c.lag, 0, "{c:?}");
     }
+    c.len()
 }

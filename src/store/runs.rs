@@ -300,6 +300,46 @@ pub(crate) fn counts(conn: &Connection) -> Result<Vec<(String, i64)>> {
     Ok(rows)
 }
 
+/// The `SET` term for a run going back to waiting or ready (a retry, a
+/// lapsed or released claim, an operator's revive): it gives its uniqueness
+/// key up if another run took the key meanwhile — a `WhilePending` key is
+/// free once its run starts, a `WhileActive` one once its run died — so the
+/// run keeps its retry and the unique index is never broken. Without the
+/// key it is an ordinary run; the other holds it.
+const YIELD_KEY: &str = "unique_key = CASE \
+       WHEN unique_mode = 'pending' AND EXISTS (SELECT 1 FROM reflexr_runs o \
+         WHERE o.action = reflexr_runs.action AND o.unique_key = reflexr_runs.unique_key \
+           AND o.unique_mode = 'pending' AND o.state IN ('waiting', 'ready') \
+           AND o.ord <> reflexr_runs.ord) THEN NULL \
+       WHEN unique_mode = 'active' AND EXISTS (SELECT 1 FROM reflexr_runs o \
+         WHERE o.action = reflexr_runs.action AND o.unique_key = reflexr_runs.unique_key \
+           AND o.unique_mode = 'active' AND o.state IN ('waiting', 'ready', 'running') \
+           AND o.ord <> reflexr_runs.ord) THEN NULL \
+       ELSE unique_key END";
+
+/// What became of a lapsed or released claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Requeued {
+    /// Claimable again.
+    Ready,
+    /// Its cancellation had been asked for: it ended cancelled (its lane,
+    /// if any, must move on).
+    Cancelled,
+    /// Not changed (no longer this claim).
+    No,
+}
+
+impl Requeued {
+    /// From the state an `UPDATE … RETURNING state` left, if it changed a row.
+    fn from_state(state: Option<String>) -> Requeued {
+        match state.as_deref() {
+            None => Requeued::No,
+            Some("cancelled") => Requeued::Cancelled,
+            Some(_) => Requeued::Ready,
+        }
+    }
+}
+
 /// Runs whose claim lapsed (the executor stopped renewing it) at `now`.
 pub(crate) fn lapsed(conn: &Connection, now: i64, limit: i64) -> Result<Vec<RunRow>> {
     let mut stmt = conn.prepare_cached(&format!(
@@ -313,52 +353,47 @@ pub(crate) fn lapsed(conn: &Connection, now: i64, limit: i64) -> Result<Vec<RunR
     Ok(rows)
 }
 
-/// Makes a lapsed claim claimable again at once.
-pub(crate) fn requeue_lapsed(conn: &Connection, ord: i64, now: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
+/// Makes a lapsed claim claimable again at once — or, if its cancellation
+/// was asked for, ends it cancelled.
+pub(crate) fn requeue_lapsed(conn: &Connection, ord: i64, now: i64) -> Result<Requeued> {
+    let changed = conn
+        .prepare_cached(&format!(
             "UPDATE reflexr_runs SET \
                state = CASE WHEN cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END, \
                finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE ?2 END, \
                due_at = ?2, claimed_by = NULL, \
-               claim_expires_at = NULL, updated_at = ?2, \
+               claim_expires_at = NULL, updated_at = ?2, {YIELD_KEY}, \
                last_error = 'the claim lapsed: its executor stopped renewing it' \
-             WHERE ord = ?1 AND state = 'running' AND claim_expires_at <= ?2",
-        )?
-        .execute(params![ord, now])?
-        == 1)
+             WHERE ord = ?1 AND state = 'running' AND claim_expires_at <= ?2 \
+             RETURNING state"
+        ))?
+        .query_row(params![ord, now], |r| r.get(0))
+        .optional()?;
+    Ok(Requeued::from_state(changed))
 }
 
-/// Claims up to `limit` ready runs that are due and whose action is in
-/// `actions` (a JSON array), higher priorities first, then oldest due: each
-/// becomes `running` under `holder` at its next attempt until `expires_at`.
-/// One statement per priority that ready runs have (usually one), each a
-/// range of the `(state, priority, due_at)` index: runs not due yet, waiting
-/// or blocked cost nothing.
-pub(crate) fn claim(
+/// Claims up to `limit` ready runs at `priority` that are due and whose
+/// action is in `actions` (a JSON array), oldest due first: each becomes
+/// `running` under `holder` at its next attempt until `expires_at`. A range
+/// of the `(state, priority, due_at)` index: runs not due yet, waiting or
+/// blocked cost nothing. (`control::claim` walks the priorities that ready
+/// runs have, [`ready_priorities`], usually one.)
+pub(crate) fn claim_at(
     conn: &Connection,
     holder: &str,
     now: i64,
     expires_at: i64,
     limit: i64,
     actions: &str,
+    priority: i64,
 ) -> Result<Vec<RunRow>> {
-    let mut rows = Vec::new();
-    for priority in ready_priorities(conn)? {
-        let want = limit - rows.len() as i64;
-        if want <= 0 {
-            break;
-        }
-        let mut stmt = conn.prepare_cached(&format!("{} RETURNING {COLUMNS}", claim_sql(want)))?;
-        rows.extend(
-            stmt.query_map(
-                params![holder, now, expires_at, actions, priority],
-                from_row,
-            )?
-            .collect::<rusqlite::Result<Vec<_>>>()?,
-        );
-    }
-    rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.due_at, r.ord));
+    let mut stmt = conn.prepare_cached(&format!("{} RETURNING {COLUMNS}", claim_sql(limit)))?;
+    let rows = stmt
+        .query_map(
+            params![holder, now, expires_at, actions, priority],
+            from_row,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
 }
 
@@ -380,45 +415,58 @@ const READY_PRIORITIES: &str = "WITH RECURSIVE p(v) AS ( \
        FROM p WHERE p.v IS NOT NULL) \
      SELECT v FROM p WHERE v IS NOT NULL";
 
-/// Ready, due runs of `action`, by priority then due time, at most `limit`:
-/// `(ord, the input's value at `path`)`, for a claim that must respect the
-/// action's limits.
+/// One page of ready, due runs of `action` at `priority`, by due time, after
+/// the run `after` (`(due_at, ord)`): `(ord, due_at, partition)` — see
+/// [`partition`]; with a `path`, no run of a partition in `full` (a JSON
+/// array) — for a claim that must respect the action's limits. Without a
+/// path the input is not read and every run is in the partition `""`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn candidates(
     conn: &Connection,
     action: &str,
     now: i64,
+    priority: i64,
     path: Option<&str>,
+    full: &str,
+    after: (i64, i64),
     limit: usize,
-) -> Result<Vec<(i64, Option<String>)>> {
-    let mut rows = Vec::new();
-    for priority in ready_priorities(conn)? {
-        if rows.len() >= limit {
-            break;
-        }
-        // Without a partition, the input is not read at all.
-        let key = if path.is_some() {
-            "CAST(json_extract(input, ?3) AS TEXT)"
-        } else {
-            "?3 IS NULL"
-        };
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT ord, {key} FROM reflexr_runs \
-             INDEXED BY reflexr_runs_due \
-             WHERE state = 'ready' AND priority = ?4 AND due_at <= ?2 AND action = ?1 \
-             ORDER BY due_at LIMIT {limit}"
-        ))?;
-        rows.extend(
-            stmt.query_map(params![action, now, path, priority], |r| {
-                Ok((r.get(0)?, if path.is_some() { r.get(1)? } else { None }))
-            })?
+) -> Result<Vec<(i64, i64, String)>> {
+    const PAGE: &str = "FROM reflexr_runs INDEXED BY reflexr_runs_due \
+         WHERE state = 'ready' AND priority = ?3 AND due_at <= ?2 AND action = ?1 \
+           AND (due_at, ord) > (?4, ?5)";
+    let read = |r: &Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?));
+    let rows = match path {
+        None => conn
+            .prepare_cached(&format!(
+                "SELECT ord, due_at, '' {PAGE} ORDER BY due_at, ord LIMIT {limit}"
+            ))?
+            .query_map(params![action, now, priority, after.0, after.1], read)?
             .collect::<rusqlite::Result<Vec<_>>>()?,
-        );
-    }
-    rows.truncate(limit);
+        Some(path) => {
+            let key = partition("?6");
+            conn.prepare_cached(&format!(
+                "SELECT ord, due_at, {key} {PAGE} \
+                   AND {key} NOT IN (SELECT value FROM json_each(?7)) \
+                 ORDER BY due_at, ord LIMIT {limit}"
+            ))?
+            .query_map(
+                params![action, now, priority, after.0, after.1, path, full],
+                read,
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()?
+        }
+    };
     Ok(rows)
 }
 
-/// Claims the runs at these positions (a JSON array), as [`claim`] does.
+/// A run's partition for its action's limits: the input's value at the JSON
+/// path bound to `param`, as text; a missing (or null) value is the
+/// partition `""`.
+fn partition(param: &str) -> String {
+    format!("coalesce(CAST(json_extract(input, {param}) AS TEXT), '')")
+}
+
+/// Claims the runs at these positions (a JSON array), as [`claim_at`] does.
 pub(crate) fn claim_ords(
     conn: &Connection,
     holder: &str,
@@ -438,13 +486,13 @@ pub(crate) fn claim_ords(
     Ok(rows)
 }
 
-/// How many runs of `action` run now, by the input's value at `path` (one
-/// group, keyed None, without a path).
+/// How many runs of `action` run now, by partition ([`partition`]; one
+/// group, `""`, without a path).
 pub(crate) fn running_by(
     conn: &Connection,
     action: &str,
     path: Option<&str>,
-) -> Result<Vec<(Option<String>, i64)>> {
+) -> Result<Vec<(String, i64)>> {
     let Some(path) = path else {
         let n: i64 = conn
             .prepare_cached(
@@ -452,12 +500,13 @@ pub(crate) fn running_by(
                  WHERE state = 'running' AND action = ?1",
             )?
             .query_row([action], |r| r.get(0))?;
-        return Ok(vec![(None, n)]);
+        return Ok(vec![(String::new(), n)]);
     };
-    let mut stmt = conn.prepare_cached(
-        "SELECT CAST(json_extract(input, ?2) AS TEXT), count(*) FROM reflexr_runs \
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {}, count(*) FROM reflexr_runs \
          INDEXED BY reflexr_runs_running WHERE state = 'running' AND action = ?1 GROUP BY 1",
-    )?;
+        partition("?2")
+    ))?;
     let rows = stmt
         .query_map(params![action, path], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -479,6 +528,23 @@ pub(crate) fn starts_since(
         .query_map(params![action, since], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
+}
+
+/// Deletes what the control tables no longer need at `now`: uniqueness
+/// periods that ended, and starts outside their action's rate window (or
+/// of an action no longer rate-limited). How many rows went.
+pub(crate) fn sweep_control(conn: &Connection, now: i64) -> Result<usize> {
+    let periods = conn
+        .prepare_cached("DELETE FROM reflexr_unique_periods WHERE until <= ?1")?
+        .execute([now])?;
+    let starts = conn
+        .prepare_cached(
+            "DELETE FROM reflexr_starts WHERE NOT EXISTS (SELECT 1 FROM reflexr_actions a \
+               WHERE a.action = reflexr_starts.action AND a.rate_count IS NOT NULL \
+                 AND reflexr_starts.at > ?1 - a.rate_period_ms)",
+        )?
+        .execute([now])?;
+    Ok(periods + starts)
 }
 
 /// Records `n` starts of a rate-limited action's partition, at `at`.
@@ -664,12 +730,12 @@ pub(crate) fn retry_later(
     error: &str,
 ) -> Result<bool> {
     Ok(conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "UPDATE reflexr_runs SET state = 'ready', due_at = ?5, last_error = ?6, \
-               updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL \
+               updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
              WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-               AND cancel_requested_at IS NULL",
-        )?
+               AND cancel_requested_at IS NULL"
+        ))?
         .execute(params![
             id,
             holder,
@@ -708,22 +774,28 @@ pub(crate) fn kill(
 }
 
 /// Gives a claimed run back without counting the attempt (shutdown before
-/// it started).
+/// it started) — or, if its cancellation was asked for meanwhile, ends it
+/// cancelled: it is never started again.
 pub(crate) fn release(
     conn: &Connection,
-    id: &str,
+    ord: i64,
     holder: &str,
     attempt: i64,
     now: i64,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_runs SET state = 'ready', attempt = attempt - 1, updated_at = ?4, \
-               claimed_by = NULL, claim_expires_at = NULL \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
-        )?
-        .execute(params![id, holder, attempt, now])?
-        == 1)
+) -> Result<Requeued> {
+    let changed = conn
+        .prepare_cached(&format!(
+            "UPDATE reflexr_runs SET \
+               state = CASE WHEN cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END, \
+               finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE ?4 END, \
+               attempt = attempt - 1, updated_at = ?4, \
+               claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
+             WHERE ord = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
+             RETURNING state"
+        ))?
+        .query_row(params![ord, holder, attempt, now], |r| r.get(0))
+        .optional()?;
+    Ok(Requeued::from_state(changed))
 }
 
 /// Extends a live claim; the expiry only moves forward.
@@ -780,11 +852,11 @@ pub(crate) fn revive(conn: &Connection, id: &str, lane: Option<&str>, now: i64) 
         None => "ready",
     };
     Ok(conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "UPDATE reflexr_runs SET state = ?2, attempt = 0, due_at = ?3, updated_at = ?3, \
-               finished_at = NULL \
-             WHERE id = ?1 AND state = 'dead'",
-        )?
+               finished_at = NULL, {YIELD_KEY} \
+             WHERE id = ?1 AND state = 'dead'"
+        ))?
         .execute(params![id, state, now])?
         == 1)
 }
@@ -1070,7 +1142,7 @@ mod tests {
         conn.execute_batch(crate::store::schema::SCHEMA_SQL)
             .unwrap();
         for now in 0..5 {
-            claim(&conn, "h", now, now + 10, 16, "[\"a\"]").unwrap();
+            claim_at(&conn, "h", now, now + 10, 16, "[\"a\"]", 0).unwrap();
         }
         let sql = format!("{} RETURNING {COLUMNS}", claim_sql(16));
         let stmt = conn.prepare_cached(&sql).unwrap();

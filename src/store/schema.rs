@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 
 use super::conn::{self, Role, Synchronous};
 use crate::error::{Error, Result};
@@ -234,26 +234,24 @@ pub(crate) fn open_writer(
 
 fn probe(conn: &Connection) -> Result<Probe> {
     // Reading the header and the schema table is what tells a foreign or
-    // damaged file apart; neither read writes anything.
-    let user_version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    let has_reflexr_tables = conn
-        .query_row(
-            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
-            [MARKER_TABLE],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some();
-    let reflexr_objects = conn.query_row(
-        "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'reflexr\\_%' ESCAPE '\\'",
-        [],
-        |r| r.get(0),
-    )?;
-    Ok(Probe {
-        user_version,
-        has_reflexr_tables,
-        reflexr_objects,
-    })
+    // damaged file apart; neither read writes anything. One statement, so
+    // one snapshot: read apart, another process creating the schema between
+    // the reads would make a new file look like a foreign one (a version of
+    // 0 from before its commit, reflexr's tables from after).
+    conn.query_row(
+        "SELECT (SELECT user_version FROM pragma_user_version), \
+           EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1), \
+           (SELECT count(*) FROM sqlite_schema WHERE name LIKE 'reflexr\\_%' ESCAPE '\\')",
+        [MARKER_TABLE],
+        |r| {
+            Ok(Probe {
+                user_version: r.get(0)?,
+                has_reflexr_tables: r.get(1)?,
+                reflexr_objects: r.get(2)?,
+            })
+        },
+    )
+    .map_err(Into::into)
 }
 
 fn check_probe(p: &Probe, path: &Path, supported: i64) -> Result<()> {

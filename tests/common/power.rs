@@ -22,7 +22,8 @@
 //! never-synced creation (a deleted file stays deleted); damage to sectors
 //! that were synced (a disk that lies about flushing); the shared-memory
 //! index (`-shm`), which SQLite rebuilds from the WAL after a crash — the
-//! cut removes it; memory-mapped I/O (off in this build).
+//! test removes it after each cut ([`forget_shared_memory`]); memory-mapped
+//! I/O (this VFS offers no `xFetch`).
 //!
 //! Every I/O of tracked files goes through one lock, so the cut — which
 //! takes that lock, writes the surviving sectors, and ends the process
@@ -50,8 +51,9 @@ struct Pending {
     sectors: BTreeMap<u64, Vec<u8>>,
     /// The size the file has for its readers.
     size: u64,
-    /// A truncation not yet synced.
-    truncated: bool,
+    /// The smallest size a truncation not yet synced left (the disk's
+    /// bytes from there on read as zeros, as the truncation made them).
+    truncated_to: Option<u64>,
     /// Created in this run and never synced: its directory entry may not
     /// survive.
     unsynced_new: bool,
@@ -179,6 +181,10 @@ unsafe extern "C" fn v_open(
                 != 0;
         let path_str =
             (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned());
+        // Held from the existence check to the registration, so two
+        // connections opening a new file at once agree it is new (and a cut
+        // cannot fall between).
+        let mut st = state();
         let existed = path_str
             .as_deref()
             .is_some_and(|p| std::path::Path::new(p).exists());
@@ -195,7 +201,6 @@ unsafe extern "C" fn v_open(
         };
         if tracked {
             let path = path_str.unwrap();
-            let mut st = state();
             let mut size: ffi::sqlite3_int64 = 0;
             (inner_methods(inner).xFileSize.unwrap())(inner, &mut size);
             let entry = st.files.entry(path).or_insert_with(|| Pending {
@@ -230,7 +235,18 @@ unsafe extern "C" fn v_access(
     flags: c_int,
     out: *mut c_int,
 ) -> c_int {
-    unsafe { ((*default_vfs()).xAccess.unwrap())(default_vfs(), name, flags, out) }
+    unsafe {
+        // Whether a tracked file exists is what its readers see (the cache),
+        // as the default VFS answers it: present and not empty.
+        if flags == ffi::SQLITE_ACCESS_EXISTS {
+            let path = CStr::from_ptr(name).to_string_lossy();
+            if let Some(p) = state().files.get(path.as_ref()) {
+                *out = c_int::from(p.size > 0);
+                return ffi::SQLITE_OK;
+            }
+        }
+        ((*default_vfs()).xAccess.unwrap())(default_vfs(), name, flags, out)
+    }
 }
 
 unsafe extern "C" fn v_full_pathname(
@@ -289,8 +305,10 @@ unsafe extern "C" fn f_close(f: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
-/// Reads what the disk holds (through the inner file), short reads zeroed.
-unsafe fn read_durable(inner: *mut ffi::sqlite3_file, buf: &mut [u8], off: u64) {
+/// Reads what the disk holds (through the inner file), short reads zeroed,
+/// and bytes at or past a pending truncation's size zeroed too (the
+/// truncation removed them for the file's readers).
+unsafe fn read_durable(inner: *mut ffi::sqlite3_file, buf: &mut [u8], off: u64, p: &Pending) {
     unsafe {
         buf.fill(0);
         let rc = (inner_methods(inner).xRead.unwrap())(
@@ -300,6 +318,10 @@ unsafe fn read_durable(inner: *mut ffi::sqlite3_file, buf: &mut [u8], off: u64) 
             off as ffi::sqlite3_int64,
         );
         let _ = rc; // SQLITE_IOERR_SHORT_READ leaves zeros: what a hole reads as
+        if let Some(t) = p.truncated_to {
+            let keep = t.saturating_sub(off).min(buf.len() as u64) as usize;
+            buf[keep..].fill(0);
+        }
     }
 }
 
@@ -318,7 +340,7 @@ unsafe extern "C" fn f_read(
         let p = &st.files[&path];
         let buf = std::slice::from_raw_parts_mut(out as *mut u8, amt as usize);
         let off = off as u64;
-        read_durable(inner, buf, off);
+        read_durable(inner, buf, off, p);
         // The cache's newer sectors over the disk's.
         let first = off / SECTOR;
         let last = (off + amt as u64).div_ceil(SECTOR);
@@ -353,6 +375,7 @@ unsafe extern "C" fn f_write(
         };
         let mut st = state();
         let size = st.files[&path].size;
+        let truncated_to = st.files[&path].truncated_to;
         let src = std::slice::from_raw_parts(data as *const u8, amt as usize);
         let off = off as u64;
         let end = off + amt as u64;
@@ -364,7 +387,11 @@ unsafe extern "C" fn f_write(
                 None => {
                     let mut s = vec![0u8; SECTOR as usize];
                     if s_off < size {
-                        read_durable(inner, &mut s, s_off);
+                        let view = Pending {
+                            truncated_to,
+                            ..Pending::default()
+                        };
+                        read_durable(inner, &mut s, s_off, &view);
                     }
                     // Bytes past the readers' size are zeros, whatever the
                     // disk still holds there.
@@ -398,7 +425,7 @@ unsafe extern "C" fn f_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_in
         let p = st.files.get_mut(&path).unwrap();
         let size = size as u64;
         p.size = size;
-        p.truncated = true;
+        p.truncated_to = Some(p.truncated_to.map_or(size, |t| t.min(size)));
         let keep = size.div_ceil(SECTOR);
         p.sectors.retain(|n, _| *n < keep);
         if let Some(last) = p.sectors.get_mut(&(size / SECTOR))
@@ -419,12 +446,16 @@ unsafe extern "C" fn f_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         };
         let mut st = state();
         let p = st.files.get_mut(&path).unwrap();
-        // The cache reaches the disk: the truncation, then every sector
-        // (the last one cut to the file's size), then the disk's own flush.
+        // The cache reaches the disk: the truncation (to the smallest size
+        // it had, then out to the size it has now, zeros between), then every
+        // sector (the last one cut to the file's size), then the disk's own
+        // flush.
         let size = p.size;
-        let rc = (m.xTruncate.unwrap())(inner, size as ffi::sqlite3_int64);
-        if rc != ffi::SQLITE_OK {
-            return rc;
+        for to in p.truncated_to.into_iter().chain([size]) {
+            let rc = (m.xTruncate.unwrap())(inner, to as ffi::sqlite3_int64);
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
         }
         for (n, data) in &p.sectors {
             let s_off = n * SECTOR;
@@ -445,7 +476,7 @@ unsafe extern "C" fn f_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         let rc = (m.xSync.unwrap())(inner, flags);
         if rc == ffi::SQLITE_OK {
             p.sectors.clear();
-            p.truncated = false;
+            p.truncated_to = None;
             p.unsynced_new = false;
         }
         rc
@@ -507,11 +538,17 @@ unsafe extern "C" fn f_sector_size(f: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
-unsafe extern "C" fn f_device_characteristics(_f: *mut ffi::sqlite3_file) -> c_int {
-    // Nothing promised beyond what the model gives: no atomic or safe-append
-    // writes, and not power-safe overwrite (a torn sector may take bytes
-    // next to a write with it).
-    0
+unsafe extern "C" fn f_device_characteristics(f: *mut ffi::sqlite3_file) -> c_int {
+    // What the model gives, so SQLite takes the path it takes on the default
+    // VFS: power-safe overwrite (a torn or lost sector never changes bytes
+    // outside what was written: a pending sector carries the disk's own
+    // bytes around the write) if the default VFS says so; no atomic or
+    // safe-append writes.
+    unsafe {
+        let inner = (*(f as *mut PowerFile)).inner;
+        (inner_methods(inner).xDeviceCharacteristics.unwrap())(inner)
+            & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE
+    }
 }
 
 unsafe extern "C" fn f_shm_map(
@@ -578,8 +615,10 @@ pub fn cut() -> (Cut, MutexGuard<'static, State>) {
         let Ok(mut file) = std::fs::OpenOptions::new().write(true).open(path) else {
             continue;
         };
-        if p.truncated && fastrand::bool() {
-            let _ = file.set_len(p.size);
+        if let Some(t) = p.truncated_to
+            && fastrand::bool()
+        {
+            let _ = file.set_len(t);
         }
         // The disk flushes its cache in any order, a sector at a time, and
         // had got through some of it when the power went: how much differs

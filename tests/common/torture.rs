@@ -323,12 +323,15 @@ pub fn append_orders_until_stopped(e: &Engine, hours: i64) -> ! {
     unreachable!("the loop ends with the process")
 }
 
-/// A new file at `path` with the workload's tables and registrations, and
-/// the number of rounds the environment variable `var` asks for (`default`
-/// when unset).
-pub fn prepare(path: &Path, var: &str, default: u64) -> u64 {
+/// A new file at `path` with the workload's tables and registrations.
+pub fn prepare(path: &Path) {
     let e = Engine::open(path).unwrap();
     workload(&e);
+}
+
+/// The number of rounds the environment variable `var` asks for (`default`
+/// when unset).
+pub fn rounds(var: &str, default: u64) -> u64 {
     std::env::var(var)
         .ok()
         .and_then(|v| v.parse().ok())
