@@ -201,7 +201,10 @@ pub(crate) fn enqueue(tx: &Tx<'_>, e: &Enqueue) -> Result<Enqueued> {
         (None, Some(d)) => now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         (None, None) => now,
     };
-    let lane = e.scope.as_ref().map(|s| format!("task:{} {s}", e.action));
+    let lane = e
+        .scope
+        .as_ref()
+        .map(|s| format!("{}{} {s}", names::TASK_LANE_PREFIX, e.action));
     let inserted = runs::insert(
         tx.conn(),
         &NewRun {

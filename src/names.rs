@@ -10,6 +10,11 @@ pub const MAX_ID_BYTES: usize = 256;
 /// Longest subject, in bytes.
 pub const MAX_SUBJECT_BYTES: usize = 1024;
 
+/// The start of an enqueued run's scope lane, `task:<action> <scope>` (no
+/// rule may take a name that starts so: a rule's lanes are
+/// `<rule> <scope>`).
+pub(crate) const TASK_LANE_PREFIX: &str = "task:";
+
 /// A name: 1 to [`MAX_NAME_BYTES`] bytes of ASCII letters, digits and
 /// `. _ - : / @ +`. Names appear in views, in the CLI and in lease names, so
 /// they are kept to characters that need no quoting in a shell.

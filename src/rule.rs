@@ -416,6 +416,18 @@ impl Rule {
 
     pub(crate) fn validate(&self) -> Result<()> {
         names::check_name("rule", &self.name)?;
+        if self.name.starts_with(names::TASK_LANE_PREFIX) {
+            // A rule's lanes are `<rule> <scope>`: this one's could be an
+            // enqueued action's scope lane.
+            return Err(Error::invalid(
+                "rule",
+                format!(
+                    "{}: names starting with {:?} are kept for the scope lanes of enqueued work",
+                    self.name,
+                    names::TASK_LANE_PREFIX
+                ),
+            ));
+        }
         names::check_name("workspace", &self.workspace)?;
         if self.types.is_empty() {
             return Err(Error::invalid(

@@ -726,6 +726,22 @@ fn a_partition_with_a_long_backlog_does_not_hide_another_partitions_runs() {
 }
 
 #[test]
+fn a_rule_cannot_take_a_name_that_an_enqueued_actions_lanes_use() {
+    // Invariant 6: a rule's scope lanes and an enqueued action's never mix.
+    let s = Scene::new();
+    let e = s.open("test");
+    e.ensure_workspace("app", &["order"]).unwrap();
+    let err = e
+        .register_rule(
+            Rule::new("task:work", "app")
+                .on(["order"])
+                .decide(|_| Ok(Decision::Skip)),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Invalid { field: "rule", .. }), "{err}");
+}
+
+#[test]
 fn pruning_sweeps_ended_uniqueness_periods_and_starts_outside_every_window() {
     let s = Scene::new();
     let e = s.open("test");
