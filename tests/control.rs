@@ -769,3 +769,46 @@ fn pruning_sweeps_ended_uniqueness_periods_and_starts_outside_every_window() {
         (0, 0)
     );
 }
+
+#[test]
+fn a_claimed_run_cancelled_before_it_started_is_never_started_after_a_shutdown() {
+    // Invariant 5 with cancels: a run an executor claimed but had not
+    // started when it stopped is given back — unless its cancellation was
+    // asked for meanwhile: then it ends cancelled and never starts.
+    let s = Scene::new();
+    let e = s
+        .builder("test")
+        .executors(1)
+        .claim_batch(2)
+        .open()
+        .unwrap();
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let (started_tx, started) = mpsc::channel();
+    let started_tx = Mutex::new(started_tx);
+    let r = Arc::clone(&ran);
+    e.register_action("work", move |run, ctx| {
+        let n = run.input::<Value>()?["n"].as_i64().unwrap();
+        r.lock().unwrap().push(n);
+        if n == 1 {
+            started_tx.lock().unwrap().send(()).unwrap();
+            // Works until the engine stops (a condition, not a duration).
+            while !ctx.is_shutting_down() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    e.enqueue(&task(1)).unwrap();
+    let second = e.enqueue(&task(2)).unwrap().id;
+    e.start().unwrap();
+    started.recv_timeout(PATIENCE).unwrap();
+    // One claim took both: the second is claimed, not started.
+    assert_eq!(e.run(&second).unwrap().unwrap().state, RunState::Running);
+    let ops = e.operator("ops", "not needed");
+    assert_eq!(ops.cancel_run(&second).unwrap(), RunState::Running);
+    e.shutdown();
+    assert_eq!(e.run(&second).unwrap().unwrap().state, RunState::Cancelled);
+    e.run_until_idle().unwrap();
+    assert_eq!(*ran.lock().unwrap(), [1], "the cancelled run never started");
+}
