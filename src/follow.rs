@@ -24,8 +24,8 @@
 //!   most 500 that bridge nothing. In the same file a batch's publishes and
 //!   its cursor commit in one transaction; across files the publishes commit
 //!   in the target first, then the cursor in the source, so a crash between
-//!   the two re-reads at most one batch ([`PUBLISH_BATCH`] envelopes) and
-//!   publishes nothing twice. The target is written with `synchronous=FULL`
+//!   the two re-reads at most one batch ([`PUBLISH_BATCH`] envelopes, a
+//!   page: each envelope is read once) and publishes nothing twice. The target is written with `synchronous=FULL`
 //!   whatever the source's mode, so its publishes are on the disk before the
 //!   cursor can be: a power cut never leaves the cursor past what the target
 //!   lost (`tests/power.rs`).
@@ -68,8 +68,9 @@ pub type ProjectionFn =
     dyn Fn(&Event) -> std::result::Result<Option<NewEvent>, HandlerError> + Send + Sync;
 
 /// Envelopes a follower publishes per batch (and so, across files, at most
-/// what a crash between publish and cursor save makes it read again).
-pub const PUBLISH_BATCH: usize = 100;
+/// what a crash between publish and cursor save makes it read again): a
+/// page, so each envelope is read once.
+pub const PUBLISH_BATCH: usize = SKIP_SAVE_EVERY;
 /// Envelopes that bridge nothing after which the cursor is saved at the
 /// latest (ADR-0015): a restart reads at most this many again.
 pub const SKIP_SAVE_EVERY: usize = 500;
