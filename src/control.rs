@@ -660,11 +660,7 @@ pub(crate) fn claim(
             if rows.len() >= limit {
                 break;
             }
-            let picked = l.pick(conn, now, priority, limit - rows.len())?;
-            if !picked.is_empty() {
-                let ords = serde_json::to_string(&picked).expect("ords encode");
-                rows.extend(runs::claim_ords(conn, holder, now, expires_at, &ords)?);
-            }
+            rows.extend(l.claim(conn, holder, now, expires_at, priority, limit - rows.len())?);
         }
         if rows.len() >= limit {
             break;
@@ -749,41 +745,59 @@ impl<'a> Limited<'a> {
         slots.min(tokens)
     }
 
-    /// Up to `want` ready, due runs at `priority` that the limits allow
-    /// (their positions), counted against the limits.
+    /// Claims up to `want` ready, due runs at `priority` that the limits
+    /// allow, counted against them. Without a partition there is one: the
+    /// claim takes exactly what it may start, in one statement; with one,
+    /// candidates are picked partition by partition ([`Limited::pick`]).
+    fn claim(
+        &mut self,
+        conn: &Connection,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        priority: i64,
+        want: usize,
+    ) -> Result<Vec<RunRow>> {
+        if self.path.is_none() {
+            let allowance = self.allowance("");
+            let left = self.room.entry(String::new()).or_insert(allowance);
+            let n = usize::try_from((*left).max(0)).unwrap_or(0).min(want);
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let names = serde_json::to_string(&[self.action]).expect("names encode");
+            let rows = runs::claim_at(conn, holder, now, expires_at, n as i64, &names, priority)?;
+            *left -= rows.len() as i64;
+            *self.picked.entry(String::new()).or_default() += rows.len() as i64;
+            return Ok(rows);
+        }
+        let path = self.path.clone().unwrap_or_default();
+        let picked = self.pick(conn, now, priority, &path, want)?;
+        if picked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ords = serde_json::to_string(&picked).expect("ords encode");
+        runs::claim_ords(conn, holder, now, expires_at, &ords)
+    }
+
+    /// Up to `want` ready, due runs at `priority` that the limits of a
+    /// partitioned action allow (their positions), counted against them:
+    /// pages of candidates, each leaving out the partitions already full.
     fn pick(
         &mut self,
         conn: &Connection,
         now: i64,
         priority: i64,
+        path: &str,
         want: usize,
     ) -> Result<Vec<i64>> {
         let mut picked = Vec::new();
-        // Without a partition there is one: fetch exactly what it may start.
-        let page = match &self.path {
-            None => {
-                let allowance = self.allowance("");
-                let left = *self.room.entry(String::new()).or_insert(allowance);
-                usize::try_from(left.max(0)).unwrap_or(0).min(want)
-            }
-            Some(_) => want.saturating_mul(Self::PAGE_FACTOR).max(Self::MIN_PAGE),
-        };
-        if page == 0 {
-            return Ok(picked);
-        }
+        let page = want.saturating_mul(Self::PAGE_FACTOR).max(Self::MIN_PAGE);
         let mut after = (i64::MIN, i64::MIN);
         for _ in 0..Self::MAX_PAGES {
             let full = serde_json::to_string(&self.full).expect("partitions encode");
-            let found = runs::candidates(
-                conn,
-                self.action,
-                now,
-                priority,
-                self.path.as_deref(),
-                &full,
-                after,
-                page,
-            )?;
+            let found =
+                runs::candidates(conn, self.action, now, priority, path, &full, after, page)?;
             for (ord, due_at, part) in &found {
                 after = (*due_at, *ord);
                 if picked.len() >= want {
@@ -800,7 +814,7 @@ impl<'a> Limited<'a> {
                     self.full.push(part.clone());
                 }
             }
-            if picked.len() >= want || found.len() < page || self.path.is_none() {
+            if picked.len() >= want || found.len() < page {
                 break;
             }
         }

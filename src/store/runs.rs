@@ -417,45 +417,34 @@ const READY_PRIORITIES: &str = "WITH RECURSIVE p(v) AS ( \
 
 /// One page of ready, due runs of `action` at `priority`, by due time, after
 /// the run `after` (`(due_at, ord)`): `(ord, due_at, partition)` — see
-/// [`partition`]; with a `path`, no run of a partition in `full` (a JSON
-/// array) — for a claim that must respect the action's limits. Without a
-/// path the input is not read and every run is in the partition `""`.
+/// [`partition`], with the JSON path `path` — leaving out the partitions in
+/// `full` (a JSON array), for a claim that must respect a partitioned
+/// action's limits.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn candidates(
     conn: &Connection,
     action: &str,
     now: i64,
     priority: i64,
-    path: Option<&str>,
+    path: &str,
     full: &str,
     after: (i64, i64),
     limit: usize,
 ) -> Result<Vec<(i64, i64, String)>> {
-    const PAGE: &str = "FROM reflexr_runs INDEXED BY reflexr_runs_due \
+    let key = partition("?6");
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT ord, due_at, {key} FROM reflexr_runs INDEXED BY reflexr_runs_due \
          WHERE state = 'ready' AND priority = ?3 AND due_at <= ?2 AND action = ?1 \
-           AND (due_at, ord) > (?4, ?5)";
-    let read = |r: &Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?));
-    let rows = match path {
-        None => conn
-            .prepare_cached(&format!(
-                "SELECT ord, due_at, '' {PAGE} ORDER BY due_at, ord LIMIT {limit}"
-            ))?
-            .query_map(params![action, now, priority, after.0, after.1], read)?
-            .collect::<rusqlite::Result<Vec<_>>>()?,
-        Some(path) => {
-            let key = partition("?6");
-            conn.prepare_cached(&format!(
-                "SELECT ord, due_at, {key} {PAGE} \
-                   AND {key} NOT IN (SELECT value FROM json_each(?7)) \
-                 ORDER BY due_at, ord LIMIT {limit}"
-            ))?
-            .query_map(
-                params![action, now, priority, after.0, after.1, path, full],
-                read,
-            )?
-            .collect::<rusqlite::Result<Vec<_>>>()?
-        }
-    };
+           AND (due_at, ord) > (?4, ?5) \
+           AND {key} NOT IN (SELECT value FROM json_each(?7)) \
+         ORDER BY due_at, ord LIMIT {limit}"
+    ))?;
+    let rows = stmt
+        .query_map(
+            params![action, now, priority, after.0, after.1, path, full],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
 }
 
