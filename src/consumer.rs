@@ -19,7 +19,7 @@ use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::lease::{self, Lease};
-use crate::store::{counters, cursors, events};
+use crate::store::{control, counters, cursors, events};
 use crate::tx::Tx;
 
 /// Which consumer's cursor.
@@ -83,6 +83,14 @@ pub(crate) fn advance<T, E: From<Error>>(
     let done = tx.nested(|tx| -> std::result::Result<T, Halt<E>> {
         lease::fence(tx.conn(), tx.now_ms(), lease)?;
         if stand(tx.conn(), c)? != at {
+            return Err(Halt::Moved);
+        }
+        // A rule or reaction paused while its batch was decided writes
+        // nothing: once a pause commits, its cursor stays (the next turn
+        // skips it).
+        if matches!(c.kind, ConsumerKind::Rule | ConsumerKind::Reaction)
+            && control::is_paused(tx.conn(), c.kind.as_str(), c.name)?
+        {
             return Err(Halt::Moved);
         }
         let (value, to) = write(tx).map_err(Halt::Failed)?;

@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 use serde::Serialize;
 
 use crate::audit::AuditAction;
@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::names;
 use crate::retry::RetryPolicy;
 use crate::store::audit::{self as audit_store, Entry};
+use crate::store::control::{self as control_store, ActionRow};
 use crate::store::runs::{self, Inserted, NewRun, RunRow, Uniq};
 use crate::tx::Tx;
 
@@ -330,15 +331,10 @@ pub(crate) fn pause(
     why: &str,
 ) -> Result<bool> {
     names::check_name("name", what.name())?;
-    let (kind, name) = what.key();
-    let n = conn
-        .prepare_cached(
-            "INSERT INTO reflexr_paused (kind, name, since, operator, reason) VALUES (?1, ?2, ?3, ?4, ?5) \
-             ON CONFLICT (kind, name) DO NOTHING",
-        )?
-        .execute(params![kind, name, now, op, why])?;
     crate::operate::check_operator(op, why)?;
-    if n == 1 {
+    let (kind, name) = what.key();
+    let new = control_store::pause(conn, kind, &name, now, op, why)?;
+    if new {
         audit(
             conn,
             now,
@@ -349,7 +345,7 @@ pub(crate) fn pause(
             "{}",
         )?;
     }
-    Ok(n == 1)
+    Ok(new)
 }
 
 pub(crate) fn resume(
@@ -360,10 +356,7 @@ pub(crate) fn resume(
     why: &str,
 ) -> Result<()> {
     let (kind, name) = what.key();
-    let n = conn
-        .prepare_cached("DELETE FROM reflexr_paused WHERE kind = ?1 AND name = ?2")?
-        .execute(params![kind, name])?;
-    if n == 0 {
+    if !control_store::resume(conn, kind, &name)? {
         return Err(Error::not_found("paused", format!("{kind} {name}")));
     }
     audit(
@@ -378,30 +371,21 @@ pub(crate) fn resume(
 }
 
 pub(crate) fn paused(conn: &Connection) -> Result<Vec<PausedInfo>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT kind, name, since, operator, reason FROM reflexr_paused ORDER BY kind, name",
-    )?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok(PausedInfo {
-                kind: r.get(0)?,
-                name: r.get(1)?,
-                since: r.get(2)?,
-                operator: r.get(3)?,
-                reason: r.get(4)?,
-            })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
+    Ok(control_store::paused(conn)?
+        .into_iter()
+        .map(|(kind, name, since, operator, reason)| PausedInfo {
+            kind,
+            name,
+            since,
+            operator,
+            reason,
+        })
+        .collect())
 }
 
 /// The names of this kind that are paused.
 pub(crate) fn paused_names(conn: &Connection, kind: &str) -> Result<HashSet<String>> {
-    let mut stmt = conn.prepare_cached("SELECT name FROM reflexr_paused WHERE kind = ?1")?;
-    let rows = stmt
-        .query_map([kind], |r| r.get(0))?
-        .collect::<rusqlite::Result<HashSet<String>>>()?;
-    Ok(rows)
+    control_store::paused_names(conn, kind)
 }
 
 /// One action's settings: its default priority and its limits.
@@ -510,24 +494,18 @@ fn json_path(field: &str) -> String {
 
 pub(crate) fn configure(conn: &Connection, c: &ActionConfig, now: i64) -> Result<()> {
     c.validate()?;
-    conn.prepare_cached(
-        "INSERT INTO reflexr_actions (action, priority, max_running, rate_count, rate_period_ms, \
-           partition_by, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-         ON CONFLICT (action) DO UPDATE SET priority = excluded.priority, \
-           max_running = excluded.max_running, rate_count = excluded.rate_count, \
-           rate_period_ms = excluded.rate_period_ms, partition_by = excluded.partition_by, \
-           updated_at = excluded.updated_at",
-    )?
-    .execute(params![
-        c.action,
-        c.priority,
-        c.max_running,
-        c.rate.map(|r| r.0),
-        c.rate.map(|r| r.1),
-        c.partition_by,
-        now
-    ])?;
-    Ok(())
+    control_store::configure(
+        conn,
+        &ActionRow {
+            action: c.action.clone(),
+            priority: c.priority,
+            max_running: c.max_running,
+            rate_count: c.rate.map(|r| r.0),
+            rate_period_ms: c.rate.map(|r| r.1),
+            partition_by: c.partition_by.clone(),
+        },
+        now,
+    )
 }
 
 pub(crate) fn configure_audited(
@@ -551,27 +529,22 @@ pub(crate) fn configure_audited(
 }
 
 pub(crate) fn configs(conn: &Connection) -> Result<Vec<ActionConfig>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT action, priority, max_running, rate_count, rate_period_ms, partition_by \
-         FROM reflexr_actions ORDER BY action",
-    )?;
-    let rows = stmt
-        .query_map([], config_from_row)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
+    Ok(control_store::actions(conn)?
+        .into_iter()
+        .map(ActionConfig::from)
+        .collect())
 }
 
-/// `action, priority, max_running, rate_count, rate_period_ms, partition_by`.
-fn config_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ActionConfig> {
-    let count: Option<u32> = r.get(3)?;
-    let period: Option<i64> = r.get(4)?;
-    Ok(ActionConfig {
-        action: r.get(0)?,
-        priority: r.get(1)?,
-        max_running: r.get(2)?,
-        rate: count.zip(period),
-        partition_by: r.get(5)?,
-    })
+impl From<ActionRow> for ActionConfig {
+    fn from(a: ActionRow) -> ActionConfig {
+        ActionConfig {
+            action: a.action,
+            priority: a.priority,
+            max_running: a.max_running,
+            rate: a.rate_count.zip(a.rate_period_ms),
+            partition_by: a.partition_by,
+        }
+    }
 }
 
 /// Cancels a run (see the module's docs), recorded with who and why.
@@ -848,15 +821,10 @@ pub(crate) fn work_due(conn: &Connection, now: i64, actions: &[String]) -> Resul
 
 fn limits_of(conn: &Connection, actions: &[String]) -> Result<BTreeMap<String, ActionConfig>> {
     let names = serde_json::to_string(actions).expect("names encode");
-    let mut stmt = conn.prepare_cached(
-        "SELECT action, priority, max_running, rate_count, rate_period_ms, partition_by \
-         FROM reflexr_actions WHERE action IN (SELECT value FROM json_each(?1)) \
-           AND (max_running IS NOT NULL OR rate_count IS NOT NULL)",
-    )?;
-    let rows = stmt
-        .query_map([names], config_from_row)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows.into_iter().map(|c| (c.action.clone(), c)).collect())
+    Ok(control_store::limited(conn, &names)?
+        .into_iter()
+        .map(|a| (a.action.clone(), ActionConfig::from(a)))
+        .collect())
 }
 
 impl Tx<'_> {

@@ -182,14 +182,13 @@ pub(crate) fn pass(
         return Ok(Pass::default());
     };
     let mut total = Pass::default();
-    // Paused rules decide nothing; their cursors stay where they are.
-    let paused = db.read(|c| crate::control::paused_names(c, "rule"))?;
-    let mut pending: Vec<&Rule> = rules
-        .iter()
-        .map(|r| &**r)
-        .filter(|r| !paused.contains(&r.name))
-        .collect();
+    let mut pending: Vec<&Rule> = rules.iter().map(|r| &**r).collect();
     for _ in 0..10 {
+        // Paused rules decide nothing; their cursors stay where they are
+        // (a pause that commits while a batch is decided is seen by its
+        // commit, `consumer::advance`, and the batch is read again here).
+        let paused = db.read(|c| crate::control::paused_names(c, "rule"))?;
+        pending.retain(|r| !paused.contains(&r.name));
         if pending.is_empty() {
             break;
         }

@@ -812,3 +812,66 @@ fn a_claimed_run_cancelled_before_it_started_is_never_started_after_a_shutdown()
     e.run_until_idle().unwrap();
     assert_eq!(*ran.lock().unwrap(), [1], "the cancelled run never started");
 }
+
+#[test]
+fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it() {
+    // Once a pause commits, the rule's cursor stays: a batch decided before
+    // it is not written after it (the commit checks), and is decided again
+    // after the resume — nothing lost, nothing twice (invariants 4 and 8).
+    let s = Scene::new();
+    let e = s.open("test");
+    e.ensure_workspace("app", &["job"]).unwrap();
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (f, e2) = (Arc::clone(&first), e.clone());
+    e.register_rule(
+        Rule::new("fire", "app")
+            .on(["job"])
+            .action("work")
+            .decide(move |_| {
+                if f.swap(false, AtomicOrdering::SeqCst) {
+                    // An operator pauses the rule while it decides.
+                    e2.operator("ops", "maintenance")
+                        .pause(&Pausable::Rule("fire".into()))
+                        .unwrap();
+                }
+                Ok(Decision::Fire(json!({})))
+            }),
+    )
+    .unwrap();
+    for n in 0..3 {
+        e.append("app", &NewEvent::new("job", format!("j/{n}"), "app", 0))
+            .unwrap();
+    }
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(
+        idle.fired, 0,
+        "the batch decided under the pause is not written"
+    );
+    let cursor = |e: &Engine| {
+        count(
+            e,
+            "SELECT coalesce(max(position), 0) FROM reflexr_cursors WHERE kind = 'rule' AND name = 'fire'",
+        )
+    };
+    assert_eq!(cursor(&e), 0, "its cursor stays");
+    e.operator("ops", "done")
+        .resume(&Pausable::Rule("fire".into()))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        cursor(&e),
+        count(
+            &e,
+            "SELECT max(seq) FROM reflexr_events WHERE workspace = 'app'"
+        ),
+        "past the jobs and its own RuleFired envelopes"
+    );
+    assert_eq!(
+        count(
+            &e,
+            "SELECT count(*) FROM reflexr_events WHERE type = 'RuleFired'"
+        ),
+        3,
+        "each event decided once"
+    );
+}

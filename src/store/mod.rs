@@ -5,6 +5,7 @@
 
 pub(crate) mod audit;
 pub(crate) mod conn;
+pub(crate) mod control;
 pub(crate) mod counters;
 pub(crate) mod cursors;
 pub(crate) mod dead_letters;
