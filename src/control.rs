@@ -599,10 +599,11 @@ fn audit(
 
 /// Claims for executors whose actions are `actions`: up to `limit` runs,
 /// skipping paused actions and respecting each action's limits, higher
-/// priorities first whatever the action: at each priority that ready runs
-/// have, the limited actions take what their limits allow (at most that,
-/// so they cannot crowd the others out), then the rest in one statement.
-/// The batch comes back by priority, then due time.
+/// priorities first whatever the action. At each priority that ready runs
+/// have, each limited action takes up to its share of the batch (what its
+/// limits allow, at most), the unlimited ones the rest in one statement,
+/// and limited actions that took a full share whatever is still left. The
+/// batch comes back by priority, then due time.
 pub(crate) fn claim(
     conn: &Connection,
     holder: &str,
@@ -629,20 +630,41 @@ pub(crate) fn claim(
     }
     let mut rows = Vec::new();
     for priority in runs::ready_priorities(conn)? {
-        for l in &mut limits {
-            if rows.len() >= limit {
-                break;
-            }
-            rows.extend(l.claim(conn, holder, now, expires_at, priority, limit - rows.len())?);
-        }
         if rows.len() >= limit {
             break;
         }
-        if let Some(names) = &free {
+        // Each limited action first takes up to its share of what is left
+        // (so one with a backlog does not crowd the rest of this priority
+        // out), then the unlimited ones in one statement, then the limited
+        // ones that took a full share whatever is still left.
+        let parts = limits.len() + usize::from(free.is_some());
+        let share = (limit - rows.len()).div_ceil(parts.max(1));
+        let mut hungry = Vec::new();
+        for (i, l) in limits.iter_mut().enumerate() {
+            let want = share.min(limit - rows.len());
+            if want == 0 {
+                break;
+            }
+            let got = l.claim(conn, holder, now, expires_at, priority, want)?;
+            if got.len() == want {
+                hungry.push(i);
+            }
+            rows.extend(got);
+        }
+        if let Some(names) = &free
+            && rows.len() < limit
+        {
             let want = i64::try_from(limit - rows.len()).unwrap_or(i64::MAX);
             rows.extend(runs::claim_at(
                 conn, holder, now, expires_at, want, names, priority,
             )?);
+        }
+        for i in hungry {
+            if rows.len() >= limit {
+                break;
+            }
+            let want = limit - rows.len();
+            rows.extend(limits[i].claim(conn, holder, now, expires_at, priority, want)?);
         }
     }
     for l in &limits {

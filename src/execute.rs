@@ -90,6 +90,8 @@ pub(crate) fn execute(
     let ttl = db.settings().lease_ttl_ms();
     let base = limit.max(1);
     let most = MAX_CLAIM.max(base);
+    // Runs that ended cancelled when their lapsed claim was found.
+    let lapsed_cancelled = std::sync::atomic::AtomicUsize::new(0);
     let claim = |tx: &mut Tx<'_>, n: usize| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         let mut rescued = 0;
@@ -101,6 +103,11 @@ pub(crate) fn execute(
                 Requeued::Cancelled => {
                     if let Some(lane) = &lapsed.lane {
                         runs::advance_lane(tx.conn(), lane, &lapsed.id, now)?;
+                    }
+                    lapsed_cancelled.fetch_add(1, Ordering::Relaxed);
+                    // It ended: threads waiting for it look again.
+                    if db.has_run_waiters() {
+                        tx.mark_nudge();
                     }
                 }
                 Requeued::No => {}
@@ -287,6 +294,7 @@ pub(crate) fn execute(
         }
         fresh = next;
     }
+    done.cancelled += lapsed_cancelled.load(Ordering::Relaxed);
     Ok(done)
 }
 

@@ -875,3 +875,38 @@ fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it() {
         "each event decided once"
     );
 }
+
+#[test]
+fn at_one_priority_a_limited_actions_backlog_leaves_the_others_their_share() {
+    // A limited action with a long backlog and an unlimited one at the same
+    // priority: each claim gives both a share, so neither waits for the
+    // other's backlog to drain.
+    let s = Scene::new();
+    let e = s.builder("test").claim_batch(4).open().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    for action in ["limited", "free"] {
+        let o = Arc::clone(&order);
+        e.register_action(action, move |_, _| {
+            o.lock().unwrap().push(action);
+            Ok(())
+        })
+        .unwrap();
+    }
+    e.configure_action(&ActionConfig::new("limited").max_running(1_000))
+        .unwrap();
+    for _ in 0..40 {
+        e.enqueue(&Enqueue::new("limited", &json!({}))).unwrap();
+    }
+    for _ in 0..2 {
+        e.enqueue(&Enqueue::new("free", &json!({}))).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    let order = order.lock().unwrap();
+    assert_eq!(order.len(), 42);
+    let first: Vec<&str> = order[..4].to_vec();
+    assert_eq!(
+        first.iter().filter(|a| **a == "free").count(),
+        2,
+        "the first claim shared: {first:?}"
+    );
+}
