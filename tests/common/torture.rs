@@ -314,10 +314,19 @@ pub fn check(
 /// prints `committed <id>` for each acknowledged one, until it is killed or
 /// its power is cut.
 pub fn append_orders_until_stopped(e: &Engine, hours: i64) -> ! {
+    use std::io::Write;
     for i in 0.. {
         let id = format!("order-{hours}-{i}");
         append_order(e, &id);
-        println!("\ncommitted {id}");
+        // The whole line in one write (a pipe takes up to 4 KiB at once):
+        // `println!` writes its parts one by one, and a process that ends
+        // between them (a power cut's exit, a kill) would leave half a line,
+        // an id cut short, for the parent to read.
+        let mut out = std::io::stdout().lock();
+        out.write_all(format!("\ncommitted {id}\n").as_bytes())
+            .unwrap();
+        out.flush().unwrap();
+        drop(out);
         std::thread::sleep(Duration::from_micros(300));
     }
     unreachable!("the loop ends with the process")
