@@ -181,10 +181,9 @@ pub struct RunInfo {
     pub checkpoint: Option<String>,
     /// Its priority: higher is claimed first.
     pub priority: i64,
-    /// Its uniqueness key, if it has one, and how long the key holds
-    /// (`pending`, `active` or `period`).
+    /// Its uniqueness key, if it has one.
     pub unique_key: Option<String>,
-    /// How long its key holds.
+    /// How long its key holds: `pending`, `active` or `period`.
     pub unique_mode: Option<String>,
     /// When its current (or last) attempt was claimed.
     pub started_at: Option<i64>,

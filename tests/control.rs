@@ -22,6 +22,24 @@ fn task(n: i64) -> Enqueue {
     Enqueue::new("work", &json!({ "n": n }))
 }
 
+/// Registers no-op `actions` that record, in one list, which action each
+/// run they handle was of, in the order they ran.
+fn handled_in_order<const N: usize>(
+    e: &Engine,
+    actions: [&'static str; N],
+) -> Arc<Mutex<Vec<&'static str>>> {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    for action in actions {
+        let o = Arc::clone(&order);
+        e.register_action(action, move |_, _| {
+            o.lock().unwrap().push(action);
+            Ok(())
+        })
+        .unwrap();
+    }
+    order
+}
+
 /// Records the `n` of each run its handler saw, in order.
 fn recording(e: &Engine) -> Arc<Mutex<Vec<i64>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -661,19 +679,12 @@ fn a_partition_that_is_not_a_json_path_is_refused_and_changes_nothing() {
 
 #[test]
 fn limited_runs_of_a_higher_priority_go_before_a_backlog_of_unlimited_ones() {
-    // Priorities hold across actions with and without limits: a backlog of
-    // unlimited work does not keep a limited action's urgent runs waiting.
+    // Invariant 5 under priorities: a backlog of unlimited work does not
+    // keep a limited action's urgent runs waiting; priorities hold across
+    // actions with and without limits.
     let s = Scene::new();
     let e = s.builder("test").claim_batch(4).open().unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    for action in ["bulk", "urgent"] {
-        let o = Arc::clone(&order);
-        e.register_action(action, move |_, _| {
-            o.lock().unwrap().push(action);
-            Ok(())
-        })
-        .unwrap();
-    }
+    let order = handled_in_order(&e, ["bulk", "urgent"]);
     e.configure_action(&ActionConfig::new("urgent").max_running(10))
         .unwrap();
     for _ in 0..40 {
@@ -691,8 +702,8 @@ fn limited_runs_of_a_higher_priority_go_before_a_backlog_of_unlimited_ones() {
 
 #[test]
 fn a_partition_with_a_long_backlog_does_not_hide_another_partitions_runs() {
-    // A limit per partition: the claim looks past a full partition's
-    // backlog for the runs of partitions that have room.
+    // Invariant 5 under a limit per partition: the claim looks past a full
+    // partition's backlog for the runs of partitions that have room.
     let s = Scene::new();
     let e = s.open("test");
     let seen = recording(&e);
@@ -743,6 +754,8 @@ fn a_rule_cannot_take_a_name_that_an_enqueued_actions_lanes_use() {
 
 #[test]
 fn pruning_sweeps_ended_uniqueness_periods_and_starts_outside_every_window() {
+    // Invariant 9's housekeeping for the control tables: pruning deletes a
+    // uniqueness period or a rate start only once it no longer holds.
     let s = Scene::new();
     let e = s.open("test");
     recording(&e);
@@ -878,20 +891,12 @@ fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it() {
 
 #[test]
 fn at_one_priority_a_limited_actions_backlog_leaves_the_others_their_share() {
-    // A limited action with a long backlog and an unlimited one at the same
-    // priority: each claim gives both a share, so neither waits for the
-    // other's backlog to drain.
+    // Invariant 5 under limits: a limited action with a long backlog and an
+    // unlimited one at the same priority — each claim gives both a share,
+    // so neither waits for the other's backlog to drain.
     let s = Scene::new();
     let e = s.builder("test").claim_batch(4).open().unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    for action in ["limited", "free"] {
-        let o = Arc::clone(&order);
-        e.register_action(action, move |_, _| {
-            o.lock().unwrap().push(action);
-            Ok(())
-        })
-        .unwrap();
-    }
+    let order = handled_in_order(&e, ["limited", "free"]);
     e.configure_action(&ActionConfig::new("limited").max_running(1_000))
         .unwrap();
     for _ in 0..40 {

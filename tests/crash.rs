@@ -24,7 +24,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::torture::{Later, append_orders_until_stopped, check, int, prepare, rounds, workload};
+use common::torture::{
+    Later, append_orders_until_stopped, check, child_engine, int, prepare, rounds, workload,
+};
 use common::{Scene, is_child, parent_file};
 use reflexr::Engine;
 use rusqlite::Connection;
@@ -37,14 +39,7 @@ fn child_process_workload() {
         return; // Only a child started by the torture test does this work.
     }
     let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
-    let e = Engine::builder(parent_file())
-        .clock(Later(hours))
-        .holder_id(format!("child-{hours}"))
-        .executors(2)
-        .claim_batch(4)
-        .open()
-        .unwrap();
-    workload(&e);
+    let e = child_engine(Engine::builder(parent_file()), hours);
     e.start().unwrap();
     println!("\nstarted");
     append_orders_until_stopped(&e, hours);

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::torture::{
-    Later, append_orders_until_stopped, check, prepare, rounds, strings, workload,
+    Later, append_orders_until_stopped, check, child_engine, prepare, rounds, strings, workload,
 };
 use common::{Scene, is_child, parent_file, power};
 use reflexr::{Engine, Follow, Synchronous};
@@ -41,16 +41,12 @@ fn child_process_loses_power() {
         "full" => Synchronous::Full,
         _ => Synchronous::Normal,
     };
-    let e = Engine::builder(parent_file())
-        .vfs(power::NAME)
-        .synchronous(sync)
-        .clock(Later(hours))
-        .holder_id(format!("child-{hours}"))
-        .executors(2)
-        .claim_batch(4)
-        .open()
-        .unwrap();
-    workload(&e);
+    let e = child_engine(
+        Engine::builder(parent_file())
+            .vfs(power::NAME)
+            .synchronous(sync),
+        hours,
+    );
     e.follow(
         Follow::new("app", "hub")
             .name("hub")

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use reflexr::{
-    ChannelPolicy, Clock, Decision, Delivery, Engine, Follow, NewEvent, Reaction, RetryPolicy,
-    Rule, Scope, SystemClock,
+    ChannelPolicy, Clock, Decision, Delivery, Engine, EngineBuilder, Follow, NewEvent, Reaction,
+    RetryPolicy, Rule, Scope, SystemClock,
 };
 use rusqlite::Connection;
 
@@ -25,6 +25,21 @@ impl Clock for Later {
 }
 
 pub const EVERY: i64 = 3;
+
+/// A child's engine on the file `builder` opens: an hour after the one
+/// before it (`hours`), its own lease holder, two executors claiming small
+/// batches, the workload registered.
+pub fn child_engine(builder: EngineBuilder, hours: i64) -> Engine {
+    let e = builder
+        .clock(Later(hours))
+        .holder_id(format!("child-{hours}"))
+        .executors(2)
+        .claim_batch(4)
+        .open()
+        .unwrap();
+    workload(&e);
+    e
+}
 
 /// Everything the workload registers, for the child and for the finisher.
 pub fn workload(e: &Engine) {
