@@ -121,6 +121,12 @@ function run(bin, args, { env = process.env, input, timeout } = {}) {
       clearTimeout(timer);
       resolvePromise({ code, signal, stdout, stderr });
     });
+    // A command that reads no input may exit before its stdin is written:
+    // the write then fails with EPIPE, which is not the command's failure
+    // (its exit code and output say how it went).
+    child.stdin.on('error', (err) => {
+      if (err.code !== 'EPIPE') reject(err);
+    });
     child.stdin.end(input ?? '');
   });
 }
