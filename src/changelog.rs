@@ -1,13 +1,13 @@
 //! The change log: appending (with its checks) and reading.
 
-use rusqlite::Connection;
 use serde::de::IgnoredAny;
 
 use crate::error::{Error, Result};
 use crate::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 use crate::names::{self, MAX_ID_BYTES, MAX_SUBJECT_BYTES};
 use crate::settings::Limits;
-use crate::store::{events, workspaces};
+use crate::store::backend::{Events, Inserted, Workspaces};
+use crate::store::events;
 
 /// Who is appending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +30,8 @@ pub(crate) fn new_id() -> String {
 /// Appends `ev` to `workspace`'s log in the caller's transaction, with
 /// `now` as its `recorded_at`; an id the workspace has already appends
 /// nothing and reports the existing seq (invariant 3).
-pub(crate) fn append(
-    conn: &Connection,
+pub(crate) fn append<C: Events + Workspaces + ?Sized>(
+    conn: &C,
     now: i64,
     limits: Limits,
     workspace: &str,
@@ -64,7 +64,7 @@ pub(crate) fn append(
             // seq from AUTOINCREMENT (sqlite_sequence moves on), leaving a
             // gap and a head that counts an event never appended. A fresh
             // generated id cannot be there, and skips the look-up.
-            if let Some(seq) = events::seq_of(conn, workspace, id)? {
+            if let Some(seq) = Events::seq_of(conn, workspace, id)? {
                 return Ok(Appended {
                     seq,
                     id: id.clone(),
@@ -78,7 +78,7 @@ pub(crate) fn append(
     let depth = match (origin, &ev.causation_id) {
         (Origin::Engine { depth } | Origin::Run { depth }, _) => depth,
         (Origin::App, Some(cause)) => {
-            events::depth_of(conn, workspace, cause)?.map_or(0, |d| d + 1)
+            Events::depth_of(conn, workspace, cause)?.map_or(0, |d| d + 1)
         }
         (Origin::App, None) => 0,
     };
@@ -96,14 +96,14 @@ pub(crate) fn append(
         correlation_id: ev.correlation_id.as_deref(),
         depth,
     };
-    match events::insert(conn, &row) {
-        Ok(Some(seq)) => Ok(Appended {
+    match Events::insert(conn, &row)? {
+        Inserted::At(seq) => Ok(Appended {
             seq,
             id,
             existing: false,
         }),
-        Ok(None) => {
-            let seq = events::seq_of(conn, workspace, &id)?
+        Inserted::Existing => {
+            let seq = Events::seq_of(conn, workspace, &id)?
                 .expect("the insert conflicted on this id, so the row exists");
             Ok(Appended {
                 seq,
@@ -111,9 +111,9 @@ pub(crate) fn append(
                 existing: true,
             })
         }
-        Err(e) if is_foreign_key_violation(&e) => {
+        Inserted::Unregistered => {
             // The only foreign key is (workspace, type): find out which half.
-            if !workspaces::exists(conn, workspace)? {
+            if !Workspaces::exists(conn, workspace)? {
                 Err(Error::not_found("workspace", workspace))
             } else {
                 Err(Error::not_found(
@@ -122,7 +122,6 @@ pub(crate) fn append(
                 ))
             }
         }
-        Err(e) => Err(e.into()),
     }
 }
 
@@ -235,25 +234,34 @@ pub(crate) fn json_depth(text: &str) -> usize {
     deepest
 }
 
-fn is_foreign_key_violation(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(f, _)
-        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY)
+/// One event by seq.
+pub(crate) fn event<C: Events + ?Sized>(conn: &C, seq: i64) -> Result<Option<Event>> {
+    Events::get(conn, seq)
 }
 
-pub(crate) fn read(conn: &Connection, q: &Query) -> Result<Vec<Event>> {
+/// One event of `workspace` by its id.
+pub(crate) fn event_by_id<C: Events + ?Sized>(
+    conn: &C,
+    workspace: &str,
+    id: &str,
+) -> Result<Option<Event>> {
+    names::check_name("workspace", workspace)?;
+    names::check_text("id", id, MAX_ID_BYTES)?;
+    Events::by_id(conn, workspace, id)
+}
+
+/// The highest seq ever assigned (0 before the first append).
+pub(crate) fn head<C: Events + ?Sized>(conn: &C) -> Result<i64> {
+    Events::head(conn)
+}
+
+pub(crate) fn read<C: Events + ?Sized>(conn: &C, q: &Query) -> Result<Vec<Event>> {
     q.validate()?;
     match &q.subject {
-        None => events::page(conn, &q.workspace, q.after, &q.types, q.limit),
-        Some(subject) => Ok(events::scan(
-            conn,
-            &q.workspace,
-            q.after,
-            &q.types,
-            Some(subject),
-            q.limit,
-            usize::MAX,
-        )?
-        .0),
+        None => Events::page(conn, &q.workspace, q.after, &q.types, q.limit),
+        Some(subject) => {
+            Events::by_subject(conn, &q.workspace, q.after, &q.types, subject, q.limit)
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use rusqlite::Connection;
 use crate::audit::AuditAction;
 use crate::error::{Error, Result};
 use crate::names::{self, MAX_ID_BYTES};
-use crate::store::{audit, cursors, events, workspaces};
+use crate::store::backend::{Cursors, Events, Workspaces};
+use crate::store::{audit, cursors};
 use crate::words::text_enum;
 
 text_enum! {
@@ -73,27 +74,32 @@ pub struct Reset {
     pub to: i64,
 }
 
-pub(crate) fn load(
-    conn: &Connection,
+pub(crate) fn load<C: Cursors + ?Sized>(
+    conn: &C,
     workspace: &str,
     kind: ConsumerKind,
     name: &str,
 ) -> Result<i64> {
     names::check_name("workspace", workspace)?;
     names::check_name("consumer", name)?;
-    Ok(cursors::get(conn, workspace, kind.as_str(), name)?.unwrap_or(0))
+    Ok(Cursors::get(conn, workspace, kind.as_str(), name)?.unwrap_or(0))
 }
 
-fn check_position(conn: &Connection, workspace: &str, name: &str, position: i64) -> Result<()> {
+fn check_position<C: Events + Workspaces + ?Sized>(
+    conn: &C,
+    workspace: &str,
+    name: &str,
+    position: i64,
+) -> Result<()> {
     names::check_name("workspace", workspace)?;
     names::check_name("consumer", name)?;
     if position < 0 {
         return Err(Error::invalid("position", "a seq is never negative"));
     }
-    if !workspaces::exists(conn, workspace)? {
+    if !Workspaces::exists(conn, workspace)? {
         return Err(Error::not_found("workspace", workspace));
     }
-    let head = events::head(conn)?;
+    let head = Events::head(conn)?;
     if position > head {
         return Err(Error::CursorAhead {
             consumer: name.into(),
@@ -107,14 +113,14 @@ fn check_position(conn: &Connection, workspace: &str, name: &str, position: i64)
 
 /// Moves the cursor forward to `position` (saving the same position again is
 /// a no-op).
-pub(crate) fn save(
-    conn: &Connection,
+pub(crate) fn save<C: Cursors + Events + Workspaces + ?Sized>(
+    conn: &C,
     now: i64,
     (workspace, kind, name): (&str, ConsumerKind, &str),
     position: i64,
 ) -> Result<()> {
     check_position(conn, workspace, name, position)?;
-    match cursors::advance(conn, workspace, kind.as_str(), name, position, now)? {
+    match Cursors::advance(conn, workspace, kind.as_str(), name, position, now)? {
         Ok(()) => Ok(()),
         Err(current) => Err(Error::CursorBackwards {
             consumer: name.into(),

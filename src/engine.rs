@@ -31,7 +31,7 @@ use crate::schedule::{self, Job, ScheduleInfo};
 use crate::stats::{self, Stats};
 use crate::store::audit;
 use crate::store::conn::Synchronous;
-use crate::store::{self, dead_letters, events, leases, schema};
+use crate::store::{self, dead_letters, schema};
 use crate::tx::Tx;
 use crate::workspace::{self, WorkspaceInfo};
 use crate::writer::WriterStats;
@@ -264,14 +264,14 @@ impl Engine {
 
     /// One event by seq.
     pub fn event(&self, seq: i64) -> Result<Option<Event>> {
-        self.cx.db.read(|c| events::get(c, seq))
+        self.cx.db.read(|c| changelog::event(c, seq))
     }
 
     /// One event of `workspace` by its id.
     pub fn event_by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>> {
-        names::check_name("workspace", workspace)?;
-        names::check_text("id", id, names::MAX_ID_BYTES)?;
-        self.cx.db.read(|c| events::by_id(c, workspace, id))
+        self.cx
+            .db
+            .read(|c| changelog::event_by_id(c, workspace, id))
     }
 
     /// A page of the events `query` asks for — its types and its subject —
@@ -354,7 +354,7 @@ impl Engine {
 
     /// The highest seq ever assigned in the file (0 before the first append).
     pub fn head_seq(&self) -> Result<i64> {
-        self.cx.db.read(events::head)
+        self.cx.db.read(changelog::head)
     }
 
     /// Like [`Engine::read`], but when nothing is there yet, waits until
@@ -512,9 +512,7 @@ impl Engine {
 
     /// Every lease in the file.
     pub fn leases(&self) -> Result<Vec<LeaseInfo>> {
-        self.cx
-            .db
-            .read(|c| Ok(leases::list(c)?.into_iter().map(Into::into).collect()))
+        self.cx.db.read(lease::list)
     }
 
     // ----- rules and actions ----------------------------------------------

@@ -465,6 +465,42 @@ impl From<rusqlite::Error> for Error {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl From<postgres::Error> for Error {
+    fn from(e: postgres::Error) -> Self {
+        use postgres::error::SqlState;
+        let message = match e.as_db_error() {
+            Some(db) => format!("PostgreSQL {}: {}", db.code().code(), db.message()),
+            None => format!("PostgreSQL: {e}"),
+        };
+        match e.code() {
+            Some(c) if *c == SqlState::DISK_FULL => Error::DiskFull { detail: message },
+            Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => {
+                Error::ReadOnly { detail: message }
+            }
+            Some(c)
+                if *c == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *c == SqlState::T_R_DEADLOCK_DETECTED
+                    || *c == SqlState::LOCK_NOT_AVAILABLE =>
+            {
+                Error::Busy { detail: message }
+            }
+            Some(c) if *c == SqlState::DATA_CORRUPTED || *c == SqlState::INDEX_CORRUPTED => {
+                Error::Corrupt { detail: message }
+            }
+            Some(_) => Error::Storage {
+                code: None,
+                message,
+            },
+            // No SQLSTATE: the connection broke, or the server went away.
+            None => Error::Io {
+                kind: std::io::ErrorKind::ConnectionAborted,
+                message,
+            },
+        }
+    }
+}
+
 impl From<r2d2::Error> for Error {
     fn from(e: r2d2::Error) -> Self {
         // r2d2 reports a connection it could not open, or a pool that stayed

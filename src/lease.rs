@@ -14,11 +14,10 @@
 
 use std::time::Duration;
 
-use rusqlite::Connection;
-
 use crate::error::{Error, Result};
 use crate::names::{self, MAX_ID_BYTES};
-use crate::store::leases::{self, LeaseRow};
+use crate::store::backend::Leases;
+use crate::store::leases::LeaseRow;
 
 /// How long a lease lasts unless renewed, by default (ADR-0015).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
@@ -121,8 +120,8 @@ fn check(name: &str, holder: &str) -> Result<()> {
     names::check_text("holder", holder, MAX_ID_BYTES)
 }
 
-pub(crate) fn acquire(
-    conn: &Connection,
+pub(crate) fn acquire<C: Leases + ?Sized>(
+    conn: &C,
     now: i64,
     name: &str,
     holder: &str,
@@ -130,10 +129,10 @@ pub(crate) fn acquire(
 ) -> Result<Lease> {
     check(name, holder)?;
     let ttl = ttl_ms(ttl)?;
-    match leases::acquire(conn, name, holder, now, ttl)? {
+    match Leases::acquire(conn, name, holder, now, ttl)? {
         Some(row) => Ok(Lease::from_row(row, ttl)),
         None => {
-            let row = leases::get(conn, name)?.expect("a conflicting lease row exists");
+            let row = Leases::get(conn, name)?.expect("a conflicting lease row exists");
             Err(Error::LeaseHeld {
                 name: row.name,
                 holder: row.holder,
@@ -143,9 +142,9 @@ pub(crate) fn acquire(
     }
 }
 
-pub(crate) fn renew(conn: &Connection, now: i64, lease: &Lease) -> Result<Lease> {
+pub(crate) fn renew<C: Leases + ?Sized>(conn: &C, now: i64, lease: &Lease) -> Result<Lease> {
     check(&lease.name, &lease.holder)?;
-    match leases::renew(
+    match Leases::renew(
         conn,
         &lease.name,
         &lease.holder,
@@ -158,18 +157,23 @@ pub(crate) fn renew(conn: &Connection, now: i64, lease: &Lease) -> Result<Lease>
     }
 }
 
-pub(crate) fn release(conn: &Connection, now: i64, lease: &Lease) -> Result<bool> {
+pub(crate) fn release<C: Leases + ?Sized>(conn: &C, now: i64, lease: &Lease) -> Result<bool> {
     check(&lease.name, &lease.holder)?;
-    leases::release(conn, &lease.name, &lease.holder, lease.generation, now)
+    Leases::release(conn, &lease.name, &lease.holder, lease.generation, now)
 }
 
 /// The fencing check, in the caller's transaction.
-pub(crate) fn fence(conn: &Connection, now: i64, lease: &Lease) -> Result<()> {
-    if leases::is_held(conn, &lease.name, &lease.holder, lease.generation, now)? {
+pub(crate) fn fence<C: Leases + ?Sized>(conn: &C, now: i64, lease: &Lease) -> Result<()> {
+    if Leases::is_held(conn, &lease.name, &lease.holder, lease.generation, now)? {
         Ok(())
     } else {
         Err(lost(lease))
     }
+}
+
+/// Every lease, by name.
+pub(crate) fn list<C: Leases + ?Sized>(conn: &C) -> Result<Vec<LeaseInfo>> {
+    Ok(Leases::list(conn)?.into_iter().map(Into::into).collect())
 }
 
 fn lost(lease: &Lease) -> Error {

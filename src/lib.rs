@@ -61,6 +61,8 @@ mod combiner;
 mod cursor;
 mod db;
 mod lease;
+#[cfg(all(test, feature = "postgres"))]
+mod matrix;
 mod notify;
 mod settings;
 mod tx;

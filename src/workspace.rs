@@ -1,11 +1,9 @@
 //! Workspaces: named logs inside the file, and the event types each accepts.
 
-use rusqlite::Connection;
-
 use crate::error::{Error, Result};
 use crate::event::RESERVED_TYPES;
 use crate::names;
-use crate::store::workspaces;
+use crate::store::backend::Workspaces;
 
 /// A workspace as listed by [`crate::Engine::workspaces`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -20,20 +18,20 @@ pub struct WorkspaceInfo {
 }
 
 /// Creates the workspace with its reserved types; false when it existed.
-pub(crate) fn create(conn: &Connection, now: i64, name: &str) -> Result<bool> {
+pub(crate) fn create<C: Workspaces + ?Sized>(conn: &C, now: i64, name: &str) -> Result<bool> {
     names::check_name("workspace", name)?;
-    let created = workspaces::insert(conn, name, now)?;
+    let created = Workspaces::insert(conn, name, now)?;
     // Registered for every workspace, so the engine's RuleFired and
     // RuleErrored pass the (workspace, type) foreign key.
     for t in RESERVED_TYPES {
-        workspaces::register_type(conn, name, t, true, now)?;
+        Workspaces::register_type(conn, name, t, true, now)?;
     }
     Ok(created)
 }
 
 /// Registers application event types; registering one again is a no-op.
-pub(crate) fn register_types(
-    conn: &Connection,
+pub(crate) fn register_types<C: Workspaces + ?Sized>(
+    conn: &C,
     now: i64,
     workspace: &str,
     types: &[&str],
@@ -47,20 +45,20 @@ pub(crate) fn register_types(
             });
         }
     }
-    if !workspaces::exists(conn, workspace)? {
+    if !Workspaces::exists(conn, workspace)? {
         return Err(Error::not_found("workspace", workspace));
     }
     for t in types {
-        workspaces::register_type(conn, workspace, t, false, now)?;
+        Workspaces::register_type(conn, workspace, t, false, now)?;
     }
     Ok(())
 }
 
-pub(crate) fn list(conn: &Connection) -> Result<Vec<WorkspaceInfo>> {
-    workspaces::list(conn)?
+pub(crate) fn list<C: Workspaces + ?Sized>(conn: &C) -> Result<Vec<WorkspaceInfo>> {
+    Workspaces::list(conn)?
         .into_iter()
         .map(|(name, created_at)| {
-            let event_types = workspaces::app_types(conn, &name)?;
+            let event_types = Workspaces::app_types(conn, &name)?;
             Ok(WorkspaceInfo {
                 name,
                 created_at,

@@ -4,6 +4,7 @@
 //! database) stand in later.
 
 pub(crate) mod audit;
+pub(crate) mod backend;
 pub(crate) mod conn;
 pub(crate) mod control;
 pub(crate) mod counters;
@@ -12,6 +13,8 @@ pub(crate) mod dead_letters;
 pub(crate) mod events;
 pub(crate) mod followers;
 pub(crate) mod leases;
+#[cfg(feature = "postgres")]
+pub(crate) mod pg;
 pub(crate) mod rules;
 pub(crate) mod runs;
 pub(crate) mod schedules;

@@ -1,0 +1,550 @@
+//! Tests only: the core's invariants on both backends: each test body is written once,
+//! against the table groups of `store::backend`, and run on an SQLite temp
+//! file and on a fresh schema of the PostgreSQL server that
+//! `REFLEXR_PG_URL` names (`bash .ci/run` starts one; see
+//! `tests/pg/cluster.sh`). The concurrency tests are PostgreSQL's own: on
+//! SQLite one writer makes them hold by construction.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use postgres::{Client, NoTls};
+
+use crate::changelog::{self, Origin};
+use crate::cursor::{self, ConsumerKind};
+use crate::error::{Error, Result};
+use crate::event::{NewEvent, Query};
+use crate::lease;
+use crate::settings::Limits;
+use crate::store::backend::{Cursors, Events, Leases, Workspaces};
+use crate::store::conn::Synchronous;
+use crate::store::pg::{self, PgConn};
+use crate::workspace;
+
+/// Everything the core asks of a connection.
+trait Core: Events + Workspaces + Cursors + Leases {}
+impl<T: Events + Workspaces + Cursors + Leases + ?Sized> Core for T {}
+
+fn pg_url() -> String {
+    std::env::var("REFLEXR_PG_URL").expect(
+        "REFLEXR_PG_URL names the PostgreSQL server these tests use \
+         (`eval \"$(bash tests/pg/cluster.sh start /tmp/reflexr-pg)\"` starts one)",
+    )
+}
+
+/// A fresh, empty schema of its own on the test server: tests run side by
+/// side without seeing each other's rows. Dropped with the database.
+struct PgSchema {
+    name: String,
+}
+
+impl PgSchema {
+    fn new() -> PgSchema {
+        let name = format!("t_{}", uuid::Uuid::now_v7().simple());
+        let mut admin = Client::connect(&pg_url(), NoTls).expect("the test server answers");
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {name}"))
+            .expect("a schema of its own");
+        PgSchema { name }
+    }
+
+    /// A client whose tables live in this schema, with reflexr's applied.
+    fn client(&self) -> Client {
+        let url = format!("{} options='-c search_path={}'", pg_url(), self.name);
+        let mut client = Client::connect(&url, NoTls).expect("the test server answers");
+        pg::schema::apply(&mut client, &self.name).expect("the schema applies");
+        client
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = Client::connect(&pg_url(), NoTls) {
+            let _ = admin.batch_execute(&format!("DROP SCHEMA {} CASCADE", self.name));
+        }
+    }
+}
+
+enum Db {
+    // The directory and the schema live as long as the connection.
+    Sqlite(rusqlite::Connection, #[allow(dead_code)] tempfile::TempDir),
+    Pg(Client, #[allow(dead_code)] Arc<PgSchema>),
+}
+
+impl Db {
+    fn sqlite() -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::store::schema::open_writer(
+            &dir.path().join("core.db"),
+            None,
+            true,
+            Synchronous::Full,
+            false,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        Db::Sqlite(conn, dir)
+    }
+
+    fn pg() -> Db {
+        let schema = Arc::new(PgSchema::new());
+        Db::Pg(schema.client(), schema)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Db::Sqlite(..) => "sqlite",
+            Db::Pg(..) => "postgres",
+        }
+    }
+
+    /// Runs `f` in one transaction: committed when it returns Ok, rolled
+    /// back when it returns an error.
+    fn tx<T>(&mut self, f: impl FnOnce(&dyn Core) -> Result<T>) -> Result<T> {
+        match self {
+            Db::Sqlite(conn, _) => {
+                conn.execute_batch("BEGIN IMMEDIATE")?;
+                let out = f(&*conn);
+                conn.execute_batch(if out.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
+                out
+            }
+            Db::Pg(client, _) => {
+                let conn = PgConn::begin(client)?;
+                let out = f(&conn)?;
+                conn.commit()?;
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Runs `body` on a fresh SQLite file, then on a fresh PostgreSQL schema.
+fn on_both(body: impl Fn(&mut Db)) {
+    for mut db in [Db::sqlite(), Db::pg()] {
+        eprintln!("-- {}", db.name());
+        body(&mut db);
+    }
+}
+
+const NOW: i64 = 1_700_000_000_000;
+const LIMITS: Limits = Limits {
+    max_payload_bytes: 64 * 1024,
+    max_chain_depth: 16,
+};
+
+fn event(event_type: &str, subject: &str) -> NewEvent {
+    NewEvent::new(event_type, subject, "tester", NOW).payload_json(r#"{"n":1}"#)
+}
+
+fn append(c: &dyn Core, ws: &str, e: &NewEvent) -> Result<crate::event::Appended> {
+    changelog::append(c, NOW, LIMITS, ws, e, Origin::App)
+}
+
+fn setup(db: &mut Db, ws: &str) {
+    db.tx(|c| {
+        workspace::create(c, NOW, ws)?;
+        workspace::register_types(c, NOW, ws, &["Opened", "Closed"])
+    })
+    .unwrap();
+}
+
+fn query(ws: &str, after: i64) -> Query {
+    Query::new(ws).after(after).limit(1000)
+}
+
+/// Invariants 1 and 3: seqs are dense and increasing; an id is appended
+/// once, and appending it again reports the first seq.
+#[test]
+fn appends_are_dense_once_per_id_and_read_in_seq_order() {
+    on_both(|db| {
+        setup(db, "shop");
+        let (a, b, again) = db
+            .tx(|c| {
+                let a = append(c, "shop", &event("Opened", "s-1").id("e-1"))?;
+                let b = append(c, "shop", &event("Closed", "s-2"))?;
+                let again = append(c, "shop", &event("Opened", "s-1").id("e-1"))?;
+                Ok((a, b, again))
+            })
+            .unwrap();
+        assert_eq!((a.seq, b.seq), (1, 2), "{}", db.name());
+        assert!(!a.existing && again.existing);
+        assert_eq!(again.seq, 1);
+        // Once more, in a transaction of its own: found, no seq taken.
+        let later = db
+            .tx(|c| append(c, "shop", &event("Opened", "s-1").id("e-1")))
+            .unwrap();
+        assert_eq!((later.seq, later.existing), (1, true));
+        db.tx(|c| {
+            assert_eq!(changelog::head(c)?, 2);
+            let all = changelog::read(c, &query("shop", 0))?;
+            assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+            assert_eq!(all[0].id, "e-1");
+            assert_eq!(all[0].payload, r#"{"n":1}"#);
+            let closed = changelog::read(c, &query("shop", 0).types(["Closed"]))?;
+            assert_eq!(closed.len(), 1);
+            assert_eq!(closed[0].subject, "s-2");
+            let s1 = changelog::read(c, &query("shop", 0).subject("s-1"))?;
+            assert_eq!(s1.len(), 1);
+            assert_eq!(changelog::read(c, &query("shop", 1))?.len(), 1);
+            assert_eq!(
+                changelog::event_by_id(c, "shop", "e-1")?.map(|e| e.seq),
+                Some(1)
+            );
+            assert_eq!(
+                changelog::event(c, 2)?.map(|e| e.subject),
+                Some("s-2".into())
+            );
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// A refused append (unknown workspace, unregistered type, reserved type)
+/// is a typed error, takes no seq, and leaves the transaction usable: on
+/// PostgreSQL a failed statement would abort it, so none may fail.
+#[test]
+fn a_refused_append_takes_no_seq_and_the_transaction_goes_on() {
+    on_both(|db| {
+        setup(db, "shop");
+        let seq = db
+            .tx(|c| {
+                let e = append(c, "nowhere", &event("Opened", "x")).unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        Error::NotFound {
+                            kind: "workspace",
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+                let e = append(c, "shop", &event("Refunded", "x")).unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        Error::NotFound {
+                            kind: "event type",
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+                let e = append(c, "shop", &event("RuleFired", "x")).unwrap_err();
+                assert!(matches!(e, Error::ReservedType { .. }), "{e}");
+                Ok(append(c, "shop", &event("Opened", "s-1"))?.seq)
+            })
+            .unwrap();
+        assert_eq!(seq, 1, "{}", db.name());
+    });
+}
+
+/// Invariant 2 and a dense log: a transaction that fails appends nothing,
+/// and its seqs are handed out again.
+#[test]
+fn a_rolled_back_append_leaves_no_gap() {
+    on_both(|db| {
+        setup(db, "shop");
+        let failed: Result<()> = db.tx(|c| {
+            append(c, "shop", &event("Opened", "s-1"))?;
+            append(c, "shop", &event("Opened", "s-2"))?;
+            Err(Error::invalid("test", "the caller gave up"))
+        });
+        assert!(failed.is_err());
+        let seq = db
+            .tx(|c| Ok(append(c, "shop", &event("Opened", "s-3"))?.seq))
+            .unwrap();
+        assert_eq!(seq, 1, "{}", db.name());
+        db.tx(|c| {
+            assert_eq!(changelog::read(c, &query("shop", 0))?.len(), 1);
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 8: a cursor moves only forward, never past the head.
+#[test]
+fn a_cursor_moves_only_forward_and_never_past_the_head() {
+    on_both(|db| {
+        setup(db, "shop");
+        let at = ("shop", ConsumerKind::App, "mailer");
+        db.tx(|c| {
+            for i in 0..3 {
+                append(c, "shop", &event("Opened", &format!("s-{i}")))?;
+            }
+            assert_eq!(cursor::load(c, "shop", ConsumerKind::App, "mailer")?, 0);
+            cursor::save(c, NOW, at, 2)
+        })
+        .unwrap();
+        let back = db.tx(|c| cursor::save(c, NOW, at, 1)).unwrap_err();
+        assert!(
+            matches!(
+                back,
+                Error::CursorBackwards {
+                    current: 2,
+                    requested: 1,
+                    ..
+                }
+            ),
+            "{}: {back}",
+            db.name()
+        );
+        let ahead = db.tx(|c| cursor::save(c, NOW, at, 4)).unwrap_err();
+        assert!(
+            matches!(ahead, Error::CursorAhead { head: 3, .. }),
+            "{ahead}"
+        );
+        let unknown = db
+            .tx(|c| cursor::save(c, NOW, ("elsewhere", ConsumerKind::App, "m"), 0))
+            .unwrap_err();
+        assert!(matches!(unknown, Error::NotFound { .. }), "{unknown}");
+        db.tx(|c| cursor::save(c, NOW + 1, at, 2)).unwrap();
+        db.tx(|c| cursor::save(c, NOW + 2, at, 3)).unwrap();
+        let pos = db
+            .tx(|c| cursor::load(c, "shop", ConsumerKind::App, "mailer"))
+            .unwrap();
+        assert_eq!(pos, 3);
+    });
+}
+
+/// Invariant 7: one holder at a time; taking a lapsed lease bumps the
+/// generation, and the old holder's fence fails.
+#[test]
+fn a_lease_has_one_holder_and_fences_the_one_that_lost_it() {
+    on_both(|db| {
+        let ttl = Duration::from_secs(30);
+        let a = db
+            .tx(|c| lease::acquire(c, NOW, "evaluator/shop", "proc-a", ttl))
+            .unwrap();
+        assert_eq!(a.generation, 1);
+        let held = db
+            .tx(|c| lease::acquire(c, NOW + 1, "evaluator/shop", "proc-b", ttl))
+            .unwrap_err();
+        assert!(
+            matches!(&held, Error::LeaseHeld { holder, .. } if holder == "proc-a"),
+            "{}: {held}",
+            db.name()
+        );
+        let a = db.tx(|c| lease::renew(c, NOW + 10_000, &a)).unwrap();
+        assert_eq!(a.expires_at, NOW + 40_000);
+        db.tx(|c| lease::fence(c, NOW + 39_999, &a)).unwrap();
+        // A pauses past its expiry; B takes over.
+        let b = db
+            .tx(|c| lease::acquire(c, NOW + 40_000, "evaluator/shop", "proc-b", ttl))
+            .unwrap();
+        assert_eq!(b.generation, 2);
+        let lost = db.tx(|c| lease::fence(c, NOW + 40_001, &a)).unwrap_err();
+        assert!(
+            matches!(lost, Error::LeaseLost { generation: 1, .. }),
+            "{lost}"
+        );
+        assert!(db.tx(|c| lease::renew(c, NOW + 40_001, &a)).is_err());
+        assert!(!db.tx(|c| lease::release(c, NOW + 40_001, &a)).unwrap());
+        assert!(db.tx(|c| lease::release(c, NOW + 40_001, &b)).unwrap());
+        // Released: free at once, and the generation is not reused.
+        let c2 = db
+            .tx(|c| lease::acquire(c, NOW + 40_002, "evaluator/shop", "proc-c", ttl))
+            .unwrap();
+        assert_eq!(c2.generation, 3);
+        let listed = db.tx(|c| lease::list(c)).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].holder, "proc-c");
+    });
+}
+
+/// Workspaces and their types list the same on both backends.
+#[test]
+fn workspaces_list_their_application_types() {
+    on_both(|db| {
+        setup(db, "shop");
+        db.tx(|c| {
+            assert!(!workspace::create(c, NOW, "shop")?);
+            workspace::register_types(c, NOW, "shop", &["Opened", "Paid"])?;
+            let e = workspace::register_types(c, NOW, "nowhere", &["Opened"]).unwrap_err();
+            assert!(matches!(e, Error::NotFound { .. }));
+            let listed = workspace::list(c)?;
+            assert_eq!(listed.len(), 1);
+            assert_eq!(listed[0].event_types, ["Closed", "Opened", "Paid"]);
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// How many of the server's lock requests are waiting.
+fn waiting_locks(client: &mut Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// Invariant 1 on PostgreSQL, the way event stores on it have got it wrong:
+/// a transaction that appended first and commits last must not be skipped
+/// by a reader that saw later appends. Here the later append waits for the
+/// first to commit, so the reader never sees seq 2 without seq 1.
+#[test]
+fn a_reader_never_skips_an_event_committed_late() {
+    let schema = Arc::new(PgSchema::new());
+    let mut first = schema.client();
+    let mut reader = schema.client();
+    let mut watcher = schema.client();
+    let mut db = Db::Pg(schema.client(), Arc::clone(&schema));
+    setup(&mut db, "shop");
+
+    let slow = PgConn::begin(&mut first).unwrap();
+    assert_eq!(
+        append(&slow, "shop", &event("Opened", "slow")).unwrap().seq,
+        1
+    );
+
+    let later = {
+        let schema = Arc::clone(&schema);
+        std::thread::spawn(move || {
+            let mut client = schema.client();
+            let conn = PgConn::begin(&mut client).unwrap();
+            let seq = append(&conn, "shop", &event("Opened", "quick"))
+                .unwrap()
+                .seq;
+            conn.commit().unwrap();
+            seq
+        })
+    };
+    // The later append is waiting on the first (not merely not started).
+    while waiting_locks(&mut watcher) == 0 {
+        std::thread::yield_now();
+    }
+    let seen = {
+        let conn = PgConn::begin(&mut reader).unwrap();
+        let seen = changelog::read(&conn, &query("shop", 0)).unwrap();
+        conn.commit().unwrap();
+        seen
+    };
+    assert!(seen.is_empty(), "nothing is committed yet: {seen:?}");
+    slow.commit().unwrap();
+    assert_eq!(later.join().unwrap(), 2);
+    let conn = PgConn::begin(&mut reader).unwrap();
+    let seen = changelog::read(&conn, &query("shop", 0)).unwrap();
+    assert_eq!(
+        seen.iter()
+            .map(|e| (e.seq, e.subject.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "slow"), (2, "quick")]
+    );
+}
+
+/// Invariant 1 under load: writers append in transactions held open for a
+/// random while (`pg_sleep`) — some roll back — while a reader follows the
+/// log with a cursor. The reader gets every committed event exactly once,
+/// in seq order, and the seqs are dense. Its assertions do not depend on
+/// the timing; the sleeps only vary the interleavings.
+#[test]
+fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
+    const WRITERS: usize = 4;
+    const TXS: usize = 40;
+    let schema = Arc::new(PgSchema::new());
+    let mut db = Db::Pg(schema.client(), Arc::clone(&schema));
+    setup(&mut db, "shop");
+    let start = Arc::new(Barrier::new(WRITERS + 1));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (schema, start) = (Arc::clone(&schema), Arc::clone(&start));
+            std::thread::spawn(move || {
+                let mut client = schema.client();
+                let mut committed = Vec::new();
+                start.wait();
+                for t in 0..TXS {
+                    let conn = PgConn::begin(&mut client).unwrap();
+                    let mut ids = Vec::new();
+                    for k in 0..=(t % 3) {
+                        let id = format!("w{w}-t{t}-{k}");
+                        append(&conn, "shop", &event("Opened", &id).id(&id)).unwrap();
+                        ids.push(id);
+                    }
+                    let pause = fastrand::u32(0..4);
+                    conn.with(|tx| tx.execute(&format!("SELECT pg_sleep({pause} / 1000.0)"), &[]))
+                        .unwrap();
+                    if t % 5 == 4 {
+                        drop(conn); // rolled back
+                    } else {
+                        conn.commit().unwrap();
+                        committed.extend(ids);
+                    }
+                }
+                committed
+            })
+        })
+        .collect();
+
+    let mut reader = schema.client();
+    let mut seen: Vec<(i64, String)> = Vec::new();
+    let mut cursor = 0;
+    start.wait();
+    let follow = |reader: &mut Client, cursor: &mut i64, seen: &mut Vec<(i64, String)>| {
+        let conn = PgConn::begin(reader).unwrap();
+        let page = changelog::read(&conn, &query("shop", *cursor)).unwrap();
+        conn.commit().unwrap();
+        for e in page {
+            assert!(e.seq > *cursor);
+            *cursor = e.seq;
+            seen.push((e.seq, e.id));
+        }
+    };
+    while writers.iter().any(|w| !w.is_finished()) {
+        follow(&mut reader, &mut cursor, &mut seen);
+    }
+    let committed: BTreeSet<String> = writers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    follow(&mut reader, &mut cursor, &mut seen);
+
+    let seqs: Vec<i64> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(
+        seqs,
+        (1..=committed.len() as i64).collect::<Vec<_>>(),
+        "dense, in order"
+    );
+    let ids: BTreeSet<String> = seen.into_iter().map(|s| s.1).collect();
+    assert_eq!(ids, committed, "every committed event, and only those");
+}
+
+/// The schema is applied once, by one of several openers at once; a
+/// database with a newer schema is refused and left as it is.
+#[test]
+fn the_schema_is_applied_once_and_a_newer_one_is_refused() {
+    let schema = Arc::new(PgSchema::new());
+    let openers: Vec<_> = (0..4)
+        .map(|_| {
+            let schema = Arc::clone(&schema);
+            std::thread::spawn(move || drop(schema.client()))
+        })
+        .collect();
+    for o in openers {
+        o.join().unwrap();
+    }
+    let mut client = schema.client();
+    let versions: i64 = client
+        .query_one("SELECT count(*) FROM reflexr_schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(versions, 1);
+    client
+        .batch_execute("INSERT INTO reflexr_schema_version (version) VALUES (99)")
+        .unwrap();
+    let e = pg::schema::apply(&mut client, "test").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::SchemaTooNew {
+                found: 99,
+                supported: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

@@ -1,0 +1,270 @@
+//! The seam between the engine and its database: what the core asks of a
+//! connection, one small trait per table group, so the same core code runs
+//! on SQLite and on PostgreSQL (issue 19).
+//!
+//! A connection here is one inside a transaction, or a reader: the core
+//! never begins or ends a transaction itself. SQLite's
+//! [`rusqlite::Connection`] implements each trait by calling the statements
+//! of its table's module (`store::events`, `store::cursors`, …), so the
+//! SQLite path compiles to the same calls as before the seam (static
+//! dispatch; nothing boxed). PostgreSQL's connection (`store::pg`, feature
+//! `postgres`) implements them with its own statements beside its own
+//! schema.
+//!
+//! A core function states the groups it needs as bounds
+//! (`C: Events + Workspaces`), and a backend supports a function when it
+//! implements those groups: the compiler, not a runtime check, says what
+//! runs where. The groups so far are the core's: workspaces, the change
+//! log, cursors and leases. The work layer (rules, runs, deliveries,
+//! schedules, followers) still takes SQLite's connection directly.
+//!
+//! Call the methods through the trait (`Events::page(conn, …)`): an
+//! inherent method of the connection type with the same name would win over
+//! the trait's in method-call syntax.
+
+use crate::error::Result;
+use crate::event::Event;
+
+use super::events::NewRow;
+use super::leases::LeaseRow;
+use super::{cursors, events, leases, workspaces};
+
+/// What inserting an event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inserted {
+    /// Appended at this seq.
+    At(i64),
+    /// The workspace has an event with this id already; nothing inserted.
+    Existing,
+    /// The (workspace, type) pair is not registered: the workspace does
+    /// not exist, or does not accept the type. Nothing inserted.
+    Unregistered,
+}
+
+/// `reflexr_workspaces` and `reflexr_event_types`.
+pub(crate) trait Workspaces {
+    /// Inserts the workspace; false when it existed already.
+    fn insert(&self, name: &str, now: i64) -> Result<bool>;
+    fn exists(&self, name: &str) -> Result<bool>;
+    /// Registers `event_type` for the workspace; false when it was
+    /// registered already.
+    fn register_type(
+        &self,
+        workspace: &str,
+        event_type: &str,
+        reserved: bool,
+        now: i64,
+    ) -> Result<bool>;
+    /// Every workspace with its creation time, by name.
+    fn list(&self) -> Result<Vec<(String, i64)>>;
+    /// The types an application may append (the reserved ones left out).
+    fn app_types(&self, workspace: &str) -> Result<Vec<String>>;
+}
+
+/// `reflexr_events`, the change log.
+///
+/// Every backend keeps one seq for the whole log, dense (a rolled-back
+/// append leaves no gap) and in commit order: a reader that has seen seq
+/// `n` will never later see a new event below `n` (invariant 1, and what a
+/// cursor relies on never to skip an event).
+pub(crate) trait Events {
+    fn insert(&self, row: &NewRow<'_>) -> Result<Inserted>;
+    /// The seq of the workspace's event with this id.
+    fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>>;
+    /// The depth of the workspace's event with this id.
+    fn depth_of(&self, workspace: &str, id: &str) -> Result<Option<i64>>;
+    /// Up to `limit` of the workspace's events after `after`, in seq order;
+    /// only those whose type is in `types` unless it is empty.
+    fn page(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        limit: usize,
+    ) -> Result<Vec<Event>>;
+    /// Up to `limit` of the workspace's events after `after` with this
+    /// subject (and a type in `types` unless it is empty), in seq order.
+    fn by_subject(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        subject: &str,
+        limit: usize,
+    ) -> Result<Vec<Event>>;
+    /// One event by seq.
+    fn get(&self, seq: i64) -> Result<Option<Event>>;
+    /// The workspace's event with this id.
+    fn by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>>;
+    /// The highest seq ever assigned (0 before the first append); pruning
+    /// does not lower it.
+    fn head(&self) -> Result<i64>;
+}
+
+/// `reflexr_cursors`.
+pub(crate) trait Cursors {
+    /// The cursor's position, if it was ever saved.
+    fn get(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<i64>>;
+    /// Moves the cursor to `position` unless that is behind it; returns
+    /// `Err(current)` when it would have moved backwards (nothing written).
+    fn advance(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        now: i64,
+    ) -> Result<std::result::Result<(), i64>>;
+}
+
+/// `reflexr_leases`. Every statement that acts under a lease checks holder,
+/// generation and expiry (by the caller's clock) in the statement itself.
+pub(crate) trait Leases {
+    /// Takes the lease if it is free or already `holder`'s (see
+    /// `store::leases::acquire`); `None` when someone else holds it.
+    fn acquire(&self, name: &str, holder: &str, now: i64, ttl_ms: i64) -> Result<Option<LeaseRow>>;
+    /// Extends a live lease held at `generation`; `None` when it is not.
+    fn renew(
+        &self,
+        name: &str,
+        holder: &str,
+        generation: i64,
+        now: i64,
+        ttl_ms: i64,
+    ) -> Result<Option<LeaseRow>>;
+    /// Gives a live lease up at once; false when it was not the caller's.
+    fn release(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool>;
+    /// The fencing check, in the transaction of the fenced write.
+    fn is_held(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool>;
+    fn get(&self, name: &str) -> Result<Option<LeaseRow>>;
+    fn list(&self) -> Result<Vec<LeaseRow>>;
+}
+
+// SQLite: each method is its table module's statement.
+
+impl Workspaces for rusqlite::Connection {
+    fn insert(&self, name: &str, now: i64) -> Result<bool> {
+        workspaces::insert(self, name, now)
+    }
+    fn exists(&self, name: &str) -> Result<bool> {
+        workspaces::exists(self, name)
+    }
+    fn register_type(
+        &self,
+        workspace: &str,
+        event_type: &str,
+        reserved: bool,
+        now: i64,
+    ) -> Result<bool> {
+        workspaces::register_type(self, workspace, event_type, reserved, now)
+    }
+    fn list(&self) -> Result<Vec<(String, i64)>> {
+        workspaces::list(self)
+    }
+    fn app_types(&self, workspace: &str) -> Result<Vec<String>> {
+        workspaces::app_types(self, workspace)
+    }
+}
+
+impl Events for rusqlite::Connection {
+    fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
+        match events::insert(self, row) {
+            Ok(Some(seq)) => Ok(Inserted::At(seq)),
+            Ok(None) => Ok(Inserted::Existing),
+            // The only foreign key is (workspace, type).
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY =>
+            {
+                Ok(Inserted::Unregistered)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+    fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
+        events::seq_of(self, workspace, id)
+    }
+    fn depth_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
+        events::depth_of(self, workspace, id)
+    }
+    fn page(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        events::page(self, workspace, after, types, limit)
+    }
+    fn by_subject(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        subject: &str,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let (events, _) = events::scan(
+            self,
+            workspace,
+            after,
+            types,
+            Some(subject),
+            limit,
+            usize::MAX,
+        )?;
+        Ok(events)
+    }
+    fn get(&self, seq: i64) -> Result<Option<Event>> {
+        events::get(self, seq)
+    }
+    fn by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>> {
+        events::by_id(self, workspace, id)
+    }
+    fn head(&self) -> Result<i64> {
+        events::head(self)
+    }
+}
+
+impl Cursors for rusqlite::Connection {
+    fn get(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<i64>> {
+        cursors::get(self, workspace, kind, name)
+    }
+    fn advance(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        now: i64,
+    ) -> Result<std::result::Result<(), i64>> {
+        cursors::advance(self, workspace, kind, name, position, now)
+    }
+}
+
+impl Leases for rusqlite::Connection {
+    fn acquire(&self, name: &str, holder: &str, now: i64, ttl_ms: i64) -> Result<Option<LeaseRow>> {
+        leases::acquire(self, name, holder, now, ttl_ms)
+    }
+    fn renew(
+        &self,
+        name: &str,
+        holder: &str,
+        generation: i64,
+        now: i64,
+        ttl_ms: i64,
+    ) -> Result<Option<LeaseRow>> {
+        leases::renew(self, name, holder, generation, now, ttl_ms)
+    }
+    fn release(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool> {
+        leases::release(self, name, holder, generation, now)
+    }
+    fn is_held(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool> {
+        leases::is_held(self, name, holder, generation, now)
+    }
+    fn get(&self, name: &str) -> Result<Option<LeaseRow>> {
+        leases::get(self, name)
+    }
+    fn list(&self) -> Result<Vec<LeaseRow>> {
+        leases::list(self)
+    }
+}

@@ -1,0 +1,518 @@
+//! The store on PostgreSQL (feature `postgres`): the statements of the
+//! core's table groups ([`super::backend`]) in PostgreSQL's dialect, beside
+//! its schema file `schema.pg.sql`.
+//!
+//! Where PostgreSQL differs from SQLite, and what this module does about it:
+//!
+//! - **Seqs in commit order.** Many transactions write at once, and a
+//!   sequence's numbers become visible in another order than they were
+//!   handed out. An append takes its seq by updating the one row of
+//!   `reflexr_head` instead, so appending transactions take their seqs one
+//!   at a time, from their first append to their commit: the seqs a reader
+//!   sees only ever grow, and a cursor never skips an event that commits
+//!   later (`matrix::a_reader_never_skips_an_event_committed_late`). The
+//!   cost: appends serialise across processes the way SQLite's one writer
+//!   does; transactions that append nothing are not held up.
+//! - **A failed statement aborts the transaction.** SQLite carries on after
+//!   a constraint failure; PostgreSQL refuses every later statement of the
+//!   transaction. So nothing here relies on a statement failing: an append
+//!   checks the type's registration in the statement that takes the seq,
+//!   and an id already there is found, not collided with.
+//! - **One round trip per statement.** Statements go with their parameter
+//!   types (`query_typed`), which PostgreSQL parses, binds and runs in one
+//!   exchange instead of a prepare and an execute.
+
+// Until the engine opens on PostgreSQL (the next step of issue 19), only
+// the tests reach this module.
+#![cfg_attr(not(test), allow(dead_code))]
+
+pub(crate) mod schema;
+
+use std::cell::RefCell;
+
+use postgres::Row;
+use postgres::types::{ToSql, Type};
+
+use super::backend::{Cursors, Events, Inserted, Leases, Workspaces};
+use super::events::NewRow;
+use super::leases::LeaseRow;
+use crate::error::{Error, Result};
+use crate::event::Event;
+
+/// One connection's transaction, as the core's table groups see it.
+///
+/// The core's methods take `&self` (SQLite's connection does); the
+/// PostgreSQL client needs `&mut` for every statement, so the transaction
+/// sits in a `RefCell`. No method holds the borrow across a call into
+/// another, so it is never borrowed twice.
+pub(crate) struct PgConn<'a> {
+    tx: RefCell<postgres::Transaction<'a>>,
+}
+
+type Param<'p> = (&'p (dyn ToSql + Sync), Type);
+
+impl<'a> PgConn<'a> {
+    /// Begins a transaction on `client`.
+    pub(crate) fn begin(client: &'a mut postgres::Client) -> Result<PgConn<'a>> {
+        Ok(PgConn {
+            tx: RefCell::new(client.transaction()?),
+        })
+    }
+
+    /// Commits the transaction.
+    pub(crate) fn commit(self) -> Result<()> {
+        Ok(self.tx.into_inner().commit()?)
+    }
+
+    /// The transaction, for statements of the caller's own.
+    #[cfg(test)]
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut postgres::Transaction<'a>) -> T) -> T {
+        f(&mut self.tx.borrow_mut())
+    }
+
+    fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
+        Ok(self.tx.borrow_mut().query_typed(sql, params)?)
+    }
+
+    fn query_opt(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<Row>> {
+        Ok(self.tx.borrow_mut().query_typed_opt(sql, params)?)
+    }
+}
+
+/// A column of a row, its decoding failure a typed error.
+fn col<'r, T: postgres::types::FromSql<'r>>(row: &'r Row, i: usize) -> Result<T> {
+    row.try_get(i).map_err(Error::from)
+}
+
+impl Workspaces for PgConn<'_> {
+    fn insert(&self, name: &str, now: i64) -> Result<bool> {
+        let row = self.query_opt(
+            "INSERT INTO reflexr_workspaces (name, created_at) VALUES ($1, $2) \
+             ON CONFLICT (name) DO NOTHING RETURNING 1",
+            &[(&name, Type::TEXT), (&now, Type::INT8)],
+        )?;
+        Ok(row.is_some())
+    }
+
+    fn exists(&self, name: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "SELECT 1 FROM reflexr_workspaces WHERE name = $1",
+                &[(&name, Type::TEXT)],
+            )?
+            .is_some())
+    }
+
+    fn register_type(
+        &self,
+        workspace: &str,
+        event_type: &str,
+        reserved: bool,
+        now: i64,
+    ) -> Result<bool> {
+        let row = self.query_opt(
+            "INSERT INTO reflexr_event_types (workspace, type, reserved, registered_at) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (workspace, type) DO NOTHING RETURNING 1",
+            &[
+                (&workspace, Type::TEXT),
+                (&event_type, Type::TEXT),
+                (&reserved, Type::BOOL),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(row.is_some())
+    }
+
+    fn list(&self) -> Result<Vec<(String, i64)>> {
+        self.query(
+            "SELECT name, created_at FROM reflexr_workspaces ORDER BY name",
+            &[],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+        .collect()
+    }
+
+    fn app_types(&self, workspace: &str) -> Result<Vec<String>> {
+        self.query(
+            "SELECT type FROM reflexr_event_types WHERE workspace = $1 AND NOT reserved \
+             ORDER BY type",
+            &[(&workspace, Type::TEXT)],
+        )?
+        .iter()
+        .map(|r| col(r, 0))
+        .collect()
+    }
+}
+
+const EVENT_COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
+                             causation_id, correlation_id, depth, payload";
+
+fn event_from(r: &Row) -> Result<Event> {
+    Ok(Event {
+        seq: col(r, 0)?,
+        id: col(r, 1)?,
+        workspace: col(r, 2)?,
+        event_type: col(r, 3)?,
+        subject: col(r, 4)?,
+        actor: col(r, 5)?,
+        occurred_at: col(r, 6)?,
+        recorded_at: col(r, 7)?,
+        causation_id: col(r, 8)?,
+        correlation_id: col(r, 9)?,
+        depth: i64::from(col::<i32>(r, 10)?),
+        payload: col(r, 11)?,
+        parsed: Default::default(),
+    })
+}
+
+fn events_from(rows: &[Row]) -> Result<Vec<Event>> {
+    rows.iter().map(event_from).collect()
+}
+
+/// A page size as PostgreSQL's LIMIT takes it.
+fn limit_of(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+impl Events for PgConn<'_> {
+    fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
+        let depth = i32::try_from(row.depth)
+            .map_err(|_| Error::invalid("depth", "more than 2^31 causes deep"))?;
+        // The seq is taken only when the type is registered (so the foreign
+        // key cannot fail: a failed statement would abort the transaction),
+        // and taking it locks reflexr_head until commit.
+        let inserted = self.query_opt(
+            "WITH next AS ( \
+               UPDATE reflexr_head SET seq = seq + 1 \
+               WHERE EXISTS (SELECT 1 FROM reflexr_event_types WHERE workspace = $1 AND type = $3) \
+               RETURNING seq) \
+             INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, occurred_at, \
+               recorded_at, payload, causation_id, correlation_id, depth) \
+             SELECT next.seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM next \
+             ON CONFLICT (workspace, id) DO NOTHING \
+             RETURNING seq",
+            &[
+                (&row.workspace, Type::TEXT),
+                (&row.id, Type::TEXT),
+                (&row.event_type, Type::TEXT),
+                (&row.subject, Type::TEXT),
+                (&row.actor, Type::TEXT),
+                (&row.occurred_at, Type::INT8),
+                (&row.recorded_at, Type::INT8),
+                (&row.payload, Type::TEXT),
+                (&row.causation_id, Type::TEXT),
+                (&row.correlation_id, Type::TEXT),
+                (&depth, Type::INT4),
+            ],
+        )?;
+        if let Some(r) = inserted {
+            return Ok(Inserted::At(col(&r, 0)?));
+        }
+        let registered = self
+            .query_opt(
+                "SELECT 1 FROM reflexr_event_types WHERE workspace = $1 AND type = $2",
+                &[(&row.workspace, Type::TEXT), (&row.event_type, Type::TEXT)],
+            )?
+            .is_some();
+        if !registered {
+            // The head was not touched.
+            return Ok(Inserted::Unregistered);
+        }
+        // Another transaction appended this id first (the core looked it up
+        // before, so only a race gets here): the head moved for nothing.
+        // This transaction holds the head's lock since its update, so
+        // nobody took a seq since: step it back, and no seq is skipped.
+        self.query("UPDATE reflexr_head SET seq = seq - 1", &[])?;
+        Ok(Inserted::Existing)
+    }
+
+    fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
+        self.query_opt(
+            "SELECT seq FROM reflexr_events WHERE workspace = $1 AND id = $2",
+            &[(&workspace, Type::TEXT), (&id, Type::TEXT)],
+        )?
+        .map(|r| col(&r, 0))
+        .transpose()
+    }
+
+    fn depth_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
+        self.query_opt(
+            "SELECT depth FROM reflexr_events WHERE workspace = $1 AND id = $2",
+            &[(&workspace, Type::TEXT), (&id, Type::TEXT)],
+        )?
+        .map(|r| col::<i32>(&r, 0).map(i64::from))
+        .transpose()
+    }
+
+    fn page(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let limit = limit_of(limit);
+        let rows = if types.is_empty() {
+            self.query(
+                &format!(
+                    "SELECT {EVENT_COLUMNS} FROM reflexr_events \
+                     WHERE workspace = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+                ),
+                &[
+                    (&workspace, Type::TEXT),
+                    (&after, Type::INT8),
+                    (&limit, Type::INT8),
+                ],
+            )?
+        } else {
+            self.query(
+                &format!(
+                    "SELECT {EVENT_COLUMNS} FROM reflexr_events \
+                     WHERE workspace = $1 AND seq > $2 AND type = ANY ($3) \
+                     ORDER BY seq LIMIT $4"
+                ),
+                &[
+                    (&workspace, Type::TEXT),
+                    (&after, Type::INT8),
+                    (&types, Type::TEXT_ARRAY),
+                    (&limit, Type::INT8),
+                ],
+            )?
+        };
+        events_from(&rows)
+    }
+
+    fn by_subject(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        subject: &str,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let limit = limit_of(limit);
+        let rows = self.query(
+            &format!(
+                "SELECT {EVENT_COLUMNS} FROM reflexr_events \
+                 WHERE workspace = $1 AND seq > $2 AND subject = $3 \
+                   AND (cardinality($4::text[]) = 0 OR type = ANY ($4)) \
+                 ORDER BY seq LIMIT $5"
+            ),
+            &[
+                (&workspace, Type::TEXT),
+                (&after, Type::INT8),
+                (&subject, Type::TEXT),
+                (&types, Type::TEXT_ARRAY),
+                (&limit, Type::INT8),
+            ],
+        )?;
+        events_from(&rows)
+    }
+
+    fn get(&self, seq: i64) -> Result<Option<Event>> {
+        self.query_opt(
+            &format!("SELECT {EVENT_COLUMNS} FROM reflexr_events WHERE seq = $1"),
+            &[(&seq, Type::INT8)],
+        )?
+        .as_ref()
+        .map(event_from)
+        .transpose()
+    }
+
+    fn by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>> {
+        self.query_opt(
+            &format!("SELECT {EVENT_COLUMNS} FROM reflexr_events WHERE workspace = $1 AND id = $2"),
+            &[(&workspace, Type::TEXT), (&id, Type::TEXT)],
+        )?
+        .as_ref()
+        .map(event_from)
+        .transpose()
+    }
+
+    fn head(&self) -> Result<i64> {
+        let rows = self.query("SELECT seq FROM reflexr_head", &[])?;
+        match rows.first() {
+            Some(r) => col(r, 0),
+            None => Ok(0),
+        }
+    }
+}
+
+impl Cursors for PgConn<'_> {
+    fn get(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<i64>> {
+        self.query_opt(
+            "SELECT position FROM reflexr_cursors \
+             WHERE workspace = $1 AND kind = $2 AND name = $3",
+            &[
+                (&workspace, Type::TEXT),
+                (&kind, Type::TEXT),
+                (&name, Type::TEXT),
+            ],
+        )?
+        .map(|r| col(&r, 0))
+        .transpose()
+    }
+
+    fn advance(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        now: i64,
+    ) -> Result<std::result::Result<(), i64>> {
+        let moved = self.query_opt(
+            "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at, high_water) \
+             VALUES ($1, $2, $3, $4, $5, $4) \
+             ON CONFLICT (workspace, kind, name) DO UPDATE \
+             SET position = excluded.position, \
+                 updated_at = greatest(excluded.updated_at, reflexr_cursors.updated_at + 1), \
+                 high_water = greatest(reflexr_cursors.high_water, excluded.position), \
+                 failures = CASE WHEN excluded.position > reflexr_cursors.position THEN 0 \
+                            ELSE reflexr_cursors.failures END, \
+                 last_error = CASE WHEN excluded.position > reflexr_cursors.position THEN NULL \
+                              ELSE reflexr_cursors.last_error END \
+             WHERE excluded.position >= reflexr_cursors.position \
+             RETURNING 1",
+            &[
+                (&workspace, Type::TEXT),
+                (&kind, Type::TEXT),
+                (&name, Type::TEXT),
+                (&position, Type::INT8),
+                (&now, Type::INT8),
+            ],
+        )?;
+        if moved.is_some() {
+            return Ok(Ok(()));
+        }
+        let current = Cursors::get(self, workspace, kind, name)?.unwrap_or(0);
+        Ok(Err(current))
+    }
+}
+
+const LEASE_COLUMNS: &str = "name, holder, generation, acquired_at, renewed_at, expires_at";
+
+fn lease_from(r: &Row) -> Result<LeaseRow> {
+    Ok(LeaseRow {
+        name: col(r, 0)?,
+        holder: col(r, 1)?,
+        generation: col(r, 2)?,
+        acquired_at: col(r, 3)?,
+        renewed_at: col(r, 4)?,
+        expires_at: col(r, 5)?,
+    })
+}
+
+impl Leases for PgConn<'_> {
+    fn acquire(&self, name: &str, holder: &str, now: i64, ttl_ms: i64) -> Result<Option<LeaseRow>> {
+        // The same statement as SQLite's (see store::leases::acquire).
+        self.query_opt(
+            &format!(
+                "INSERT INTO reflexr_leases \
+                   (name, holder, generation, acquired_at, renewed_at, expires_at) \
+                 VALUES ($1, $2, 1, $3, $3, $3 + $4) \
+                 ON CONFLICT (name) DO UPDATE SET \
+                   generation = CASE WHEN reflexr_leases.expires_at <= excluded.acquired_at \
+                                THEN reflexr_leases.generation + 1 \
+                                ELSE reflexr_leases.generation END, \
+                   acquired_at = CASE WHEN reflexr_leases.expires_at <= excluded.acquired_at \
+                                 THEN excluded.acquired_at \
+                                 ELSE reflexr_leases.acquired_at END, \
+                   holder = excluded.holder, \
+                   renewed_at = excluded.renewed_at, \
+                   expires_at = greatest(reflexr_leases.expires_at, excluded.expires_at) \
+                 WHERE reflexr_leases.expires_at <= excluded.acquired_at \
+                    OR reflexr_leases.holder = excluded.holder \
+                 RETURNING {LEASE_COLUMNS}"
+            ),
+            &[
+                (&name, Type::TEXT),
+                (&holder, Type::TEXT),
+                (&now, Type::INT8),
+                (&ttl_ms, Type::INT8),
+            ],
+        )?
+        .as_ref()
+        .map(lease_from)
+        .transpose()
+    }
+
+    fn renew(
+        &self,
+        name: &str,
+        holder: &str,
+        generation: i64,
+        now: i64,
+        ttl_ms: i64,
+    ) -> Result<Option<LeaseRow>> {
+        self.query_opt(
+            &format!(
+                "UPDATE reflexr_leases \
+                 SET renewed_at = $4, expires_at = greatest(expires_at, $4 + $5) \
+                 WHERE name = $1 AND holder = $2 AND generation = $3 AND expires_at > $4 \
+                 RETURNING {LEASE_COLUMNS}"
+            ),
+            &[
+                (&name, Type::TEXT),
+                (&holder, Type::TEXT),
+                (&generation, Type::INT8),
+                (&now, Type::INT8),
+                (&ttl_ms, Type::INT8),
+            ],
+        )?
+        .as_ref()
+        .map(lease_from)
+        .transpose()
+    }
+
+    fn release(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool> {
+        let released = self.query_opt(
+            "UPDATE reflexr_leases SET expires_at = 0, renewed_at = $4 \
+             WHERE name = $1 AND holder = $2 AND generation = $3 AND expires_at > $4 \
+             RETURNING 1",
+            &[
+                (&name, Type::TEXT),
+                (&holder, Type::TEXT),
+                (&generation, Type::INT8),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(released.is_some())
+    }
+
+    fn is_held(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "SELECT 1 FROM reflexr_leases \
+                 WHERE name = $1 AND holder = $2 AND generation = $3 AND expires_at > $4",
+                &[
+                    (&name, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&generation, Type::INT8),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn get(&self, name: &str) -> Result<Option<LeaseRow>> {
+        self.query_opt(
+            &format!("SELECT {LEASE_COLUMNS} FROM reflexr_leases WHERE name = $1"),
+            &[(&name, Type::TEXT)],
+        )?
+        .as_ref()
+        .map(lease_from)
+        .transpose()
+    }
+
+    fn list(&self) -> Result<Vec<LeaseRow>> {
+        self.query(
+            &format!("SELECT {LEASE_COLUMNS} FROM reflexr_leases ORDER BY name"),
+            &[],
+        )?
+        .iter()
+        .map(lease_from)
+        .collect()
+    }
+}
