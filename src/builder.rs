@@ -81,18 +81,7 @@ impl EngineBuilder {
                 verify: false,
                 vfs: None,
             },
-            settings: Settings {
-                synchronous: Synchronous::Full,
-                busy_timeout: Duration::from_secs(30),
-                heartbeat: Duration::from_millis(50),
-                heartbeat_set: false,
-                lease_ttl: DEFAULT_LEASE_TTL,
-                holder_id: format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..)),
-                limits: Limits {
-                    max_payload_bytes: 1 << 20,
-                    max_chain_depth: 8,
-                },
-            },
+            settings: default_settings(),
             runtime: runtime::Config {
                 executors: 2,
                 claim_batch: 16,
@@ -237,18 +226,8 @@ impl EngineBuilder {
     ///   file system that cannot share memory).
     /// - [`Error::Invalid`]: a setting out of range.
     pub fn open(self) -> Result<Engine> {
-        let (s, r) = (&self.settings, &self.runtime);
-        if s.limits.max_payload_bytes == 0 || s.limits.max_payload_bytes > 256 << 20 {
-            return Err(Error::invalid(
-                "max_payload_bytes",
-                "must be 1 byte to 256 MiB",
-            ));
-        }
-        if s.heartbeat.is_zero() {
-            return Err(Error::invalid("heartbeat", "must be more than zero"));
-        }
-        lease::ttl_ms(s.lease_ttl)?;
-        names::check_text("holder_id", &s.holder_id, names::MAX_ID_BYTES)?;
+        let r = &self.runtime;
+        check_settings(&self.settings)?;
         if let Some(retention) = &r.retention {
             retention.validate()?;
         }
@@ -272,5 +251,151 @@ impl EngineBuilder {
         };
         let db = Db::open(&self.path, &open, self.settings, self.clock)?;
         Ok(Engine::from_context(Context::new(db, self.runtime)))
+    }
+}
+
+/// The settings' defaults (see [`EngineBuilder`]).
+fn default_settings() -> Settings {
+    Settings {
+        synchronous: Synchronous::Full,
+        busy_timeout: Duration::from_secs(30),
+        heartbeat: Duration::from_millis(50),
+        heartbeat_set: false,
+        lease_ttl: DEFAULT_LEASE_TTL,
+        holder_id: format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..)),
+        limits: Limits {
+            max_payload_bytes: 1 << 20,
+            max_chain_depth: 8,
+        },
+    }
+}
+
+/// The checks every backend's settings pass.
+fn check_settings(s: &Settings) -> Result<()> {
+    if s.limits.max_payload_bytes == 0 || s.limits.max_payload_bytes > 256 << 20 {
+        return Err(Error::invalid(
+            "max_payload_bytes",
+            "must be 1 byte to 256 MiB",
+        ));
+    }
+    if s.heartbeat.is_zero() {
+        return Err(Error::invalid("heartbeat", "must be more than zero"));
+    }
+    lease::ttl_ms(s.lease_ttl)?;
+    names::check_text("holder_id", &s.holder_id, names::MAX_ID_BYTES)
+}
+
+/// Opens an [`Engine`] on PostgreSQL (feature `postgres`), from
+/// [`Engine::builder_postgres`].
+///
+/// # Defaults
+///
+/// | setting | default |
+/// | --- | --- |
+/// | [`clock`](PostgresBuilder::clock) | [`SystemClock`] |
+/// | [`pool_size`](PostgresBuilder::pool_size) | 8 connections (reads and writes) |
+/// | [`busy_timeout`](PostgresBuilder::busy_timeout) | 30 s: how long a write waits for a pooled connection |
+/// | [`heartbeat`](PostgresBuilder::heartbeat) | 200 ms (commits of other processes arrive by `LISTEN` first) |
+/// | [`lease_ttl`](PostgresBuilder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
+/// | [`max_payload_bytes`](PostgresBuilder::max_payload_bytes) | 1 MiB |
+/// | [`holder_id`](PostgresBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
+///
+/// Durability is the server's (`synchronous_commit`, replication), not the
+/// engine's.
+#[cfg(feature = "postgres")]
+#[derive(Clone)]
+pub struct PostgresBuilder {
+    config: String,
+    clock: Arc<dyn Clock>,
+    pool_size: u32,
+    settings: Settings,
+}
+
+#[cfg(feature = "postgres")]
+impl Engine<crate::store::backend::Postgres> {
+    /// Opens the engine on the PostgreSQL database `config` names, with the
+    /// defaults of [`PostgresBuilder`]. `config` is a libpq connection
+    /// string (`host=db.internal user=app dbname=app`) or a
+    /// `postgresql://` URL. The engine's tables (`reflexr_*`, from
+    /// `schema.pg.sql`) are created on first open, in the first schema of
+    /// the connection's `search_path`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a config that does not parse;
+    /// [`Error::Io`] / [`Error::Storage`] when the server cannot be reached
+    /// or refuses; [`Error::SchemaTooNew`] for a database a newer reflexr
+    /// wrote.
+    pub fn open_postgres(config: &str) -> Result<Engine<crate::store::backend::Postgres>> {
+        Engine::builder_postgres(config).open()
+    }
+
+    /// A builder for opening the database `config` names with other
+    /// settings.
+    pub fn builder_postgres(config: impl Into<String>) -> PostgresBuilder {
+        let mut settings = default_settings();
+        settings.heartbeat = Duration::from_millis(200);
+        PostgresBuilder {
+            config: config.into(),
+            clock: Arc::new(SystemClock),
+            pool_size: 8,
+            settings,
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl PostgresBuilder {
+    /// The clock the engine reads: times it records, lease expiries.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// How many connections the engine keeps to the server (1 to 64).
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.pool_size = n;
+        self
+    }
+
+    /// How long a read or write waits for a pooled connection.
+    pub fn busy_timeout(mut self, t: Duration) -> Self {
+        self.settings.busy_timeout = t;
+        self
+    }
+
+    /// How often a waiting thread checks for other processes' commits when
+    /// no notification came.
+    pub fn heartbeat(mut self, t: Duration) -> Self {
+        self.settings.heartbeat = t;
+        self.settings.heartbeat_set = true;
+        self
+    }
+
+    /// The default time to live of a lease.
+    pub fn lease_ttl(mut self, t: Duration) -> Self {
+        self.settings.lease_ttl = t;
+        self
+    }
+
+    /// The largest payload an append accepts, in bytes.
+    pub fn max_payload_bytes(mut self, n: usize) -> Self {
+        self.settings.limits.max_payload_bytes = n;
+        self
+    }
+
+    /// The name this engine holds leases under.
+    pub fn holder_id(mut self, id: impl Into<String>) -> Self {
+        self.settings.holder_id = id.into();
+        self
+    }
+
+    /// Connects, applies or migrates the schema, and starts the listener.
+    ///
+    /// # Errors
+    /// See [`Engine::open_postgres`].
+    pub fn open(self) -> Result<Engine<crate::store::backend::Postgres>> {
+        check_settings(&self.settings)?;
+        let db = crate::pgdb::PgDb::open(&self.config, self.pool_size, self.settings, self.clock)?;
+        Ok(Engine::from_context(db))
     }
 }

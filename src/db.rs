@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::notify::{FileWatch, Notifier, Subscription};
 use crate::settings::Settings;
+use crate::store::backend::{Sqlite, Store};
 use crate::store::conn::{self, Role};
 use crate::store::schema;
 use crate::tx::{Env, Tx};
@@ -32,7 +33,7 @@ pub(crate) struct Open {
 }
 
 /// One open reflexr file.
-pub(crate) struct Db {
+pub struct Db {
     path: PathBuf,
     env: Env,
     pool: Pool<SqliteConnectionManager>,
@@ -235,5 +236,47 @@ impl Db {
     #[cfg(test)]
     pub(crate) fn writer(&self) -> &Writer {
         &self.writer
+    }
+}
+
+/// What the facade's methods that work on every backend (workspaces,
+/// appends, reads, cursors, leases, waiting for commits) ask of an open
+/// database: SQLite's [`Db`], and PostgreSQL's `PgDb` (feature `postgres`).
+pub trait CoreDb<B: Store>: Send + Sync {
+    fn settings(&self) -> &Settings;
+    /// The engine clock's time, in ms since the epoch.
+    fn now_ms(&self) -> i64;
+    /// Runs `f` on a reading connection.
+    fn read_with<T>(&self, f: &mut dyn FnMut(&B::Conn) -> Result<T>) -> Result<T>;
+    /// Runs `f` in a write transaction, and returns its value once committed.
+    fn write_with<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, B>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send;
+    /// A subscription to commits (see [`Db::subscribe`]).
+    fn subscribe(&self) -> Subscription;
+}
+
+impl CoreDb<Sqlite> for Db {
+    fn settings(&self) -> &Settings {
+        Db::settings(self)
+    }
+    fn now_ms(&self) -> i64 {
+        Db::now_ms(self)
+    }
+    fn read_with<T>(&self, f: &mut dyn FnMut(&Connection) -> Result<T>) -> Result<T> {
+        self.read(f)
+    }
+    fn write_with<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.write(f)
+    }
+    fn subscribe(&self) -> Subscription {
+        Db::subscribe(self)
     }
 }

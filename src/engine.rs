@@ -10,6 +10,7 @@ use crate::audit::AuditEntry;
 use crate::changelog;
 use crate::control::{self, ActionConfig, Enqueue, Enqueued, PausedInfo};
 use crate::cursor::{self, ConsumerKind, CursorInfo};
+use crate::db::CoreDb;
 use crate::dead_letter::DeadLetter;
 use crate::delivery::{self, ChannelPolicy, Delivery, Message};
 use crate::error::{Error, HandlerError, Result};
@@ -30,6 +31,9 @@ use crate::runtime::{self, Context, Idle};
 use crate::schedule::{self, Job, ScheduleInfo};
 use crate::stats::{self, Stats};
 use crate::store::audit;
+#[cfg(feature = "postgres")]
+use crate::store::backend::Postgres;
+use crate::store::backend::{Sqlite, Store};
 use crate::store::conn::Synchronous;
 use crate::store::{self, dead_letters, schema};
 use crate::tx::Tx;
@@ -50,38 +54,105 @@ use crate::writer::WriterStats;
 /// SQLite's lock arbitrates between them; reflexr waits for a busy file with
 /// short, jittered sleeps, up to the busy timeout, instead of surfacing
 /// `database is locked`.
-#[derive(Clone)]
-pub struct Engine {
-    cx: Arc<Context>,
+pub struct Engine<B: Backend = Sqlite> {
+    cx: Arc<B::Context>,
     /// Shared by the handles, not by the engine's own threads: when the last
     /// handle goes, the threads are stopped and joined.
-    _handles: Arc<LastHandle>,
+    _handles: Arc<LastHandle<B>>,
 }
 
-struct LastHandle(Arc<Context>);
+impl<B: Backend> Clone for Engine<B> {
+    fn clone(&self) -> Self {
+        Engine {
+            cx: Arc::clone(&self.cx),
+            _handles: Arc::clone(&self._handles),
+        }
+    }
+}
 
-impl Drop for LastHandle {
+struct LastHandle<B: Backend>(Arc<B::Context>);
+
+impl<B: Backend> Drop for LastHandle<B> {
     fn drop(&mut self) {
-        runtime::shutdown(&self.0);
+        B::shutdown(&self.0);
     }
 }
 
 const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Engine>();
+    #[cfg(feature = "postgres")]
+    assert_send_sync::<Engine<Postgres>>();
 };
 
-impl std::fmt::Debug for Engine {
+impl<B: Backend> std::fmt::Debug for Engine<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("path", &self.cx.db.path())
-            .field("holder_id", &self.cx.db.settings().holder_id)
+            .field("database", &B::describe(&self.cx))
+            .field("holder_id", &self.db().settings().holder_id)
             .finish_non_exhaustive()
     }
 }
 
-impl Engine {
-    pub(crate) fn from_context(cx: Context) -> Engine {
+/// The database an [`Engine`] runs on: [`Sqlite`] (the default: one file)
+/// or, with the feature `postgres`, `Postgres` (a server several machines
+/// share). Sealed; its items are the engine's own.
+///
+/// Every backend has the methods of `impl<B: Backend> Engine<B>`
+/// (workspaces, writes with the application's own SQL, appends, reads,
+/// cursors, leases, waiting for commits); the rest of [`Engine`]'s methods
+/// (rules, runs, the jobs loop, followers, operators' views) are SQLite's
+/// for now, and come to PostgreSQL as its store grows (issue 19).
+pub trait Backend: Store {
+    #[doc(hidden)]
+    type Context: Send + Sync + 'static;
+    #[doc(hidden)]
+    type Db: CoreDb<Self>;
+    #[doc(hidden)]
+    fn db(cx: &Self::Context) -> &Self::Db;
+    #[doc(hidden)]
+    fn shutdown(cx: &Self::Context);
+    #[doc(hidden)]
+    fn describe(cx: &Self::Context) -> String;
+}
+
+impl Backend for Sqlite {
+    type Context = Context;
+    type Db = crate::db::Db;
+    fn db(cx: &Context) -> &crate::db::Db {
+        &cx.db
+    }
+    fn shutdown(cx: &Context) {
+        runtime::shutdown(cx);
+    }
+    fn describe(cx: &Context) -> String {
+        cx.db.path().display().to_string()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Backend for Postgres {
+    type Context = crate::pgdb::PgDb;
+    type Db = crate::pgdb::PgDb;
+    fn db(cx: &crate::pgdb::PgDb) -> &crate::pgdb::PgDb {
+        cx
+    }
+    fn shutdown(cx: &crate::pgdb::PgDb) {
+        cx.close();
+    }
+    fn describe(cx: &crate::pgdb::PgDb) -> String {
+        cx.what().to_string()
+    }
+}
+
+/// What every backend does: workspaces, writes with the application's own
+/// SQL, appends, reads, cursors, leases, waiting for commits.
+impl<B: Backend> Engine<B> {
+    fn db(&self) -> &B::Db {
+        B::db(&self.cx)
+    }
+
+    pub(crate) fn from_context(cx: B::Context) -> Engine<B> {
         let cx = Arc::new(cx);
         Engine {
             _handles: Arc::new(LastHandle(Arc::clone(&cx))),
@@ -89,44 +160,15 @@ impl Engine {
         }
     }
 
-    /// Has `service` stop with the engine.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
-    pub(crate) fn add_service(&self, service: Arc<dyn crate::runtime::Service>) {
-        self.cx.add_service(&service);
-    }
-
-    /// True when this process registered the rule `name`.
-    pub(crate) fn registers_rule(&self, name: &str) -> bool {
-        self.cx.registry().rules.contains_key(name)
-    }
-
-    /// Lets a follower stopped in this engine go on at once.
-    pub(crate) fn unstop_follower(&self, name: &str) {
-        self.cx.unstop_follower(name);
-        self.cx.db.nudge();
-    }
-
-    /// The file this engine opened.
-    pub fn path(&self) -> &Path {
-        self.cx.db.path()
-    }
-
     /// The name this engine holds leases under.
     pub fn holder_id(&self) -> &str {
-        &self.cx.db.settings().holder_id
+        &self.db().settings().holder_id
     }
 
     /// The engine's clock's current time, in ms since the epoch.
     pub fn now_ms(&self) -> i64 {
-        self.cx.db.now_ms()
+        self.db().now_ms()
     }
-
-    /// The durability level commits use.
-    pub fn synchronous(&self) -> Synchronous {
-        self.cx.db.settings().synchronous
-    }
-
-    // ----- workspaces -------------------------------------------------------
 
     /// Creates a workspace.
     ///
@@ -135,7 +177,7 @@ impl Engine {
     pub fn create_workspace(&self, name: &str) -> Result<()> {
         self.write(|tx| {
             let now = tx.now_ms();
-            if workspace::create(tx.conn(), now, name)? {
+            if workspace::create(tx.core(), now, name)? {
                 Ok(())
             } else {
                 Err(Error::AlreadyExists {
@@ -151,8 +193,8 @@ impl Engine {
     pub fn ensure_workspace(&self, name: &str, types: &[&str]) -> Result<()> {
         self.write(|tx| {
             let now = tx.now_ms();
-            workspace::create(tx.conn(), now, name)?;
-            workspace::register_types(tx.conn(), now, name, types)
+            workspace::create(tx.core(), now, name)?;
+            workspace::register_types(tx.core(), now, name, types)
         })
     }
 
@@ -166,16 +208,14 @@ impl Engine {
     pub fn register_types(&self, workspace: &str, types: &[&str]) -> Result<()> {
         self.write(|tx| {
             let now = tx.now_ms();
-            workspace::register_types(tx.conn(), now, workspace, types)
+            workspace::register_types(tx.core(), now, workspace, types)
         })
     }
 
     /// Every workspace, by name, with the types it accepts.
     pub fn workspaces(&self) -> Result<Vec<WorkspaceInfo>> {
-        self.cx.db.read(workspace::list)
+        self.db().read_with(&mut |c| workspace::list(c))
     }
-
-    // ----- writing ----------------------------------------------------------
 
     /// Runs `f` in a write transaction and returns its value once committed.
     ///
@@ -216,21 +256,21 @@ impl Engine {
     /// for itself). Re-raises a panic of `f` after rolling its work back.
     pub fn write<T, F>(&self, f: F) -> Result<T>
     where
-        F: FnOnce(&mut Tx<'_>) -> Result<T> + Send,
+        F: FnOnce(&mut Tx<'_, B>) -> Result<T> + Send,
         T: Send,
     {
-        self.cx.db.write(f)
+        self.db().write_with(f)
     }
 
     /// [`Engine::write`] for closures with an error type of their own, which
     /// must be able to hold a reflexr [`Error`] (for the commit's).
     pub fn write_with<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
-        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        F: FnOnce(&mut Tx<'_, B>) -> std::result::Result<T, E> + Send,
         T: Send,
         E: From<Error> + Send,
     {
-        self.cx.db.write(f)
+        self.db().write_with(f)
     }
 
     /// Appends one event in a transaction of its own (shorthand for a
@@ -239,13 +279,138 @@ impl Engine {
         self.write(|tx| tx.append(workspace, event))
     }
 
-    // ----- reading ----------------------------------------------------------
-
     /// The events `query` asks for, in seq order (DESIGN.md, invariant 1: a
     /// reader after a seq sees every committed event after it, in order).
     pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
-        self.cx.db.read(|c| changelog::read(c, query))
+        self.db().read_with(&mut |c| changelog::read(c, query))
     }
+
+    /// One event by seq.
+    pub fn event(&self, seq: i64) -> Result<Option<Event>> {
+        self.db().read_with(&mut |c| changelog::event(c, seq))
+    }
+
+    /// One event of `workspace` by its id.
+    pub fn event_by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>> {
+        self.db()
+            .read_with(&mut |c| changelog::event_by_id(c, workspace, id))
+    }
+
+    /// A watch on the file's commits: [`Watch::wait`] returns when this
+    /// process commits (at once) or another process does (within a
+    /// heartbeat). For threads that follow the file (a live view).
+    pub fn watch(&self) -> Watch {
+        Watch {
+            sub: self.db().subscribe(),
+            heartbeat: self.db().settings().heartbeat,
+        }
+    }
+
+    /// The highest seq ever assigned in the file (0 before the first append).
+    pub fn head_seq(&self) -> Result<i64> {
+        self.db().read_with(&mut |c| changelog::head(c))
+    }
+
+    /// Like [`Engine::read`], but when nothing is there yet, waits until
+    /// something is or `timeout` passes (then returns an empty page).
+    ///
+    /// A commit through this engine (any clone) wakes the wait at once; a
+    /// commit by another process is noticed within one heartbeat.
+    pub fn wait_for_events(&self, query: &Query, timeout: Duration) -> Result<Vec<Event>> {
+        query.validate()?;
+        let deadline = Instant::now() + timeout;
+        // Subscribed before the first read, so a commit in between wakes us.
+        let sub = self.db().subscribe();
+        loop {
+            let page = self.read(query)?;
+            if !page.is_empty() {
+                return Ok(page);
+            }
+            if !sub.wait(self.db().settings().heartbeat, deadline) {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    /// The application consumer's cursor on `workspace` (0 if never saved).
+    pub fn cursor(&self, consumer: &str, workspace: &str) -> Result<i64> {
+        self.db()
+            .read_with(&mut |c| cursor::load(c, workspace, ConsumerKind::App, consumer))
+    }
+
+    /// Moves the application consumer's cursor forward to `seq`. See
+    /// [`Tx::save_cursor`] to save it with the consumer's own rows.
+    pub fn save_cursor(&self, consumer: &str, workspace: &str, seq: i64) -> Result<()> {
+        self.write(|tx| tx.save_cursor(consumer, workspace, seq))
+    }
+
+    /// Takes the lease `name` for this engine's holder id, for `ttl` (the
+    /// engine's default if `None`). Taking a lease that expired or was
+    /// released bumps its generation; taking one this holder already holds
+    /// extends it.
+    ///
+    /// # Errors
+    /// [`Error::LeaseHeld`] while another holder's lease is live.
+    pub fn acquire_lease(&self, name: &str, ttl: Option<Duration>) -> Result<Lease> {
+        let ttl = ttl.unwrap_or(self.db().settings().lease_ttl);
+        let holder = self.db().settings().holder_id.clone();
+        self.write(|tx| lease::acquire(tx.core(), tx.now_ms(), name, &holder, ttl))
+    }
+
+    /// Extends a held lease by its TTL from now.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when it expired or another holder took it: stop
+    /// acting under it.
+    pub fn renew_lease(&self, lease: &Lease) -> Result<Lease> {
+        self.write(|tx| lease::renew(tx.core(), tx.now_ms(), lease))
+    }
+
+    /// Gives a held lease up, so another holder can take it at once. False
+    /// when it was no longer this holder's.
+    pub fn release_lease(&self, lease: &Lease) -> Result<bool> {
+        self.write(|tx| lease::release(tx.core(), tx.now_ms(), lease))
+    }
+
+    /// Every lease in the file.
+    pub fn leases(&self) -> Result<Vec<LeaseInfo>> {
+        self.db().read_with(&mut |c| lease::list(c))
+    }
+}
+
+impl Engine<Sqlite> {
+    /// Has `service` stop with the engine.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn add_service(&self, service: Arc<dyn crate::runtime::Service>) {
+        self.cx.add_service(&service);
+    }
+
+    /// True when this process registered the rule `name`.
+    pub(crate) fn registers_rule(&self, name: &str) -> bool {
+        self.cx.registry().rules.contains_key(name)
+    }
+
+    /// Lets a follower stopped in this engine go on at once.
+    pub(crate) fn unstop_follower(&self, name: &str) {
+        self.cx.unstop_follower(name);
+        self.cx.db.nudge();
+    }
+
+    /// The file this engine opened.
+    pub fn path(&self) -> &Path {
+        self.cx.db.path()
+    }
+
+    /// The durability level commits use.
+    pub fn synchronous(&self) -> Synchronous {
+        self.cx.db.settings().synchronous
+    }
+
+    // ----- workspaces -------------------------------------------------------
+
+    // ----- writing ----------------------------------------------------------
+
+    // ----- reading ----------------------------------------------------------
 
     /// Runs `f` on a pooled read connection, for the application's own
     /// queries. The connection is `query_only`: it cannot write. It sees what
@@ -260,18 +425,6 @@ impl Engine {
     /// commit.
     pub fn writer_stats(&self) -> WriterStats {
         self.cx.db.writer_stats()
-    }
-
-    /// One event by seq.
-    pub fn event(&self, seq: i64) -> Result<Option<Event>> {
-        self.cx.db.read(|c| changelog::event(c, seq))
-    }
-
-    /// One event of `workspace` by its id.
-    pub fn event_by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>> {
-        self.cx
-            .db
-            .read(|c| changelog::event_by_id(c, workspace, id))
     }
 
     /// A page of the events `query` asks for — its types and its subject —
@@ -340,42 +493,6 @@ impl Engine {
         self.cx
             .db
             .read(|c| operate::matching_dead_letters(c, filter, max.min(MAX_BULK)))
-    }
-
-    /// A watch on the file's commits: [`Watch::wait`] returns when this
-    /// process commits (at once) or another process does (within a
-    /// heartbeat). For threads that follow the file (a live view).
-    pub fn watch(&self) -> Watch {
-        Watch {
-            sub: self.cx.db.subscribe(),
-            heartbeat: self.cx.db.settings().heartbeat,
-        }
-    }
-
-    /// The highest seq ever assigned in the file (0 before the first append).
-    pub fn head_seq(&self) -> Result<i64> {
-        self.cx.db.read(changelog::head)
-    }
-
-    /// Like [`Engine::read`], but when nothing is there yet, waits until
-    /// something is or `timeout` passes (then returns an empty page).
-    ///
-    /// A commit through this engine (any clone) wakes the wait at once; a
-    /// commit by another process is noticed within one heartbeat.
-    pub fn wait_for_events(&self, query: &Query, timeout: Duration) -> Result<Vec<Event>> {
-        query.validate()?;
-        let deadline = Instant::now() + timeout;
-        // Subscribed before the first read, so a commit in between wakes us.
-        let sub = self.cx.db.subscribe();
-        loop {
-            let page = self.read(query)?;
-            if !page.is_empty() {
-                return Ok(page);
-            }
-            if !sub.wait(self.cx.db.settings().heartbeat, deadline) {
-                return Ok(Vec::new());
-            }
-        }
     }
 
     // ----- control of the work ----------------------------------------------
@@ -456,19 +573,6 @@ impl Engine {
 
     // ----- cursors ----------------------------------------------------------
 
-    /// The application consumer's cursor on `workspace` (0 if never saved).
-    pub fn cursor(&self, consumer: &str, workspace: &str) -> Result<i64> {
-        self.cx
-            .db
-            .read(|c| cursor::load(c, workspace, ConsumerKind::App, consumer))
-    }
-
-    /// Moves the application consumer's cursor forward to `seq`. See
-    /// [`Tx::save_cursor`] to save it with the consumer's own rows.
-    pub fn save_cursor(&self, consumer: &str, workspace: &str, seq: i64) -> Result<()> {
-        self.write(|tx| tx.save_cursor(consumer, workspace, seq))
-    }
-
     /// Every cursor in the file, with its lag.
     pub fn cursors(&self) -> Result<Vec<CursorInfo>> {
         self.cx.db.read(cursor::list)
@@ -481,39 +585,6 @@ impl Engine {
     }
 
     // ----- leases -----------------------------------------------------------
-
-    /// Takes the lease `name` for this engine's holder id, for `ttl` (the
-    /// engine's default if `None`). Taking a lease that expired or was
-    /// released bumps its generation; taking one this holder already holds
-    /// extends it.
-    ///
-    /// # Errors
-    /// [`Error::LeaseHeld`] while another holder's lease is live.
-    pub fn acquire_lease(&self, name: &str, ttl: Option<Duration>) -> Result<Lease> {
-        let ttl = ttl.unwrap_or(self.cx.db.settings().lease_ttl);
-        let holder = self.cx.db.settings().holder_id.clone();
-        self.write(|tx| lease::acquire(tx.conn(), tx.now_ms(), name, &holder, ttl))
-    }
-
-    /// Extends a held lease by its TTL from now.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] when it expired or another holder took it: stop
-    /// acting under it.
-    pub fn renew_lease(&self, lease: &Lease) -> Result<Lease> {
-        self.write(|tx| lease::renew(tx.conn(), tx.now_ms(), lease))
-    }
-
-    /// Gives a held lease up, so another holder can take it at once. False
-    /// when it was no longer this holder's.
-    pub fn release_lease(&self, lease: &Lease) -> Result<bool> {
-        self.write(|tx| lease::release(tx.conn(), tx.now_ms(), lease))
-    }
-
-    /// Every lease in the file.
-    pub fn leases(&self) -> Result<Vec<LeaseInfo>> {
-        self.cx.db.read(lease::list)
-    }
 
     // ----- rules and actions ----------------------------------------------
 

@@ -213,12 +213,14 @@ pub enum Error {
         /// What was refused, in words.
         detail: String,
     },
-    /// Any other SQLite error, including errors of the application's own SQL
-    /// run inside a write.
+    /// Any other error of the database, including errors of the
+    /// application's own SQL run inside a write.
     Storage {
-        /// SQLite's extended result code, when there is one.
+        /// SQLite's extended result code, when there is one (None on
+        /// PostgreSQL, whose SQLSTATE opens the message).
         code: Option<i32>,
-        /// SQLite's message.
+        /// The database's message: SQLite's, or `PostgreSQL <SQLSTATE>:
+        /// <message>`.
         message: String,
     },
     /// An operating-system error outside SQLite (creating a directory,
@@ -420,6 +422,7 @@ impl fmt::Display for Error {
             Error::StatementRefused { detail } => write!(f, "statement refused: {detail}"),
             Error::Storage { code, message } => match code {
                 Some(c) => write!(f, "SQLite error {c}: {message}"),
+                None if message.starts_with("PostgreSQL") => write!(f, "{message}"),
                 None => write!(f, "SQLite error: {message}"),
             },
             Error::Io { message, .. } => write!(f, "I/O error: {message}"),
@@ -488,6 +491,13 @@ impl From<postgres::Error> for Error {
             Some(c) if *c == SqlState::DATA_CORRUPTED || *c == SqlState::INDEX_CORRUPTED => {
                 Error::Corrupt { detail: message }
             }
+            // Class 08 (connection exception) and 57 (operator
+            // intervention: the server shutting down or restarting, a
+            // cancelled backend): the connection is gone, not the data.
+            Some(c) if c.code().starts_with("08") || c.code().starts_with("57") => Error::Io {
+                kind: std::io::ErrorKind::ConnectionAborted,
+                message,
+            },
             Some(_) => Error::Storage {
                 code: None,
                 message,

@@ -64,6 +64,8 @@ mod lease;
 #[cfg(all(test, feature = "postgres"))]
 mod matrix;
 mod notify;
+#[cfg(feature = "postgres")]
+mod pgdb;
 mod settings;
 mod tx;
 mod workspace;
@@ -101,6 +103,8 @@ pub mod mcp;
 pub use admin::{AdminConfig, AdminServer};
 pub use audit::{AuditAction, AuditEntry};
 pub use builder::EngineBuilder;
+#[cfg(feature = "postgres")]
+pub use builder::PostgresBuilder;
 pub use changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use control::{ActionConfig, Enqueue, Enqueued, Pausable, PausedInfo, Unique};
@@ -108,7 +112,7 @@ pub use counter::Counter;
 pub use cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
 pub use dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
 pub use delivery::{ChannelPolicy, Delivery, Message, SenderFn};
-pub use engine::{Engine, Watch};
+pub use engine::{Backend, Engine, Watch};
 pub use error::{Error, HandlerError, Result};
 pub use evaluate::firing_id;
 pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
@@ -131,12 +135,19 @@ pub use run::{ActionFn, Run, RunContext, RunInfo, RunKind, RunState};
 pub use runtime::Idle;
 pub use schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
 pub use stats::Stats;
+#[cfg(feature = "postgres")]
+pub use store::backend::Postgres;
+pub use store::backend::Sqlite;
 pub use store::conn::Synchronous;
 pub use store::schema::SCHEMA_VERSION;
 pub use tx::Tx;
 pub use workspace::WorkspaceInfo;
 pub use writer::WriterStats;
 
+/// The PostgreSQL client the engine's `Tx<'_, Postgres>` runs the
+/// application's SQL with (feature `postgres`): its `Row` and `types`.
+#[cfg(feature = "postgres")]
+pub use postgres;
 /// The rusqlite this crate is built with, for the application's own SQL inside
 /// a [`Tx`] (`tx.conn()` is a [`rusqlite::Connection`]).
 pub use rusqlite;

@@ -49,12 +49,30 @@ impl PgSchema {
         PgSchema { name }
     }
 
+    fn url(&self) -> String {
+        format!("{} options='-c search_path={}'", pg_url(), self.name)
+    }
+
     /// A client whose tables live in this schema, with reflexr's applied.
     fn client(&self) -> Client {
-        let url = format!("{} options='-c search_path={}'", pg_url(), self.name);
-        let mut client = Client::connect(&url, NoTls).expect("the test server answers");
+        let mut client = Client::connect(&self.url(), NoTls).expect("the test server answers");
         pg::schema::apply(&mut client, &self.name).expect("the schema applies");
         client
+    }
+
+    /// A pool of `n` connections on this schema, with reflexr's applied.
+    fn pool(&self, n: u32) -> pg::Pool {
+        drop(self.client());
+        let config: postgres::Config = self.url().parse().unwrap();
+        r2d2::Pool::builder()
+            .max_size(n)
+            .build(r2d2_postgres::PostgresConnectionManager::new(config, NoTls))
+            .expect("a pool")
+    }
+
+    /// A transaction on a new connection of this schema.
+    fn begin(&self) -> PgConn {
+        PgConn::begin(self.pool(1).get().unwrap()).unwrap()
     }
 }
 
@@ -69,7 +87,7 @@ impl Drop for PgSchema {
 enum Db {
     // The directory and the schema live as long as the connection.
     Sqlite(rusqlite::Connection, #[allow(dead_code)] tempfile::TempDir),
-    Pg(Client, #[allow(dead_code)] Arc<PgSchema>),
+    Pg(pg::Pool, #[allow(dead_code)] Arc<PgSchema>),
 }
 
 impl Db {
@@ -89,7 +107,7 @@ impl Db {
 
     fn pg() -> Db {
         let schema = Arc::new(PgSchema::new());
-        Db::Pg(schema.client(), schema)
+        Db::Pg(schema.pool(1), schema)
     }
 
     fn name(&self) -> &'static str {
@@ -109,8 +127,8 @@ impl Db {
                 conn.execute_batch(if out.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
                 out
             }
-            Db::Pg(client, _) => {
-                let conn = PgConn::begin(client)?;
+            Db::Pg(pool, _) => {
+                let conn = PgConn::begin(pool.get()?)?;
                 let out = f(&conn)?;
                 conn.commit()?;
                 Ok(out)
@@ -389,13 +407,12 @@ fn waiting_locks(client: &mut Client) -> i64 {
 #[test]
 fn a_reader_never_skips_an_event_committed_late() {
     let schema = Arc::new(PgSchema::new());
-    let mut first = schema.client();
-    let mut reader = schema.client();
+    let reader = schema.pool(1);
     let mut watcher = schema.client();
-    let mut db = Db::Pg(schema.client(), Arc::clone(&schema));
+    let mut db = Db::Pg(schema.pool(1), Arc::clone(&schema));
     setup(&mut db, "shop");
 
-    let slow = PgConn::begin(&mut first).unwrap();
+    let slow = schema.begin();
     assert_eq!(
         append(&slow, "shop", &event("Opened", "slow")).unwrap().seq,
         1
@@ -404,8 +421,7 @@ fn a_reader_never_skips_an_event_committed_late() {
     let later = {
         let schema = Arc::clone(&schema);
         std::thread::spawn(move || {
-            let mut client = schema.client();
-            let conn = PgConn::begin(&mut client).unwrap();
+            let conn = schema.begin();
             let seq = append(&conn, "shop", &event("Opened", "quick"))
                 .unwrap()
                 .seq;
@@ -418,7 +434,7 @@ fn a_reader_never_skips_an_event_committed_late() {
         std::thread::yield_now();
     }
     let seen = {
-        let conn = PgConn::begin(&mut reader).unwrap();
+        let conn = PgConn::begin(reader.get().unwrap()).unwrap();
         let seen = changelog::read(&conn, &query("shop", 0)).unwrap();
         conn.commit().unwrap();
         seen
@@ -426,7 +442,7 @@ fn a_reader_never_skips_an_event_committed_late() {
     assert!(seen.is_empty(), "nothing is committed yet: {seen:?}");
     slow.commit().unwrap();
     assert_eq!(later.join().unwrap(), 2);
-    let conn = PgConn::begin(&mut reader).unwrap();
+    let conn = PgConn::begin(reader.get().unwrap()).unwrap();
     let seen = changelog::read(&conn, &query("shop", 0)).unwrap();
     assert_eq!(
         seen.iter()
@@ -446,18 +462,18 @@ fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
     const WRITERS: usize = 4;
     const TXS: usize = 40;
     let schema = Arc::new(PgSchema::new());
-    let mut db = Db::Pg(schema.client(), Arc::clone(&schema));
+    let mut db = Db::Pg(schema.pool(1), Arc::clone(&schema));
     setup(&mut db, "shop");
     let start = Arc::new(Barrier::new(WRITERS + 1));
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
             let (schema, start) = (Arc::clone(&schema), Arc::clone(&start));
             std::thread::spawn(move || {
-                let mut client = schema.client();
+                let pool = schema.pool(1);
                 let mut committed = Vec::new();
                 start.wait();
                 for t in 0..TXS {
-                    let conn = PgConn::begin(&mut client).unwrap();
+                    let conn = PgConn::begin(pool.get().unwrap()).unwrap();
                     let mut ids = Vec::new();
                     for k in 0..=(t % 3) {
                         let id = format!("w{w}-t{t}-{k}");
@@ -465,7 +481,7 @@ fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
                         ids.push(id);
                     }
                     let pause = fastrand::u32(0..4);
-                    conn.with(|tx| tx.execute(&format!("SELECT pg_sleep({pause} / 1000.0)"), &[]))
+                    conn.execute_untyped(&format!("SELECT pg_sleep({pause} / 1000.0)"), &[])
                         .unwrap();
                     if t % 5 == 4 {
                         drop(conn); // rolled back
@@ -479,12 +495,12 @@ fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
         })
         .collect();
 
-    let mut reader = schema.client();
+    let reader = schema.pool(1);
     let mut seen: Vec<(i64, String)> = Vec::new();
     let mut cursor = 0;
     start.wait();
-    let follow = |reader: &mut Client, cursor: &mut i64, seen: &mut Vec<(i64, String)>| {
-        let conn = PgConn::begin(reader).unwrap();
+    let follow = |reader: &pg::Pool, cursor: &mut i64, seen: &mut Vec<(i64, String)>| {
+        let conn = PgConn::begin(reader.get().unwrap()).unwrap();
         let page = changelog::read(&conn, &query("shop", *cursor)).unwrap();
         conn.commit().unwrap();
         for e in page {
@@ -494,13 +510,13 @@ fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
         }
     };
     while writers.iter().any(|w| !w.is_finished()) {
-        follow(&mut reader, &mut cursor, &mut seen);
+        follow(&reader, &mut cursor, &mut seen);
     }
     let committed: BTreeSet<String> = writers
         .into_iter()
         .flat_map(|w| w.join().unwrap())
         .collect();
-    follow(&mut reader, &mut cursor, &mut seen);
+    follow(&reader, &mut cursor, &mut seen);
 
     let seqs: Vec<i64> = seen.iter().map(|s| s.0).collect();
     assert_eq!(

@@ -34,8 +34,13 @@ pub(crate) struct Notifier {
     poll: Mutex<Poller>,
 }
 
+/// What the heartbeat reads: a number that changes whenever another
+/// connection committed (SQLite's `data_version`; the head seq on
+/// PostgreSQL), or None when it could not be read.
+type Version = Box<dyn FnMut() -> Option<i64> + Send>;
+
 struct Poller {
-    conn: Connection,
+    read: Version,
     last: Option<i64>,
 }
 
@@ -43,11 +48,19 @@ impl Notifier {
     /// `conn` is a dedicated read connection on the file, used only to poll
     /// `data_version`.
     pub(crate) fn new(conn: Connection) -> Notifier {
+        Notifier::polling(Box::new(move || {
+            conn.query_row("PRAGMA data_version", [], |r| r.get(0)).ok()
+        }))
+    }
+
+    /// A notifier whose heartbeat calls `read`: a number that changes
+    /// whenever another connection committed.
+    pub(crate) fn polling(read: Version) -> Notifier {
         Notifier {
             subscribers: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(0),
             version: AtomicU64::new(0),
-            poll: Mutex::new(Poller { conn, last: None }),
+            poll: Mutex::new(Poller { read, last: None }),
         }
     }
 
@@ -91,10 +104,7 @@ impl Notifier {
     /// milliseconds.
     pub(crate) fn poll(&self) -> bool {
         let mut p = self.poll.lock().unwrap_or_else(PoisonError::into_inner);
-        let now: Option<i64> = p
-            .conn
-            .query_row("PRAGMA data_version", [], |r| r.get(0))
-            .ok();
+        let now = (p.read)();
         let changed = match (p.last, now) {
             (Some(a), Some(b)) => a != b,
             // The first poll, or an unreadable file: look again to be safe.
@@ -110,7 +120,7 @@ impl Notifier {
 }
 
 /// One waiter's end of the nudges. Dropping it unsubscribes.
-pub(crate) struct Subscription {
+pub struct Subscription {
     id: u64,
     rx: Receiver<()>,
     notifier: Arc<Notifier>,

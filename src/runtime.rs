@@ -64,9 +64,9 @@ pub(crate) struct Config {
 
 /// An open file with everything its runtime needs: what every clone of an
 /// [`crate::Engine`] shares.
-pub(crate) struct Context {
-    pub db: Db,
-    pub config: Config,
+pub struct Context {
+    pub(crate) db: Db,
+    pub(crate) config: Config,
     registry: RwLock<Registry>,
     /// Claims on runs whose handlers are working, for the renewer.
     claims: Claims,

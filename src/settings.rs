@@ -9,7 +9,7 @@ use crate::store::conn::Synchronous;
 
 /// How the core works on one open file.
 #[derive(Debug, Clone)]
-pub(crate) struct Settings {
+pub struct Settings {
     pub synchronous: Synchronous,
     /// How long a write waits for another process's lock, and a read for a
     /// busy file.
@@ -29,7 +29,7 @@ pub(crate) struct Settings {
 
 /// The limits on what the engine stores.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
+pub struct Limits {
     /// The largest payload, run input, checkpoint or rule state, in bytes.
     pub max_payload_bytes: usize,
     /// The deepest chain of causes a run may extend.

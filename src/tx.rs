@@ -13,12 +13,13 @@ use crate::event::{Appended, Event, NewEvent, Query};
 use crate::lease::{self, Lease};
 use crate::retry::RetryPolicy;
 use crate::settings::{Limits, Settings};
-use crate::store::conn::{Control, Guard};
+use crate::store::backend::{Sqlite, Store};
+use crate::store::conn::Control;
 
 /// What a write consults besides its connection: the engine's clock and
 /// settings, and the delivery channels this process registered (with the
 /// retry policy each delivery is stored with).
-pub(crate) struct Env {
+pub struct Env {
     pub clock: Arc<dyn Clock>,
     pub settings: Settings,
     pub channels: RwLock<BTreeMap<String, RetryPolicy>>,
@@ -37,23 +38,34 @@ pub(crate) struct Env {
 /// setting the pragmas the engine relies on (`journal_mode`, `synchronous`,
 /// `foreign_keys`, …) are refused before they run, with
 /// [`crate::Error::StatementRefused`]. Savepoints of your own are fine.
-pub struct Tx<'a> {
-    conn: &'a Connection,
-    guard: &'a Guard,
+///
+/// `Tx` is [`Tx<'_, Sqlite>`](Sqlite) unless said otherwise; an engine on
+/// PostgreSQL (feature `postgres`) hands out `Tx<'_, Postgres>`, whose
+/// `execute` and `query` run the application's SQL on PostgreSQL. What the
+/// engine does through a `Tx` — appends, cursors, fencing — is the same on
+/// both.
+pub struct Tx<'a, B: Store = Sqlite> {
+    conn: &'a B::Conn,
+    guard: &'a B::Guard,
     env: &'a Env,
     /// Set when the transaction created something to react to (events,
     /// runs): its commit wakes this process's waiting threads.
     nudge: bool,
 }
 
-impl<'a> Tx<'a> {
-    pub(crate) fn new(conn: &'a Connection, guard: &'a Guard, env: &'a Env) -> Tx<'a> {
+impl<'a, B: Store> Tx<'a, B> {
+    pub(crate) fn new(conn: &'a B::Conn, guard: &'a B::Guard, env: &'a Env) -> Tx<'a, B> {
         Tx {
             conn,
             guard,
             env,
             nudge: false,
         }
+    }
+
+    /// The connection, as the core's table groups see it.
+    pub(crate) fn core(&self) -> &'a B::Conn {
+        self.conn
     }
 
     pub(crate) fn wants_nudge(&self) -> bool {
@@ -73,47 +85,6 @@ impl<'a> Tx<'a> {
     /// transaction, so its commit nudges the waiting threads.
     pub(crate) fn mark_nudge(&mut self) {
         self.nudge = true;
-    }
-
-    /// Runs `f` in a savepoint of its own inside this transaction: if `f`
-    /// fails, only its writes are rolled back. For the engine's batches that
-    /// commit several independent units together.
-    pub(crate) fn nested<T, E: From<crate::error::Error>>(
-        &mut self,
-        f: impl FnOnce(&mut Tx<'a>) -> std::result::Result<T, E>,
-    ) -> std::result::Result<T, E> {
-        let (conn, guard) = (self.conn, self.guard);
-        // A SAVEPOINT outside a transaction would begin a new one: if SQLite
-        // ended the engine's (an I/O error), stop here.
-        let gone = || crate::error::Error::TransactionAborted {
-            detail: "SQLite rolled the transaction back (an I/O error, or a full disk \
-                     mid-statement)"
-                .into(),
-        };
-        if conn.is_autocommit() {
-            return Err(gone().into());
-        }
-        guard.control(conn, Control::Nested)?;
-        let result = f(self);
-        if conn.is_autocommit() {
-            return Err(gone().into());
-        }
-        if result.is_err() {
-            guard.control(conn, Control::RollbackNested)?;
-        }
-        guard.control(conn, Control::ReleaseNested)?;
-        result
-    }
-
-    /// The connection, inside the transaction, for the application's own SQL.
-    pub fn conn(&self) -> &'a Connection {
-        self.conn
-    }
-
-    /// Runs one statement of the application's own (shorthand for
-    /// `tx.conn().execute(..)`) and returns the number of rows changed.
-    pub fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
-        Ok(self.conn.execute(sql, params)?)
     }
 
     /// The engine clock's current time, in ms since the epoch.
@@ -189,4 +160,155 @@ impl<'a> Tx<'a> {
     pub fn fence(&mut self, lease: &Lease) -> Result<()> {
         lease::fence(self.conn, self.now_ms(), lease)
     }
+}
+
+/// SQLite's side: the connection itself, and savepoints of the engine's.
+impl<'a> Tx<'a, Sqlite> {
+    /// Runs `f` in a savepoint of its own inside this transaction: if `f`
+    /// fails, only its writes are rolled back. For the engine's batches that
+    /// commit several independent units together.
+    pub(crate) fn nested<T, E: From<crate::error::Error>>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'a, Sqlite>) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let (conn, guard) = (self.conn, self.guard);
+        // A SAVEPOINT outside a transaction would begin a new one: if SQLite
+        // ended the engine's (an I/O error), stop here.
+        let gone = || crate::error::Error::TransactionAborted {
+            detail: "SQLite rolled the transaction back (an I/O error, or a full disk \
+                     mid-statement)"
+                .into(),
+        };
+        if conn.is_autocommit() {
+            return Err(gone().into());
+        }
+        guard.control(conn, Control::Nested)?;
+        let result = f(self);
+        if conn.is_autocommit() {
+            return Err(gone().into());
+        }
+        if result.is_err() {
+            guard.control(conn, Control::RollbackNested)?;
+        }
+        guard.control(conn, Control::ReleaseNested)?;
+        result
+    }
+
+    /// The connection, inside the transaction, for the application's own SQL.
+    pub fn conn(&self) -> &'a Connection {
+        self.conn
+    }
+
+    /// Runs one statement of the application's own (shorthand for
+    /// `tx.conn().execute(..)`) and returns the number of rows changed.
+    pub fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
+        Ok(self.conn.execute(sql, params)?)
+    }
+}
+
+/// PostgreSQL's side (feature `postgres`): the application's own SQL, in
+/// the engine's transaction.
+///
+/// One statement per call (PostgreSQL's extended protocol), with `$1`, `$2`,
+/// … parameters. Statements that would end or replace the engine's
+/// transaction — `BEGIN`, `START TRANSACTION`, `COMMIT`, `END`,
+/// `ROLLBACK` (but `ROLLBACK TO SAVEPOINT`), `ABORT`, `PREPARE TRANSACTION`,
+/// `SET TRANSACTION` — are refused with [`crate::Error::StatementRefused`]
+/// before they are sent. Savepoints of your own are fine. A statement that
+/// fails aborts the whole transaction on PostgreSQL (unlike SQLite): return
+/// the error, and the write is rolled back.
+#[cfg(feature = "postgres")]
+impl Tx<'_, crate::store::backend::Postgres> {
+    /// Runs one statement and returns the number of rows it changed.
+    pub fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64> {
+        refuse_transaction_control(sql)?;
+        self.conn.execute_untyped(sql, params)
+    }
+
+    /// Runs one statement and returns its rows.
+    pub fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>> {
+        refuse_transaction_control(sql)?;
+        self.conn.query_untyped(sql, params)
+    }
+
+    /// Runs one statement that returns at most one row.
+    ///
+    /// # Errors
+    /// [`crate::Error::Invalid`] when it returned more than one.
+    pub fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Option<postgres::Row>> {
+        let mut rows = self.query(sql, params)?;
+        match rows.len() {
+            0 => Ok(None),
+            1 => Ok(rows.pop()),
+            n => Err(crate::error::Error::invalid(
+                "query",
+                format!("returned {n} rows where at most one was expected"),
+            )),
+        }
+    }
+}
+
+/// Refuses a statement that would end or replace the engine's transaction
+/// (see `Tx<'_, Postgres>`): its first word after spaces and comments.
+#[cfg(feature = "postgres")]
+fn refuse_transaction_control(sql: &str) -> Result<()> {
+    let words: Vec<String> = sql_words(sql, 3);
+    let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
+    let refused = match w(0) {
+        "BEGIN" | "COMMIT" | "END" | "ABORT" => true,
+        "START" | "SET" => {
+            w(1) == "TRANSACTION" || (w(1) == "SESSION" && w(2) == "CHARACTERISTICS")
+        }
+        "ROLLBACK" => !(w(1) == "TO" || (w(1) == "WORK" || w(1) == "TRANSACTION") && w(2) == "TO"),
+        "PREPARE" => w(1) == "TRANSACTION",
+        _ => false,
+    };
+    if refused {
+        return Err(crate::error::Error::StatementRefused {
+            detail: "a write closure may not end or replace the engine's transaction \
+                     (BEGIN, START TRANSACTION, COMMIT, END, ROLLBACK, ABORT, PREPARE \
+                     TRANSACTION, SET TRANSACTION); savepoints of your own are fine"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// The first `n` words of `sql`, upper-cased, skipping spaces and comments.
+#[cfg(feature = "postgres")]
+fn sql_words(sql: &str, n: usize) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut rest = sql;
+    while words.len() < n {
+        rest = rest.trim_start();
+        if let Some(r) = rest.strip_prefix("--") {
+            rest = r.find('\n').map_or("", |i| &r[i + 1..]);
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r.find("*/").map_or("", |i| &r[i + 2..]);
+        } else if rest.is_empty() {
+            break;
+        } else {
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            if end == 0 {
+                break;
+            }
+            words.push(rest[..end].to_ascii_uppercase());
+            rest = &rest[end..];
+        }
+    }
+    words
 }

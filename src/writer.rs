@@ -43,6 +43,7 @@ use rusqlite::Connection;
 use crate::combiner::{Batch, Combiner, Ended, Outcome};
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
+use crate::store::backend::Sqlite;
 use crate::store::conn::{Control, Guard, retry_busy};
 use crate::tx::{Env, Tx};
 
@@ -189,7 +190,7 @@ impl Writer {
                 failed = Some(e);
                 break;
             }
-            let mut tx = Tx::new(&conn, &self.guard, env);
+            let mut tx = Tx::<Sqlite>::new(&conn, &self.guard, env);
             let outcome = member.run(&mut tx);
             if let Err(e) = end_savepoint(&conn, &self.guard, outcome.ok) {
                 failed = Some(e);

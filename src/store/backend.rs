@@ -31,7 +31,7 @@ use super::{cursors, events, leases, workspaces};
 
 /// What inserting an event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Inserted {
+pub enum Inserted {
     /// Appended at this seq.
     At(i64),
     /// The workspace has an event with this id already; nothing inserted.
@@ -42,7 +42,7 @@ pub(crate) enum Inserted {
 }
 
 /// `reflexr_workspaces` and `reflexr_event_types`.
-pub(crate) trait Workspaces {
+pub trait Workspaces {
     /// Inserts the workspace; false when it existed already.
     fn insert(&self, name: &str, now: i64) -> Result<bool>;
     fn exists(&self, name: &str) -> Result<bool>;
@@ -67,7 +67,7 @@ pub(crate) trait Workspaces {
 /// append leaves no gap) and in commit order: a reader that has seen seq
 /// `n` will never later see a new event below `n` (invariant 1, and what a
 /// cursor relies on never to skip an event).
-pub(crate) trait Events {
+pub trait Events {
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted>;
     /// The seq of the workspace's event with this id.
     fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>>;
@@ -102,7 +102,7 @@ pub(crate) trait Events {
 }
 
 /// `reflexr_cursors`.
-pub(crate) trait Cursors {
+pub trait Cursors {
     /// The cursor's position, if it was ever saved.
     fn get(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<i64>>;
     /// Moves the cursor to `position` unless that is behind it; returns
@@ -119,7 +119,7 @@ pub(crate) trait Cursors {
 
 /// `reflexr_leases`. Every statement that acts under a lease checks holder,
 /// generation and expiry (by the caller's clock) in the statement itself.
-pub(crate) trait Leases {
+pub trait Leases {
     /// Takes the lease if it is free or already `holder`'s (see
     /// `store::leases::acquire`); `None` when someone else holds it.
     fn acquire(&self, name: &str, holder: &str, now: i64, ttl_ms: i64) -> Result<Option<LeaseRow>>;
@@ -138,6 +138,44 @@ pub(crate) trait Leases {
     fn is_held(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool>;
     fn get(&self, name: &str) -> Result<Option<LeaseRow>>;
     fn list(&self) -> Result<Vec<LeaseRow>>;
+}
+
+/// Everything the core asks of a connection.
+pub trait Core: Events + Workspaces + Cursors + Leases {}
+impl<T: Events + Workspaces + Cursors + Leases + ?Sized> Core for T {}
+
+/// The database an engine runs on, as the core sees it: its connection
+/// type (what a [`crate::Tx`] holds) and what its writer guards the
+/// transaction with. Sealed: implemented by [`Sqlite`] and, with the feature
+/// `postgres`, [`Postgres`].
+pub trait Store: Send + Sync + Sized + 'static {
+    /// A connection inside a transaction.
+    type Conn: Core;
+    /// What the writer keeps beside the connection to guard its
+    /// transaction (SQLite's authorizer and control statements).
+    type Guard;
+}
+
+/// SQLite, the default backend: one file, one writer per file (see
+/// [`crate::Engine`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sqlite {}
+
+impl Store for Sqlite {
+    type Conn = rusqlite::Connection;
+    type Guard = super::conn::Guard;
+}
+
+/// PostgreSQL (feature `postgres`): a server database that processes on
+/// several machines share (see `Engine::builder_postgres`).
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Postgres {}
+
+#[cfg(feature = "postgres")]
+impl Store for Postgres {
+    type Conn = super::pg::PgConn;
+    type Guard = ();
 }
 
 // SQLite: each method is its table module's statement.

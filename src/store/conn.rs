@@ -220,7 +220,7 @@ pub(crate) fn retry_busy<T>(timeout: Duration, mut step: impl FnMut() -> Result<
 /// ends in a comment holding a random number drawn when the guard is
 /// installed: a closure cannot name them, so whatever it prepares — even
 /// the same statement — goes through the authorizer.
-pub(crate) struct Guard {
+pub struct Guard {
     /// True while the writer runs a statement of its own.
     control: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Each control statement's SQL, with the guard's secret comment.

@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::event::Event;
 
 /// One row to insert.
-pub(crate) struct NewRow<'a> {
+pub struct NewRow<'a> {
     pub workspace: &'a str,
     pub id: &'a str,
     pub event_type: &'a str,

@@ -10,7 +10,7 @@ use crate::error::Result;
 
 /// A lease row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LeaseRow {
+pub struct LeaseRow {
     pub name: String,
     pub holder: String,
     pub generation: i64,

@@ -3,6 +3,7 @@
 //! test starts from, and child processes ([`Scene::child`], [`Watched`]).
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod http;
 pub mod power;
 pub mod torture;

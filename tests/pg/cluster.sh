@@ -2,6 +2,7 @@
 # A throwaway PostgreSQL cluster on loopback for the tests.
 #
 #   eval "$(bash tests/pg/cluster.sh start DIR)"   # exports REFLEXR_PG_URL
+#   bash tests/pg/cluster.sh restart DIR   # the fault test's server restart
 #   bash tests/pg/cluster.sh stop DIR
 #
 # The cluster lives in DIR (made if missing) and listens on 127.0.0.1 only,
@@ -59,6 +60,11 @@ start)
   as_owner "$bindir/createdb" -h 127.0.0.1 -p "$port" -U reflexr reflexr_test
   echo "$port" >"$dir/port"
   echo "export REFLEXR_PG_URL='host=127.0.0.1 port=$port user=reflexr dbname=reflexr_test'"
+  echo "export REFLEXR_PG_DIR='$dir'"
+  ;;
+restart)
+  # Fast: every connection is cut, as a crash or a failover would.
+  as_owner "$bindir/pg_ctl" -D "$dir/data" -m fast -w restart >/dev/null
   ;;
 stop)
   if [ -n "$bindir" ] && [ -d "$dir/data" ]; then

@@ -22,10 +22,6 @@
 //!   types (`query_typed`), which PostgreSQL parses, binds and runs in one
 //!   exchange instead of a prepare and an execute.
 
-// Until the engine opens on PostgreSQL (the next step of issue 19), only
-// the tests reach this module.
-#![cfg_attr(not(test), allow(dead_code))]
-
 pub(crate) mod schema;
 
 use std::cell::RefCell;
@@ -39,43 +35,87 @@ use super::leases::LeaseRow;
 use crate::error::{Error, Result};
 use crate::event::Event;
 
-/// One connection's transaction, as the core's table groups see it.
+/// The pool of connections an engine on PostgreSQL keeps.
+pub(crate) type Pool = r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>;
+/// One of the pool's connections.
+pub(crate) type Pooled =
+    r2d2::PooledConnection<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>;
+
+/// One pooled connection inside a transaction, as the core's table groups
+/// see it: `BEGIN` when made, `COMMIT` by [`PgConn::commit`], `ROLLBACK`
+/// when dropped uncommitted (the connection goes back to the pool clean).
 ///
 /// The core's methods take `&self` (SQLite's connection does); the
-/// PostgreSQL client needs `&mut` for every statement, so the transaction
-/// sits in a `RefCell`. No method holds the borrow across a call into
-/// another, so it is never borrowed twice.
-pub(crate) struct PgConn<'a> {
-    tx: RefCell<postgres::Transaction<'a>>,
+/// PostgreSQL client needs `&mut` for every statement, so it sits in a
+/// `RefCell`. No method holds the borrow across a call into another, so it
+/// is never borrowed twice.
+pub struct PgConn {
+    client: RefCell<Pooled>,
+    open: std::cell::Cell<bool>,
 }
 
 type Param<'p> = (&'p (dyn ToSql + Sync), Type);
 
-impl<'a> PgConn<'a> {
+impl PgConn {
     /// Begins a transaction on `client`.
-    pub(crate) fn begin(client: &'a mut postgres::Client) -> Result<PgConn<'a>> {
+    pub(crate) fn begin(mut client: Pooled) -> Result<PgConn> {
+        client.batch_execute("BEGIN")?;
         Ok(PgConn {
-            tx: RefCell::new(client.transaction()?),
+            client: RefCell::new(client),
+            open: std::cell::Cell::new(true),
         })
     }
 
     /// Commits the transaction.
     pub(crate) fn commit(self) -> Result<()> {
-        Ok(self.tx.into_inner().commit()?)
+        self.open.set(false);
+        Ok(self.client.borrow_mut().batch_execute("COMMIT")?)
     }
 
-    /// The transaction, for statements of the caller's own.
-    #[cfg(test)]
-    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut postgres::Transaction<'a>) -> T) -> T {
-        f(&mut self.tx.borrow_mut())
+    /// Runs one statement of the caller's own, with its parameters'
+    /// types left to the server: the application's SQL, or a test's.
+    pub(crate) fn query_untyped(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        Ok(self.client.borrow_mut().query(sql, params)?)
+    }
+
+    /// [`PgConn::query_untyped`] for a statement whose rows are not wanted:
+    /// the number of rows it changed.
+    pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        Ok(self.client.borrow_mut().execute(sql, params)?)
+    }
+
+    /// Sends a notification on `channel`, delivered to listeners when (and
+    /// if) the transaction commits; several in one transaction arrive as one.
+    pub(crate) fn notify(&self, channel: &str) -> Result<()> {
+        self.query("SELECT pg_notify($1, '')", &[(&channel, Type::TEXT)])?;
+        Ok(())
     }
 
     fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
-        Ok(self.tx.borrow_mut().query_typed(sql, params)?)
+        Ok(self.client.borrow_mut().query_typed(sql, params)?)
     }
 
     fn query_opt(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<Row>> {
-        Ok(self.tx.borrow_mut().query_typed_opt(sql, params)?)
+        let mut rows = self.query(sql, params)?;
+        Ok(if rows.is_empty() {
+            None
+        } else {
+            Some(rows.swap_remove(0))
+        })
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        if self.open.get() {
+            // Best effort: a connection that cannot roll back is broken,
+            // and the pool drops broken connections.
+            let _ = self.client.get_mut().batch_execute("ROLLBACK");
+        }
     }
 }
 
@@ -84,7 +124,7 @@ fn col<'r, T: postgres::types::FromSql<'r>>(row: &'r Row, i: usize) -> Result<T>
     row.try_get(i).map_err(Error::from)
 }
 
-impl Workspaces for PgConn<'_> {
+impl Workspaces for PgConn {
     fn insert(&self, name: &str, now: i64) -> Result<bool> {
         let row = self.query_opt(
             "INSERT INTO reflexr_workspaces (name, created_at) VALUES ($1, $2) \
@@ -175,7 +215,7 @@ fn limit_of(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-impl Events for PgConn<'_> {
+impl Events for PgConn {
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
         let depth = i32::try_from(row.depth)
             .map_err(|_| Error::invalid("depth", "more than 2^31 causes deep"))?;
@@ -339,7 +379,7 @@ impl Events for PgConn<'_> {
     }
 }
 
-impl Cursors for PgConn<'_> {
+impl Cursors for PgConn {
     fn get(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<i64>> {
         self.query_opt(
             "SELECT position FROM reflexr_cursors \
@@ -404,7 +444,7 @@ fn lease_from(r: &Row) -> Result<LeaseRow> {
     })
 }
 
-impl Leases for PgConn<'_> {
+impl Leases for PgConn {
     fn acquire(&self, name: &str, holder: &str, now: i64, ttl_ms: i64) -> Result<Option<LeaseRow>> {
         // The same statement as SQLite's (see store::leases::acquire).
         self.query_opt(

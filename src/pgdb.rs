@@ -1,0 +1,243 @@
+//! [`PgDb`]: one open PostgreSQL database (feature `postgres`) — the core
+//! the engine works through on a server, as [`crate::db::Db`] is on a file.
+//!
+//! - **Connections.** An r2d2 pool of the sync `postgres` client (its
+//!   private runtime never reaches the API). A connection that broke — the
+//!   server restarted — is found broken on checkout and replaced; the
+//!   statement that met the break fails with [`Error::Io`], and nothing of
+//!   its transaction committed.
+//! - **Writes.** Each [`PgDb::write`] is a transaction of its own on a
+//!   pooled connection: PostgreSQL lets many commit at once, so there is
+//!   no writer to share (SQLite's group commit). Appends still take their
+//!   seqs one transaction at a time (see `store::pg`).
+//! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
+//!   its commit; a listener thread (a connection of its own, `LISTEN`)
+//!   nudges this process's waiters when one arrives, from any process. The
+//!   heartbeat stays the correctness path: it reads the head seq, so a
+//!   missed notification (the listener reconnecting) costs a heartbeat,
+//!   never an event. Notifications are debounced by the nudge itself: a
+//!   burst of them wakes a waiter once.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{Client, NoTls};
+
+use crate::clock::Clock;
+use crate::db::CoreDb;
+use crate::error::{Error, Result};
+use crate::notify::{Notifier, Subscription};
+use crate::settings::Settings;
+use crate::store::backend::Postgres;
+use crate::store::pg::{self, PgConn, Pool};
+use crate::tx::{Env, Tx};
+
+/// The channel commits are announced on.
+pub(crate) const CHANNEL: &str = "reflexr";
+
+/// One open PostgreSQL database.
+pub struct PgDb {
+    /// The server and database, for messages (never the password).
+    what: String,
+    env: Env,
+    pool: Pool,
+    notifier: Arc<Notifier>,
+    stop: Arc<AtomicBool>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl PgDb {
+    /// Connects to the database `config` names (a libpq-style string:
+    /// `host=… port=… user=… dbname=…`, or a `postgresql://` URL), applies
+    /// or migrates the schema, and starts the listener.
+    pub(crate) fn open(
+        config: &str,
+        pool_size: u32,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<PgDb> {
+        if !(1..=64).contains(&pool_size) {
+            return Err(Error::invalid("pool_size", "must be 1 to 64"));
+        }
+        let config: postgres::Config = config
+            .parse()
+            .map_err(|e| Error::invalid("postgres config", format!("{e}")))?;
+        let what = describe(&config);
+        let mut first = config.connect(NoTls)?;
+        pg::schema::apply(&mut first, &what)?;
+
+        let manager = r2d2_postgres::PostgresConnectionManager::new(config.clone(), NoTls);
+        let pool = r2d2::Pool::builder()
+            .max_size(pool_size)
+            .min_idle(Some(1))
+            .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
+            .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
+            .build(manager)?;
+
+        // The heartbeat reads the head seq on a connection of its own.
+        let poller = Mutex::new(first);
+        let notifier = Arc::new(Notifier::polling(Box::new(move || {
+            let mut c = poller.lock().unwrap_or_else(|e| e.into_inner());
+            c.query_one("SELECT seq FROM reflexr_head", &[])
+                .ok()
+                .map(|r| r.get(0))
+        })));
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let listener = {
+            let (notifier, stop) = (Arc::clone(&notifier), Arc::clone(&stop));
+            let heartbeat = settings.heartbeat;
+            std::thread::Builder::new()
+                .name("reflexr-listen".into())
+                .spawn(move || listen(&config, &notifier, &stop, heartbeat))?
+        };
+        Ok(PgDb {
+            what,
+            env: Env {
+                clock,
+                settings,
+                channels: RwLock::new(BTreeMap::new()),
+            },
+            pool,
+            notifier,
+            stop,
+            listener: Mutex::new(Some(listener)),
+        })
+    }
+
+    /// The server and database, as `host:port/dbname`.
+    pub(crate) fn what(&self) -> &str {
+        &self.what
+    }
+
+    /// Runs `f` on a pooled connection, in a transaction of its own that
+    /// writes nothing (it is committed, read-only, when `f` returns).
+    pub(crate) fn read<T>(&self, mut f: impl FnMut(&PgConn) -> Result<T>) -> Result<T> {
+        let conn = PgConn::begin(self.pool.get()?)?;
+        let out = f(&conn)?;
+        conn.commit()?;
+        Ok(out)
+    }
+
+    /// Runs `f` in a transaction of its own and returns its value once
+    /// committed. An error (or a panic) of `f` rolls its work back.
+    pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        let conn = PgConn::begin(self.pool.get().map_err(Error::from)?)?;
+        let mut tx = Tx::<Postgres>::new(&conn, &(), &self.env);
+        // On an error or a panic, dropping `conn` rolls back.
+        let out = f(&mut tx)?;
+        let nudge = tx.wants_nudge();
+        if nudge {
+            conn.notify(CHANNEL)?;
+        }
+        conn.commit()?;
+        if nudge {
+            self.notifier.nudge();
+        }
+        Ok(out)
+    }
+
+    /// Stops the listener and waits for it.
+    pub(crate) fn close(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let handle = self
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// `host:port/dbname` of a config (the first host; no user, no password).
+fn describe(config: &postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        #[cfg(unix)]
+        Some(postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("");
+    format!("postgresql {host}:{port}/{db}")
+}
+
+/// The listener: `LISTEN reflexr` on a connection of its own, a nudge for
+/// every notification (the nudge coalesces a burst), reconnecting after a
+/// heartbeat when the connection breaks, until `stop`.
+fn listen(config: &postgres::Config, notifier: &Notifier, stop: &AtomicBool, heartbeat: Duration) {
+    // How long one wait for a notification lasts: the stop is seen this soon.
+    const TURN: Duration = Duration::from_millis(100);
+    while !stop.load(Ordering::SeqCst) {
+        let mut client: Client = match config.connect(NoTls) {
+            Ok(c) => c,
+            Err(e) => {
+                log::debug!("reflexr: the PostgreSQL listener cannot connect: {e}");
+                std::thread::sleep(heartbeat.max(TURN));
+                continue;
+            }
+        };
+        if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")) {
+            log::debug!("reflexr: LISTEN failed: {e}");
+            std::thread::sleep(heartbeat.max(TURN));
+            continue;
+        }
+        // Whatever committed while no one listened is found by the next
+        // heartbeat; nudge now so waiters read at once.
+        notifier.nudge();
+        while !stop.load(Ordering::SeqCst) {
+            let next = client.notifications().timeout_iter(TURN).next();
+            match next {
+                // Nudged at once; a burst costs a waiter one wake-up.
+                Ok(Some(_)) => notifier.nudge(),
+                Ok(None) => {}
+                Err(e) => {
+                    log::debug!("reflexr: the PostgreSQL listener lost its connection: {e}");
+                    break;
+                }
+            }
+            if client.is_closed() {
+                break;
+            }
+        }
+    }
+}
+
+impl CoreDb<Postgres> for PgDb {
+    fn settings(&self) -> &Settings {
+        &self.env.settings
+    }
+    fn now_ms(&self) -> i64 {
+        self.env.clock.now_ms()
+    }
+    fn read_with<T>(&self, f: &mut dyn FnMut(&PgConn) -> Result<T>) -> Result<T> {
+        self.read(f)
+    }
+    fn write_with<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.write(f)
+    }
+    fn subscribe(&self) -> Subscription {
+        self.notifier.subscribe()
+    }
+}

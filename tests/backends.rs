@@ -1,0 +1,387 @@
+//! The engine's core on every backend: each test is written once, generic
+//! over the backend, and `on_backends!` runs it on an SQLite temp file and
+//! — with the feature `postgres` (`cargo test --features postgres`, which
+//! `bash .ci/run` runs against a throwaway server) — on PostgreSQL. Each
+//! names the DESIGN.md invariant it checks.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::backend::TestBackend;
+use reflexr::{Engine, Error, ManualClock, NewEvent, Query};
+
+/// Runs each generic test on SQLite and, with the feature, on PostgreSQL.
+macro_rules! on_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn sqlite() {
+                    super::$name::<reflexr::Sqlite>();
+                }
+                #[cfg(feature = "postgres")]
+                #[test]
+                fn postgres() {
+                    super::$name::<reflexr::Postgres>();
+                }
+            }
+        )*
+    };
+}
+
+on_backends!(
+    app_rows_and_events_commit_or_roll_back_together,
+    an_id_is_appended_once_and_seqs_are_dense,
+    a_refused_append_is_a_typed_error_and_the_write_goes_on,
+    a_write_cannot_end_the_engines_transaction,
+    a_cursor_moves_only_forward_and_saves_with_the_consumers_rows,
+    a_lapsed_lease_fences_its_old_holder_out,
+    a_wait_wakes_on_another_engines_commit,
+    engines_appending_at_once_are_read_once_in_seq_order,
+);
+
+const TYPES: &[&str] = &["thing.made", "thing.gone"];
+const START_MS: i64 = 1_800_000_000_000;
+
+fn made(id: &str) -> NewEvent {
+    NewEvent::new("thing.made", format!("thing/{id}"), "tester", 1_000)
+        .payload(&serde_json::json!({ "id": id }))
+}
+
+/// A place, its clock, and an engine on it with the workspace `app`.
+fn setup<B: TestBackend>() -> (B::Place, ManualClock, Engine<B>) {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let engine = B::open(&place, &clock, "test");
+    engine.ensure_workspace("app", TYPES).unwrap();
+    B::create_things(&engine);
+    (place, clock, engine)
+}
+
+fn all<B: TestBackend>(engine: &Engine<B>) -> Vec<reflexr::Event> {
+    engine.read(&Query::new("app").limit(10_000)).unwrap()
+}
+
+/// Invariant 2: the application's rows and its events commit together or
+/// not at all — an error or a panic in the closure leaves neither.
+fn app_rows_and_events_commit_or_roll_back_together<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    engine
+        .write(|tx| {
+            B::insert_thing(tx, "t-1")?;
+            tx.append("app", &made("t-1"))
+        })
+        .unwrap();
+    let failed: reflexr::Result<()> = engine.write(|tx| {
+        B::insert_thing(tx, "t-2")?;
+        tx.append("app", &made("t-2"))?;
+        Err(Error::Invalid {
+            field: "test",
+            reason: "the caller gave up".into(),
+        })
+    });
+    assert!(failed.is_err());
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        engine.write(|tx| -> reflexr::Result<()> {
+            B::insert_thing(tx, "t-3")?;
+            tx.append("app", &made("t-3"))?;
+            panic!("the handler fell over");
+        })
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(B::things(&engine), ["t-1"]);
+    let events = all(&engine);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].subject, "thing/t-1");
+    // Nothing was skipped: the next append takes the next seq.
+    let next = engine.append("app", &made("t-4")).unwrap();
+    assert_eq!(next.seq, events[0].seq + 1);
+}
+
+/// Invariants 1 and 3: seqs are dense and increasing; an id is appended
+/// once, and appending it again reports the first seq.
+fn an_id_is_appended_once_and_seqs_are_dense<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    let first = engine.append("app", &made("a").id("id-a")).unwrap();
+    let second = engine.append("app", &made("b")).unwrap();
+    let again = engine.append("app", &made("a").id("id-a")).unwrap();
+    assert_eq!((first.seq, second.seq), (1, 2));
+    assert!(again.existing);
+    assert_eq!(again.seq, 1);
+    let in_one = engine
+        .write(|tx| {
+            let c = tx.append("app", &made("c").id("id-c"))?;
+            let c_again = tx.append("app", &made("c").id("id-c"))?;
+            Ok((c.seq, c_again.seq, c_again.existing))
+        })
+        .unwrap();
+    assert_eq!(in_one, (3, 3, true));
+    assert_eq!(engine.head_seq().unwrap(), 3);
+    let seqs: Vec<i64> = all(&engine).iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    assert_eq!(engine.event(2).unwrap().unwrap().subject, "thing/b");
+    assert_eq!(
+        engine.event_by_id("app", "id-c").unwrap().map(|e| e.seq),
+        Some(3)
+    );
+    let b_only = engine.read(&Query::new("app").subject("thing/b")).unwrap();
+    assert_eq!(b_only.len(), 1);
+    assert_eq!(
+        engine
+            .read(&Query::new("app").types(["thing.gone"]))
+            .unwrap()
+            .len(),
+        0
+    );
+}
+
+/// Bad input: each refused append is a typed error, takes no seq, and the
+/// write that made it goes on (on PostgreSQL a failed statement would abort
+/// the transaction, so the engine must not run one).
+fn a_refused_append_is_a_typed_error_and_the_write_goes_on<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    let seq = engine
+        .write(|tx| {
+            let e = tx.append("nowhere", &made("x")).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::NotFound {
+                        kind: "workspace",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            let e = tx
+                .append("app", &NewEvent::new("thing.sold", "s", "a", 0))
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::NotFound {
+                        kind: "event type",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            let e = tx
+                .append("app", &NewEvent::new("RuleFired", "s", "a", 0))
+                .unwrap_err();
+            assert!(matches!(e, Error::ReservedType { .. }), "{e}");
+            let e = tx
+                .append(
+                    "app",
+                    &NewEvent::new("thing.made", "s", "a", 0).payload_json("{not json"),
+                )
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid {
+                        field: "payload",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            let e = tx
+                .append("app", &made("x").id("i".repeat(1_000)))
+                .unwrap_err();
+            assert!(matches!(e, Error::Invalid { field: "id", .. }), "{e}");
+            B::insert_thing(tx, "kept")?;
+            Ok(tx.append("app", &made("kept"))?.seq)
+        })
+        .unwrap();
+    assert_eq!(seq, 1);
+    assert_eq!(B::things(&engine), ["kept"]);
+    let e = engine.register_types("app", &["RuleErrored"]).unwrap_err();
+    assert!(matches!(e, Error::ReservedType { .. }));
+    let e = engine.create_workspace("app").unwrap_err();
+    assert!(matches!(e, Error::AlreadyExists { .. }));
+}
+
+/// Invariant 2, guarded: the application's SQL cannot commit or roll back
+/// the engine's transaction halfway; the statement is refused before it
+/// runs and the write is rolled back as a whole.
+fn a_write_cannot_end_the_engines_transaction<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    for sql in ["COMMIT", "rollback", "  /* c */ END", "BEGIN"] {
+        let e = engine
+            .write(|tx| {
+                B::insert_thing(tx, sql.trim())?;
+                tx.append("app", &made("x"))?;
+                B::run_sql(tx, sql)
+            })
+            .unwrap_err();
+        assert!(matches!(e, Error::StatementRefused { .. }), "{sql}: {e}");
+    }
+    assert!(B::things(&engine).is_empty());
+    assert!(all(&engine).is_empty());
+    // Savepoints of the application's own are fine.
+    engine
+        .write(|tx| {
+            B::run_sql(tx, "SAVEPOINT mine")?;
+            B::insert_thing(tx, "undone")?;
+            B::run_sql(tx, "ROLLBACK TO SAVEPOINT mine")?;
+            B::insert_thing(tx, "kept")
+        })
+        .unwrap();
+    assert_eq!(B::things(&engine), ["kept"]);
+}
+
+/// Invariant 8: a cursor only moves forward, never past the head, and
+/// saves in the transaction of the consumer's own rows.
+fn a_cursor_moves_only_forward_and_saves_with_the_consumers_rows<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    for i in 0..3 {
+        engine.append("app", &made(&i.to_string())).unwrap();
+    }
+    assert_eq!(engine.cursor("mailer", "app").unwrap(), 0);
+    engine
+        .write(|tx| {
+            B::insert_thing(tx, "mailed-1")?;
+            tx.save_cursor("mailer", "app", 1)
+        })
+        .unwrap();
+    let failed: reflexr::Result<()> = engine.write(|tx| {
+        B::insert_thing(tx, "mailed-2")?;
+        tx.save_cursor("mailer", "app", 2)?;
+        Err(Error::Invalid {
+            field: "test",
+            reason: "the mail server said no".into(),
+        })
+    });
+    assert!(failed.is_err());
+    assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
+    assert_eq!(B::things(&engine), ["mailed-1"]);
+    engine.save_cursor("mailer", "app", 3).unwrap();
+    let back = engine.save_cursor("mailer", "app", 2).unwrap_err();
+    assert!(
+        matches!(
+            back,
+            Error::CursorBackwards {
+                current: 3,
+                requested: 2,
+                ..
+            }
+        ),
+        "{back}"
+    );
+    let ahead = engine.save_cursor("mailer", "app", 4).unwrap_err();
+    assert!(
+        matches!(ahead, Error::CursorAhead { head: 3, .. }),
+        "{ahead}"
+    );
+    let in_tx = engine.write(|tx| tx.cursor("mailer", "app")).unwrap();
+    assert_eq!(in_tx, 3);
+}
+
+/// Invariant 7: a lease has one live holder; once it lapses another takes
+/// it with a new generation, and a write the old holder fences commits
+/// nothing.
+fn a_lapsed_lease_fences_its_old_holder_out<B: TestBackend>() {
+    let (place, clock, a) = setup::<B>();
+    let b = B::open(&place, &clock, "other");
+    let ttl = Some(Duration::from_secs(30));
+    let held = a.acquire_lease("projector", ttl).unwrap();
+    assert_eq!(held.generation, 1);
+    let e = b.acquire_lease("projector", ttl).unwrap_err();
+    assert!(
+        matches!(&e, Error::LeaseHeld { holder, .. } if holder == "test"),
+        "{e}"
+    );
+    clock.advance(Duration::from_secs(10));
+    let held = a.renew_lease(&held).unwrap();
+    clock.advance(Duration::from_secs(31));
+    let taken = b.acquire_lease("projector", ttl).unwrap();
+    assert_eq!(taken.generation, 2);
+    let fenced = a
+        .write(|tx| {
+            tx.fence(&held)?;
+            B::insert_thing(tx, "stale")?;
+            tx.append("app", &made("stale"))
+        })
+        .unwrap_err();
+    assert!(
+        matches!(fenced, Error::LeaseLost { generation: 1, .. }),
+        "{fenced}"
+    );
+    assert!(B::things(&a).is_empty());
+    assert!(all(&a).is_empty());
+    assert!(a.renew_lease(&held).is_err());
+    assert!(!a.release_lease(&held).unwrap());
+    assert!(b.release_lease(&taken).unwrap());
+    let leases = a.leases().unwrap();
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].generation, 2);
+}
+
+/// Invariant 1, live: a reader waiting for events is woken by a commit of
+/// another engine on the same database (another process, as far as either
+/// knows) and gets it. The wait's timeout is a bound, not a measurement.
+fn a_wait_wakes_on_another_engines_commit<B: TestBackend>() {
+    let (place, clock, reader) = setup::<B>();
+    let writer = B::open(&place, &clock, "writer");
+    let waiting = std::thread::spawn(move || {
+        reader
+            .wait_for_events(&Query::new("app"), Duration::from_secs(60))
+            .unwrap()
+    });
+    writer.append("app", &made("late")).unwrap();
+    let got = waiting.join().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].subject, "thing/late");
+}
+
+/// Invariants 1 and 3 across engines: four engines (each its own
+/// connections, as four processes would have) append at once while a fifth
+/// follows with a cursor; it reads every event once, in dense seq order.
+fn engines_appending_at_once_are_read_once_in_seq_order<B: TestBackend>() {
+    const WRITERS: usize = 4;
+    const EACH: usize = 40;
+    let (place, clock, follower) = setup::<B>();
+    let place = Arc::new(place);
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let engine = B::open(&place, &clock, &format!("writer-{w}"));
+            std::thread::spawn(move || {
+                for i in 0..EACH {
+                    let id = format!("w{w}-{i}");
+                    engine
+                        .write(|tx| {
+                            B::insert_thing(tx, &id)?;
+                            tx.append("app", &made(&id).id(&id))
+                        })
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut seen: Vec<(i64, String)> = Vec::new();
+    let mut cursor = 0;
+    while seen.len() < WRITERS * EACH {
+        let page = follower
+            .wait_for_events(&Query::new("app").after(cursor), Duration::from_secs(60))
+            .unwrap();
+        assert!(!page.is_empty(), "a wait of a minute ended with nothing");
+        for e in page {
+            assert!(e.seq > cursor, "seq order");
+            cursor = e.seq;
+            seen.push((e.seq, e.id));
+        }
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let seqs: Vec<i64> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(seqs, (1..=(WRITERS * EACH) as i64).collect::<Vec<_>>());
+    let ids: BTreeSet<String> = seen.into_iter().map(|s| s.1).collect();
+    assert_eq!(ids.len(), WRITERS * EACH);
+    assert_eq!(B::things(&follower).len(), WRITERS * EACH);
+    assert!(all(&follower).len() == WRITERS * EACH);
+}
