@@ -272,7 +272,11 @@ CREATE TABLE reflexr_followers (
     stopped_at   INTEGER,
     created_at   INTEGER NOT NULL,
     updated_at   INTEGER NOT NULL,
-    restart_requests INTEGER NOT NULL DEFAULT 0 CHECK (restart_requests >= 0)
+    restart_requests INTEGER NOT NULL DEFAULT 0 CHECK (restart_requests >= 0),
+    -- The PostgreSQL target it publishes into, by the name a process
+    -- registered it under (Engine::register_postgres_target; the
+    -- connection string, and its password, stay in the process).
+    target_postgres TEXT
 ) STRICT, WITHOUT ROWID;
 
 -- Counters of what the engines did to this file, across processes and
@@ -395,7 +399,8 @@ FROM reflexr_dead_letters
 GROUP BY kind, reason;
 
 CREATE VIEW reflexr_follower_status AS
-SELECT f.name, f.source, f.target, coalesce(f.target_file, '(this file)') AS target_file,
+SELECT f.name, f.source, f.target,
+       coalesce(f.target_file, 'postgres:' || f.target_postgres, '(this file)') AS target_file,
        f.projection, c.position AS cursor,
        (SELECT count(*) FROM reflexr_events e
          WHERE e.workspace = f.source AND e.seq > c.position) AS lag,
@@ -418,4 +423,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 5;
+PRAGMA user_version = 6;

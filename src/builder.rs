@@ -395,7 +395,13 @@ impl PostgresBuilder {
     /// See [`Engine::open_postgres`].
     pub fn open(self) -> Result<Engine<crate::store::backend::Postgres>> {
         check_settings(&self.settings)?;
-        let db = crate::pgdb::PgDb::open(&self.config, self.pool_size, self.settings, self.clock)?;
+        let db = crate::pgdb::PgDb::open(
+            &self.config,
+            self.pool_size,
+            self.settings,
+            self.clock,
+            true,
+        )?;
         Ok(Engine::from_context(db))
     }
 }

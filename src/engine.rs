@@ -836,8 +836,40 @@ impl Engine<Sqlite> {
     /// projection registered relays for it, one at a time (its lease): in
     /// [`Engine::run_until_idle`], and in a thread of its own after
     /// [`Engine::start`].
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a missing source workspace, or a PostgreSQL
+    /// target this process has not registered.
     pub fn follow(&self, follow: Follow) -> Result<String> {
+        if let Some(pg) = &follow.target_postgres
+            && !self.cx.registers_pg_target(pg)
+        {
+            return Err(Error::not_found("postgres target", pg));
+        }
         self.write(|tx| follow::register(tx, &follow))
+    }
+
+    /// Registers a PostgreSQL database (feature `postgres`) as the target
+    /// `name` that followers publish into with [`Follow::to_postgres`]: an
+    /// edge's file relayed into a hub over the network. `config` is a libpq
+    /// connection string or a `postgresql://` URL; it stays in this
+    /// process (the file's ledger keeps only `name`), so register it at
+    /// every start, like projections. The engine connects when a follower
+    /// first publishes, and creates the engine's tables there if missing;
+    /// while the server is out of reach, the follower tries again every
+    /// third of the lease TTL and its cursor waits.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad name or a config that does not parse.
+    #[cfg(feature = "postgres")]
+    pub fn register_postgres_target(&self, name: &str, config: &str) -> Result<()> {
+        names::check_name("postgres target", name)?;
+        config
+            .parse::<postgres::Config>()
+            .map_err(|e| Error::invalid("postgres config", e.to_string()))?;
+        self.cx.register_pg_target(name, config);
+        self.cx.db.nudge();
+        Ok(())
     }
 
     /// The followers in the ledger, with their cursors and counters

@@ -50,12 +50,13 @@ use std::path::PathBuf;
 use crate::consumer::{self, Consumer};
 use crate::counter::Counter;
 use crate::cursor::ConsumerKind;
-use crate::db::Db;
+use crate::db::{CoreDb, Db};
 use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, HandlerError, Result, panic_text};
 use crate::event::{Event, NewEvent};
 use crate::lease::Lease;
 use crate::names;
+use crate::store::backend::Store;
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::followers::{self, FollowerRow};
 use crate::store::{counters, cursors, events};
@@ -106,6 +107,7 @@ pub struct Follow {
     pub(crate) source: String,
     pub(crate) target: String,
     pub(crate) target_file: Option<PathBuf>,
+    pub(crate) target_postgres: Option<String>,
     pub(crate) projection: String,
 }
 
@@ -121,6 +123,7 @@ impl Follow {
             source: source.into(),
             target: target.into(),
             target_file: None,
+            target_postgres: None,
             projection: "same".into(),
         }
     }
@@ -134,6 +137,20 @@ impl Follow {
     /// Publish into the workspace of another reflexr file.
     pub fn to_file(mut self, path: impl Into<PathBuf>) -> Follow {
         self.target_file = Some(path.into());
+        self.target_postgres = None;
+        self
+    }
+
+    /// Publish into the workspace of a PostgreSQL database (feature
+    /// `postgres`): the target this process registered as `name` with
+    /// [`crate::Engine::register_postgres_target`] — an edge's file into a
+    /// hub over the network. Only the name is kept in the ledger; a process
+    /// relays for the follower when it registered the target (and the
+    /// projection).
+    #[cfg(feature = "postgres")]
+    pub fn to_postgres(mut self, name: impl Into<String>) -> Follow {
+        self.target_postgres = Some(name.into());
+        self.target_file = None;
         self
     }
 
@@ -161,8 +178,10 @@ pub struct FollowerInfo {
     pub source: String,
     /// The workspace it publishes into.
     pub target: String,
-    /// The target's file (None: this file).
+    /// The target's file (None: this file, or PostgreSQL).
     pub target_file: Option<String>,
+    /// The PostgreSQL target's registered name (None: a file).
+    pub target_postgres: Option<String>,
     /// The projection's name.
     pub projection: String,
     /// Its cursor on the source.
@@ -198,7 +217,7 @@ pub(crate) fn register(tx: &mut Tx<'_>, f: &Follow) -> Result<String> {
     if !crate::store::workspaces::exists(conn, &f.source)? {
         return Err(Error::not_found("workspace", &f.source));
     }
-    if f.target_file.is_none() && f.target == f.source {
+    if f.target_file.is_none() && f.target_postgres.is_none() && f.target == f.source {
         return Err(Error::invalid(
             "follower",
             "a workspace cannot follow itself into the same file",
@@ -208,15 +227,15 @@ pub(crate) fn register(tx: &mut Tx<'_>, f: &Follow) -> Result<String> {
         .target_file
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned());
-    followers::upsert(
-        conn,
-        &name,
-        &f.source,
-        &f.target,
-        file.as_deref(),
-        &f.projection,
-        now,
-    )?;
+    if let Some(pg) = &f.target_postgres {
+        names::check_name("postgres target", pg)?;
+    }
+    let target = followers::Target {
+        workspace: &f.target,
+        file: file.as_deref(),
+        postgres: f.target_postgres.as_deref(),
+    };
+    followers::upsert(conn, &name, &f.source, &target, &f.projection, now)?;
     let kind = ConsumerKind::Follower.as_str();
     if cursors::get(conn, &f.source, kind, &name)?.is_none() {
         cursors::set(conn, &f.source, kind, &name, 0, now)?;
@@ -241,6 +260,7 @@ pub(crate) fn infos(
                 source: r.source,
                 target: r.target,
                 target_file: r.target_file,
+                target_postgres: r.target_postgres,
                 projection: r.projection,
                 published: r.published,
                 dead_letters: r.dead_letters,
@@ -280,7 +300,7 @@ enum Published {
     Stop(Error),
 }
 
-fn publish(tx: &mut Tx<'_>, target: &str, event: &NewEvent) -> Published {
+fn publish<B: Store>(tx: &mut Tx<'_, B>, target: &str, event: &NewEvent) -> Published {
     match tx.append(target, event) {
         Ok(_) => Published::Ok,
         Err(e @ Error::ReservedType { .. }) => Published::Dead(Reason::ReservedType, e.to_string()),
@@ -291,6 +311,46 @@ fn publish(tx: &mut Tx<'_>, target: &str, event: &NewEvent) -> Published {
     }
 }
 
+/// Another database a follower publishes into.
+#[derive(Clone, Copy)]
+pub(crate) enum Elsewhere<'a> {
+    /// Another reflexr file.
+    File(&'a Db),
+    /// A PostgreSQL database (feature `postgres`).
+    #[cfg(feature = "postgres")]
+    Postgres(&'a crate::pgdb::PgDb),
+}
+
+/// Publishes the batch's events into `target` of another database, in one
+/// transaction of its: what each publish did, in order, up to a stop.
+fn publish_elsewhere<B: Store>(
+    db: &impl CoreDb<B>,
+    target: &str,
+    items: &[(&Event, Item)],
+) -> Vec<Option<Published>> {
+    let result = db.write_with(|ttx| {
+        let mut out = Vec::with_capacity(items.len());
+        for (_, item) in items {
+            match item {
+                Item::Publish(e) => {
+                    let p = publish(ttx, target, e);
+                    let stop = matches!(p, Published::Stop(_));
+                    out.push(Some(p));
+                    if stop {
+                        break;
+                    }
+                }
+                _ => out.push(None),
+            }
+        }
+        Ok::<_, Error>(out)
+    });
+    match result {
+        Ok(out) => out,
+        Err(e) => vec![Some(Published::Stop(e))],
+    }
+}
+
 /// Relays one batch of `row`'s source under `lease`, into `target` (None:
 /// this file).
 pub(crate) fn step(
@@ -298,7 +358,7 @@ pub(crate) fn step(
     lease: &Lease,
     row: &FollowerRow,
     projection: &ProjectionFn,
-    target: Option<&Db>,
+    target: Option<Elsewhere<'_>>,
 ) -> Result<Relayed> {
     let c = Consumer {
         workspace: &row.source,
@@ -328,31 +388,13 @@ pub(crate) fn step(
         items.push((event, item));
     }
 
-    // Across files, publish first, in the target's own transaction.
-    let mut outcomes: Vec<Option<Published>> = Vec::with_capacity(items.len());
-    if let Some(target_db) = target {
-        let result = target_db.write(|ttx| {
-            let mut out = Vec::with_capacity(items.len());
-            for (_, item) in &items {
-                match item {
-                    Item::Publish(e) => {
-                        let p = publish(ttx, &row.target, e);
-                        let stop = matches!(p, Published::Stop(_));
-                        out.push(Some(p));
-                        if stop {
-                            break;
-                        }
-                    }
-                    _ => out.push(None),
-                }
-            }
-            Ok(out)
-        });
-        match result {
-            Ok(out) => outcomes = out,
-            Err(e) => outcomes.push(Some(Published::Stop(e))),
-        }
-    }
+    // Across databases, publish first, in the target's own transaction.
+    let mut outcomes: Vec<Option<Published>> = match target {
+        None => Vec::new(),
+        Some(Elsewhere::File(t)) => publish_elsewhere(t, &row.target, &items),
+        #[cfg(feature = "postgres")]
+        Some(Elsewhere::Postgres(t)) => publish_elsewhere(t, &row.target, &items),
+    };
 
     let outcome = db.write(|tx| -> Result<Option<Relayed>> {
         let relayed = consumer::advance(tx, c, lease, stand, |tx| -> Result<_> {

@@ -53,12 +53,14 @@ pub struct PgDb {
 impl PgDb {
     /// Connects to the database `config` names (a libpq-style string:
     /// `host=… port=… user=… dbname=…`, or a `postgresql://` URL), applies
-    /// or migrates the schema, and starts the listener.
+    /// or migrates the schema, and starts the listener if `listen` (a
+    /// follower's target, which nobody waits on, needs none).
     pub(crate) fn open(
         config: &str,
         pool_size: u32,
         settings: Settings,
         clock: Arc<dyn Clock>,
+        listen: bool,
     ) -> Result<PgDb> {
         if !(1..=64).contains(&pool_size) {
             return Err(Error::invalid("pool_size", "must be 1 to 64"));
@@ -71,8 +73,11 @@ impl PgDb {
         pg::schema::apply(&mut first, &what)?;
 
         let manager = r2d2_postgres::PostgresConnectionManager::new(config.clone(), NoTls);
+        // Not tested on checkout (a round trip per operation): a broken
+        // connection shows when its BEGIN fails, and `begin` takes another.
         let pool = r2d2::Pool::builder()
             .max_size(pool_size)
+            .test_on_check_out(false)
             .min_idle(Some(1))
             .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
             .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
@@ -88,12 +93,16 @@ impl PgDb {
         })));
 
         let stop = Arc::new(AtomicBool::new(false));
-        let listener = {
+        let listener = if listen {
             let (notifier, stop) = (Arc::clone(&notifier), Arc::clone(&stop));
             let heartbeat = settings.heartbeat;
-            std::thread::Builder::new()
-                .name("reflexr-listen".into())
-                .spawn(move || listen(&config, &notifier, &stop, heartbeat))?
+            Some(
+                std::thread::Builder::new()
+                    .name("reflexr-listen".into())
+                    .spawn(move || listen_for_commits(&config, &notifier, &stop, heartbeat))?,
+            )
+        } else {
+            None
         };
         Ok(PgDb {
             what,
@@ -105,7 +114,7 @@ impl PgDb {
             pool,
             notifier,
             stop,
-            listener: Mutex::new(Some(listener)),
+            listener: Mutex::new(listener),
         })
     }
 
@@ -117,7 +126,7 @@ impl PgDb {
     /// Runs `f` on a pooled connection, in a transaction of its own that
     /// writes nothing (it is committed, read-only, when `f` returns).
     pub(crate) fn read<T>(&self, mut f: impl FnMut(&PgConn) -> Result<T>) -> Result<T> {
-        let conn = PgConn::begin(self.pool.get()?)?;
+        let conn = self.begin()?;
         let out = f(&conn)?;
         conn.commit()?;
         Ok(out)
@@ -130,19 +139,31 @@ impl PgDb {
         F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E>,
         E: From<Error>,
     {
-        let conn = PgConn::begin(self.pool.get().map_err(Error::from)?)?;
+        let conn = self.begin()?;
         let mut tx = Tx::<Postgres>::new(&conn, &(), &self.env);
         // On an error or a panic, dropping `conn` rolls back.
         let out = f(&mut tx)?;
-        let nudge = tx.wants_nudge();
-        if nudge {
-            conn.notify(CHANNEL)?;
-        }
-        conn.commit()?;
-        if nudge {
+        if tx.wants_nudge() {
+            conn.commit_notifying(CHANNEL)?;
             self.notifier.nudge();
+        } else {
+            conn.commit()?;
         }
         Ok(out)
+    }
+
+    /// A transaction on a pooled connection. A connection the server cut
+    /// (a restart, a failover) fails its BEGIN — nothing done yet — and is
+    /// dropped by the pool; another is taken, up to the pool's size and
+    /// one more (a new one).
+    fn begin(&self) -> Result<PgConn> {
+        let mut tries = self.pool.max_size() + 1;
+        loop {
+            match PgConn::begin(self.pool.get()?) {
+                Err(Error::Io { .. }) if tries > 1 => tries -= 1,
+                other => return other,
+            }
+        }
     }
 
     /// Stops the listener and waits for it.
@@ -181,7 +202,12 @@ fn describe(config: &postgres::Config) -> String {
 /// The listener: `LISTEN reflexr` on a connection of its own, a nudge for
 /// every notification (the nudge coalesces a burst), reconnecting after a
 /// heartbeat when the connection breaks, until `stop`.
-fn listen(config: &postgres::Config, notifier: &Notifier, stop: &AtomicBool, heartbeat: Duration) {
+fn listen_for_commits(
+    config: &postgres::Config,
+    notifier: &Notifier,
+    stop: &AtomicBool,
+    heartbeat: Duration,
+) {
     // How long one wait for a notification lasts: the stop is seen this soon.
     const TURN: Duration = Duration::from_millis(100);
     while !stop.load(Ordering::SeqCst) {

@@ -86,6 +86,10 @@ pub struct Context {
     follower_retry: Mutex<HashMap<String, i64>>,
     /// The cross-file followers' target files, opened once, by path.
     targets: Mutex<HashMap<String, Arc<Db>>>,
+    /// The PostgreSQL targets this process registered, by name: the
+    /// connection string, and the database once opened.
+    #[cfg(feature = "postgres")]
+    pg_targets: Mutex<HashMap<String, PgTarget>>,
     /// What runs beside the engine and stops with it (admin servers).
     services: Mutex<Vec<Weak<dyn Service>>>,
 }
@@ -122,7 +126,33 @@ impl Context {
             stopped_followers: Mutex::new(HashMap::new()),
             follower_retry: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
+            #[cfg(feature = "postgres")]
+            pg_targets: Mutex::new(HashMap::new()),
             services: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Registers (or replaces) the PostgreSQL target `name`; it is
+    /// connected to when a follower first publishes into it.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn register_pg_target(&self, name: &str, config: &str) {
+        lock(&self.pg_targets).insert(
+            name.to_string(),
+            PgTarget {
+                config: config.to_string(),
+                db: None,
+            },
+        );
+    }
+
+    /// Whether this process registered the PostgreSQL target `name`.
+    pub(crate) fn registers_pg_target(&self, name: &str) -> bool {
+        #[cfg(feature = "postgres")]
+        return lock(&self.pg_targets).contains_key(name);
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = name;
+            false
         }
     }
 
@@ -297,6 +327,11 @@ pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
         let Some(projection) = projection else {
             continue; // another process (with the projection) relays for it
         };
+        if let Some(pg) = &row.target_postgres
+            && !cx.registers_pg_target(pg)
+        {
+            continue; // another process (with the target) relays for it
+        }
         let name = follow::lease_name(&row.name);
         let now = db.now_ms();
         let not_before = lock(&cx.follower_retry).get(&row.name).copied();
@@ -308,10 +343,9 @@ pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
             lock(&cx.follower_retry).insert(row.name.clone(), again);
             continue;
         };
-        let target = match &row.target_file {
-            None => None,
-            Some(path) => match target_db(cx, path) {
-                Ok(t) => Some(t),
+        let target = match (&row.target_file, &row.target_postgres) {
+            (Some(path), _) => match target_db(cx, path) {
+                Ok(t) => Target::File(t),
                 Err(e) => {
                     stop_follower(cx, &row.name, row.restart_requests, &e);
                     let detail = e.to_string();
@@ -321,12 +355,41 @@ pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
                     continue;
                 }
             },
+            #[cfg(feature = "postgres")]
+            (None, Some(pg)) => match pg_target_db(cx, pg) {
+                Ok(t) => Target::Postgres(t),
+                Err(e) => {
+                    // A hub out of reach is tried again: not a stop.
+                    log::warn!("follower {}: its PostgreSQL target {pg}: {e}", row.name);
+                    let again = now + db.settings().lease_ttl_ms() / 3;
+                    lock(&cx.follower_retry).insert(row.name.clone(), again);
+                    continue;
+                }
+            },
+            _ => Target::Here,
         };
-        match follow::step(db, &lease, &row, &*projection, target.as_deref()) {
+        let elsewhere = match &target {
+            Target::Here => None,
+            Target::File(t) => Some(follow::Elsewhere::File(t)),
+            #[cfg(feature = "postgres")]
+            Target::Postgres(t) => Some(follow::Elsewhere::Postgres(t)),
+        };
+        match follow::step(db, &lease, &row, &*projection, elsewhere) {
             Ok(r) => {
                 moved += r.moved;
-                if let Some(e) = r.stopped {
-                    stop_follower(cx, &row.name, row.restart_requests, &e);
+                match r.stopped {
+                    // A network target that failed for want of the network
+                    // (or a busy server) is tried again, not stopped.
+                    Some(e)
+                        if row.target_postgres.is_some()
+                            && matches!(e, Error::Io { .. } | Error::Busy { .. }) =>
+                    {
+                        log::warn!("follower {}: {e}; trying again", row.name);
+                        let again = db.now_ms() + db.settings().lease_ttl_ms() / 3;
+                        lock(&cx.follower_retry).insert(row.name.clone(), again);
+                    }
+                    Some(e) => stop_follower(cx, &row.name, row.restart_requests, &e),
+                    None => {}
                 }
             }
             Err(e) if e.is_lease_lost() => {
@@ -347,6 +410,50 @@ pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
 fn stop_follower(cx: &Context, name: &str, requests: i64, e: &Error) {
     log::error!("follower {name} stopped: {e}; it starts again at its cursor when restarted");
     lock(&cx.stopped_followers).insert(name.to_string(), requests);
+}
+
+/// Where a follower publishes.
+enum Target {
+    Here,
+    File(Arc<Db>),
+    #[cfg(feature = "postgres")]
+    Postgres(Arc<crate::pgdb::PgDb>),
+}
+
+/// A PostgreSQL target this process registered.
+#[cfg(feature = "postgres")]
+struct PgTarget {
+    config: String,
+    db: Option<Arc<crate::pgdb::PgDb>>,
+}
+
+/// The PostgreSQL database a follower publishes into, connected once (its
+/// schema applied) and kept.
+#[cfg(feature = "postgres")]
+fn pg_target_db(cx: &Context, name: &str) -> Result<Arc<crate::pgdb::PgDb>> {
+    let config = {
+        let targets = lock(&cx.pg_targets);
+        let target = targets
+            .get(name)
+            .ok_or_else(|| Error::not_found("postgres target", name))?;
+        if let Some(db) = &target.db {
+            return Ok(Arc::clone(db));
+        }
+        target.config.clone()
+    };
+    // Connected outside the lock: a server out of reach holds up nobody
+    // else.
+    let db = Arc::new(crate::pgdb::PgDb::open(
+        &config,
+        2,
+        cx.db.settings().clone(),
+        Arc::clone(cx.db.clock()),
+        false,
+    )?);
+    if let Some(t) = lock(&cx.pg_targets).get_mut(name) {
+        t.db = Some(Arc::clone(&db));
+    }
+    Ok(db)
 }
 
 /// The file a cross-file follower publishes into, opened once. A missing

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench -- [--quick] [--json PATH] [--synchronous normal]
+//! cargo run --release --example bench --features postgres -- --backend postgres [--postgres URL]
 //! ```
 //!
 //! Every result has a `baseline` measured in this run on this machine, and
@@ -11,6 +12,8 @@
 mod admin;
 mod growth;
 mod latency;
+#[cfg(feature = "postgres")]
+mod pg;
 mod raw;
 mod relay;
 mod stages;
@@ -37,6 +40,14 @@ struct Args {
     /// Run only the stages whose name contains this.
     #[arg(long)]
     only: Option<String>,
+    /// sqlite (the default) or postgres (feature `postgres`): the
+    /// PostgreSQL stages, against the server `--postgres` names.
+    #[arg(long, default_value = "sqlite")]
+    backend: String,
+    /// The PostgreSQL server for `--backend postgres` (a libpq string or a
+    /// URL); default: the REFLEXR_PG_URL environment variable.
+    #[arg(long)]
+    postgres: Option<String>,
     /// (Internal) the child process of the cross-process latency stage.
     #[arg(long, hide = true)]
     child_append: Option<PathBuf>,
@@ -152,6 +163,9 @@ fn fdatasync_rate(ctx: &Ctx) -> f64 {
     rate(n, start.elapsed())
 }
 
+/// A stage, as the run calls it.
+type StageFn = Box<dyn Fn(&Ctx) -> Vec<Figure>>;
+
 fn main() {
     env_logger::init();
     let args = Args::parse();
@@ -188,7 +202,33 @@ fn main() {
         "{:<28} {:>14} {:<10} {:>14} {:>8}",
         "name", "value", "unit", "baseline", "ratio"
     );
-    for (name, stage) in stages::ALL {
+    let stages: Vec<(String, StageFn)> = match args.backend.as_str() {
+        "sqlite" => stages::ALL
+            .iter()
+            .map(|(n, s)| (n.to_string(), Box::new(*s) as StageFn))
+            .collect(),
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let url = args
+                .postgres
+                .clone()
+                .or_else(|| std::env::var("REFLEXR_PG_URL").ok())
+                .unwrap_or_else(|| {
+                    eprintln!("--backend postgres needs --postgres URL or REFLEXR_PG_URL");
+                    std::process::exit(2);
+                });
+            vec![(
+                "pg".to_string(),
+                Box::new(move |ctx: &Ctx| pg::stages(&url, ctx))
+                    as Box<dyn Fn(&Ctx) -> Vec<Figure>>,
+            )]
+        }
+        other => {
+            eprintln!("--backend must be sqlite or postgres (feature `postgres`), not {other:?}");
+            std::process::exit(2);
+        }
+    };
+    for (name, stage) in &stages {
         if let Some(only) = &args.only
             && !name.contains(only.as_str())
         {

@@ -17,10 +17,12 @@ pub(crate) struct FollowerRow {
     pub last_error: Option<String>,
     pub stopped_at: Option<i64>,
     pub restart_requests: i64,
+    /// The registered PostgreSQL target's name (feature `postgres`).
+    pub target_postgres: Option<String>,
 }
 
 const COLUMNS: &str = "name, source, target, target_file, projection, published, dead_letters, \
-                       stops, last_error, stopped_at, restart_requests";
+                       stops, last_error, stopped_at, restart_requests, target_postgres";
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<FollowerRow> {
     Ok(FollowerRow {
@@ -35,6 +37,7 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<FollowerRow> {
         last_error: r.get(8)?,
         stopped_at: r.get(9)?,
         restart_requests: r.get(10)?,
+        target_postgres: r.get(11)?,
     })
 }
 
@@ -57,25 +60,41 @@ pub(crate) fn list(conn: &Connection) -> Result<Vec<FollowerRow>> {
     Ok(rows)
 }
 
+/// Where a follower publishes: the target workspace, in this file, another
+/// file, or a registered PostgreSQL target.
+pub(crate) struct Target<'a> {
+    pub workspace: &'a str,
+    pub file: Option<&'a str>,
+    pub postgres: Option<&'a str>,
+}
+
 /// Creates the follower's row, or updates its target and projection.
 pub(crate) fn upsert(
     conn: &Connection,
     name: &str,
     source: &str,
-    target: &str,
-    target_file: Option<&str>,
+    target: &Target<'_>,
     projection: &str,
     now: i64,
 ) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO reflexr_followers \
-           (name, source, target, target_file, projection, created_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) \
+           (name, source, target, target_file, target_postgres, projection, created_at, \
+            updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) \
          ON CONFLICT (name) DO UPDATE SET source = excluded.source, target = excluded.target, \
-           target_file = excluded.target_file, projection = excluded.projection, \
-           updated_at = excluded.updated_at",
+           target_file = excluded.target_file, target_postgres = excluded.target_postgres, \
+           projection = excluded.projection, updated_at = excluded.updated_at",
     )?
-    .execute(params![name, source, target, target_file, projection, now])?;
+    .execute(params![
+        name,
+        source,
+        target.workspace,
+        target.file,
+        target.postgres,
+        projection,
+        now
+    ])?;
     Ok(())
 }
 

@@ -17,7 +17,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
@@ -28,7 +28,26 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, MIGRATE_TO_3),
     (4, MIGRATE_TO_4),
     (5, MIGRATE_TO_5),
+    (6, MIGRATE_TO_6),
 ];
+
+/// Version 6: a follower may publish into PostgreSQL (`target_postgres`,
+/// the name of a target a process registered).
+const MIGRATE_TO_6: &str = "
+ALTER TABLE reflexr_followers ADD COLUMN target_postgres TEXT;
+DROP VIEW reflexr_follower_status;
+CREATE VIEW reflexr_follower_status AS
+SELECT f.name, f.source, f.target,
+       coalesce(f.target_file, 'postgres:' || f.target_postgres, '(this file)') AS target_file,
+       f.projection, c.position AS cursor,
+       (SELECT count(*) FROM reflexr_events e
+         WHERE e.workspace = f.source AND e.seq > c.position) AS lag,
+       f.published, f.dead_letters, f.stops, f.last_error
+FROM reflexr_followers f
+LEFT JOIN reflexr_cursors c
+  ON c.workspace = f.source AND c.kind = 'follower' AND c.name = f.name;
+PRAGMA user_version = 6;
+";
 
 /// Version 5: control of the work. The runs table is rebuilt (SQLite cannot
 /// change a CHECK): kind `task`, state `cancelled`, priority, uniqueness,

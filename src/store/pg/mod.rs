@@ -88,10 +88,20 @@ impl PgConn {
         Ok(self.client.borrow_mut().execute(sql, params)?)
     }
 
-    /// Sends a notification on `channel`, delivered to listeners when (and
-    /// if) the transaction commits; several in one transaction arrive as one.
-    pub(crate) fn notify(&self, channel: &str) -> Result<()> {
-        self.query("SELECT pg_notify($1, '')", &[(&channel, Type::TEXT)])?;
+    /// Commits the transaction with a notification on `channel` (a name
+    /// of the engine's own, not the caller's), delivered to listeners with
+    /// the commit: both in one round trip. If the notification fails, the
+    /// commit is not run, and dropping the connection rolls back.
+    pub(crate) fn commit_notifying(self, channel: &'static str) -> Result<()> {
+        debug_assert!(
+            channel
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        );
+        self.client
+            .borrow_mut()
+            .batch_execute(&format!("NOTIFY {channel}; COMMIT"))?;
+        self.open.set(false);
         Ok(())
     }
 
