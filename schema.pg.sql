@@ -41,15 +41,18 @@ CREATE TABLE reflexr_event_types (
     PRIMARY KEY (workspace, type)
 );
 
--- The highest seq ever assigned, one row. An append takes the next seq by
--- updating this row, so the row's lock is held by an appending transaction
--- until it commits: appending transactions take their seqs one after
--- another, in the order they commit, and a reader that sees seq n sees
--- every seq below it that will ever exist. (A sequence would hand out
--- numbers before commit and let them become visible out of order: a cursor
--- moving to the highest seq it sees would skip a slower transaction's event
--- for good.) A rolled-back append rolls its seq back too, so seqs are dense.
--- Transactions that append nothing never touch the row.
+-- The highest seq ever committed, one row. An append locks this row (FOR
+-- UPDATE) and takes the seq after it (or after the transaction's own last
+-- one); the commit moves the row to the transaction's last seq. So an
+-- appending transaction holds the lock from its first append to its
+-- commit: appending transactions take their seqs one after another, in the
+-- order they commit, and a reader that sees seq n sees every seq below it
+-- that will ever exist. (A sequence would hand out numbers before commit
+-- and let them become visible out of order: a cursor moving to the highest
+-- seq it sees would skip a slower transaction's event for good.) A
+-- rolled-back transaction takes no seq, so seqs are dense (a savepoint the
+-- application rolls back may leave a gap, never a skip). Transactions that
+-- append nothing never touch the row. Pruning never lowers it.
 CREATE TABLE reflexr_head (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     seq bigint NOT NULL CHECK (seq >= 0)

@@ -564,3 +564,36 @@ fn the_schema_is_applied_once_and_a_newer_one_is_refused() {
         "{e}"
     );
 }
+
+/// Invariant 1 with the application's savepoints: appends rolled back to
+/// a savepoint give their lock up with them, so another transaction may
+/// append and commit before this one; what this one appends after that
+/// still gets new seqs, in commit order, and no two events share one (a
+/// gap is allowed where the rolled-back appends were; a skip is not).
+#[test]
+fn appends_rolled_back_to_a_savepoint_leave_no_duplicate_and_no_skip() {
+    let schema = Arc::new(PgSchema::new());
+    let mut db = Db::Pg(schema.pool(1), Arc::clone(&schema));
+    setup(&mut db, "shop");
+    let first = schema.begin();
+    first.execute_untyped("SAVEPOINT mine", &[]).unwrap();
+    assert_eq!(append(&first, "shop", &event("Opened", "undone")).unwrap().seq, 1);
+    first
+        .execute_untyped("ROLLBACK TO SAVEPOINT mine", &[])
+        .unwrap();
+    // The head's lock went with the savepoint: another transaction appends
+    // and commits without waiting.
+    let other = schema.begin();
+    assert_eq!(append(&other, "shop", &event("Opened", "other")).unwrap().seq, 1);
+    other.commit().unwrap();
+    let kept = append(&first, "shop", &event("Opened", "kept")).unwrap().seq;
+    assert!(kept > 1, "after the other's commit: {kept}");
+    first.commit().unwrap();
+    let reader = schema.begin();
+    let seen = changelog::read(&reader, &query("shop", 0)).unwrap();
+    assert_eq!(
+        seen.iter().map(|e| e.subject.as_str()).collect::<Vec<_>>(),
+        ["other", "kept"]
+    );
+    assert_eq!(changelog::head(&reader).unwrap(), kept);
+}

@@ -6,9 +6,10 @@
 //!
 //! - **Seqs in commit order.** Many transactions write at once, and a
 //!   sequence's numbers become visible in another order than they were
-//!   handed out. An append takes its seq by updating the one row of
-//!   `reflexr_head` instead, so appending transactions take their seqs one
-//!   at a time, from their first append to their commit: the seqs a reader
+//!   handed out. An append locks the one row of `reflexr_head` instead
+//!   (and its transaction's commit moves it to its last seq), so appending
+//!   transactions take their seqs one at a time, from their first append
+//!   to their commit: the seqs a reader
 //!   sees only ever grow, and a cursor never skips an event that commits
 //!   later (`matrix::a_reader_never_skips_an_event_committed_late`). The
 //!   cost: appends serialise across processes the way SQLite's one writer
@@ -52,6 +53,9 @@ pub(crate) type Pooled =
 pub struct PgConn {
     client: RefCell<Pooled>,
     open: std::cell::Cell<bool>,
+    /// The highest seq this transaction appended (0: none): the head
+    /// row is set to it at commit.
+    last_seq: std::cell::Cell<i64>,
 }
 
 type Param<'p> = (&'p (dyn ToSql + Sync), Type);
@@ -63,13 +67,46 @@ impl PgConn {
         Ok(PgConn {
             client: RefCell::new(client),
             open: std::cell::Cell::new(true),
+            last_seq: std::cell::Cell::new(0),
         })
     }
 
     /// Commits the transaction.
     pub(crate) fn commit(self) -> Result<()> {
+        self.finish(None)
+    }
+
+    /// Commits the transaction with a notification on `channel` (a name
+    /// of the engine's own, not the caller's), delivered to listeners with
+    /// the commit.
+    pub(crate) fn commit_notifying(self, channel: &'static str) -> Result<()> {
+        debug_assert!(
+            channel
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        );
+        self.finish(Some(channel))
+    }
+
+    /// The commit, in one round trip: the head row moved to the last seq
+    /// appended (if any), the notification (if any), `COMMIT`. If a
+    /// statement fails, the rest are not run, and dropping the connection
+    /// rolls back.
+    fn finish(self, notify: Option<&'static str>) -> Result<()> {
+        let mut sql = String::new();
+        let last = self.last_seq.get();
+        if last > 0 {
+            sql.push_str(&format!(
+                "UPDATE reflexr_head SET seq = greatest(seq, {last}); "
+            ));
+        }
+        if let Some(channel) = notify {
+            sql.push_str(&format!("NOTIFY {channel}; "));
+        }
+        sql.push_str("COMMIT");
+        self.client.borrow_mut().batch_execute(&sql)?;
         self.open.set(false);
-        Ok(self.client.borrow_mut().batch_execute("COMMIT")?)
+        Ok(())
     }
 
     /// Runs one statement of the caller's own, with its parameters'
@@ -86,23 +123,6 @@ impl PgConn {
     /// the number of rows it changed.
     pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         Ok(self.client.borrow_mut().execute(sql, params)?)
-    }
-
-    /// Commits the transaction with a notification on `channel` (a name
-    /// of the engine's own, not the caller's), delivered to listeners with
-    /// the commit: both in one round trip. If the notification fails, the
-    /// commit is not run, and dropping the connection rolls back.
-    pub(crate) fn commit_notifying(self, channel: &'static str) -> Result<()> {
-        debug_assert!(
-            channel
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        );
-        self.client
-            .borrow_mut()
-            .batch_execute(&format!("NOTIFY {channel}; COMMIT"))?;
-        self.open.set(false);
-        Ok(())
     }
 
     fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
@@ -230,13 +250,18 @@ impl Events for PgConn {
         let depth = i32::try_from(row.depth)
             .map_err(|_| Error::invalid("depth", "more than 2^31 causes deep"))?;
         // The seq is taken only when the type is registered (so the foreign
-        // key cannot fail: a failed statement would abort the transaction),
-        // and taking it locks reflexr_head until commit.
+        // key cannot fail: a failed statement would abort the transaction).
+        // Taking it locks the head row until commit (FOR UPDATE: a lock, not
+        // a new row version per append); a transaction that waited for the
+        // lock reads the head its holder committed. The head row itself is
+        // moved once, at commit (`finish`); until then this transaction's
+        // own appends go on from `last_seq`.
+        let last = self.last_seq.get();
         let inserted = self.query_opt(
-            "WITH next AS ( \
-               UPDATE reflexr_head SET seq = seq + 1 \
-               WHERE EXISTS (SELECT 1 FROM reflexr_event_types WHERE workspace = $1 AND type = $3) \
-               RETURNING seq) \
+            "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
+                  next AS (SELECT greatest(head.seq, $12) + 1 AS seq FROM head \
+                           WHERE EXISTS (SELECT 1 FROM reflexr_event_types \
+                                         WHERE workspace = $1 AND type = $3)) \
              INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, occurred_at, \
                recorded_at, payload, causation_id, correlation_id, depth) \
              SELECT next.seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM next \
@@ -254,10 +279,13 @@ impl Events for PgConn {
                 (&row.causation_id, Type::TEXT),
                 (&row.correlation_id, Type::TEXT),
                 (&depth, Type::INT4),
+                (&last, Type::INT8),
             ],
         )?;
         if let Some(r) = inserted {
-            return Ok(Inserted::At(col(&r, 0)?));
+            let seq = col(&r, 0)?;
+            self.last_seq.set(seq);
+            return Ok(Inserted::At(seq));
         }
         let registered = self
             .query_opt(
@@ -265,16 +293,13 @@ impl Events for PgConn {
                 &[(&row.workspace, Type::TEXT), (&row.event_type, Type::TEXT)],
             )?
             .is_some();
-        if !registered {
-            // The head was not touched.
-            return Ok(Inserted::Unregistered);
-        }
-        // Another transaction appended this id first (the core looked it up
-        // before, so only a race gets here): the head moved for nothing.
-        // This transaction holds the head's lock since its update, so
-        // nobody took a seq since: step it back, and no seq is skipped.
-        self.query("UPDATE reflexr_head SET seq = seq - 1", &[])?;
-        Ok(Inserted::Existing)
+        Ok(if registered {
+            // Another transaction appended this id first (the core looked
+            // it up before, so only a race gets here). No seq was taken.
+            Inserted::Existing
+        } else {
+            Inserted::Unregistered
+        })
     }
 
     fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
@@ -381,7 +406,13 @@ impl Events for PgConn {
     }
 
     fn head(&self) -> Result<i64> {
-        let rows = self.query("SELECT seq FROM reflexr_head", &[])?;
+        // This transaction's own appends count before its commit moves
+        // the row.
+        let last = self.last_seq.get();
+        let rows = self.query(
+            "SELECT greatest(seq, $1) FROM reflexr_head",
+            &[(&last, Type::INT8)],
+        )?;
         match rows.first() {
             Some(r) => col(r, 0),
             None => Ok(0),
