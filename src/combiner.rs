@@ -35,6 +35,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::error::Error;
+use crate::store::backend::{Sqlite, Store};
 use crate::tx::Tx;
 
 /// Most requests one batch (one transaction) holds.
@@ -53,7 +54,7 @@ pub(crate) struct Outcome {
 }
 
 /// A caller's work, as the leader runs it.
-pub(crate) type Work<'a> = dyn FnMut(&mut Tx<'_>) -> Outcome + Send + 'a;
+pub(crate) type Work<'a, B = Sqlite> = dyn FnMut(&mut Tx<'_, B>) -> Outcome + Send + 'a;
 
 /// Where a caller waits: for its outcome, or for the lead.
 #[derive(Default)]
@@ -85,34 +86,34 @@ impl Signal {
 
 /// A queued request: the caller's work, lifetime erased (see the module's
 /// safety notes), and where the caller waits.
-struct Request {
-    work: NonNull<Work<'static>>,
+struct Request<B: Store> {
+    work: NonNull<Work<'static, B>>,
     signal: Arc<Signal>,
 }
 
 // SAFETY: `work` points at a `Send` closure; it is used by one thread at a
 // time (the leader) while its owner is blocked, and the signal is `Sync`.
-unsafe impl Send for Request {}
+unsafe impl<B: Store> Send for Request<B> {}
 
-struct Queue {
-    requests: VecDeque<Request>,
+struct Queue<B: Store> {
+    requests: VecDeque<Request<B>>,
     /// A caller is leading (running batches, or about to hand the lead on).
     leading: bool,
 }
 
 /// The queue of one writer.
-pub(crate) struct Combiner {
-    queue: Mutex<Queue>,
+pub(crate) struct Combiner<B: Store = Sqlite> {
+    queue: Mutex<Queue<B>>,
 }
 
 /// One request in the batch being run.
-pub(crate) struct Member {
-    request: Request,
+pub(crate) struct Member<B: Store = Sqlite> {
+    request: Request<B>,
 }
 
-impl Member {
+impl<B: Store> Member<B> {
     /// Runs the caller's work (the writer runs each member once).
-    pub(crate) fn run(&mut self, tx: &mut Tx<'_>) -> Outcome {
+    pub(crate) fn run(&mut self, tx: &mut Tx<'_, B>) -> Outcome {
         // SAFETY: the owner is blocked in `submit` until this member's batch
         // is dropped (see the module's notes), so the closure is alive; the
         // leader is the only thread using it.
@@ -125,13 +126,13 @@ impl Member {
 /// recorded how the transaction ended with [`Batch::end`], or while the
 /// leader unwinds before it could — tells every member its outcome: the one
 /// recorded, or [`Error::TransactionAborted`].
-pub(crate) struct Batch {
-    members: Vec<Member>,
+pub(crate) struct Batch<B: Store = Sqlite> {
+    members: Vec<Member<B>>,
     ended: Option<Ended>,
 }
 
-impl Batch {
-    pub(crate) fn members(&mut self) -> &mut [Member] {
+impl<B: Store> Batch<B> {
+    pub(crate) fn members(&mut self) -> &mut [Member<B>] {
         &mut self.members
     }
 
@@ -142,7 +143,7 @@ impl Batch {
     }
 }
 
-impl Drop for Batch {
+impl<B: Store> Drop for Batch<B> {
     fn drop(&mut self) {
         let ended = self.ended.take().unwrap_or_else(|| {
             Err(Arc::new(Error::TransactionAborted {
@@ -157,8 +158,8 @@ impl Drop for Batch {
     }
 }
 
-impl Combiner {
-    pub(crate) fn new() -> Combiner {
+impl<B: Store> Combiner<B> {
+    pub(crate) fn new() -> Combiner<B> {
         Combiner {
             queue: Mutex::new(Queue {
                 requests: VecDeque::new(),
@@ -167,7 +168,7 @@ impl Combiner {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Queue> {
+    fn lock(&self) -> MutexGuard<'_, Queue<B>> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -181,12 +182,16 @@ impl Combiner {
     /// ran in a transaction that committed, or the error that ended it (the
     /// work may not have run at all). Whenever this caller leads,
     /// `run_batch` runs on its thread with the batch to run.
-    pub(crate) fn submit(&self, work: &mut Work<'_>, run_batch: &mut dyn FnMut(Batch)) -> Ended {
-        let work: NonNull<Work<'_>> = NonNull::from(work);
+    pub(crate) fn submit(
+        &self,
+        work: &mut Work<'_, B>,
+        run_batch: &mut dyn FnMut(Batch<B>),
+    ) -> Ended {
+        let work: NonNull<Work<'_, B>> = NonNull::from(work);
         // SAFETY: only the lifetime is erased. `waiter` (below) keeps this
         // frame from ending — by return or unwind — while the request can
         // still be reached: see the module's notes.
-        let work: NonNull<Work<'static>> = unsafe { std::mem::transmute(work) };
+        let work: NonNull<Work<'static, B>> = unsafe { std::mem::transmute(work) };
         let signal = Arc::new(Signal::default());
         let lead = {
             let mut q = self.lock();
@@ -228,7 +233,7 @@ impl Combiner {
 
     /// Runs batches until the one holding `mine` has been run; the guard
     /// then hands the lead on.
-    fn lead(&self, mine: &Arc<Signal>, run_batch: &mut dyn FnMut(Batch)) {
+    fn lead(&self, mine: &Arc<Signal>, run_batch: &mut dyn FnMut(Batch<B>)) {
         let _lead = LeadGuard {
             combiner: self,
             mine,
@@ -260,12 +265,12 @@ impl Combiner {
 
 /// Hands the lead to the first caller still queued (other than the leader
 /// itself, which only happens when the leader unwinds), or gives it up.
-struct LeadGuard<'a> {
-    combiner: &'a Combiner,
+struct LeadGuard<'a, B: Store> {
+    combiner: &'a Combiner<B>,
     mine: &'a Arc<Signal>,
 }
 
-impl Drop for LeadGuard<'_> {
+impl<B: Store> Drop for LeadGuard<'_, B> {
     fn drop(&mut self) {
         let mut q = self.combiner.lock();
         match q
@@ -283,12 +288,12 @@ impl Drop for LeadGuard<'_> {
 /// the caller's request back out of the queue if nobody took it, and
 /// otherwise waits until its batch is dropped. Either way, nothing can reach
 /// the caller's closure once `submit` is left.
-struct Waiter<'a> {
-    combiner: &'a Combiner,
+struct Waiter<'a, B: Store> {
+    combiner: &'a Combiner<B>,
     signal: &'a Arc<Signal>,
 }
 
-impl Drop for Waiter<'_> {
+impl<B: Store> Drop for Waiter<'_, B> {
     fn drop(&mut self) {
         {
             let mut q = self.combiner.lock();

@@ -577,16 +577,28 @@ fn appends_rolled_back_to_a_savepoint_leave_no_duplicate_and_no_skip() {
     setup(&mut db, "shop");
     let first = schema.begin();
     first.execute_untyped("SAVEPOINT mine", &[]).unwrap();
-    assert_eq!(append(&first, "shop", &event("Opened", "undone")).unwrap().seq, 1);
+    assert_eq!(
+        append(&first, "shop", &event("Opened", "undone"))
+            .unwrap()
+            .seq,
+        1
+    );
     first
         .execute_untyped("ROLLBACK TO SAVEPOINT mine", &[])
         .unwrap();
     // The head's lock went with the savepoint: another transaction appends
     // and commits without waiting.
     let other = schema.begin();
-    assert_eq!(append(&other, "shop", &event("Opened", "other")).unwrap().seq, 1);
+    assert_eq!(
+        append(&other, "shop", &event("Opened", "other"))
+            .unwrap()
+            .seq,
+        1
+    );
     other.commit().unwrap();
-    let kept = append(&first, "shop", &event("Opened", "kept")).unwrap().seq;
+    let kept = append(&first, "shop", &event("Opened", "kept"))
+        .unwrap()
+        .seq;
     assert!(kept > 1, "after the other's commit: {kept}");
     first.commit().unwrap();
     let reader = schema.begin();

@@ -6,10 +6,12 @@
 //!   server restarted — is found broken on checkout and replaced; the
 //!   statement that met the break fails with [`Error::Io`], and nothing of
 //!   its transaction committed.
-//! - **Writes.** Each [`PgDb::write`] is a transaction of its own on a
-//!   pooled connection: PostgreSQL lets many commit at once, so there is
-//!   no writer to share (SQLite's group commit). Appends still take their
-//!   seqs one transaction at a time (see `store::pg`).
+//! - **Writes.** Concurrent writers of this process share transactions,
+//!   each in a savepoint of its own (group commit by flat combining, as on
+//!   SQLite): appends take their seqs one transaction at a time across
+//!   every process (see `store::pg`), so a commit that carries many
+//!   callers' appends turns the head's lock once for all of them. Other
+//!   processes write beside this one.
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
 //!   its commit; a listener thread (a connection of its own, `LISTEN`)
 //!   nudges this process's waiters when one arrives, from any process. The
@@ -27,7 +29,10 @@ use std::time::Duration;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+
 use crate::clock::Clock;
+use crate::combiner::{Batch, Combiner, Ended, Outcome};
 use crate::db::CoreDb;
 use crate::error::{Error, Result};
 use crate::notify::{Notifier, Subscription};
@@ -35,6 +40,7 @@ use crate::settings::Settings;
 use crate::store::backend::Postgres;
 use crate::store::pg::{self, PgConn, Pool};
 use crate::tx::{Env, Tx};
+use crate::writer::{Inside, NEXT_WRITER_ID};
 
 /// The channel commits are announced on.
 pub(crate) const CHANNEL: &str = "reflexr";
@@ -48,6 +54,11 @@ pub struct PgDb {
     notifier: Arc<Notifier>,
     stop: Arc<AtomicBool>,
     listener: Mutex<Option<JoinHandle<()>>>,
+    /// Concurrent writers of this process share transactions (group
+    /// commit), as on SQLite: one commit, one turn of the head's lock.
+    combiner: Combiner<Postgres>,
+    /// This writer's id, for catching a write started inside a write.
+    id: usize,
 }
 
 impl PgDb {
@@ -115,6 +126,8 @@ impl PgDb {
             notifier,
             stop,
             listener: Mutex::new(listener),
+            combiner: Combiner::new(),
+            id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -132,24 +145,115 @@ impl PgDb {
         Ok(out)
     }
 
-    /// Runs `f` in a transaction of its own and returns its value once
-    /// committed. An error (or a panic) of `f` rolls its work back.
+    /// Runs `f` in this process's shared write transaction and returns its
+    /// value once committed: the writers that arrive while a transaction
+    /// runs share the next (group commit, by the same flat combining as
+    /// SQLite's writer), each in a savepoint of its own, so an error (or a
+    /// panic) of `f` rolls back its work alone.
+    ///
+    /// # Panics
+    /// When called from inside a write closure of the same engine; a panic
+    /// of `f` is re-raised here, after its work was rolled back.
     pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
-        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E>,
-        E: From<Error>,
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
     {
-        let conn = self.begin()?;
-        let mut tx = Tx::<Postgres>::new(&conn, &(), &self.env);
-        // On an error or a panic, dropping `conn` rolls back.
-        let out = f(&mut tx)?;
-        if tx.wants_nudge() {
-            conn.commit_notifying(CHANNEL)?;
-            self.notifier.nudge();
-        } else {
-            conn.commit()?;
+        let _inside = Inside::enter(self.id);
+        let mut f = Some(f);
+        let mut slot: Option<std::thread::Result<std::result::Result<T, E>>> = None;
+        let mut work = |tx: &mut Tx<'_, Postgres>| -> Outcome {
+            let Some(f) = f.take() else {
+                return Outcome::default();
+            };
+            let result = catch_unwind(AssertUnwindSafe(|| f(tx)));
+            let ok = matches!(result, Ok(Ok(_)));
+            slot = Some(result);
+            Outcome {
+                ok,
+                nudge: tx.wants_nudge(),
+            }
+        };
+        let ended = self
+            .combiner
+            .submit(&mut work, &mut |batch| self.run_batch(batch));
+        match slot {
+            Some(Err(panic)) => resume_unwind(panic),
+            Some(Ok(Err(e))) => Err(e),
+            Some(Ok(Ok(v))) => match ended {
+                Ok(()) => Ok(v),
+                Err(e) => Err(E::from(Error::clone(&e))),
+            },
+            None => Err(E::from(match ended {
+                Err(e) => Error::clone(&e),
+                Ok(()) => Error::TransactionAborted {
+                    detail: "the write was not run".into(),
+                },
+            })),
         }
-        Ok(out)
+    }
+
+    /// One transaction over the batch: each member in a savepoint (none
+    /// for a batch of one: its transaction is its own), then the commit;
+    /// the batch, dropped on the way out, tells the members. A failure of
+    /// the connection itself ends the batch, and nothing of it commits.
+    fn run_batch(&self, mut batch: Batch<Postgres>) {
+        const SAVEPOINT: &str = "reflexr_call";
+        let conn = match self.begin() {
+            Ok(c) => c,
+            Err(e) => return batch.end(Err(Arc::new(e))),
+        };
+        let alone = batch.members().len() == 1;
+        let (mut nudge, mut kept) = (false, 0usize);
+        let mut failed: Option<Error> = None;
+        // The previous member's savepoint, released with the next's making:
+        // one round trip between members.
+        let mut release = false;
+        for member in batch.members() {
+            if !alone {
+                let sql = if release {
+                    format!("RELEASE SAVEPOINT {SAVEPOINT}; SAVEPOINT {SAVEPOINT}")
+                } else {
+                    format!("SAVEPOINT {SAVEPOINT}")
+                };
+                if let Err(e) = conn.control(&sql) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            let mark = conn.last_seq();
+            let mut tx = Tx::<Postgres>::new(&conn, &(), &self.env);
+            let outcome = member.run(&mut tx);
+            if outcome.ok {
+                kept += 1;
+                nudge |= outcome.nudge;
+            } else if !alone && let Err(e) = conn.rollback_to(SAVEPOINT, mark) {
+                failed = Some(e);
+                break;
+            }
+            release = true;
+        }
+        let ended: Ended = match failed {
+            Some(e) => Err(Arc::new(e)),
+            // A lone member that failed: its transaction rolls back (when
+            // `conn` is dropped), and the member reports its own error.
+            None if kept == 0 => Ok(()),
+            None => {
+                let committed = if nudge {
+                    conn.commit_notifying(CHANNEL)
+                } else {
+                    conn.commit()
+                };
+                committed.map_err(Arc::new)
+            }
+        };
+        let woke = nudge && ended.is_ok();
+        batch.end(ended);
+        drop(batch);
+        if woke {
+            self.notifier.nudge();
+        }
     }
 
     /// A transaction on a pooled connection. A connection the server cut

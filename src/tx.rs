@@ -213,7 +213,8 @@ impl<'a> Tx<'a, Sqlite> {
 /// … parameters. Statements that would end or replace the engine's
 /// transaction — `BEGIN`, `START TRANSACTION`, `COMMIT`, `END`,
 /// `ROLLBACK` (but `ROLLBACK TO SAVEPOINT`), `ABORT`, `PREPARE TRANSACTION`,
-/// `SET TRANSACTION` — are refused with [`crate::Error::StatementRefused`]
+/// `SET TRANSACTION`, the engine's `reflexr_*` savepoints — are refused
+/// with [`crate::Error::StatementRefused`]
 /// before they are sent. Savepoints of your own are fine. A statement that
 /// fails aborts the whole transaction on PostgreSQL (unlike SQLite): return
 /// the error, and the write is rolled back.
@@ -264,22 +265,29 @@ impl Tx<'_, crate::store::backend::Postgres> {
 /// (see `Tx<'_, Postgres>`): its first word after spaces and comments.
 #[cfg(feature = "postgres")]
 fn refuse_transaction_control(sql: &str) -> Result<()> {
-    let words: Vec<String> = sql_words(sql, 3);
+    let words: Vec<String> = sql_words(sql, 5);
     let w = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
-    let refused = match w(0) {
-        "BEGIN" | "COMMIT" | "END" | "ABORT" => true,
-        "START" | "SET" => {
-            w(1) == "TRANSACTION" || (w(1) == "SESSION" && w(2) == "CHARACTERISTICS")
-        }
-        "ROLLBACK" => !(w(1) == "TO" || (w(1) == "WORK" || w(1) == "TRANSACTION") && w(2) == "TO"),
-        "PREPARE" => w(1) == "TRANSACTION",
-        _ => false,
-    };
+    // The engine's own savepoints (each caller's, in a shared transaction).
+    let engines_savepoint = matches!(w(0), "SAVEPOINT" | "RELEASE" | "ROLLBACK")
+        && words.iter().any(|w| w.starts_with("REFLEXR_"));
+    let refused = engines_savepoint
+        || match w(0) {
+            "BEGIN" | "COMMIT" | "END" | "ABORT" => true,
+            "START" | "SET" => {
+                w(1) == "TRANSACTION" || (w(1) == "SESSION" && w(2) == "CHARACTERISTICS")
+            }
+            "ROLLBACK" => {
+                !(w(1) == "TO" || (w(1) == "WORK" || w(1) == "TRANSACTION") && w(2) == "TO")
+            }
+            "PREPARE" => w(1) == "TRANSACTION",
+            _ => false,
+        };
     if refused {
         return Err(crate::error::Error::StatementRefused {
             detail: "a write closure may not end or replace the engine's transaction \
                      (BEGIN, START TRANSACTION, COMMIT, END, ROLLBACK, ABORT, PREPARE \
-                     TRANSACTION, SET TRANSACTION); savepoints of your own are fine"
+                     TRANSACTION, SET TRANSACTION, the engine's reflexr_* savepoints); \
+                     savepoints of your own are fine"
                 .into(),
         });
     }

@@ -47,7 +47,7 @@ use crate::store::backend::Sqlite;
 use crate::store::conn::{Control, Guard, retry_busy};
 use crate::tx::{Env, Tx};
 
-static NEXT_WRITER_ID: AtomicUsize = AtomicUsize::new(1);
+pub(crate) static NEXT_WRITER_ID: AtomicUsize = AtomicUsize::new(1);
 
 thread_local! {
     /// The writers this thread is inside a write of (its own, or another
@@ -280,10 +280,10 @@ fn end_savepoint(conn: &Connection, guard: &Guard, keep: bool) -> Result<()> {
 /// Marks this thread as inside a write of one writer, for as long as the
 /// guard lives: the leader runs other callers' closures inside its own
 /// write, so a nested write from any of them is caught.
-struct Inside(usize);
+pub(crate) struct Inside(usize);
 
 impl Inside {
-    fn enter(id: usize) -> Inside {
+    pub(crate) fn enter(id: usize) -> Inside {
         INSIDE.with(|v| {
             let mut v = v.borrow_mut();
             assert!(

@@ -41,6 +41,7 @@ on_backends!(
     a_lapsed_lease_fences_its_old_holder_out,
     a_wait_wakes_on_another_engines_commit,
     engines_appending_at_once_are_read_once_in_seq_order,
+    writers_sharing_a_transaction_fail_alone,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -210,7 +211,13 @@ fn a_refused_append_is_a_typed_error_and_the_write_goes_on<B: TestBackend>() {
 /// runs and the write is rolled back as a whole.
 fn a_write_cannot_end_the_engines_transaction<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
-    for sql in ["COMMIT", "rollback", "  /* c */ END", "BEGIN"] {
+    for sql in [
+        "COMMIT",
+        "rollback",
+        "  /* c */ END",
+        "BEGIN",
+        "RELEASE SAVEPOINT reflexr_call",
+    ] {
         let e = engine
             .write(|tx| {
                 B::insert_thing(tx, sql.trim())?;
@@ -384,4 +391,61 @@ fn engines_appending_at_once_are_read_once_in_seq_order<B: TestBackend>() {
     assert_eq!(ids.len(), WRITERS * EACH);
     assert_eq!(B::things(&follower).len(), WRITERS * EACH);
     assert!(all(&follower).len() == WRITERS * EACH);
+}
+
+/// Invariant 2 under group commit: writers of one engine that arrive
+/// together share a transaction, each in a savepoint of its own. A writer
+/// that fails or panics rolls back alone; every caller's outcome is what
+/// the database holds, and the log stays dense.
+fn writers_sharing_a_transaction_fail_alone<B: TestBackend>() {
+    const THREADS: usize = 8;
+    const EACH: usize = 30;
+    let (_place, _clock, engine) = setup::<B>();
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                let mut kept = Vec::new();
+                for i in 0..EACH {
+                    let id = format!("t{t}-{i}");
+                    let fate = (t * 7 + i * 3) % 10;
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        engine.write(|tx| {
+                            B::insert_thing(tx, &id)?;
+                            tx.append("app", &made(&id).id(&id))?;
+                            match fate {
+                                0..=1 => Err(Error::Invalid {
+                                    field: "test",
+                                    reason: "this caller gives up".into(),
+                                }),
+                                2 => panic!("this caller falls over"),
+                                _ => Ok(()),
+                            }
+                        })
+                    }));
+                    if let Ok(Ok(())) = outcome {
+                        kept.push(id);
+                    }
+                }
+                kept
+            })
+        })
+        .collect();
+    let mut kept: Vec<String> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    kept.sort();
+    assert_eq!(kept.len(), THREADS * EACH * 7 / 10);
+    assert_eq!(
+        B::things(&engine),
+        kept,
+        "the rows of the callers told Ok, only"
+    );
+    let events = all(&engine);
+    let mut ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, kept, "the events of the callers told Ok, only");
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=kept.len() as i64).collect::<Vec<_>>(), "dense");
 }

@@ -109,6 +109,26 @@ impl PgConn {
         Ok(())
     }
 
+    /// The highest seq this transaction appended so far (0: none).
+    pub(crate) fn last_seq(&self) -> i64 {
+        self.last_seq.get()
+    }
+
+    /// Runs the engine's own transaction-control statements (savepoints),
+    /// in one round trip.
+    pub(crate) fn control(&self, sql: &str) -> Result<()> {
+        Ok(self.client.borrow_mut().batch_execute(sql)?)
+    }
+
+    /// Rolls back to the engine's savepoint `name`, and forgets the seqs
+    /// taken since (`mark`: [`PgConn::last_seq`] when it was made), so the
+    /// next append does not leave a gap.
+    pub(crate) fn rollback_to(&self, name: &str, mark: i64) -> Result<()> {
+        self.control(&format!("ROLLBACK TO SAVEPOINT {name}"))?;
+        self.last_seq.set(mark);
+        Ok(())
+    }
+
     /// Runs one statement of the caller's own, with its parameters'
     /// types left to the server: the application's SQL, or a test's.
     pub(crate) fn query_untyped(
