@@ -36,9 +36,18 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With the feature `postgres`, the same engine opens on a PostgreSQL
+//! database — `Engine::open_postgres`, an `Engine<Postgres>` — for
+//! processes on several machines; for now with the methods every
+//! [`Backend`] has (workspaces, writes with the application's own SQL,
+//! appends, reads, cursors, leases, waiting for commits), and as the hub
+//! an edge's followers relay into (`Follow::to_postgres`). The README's
+//! "Scaling out" says what is there and what is not yet.
+//!
 //! The README describes the design, its guarantees and the tests that prove
 //! them; `docs/ARCHITECTURE.md` the layers the modules stand in; the schema
-//! is `schema.sql`, readable with any `sqlite3` shell.
+//! is `schema.sql` (and `schema.pg.sql` on PostgreSQL), readable with any
+//! `sqlite3` shell.
 
 #![warn(missing_docs)]
 #![deny(unsafe_code)]

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench -- [--quick] [--json PATH] [--synchronous normal]
-//! cargo run --release --example bench --features postgres -- --backend postgres [--postgres URL]
+//! cargo run --release --example bench --features postgres -- --backend postgres|both [--postgres URL]
 //! ```
 //!
 //! Every result has a `baseline` measured in this run on this machine, and
@@ -40,8 +40,9 @@ struct Args {
     /// Run only the stages whose name contains this.
     #[arg(long)]
     only: Option<String>,
-    /// sqlite (the default) or postgres (feature `postgres`): the
-    /// PostgreSQL stages, against the server `--postgres` names.
+    /// sqlite (the default); postgres (feature `postgres`): the
+    /// PostgreSQL stages, against the server `--postgres` names; both: the
+    /// PostgreSQL stages after SQLite's append stages, in one run.
     #[arg(long, default_value = "sqlite")]
     backend: String,
     /// The PostgreSQL server for `--backend postgres` (a libpq string or a
@@ -208,23 +209,32 @@ fn main() {
             .map(|(n, s)| (n.to_string(), Box::new(*s) as StageFn))
             .collect(),
         #[cfg(feature = "postgres")]
-        "postgres" => {
+        backend @ ("postgres" | "both") => {
             let url = args
                 .postgres
                 .clone()
                 .or_else(|| std::env::var("REFLEXR_PG_URL").ok())
                 .unwrap_or_else(|| {
-                    eprintln!("--backend postgres needs --postgres URL or REFLEXR_PG_URL");
+                    eprintln!("--backend {backend} needs --postgres URL or REFLEXR_PG_URL");
                     std::process::exit(2);
                 });
-            vec![(
+            let mut stages: Vec<(String, StageFn)> = Vec::new();
+            if backend == "both" {
+                // SQLite's stages of the same work, in the same run.
+                for (n, s) in stages::ALL.iter().filter(|(n, _)| n.starts_with("append_")) {
+                    stages.push((n.to_string(), Box::new(*s) as StageFn));
+                }
+            }
+            stages.push((
                 "pg".to_string(),
-                Box::new(move |ctx: &Ctx| pg::stages(&url, ctx))
-                    as Box<dyn Fn(&Ctx) -> Vec<Figure>>,
-            )]
+                Box::new(move |ctx: &Ctx| pg::stages(&url, ctx)) as StageFn,
+            ));
+            stages
         }
         other => {
-            eprintln!("--backend must be sqlite or postgres (feature `postgres`), not {other:?}");
+            eprintln!(
+                "--backend must be sqlite, or postgres or both (feature `postgres`), not {other:?}"
+            );
             std::process::exit(2);
         }
     };

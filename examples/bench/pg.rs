@@ -203,6 +203,14 @@ fn read_pages(url: &str, ctx: &Ctx) -> Vec<Figure> {
             .unwrap();
     }
     let mut c = Client::connect(&s.config(), NoTls).unwrap();
+    // One pass first, not timed: the first read of new rows sets their
+    // hint bits (it writes the pages), which neither timed pass should pay.
+    let _ = c
+        .query(
+            "SELECT count(*) FROM reflexr_events WHERE workspace = 'bench'",
+            &[],
+        )
+        .unwrap();
     let start = Instant::now();
     let mut after = 0i64;
     let mut read = 0;
