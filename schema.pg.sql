@@ -1,4 +1,4 @@
--- reflexr schema on PostgreSQL (feature `postgres`), version 1.
+-- reflexr schema on PostgreSQL (feature `postgres`): version 1, the start.
 --
 -- The same tables, names and meanings as schema.sql, in PostgreSQL's types.
 -- Embedded in the library with include_str! and applied, in one
@@ -14,9 +14,10 @@
 -- application wrote them (the engine checks them before they are stored;
 -- cast to jsonb to query them).
 --
--- What this version holds: the core — workspaces, the change log, cursors
--- and leases. The work queue's tables (rules, runs, dead letters,
--- schedules, followers, control) come with the migrations that port them.
+-- What this file holds: the core — workspaces, the change log, cursors and
+-- leases. The other tables come as migrations (src/store/pg/schema.rs),
+-- applied after this file to a new database as to an old one: version 2,
+-- the work queue (runs, lanes, per-action settings, unique periods).
 
 CREATE TABLE reflexr_schema_version (
     version    integer NOT NULL,

@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::names;
 use crate::retry::RetryPolicy;
 use crate::store::audit::{self as audit_store, Entry};
+use crate::store::backend::Runs;
 use crate::store::control::{self as control_store, ActionRow};
 use crate::store::runs::{self, Inserted, NewRun, RunRow, Uniq};
 use crate::tx::Tx;
@@ -206,7 +207,7 @@ pub(crate) fn enqueue(tx: &Tx<'_>, e: &Enqueue) -> Result<Enqueued> {
         .scope
         .as_ref()
         .map(|s| format!("{}{} {s}", names::TASK_LANE_PREFIX, e.action));
-    let inserted = runs::insert(
+    let inserted = Runs::insert(
         tx.conn(),
         &NewRun {
             id: &id,
@@ -614,11 +615,12 @@ pub(crate) fn claim(
 ) -> Result<Vec<RunRow>> {
     let paused = paused_names(conn, "action")?;
     let limited: BTreeMap<String, ActionConfig> = limits_of(conn, actions)?;
-    let free: Vec<&String> = actions
+    let free: Vec<String> = actions
         .iter()
         .filter(|a| !paused.contains(*a) && !limited.contains_key(*a))
+        .cloned()
         .collect();
-    let free = (!free.is_empty()).then(|| serde_json::to_string(&free).expect("names encode"));
+    let free = (!free.is_empty()).then_some(free);
     let mut limits = Vec::new();
     for (action, c) in &limited {
         if !paused.contains(action) {
@@ -655,7 +657,7 @@ pub(crate) fn claim(
             && rows.len() < limit
         {
             let want = i64::try_from(limit - rows.len()).unwrap_or(i64::MAX);
-            rows.extend(runs::claim_at(
+            rows.extend(Runs::claim_at(
                 conn, holder, now, expires_at, want, names, priority,
             )?);
         }
@@ -760,8 +762,8 @@ impl<'a> Limited<'a> {
             if n == 0 {
                 return Ok(Vec::new());
             }
-            let names = serde_json::to_string(&[self.action]).expect("names encode");
-            let rows = runs::claim_at(conn, holder, now, expires_at, n as i64, &names, priority)?;
+            let names = [self.action.to_string()];
+            let rows = Runs::claim_at(conn, holder, now, expires_at, n as i64, &names, priority)?;
             *left -= rows.len() as i64;
             *self.picked.entry(String::new()).or_default() += rows.len() as i64;
             return Ok(rows);

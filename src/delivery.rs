@@ -26,6 +26,7 @@ use crate::event::Event;
 use crate::names;
 use crate::retry::RetryPolicy;
 use crate::run::{Run, RunContext};
+use crate::store::backend::Runs;
 use crate::store::counters;
 use crate::store::runs::{self, NewRun};
 use crate::tx::Tx;
@@ -255,7 +256,7 @@ fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<crate::control::Enqueued> {
         None => None,
     };
     let cause = d.cause.as_ref();
-    let new = runs::insert(
+    let new = Runs::insert(
         tx.conn(),
         &NewRun {
             id: &id,

@@ -57,8 +57,9 @@ use crate::lease::Lease;
 use crate::names::MAX_SUBJECT_BYTES;
 use crate::rule::{Decision, Ordering, Rule};
 use crate::run::RunKind;
+use crate::store::backend::Runs;
 use crate::store::dead_letters::{self, NewDeadLetter};
-use crate::store::runs::{self, NewRun};
+use crate::store::runs::NewRun;
 use crate::store::{counters, cursors, events, rules};
 use crate::tx::Tx;
 
@@ -467,7 +468,7 @@ fn decide_one(
 /// True when the firing `id` was recorded before: its run exists, or its
 /// `RuleFired` event does (the run may have been pruned).
 fn firing_exists(conn: &rusqlite::Connection, workspace: &str, id: &str) -> Result<bool> {
-    Ok(runs::get(conn, id)?.is_some()
+    Ok(Runs::get(conn, id)?.is_some()
         || events::seq_of(conn, workspace, &format!("{id}:fired"))?.is_some())
 }
 
@@ -647,7 +648,7 @@ fn record_firing(
         )
     });
     let lane = (rule.ordering == Ordering::Scope).then(|| format!("{} {}", rule.name, f.scope));
-    runs::insert(
+    Runs::insert(
         conn,
         &NewRun {
             id: &f.id,

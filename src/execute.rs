@@ -20,6 +20,7 @@ use crate::db::Db;
 use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, Result, panic_text};
 use crate::run::{self, Actions, Emitted, Run, RunContext};
+use crate::store::backend::Runs;
 use crate::store::counters;
 use crate::store::dead_letters::{self, NewDeadLetter};
 use crate::store::runs::{self, Requeued, RunRow};
@@ -395,15 +396,15 @@ fn fail(tx: &mut Tx<'_>, run: &Run, error: &str) -> Result<Settled> {
     let now = tx.now_ms();
     let conn = tx.conn();
     let attempt = i64::from(run.attempt);
-    let row = runs::get(conn, &run.id)?.ok_or_else(|| run::claim_lost(run))?;
+    let row = Runs::get(conn, &run.id)?.ok_or_else(|| run::claim_lost(run))?;
     if run.attempt < run.max_attempts {
         let due = now + backoff_ms(&row, run.attempt);
-        if !runs::retry_later(conn, &run.id, &run.holder, attempt, now, due, error)? {
+        if !Runs::retry_later(conn, &run.id, &run.holder, attempt, now, due, error)? {
             return Err(run::claim_lost(run));
         }
         return Ok(Settled::Retried);
     }
-    if !runs::kill(conn, &run.id, &run.holder, attempt, now, error)? {
+    if !Runs::kill(conn, &run.id, &run.holder, attempt, now, error)? {
         return Err(run::claim_lost(run));
     }
     dead_letters::insert(
@@ -454,7 +455,7 @@ pub(crate) fn renew_claims(db: &Db, claims: &Claims) -> Result<usize> {
         let now = tx.now_ms();
         let mut renewed = Vec::new();
         for (id, holder, attempt) in &due {
-            if runs::renew(tx.conn(), id, holder, *attempt, now, now + ttl)? {
+            if Runs::renew(tx.conn(), id, holder, *attempt, now, now + ttl)? {
                 renewed.push(id.clone());
             }
         }

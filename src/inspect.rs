@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, Query};
 use crate::names;
 use crate::run::{RunInfo, RunState};
+use crate::store::backend::Runs;
 use crate::store::{dead_letters, events, runs, workspaces};
 
 /// How many items a page holds at most.
@@ -313,7 +314,7 @@ pub struct RunDetail {
 }
 
 pub(crate) fn run_detail(conn: &Connection, id: &str) -> Result<Option<RunDetail>> {
-    let Some(row) = runs::get(conn, id)? else {
+    let Some(row) = Runs::get(conn, id)? else {
         return Ok(None);
     };
     let event = match (&row.workspace, &row.event_id) {

@@ -16,15 +16,17 @@ use crate::cursor::{self, ConsumerKind};
 use crate::error::{Error, Result};
 use crate::event::{NewEvent, Query};
 use crate::lease;
+use crate::retry::RetryPolicy;
 use crate::settings::Limits;
-use crate::store::backend::{Cursors, Events, Leases, Workspaces};
+use crate::store::backend::{Cursors, Events, Leases, Runs, Workspaces};
 use crate::store::conn::Synchronous;
 use crate::store::pg::{self, PgConn};
+use crate::store::runs::{Inserted, NewRun, Uniq};
 use crate::workspace;
 
-/// Everything the core asks of a connection.
-trait Core: Events + Workspaces + Cursors + Leases {}
-impl<T: Events + Workspaces + Cursors + Leases + ?Sized> Core for T {}
+/// Every table group the tests use.
+trait Core: Events + Workspaces + Cursors + Leases + Runs {}
+impl<T: Events + Workspaces + Cursors + Leases + Runs + ?Sized> Core for T {}
 
 fn pg_url() -> String {
     std::env::var("REFLEXR_PG_URL").expect(
@@ -547,7 +549,11 @@ fn the_schema_is_applied_once_and_a_newer_one_is_refused() {
         .query_one("SELECT count(*) FROM reflexr_schema_version", &[])
         .unwrap()
         .get(0);
-    assert_eq!(versions, 1);
+    assert_eq!(
+        versions,
+        i64::from(pg::schema::SCHEMA_VERSION),
+        "each version once"
+    );
     client
         .batch_execute("INSERT INTO reflexr_schema_version (version) VALUES (99)")
         .unwrap();
@@ -557,7 +563,7 @@ fn the_schema_is_applied_once_and_a_newer_one_is_refused() {
             e,
             Error::SchemaTooNew {
                 found: 99,
-                supported: 1,
+                supported: 2,
                 ..
             }
         ),
@@ -608,4 +614,262 @@ fn appends_rolled_back_to_a_savepoint_leave_no_duplicate_and_no_skip() {
         ["other", "kept"]
     );
     assert_eq!(changelog::head(&reader).unwrap(), kept);
+}
+
+/// A schema's shape: (table, column, type, nullable) of the engine's
+/// tables, and the indexes' definitions.
+type Shape = (Vec<(String, String, String, String)>, Vec<String>);
+
+/// The shape of the engine's tables in a schema.
+fn shape(client: &mut Client, schema: &str) -> Shape {
+    let columns = client
+        .query(
+            "SELECT table_name::text, column_name::text, data_type::text, is_nullable::text \
+             FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name LIKE 'reflexr%' \
+             ORDER BY table_name, column_name",
+            &[&schema],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let indexes = client
+        .query(
+            "SELECT replace(indexdef, $1 || '.', '') FROM pg_indexes \
+             WHERE schemaname = $1 ORDER BY indexname",
+            &[&schema],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    (columns, indexes)
+}
+
+/// A database at version 1 (what the first release wrote) migrates to the
+/// current version, and ends the same shape as a new one.
+#[test]
+fn a_version_1_database_migrates_to_the_shape_of_a_new_one() {
+    let old = PgSchema::new();
+    let mut client = Client::connect(&old.url(), NoTls).unwrap();
+    client.batch_execute(pg::schema::SCHEMA_SQL).unwrap();
+    let v: i32 = client
+        .query_one("SELECT max(version) FROM reflexr_schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(v, 1);
+    pg::schema::apply(&mut client, "old").unwrap();
+    let new = PgSchema::new();
+    let mut fresh = new.client();
+    assert_eq!(shape(&mut client, &old.name), shape(&mut fresh, &new.name));
+    let v: i32 = client
+        .query_one("SELECT max(version) FROM reflexr_schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(v, pg::schema::SCHEMA_VERSION);
+}
+
+/// A task run to create: ready now unless `lane` or `unique` say otherwise.
+fn task<'a>(id: &'a str, lane: Option<&'a str>, unique: Option<Uniq<'a>>) -> NewRun<'a> {
+    static RETRY: std::sync::LazyLock<RetryPolicy> = std::sync::LazyLock::new(RetryPolicy::default);
+    NewRun {
+        id,
+        kind: "task",
+        action: "send",
+        workspace: None,
+        rule: None,
+        scope: None,
+        lane,
+        on_dead_letter: "continue",
+        input: r#"{"to":"a@example.com"}"#,
+        event_seq: None,
+        event_id: None,
+        depth: 0,
+        retry: &RETRY,
+        due_at: NOW,
+        now: NOW,
+        dead: None,
+        priority: None,
+        unique,
+    }
+}
+
+fn send() -> Vec<String> {
+    vec!["send".to_string()]
+}
+
+/// Invariant 5 (a run's claim is its holder's at its attempt): only the
+/// claim that holds settles a run; a retry is claimed again at the next
+/// attempt, and the old claim settles nothing.
+#[test]
+fn a_claim_is_settled_only_by_its_holder_at_its_attempt() {
+    on_both(|db| {
+        db.tx(|c| {
+            for id in ["r1", "r2", "r3"] {
+                assert_eq!(Runs::insert(c, &task(id, None, None))?, Inserted::New);
+            }
+            assert_eq!(Runs::insert(c, &task("r1", None, None))?, Inserted::Existed);
+            Ok(())
+        })
+        .unwrap();
+        let claimed = db
+            .tx(|c| Runs::claim_at(c, "a", NOW, NOW + 30_000, 2, &send(), 0))
+            .unwrap();
+        assert_eq!(claimed.len(), 2, "{}", db.name());
+        assert!(
+            claimed
+                .iter()
+                .all(|r| r.attempt == 1 && r.state == "running")
+        );
+        let (first, second) = (&claimed[0].id, &claimed[1].id);
+        db.tx(|c| {
+            assert!(!Runs::succeed(c, first, "b", 1, NOW)?, "another holder");
+            assert!(!Runs::succeed(c, first, "a", 2, NOW)?, "another attempt");
+            assert!(Runs::succeed(c, first, "a", 1, NOW)?);
+            assert!(!Runs::succeed(c, first, "a", 1, NOW)?, "settled once");
+            assert!(Runs::renew(c, second, "a", 1, NOW + 1, NOW + 40_000)?);
+            assert!(Runs::retry_later(
+                c,
+                second,
+                "a",
+                1,
+                NOW + 2,
+                NOW + 5_000,
+                "timeout"
+            )?);
+            Ok(())
+        })
+        .unwrap();
+        // Not due yet: only the third run is claimable now.
+        let now_claimed = db
+            .tx(|c| Runs::claim_at(c, "b", NOW + 3, NOW + 30_000, 10, &send(), 0))
+            .unwrap();
+        assert_eq!(now_claimed.len(), 1);
+        assert_eq!(now_claimed[0].id, "r3");
+        let again = db
+            .tx(|c| Runs::claim_at(c, "b", NOW + 5_000, NOW + 35_000, 10, &send(), 0))
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            (again[0].id.as_str(), again[0].attempt),
+            (second.as_str(), 2)
+        );
+        db.tx(|c| {
+            assert!(!Runs::kill(c, second, "a", 1, NOW + 5_001, "stale")?);
+            assert!(Runs::kill(c, second, "b", 2, NOW + 5_001, "gave up")?);
+            let row = Runs::get(c, second)?.expect("the run");
+            assert_eq!(row.state, "dead");
+            assert_eq!(row.last_error.as_deref(), Some("gave up"));
+            assert_eq!(
+                Runs::get(c, first)?.map(|r| r.state),
+                Some("succeeded".into())
+            );
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 6 (scope order) and uniqueness, as runs are created: the first run of a
+/// lane is ready and the next waits; a key another pending run holds
+/// creates nothing and names that run.
+#[test]
+fn a_lane_runs_one_at_a_time_and_a_unique_key_is_held_once() {
+    on_both(|db| {
+        let pending = Uniq {
+            key: "shard/3",
+            mode: "pending",
+            period_ms: 0,
+        };
+        db.tx(|c| {
+            assert_eq!(
+                Runs::insert(c, &task("l1", Some("lane/a"), None))?,
+                Inserted::New
+            );
+            assert_eq!(
+                Runs::insert(c, &task("l2", Some("lane/a"), None))?,
+                Inserted::New
+            );
+            assert_eq!(
+                Runs::insert(c, &task("u1", None, Some(pending)))?,
+                Inserted::New
+            );
+            assert_eq!(
+                Runs::insert(c, &task("u2", None, Some(pending)))?,
+                Inserted::Duplicate("u1".into())
+            );
+            assert_eq!(Runs::get(c, "l1")?.map(|r| r.state), Some("ready".into()));
+            assert_eq!(Runs::get(c, "l2")?.map(|r| r.state), Some("waiting".into()));
+            assert!(Runs::get(c, "u2")?.is_none());
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Claims on PostgreSQL: four claimers at once over 2,000 runs, each
+/// claiming batches in transactions of its own and settling them. Every run
+/// is claimed exactly once; and a claimer never waits for another's
+/// uncommitted claim (`SKIP LOCKED`: with a lock timeout of a second, a
+/// wait would be an error).
+#[test]
+fn concurrent_claimers_never_share_a_run_and_never_wait_for_each_other() {
+    const RUNS: usize = 2_000;
+    let schema = Arc::new(PgSchema::new());
+    let mut db = Db::Pg(schema.pool(1), Arc::clone(&schema));
+    let ids: Vec<String> = (0..RUNS).map(|i| format!("run-{i:05}")).collect();
+    db.tx(|c| {
+        for id in &ids {
+            Runs::insert(c, &task(id, None, None))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+
+    // One claimer holds its claim open; another claims beside it at once.
+    let holding = schema.begin();
+    let held = Runs::claim_at(&holding, "slow", NOW, NOW + 30_000, 10, &send(), 0).unwrap();
+    let beside = schema.begin();
+    beside
+        .execute_untyped("SET LOCAL lock_timeout = '1s'", &[])
+        .unwrap();
+    let other = Runs::claim_at(&beside, "quick", NOW, NOW + 30_000, 10, &send(), 0).unwrap();
+    assert_eq!((held.len(), other.len()), (10, 10));
+    assert!(held.iter().all(|h| other.iter().all(|o| o.id != h.id)));
+    drop(beside); // rolled back: its runs are ready again
+    drop(holding);
+
+    let claimers: Vec<_> = (0..4)
+        .map(|w| {
+            let schema = Arc::clone(&schema);
+            std::thread::spawn(move || {
+                let pool = schema.pool(1);
+                let holder = format!("claimer-{w}");
+                let mut mine = Vec::new();
+                loop {
+                    let conn = PgConn::begin(pool.get().unwrap()).unwrap();
+                    conn.execute_untyped("SET LOCAL lock_timeout = '1s'", &[])
+                        .unwrap();
+                    let batch =
+                        Runs::claim_at(&conn, &holder, NOW, NOW + 30_000, 25, &send(), 0).unwrap();
+                    if batch.is_empty() {
+                        break;
+                    }
+                    for r in &batch {
+                        assert!(Runs::succeed(&conn, &r.id, &holder, r.attempt, NOW).unwrap());
+                        mine.push(r.id.clone());
+                    }
+                    conn.commit().unwrap();
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut claimed: Vec<String> = claimers
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    claimed.sort();
+    assert_eq!(claimed, ids, "every run claimed exactly once");
 }

@@ -12,6 +12,7 @@ use crate::names::{self, MAX_ID_BYTES};
 use crate::rule::{OnNewVersion, Rule, Start};
 use crate::run::{RunInfo, RunState};
 use crate::store::audit;
+use crate::store::backend::Runs;
 use crate::store::dead_letters;
 use crate::store::{cursors, events, rules, runs};
 
@@ -263,7 +264,7 @@ pub(crate) fn delete_rule(
 // ----- runs ------------------------------------------------------------------
 
 fn dead_run(conn: &Connection, id: &str) -> Result<runs::RunRow> {
-    let row = runs::get(conn, id)?.ok_or_else(|| Error::not_found("run", id))?;
+    let row = Runs::get(conn, id)?.ok_or_else(|| Error::not_found("run", id))?;
     if row.state != "dead" {
         return Err(Error::Conflict {
             kind: "run",
@@ -357,7 +358,7 @@ pub(crate) fn unblock(
 }
 
 pub(crate) fn run_info(conn: &Connection, id: &str) -> Result<Option<RunInfo>> {
-    runs::get(conn, id)?.map(RunInfo::from_row).transpose()
+    Runs::get(conn, id)?.map(RunInfo::from_row).transpose()
 }
 
 pub(crate) fn list_runs(

@@ -17,6 +17,7 @@ use crate::changelog::{self, Origin};
 use crate::db::Db;
 use crate::error::{Error, HandlerError, Result};
 use crate::event::{Event, NewEvent, Query};
+use crate::store::backend::Runs;
 use crate::store::runs::{self, RunRow};
 use crate::tx::Tx;
 use crate::words::text_enum;
@@ -454,7 +455,7 @@ pub(crate) fn finish_success(tx: &mut Tx<'_>, run: &Run, emitted: &[Emitted]) ->
     // The update is the claim check: it changes the row only while the claim
     // (holder and attempt) is ours, and runs first, so a lost claim has
     // written nothing when it returns.
-    if !runs::succeed(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)? {
+    if !Runs::succeed(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)? {
         return Err(claim_lost(run));
     }
     for e in emitted {

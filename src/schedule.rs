@@ -31,6 +31,7 @@ use crate::lease::{self, Lease};
 use crate::names;
 use crate::retry::RetryPolicy;
 use crate::run::{Run, RunContext};
+use crate::store::backend::Runs;
 use crate::store::runs::{self, NewRun};
 use crate::store::schedules::{self, ScheduleRow};
 use crate::words::text_enum;
@@ -372,7 +373,7 @@ pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
             let input = serde_json::json!({ "job": job.name, "due_at": due, "missed": count - 1 })
                 .to_string();
             let action = action_of(&job.name);
-            let new = runs::insert(
+            let new = Runs::insert(
                 tx.conn(),
                 &NewRun {
                     id: &id,

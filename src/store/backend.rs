@@ -14,9 +14,11 @@
 //! A core function states the groups it needs as bounds
 //! (`C: Events + Workspaces`), and a backend supports a function when it
 //! implements those groups: the compiler, not a runtime check, says what
-//! runs where. The groups so far are the core's: workspaces, the change
-//! log, cursors and leases. The work layer (rules, runs, deliveries,
-//! schedules, followers) still takes SQLite's connection directly.
+//! runs where. The groups so far are the core's — workspaces, the change
+//! log, cursors and leases — and the work queue's runs (creating, claiming,
+//! settling). The rest of the work layer (rules, lanes' advance, dead
+//! letters, control's limits, deliveries, schedules, followers' ledger)
+//! still takes SQLite's connection directly.
 //!
 //! Call the methods through the trait (`Events::page(conn, …)`): an
 //! inherent method of the connection type with the same name would win over
@@ -27,7 +29,8 @@ use crate::event::Event;
 
 use super::events::NewRow;
 use super::leases::LeaseRow;
-use super::{cursors, events, leases, workspaces};
+use super::runs::{NewRun, RunRow};
+use super::{cursors, events, leases, runs, workspaces};
 
 /// What inserting an event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +141,55 @@ pub trait Leases {
     fn is_held(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool>;
     fn get(&self, name: &str) -> Result<Option<LeaseRow>>;
     fn list(&self) -> Result<Vec<LeaseRow>>;
+}
+
+/// `reflexr_runs` (the work queue) and `reflexr_lanes`: creating runs,
+/// claiming them, settling a claim. A claim is `(holder, attempt)`: every
+/// settlement names it and reports whether it still held (see
+/// `store::runs`), so an executor that lost its claim changes nothing.
+pub trait Runs {
+    /// Creates the run (see `store::runs::insert`): the head of its lane
+    /// and ready, waiting behind its lane's head, or dead; an id already
+    /// there, or a uniqueness key another run holds, creates nothing.
+    fn insert(&self, run: &NewRun<'_>) -> Result<runs::Inserted>;
+    fn get(&self, id: &str) -> Result<Option<RunRow>>;
+    /// Claims up to `limit` ready, due runs of `actions` at `priority`,
+    /// oldest due first, for `holder` until `expires_at`. Concurrent
+    /// claimers never get the same run, and never wait for each other.
+    #[allow(clippy::too_many_arguments)]
+    fn claim_at(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        limit: i64,
+        actions: &[String],
+        priority: i64,
+    ) -> Result<Vec<RunRow>>;
+    /// Marks a claimed run succeeded; false when the claim no longer held.
+    fn succeed(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
+    /// Puts a claimed run back as ready at `due_at` after a failed attempt.
+    #[allow(clippy::too_many_arguments)]
+    fn retry_later(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        now: i64,
+        due_at: i64,
+        error: &str,
+    ) -> Result<bool>;
+    /// Gives a claimed run up: dead.
+    fn kill(&self, id: &str, holder: &str, attempt: i64, now: i64, error: &str) -> Result<bool>;
+    /// Extends a live claim; the expiry only moves forward.
+    fn renew(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<bool>;
 }
 
 /// Everything the core asks of a connection.
@@ -304,5 +356,53 @@ impl Leases for rusqlite::Connection {
     }
     fn list(&self) -> Result<Vec<LeaseRow>> {
         leases::list(self)
+    }
+}
+
+impl Runs for rusqlite::Connection {
+    fn insert(&self, run: &NewRun<'_>) -> Result<runs::Inserted> {
+        runs::insert(self, run)
+    }
+    fn get(&self, id: &str) -> Result<Option<RunRow>> {
+        runs::get(self, id)
+    }
+    fn claim_at(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        limit: i64,
+        actions: &[String],
+        priority: i64,
+    ) -> Result<Vec<RunRow>> {
+        let actions = serde_json::to_string(actions).expect("a list of strings encodes");
+        runs::claim_at(self, holder, now, expires_at, limit, &actions, priority)
+    }
+    fn succeed(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {
+        runs::succeed(self, id, holder, attempt, now)
+    }
+    fn retry_later(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        now: i64,
+        due_at: i64,
+        error: &str,
+    ) -> Result<bool> {
+        runs::retry_later(self, id, holder, attempt, now, due_at, error)
+    }
+    fn kill(&self, id: &str, holder: &str, attempt: i64, now: i64, error: &str) -> Result<bool> {
+        runs::kill(self, id, holder, attempt, now, error)
+    }
+    fn renew(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<bool> {
+        runs::renew(self, id, holder, attempt, now, expires_at)
     }
 }

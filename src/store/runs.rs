@@ -12,12 +12,12 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use crate::error::Result;
 use crate::retry::RetryPolicy;
 
-fn ms(d: std::time::Duration) -> i64 {
+pub(crate) fn ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A run to create.
-pub(crate) struct NewRun<'a> {
+pub struct NewRun<'a> {
     pub id: &'a str,
     pub kind: &'a str,
     pub action: &'a str,
@@ -46,7 +46,7 @@ pub(crate) struct NewRun<'a> {
 
 /// A uniqueness key and how long it holds.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Uniq<'a> {
+pub struct Uniq<'a> {
     pub key: &'a str,
     /// `pending`, `active` or `period`.
     pub mode: &'a str,
@@ -56,7 +56,7 @@ pub(crate) struct Uniq<'a> {
 
 /// What an insert did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Inserted {
+pub enum Inserted {
     /// Created.
     New,
     /// A run with this id was there already.
@@ -177,7 +177,7 @@ fn exists(conn: &Connection, id: &str) -> Result<bool> {
 
 /// Every column of a run.
 #[derive(Debug, Clone)]
-pub(crate) struct RunRow {
+pub struct RunRow {
     pub ord: i64,
     pub id: String,
     pub kind: String,
@@ -215,7 +215,7 @@ pub(crate) struct RunRow {
     pub cancel_reason: Option<String>,
 }
 
-const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, \
+pub(crate) const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, \
     input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, \
     backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, \
     last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, \
@@ -306,7 +306,7 @@ pub(crate) fn counts(conn: &Connection) -> Result<Vec<(String, i64)>> {
 /// free once its run starts, a `WhileActive` one once its run died — so the
 /// run keeps its retry and the unique index is never broken. Without the
 /// key it is an ordinary run; the other holds it.
-const YIELD_KEY: &str = "unique_key = CASE \
+pub(crate) const YIELD_KEY: &str = "unique_key = CASE \
        WHEN unique_mode = 'pending' AND EXISTS (SELECT 1 FROM reflexr_runs o \
          WHERE o.action = reflexr_runs.action AND o.unique_key = reflexr_runs.unique_key \
            AND o.unique_mode = 'pending' AND o.state IN ('waiting', 'ready') \

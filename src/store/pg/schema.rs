@@ -10,14 +10,95 @@ use crate::error::{Error, Result};
 /// The schema of a new database, `schema.pg.sql` at the repository root.
 pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
-/// The PostgreSQL schema version this library writes. Must match the
-/// `INSERT INTO reflexr_schema_version` line of `schema.pg.sql`.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+/// The PostgreSQL schema version this library writes: `schema.pg.sql`
+/// (version 1) and the migrations after it.
+pub(crate) const SCHEMA_VERSION: i32 = 2;
 
-/// Steps that take an older database forward: `(n, sql)` takes version
-/// `n - 1` to `n`, and its SQL ends by recording `n` in
-/// `reflexr_schema_version`. None yet: version 1 is the first.
-const MIGRATIONS: &[(i32, &str)] = &[];
+/// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
+/// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
+/// database gets `schema.pg.sql` and then every step, so a new database and
+/// a migrated one are the same by construction (the store's tables are
+/// being ported a group at a time; each group comes as a step).
+const MIGRATIONS: &[(i32, &str)] = &[(2, MIGRATE_TO_2)];
+
+/// Version 2: the work queue — runs, lanes, per-action settings, unique
+/// periods — as in `schema.sql`.
+const MIGRATE_TO_2: &str = "
+CREATE TABLE reflexr_runs (
+    ord              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id               text NOT NULL UNIQUE,
+    kind             text NOT NULL CHECK (kind IN ('rule', 'delivery', 'job', 'task')),
+    action           text NOT NULL,
+    workspace        text,
+    rule             text,
+    scope            text,
+    lane             text,
+    on_dead_letter   text NOT NULL DEFAULT 'continue'
+                     CHECK (on_dead_letter IN ('continue', 'block')),
+    input            text NOT NULL,
+    event_seq        bigint,
+    event_id         text,
+    depth            bigint NOT NULL DEFAULT 0,
+    state            text NOT NULL
+                     CHECK (state IN ('waiting', 'ready', 'running', 'succeeded', 'dead',
+                                      'discarded', 'cancelled')),
+    attempt          bigint NOT NULL DEFAULT 0,
+    max_attempts     bigint NOT NULL CHECK (max_attempts >= 1),
+    backoff_ms       bigint NOT NULL CHECK (backoff_ms >= 0),
+    backoff_max_ms   bigint NOT NULL CHECK (backoff_max_ms >= 0),
+    backoff_factor   double precision NOT NULL CHECK (backoff_factor >= 1.0),
+    jitter           double precision NOT NULL CHECK (jitter >= 0.0 AND jitter <= 1.0),
+    due_at           bigint NOT NULL,
+    claimed_by       text,
+    claim_expires_at bigint,
+    checkpoint       text,
+    last_error       text,
+    created_at       bigint NOT NULL,
+    updated_at       bigint NOT NULL,
+    finished_at      bigint,
+    priority         bigint NOT NULL DEFAULT 0,
+    unique_key       text,
+    unique_mode      text CHECK (unique_mode IS NULL OR unique_mode IN ('pending', 'active', 'period')),
+    started_at       bigint,
+    cancel_requested_at bigint,
+    cancelled_by     text,
+    cancel_reason    text
+);
+CREATE INDEX reflexr_runs_due ON reflexr_runs (state, priority DESC, due_at);
+CREATE INDEX reflexr_runs_lapsed ON reflexr_runs (claim_expires_at) WHERE state = 'running';
+CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord) WHERE state = 'waiting';
+CREATE INDEX reflexr_runs_by_change ON reflexr_runs (updated_at, ord);
+CREATE INDEX reflexr_runs_running ON reflexr_runs (action) WHERE state = 'running';
+CREATE UNIQUE INDEX reflexr_runs_unique_pending ON reflexr_runs (action, unique_key)
+    WHERE unique_mode = 'pending' AND state IN ('waiting', 'ready');
+CREATE UNIQUE INDEX reflexr_runs_unique_active ON reflexr_runs (action, unique_key)
+    WHERE unique_mode = 'active' AND state IN ('waiting', 'ready', 'running');
+CREATE TABLE reflexr_lanes (
+    lane       text PRIMARY KEY,
+    head       text NOT NULL,
+    blocked    boolean NOT NULL DEFAULT false,
+    updated_at bigint NOT NULL
+);
+CREATE INDEX reflexr_lanes_blocked ON reflexr_lanes (updated_at) WHERE blocked;
+CREATE TABLE reflexr_actions (
+    action         text PRIMARY KEY,
+    priority       bigint NOT NULL DEFAULT 0,
+    max_running    bigint CHECK (max_running IS NULL OR max_running >= 1),
+    rate_count     bigint CHECK (rate_count IS NULL OR rate_count >= 1),
+    rate_period_ms bigint CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
+    partition_by   text,
+    updated_at     bigint NOT NULL,
+    CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL))
+);
+CREATE TABLE reflexr_unique_periods (
+    action text NOT NULL,
+    key    text NOT NULL,
+    until  bigint NOT NULL,
+    run_id text NOT NULL,
+    PRIMARY KEY (action, key)
+);
+INSERT INTO reflexr_schema_version (version) VALUES (2);
+";
 
 /// The advisory lock (a constant key: "rflx" in ASCII) that one opener
 /// holds while it applies or migrates the schema; another opener waits for
@@ -35,14 +116,15 @@ pub(crate) fn apply(client: &mut Client, what: &str) -> Result<()> {
             &[],
         )?
         .get(0);
-    if !exists {
+    let found = if exists {
+        let found: Option<i32> = tx
+            .query_one("SELECT max(version) FROM reflexr_schema_version", &[])?
+            .get(0);
+        found.unwrap_or(0)
+    } else {
         tx.batch_execute(SCHEMA_SQL)?;
-        return Ok(tx.commit()?);
-    }
-    let found: Option<i32> = tx
-        .query_one("SELECT max(version) FROM reflexr_schema_version", &[])?
-        .get(0);
-    let found = found.unwrap_or(0);
+        1
+    };
     if found > SCHEMA_VERSION {
         return Err(Error::SchemaTooNew {
             path: PathBuf::from(what),

@@ -1,0 +1,361 @@
+//! The work queue on PostgreSQL: `reflexr_runs` and `reflexr_lanes`, as
+//! `store::runs` has them on SQLite.
+//!
+//! What differs: many processes claim at once. A claim picks its runs in a
+//! `MATERIALIZED` CTE with `FOR UPDATE SKIP LOCKED` — the rows another
+//! claimer holds are passed over, never waited for, and the limit holds
+//! because the CTE runs once — then marks them running; a run another
+//! claimer took and committed meanwhile fails the recheck of `state =
+//! 'ready'` on its new version. And nothing here relies on a statement
+//! failing (that would abort the transaction): an insert that races
+//! another for an id or a uniqueness key does nothing and says so.
+
+use postgres::Row;
+use postgres::types::Type;
+
+use super::{PgConn, col};
+use crate::error::Result;
+use crate::store::backend::Runs;
+use crate::store::runs::{self, COLUMNS, Inserted, NewRun, RunRow, Uniq, YIELD_KEY};
+
+fn run_from(r: &Row) -> Result<RunRow> {
+    Ok(RunRow {
+        ord: col(r, 0)?,
+        id: col(r, 1)?,
+        kind: col(r, 2)?,
+        action: col(r, 3)?,
+        workspace: col(r, 4)?,
+        rule: col(r, 5)?,
+        scope: col(r, 6)?,
+        lane: col(r, 7)?,
+        on_dead_letter: col(r, 8)?,
+        input: col(r, 9)?,
+        event_seq: col(r, 10)?,
+        event_id: col(r, 11)?,
+        depth: col(r, 12)?,
+        state: col(r, 13)?,
+        attempt: col(r, 14)?,
+        max_attempts: col(r, 15)?,
+        backoff_ms: col(r, 16)?,
+        backoff_max_ms: col(r, 17)?,
+        backoff_factor: col(r, 18)?,
+        jitter: col(r, 19)?,
+        due_at: col(r, 20)?,
+        claimed_by: col(r, 21)?,
+        claim_expires_at: col(r, 22)?,
+        checkpoint: col(r, 23)?,
+        last_error: col(r, 24)?,
+        created_at: col(r, 25)?,
+        updated_at: col(r, 26)?,
+        finished_at: col(r, 27)?,
+        priority: col(r, 28)?,
+        unique_key: col(r, 29)?,
+        unique_mode: col(r, 30)?,
+        started_at: col(r, 31)?,
+        cancel_requested_at: col(r, 32)?,
+        cancelled_by: col(r, 33)?,
+        cancel_reason: col(r, 34)?,
+    })
+}
+
+/// The columns of a run, qualified by `r` (for statements that join).
+fn columns_of(alias: &str) -> String {
+    COLUMNS
+        .split(',')
+        .map(|c| format!("{alias}.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl PgConn {
+    fn run_exists(&self, id: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "SELECT 1 FROM reflexr_runs WHERE id = $1",
+                &[(&id, Type::TEXT)],
+            )?
+            .is_some())
+    }
+
+    /// The run that holds `u`'s key for `action` now, if one does.
+    fn holder_of_key(&self, action: &str, u: &Uniq<'_>, now: i64) -> Result<Option<String>> {
+        let row = match u.mode {
+            "period" => self.query_opt(
+                "SELECT run_id FROM reflexr_unique_periods \
+                 WHERE action = $1 AND key = $2 AND until > $3",
+                &[
+                    (&action, Type::TEXT),
+                    (&u.key, Type::TEXT),
+                    (&now, Type::INT8),
+                ],
+            )?,
+            "pending" => self.query_opt(
+                "SELECT id FROM reflexr_runs WHERE action = $1 AND unique_key = $2 \
+                 AND unique_mode = 'pending' AND state IN ('waiting', 'ready')",
+                &[(&action, Type::TEXT), (&u.key, Type::TEXT)],
+            )?,
+            _ => self.query_opt(
+                "SELECT id FROM reflexr_runs WHERE action = $1 AND unique_key = $2 \
+                 AND unique_mode = 'active' AND state IN ('waiting', 'ready', 'running')",
+                &[(&action, Type::TEXT), (&u.key, Type::TEXT)],
+            )?,
+        };
+        row.map(|r| col(&r, 0)).transpose()
+    }
+
+    /// Why an insert that raced another inserted nothing.
+    fn why_not_inserted(&self, r: &NewRun<'_>) -> Result<Inserted> {
+        if self.run_exists(r.id)? {
+            return Ok(Inserted::Existed);
+        }
+        if let Some(u) = &r.unique
+            && let Some(other) = self.holder_of_key(r.action, u, r.now)?
+        {
+            return Ok(Inserted::Duplicate(other));
+        }
+        Ok(Inserted::Existed)
+    }
+}
+
+impl Runs for PgConn {
+    fn insert(&self, r: &NewRun<'_>) -> Result<Inserted> {
+        if self.run_exists(r.id)? {
+            return Ok(Inserted::Existed);
+        }
+        if let Some(u) = &r.unique
+            && let Some(other) = self.holder_of_key(r.action, u, r.now)?
+        {
+            return Ok(Inserted::Duplicate(other));
+        }
+        let lane = r.dead.map_or(r.lane, |_| None);
+        // The lane's head, if this run is the first of its lane: another
+        // transaction making a head of the same lane waits for this one.
+        let headed = match lane {
+            Some(lane) if r.dead.is_none() => self
+                .query_opt(
+                    "INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
+                     VALUES ($1, $2, false, $3) ON CONFLICT (lane) DO NOTHING RETURNING 1",
+                    &[
+                        (&lane, Type::TEXT),
+                        (&r.id, Type::TEXT),
+                        (&r.now, Type::INT8),
+                    ],
+                )?
+                .is_some(),
+            _ => false,
+        };
+        let state = match (r.dead, lane) {
+            (Some(_), _) => "dead",
+            (None, Some(_)) if !headed => "waiting",
+            _ => "ready",
+        };
+        let (unique_key, unique_mode) = r
+            .unique
+            .map_or((None, None), |u| (Some(u.key), Some(u.mode)));
+        let error = r.dead.map(crate::names::clip_error);
+        let max_attempts = i64::from(r.retry.max_attempts);
+        let (backoff_ms, backoff_max_ms) = (runs::ms(r.retry.initial), runs::ms(r.retry.max_delay));
+        let inserted = self.query_opt(
+            "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
+               on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
+               backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
+               created_at, updated_at, finished_at, priority, unique_key, unique_mode) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+               $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
+               coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
+               $23, $24) \
+             ON CONFLICT DO NOTHING RETURNING 1",
+            &[
+                (&r.id, Type::TEXT),
+                (&r.kind, Type::TEXT),
+                (&r.action, Type::TEXT),
+                (&r.workspace, Type::TEXT),
+                (&r.rule, Type::TEXT),
+                (&r.scope, Type::TEXT),
+                (&lane, Type::TEXT),
+                (&r.on_dead_letter, Type::TEXT),
+                (&r.input, Type::TEXT),
+                (&r.event_seq, Type::INT8),
+                (&r.event_id, Type::TEXT),
+                (&r.depth, Type::INT8),
+                (&state, Type::TEXT),
+                (&max_attempts, Type::INT8),
+                (&backoff_ms, Type::INT8),
+                (&backoff_max_ms, Type::INT8),
+                (&r.retry.factor, Type::FLOAT8),
+                (&r.retry.jitter, Type::FLOAT8),
+                (&r.due_at, Type::INT8),
+                (&error, Type::TEXT),
+                (&r.now, Type::INT8),
+                (&r.priority, Type::INT8),
+                (&unique_key, Type::TEXT),
+                (&unique_mode, Type::TEXT),
+            ],
+        )?;
+        if inserted.is_none() {
+            // Another transaction inserted this id, or took the key, first:
+            // give up the lane's head this insert made.
+            if headed {
+                self.query(
+                    "DELETE FROM reflexr_lanes WHERE lane = $1 AND head = $2",
+                    &[(&lane, Type::TEXT), (&r.id, Type::TEXT)],
+                )?;
+            }
+            return self.why_not_inserted(r);
+        }
+        if let Some(u) = r.unique.filter(|u| u.mode == "period") {
+            let until = r.now.saturating_add(u.period_ms);
+            self.query(
+                "INSERT INTO reflexr_unique_periods (action, key, until, run_id) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (action, key) \
+                 DO UPDATE SET until = excluded.until, run_id = excluded.run_id",
+                &[
+                    (&r.action, Type::TEXT),
+                    (&u.key, Type::TEXT),
+                    (&until, Type::INT8),
+                    (&r.id, Type::TEXT),
+                ],
+            )?;
+        }
+        Ok(Inserted::New)
+    }
+
+    fn get(&self, id: &str) -> Result<Option<RunRow>> {
+        self.query_opt(
+            &format!("SELECT {COLUMNS} FROM reflexr_runs WHERE id = $1"),
+            &[(&id, Type::TEXT)],
+        )?
+        .as_ref()
+        .map(run_from)
+        .transpose()
+    }
+
+    fn claim_at(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        limit: i64,
+        actions: &[String],
+        priority: i64,
+    ) -> Result<Vec<RunRow>> {
+        let rows = self.query(
+            &format!(
+                "WITH picked AS MATERIALIZED ( \
+                   SELECT ord FROM reflexr_runs \
+                   WHERE state = 'ready' AND priority = $5 AND due_at <= $2 \
+                     AND action = ANY ($4) \
+                   ORDER BY due_at LIMIT $6 \
+                   FOR UPDATE SKIP LOCKED) \
+                 UPDATE reflexr_runs r SET state = 'running', attempt = r.attempt + 1, \
+                   claimed_by = $1, claim_expires_at = $3, updated_at = $2, started_at = $2 \
+                 FROM picked WHERE r.ord = picked.ord AND r.state = 'ready' \
+                 RETURNING {}",
+                columns_of("r")
+            ),
+            &[
+                (&holder, Type::TEXT),
+                (&now, Type::INT8),
+                (&expires_at, Type::INT8),
+                (&actions, Type::TEXT_ARRAY),
+                (&priority, Type::INT8),
+                (&limit, Type::INT8),
+            ],
+        )?;
+        let mut claimed: Vec<RunRow> = rows.iter().map(run_from).collect::<Result<_>>()?;
+        // UPDATE … RETURNING does not keep the CTE's order: due first, as
+        // on SQLite.
+        claimed.sort_by_key(|r| (r.due_at, r.ord));
+        Ok(claimed)
+    }
+
+    fn succeed(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET state = 'succeeded', finished_at = $4, updated_at = $4, \
+                   claimed_by = NULL, claim_expires_at = NULL \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                   AND cancel_requested_at IS NULL RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn retry_later(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        now: i64,
+        due_at: i64,
+        error: &str,
+    ) -> Result<bool> {
+        let error = crate::names::clip_error(error);
+        Ok(self
+            .query_opt(
+                &format!(
+                    "UPDATE reflexr_runs SET state = 'ready', due_at = $5, last_error = $6, \
+                       updated_at = $4, claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
+                     WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                       AND cancel_requested_at IS NULL RETURNING 1"
+                ),
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&now, Type::INT8),
+                    (&due_at, Type::INT8),
+                    (&error, Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn kill(&self, id: &str, holder: &str, attempt: i64, now: i64, error: &str) -> Result<bool> {
+        let error = crate::names::clip_error(error);
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET state = 'dead', last_error = $5, finished_at = $4, \
+                   updated_at = $4, claimed_by = NULL, claim_expires_at = NULL \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                   AND cancel_requested_at IS NULL RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&now, Type::INT8),
+                    (&error, Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn renew(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET claim_expires_at = greatest(claim_expires_at, $5) \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                   AND claim_expires_at > $4 RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&now, Type::INT8),
+                    (&expires_at, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+}
