@@ -256,6 +256,8 @@ pub trait CoreDb<B: Store>: Send + Sync {
         E: From<Error> + Send;
     /// A subscription to commits (see [`Db::subscribe`]).
     fn subscribe(&self) -> Subscription;
+    /// The writer's counters.
+    fn writer_stats(&self) -> WriterStats;
 }
 
 impl CoreDb<Sqlite> for Db {
@@ -278,5 +280,8 @@ impl CoreDb<Sqlite> for Db {
     }
     fn subscribe(&self) -> Subscription {
         Db::subscribe(self)
+    }
+    fn writer_stats(&self) -> WriterStats {
+        Db::writer_stats(self)
     }
 }

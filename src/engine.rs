@@ -152,6 +152,13 @@ impl<B: Backend> Engine<B> {
         B::db(&self.cx)
     }
 
+    /// How many transactions the writer has committed, and how many callers'
+    /// writes they held: with concurrent writers, several callers share one
+    /// commit.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.db().writer_stats()
+    }
+
     pub(crate) fn from_context(cx: B::Context) -> Engine<B> {
         let cx = Arc::new(cx);
         Engine {
@@ -418,13 +425,6 @@ impl Engine<Sqlite> {
     /// writer. `f` may run more than once if the file is busy.
     pub fn with_reader<T>(&self, f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
         self.cx.db.read(f)
-    }
-
-    /// How many transactions the writer has committed, and how many callers'
-    /// writes they held: with concurrent writers, several callers share one
-    /// commit.
-    pub fn writer_stats(&self) -> WriterStats {
-        self.cx.db.writer_stats()
     }
 
     /// A page of the events `query` asks for — its types and its subject —

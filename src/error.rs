@@ -481,10 +481,13 @@ impl From<postgres::Error> for Error {
             Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => {
                 Error::ReadOnly { detail: message }
             }
+            // Conflicts, and a statement cancelled (statement_timeout, a
+            // cancel request) on a live connection: try again.
             Some(c)
                 if *c == SqlState::T_R_SERIALIZATION_FAILURE
                     || *c == SqlState::T_R_DEADLOCK_DETECTED
-                    || *c == SqlState::LOCK_NOT_AVAILABLE =>
+                    || *c == SqlState::LOCK_NOT_AVAILABLE
+                    || *c == SqlState::QUERY_CANCELED =>
             {
                 Error::Busy { detail: message }
             }
@@ -502,9 +505,19 @@ impl From<postgres::Error> for Error {
                 code: None,
                 message,
             },
-            // No SQLSTATE: the connection broke, or the server went away.
-            None => Error::Io {
-                kind: std::io::ErrorKind::ConnectionAborted,
+            // No SQLSTATE: the connection broke (or the server went away)...
+            None if e.is_closed()
+                || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()) =>
+            {
+                Error::Io {
+                    kind: std::io::ErrorKind::ConnectionAborted,
+                    message,
+                }
+            }
+            // ...or the client refused something on its side (a value that
+            // does not convert, a parameter count that does not match).
+            None => Error::Storage {
+                code: None,
                 message,
             },
         }

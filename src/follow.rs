@@ -334,6 +334,14 @@ fn publish_elsewhere<B: Store>(
             match item {
                 Item::Publish(e) => {
                     let p = publish(ttx, target, e);
+                    // An error that ends the transaction (a busy or cut
+                    // database, a deadlock on PostgreSQL) fails the batch
+                    // with that error: the runtime tries it again.
+                    if let Published::Stop(err) = &p
+                        && err.dooms_transaction()
+                    {
+                        return Err(err.clone());
+                    }
                     let stop = matches!(p, Published::Stop(_));
                     out.push(Some(p));
                     if stop {

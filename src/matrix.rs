@@ -394,10 +394,13 @@ fn workspaces_list_their_application_types() {
     });
 }
 
-/// How many of the server's lock requests are waiting.
-fn waiting_locks(client: &mut Client) -> i64 {
+/// Whether the server's backend `pid` is waiting for a lock.
+fn waits_for_a_lock(client: &mut Client, pid: i32) -> bool {
     client
-        .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
+            &[&pid],
+        )
         .unwrap()
         .get(0)
 }
@@ -420,10 +423,13 @@ fn a_reader_never_skips_an_event_committed_late() {
         1
     );
 
+    let (pid_tx, pid_rx) = std::sync::mpsc::channel();
     let later = {
         let schema = Arc::clone(&schema);
         std::thread::spawn(move || {
             let conn = schema.begin();
+            let pid: i32 = conn.query_untyped("SELECT pg_backend_pid()", &[]).unwrap()[0].get(0);
+            pid_tx.send(pid).unwrap();
             let seq = append(&conn, "shop", &event("Opened", "quick"))
                 .unwrap()
                 .seq;
@@ -432,7 +438,8 @@ fn a_reader_never_skips_an_event_committed_late() {
         })
     };
     // The later append is waiting on the first (not merely not started).
-    while waiting_locks(&mut watcher) == 0 {
+    let pid = pid_rx.recv().unwrap();
+    while !waits_for_a_lock(&mut watcher, pid) {
         std::thread::yield_now();
     }
     let seen = {

@@ -3,9 +3,12 @@
 //!
 //! - **Connections.** An r2d2 pool of the sync `postgres` client (its
 //!   private runtime never reaches the API). A connection that broke — the
-//!   server restarted — is found broken on checkout and replaced; the
+//!   server restarted — fails its next BEGIN and is replaced; the
 //!   statement that met the break fails with [`Error::Io`], and nothing of
-//!   its transaction committed.
+//!   its transaction committed — unless the break came during the `COMMIT`
+//!   itself, when the server may have committed it: the caller cannot
+//!   tell, as with any database over a network (an append's id makes it
+//!   safe to append again).
 //! - **Writes.** Concurrent writers of this process share transactions,
 //!   each in a savepoint of its own (group commit by flat combining, as on
 //!   SQLite): appends take their seqs one transaction at a time across
@@ -21,7 +24,7 @@
 //!   burst of them wakes a waiter once.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -40,7 +43,7 @@ use crate::settings::Settings;
 use crate::store::backend::Postgres;
 use crate::store::pg::{self, PgConn, Pool};
 use crate::tx::{Env, Tx};
-use crate::writer::{Inside, NEXT_WRITER_ID};
+use crate::writer::{Inside, NEXT_WRITER_ID, WriterStats};
 
 /// The channel commits are announced on.
 pub(crate) const CHANNEL: &str = "reflexr";
@@ -59,6 +62,10 @@ pub struct PgDb {
     combiner: Combiner<Postgres>,
     /// This writer's id, for catching a write started inside a write.
     id: usize,
+    /// The writer's counters ([`WriterStats`]).
+    commits: AtomicU64,
+    writes: AtomicU64,
+    aborts: AtomicU64,
 }
 
 impl PgDb {
@@ -94,23 +101,40 @@ impl PgDb {
             .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
             .build(manager)?;
 
-        // The heartbeat reads the head seq on a connection of its own.
-        let poller = Mutex::new(first);
+        // The heartbeat reads the head seq on a connection of its own,
+        // connected again (within a few seconds, or not this beat) when the
+        // server cut it: waiting threads poll it under a lock.
+        let mut poll_config = config.clone();
+        if poll_config.get_connect_timeout().is_none() {
+            poll_config.connect_timeout(Duration::from_secs(3));
+        }
+        let poller = Mutex::new(Some(first));
         let notifier = Arc::new(Notifier::polling(Box::new(move || {
-            let mut c = poller.lock().unwrap_or_else(|e| e.into_inner());
-            c.query_one("SELECT seq FROM reflexr_head", &[])
-                .ok()
-                .map(|r| r.get(0))
+            let mut slot = poller.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.as_ref().is_none_or(Client::is_closed) {
+                *slot = poll_config.connect(NoTls).ok();
+            }
+            let seq = slot
+                .as_mut()?
+                .query_one("SELECT seq FROM reflexr_head", &[])
+                .map(|r| r.get(0));
+            if seq.is_err() {
+                *slot = None;
+            }
+            seq.ok()
         })));
 
         let stop = Arc::new(AtomicBool::new(false));
+        let mut config = config;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(3));
+        }
         let listener = if listen {
             let (notifier, stop) = (Arc::clone(&notifier), Arc::clone(&stop));
-            let heartbeat = settings.heartbeat;
             Some(
                 std::thread::Builder::new()
                     .name("reflexr-listen".into())
-                    .spawn(move || listen_for_commits(&config, &notifier, &stop, heartbeat))?,
+                    .spawn(move || listen_for_commits(&config, &notifier, &stop))?,
             )
         } else {
             None
@@ -128,6 +152,9 @@ impl PgDb {
             listener: Mutex::new(listener),
             combiner: Combiner::new(),
             id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
+            commits: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            aborts: AtomicU64::new(0),
         })
     }
 
@@ -167,7 +194,18 @@ impl PgDb {
             let Some(f) = f.take() else {
                 return Outcome::default();
             };
-            let result = catch_unwind(AssertUnwindSafe(|| f(tx)));
+            let mut result = catch_unwind(AssertUnwindSafe(|| f(tx)));
+            // A statement failed on the server and the closure went on
+            // (it caught the error): PostgreSQL aborted the transaction,
+            // so none of this write can commit. Say so, rather than Ok.
+            if matches!(result, Ok(Ok(_))) && tx.core().is_aborted() {
+                result = Ok(Err(E::from(Error::TransactionAborted {
+                    detail: "a statement of this write failed on the server, which aborted \
+                             its transaction; the closure went on and returned Ok, but nothing \
+                             of the write was kept"
+                        .into(),
+                })));
+            }
             let ok = matches!(result, Ok(Ok(_)));
             slot = Some(result);
             Outcome {
@@ -248,6 +286,16 @@ impl PgDb {
                 committed.map_err(Arc::new)
             }
         };
+        match &ended {
+            Ok(()) if kept > 0 => {
+                self.commits.fetch_add(1, Ordering::Relaxed);
+                self.writes.fetch_add(kept as u64, Ordering::Relaxed);
+            }
+            Ok(()) => {}
+            Err(_) => {
+                self.aborts.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let woke = nudge && ended.is_ok();
         batch.end(ended);
         drop(batch);
@@ -304,28 +352,25 @@ fn describe(config: &postgres::Config) -> String {
 }
 
 /// The listener: `LISTEN reflexr` on a connection of its own, a nudge for
-/// every notification (the nudge coalesces a burst), reconnecting after a
-/// heartbeat when the connection breaks, until `stop`.
-fn listen_for_commits(
-    config: &postgres::Config,
-    notifier: &Notifier,
-    stop: &AtomicBool,
-    heartbeat: Duration,
-) {
+/// every notification (the nudge coalesces a burst), reconnecting half a
+/// second after the connection broke, until `stop`.
+fn listen_for_commits(config: &postgres::Config, notifier: &Notifier, stop: &AtomicBool) {
     // How long one wait for a notification lasts: the stop is seen this soon.
     const TURN: Duration = Duration::from_millis(100);
+    // How long after a failed connection the listener tries again.
+    const RECONNECT: Duration = Duration::from_millis(500);
     while !stop.load(Ordering::SeqCst) {
         let mut client: Client = match config.connect(NoTls) {
             Ok(c) => c,
             Err(e) => {
                 log::debug!("reflexr: the PostgreSQL listener cannot connect: {e}");
-                std::thread::sleep(heartbeat.max(TURN));
+                std::thread::sleep(RECONNECT);
                 continue;
             }
         };
         if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")) {
             log::debug!("reflexr: LISTEN failed: {e}");
-            std::thread::sleep(heartbeat.max(TURN));
+            std::thread::sleep(RECONNECT);
             continue;
         }
         // Whatever committed while no one listened is found by the next
@@ -369,5 +414,12 @@ impl CoreDb<Postgres> for PgDb {
     }
     fn subscribe(&self) -> Subscription {
         self.notifier.subscribe()
+    }
+    fn writer_stats(&self) -> WriterStats {
+        WriterStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            aborts: self.aborts.load(Ordering::Relaxed),
+        }
     }
 }

@@ -15,7 +15,17 @@ pub trait TestBackend: Backend + Sized {
     type Place;
     fn place() -> Self::Place;
     /// An engine on the place, with `clock` and `holder` as its holder id.
-    fn open(place: &Self::Place, clock: &ManualClock, holder: &str) -> Engine<Self>;
+    fn open(place: &Self::Place, clock: &ManualClock, holder: &str) -> Engine<Self> {
+        Self::open_with(place, clock, holder, None)
+    }
+    /// [`TestBackend::open`] with a heartbeat of its own: a test that must
+    /// be woken by a notification, not by polling, sets it to an hour.
+    fn open_with(
+        place: &Self::Place,
+        clock: &ManualClock,
+        holder: &str,
+        heartbeat: Option<Duration>,
+    ) -> Engine<Self>;
     /// Creates the application's table `things (id text primary key)`.
     fn create_things(engine: &Engine<Self>);
     /// Inserts a row into `things`, in the engine's transaction.
@@ -33,13 +43,20 @@ impl TestBackend for Sqlite {
         tempfile::tempdir().expect("temp dir")
     }
 
-    fn open(place: &tempfile::TempDir, clock: &ManualClock, holder: &str) -> Engine {
-        Engine::builder(place.path().join("test.db"))
+    fn open_with(
+        place: &tempfile::TempDir,
+        clock: &ManualClock,
+        holder: &str,
+        heartbeat: Option<Duration>,
+    ) -> Engine {
+        let mut b = Engine::builder(place.path().join("test.db"))
             .clock(clock.clone())
             .holder_id(holder)
-            .busy_timeout(Duration::from_secs(20))
-            .open()
-            .expect("open engine")
+            .busy_timeout(Duration::from_secs(20));
+        if let Some(h) = heartbeat {
+            b = b.heartbeat(h);
+        }
+        b.open().expect("open engine")
     }
 
     fn create_things(engine: &Engine) {
@@ -132,14 +149,21 @@ mod pg {
             PgSchema::new()
         }
 
-        fn open(place: &PgSchema, clock: &ManualClock, holder: &str) -> Engine<Postgres> {
-            Engine::builder_postgres(place.config())
+        fn open_with(
+            place: &PgSchema,
+            clock: &ManualClock,
+            holder: &str,
+            heartbeat: Option<Duration>,
+        ) -> Engine<Postgres> {
+            let mut b = Engine::builder_postgres(place.config())
                 .clock(clock.clone())
                 .holder_id(holder)
                 .pool_size(4)
-                .busy_timeout(Duration::from_secs(20))
-                .open()
-                .expect("open engine")
+                .busy_timeout(Duration::from_secs(20));
+            if let Some(h) = heartbeat {
+                b = b.heartbeat(h);
+            }
+            b.open().expect("open engine")
         }
 
         fn create_things(engine: &Engine<Postgres>) {

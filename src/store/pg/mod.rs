@@ -54,6 +54,11 @@ pub(crate) type Pooled =
 pub struct PgConn {
     client: RefCell<Pooled>,
     open: std::cell::Cell<bool>,
+    /// A statement failed on the server: PostgreSQL has aborted the
+    /// transaction (or the savepoint's part of it), and refuses every
+    /// statement until a rollback. Its `COMMIT` would roll back and report
+    /// success, so [`PgConn::finish`] refuses to send it.
+    aborted: std::cell::Cell<bool>,
     /// The highest seq this transaction appended (0: none): the head
     /// row is set to it at commit.
     last_seq: std::cell::Cell<i64>,
@@ -62,14 +67,36 @@ pub struct PgConn {
 type Param<'p> = (&'p (dyn ToSql + Sync), Type);
 
 impl PgConn {
-    /// Begins a transaction on `client`.
+    /// Begins a transaction on `client`: READ COMMITTED whatever the
+    /// server's, database's or role's default (an append waits for the
+    /// head's lock and reads the head its holder committed; under REPEATABLE
+    /// READ it would fail instead), and READ WRITE.
     pub(crate) fn begin(mut client: Pooled) -> Result<PgConn> {
-        client.batch_execute("BEGIN")?;
+        client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE")?;
         Ok(PgConn {
             client: RefCell::new(client),
             open: std::cell::Cell::new(true),
+            aborted: std::cell::Cell::new(false),
             last_seq: std::cell::Cell::new(0),
         })
+    }
+
+    /// Whether a statement failed on the server since the transaction (or
+    /// the last rollback to a savepoint) began: nothing more can commit.
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.get()
+    }
+
+    /// Passes a statement's result on, noting a failure on the server (it
+    /// aborts the transaction). A failure on the client's side (a value
+    /// that does not convert) sent nothing.
+    fn note<T>(&self, r: std::result::Result<T, postgres::Error>) -> Result<T> {
+        if let Err(e) = &r
+            && e.as_db_error().is_some()
+        {
+            self.aborted.set(true);
+        }
+        Ok(r?)
     }
 
     /// Commits the transaction.
@@ -94,6 +121,14 @@ impl PgConn {
     /// statement fails, the rest are not run, and dropping the connection
     /// rolls back.
     fn finish(self, notify: Option<&'static str>) -> Result<()> {
+        if self.aborted.get() {
+            // Dropping `self` rolls back.
+            return Err(Error::TransactionAborted {
+                detail: "a statement of this write failed on the server, which aborted the \
+                         transaction; nothing of it was committed"
+                    .into(),
+            });
+        }
         let mut sql = String::new();
         let last = self.last_seq.get();
         if last > 0 {
@@ -118,7 +153,8 @@ impl PgConn {
     /// Runs the engine's own transaction-control statements (savepoints),
     /// in one round trip.
     pub(crate) fn control(&self, sql: &str) -> Result<()> {
-        Ok(self.client.borrow_mut().batch_execute(sql)?)
+        let r = self.client.borrow_mut().batch_execute(sql);
+        self.note(r)
     }
 
     /// Rolls back to the engine's savepoint `name`, and forgets the seqs
@@ -127,6 +163,7 @@ impl PgConn {
     pub(crate) fn rollback_to(&self, name: &str, mark: i64) -> Result<()> {
         self.control(&format!("ROLLBACK TO SAVEPOINT {name}"))?;
         self.last_seq.set(mark);
+        self.aborted.set(false);
         Ok(())
     }
 
@@ -137,17 +174,20 @@ impl PgConn {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
-        Ok(self.client.borrow_mut().query(sql, params)?)
+        let r = self.client.borrow_mut().query(sql, params);
+        self.note(r)
     }
 
     /// [`PgConn::query_untyped`] for a statement whose rows are not wanted:
     /// the number of rows it changed.
     pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
-        Ok(self.client.borrow_mut().execute(sql, params)?)
+        let r = self.client.borrow_mut().execute(sql, params);
+        self.note(r)
     }
 
     fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
-        Ok(self.client.borrow_mut().query_typed(sql, params)?)
+        let r = self.client.borrow_mut().query_typed(sql, params);
+        self.note(r)
     }
 
     fn query_opt(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<Row>> {
@@ -266,17 +306,20 @@ fn limit_of(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-impl Events for PgConn {
-    fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
-        let depth = i32::try_from(row.depth)
-            .map_err(|_| Error::invalid("depth", "more than 2^31 causes deep"))?;
-        // The seq is taken only when the type is registered (so the foreign
-        // key cannot fail: a failed statement would abort the transaction).
-        // Taking it locks the head row until commit (FOR UPDATE: a lock, not
-        // a new row version per append); a transaction that waited for the
-        // lock reads the head its holder committed. The head row itself is
-        // moved once, at commit (`finish`); until then this transaction's
-        // own appends go on from `last_seq`.
+impl PgConn {
+    /// The append's one statement: the row at the next seq, or None when
+    /// the type is not registered (as the statement's snapshot sees it) or
+    /// the id is there already.
+    ///
+    /// The seq is taken only when the type is registered (so the foreign
+    /// key cannot fail: a failed statement would abort the transaction).
+    /// Taking it locks the head row until commit (FOR UPDATE: a lock, not a
+    /// new row version per append); a transaction that waited for the lock
+    /// reads the head its holder committed (PostgreSQL re-reads a row it
+    /// waited for). The head row itself is moved once, at commit
+    /// ([`PgConn::finish`]); until then this transaction's own appends go on
+    /// from `last_seq`.
+    fn insert_once(&self, row: &NewRow<'_>, depth: i32) -> Result<Option<i64>> {
         let last = self.last_seq.get();
         let inserted = self.query_opt(
             "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
@@ -303,23 +346,40 @@ impl Events for PgConn {
                 (&last, Type::INT8),
             ],
         )?;
-        if let Some(r) = inserted {
-            let seq = col(&r, 0)?;
-            self.last_seq.set(seq);
-            return Ok(Inserted::At(seq));
+        inserted.map(|r| col(&r, 0)).transpose()
+    }
+}
+
+impl Events for PgConn {
+    fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
+        let depth = i32::try_from(row.depth)
+            .map_err(|_| Error::invalid("depth", "more than 2^31 causes deep"))?;
+        // Twice at most: the statement checks the type's registration with
+        // the snapshot it began with, before it waited for the head's lock,
+        // so a type another process registered meanwhile looks missing to
+        // it, and present to the look-up after it.
+        for _ in 0..2 {
+            if let Some(seq) = self.insert_once(row, depth)? {
+                self.last_seq.set(seq);
+                return Ok(Inserted::At(seq));
+            }
+            // Another transaction appended this id first (the core looked it
+            // up before, so only a race gets here). No seq was taken.
+            if Events::seq_of(self, row.workspace, row.id)?.is_some() {
+                return Ok(Inserted::Existing);
+            }
+            let registered = self
+                .query_opt(
+                    "SELECT 1 FROM reflexr_event_types WHERE workspace = $1 AND type = $2",
+                    &[(&row.workspace, Type::TEXT), (&row.event_type, Type::TEXT)],
+                )?
+                .is_some();
+            if !registered {
+                return Ok(Inserted::Unregistered);
+            }
         }
-        let registered = self
-            .query_opt(
-                "SELECT 1 FROM reflexr_event_types WHERE workspace = $1 AND type = $2",
-                &[(&row.workspace, Type::TEXT), (&row.event_type, Type::TEXT)],
-            )?
-            .is_some();
-        Ok(if registered {
-            // Another transaction appended this id first (the core looked
-            // it up before, so only a race gets here). No seq was taken.
-            Inserted::Existing
-        } else {
-            Inserted::Unregistered
+        Err(Error::Busy {
+            detail: "the event type was registered while this append ran; try again".into(),
         })
     }
 
