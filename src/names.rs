@@ -109,8 +109,13 @@ pub(crate) fn check_text(field: &'static str, text: &str, max: usize) -> Result<
 pub const MAX_ERROR_BYTES: usize = 8 * 1024;
 
 /// `text` cut to at most [`MAX_ERROR_BYTES`] (at a character boundary), with
-/// a note of how much was cut.
+/// a note of how much was cut; a NUL character (which PostgreSQL's text
+/// cannot hold) becomes U+FFFD, so no error message can make the record of
+/// it fail.
 pub(crate) fn clip_error(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        return std::borrow::Cow::Owned(clip_error(&text.replace('\0', "\u{FFFD}")).into_owned());
+    }
     if text.len() <= MAX_ERROR_BYTES {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -146,6 +151,15 @@ mod tests {
             let err = check_name("workspace", bad).unwrap_err();
             assert!(err.is_bad_input(), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn an_error_text_is_clipped_and_holds_no_nul() {
+        assert_eq!(clip_error("short"), "short");
+        assert_eq!(clip_error("a\0b"), "a\u{FFFD}b");
+        let long = format!("{}\0", "x".repeat(MAX_ERROR_BYTES * 2));
+        let clipped = clip_error(&long);
+        assert!(clipped.len() <= MAX_ERROR_BYTES && !clipped.contains('\0'));
     }
 
     #[test]

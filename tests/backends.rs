@@ -43,6 +43,7 @@ on_backends!(
     engines_appending_at_once_are_read_once_in_seq_order,
     writers_sharing_a_transaction_fail_alone,
     a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds,
+    random_appends_are_typed_errors_or_appends,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -493,4 +494,71 @@ fn a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds<B: T
     }
     // And the engine goes on.
     engine.append("app", &made("after")).unwrap();
+}
+
+/// Invariant 10 on every backend: random names, ids, types, subjects and
+/// payloads — empty, huge, deeply nested, control characters, not JSON —
+/// appended in a transaction beside a good append. Each is appended or a
+/// typed error; a refused one changes nothing, and the good append in the
+/// same transaction commits (on PostgreSQL, nothing the engine runs for a
+/// refused append may fail on the server, or the transaction would be
+/// lost).
+fn random_appends_are_typed_errors_or_appends<B: TestBackend>() {
+    use common::inputs::{payload, text};
+    use proptest::test_runner::{Config, TestRunner};
+    let (_place, _clock, engine) = setup::<B>();
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &(text(), text(), text(), text(), text(), payload()),
+            |(workspace, event_type, id, subject, actor, body): (
+                String,
+                String,
+                String,
+                String,
+                String,
+                String,
+            )| {
+                let before = engine.head_seq().unwrap();
+                let ev = NewEvent::new(&event_type, &subject, &actor, 0)
+                    .id(&id)
+                    .payload_json(&body);
+                let (good, tried) = engine
+                    .write(|tx| {
+                        let good = tx.append("app", &made(&format!("good-{before}")))?;
+                        Ok((good, tx.append(&workspace, &ev)))
+                    })
+                    .unwrap();
+                let stored = engine.event(good.seq).unwrap();
+                assert!(stored.is_some(), "the good append committed");
+                match tried {
+                    Ok(a) => {
+                        assert_eq!(
+                            (workspace.as_str(), event_type.as_str()),
+                            ("app", "thing.made")
+                        );
+                        let e = engine.event(a.seq).unwrap().unwrap();
+                        assert_eq!(e.id, id);
+                        assert_eq!(e.payload_json(), body.as_str());
+                    }
+                    Err(err) => {
+                        assert!(
+                            err.is_bad_input()
+                                || matches!(err, Error::NotFound { .. } | Error::Encode { .. }),
+                            "untyped: {err:?}"
+                        );
+                        assert_eq!(
+                            engine.head_seq().unwrap(),
+                            good.seq,
+                            "nothing else appended"
+                        );
+                    }
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
 }

@@ -7,35 +7,10 @@
 
 mod common;
 
+use common::inputs::{payload, text};
 use common::{Arrange, Scene};
 use proptest::prelude::*;
 use reflexr::{ConsumerKind, Engine, Error, NewEvent, Query};
-
-/// Strings that are sometimes fine and often not.
-fn text() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just(String::new()),
-        "[a-z]{1,12}",
-        "[a-zA-Z0-9._:/@+-]{1,140}",
-        ".{0,40}",
-        "[\\x00-\\x1f]{1,4}",
-        "\\PC{200,300}",
-        Just("RuleFired".to_string()),
-        Just("x".repeat(2_000)),
-    ]
-}
-
-/// Payload text: JSON, nearly JSON, and not JSON at all.
-fn payload() -> impl Strategy<Value = String> {
-    prop_oneof![
-        Just("{}".to_string()),
-        "\\{\"[a-z]{1,5}\":[0-9]{1,5}\\}",
-        ".{0,30}",
-        (1usize..2_000).prop_map(|d| format!("{}1{}", "[".repeat(d), "]".repeat(d))),
-        Just(format!("\"{}\"", "y".repeat(1_100_000))),
-        Just("{\"a\":".to_string()),
-    ]
-}
 
 /// Everything a reader can see of the file, to prove a refused call changed
 /// nothing.

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod http;
+pub mod inputs;
 pub mod power;
 pub mod torture;
 
