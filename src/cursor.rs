@@ -161,8 +161,8 @@ pub(crate) fn reset(
     Ok(Reset { from, to: position })
 }
 
-pub(crate) fn list(conn: &Connection) -> Result<Vec<CursorInfo>> {
-    cursors::list(conn)?
+pub(crate) fn list<C: Cursors + ?Sized>(conn: &C) -> Result<Vec<CursorInfo>> {
+    Cursors::list(conn)?
         .into_iter()
         .map(|c| {
             Ok(CursorInfo {

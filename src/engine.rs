@@ -152,6 +152,11 @@ impl<B: Backend> Engine<B> {
         B::db(&self.cx)
     }
 
+    /// Every cursor, with its lag.
+    pub fn cursors(&self) -> Result<Vec<CursorInfo>> {
+        self.db().read_with(&mut |c| cursor::list(c))
+    }
+
     /// How many transactions the writer has committed, and how many callers'
     /// writes they held: with concurrent writers, several callers share one
     /// commit.
@@ -572,11 +577,6 @@ impl Engine<Sqlite> {
     }
 
     // ----- cursors ----------------------------------------------------------
-
-    /// Every cursor in the file, with its lag.
-    pub fn cursors(&self) -> Result<Vec<CursorInfo>> {
-        self.cx.db.read(cursor::list)
-    }
 
     /// What operators did, newest first.
     pub fn audit_log(&self, limit: usize) -> Result<Vec<AuditEntry>> {

@@ -288,6 +288,13 @@ fn a_cursor_moves_only_forward_and_saves_with_the_consumers_rows<B: TestBackend>
     );
     let in_tx = engine.write(|tx| tx.cursor("mailer", "app")).unwrap();
     assert_eq!(in_tx, 3);
+    engine.append("app", &made("later")).unwrap();
+    let listed = engine.cursors().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].name.as_str(), listed[0].position, listed[0].lag),
+        ("mailer", 3, 1)
+    );
 }
 
 /// Invariant 7: a lease has one live holder; once it lapses another takes

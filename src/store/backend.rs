@@ -118,6 +118,8 @@ pub trait Cursors {
         position: i64,
         now: i64,
     ) -> Result<std::result::Result<(), i64>>;
+    /// Every cursor, with the number of its workspace's events after it.
+    fn list(&self) -> Result<Vec<cursors::Listed>>;
 }
 
 /// `reflexr_leases`. Every statement that acts under a lease checks holder,
@@ -328,6 +330,9 @@ impl Cursors for rusqlite::Connection {
         now: i64,
     ) -> Result<std::result::Result<(), i64>> {
         cursors::advance(self, workspace, kind, name, position, now)
+    }
+    fn list(&self) -> Result<Vec<cursors::Listed>> {
+        cursors::list(self)
     }
 }
 

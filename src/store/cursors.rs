@@ -165,7 +165,7 @@ pub(crate) fn set(
 }
 
 /// A cursor row with its lag.
-pub(crate) struct Listed {
+pub struct Listed {
     pub workspace: String,
     pub kind: String,
     pub name: String,

@@ -551,6 +551,31 @@ impl Cursors for PgConn {
         let current = Cursors::get(self, workspace, kind, name)?.unwrap_or(0);
         Ok(Err(current))
     }
+
+    fn list(&self) -> Result<Vec<crate::store::cursors::Listed>> {
+        self.query(
+            "SELECT c.workspace, c.kind, c.name, c.position, \
+                    (SELECT count(*) FROM reflexr_events e \
+                      WHERE e.workspace = c.workspace AND e.seq > c.position), \
+                    c.updated_at, c.failures, c.last_error \
+             FROM reflexr_cursors c ORDER BY c.workspace, c.kind, c.name",
+            &[],
+        )?
+        .iter()
+        .map(|r| {
+            Ok(crate::store::cursors::Listed {
+                workspace: col(r, 0)?,
+                kind: col(r, 1)?,
+                name: col(r, 2)?,
+                position: col(r, 3)?,
+                lag: col(r, 4)?,
+                updated_at: col(r, 5)?,
+                failures: i64::from(col::<i32>(r, 6)?),
+                last_error: col(r, 7)?,
+            })
+        })
+        .collect()
+    }
 }
 
 const LEASE_COLUMNS: &str = "name, holder, generation, acquired_at, renewed_at, expires_at";
