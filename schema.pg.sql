@@ -17,7 +17,8 @@
 -- What this file holds: the core — workspaces, the change log, cursors and
 -- leases. The other tables come as migrations (src/store/pg/schema.rs),
 -- applied after this file to a new database as to an old one: version 2,
--- the work queue (runs, lanes, per-action settings, unique periods).
+-- the work queue (runs, lanes, per-action settings, unique periods);
+-- version 3, the audit of operators' interventions.
 
 CREATE TABLE reflexr_schema_version (
     version    integer NOT NULL,

@@ -4,13 +4,11 @@
 //! (DESIGN.md, invariant 8): saving an older position is an error. The one
 //! exception is an operator's reset, which is recorded in `reflexr_audit`.
 
-use rusqlite::Connection;
-
 use crate::audit::AuditAction;
 use crate::error::{Error, Result};
 use crate::names::{self, MAX_ID_BYTES};
-use crate::store::backend::{Cursors, Events, Workspaces};
-use crate::store::{audit, cursors};
+use crate::store::audit;
+use crate::store::backend::{Audit, Cursors, Events, Workspaces};
 use crate::words::text_enum;
 
 text_enum! {
@@ -133,8 +131,8 @@ pub(crate) fn save<C: Cursors + Events + Workspaces + ?Sized>(
 
 /// An operator's reset: moves the cursor to `position`, backwards if need be,
 /// and records who did it and why.
-pub(crate) fn reset(
-    conn: &Connection,
+pub(crate) fn reset<C: Cursors + Events + Workspaces + Audit + ?Sized>(
+    conn: &C,
     now: i64,
     target: (&str, ConsumerKind, &str),
     position: i64,
@@ -145,9 +143,9 @@ pub(crate) fn reset(
     check_position(conn, workspace, name, position)?;
     names::check_text("operator", operator, MAX_ID_BYTES)?;
     names::check_text("reason", reason, 4096)?;
-    let from = cursors::set(conn, workspace, kind.as_str(), name, position, now)?;
+    let from = Cursors::set(conn, workspace, kind.as_str(), name, position, now)?;
     let detail = serde_json::json!({ "from": from, "to": position }).to_string();
-    audit::record(
+    Audit::record(
         conn,
         &audit::Entry {
             at: now,

@@ -30,7 +30,6 @@ use crate::run::{Run, RunContext, RunInfo, RunState};
 use crate::runtime::{self, Context, Idle};
 use crate::schedule::{self, Job, ScheduleInfo};
 use crate::stats::{self, Stats};
-use crate::store::audit;
 #[cfg(feature = "postgres")]
 use crate::store::backend::Postgres;
 use crate::store::backend::{Sqlite, Store};
@@ -150,6 +149,13 @@ impl Backend for Postgres {
 impl<B: Backend> Engine<B> {
     fn db(&self) -> &B::Db {
         B::db(&self.cx)
+    }
+
+    /// What operators did, newest first.
+    pub fn audit_log(&self, limit: usize) -> Result<Vec<AuditEntry>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.db()
+            .read_with(&mut |c| crate::store::backend::Audit::recent(c, limit))
     }
 
     /// Every cursor, with its lag.
@@ -577,12 +583,6 @@ impl Engine<Sqlite> {
     }
 
     // ----- cursors ----------------------------------------------------------
-
-    /// What operators did, newest first.
-    pub fn audit_log(&self, limit: usize) -> Result<Vec<AuditEntry>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.cx.db.read(|c| audit::recent(c, limit))
-    }
 
     // ----- leases -----------------------------------------------------------
 

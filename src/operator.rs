@@ -2,10 +2,11 @@
 
 use crate::control::{self, ActionConfig, Pausable};
 use crate::cursor::{self, ConsumerKind, Reset};
-use crate::engine::Engine;
+use crate::engine::{Backend, Engine};
 use crate::error::{Error, Result};
 use crate::operate::{self, Bulk, RuleReset};
 use crate::prune::{Pruned, Retention};
+use crate::store::backend::Sqlite;
 
 /// An operator acting on the file, from [`Engine::operator`]: every
 /// intervention is checked (a typed error for what cannot be done: only a
@@ -23,19 +24,26 @@ use crate::prune::{Pruned, Retention};
 /// }
 /// # Ok(()) }
 /// ```
+///
+/// On every backend an operator resets cursors; the rest (runs, dead
+/// letters, rules, pauses, followers, pruning) is SQLite's for now.
 #[derive(Debug, Clone)]
-pub struct Operator<'e> {
-    engine: &'e Engine,
+pub struct Operator<'e, B: Backend = Sqlite> {
+    engine: &'e Engine<B>,
     operator: String,
     reason: String,
 }
 
-impl Engine {
+impl<B: Backend> Engine<B> {
     /// The operator view: interventions by `operator` (who, as they name
     /// themselves), for `reason` (why), each checked and audited. The names
     /// are checked when an intervention is made: 1 to 256 bytes for the
     /// operator, up to 4 KiB for the reason, no control characters.
-    pub fn operator(&self, operator: impl Into<String>, reason: impl Into<String>) -> Operator<'_> {
+    pub fn operator(
+        &self,
+        operator: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Operator<'_, B> {
         Operator {
             engine: self,
             operator: operator.into(),
@@ -44,11 +52,29 @@ impl Engine {
     }
 }
 
-impl Operator<'_> {
+impl<B: Backend> Operator<'_, B> {
     fn who(&self) -> (&str, &str) {
         (&self.operator, &self.reason)
     }
 
+    /// Sets any consumer's cursor to `position`, backwards if need be: the one
+    /// way a cursor moves back (invariant 8).
+    pub fn reset_cursor(
+        &self,
+        workspace: &str,
+        kind: ConsumerKind,
+        name: &str,
+        position: i64,
+    ) -> Result<Reset> {
+        let (op, why) = self.who();
+        self.engine.write(|tx| {
+            let now = tx.now_ms();
+            cursor::reset(tx.core(), now, (workspace, kind, name), position, op, why)
+        })
+    }
+}
+
+impl Operator<'_, Sqlite> {
     /// Pauses an action, a channel, a scheduled job, a rule or a reaction
     /// (see [`Pausable`]), in every process on the file. False when it was
     /// paused already.
@@ -137,22 +163,6 @@ impl Operator<'_> {
         let (op, why) = self.who();
         self.engine
             .write(|tx| operate::discard_dead_letter(tx.conn(), tx.now_ms(), id, op, why))
-    }
-
-    /// Sets any consumer's cursor to `position`, backwards if need be: the one
-    /// way a cursor moves back (invariant 8).
-    pub fn reset_cursor(
-        &self,
-        workspace: &str,
-        kind: ConsumerKind,
-        name: &str,
-        position: i64,
-    ) -> Result<Reset> {
-        let (op, why) = self.who();
-        self.engine.write(|tx| {
-            let now = tx.now_ms();
-            cursor::reset(tx.conn(), now, (workspace, kind, name), position, op, why)
-        })
     }
 
     /// Resets a rule's cursor and/or state (see [`RuleReset`]; a replay

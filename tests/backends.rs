@@ -44,6 +44,7 @@ on_backends!(
     writers_sharing_a_transaction_fail_alone,
     a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds,
     random_appends_are_typed_errors_or_appends,
+    an_operators_cursor_reset_moves_it_back_on_the_record,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -568,4 +569,33 @@ fn random_appends_are_typed_errors_or_appends<B: TestBackend>() {
             },
         )
         .unwrap();
+}
+
+/// Invariant 8's one exception: an operator's reset moves a cursor back,
+/// and the audit records who, why, from where and to where.
+fn an_operators_cursor_reset_moves_it_back_on_the_record<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    for i in 0..3 {
+        engine.append("app", &made(&i.to_string())).unwrap();
+    }
+    engine.save_cursor("mailer", "app", 3).unwrap();
+    let reset = engine
+        .operator("ops@example", "mail again after the outage")
+        .reset_cursor("app", reflexr::ConsumerKind::App, "mailer", 1)
+        .unwrap();
+    assert_eq!((reset.from, reset.to), (Some(3), 1));
+    assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
+    let audit = engine.audit_log(10).unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].operator, "ops@example");
+    assert_eq!(audit[0].reason, "mail again after the outage");
+    let detail: serde_json::Value = serde_json::from_str(&audit[0].detail).unwrap();
+    assert_eq!(detail, serde_json::json!({ "from": 3, "to": 1 }));
+    // Past the head is refused, and nothing is recorded.
+    let e = engine
+        .operator("ops@example", "too far")
+        .reset_cursor("app", reflexr::ConsumerKind::App, "mailer", 99)
+        .unwrap_err();
+    assert!(matches!(e, Error::CursorAhead { .. }), "{e}");
+    assert_eq!(engine.audit_log(10).unwrap().len(), 1);
 }

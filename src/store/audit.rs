@@ -6,7 +6,7 @@ use crate::audit::{AuditAction, AuditEntry};
 use crate::error::Result;
 
 /// One operator action to record.
-pub(crate) struct Entry<'a> {
+pub struct Entry<'a> {
     pub at: i64,
     pub operator: &'a str,
     pub action: AuditAction,

@@ -30,7 +30,7 @@ use crate::event::Event;
 use super::events::NewRow;
 use super::leases::LeaseRow;
 use super::runs::{NewRun, RunRow};
-use super::{cursors, events, leases, runs, workspaces};
+use super::{audit, cursors, events, leases, runs, workspaces};
 
 /// What inserting an event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +120,24 @@ pub trait Cursors {
     ) -> Result<std::result::Result<(), i64>>;
     /// Every cursor, with the number of its workspace's events after it.
     fn list(&self) -> Result<Vec<cursors::Listed>>;
+    /// Sets the cursor to `position`, forwards or backwards (an operator's
+    /// reset), and returns where it was; its stamp moves past any value
+    /// read before.
+    fn set(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        now: i64,
+    ) -> Result<Option<i64>>;
+}
+
+/// `reflexr_audit`, the record of what operators did.
+pub trait Audit {
+    fn record(&self, entry: &audit::Entry<'_>) -> Result<()>;
+    /// The most recent `limit` entries, newest first.
+    fn recent(&self, limit: i64) -> Result<Vec<crate::audit::AuditEntry>>;
 }
 
 /// `reflexr_leases`. Every statement that acts under a lease checks holder,
@@ -195,8 +213,8 @@ pub trait Runs {
 }
 
 /// Everything the core asks of a connection.
-pub trait Core: Events + Workspaces + Cursors + Leases {}
-impl<T: Events + Workspaces + Cursors + Leases + ?Sized> Core for T {}
+pub trait Core: Events + Workspaces + Cursors + Leases + Audit {}
+impl<T: Events + Workspaces + Cursors + Leases + Audit + ?Sized> Core for T {}
 
 /// The database an engine runs on, as the core sees it: its connection
 /// type (what a [`crate::Tx`] holds) and what its writer guards the
@@ -333,6 +351,25 @@ impl Cursors for rusqlite::Connection {
     }
     fn list(&self) -> Result<Vec<cursors::Listed>> {
         cursors::list(self)
+    }
+    fn set(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        now: i64,
+    ) -> Result<Option<i64>> {
+        cursors::set(self, workspace, kind, name, position, now)
+    }
+}
+
+impl Audit for rusqlite::Connection {
+    fn record(&self, entry: &audit::Entry<'_>) -> Result<()> {
+        audit::record(self, entry)
+    }
+    fn recent(&self, limit: i64) -> Result<Vec<crate::audit::AuditEntry>> {
+        audit::recent(self, limit)
     }
 }
 

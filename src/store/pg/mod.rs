@@ -31,7 +31,7 @@ use std::cell::RefCell;
 use postgres::Row;
 use postgres::types::{ToSql, Type};
 
-use super::backend::{Cursors, Events, Inserted, Leases, Workspaces};
+use super::backend::{Audit, Cursors, Events, Inserted, Leases, Workspaces};
 use super::events::NewRow;
 use super::leases::LeaseRow;
 use crate::error::{Error, Result};
@@ -552,6 +552,34 @@ impl Cursors for PgConn {
         Ok(Err(current))
     }
 
+    fn set(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        now: i64,
+    ) -> Result<Option<i64>> {
+        let before = Cursors::get(self, workspace, kind, name)?;
+        self.query(
+            "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at, high_water) \
+             VALUES ($1, $2, $3, $4, $5, $4) \
+             ON CONFLICT (workspace, kind, name) DO UPDATE \
+             SET position = excluded.position, \
+                 updated_at = greatest(excluded.updated_at, reflexr_cursors.updated_at + 1), \
+                 high_water = greatest(reflexr_cursors.high_water, excluded.position), \
+                 failures = 0, last_error = NULL",
+            &[
+                (&workspace, Type::TEXT),
+                (&kind, Type::TEXT),
+                (&name, Type::TEXT),
+                (&position, Type::INT8),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(before)
+    }
+
     fn list(&self) -> Result<Vec<crate::store::cursors::Listed>> {
         self.query(
             "SELECT c.workspace, c.kind, c.name, c.position, \
@@ -700,6 +728,45 @@ impl Leases for PgConn {
         )?
         .iter()
         .map(lease_from)
+        .collect()
+    }
+}
+
+impl Audit for PgConn {
+    fn record(&self, e: &crate::store::audit::Entry<'_>) -> Result<()> {
+        let action = e.action.as_str();
+        self.query(
+            "INSERT INTO reflexr_audit (at, operator, action, target, reason, detail) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            &[
+                (&e.at, Type::INT8),
+                (&e.operator, Type::TEXT),
+                (&action, Type::TEXT),
+                (&e.target, Type::TEXT),
+                (&e.reason, Type::TEXT),
+                (&e.detail, Type::TEXT),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn recent(&self, limit: i64) -> Result<Vec<crate::audit::AuditEntry>> {
+        self.query(
+            "SELECT at, operator, action, target, reason, detail FROM reflexr_audit \
+             ORDER BY id DESC LIMIT $1",
+            &[(&limit, Type::INT8)],
+        )?
+        .iter()
+        .map(|r| {
+            Ok(crate::audit::AuditEntry {
+                at: col(r, 0)?,
+                operator: col(r, 1)?,
+                action: crate::audit::AuditAction::from_stored(&col::<String>(r, 2)?),
+                target: col(r, 3)?,
+                reason: col(r, 4)?,
+                detail: col(r, 5)?,
+            })
+        })
         .collect()
     }
 }

@@ -12,14 +12,28 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 2;
+pub(crate) const SCHEMA_VERSION: i32 = 3;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
 /// database gets `schema.pg.sql` and then every step, so a new database and
 /// a migrated one are the same by construction (the store's tables are
 /// being ported a group at a time; each group comes as a step).
-const MIGRATIONS: &[(i32, &str)] = &[(2, MIGRATE_TO_2)];
+const MIGRATIONS: &[(i32, &str)] = &[(2, MIGRATE_TO_2), (3, MIGRATE_TO_3)];
+
+/// Version 3: the audit — what operators did (a cursor reset, …).
+const MIGRATE_TO_3: &str = "
+CREATE TABLE reflexr_audit (
+    id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at       bigint NOT NULL,
+    operator text NOT NULL,
+    action   text NOT NULL,
+    target   text NOT NULL,
+    reason   text NOT NULL,
+    detail   text NOT NULL DEFAULT '{}'
+);
+INSERT INTO reflexr_schema_version (version) VALUES (3);
+";
 
 /// Version 2: the work queue — runs, lanes, per-action settings, unique
 /// periods — as in `schema.sql`.
