@@ -24,6 +24,7 @@
 //!   burst of them wakes a waiter once.
 
 use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -31,8 +32,6 @@ use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
-
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use crate::clock::Clock;
 use crate::combiner::{Batch, Combiner, Ended, Outcome};
@@ -163,8 +162,8 @@ impl PgDb {
         &self.what
     }
 
-    /// Runs `f` on a pooled connection, in a transaction of its own that
-    /// writes nothing (it is committed, read-only, when `f` returns).
+    /// Runs `f` (which only reads) on a pooled connection, in a
+    /// transaction of its own, ended when `f` returns.
     pub(crate) fn read<T>(&self, mut f: impl FnMut(&PgConn) -> Result<T>) -> Result<T> {
         let conn = self.begin()?;
         let out = f(&conn)?;

@@ -15,8 +15,8 @@
 //! (`C: Events + Workspaces`), and a backend supports a function when it
 //! implements those groups: the compiler, not a runtime check, says what
 //! runs where. The groups so far are the core's — workspaces, the change
-//! log, cursors and leases — and the work queue's runs (creating, claiming,
-//! settling). The rest of the work layer (rules, lanes' advance, dead
+//! log, cursors, leases and the audit — and the work queue's runs
+//! (creating, claiming, settling). The rest of the work layer (rules, lanes' advance, dead
 //! letters, control's limits, deliveries, schedules, followers' ledger)
 //! still takes SQLite's connection directly.
 //!
