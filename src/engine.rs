@@ -144,6 +144,30 @@ impl Backend for Postgres {
     }
 }
 
+/// What PostgreSQL does besides (feature `postgres`).
+#[cfg(feature = "postgres")]
+impl Engine<Postgres> {
+    /// Deletes what `retention` allows, in batches of short transactions:
+    /// events every cursor on their workspace has passed and older than
+    /// the retention (invariant 9), and runs that succeeded or were
+    /// discarded longer ago (there are no dead letters on PostgreSQL yet).
+    /// Nothing is pruned automatically on PostgreSQL: call it from a job of
+    /// your own, from one process.
+    pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
+        prune::prune_postgres(&self.cx, retention, &mut |_| {})
+    }
+
+    /// [`Engine::prune`] on PostgreSQL, calling `progress` with the running
+    /// totals after every batch.
+    pub fn prune_with_progress(
+        &self,
+        retention: &Retention,
+        mut progress: impl FnMut(Pruned),
+    ) -> Result<Pruned> {
+        prune::prune_postgres(&self.cx, retention, &mut progress)
+    }
+}
+
 /// What every backend does: workspaces, writes with the application's own
 /// SQL, appends, reads, cursors, leases, waiting for commits.
 impl<B: Backend> Engine<B> {

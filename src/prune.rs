@@ -16,9 +16,10 @@
 
 use std::time::Duration;
 
-use crate::db::Db;
+use crate::db::{CoreDb, Db};
 use crate::error::{Error, Result};
-use crate::store::{cursors, dead_letters, events, runs, workspaces};
+use crate::store::backend::{Cursors, Events, Runs, Store, Workspaces};
+use crate::store::{dead_letters, runs};
 
 /// What to keep, and for how long. `None` keeps that kind for ever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,20 +88,66 @@ pub(crate) fn prune(
     retention.validate()?;
     let mut total = Pruned::default();
     let now = db.now_ms();
+    prune_log(db, retention, now, &mut total, progress)?;
+    if let Some(age) = retention.finished_work {
+        let before = now.saturating_sub(ms(age));
+        loop {
+            let n =
+                db.write(|tx| dead_letters::delete_resolved(tx.conn(), before, retention.batch))?;
+            total.dead_letters += n as u64;
+            progress(total);
+            if n < retention.batch {
+                break;
+            }
+        }
+    }
+    // The control tables' housekeeping: ended uniqueness periods, starts
+    // outside every rate window.
+    db.write(|tx| runs::sweep_control(tx.conn(), now))?;
+    Ok(total)
+}
+
+/// Prunes a PostgreSQL database (feature `postgres`): its events and its
+/// finished runs, as [`prune`] does (it has no dead letters yet).
+#[cfg(feature = "postgres")]
+pub(crate) fn prune_postgres(
+    db: &crate::pgdb::PgDb,
+    retention: &Retention,
+    progress: &mut dyn FnMut(Pruned),
+) -> Result<Pruned> {
+    retention.validate()?;
+    let mut total = Pruned::default();
+    let now = CoreDb::now_ms(db);
+    prune_log(db, retention, now, &mut total, progress)?;
+    Ok(total)
+}
+
+/// What every backend prunes: events every cursor passed and older than
+/// the retention, workspace by workspace, then finished runs.
+fn prune_log<B: Store, D: CoreDb<B>>(
+    db: &D,
+    retention: &Retention,
+    now: i64,
+    total: &mut Pruned,
+    progress: &mut dyn FnMut(Pruned),
+) -> Result<()>
+where
+    B::Conn: Runs,
+{
     let batch = retention.batch;
     if let Some(age) = retention.events {
         let before = now.saturating_sub(ms(age));
-        let spaces = db.read(workspaces::list)?;
+        let spaces = db.read_with(&mut |c| Workspaces::list(c))?;
         for (workspace, _) in spaces {
             loop {
-                let n = db.write(|tx| {
+                let n = db.write_with(|tx| -> Result<usize> {
                     // Read in the deleting transaction: no cursor can move
                     // back below it before the delete commits.
-                    let up_to = cursors::min_position(tx.conn(), &workspace)?.unwrap_or(i64::MAX);
-                    events::delete_old(tx.conn(), &workspace, up_to, before, batch)
+                    let up_to = Cursors::min_position(tx.core(), &workspace)?.unwrap_or(i64::MAX);
+                    Events::delete_old(tx.core(), &workspace, up_to, before, batch)
                 })?;
                 total.events += n as u64;
-                progress(total);
+                progress(*total);
                 if n < batch {
                     break;
                 }
@@ -110,24 +157,13 @@ pub(crate) fn prune(
     if let Some(age) = retention.finished_work {
         let before = now.saturating_sub(ms(age));
         loop {
-            let n = db.write(|tx| runs::delete_finished(tx.conn(), before, batch))?;
+            let n = db.write_with(|tx| Runs::delete_finished(tx.core(), before, batch))?;
             total.runs += n as u64;
-            progress(total);
-            if n < batch {
-                break;
-            }
-        }
-        loop {
-            let n = db.write(|tx| dead_letters::delete_resolved(tx.conn(), before, batch))?;
-            total.dead_letters += n as u64;
-            progress(total);
+            progress(*total);
             if n < batch {
                 break;
             }
         }
     }
-    // The control tables' housekeeping: ended uniqueness periods, starts
-    // outside every rate window.
-    db.write(|tx| runs::sweep_control(tx.conn(), now))?;
-    Ok(total)
+    Ok(())
 }

@@ -45,6 +45,7 @@ on_backends!(
     a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds,
     random_appends_are_typed_errors_or_appends,
     an_operators_cursor_reset_moves_it_back_on_the_record,
+    pruning_deletes_only_what_every_cursor_passed_and_the_retention_allows,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -598,4 +599,35 @@ fn an_operators_cursor_reset_moves_it_back_on_the_record<B: TestBackend>() {
         .unwrap_err();
     assert!(matches!(e, Error::CursorAhead { .. }), "{e}");
     assert_eq!(engine.audit_log(10).unwrap().len(), 1);
+}
+
+/// Invariant 9: pruning deletes an event only once every cursor on its
+/// workspace passed it and it is older than the retention; a workspace
+/// without cursors goes by age alone; a pruned seq never comes back.
+fn pruning_deletes_only_what_every_cursor_passed_and_the_retention_allows<B: TestBackend>() {
+    let (_place, clock, engine) = setup::<B>();
+    engine.ensure_workspace("quiet", TYPES).unwrap();
+    for i in 0..10 {
+        engine.append("app", &made(&format!("a{i}"))).unwrap();
+        engine.append("quiet", &made(&format!("q{i}"))).unwrap();
+    }
+    // Seq 7 is app's fourth event (app has the odd seqs).
+    engine.save_cursor("mailer", "app", 7).unwrap();
+    engine.save_cursor("audit", "app", 19).unwrap();
+    let head = engine.head_seq().unwrap();
+    let retention = reflexr::Retention::older_than(Duration::from_secs(3_600));
+    let young = B::prune(&engine, &retention).unwrap();
+    assert_eq!(young.events, 0, "nothing is older than the retention yet");
+    clock.advance(Duration::from_secs(7_200));
+    let pruned = B::prune(&engine, &retention).unwrap();
+    assert_eq!(
+        pruned.events,
+        4 + 10,
+        "app up to the lowest cursor; quiet by age"
+    );
+    let left: Vec<i64> = all(&engine).iter().map(|e| e.seq).collect();
+    assert_eq!(left, [9, 11, 13, 15, 17, 19]);
+    assert!(engine.read(&Query::new("quiet")).unwrap().is_empty());
+    assert_eq!(engine.head_seq().unwrap(), head, "the head is not lowered");
+    assert_eq!(engine.append("app", &made("next")).unwrap().seq, head + 1);
 }

@@ -102,6 +102,15 @@ pub trait Events {
     /// The highest seq ever assigned (0 before the first append); pruning
     /// does not lower it.
     fn head(&self) -> Result<i64>;
+    /// Deletes up to `limit` of the workspace's oldest events at or before
+    /// `up_to` and recorded before `recorded_before`; how many it deleted.
+    fn delete_old(
+        &self,
+        workspace: &str,
+        up_to: i64,
+        recorded_before: i64,
+        limit: usize,
+    ) -> Result<usize>;
 }
 
 /// `reflexr_cursors`.
@@ -120,6 +129,8 @@ pub trait Cursors {
     ) -> Result<std::result::Result<(), i64>>;
     /// Every cursor, with the number of its workspace's events after it.
     fn list(&self) -> Result<Vec<cursors::Listed>>;
+    /// The lowest position of any cursor on the workspace (None: none).
+    fn min_position(&self, workspace: &str) -> Result<Option<i64>>;
     /// Sets the cursor to `position`, forwards or backwards (an operator's
     /// reset), and returns where it was; its stamp moves past any value
     /// read before.
@@ -210,6 +221,9 @@ pub trait Runs {
         now: i64,
         expires_at: i64,
     ) -> Result<bool>;
+    /// Deletes up to `limit` runs that succeeded or were discarded before
+    /// `before`; how many it deleted.
+    fn delete_finished(&self, before: i64, limit: usize) -> Result<usize>;
 }
 
 /// Everything the core asks of a connection.
@@ -333,6 +347,15 @@ impl Events for rusqlite::Connection {
     fn head(&self) -> Result<i64> {
         events::head(self)
     }
+    fn delete_old(
+        &self,
+        workspace: &str,
+        up_to: i64,
+        recorded_before: i64,
+        limit: usize,
+    ) -> Result<usize> {
+        events::delete_old(self, workspace, up_to, recorded_before, limit)
+    }
 }
 
 impl Cursors for rusqlite::Connection {
@@ -351,6 +374,9 @@ impl Cursors for rusqlite::Connection {
     }
     fn list(&self) -> Result<Vec<cursors::Listed>> {
         cursors::list(self)
+    }
+    fn min_position(&self, workspace: &str) -> Result<Option<i64>> {
+        cursors::min_position(self, workspace)
     }
     fn set(
         &self,
@@ -446,5 +472,8 @@ impl Runs for rusqlite::Connection {
         expires_at: i64,
     ) -> Result<bool> {
         runs::renew(self, id, holder, attempt, now, expires_at)
+    }
+    fn delete_finished(&self, before: i64, limit: usize) -> Result<usize> {
+        runs::delete_finished(self, before, limit)
     }
 }

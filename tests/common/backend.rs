@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use reflexr::{Backend, Engine, ManualClock, Sqlite, Tx};
+use reflexr::{Backend, Engine, ManualClock, Pruned, Retention, Sqlite, Tx};
 
 /// What a test needs of a backend besides the engine's API: where a
 /// database lives, and the application's own SQL in its dialect.
@@ -34,6 +34,8 @@ pub trait TestBackend: Backend + Sized {
     fn things(engine: &Engine<Self>) -> Vec<String>;
     /// Runs `sql`, a statement of the application's, in the transaction.
     fn run_sql(tx: &mut Tx<'_, Self>, sql: &str) -> reflexr::Result<()>;
+    /// `Engine::prune` of the backend.
+    fn prune(engine: &Engine<Self>, retention: &Retention) -> reflexr::Result<Pruned>;
 }
 
 impl TestBackend for Sqlite {
@@ -90,6 +92,10 @@ impl TestBackend for Sqlite {
     fn run_sql(tx: &mut Tx<'_>, sql: &str) -> reflexr::Result<()> {
         tx.execute(sql, [])?;
         Ok(())
+    }
+
+    fn prune(engine: &Engine, retention: &Retention) -> reflexr::Result<Pruned> {
+        engine.prune(retention)
     }
 }
 
@@ -197,6 +203,10 @@ mod pg {
         fn run_sql(tx: &mut Tx<'_, Postgres>, sql: &str) -> reflexr::Result<()> {
             tx.execute(sql, &[])?;
             Ok(())
+        }
+
+        fn prune(engine: &Engine<Postgres>, retention: &Retention) -> reflexr::Result<Pruned> {
+            engine.prune(retention)
         }
     }
 }

@@ -486,6 +486,31 @@ impl Events for PgConn {
         .transpose()
     }
 
+    fn delete_old(
+        &self,
+        workspace: &str,
+        up_to: i64,
+        recorded_before: i64,
+        limit: usize,
+    ) -> Result<usize> {
+        let limit = limit_of(limit);
+        let rows = self.query(
+            "WITH gone AS (DELETE FROM reflexr_events WHERE seq IN \
+               (SELECT seq FROM reflexr_events \
+                WHERE workspace = $1 AND seq <= $2 AND recorded_at < $3 \
+                ORDER BY seq LIMIT $4) RETURNING 1) \
+             SELECT count(*) FROM gone",
+            &[
+                (&workspace, Type::TEXT),
+                (&up_to, Type::INT8),
+                (&recorded_before, Type::INT8),
+                (&limit, Type::INT8),
+            ],
+        )?;
+        let n: i64 = col(&rows[0], 0)?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
     fn head(&self) -> Result<i64> {
         // This transaction's own appends count before its commit moves
         // the row.
@@ -578,6 +603,14 @@ impl Cursors for PgConn {
             ],
         )?;
         Ok(before)
+    }
+
+    fn min_position(&self, workspace: &str) -> Result<Option<i64>> {
+        let rows = self.query(
+            "SELECT min(position) FROM reflexr_cursors WHERE workspace = $1",
+            &[(&workspace, Type::TEXT)],
+        )?;
+        col(&rows[0], 0)
     }
 
     fn list(&self) -> Result<Vec<crate::store::cursors::Listed>> {

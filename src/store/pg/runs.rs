@@ -358,4 +358,19 @@ impl Runs for PgConn {
             )?
             .is_some())
     }
+
+    fn delete_finished(&self, before: i64, limit: usize) -> Result<usize> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.query(
+            "WITH gone AS (DELETE FROM reflexr_runs WHERE ord IN \
+               (SELECT ord FROM reflexr_runs \
+                WHERE state IN ('succeeded', 'discarded') AND due_at < $1 \
+                  AND coalesce(finished_at, updated_at) < $1 \
+                LIMIT $2) RETURNING 1) \
+             SELECT count(*) FROM gone",
+            &[(&before, Type::INT8), (&limit, Type::INT8)],
+        )?;
+        let n: i64 = col(&rows[0], 0)?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
 }
