@@ -157,6 +157,14 @@ impl Engine<Postgres> {
         prune::prune_postgres(&self.cx, retention, &mut |_| {})
     }
 
+    /// Runs `f` on a read-only transaction of its own, for the
+    /// application's own queries (`Tx::query`) and the engine's reads
+    /// (`Tx::read`, `Tx::cursor`): what SQLite's `with_reader` is on a
+    /// file. A write in it fails with [`Error::ReadOnly`].
+    pub fn with_reader<T>(&self, f: impl FnMut(&Tx<'_, Postgres>) -> Result<T>) -> Result<T> {
+        self.cx.with_reader(f)
+    }
+
     /// [`Engine::prune`] on PostgreSQL, calling `progress` with the running
     /// totals after every batch.
     pub fn prune_with_progress(

@@ -74,7 +74,7 @@ impl PgSchema {
 
     /// A transaction on a new connection of this schema.
     fn begin(&self) -> PgConn {
-        PgConn::begin(self.pool(1).get().unwrap()).unwrap()
+        PgConn::begin_as(self.pool(1).get().unwrap(), false).unwrap()
     }
 }
 
@@ -130,7 +130,7 @@ impl Db {
                 out
             }
             Db::Pg(pool, _) => {
-                let conn = PgConn::begin(pool.get()?)?;
+                let conn = PgConn::begin_as(pool.get()?, false)?;
                 let out = f(&conn)?;
                 conn.commit()?;
                 Ok(out)
@@ -443,7 +443,7 @@ fn a_reader_never_skips_an_event_committed_late() {
         std::thread::yield_now();
     }
     let seen = {
-        let conn = PgConn::begin(reader.get().unwrap()).unwrap();
+        let conn = PgConn::begin_as(reader.get().unwrap(), false).unwrap();
         let seen = changelog::read(&conn, &query("shop", 0)).unwrap();
         conn.commit().unwrap();
         seen
@@ -451,7 +451,7 @@ fn a_reader_never_skips_an_event_committed_late() {
     assert!(seen.is_empty(), "nothing is committed yet: {seen:?}");
     slow.commit().unwrap();
     assert_eq!(later.join().unwrap(), 2);
-    let conn = PgConn::begin(reader.get().unwrap()).unwrap();
+    let conn = PgConn::begin_as(reader.get().unwrap(), false).unwrap();
     let seen = changelog::read(&conn, &query("shop", 0)).unwrap();
     assert_eq!(
         seen.iter()
@@ -482,7 +482,7 @@ fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
                 let mut committed = Vec::new();
                 start.wait();
                 for t in 0..TXS {
-                    let conn = PgConn::begin(pool.get().unwrap()).unwrap();
+                    let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
                     let mut ids = Vec::new();
                     for k in 0..=(t % 3) {
                         let id = format!("w{w}-t{t}-{k}");
@@ -509,7 +509,7 @@ fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
     let mut cursor = 0;
     start.wait();
     let follow = |reader: &pg::Pool, cursor: &mut i64, seen: &mut Vec<(i64, String)>| {
-        let conn = PgConn::begin(reader.get().unwrap()).unwrap();
+        let conn = PgConn::begin_as(reader.get().unwrap(), false).unwrap();
         let page = changelog::read(&conn, &query("shop", *cursor)).unwrap();
         conn.commit().unwrap();
         for e in page {
@@ -855,7 +855,7 @@ fn concurrent_claimers_never_share_a_run_and_never_wait_for_each_other() {
                 let holder = format!("claimer-{w}");
                 let mut mine = Vec::new();
                 loop {
-                    let conn = PgConn::begin(pool.get().unwrap()).unwrap();
+                    let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
                     conn.execute_untyped("SET LOCAL lock_timeout = '1s'", &[])
                         .unwrap();
                     let batch =

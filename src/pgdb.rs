@@ -162,11 +162,26 @@ impl PgDb {
         &self.what
     }
 
-    /// Runs `f` (which only reads) on a pooled connection, in a
-    /// transaction of its own, ended when `f` returns.
+    /// Runs `f` on a pooled connection, in a READ ONLY transaction of its
+    /// own, ended when `f` returns.
     pub(crate) fn read<T>(&self, mut f: impl FnMut(&PgConn) -> Result<T>) -> Result<T> {
-        let conn = self.begin()?;
+        let conn = self.begin_as(true)?;
         let out = f(&conn)?;
+        conn.commit()?;
+        Ok(out)
+    }
+
+    /// Runs `f` with a [`Tx`] on a READ ONLY transaction of its own: the
+    /// application's queries (`Tx::query`) and the engine's reads, one
+    /// each statement seeing what was committed when it began (READ
+    /// COMMITTED); a write in it fails
+    /// with [`Error::ReadOnly`].
+    pub(crate) fn with_reader<T>(
+        &self,
+        mut f: impl FnMut(&Tx<'_, Postgres>) -> Result<T>,
+    ) -> Result<T> {
+        let conn = self.begin_as(true)?;
+        let out = f(&Tx::<Postgres>::new(&conn, &(), &self.env))?;
         conn.commit()?;
         Ok(out)
     }
@@ -308,9 +323,14 @@ impl PgDb {
     /// dropped by the pool; another is taken, up to the pool's size and
     /// one more (a new one).
     fn begin(&self) -> Result<PgConn> {
+        self.begin_as(false)
+    }
+
+    /// [`PgDb::begin`], READ ONLY if `read_only` (see `PgConn::begin_as`).
+    fn begin_as(&self, read_only: bool) -> Result<PgConn> {
         let mut tries = self.pool.max_size() + 1;
         loop {
-            match PgConn::begin(self.pool.get()?) {
+            match PgConn::begin_as(self.pool.get()?, read_only) {
                 Err(Error::Io { .. }) if tries > 1 => tries -= 1,
                 other => return other,
             }

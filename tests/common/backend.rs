@@ -190,7 +190,7 @@ mod pg {
 
         fn things(engine: &Engine<Postgres>) -> Vec<String> {
             engine
-                .write(|tx| {
+                .with_reader(|tx| {
                     Ok(tx
                         .query("SELECT id FROM things ORDER BY id", &[])?
                         .iter()

@@ -70,9 +70,14 @@ impl PgConn {
     /// Begins a transaction on `client`: READ COMMITTED whatever the
     /// server's, database's or role's default (an append waits for the
     /// head's lock and reads the head its holder committed; under REPEATABLE
-    /// READ it would fail instead), and READ WRITE.
-    pub(crate) fn begin(mut client: Pooled) -> Result<PgConn> {
-        client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE")?;
+    /// READ it would fail instead), and READ ONLY if `read_only` (a write
+    /// in it fails with [`Error::ReadOnly`]), else READ WRITE.
+    pub(crate) fn begin_as(mut client: Pooled, read_only: bool) -> Result<PgConn> {
+        client.batch_execute(if read_only {
+            "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY"
+        } else {
+            "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE"
+        })?;
         Ok(PgConn {
             client: RefCell::new(client),
             open: std::cell::Cell::new(true),
