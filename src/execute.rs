@@ -96,14 +96,14 @@ pub(crate) fn execute(
     let claim = |tx: &mut Tx<'_>, n: usize| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         let mut rescued = 0;
-        for lapsed in runs::lapsed(tx.conn(), now, 100)? {
-            match runs::requeue_lapsed(tx.conn(), lapsed.ord, now)? {
+        for lapsed in Runs::lapsed(tx.conn(), now, 100)? {
+            match Runs::requeue_lapsed(tx.conn(), lapsed.ord, now)? {
                 Requeued::Ready => rescued += 1,
                 // Cancelled while its executor was gone: it ended, and the
                 // next run of its scope may start.
                 Requeued::Cancelled => {
                     if let Some(lane) = &lapsed.lane {
-                        runs::advance_lane(tx.conn(), lane, &lapsed.id, now)?;
+                        Runs::advance_lane(tx.conn(), lane, &lapsed.id, now)?;
                     }
                     lapsed_cancelled.fetch_add(1, Ordering::Relaxed);
                     // It ended: threads waiting for it look again.
@@ -238,7 +238,7 @@ pub(crate) fn execute(
             if !more {
                 for (row, run) in rest {
                     let now = tx.now_ms();
-                    let given = runs::release(
+                    let given = Runs::release(
                         tx.conn(),
                         row.ord,
                         &run.holder,
@@ -248,7 +248,7 @@ pub(crate) fn execute(
                     if given == Requeued::Cancelled {
                         round.cancelled += 1;
                         if let Some(lane) = &run.lane {
-                            runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+                            Runs::advance_lane(tx.conn(), lane, &run.id, now)?;
                         }
                     }
                 }
@@ -360,7 +360,7 @@ fn settle_contained(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Set
                     now,
                 )?;
                 if done && let Some(lane) = &run.lane {
-                    runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+                    Runs::advance_lane(tx.conn(), lane, &run.id, now)?;
                 }
                 Ok::<_, Error>(done)
             })?;
@@ -424,9 +424,9 @@ fn fail(tx: &mut Tx<'_>, run: &Run, error: &str) -> Result<Settled> {
     )?;
     if let Some(lane) = &row.lane {
         if row.on_dead_letter == "block" {
-            runs::set_blocked(conn, lane, true, now)?;
+            Runs::set_blocked(conn, lane, true, now)?;
         } else {
-            runs::advance_lane(conn, lane, &run.id, now)?;
+            Runs::advance_lane(conn, lane, &run.id, now)?;
         }
     }
     Ok(Settled::Dead)

@@ -21,7 +21,7 @@ use crate::settings::Limits;
 use crate::store::backend::{Cursors, Events, Leases, Runs, Workspaces};
 use crate::store::conn::Synchronous;
 use crate::store::pg::{self, PgConn};
-use crate::store::runs::{Inserted, NewRun, Uniq};
+use crate::store::runs::{self, Inserted, NewRun, Uniq};
 use crate::workspace;
 
 /// Every table group the tests use.
@@ -879,4 +879,105 @@ fn concurrent_claimers_never_share_a_run_and_never_wait_for_each_other() {
         .collect();
     claimed.sort();
     assert_eq!(claimed, ids, "every run claimed exactly once");
+}
+
+/// Invariant 6 (scope order): a lane runs one run at a time, in order —
+/// when its head ends, the next waiting run becomes head and ready; a
+/// blocked lane says so; a lane with nothing left goes.
+#[test]
+fn a_lane_hands_on_to_its_next_run_when_its_head_ends() {
+    on_both(|db| {
+        db.tx(|c| {
+            for id in ["l1", "l2", "l3"] {
+                Runs::insert(c, &task(id, Some("lane/a"), None))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let claimed = db
+            .tx(|c| Runs::claim_at(c, "a", NOW, NOW + 30_000, 10, &send(), 0))
+            .unwrap();
+        let ids: Vec<&str> = claimed.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["l1"], "{}: only the head is ready", db.name());
+        db.tx(|c| {
+            assert!(Runs::succeed(c, "l1", "a", 1, NOW + 1)?);
+            // Not the head: nothing moves.
+            Runs::advance_lane(c, "lane/a", "l3", NOW + 1)?;
+            assert_eq!(Runs::lane_head(c, "lane/a")?, Some(("l1".into(), false)));
+            Runs::advance_lane(c, "lane/a", "l1", NOW + 1)?;
+            assert_eq!(Runs::lane_head(c, "lane/a")?, Some(("l2".into(), false)));
+            assert_eq!(Runs::get(c, "l2")?.map(|r| r.state), Some("ready".into()));
+            assert_eq!(Runs::get(c, "l3")?.map(|r| r.state), Some("waiting".into()));
+            assert!(Runs::set_blocked(c, "lane/a", true, NOW + 2)?);
+            assert_eq!(Runs::lane_head(c, "lane/a")?, Some(("l2".into(), true)));
+            assert!(!Runs::set_blocked(c, "lane/none", true, NOW + 2)?);
+            Runs::advance_lane(c, "lane/a", "l2", NOW + 3)?;
+            Runs::advance_lane(c, "lane/a", "l3", NOW + 3)?;
+            assert_eq!(Runs::lane_head(c, "lane/a")?, None, "an empty lane goes");
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 5 (at least once): a claim whose executor stopped renewing
+/// it lapses and is claimable again at the next attempt; a claim given back
+/// at shutdown does not count as an attempt; a checkpoint is saved only by
+/// the claim that holds.
+#[test]
+fn a_lapsed_claim_is_claimed_again_and_a_released_one_keeps_its_attempt() {
+    on_both(|db| {
+        db.tx(|c| Runs::insert(c, &task("r1", None, None)).map(|_| ()))
+            .unwrap();
+        let first = db
+            .tx(|c| Runs::claim_at(c, "a", NOW, NOW + 10, 1, &send(), 0))
+            .unwrap();
+        let ord = first[0].ord;
+        let name = db.name();
+        db.tx(|c| {
+            assert!(Runs::save_checkpoint(
+                c,
+                "r1",
+                "a",
+                1,
+                r#"{"page":2}"#,
+                NOW + 1
+            )?);
+            assert!(!Runs::save_checkpoint(c, "r1", "b", 1, "{}", NOW + 1)?);
+            assert!(Runs::lapsed(c, NOW + 9, 10)?.is_empty(), "not yet");
+            let lapsed = Runs::lapsed(c, NOW + 10, 10)?;
+            assert_eq!(lapsed.len(), 1, "{name}");
+            assert_eq!(
+                Runs::requeue_lapsed(c, ord, NOW + 10)?,
+                runs::Requeued::Ready
+            );
+            assert_eq!(Runs::requeue_lapsed(c, ord, NOW + 10)?, runs::Requeued::No);
+            Ok(())
+        })
+        .unwrap();
+        let second = db
+            .tx(|c| Runs::claim_at(c, "b", NOW + 11, NOW + 40, 1, &send(), 0))
+            .unwrap();
+        assert_eq!(
+            (second[0].attempt, second[0].checkpoint.as_deref()),
+            (2, Some(r#"{"page":2}"#))
+        );
+        db.tx(|c| {
+            assert!(
+                !Runs::succeed(c, "r1", "a", 1, NOW + 12)?,
+                "the lapsed claim settles nothing"
+            );
+            assert_eq!(Runs::release(c, ord, "a", 1, NOW + 12)?, runs::Requeued::No);
+            assert_eq!(
+                Runs::release(c, ord, "b", 2, NOW + 12)?,
+                runs::Requeued::Ready
+            );
+            assert_eq!(
+                Runs::get(c, "r1")?.map(|r| (r.state, r.attempt)),
+                Some(("ready".into(), 1))
+            );
+            Ok(())
+        })
+        .unwrap();
+    });
 }

@@ -312,7 +312,7 @@ pub(crate) fn discard_run(
     let row = dead_run(conn, id)?;
     runs::discard(conn, id, now)?;
     if let Some(lane) = &row.lane {
-        runs::advance_lane(conn, lane, id, now)?;
+        Runs::advance_lane(conn, lane, id, now)?;
     }
     if let Some(d) = dead_letters::open_for_run(conn, id)? {
         dead_letters::resolve(conn, d.id, Resolution::Discarded, now)?;
@@ -340,12 +340,12 @@ pub(crate) fn unblock(
 ) -> Result<()> {
     check_operator(operator, reason)?;
     let lane = format!("{rule} {scope}");
-    let (head, blocked) = runs::lane_head(conn, &lane)?
+    let (head, blocked) = Runs::lane_head(conn, &lane)?
         .filter(|(_, blocked)| *blocked)
         .ok_or_else(|| Error::not_found("blocked scope", &lane))?;
     debug_assert!(blocked);
-    runs::set_blocked(conn, &lane, false, now)?;
-    runs::advance_lane(conn, &lane, &head, now)?;
+    Runs::set_blocked(conn, &lane, false, now)?;
+    Runs::advance_lane(conn, &lane, &head, now)?;
     record(
         conn,
         now,

@@ -18,7 +18,7 @@ use crate::db::Db;
 use crate::error::{Error, HandlerError, Result};
 use crate::event::{Event, NewEvent, Query};
 use crate::store::backend::Runs;
-use crate::store::runs::{self, RunRow};
+use crate::store::runs::RunRow;
 use crate::tx::Tx;
 use crate::words::text_enum;
 
@@ -366,7 +366,7 @@ impl<'a> RunContext<'a> {
         let run = self.run;
         self.db.write(|tx| {
             let now = tx.now_ms();
-            if runs::save_checkpoint(
+            if Runs::save_checkpoint(
                 tx.conn(),
                 &run.id,
                 &run.holder,
@@ -472,7 +472,7 @@ pub(crate) fn finish_success(tx: &mut Tx<'_>, run: &Run, emitted: &[Emitted]) ->
         )?;
     }
     if let Some(lane) = &run.lane {
-        runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+        Runs::advance_lane(tx.conn(), lane, &run.id, now)?;
     }
     Ok(())
 }

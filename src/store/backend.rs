@@ -224,6 +224,32 @@ pub trait Runs {
     /// Deletes up to `limit` runs that succeeded or were discarded before
     /// `before`; how many it deleted.
     fn delete_finished(&self, before: i64, limit: usize) -> Result<usize>;
+    /// Runs whose claim lapsed at `now` (the executor stopped renewing it).
+    fn lapsed(&self, now: i64, limit: i64) -> Result<Vec<RunRow>>;
+    /// Makes a lapsed claim claimable again at once, or ends it cancelled
+    /// if its cancellation was asked for.
+    fn requeue_lapsed(&self, ord: i64, now: i64) -> Result<runs::Requeued>;
+    /// Gives a claimed run back without counting the attempt (see
+    /// `store::runs::release`).
+    fn release(&self, ord: i64, holder: &str, attempt: i64, now: i64) -> Result<runs::Requeued>;
+    /// Saves a claimed run's checkpoint; false when the claim no longer
+    /// held.
+    #[allow(clippy::too_many_arguments)]
+    fn save_checkpoint(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        checkpoint: &str,
+        now: i64,
+    ) -> Result<bool>;
+    /// The lane's head run and whether the lane is blocked.
+    fn lane_head(&self, lane: &str) -> Result<Option<(String, bool)>>;
+    /// Blocks or unblocks the lane; false when there is no such lane.
+    fn set_blocked(&self, lane: &str, blocked: bool, now: i64) -> Result<bool>;
+    /// The run `finished` (the lane's head) ended: the lane's next waiting
+    /// run becomes its head and ready, or the lane goes (invariant 6).
+    fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()>;
 }
 
 /// Everything the core asks of a connection.
@@ -475,5 +501,33 @@ impl Runs for rusqlite::Connection {
     }
     fn delete_finished(&self, before: i64, limit: usize) -> Result<usize> {
         runs::delete_finished(self, before, limit)
+    }
+    fn lapsed(&self, now: i64, limit: i64) -> Result<Vec<RunRow>> {
+        runs::lapsed(self, now, limit)
+    }
+    fn requeue_lapsed(&self, ord: i64, now: i64) -> Result<runs::Requeued> {
+        runs::requeue_lapsed(self, ord, now)
+    }
+    fn release(&self, ord: i64, holder: &str, attempt: i64, now: i64) -> Result<runs::Requeued> {
+        runs::release(self, ord, holder, attempt, now)
+    }
+    fn save_checkpoint(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        checkpoint: &str,
+        now: i64,
+    ) -> Result<bool> {
+        runs::save_checkpoint(self, id, holder, attempt, checkpoint, now)
+    }
+    fn lane_head(&self, lane: &str) -> Result<Option<(String, bool)>> {
+        runs::lane_head(self, lane)
+    }
+    fn set_blocked(&self, lane: &str, blocked: bool, now: i64) -> Result<bool> {
+        runs::set_blocked(self, lane, blocked, now)
+    }
+    fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()> {
+        runs::advance_lane(self, lane, finished, now)
     }
 }

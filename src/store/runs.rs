@@ -319,7 +319,7 @@ pub(crate) const YIELD_KEY: &str = "unique_key = CASE \
 
 /// What became of a lapsed or released claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Requeued {
+pub enum Requeued {
     /// Claimable again.
     Ready,
     /// Its cancellation had been asked for: it ended cancelled (its lane,
@@ -331,7 +331,7 @@ pub(crate) enum Requeued {
 
 impl Requeued {
     /// From the state an `UPDATE … RETURNING state` left, if it changed a row.
-    fn from_state(state: Option<String>) -> Requeued {
+    pub(crate) fn from_state(state: Option<String>) -> Requeued {
         match state.as_deref() {
             None => Requeued::No,
             Some("cancelled") => Requeued::Cancelled,

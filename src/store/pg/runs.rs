@@ -16,7 +16,7 @@ use postgres::types::Type;
 use super::{PgConn, col};
 use crate::error::Result;
 use crate::store::backend::Runs;
-use crate::store::runs::{self, COLUMNS, Inserted, NewRun, RunRow, Uniq, YIELD_KEY};
+use crate::store::runs::{self, COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY};
 
 fn run_from(r: &Row) -> Result<RunRow> {
     Ok(RunRow {
@@ -372,5 +372,139 @@ impl Runs for PgConn {
         )?;
         let n: i64 = col(&rows[0], 0)?;
         Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    fn lapsed(&self, now: i64, limit: i64) -> Result<Vec<RunRow>> {
+        self.query(
+            &format!(
+                "SELECT {COLUMNS} FROM reflexr_runs \
+                 WHERE state = 'running' AND claim_expires_at <= $1 \
+                 ORDER BY claim_expires_at LIMIT $2"
+            ),
+            &[(&now, Type::INT8), (&limit, Type::INT8)],
+        )?
+        .iter()
+        .map(run_from)
+        .collect()
+    }
+
+    fn requeue_lapsed(&self, ord: i64, now: i64) -> Result<Requeued> {
+        let state = self.query_opt(
+            &format!(
+                "UPDATE reflexr_runs SET \
+                   state = CASE WHEN cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END, \
+                   finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE $2 END, \
+                   due_at = $2, claimed_by = NULL, \
+                   claim_expires_at = NULL, updated_at = $2, {YIELD_KEY}, \
+                   last_error = 'the claim lapsed: its executor stopped renewing it' \
+                 WHERE ord = $1 AND state = 'running' AND claim_expires_at <= $2 \
+                 RETURNING state"
+            ),
+            &[(&ord, Type::INT8), (&now, Type::INT8)],
+        )?;
+        Ok(Requeued::from_state(state.map(|r| col(&r, 0)).transpose()?))
+    }
+
+    fn release(&self, ord: i64, holder: &str, attempt: i64, now: i64) -> Result<Requeued> {
+        let state = self.query_opt(
+            &format!(
+                "UPDATE reflexr_runs SET \
+                   state = CASE WHEN cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END, \
+                   finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE $4 END, \
+                   attempt = attempt - 1, updated_at = $4, \
+                   claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
+                 WHERE ord = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 RETURNING state"
+            ),
+            &[
+                (&ord, Type::INT8),
+                (&holder, Type::TEXT),
+                (&attempt, Type::INT8),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(Requeued::from_state(state.map(|r| col(&r, 0)).transpose()?))
+    }
+
+    fn save_checkpoint(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        checkpoint: &str,
+        now: i64,
+    ) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET checkpoint = $4, updated_at = $5 \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&checkpoint, Type::TEXT),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn lane_head(&self, lane: &str) -> Result<Option<(String, bool)>> {
+        self.query_opt(
+            "SELECT head, blocked FROM reflexr_lanes WHERE lane = $1",
+            &[(&lane, Type::TEXT)],
+        )?
+        .map(|r| Ok((col(&r, 0)?, col(&r, 1)?)))
+        .transpose()
+    }
+
+    fn set_blocked(&self, lane: &str, blocked: bool, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_lanes SET blocked = $2, updated_at = $3 WHERE lane = $1 \
+                 RETURNING 1",
+                &[
+                    (&lane, Type::TEXT),
+                    (&blocked, Type::BOOL),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()> {
+        match Runs::lane_head(self, lane)? {
+            Some((head, _)) if head == finished => {}
+            // Not the head (a run revived behind another): nothing to move.
+            _ => return Ok(()),
+        }
+        let next = self.query_opt(
+            "SELECT ord, id FROM reflexr_runs WHERE lane = $1 AND state = 'waiting' \
+             ORDER BY ord LIMIT 1",
+            &[(&lane, Type::TEXT)],
+        )?;
+        match next {
+            Some(r) => {
+                let (ord, id): (i64, String) = (col(&r, 0)?, col(&r, 1)?);
+                self.query(
+                    "UPDATE reflexr_lanes SET head = $2, blocked = false, updated_at = $3 \
+                     WHERE lane = $1",
+                    &[(&lane, Type::TEXT), (&id, Type::TEXT), (&now, Type::INT8)],
+                )?;
+                self.query(
+                    "UPDATE reflexr_runs SET state = 'ready', due_at = greatest(due_at, $2), \
+                       updated_at = $2 WHERE ord = $1",
+                    &[(&ord, Type::INT8), (&now, Type::INT8)],
+                )?;
+            }
+            None => {
+                self.query(
+                    "DELETE FROM reflexr_lanes WHERE lane = $1",
+                    &[(&lane, Type::TEXT)],
+                )?;
+            }
+        }
+        Ok(())
     }
 }
