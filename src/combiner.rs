@@ -31,6 +31,7 @@
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
@@ -228,6 +229,61 @@ impl<B: Store> Combiner<B> {
                     );
                 }
             }
+        }
+    }
+
+    /// Runs `f` as one caller's work and returns its value once its batch
+    /// committed — or `f`'s own error, or the batch's, or `f`'s panic
+    /// re-raised here. `spoilt` is asked after `f` returned Ok, in its
+    /// savepoint: an error from it fails the work instead (PostgreSQL's
+    /// transaction, aborted by a statement whose error `f` caught). Each
+    /// writer (SQLite's, PostgreSQL's) calls this with its own `run_batch`.
+    pub(crate) fn call<T, E, F>(
+        &self,
+        f: F,
+        spoilt: &(dyn Fn(&Tx<'_, B>) -> Option<Error> + Sync),
+        run_batch: &mut dyn FnMut(Batch<B>),
+    ) -> Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, B>) -> Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        let mut f = Some(f);
+        let mut slot: Option<std::thread::Result<Result<T, E>>> = None;
+        let mut work = |tx: &mut Tx<'_, B>| -> Outcome {
+            let Some(f) = f.take() else {
+                return Outcome::default();
+            };
+            let mut result = catch_unwind(AssertUnwindSafe(|| f(tx)));
+            if matches!(result, Ok(Ok(_)))
+                && let Some(e) = spoilt(tx)
+            {
+                result = Ok(Err(E::from(e)));
+            }
+            let ok = matches!(result, Ok(Ok(_)));
+            slot = Some(result);
+            Outcome {
+                ok,
+                nudge: tx.wants_nudge(),
+            }
+        };
+        let ended = self.submit(&mut work, run_batch);
+        match slot {
+            Some(Err(panic)) => resume_unwind(panic),
+            Some(Ok(Err(e))) => Err(e),
+            Some(Ok(Ok(v))) => match ended {
+                Ok(()) => Ok(v),
+                Err(e) => Err(E::from(Error::clone(&e))),
+            },
+            // The work never ran: its batch could not begin, or ended
+            // before its turn.
+            None => Err(E::from(match ended {
+                Err(e) => Error::clone(&e),
+                Ok(()) => Error::TransactionAborted {
+                    detail: "the write was not run".into(),
+                },
+            })),
         }
     }
 

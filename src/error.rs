@@ -224,7 +224,8 @@ pub enum Error {
         message: String,
     },
     /// An operating-system error outside SQLite (creating a directory,
-    /// spawning a thread).
+    /// spawning a thread), or, on PostgreSQL, a connection to the server
+    /// that broke or that the server ended (a restart, a failover).
     Io {
         /// The error's kind.
         kind: std::io::ErrorKind,

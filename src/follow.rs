@@ -3,8 +3,10 @@
 //!
 //! A follower reads one source workspace of this file in seq order and
 //! publishes what its **projection** (an application function, registered by
-//! name) selects into a target workspace — of this file, or of another file
-//! (an edge device's file into a hub's) — with the **same ids**.
+//! name) selects into a target workspace — of this file, of another file
+//! (an edge device's file into a hub's), or of a PostgreSQL database a
+//! process registered by name (feature `postgres`: a hub out of reach is
+//! tried again, not a stop) — with the **same ids**.
 //!
 //! - **The ledger** — a row per follower in `reflexr_followers`; its cursor
 //!   (kind `follower`, on the source), its lease (`follower/<name>`) and its

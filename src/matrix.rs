@@ -173,8 +173,8 @@ fn query(ws: &str, after: i64) -> Query {
     Query::new(ws).after(after).limit(1000)
 }
 
-/// Invariants 1 and 3: seqs are dense and increasing; an id is appended
-/// once, and appending it again reports the first seq.
+/// Invariants 1 and 3: seqs are dense and increasing; an id is appended once,
+/// and appending it again reports the first seq.
 #[test]
 fn appends_are_dense_once_per_id_and_read_in_seq_order() {
     on_both(|db| {
@@ -221,9 +221,9 @@ fn appends_are_dense_once_per_id_and_read_in_seq_order() {
     });
 }
 
-/// A refused append (unknown workspace, unregistered type, reserved type)
-/// is a typed error, takes no seq, and leaves the transaction usable: on
-/// PostgreSQL a failed statement would abort it, so none may fail.
+/// Invariant 10: a refused append (unknown workspace, unregistered type,
+/// reserved type) is a typed error, takes no seq, and leaves the transaction
+/// usable: on PostgreSQL a failed statement would abort it, so none may fail.
 #[test]
 fn a_refused_append_takes_no_seq_and_the_transaction_goes_on() {
     on_both(|db| {
@@ -261,8 +261,8 @@ fn a_refused_append_takes_no_seq_and_the_transaction_goes_on() {
     });
 }
 
-/// Invariant 2 and a dense log: a transaction that fails appends nothing,
-/// and its seqs are handed out again.
+/// Invariant 2 and a dense log: a transaction that fails appends nothing, and
+/// its seqs are handed out again.
 #[test]
 fn a_rolled_back_append_leaves_no_gap() {
     on_both(|db| {
@@ -375,7 +375,8 @@ fn a_lease_has_one_holder_and_fences_the_one_that_lost_it() {
     });
 }
 
-/// Workspaces and their types list the same on both backends.
+/// Invariant 10 (an unregistered type is `NotFound`): workspaces and their
+/// types list the same on both backends.
 #[test]
 fn workspaces_list_their_application_types() {
     on_both(|db| {
@@ -405,10 +406,10 @@ fn waits_for_a_lock(client: &mut Client, pid: i32) -> bool {
         .get(0)
 }
 
-/// Invariant 1 on PostgreSQL, the way event stores on it have got it wrong:
-/// a transaction that appended first and commits last must not be skipped
-/// by a reader that saw later appends. Here the later append waits for the
-/// first to commit, so the reader never sees seq 2 without seq 1.
+/// Invariant 1 on PostgreSQL, the way event stores on it have got it wrong: a
+/// transaction that appended first and commits last must not be skipped by a
+/// reader that saw later appends. Here the later append waits for the first to
+/// commit, so the reader never sees seq 2 without seq 1.
 #[test]
 fn a_reader_never_skips_an_event_committed_late() {
     let schema = Arc::new(PgSchema::new());
@@ -462,10 +463,10 @@ fn a_reader_never_skips_an_event_committed_late() {
 }
 
 /// Invariant 1 under load: writers append in transactions held open for a
-/// random while (`pg_sleep`) — some roll back — while a reader follows the
-/// log with a cursor. The reader gets every committed event exactly once,
-/// in seq order, and the seqs are dense. Its assertions do not depend on
-/// the timing; the sleeps only vary the interleavings.
+/// random while (`pg_sleep`) — some roll back — while a reader follows the log
+/// with a cursor. The reader gets every committed event exactly once, in seq
+/// order, and the seqs are dense. Its assertions do not depend on the timing;
+/// the sleeps only vary the interleavings.
 #[test]
 fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
     const WRITERS: usize = 4;
@@ -537,8 +538,9 @@ fn a_cursor_following_concurrent_writers_gets_every_committed_event_once() {
     assert_eq!(ids, committed, "every committed event, and only those");
 }
 
-/// The schema is applied once, by one of several openers at once; a
-/// database with a newer schema is refused and left as it is.
+/// Invariant 10 (nothing committed is changed): the schema is applied once, by
+/// one of several openers at once; a database with a newer schema is refused
+/// and left as it is.
 #[test]
 fn the_schema_is_applied_once_and_a_newer_one_is_refused() {
     let schema = Arc::new(PgSchema::new());
@@ -578,11 +580,11 @@ fn the_schema_is_applied_once_and_a_newer_one_is_refused() {
     );
 }
 
-/// Invariant 1 with the application's savepoints: appends rolled back to
-/// a savepoint give their lock up with them, so another transaction may
-/// append and commit before this one; what this one appends after that
-/// still gets new seqs, in commit order, and no two events share one (a
-/// gap is allowed where the rolled-back appends were; a skip is not).
+/// Invariant 1 with the application's savepoints: appends rolled back to a
+/// savepoint give their lock up with them, so another transaction may append
+/// and commit before this one; what this one appends after that still gets new
+/// seqs, in commit order, and no two events share one (a gap is allowed where
+/// the rolled-back appends were; a skip is not).
 #[test]
 fn appends_rolled_back_to_a_savepoint_leave_no_duplicate_and_no_skip() {
     let schema = Arc::new(PgSchema::new());
@@ -654,8 +656,9 @@ fn shape(client: &mut Client, schema: &str) -> Shape {
     (columns, indexes)
 }
 
-/// A database at version 1 (what the first release wrote) migrates to the
-/// current version, and ends the same shape as a new one.
+/// Invariant 10 (nothing committed is lost): a database at version 1 (what the
+/// first release wrote) migrates to the current version, and ends the same
+/// shape as a new one.
 #[test]
 fn a_version_1_database_migrates_to_the_shape_of_a_new_one() {
     let old = PgSchema::new();
@@ -706,9 +709,9 @@ fn send() -> Vec<String> {
     vec!["send".to_string()]
 }
 
-/// Invariant 5 (a run's claim is its holder's at its attempt): only the
-/// claim that holds settles a run; a retry is claimed again at the next
-/// attempt, and the old claim settles nothing.
+/// Invariant 5 (a run's claim is its holder's at its attempt): only the claim
+/// that holds settles a run; a retry is claimed again at the next attempt, and
+/// the old claim settles nothing.
 #[test]
 fn a_claim_is_settled_only_by_its_holder_at_its_attempt() {
     on_both(|db| {
@@ -778,8 +781,8 @@ fn a_claim_is_settled_only_by_its_holder_at_its_attempt() {
     });
 }
 
-/// Invariant 6 (scope order) and uniqueness, as runs are created: the first run of a
-/// lane is ready and the next waits; a key another pending run holds
+/// Invariant 6 (scope order) and uniqueness, as runs are created: the first run
+/// of a lane is ready and the next waits; a key another pending run holds
 /// creates nothing and names that run.
 #[test]
 fn a_lane_runs_one_at_a_time_and_a_unique_key_is_held_once() {
@@ -815,11 +818,11 @@ fn a_lane_runs_one_at_a_time_and_a_unique_key_is_held_once() {
     });
 }
 
-/// Claims on PostgreSQL: four claimers at once over 2,000 runs, each
-/// claiming batches in transactions of its own and settling them. Every run
-/// is claimed exactly once; and a claimer never waits for another's
-/// uncommitted claim (`SKIP LOCKED`: with a lock timeout of a second, a
-/// wait would be an error).
+/// Invariant 5: claims on PostgreSQL: four claimers at once over 2,000 runs,
+/// each claiming batches in transactions of its own and settling them. Every
+/// run is claimed exactly once; and a claimer never waits for another's
+/// uncommitted claim (`SKIP LOCKED`: with a lock timeout of a second, a wait
+/// would be an error).
 #[test]
 fn concurrent_claimers_never_share_a_run_and_never_wait_for_each_other() {
     const RUNS: usize = 2_000;
@@ -881,9 +884,9 @@ fn concurrent_claimers_never_share_a_run_and_never_wait_for_each_other() {
     assert_eq!(claimed, ids, "every run claimed exactly once");
 }
 
-/// Invariant 6 (scope order): a lane runs one run at a time, in order —
-/// when its head ends, the next waiting run becomes head and ready; a
-/// blocked lane says so; a lane with nothing left goes.
+/// Invariant 6 (scope order): a lane runs one run at a time, in order — when
+/// its head ends, the next waiting run becomes head and ready; a blocked lane
+/// says so; a lane with nothing left goes.
 #[test]
 fn a_lane_hands_on_to_its_next_run_when_its_head_ends() {
     on_both(|db| {
@@ -920,10 +923,10 @@ fn a_lane_hands_on_to_its_next_run_when_its_head_ends() {
     });
 }
 
-/// Invariant 5 (at least once): a claim whose executor stopped renewing
-/// it lapses and is claimable again at the next attempt; a claim given back
-/// at shutdown does not count as an attempt; a checkpoint is saved only by
-/// the claim that holds.
+/// Invariant 5 (at least once): a claim whose executor stopped renewing it
+/// lapses and is claimable again at the next attempt; a claim given back at
+/// shutdown does not count as an attempt; a checkpoint is saved only by the
+/// claim that holds.
 #[test]
 fn a_lapsed_claim_is_claimed_again_and_a_released_one_keeps_its_attempt() {
     on_both(|db| {

@@ -153,6 +153,8 @@ mod tests {
         }
     }
 
+    /// Invariant 10: no error text, however long or with a NUL, can make the
+    /// record of it fail.
     #[test]
     fn an_error_text_is_clipped_and_holds_no_nul() {
         assert_eq!(clip_error("short"), "short");

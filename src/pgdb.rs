@@ -16,28 +16,22 @@
 //!   callers' appends turns the head's lock once for all of them. Other
 //!   processes write beside this one.
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
-//!   its commit; a listener thread (a connection of its own, `LISTEN`)
-//!   nudges this process's waiters when one arrives, from any process. The
-//!   heartbeat stays the correctness path: it reads the head seq, so a
-//!   missed notification (the listener reconnecting) costs a heartbeat,
-//!   never an event. Notifications are debounced by the nudge itself: a
-//!   burst of them wakes a waiter once.
+//!   its commit; the notifier's listener and heartbeat (`crate::notify`)
+//!   wake this process's waiters. A missed notification costs a heartbeat,
+//!   never an event; a burst of them wakes a waiter once.
 
 use std::collections::BTreeMap;
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
+use postgres::NoTls;
 
 use crate::clock::Clock;
-use crate::combiner::{Batch, Combiner, Ended, Outcome};
+use crate::combiner::{Batch, Combiner, Ended};
 use crate::db::CoreDb;
 use crate::error::{Error, Result};
-use crate::notify::{Notifier, Subscription};
+use crate::notify::{Notifier, PgListen, Subscription};
 use crate::settings::Settings;
 use crate::store::backend::Postgres;
 use crate::store::pg::{self, PgConn, Pool};
@@ -54,8 +48,9 @@ pub struct PgDb {
     env: Env,
     pool: Pool,
     notifier: Arc<Notifier>,
-    stop: Arc<AtomicBool>,
-    listener: Mutex<Option<JoinHandle<()>>>,
+    /// Other processes' commits, heard at once (None for a follower's
+    /// target, which nobody waits on).
+    listener: Option<PgListen>,
     /// Concurrent writers of this process share transactions (group
     /// commit), as on SQLite: one commit, one turn of the head's lock.
     combiner: Combiner<Postgres>,
@@ -100,41 +95,9 @@ impl PgDb {
             .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
             .build(manager)?;
 
-        // The heartbeat reads the head seq on a connection of its own,
-        // connected again (within a few seconds, or not this beat) when the
-        // server cut it: waiting threads poll it under a lock.
-        let mut poll_config = config.clone();
-        if poll_config.get_connect_timeout().is_none() {
-            poll_config.connect_timeout(Duration::from_secs(3));
-        }
-        let poller = Mutex::new(Some(first));
-        let notifier = Arc::new(Notifier::polling(Box::new(move || {
-            let mut slot = poller.lock().unwrap_or_else(|e| e.into_inner());
-            if slot.as_ref().is_none_or(Client::is_closed) {
-                *slot = poll_config.connect(NoTls).ok();
-            }
-            let seq = slot
-                .as_mut()?
-                .query_one("SELECT seq FROM reflexr_head", &[])
-                .map(|r| r.get(0));
-            if seq.is_err() {
-                *slot = None;
-            }
-            seq.ok()
-        })));
-
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut config = config;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_secs(3));
-        }
+        let notifier = Arc::new(Notifier::postgres(first, &config));
         let listener = if listen {
-            let (notifier, stop) = (Arc::clone(&notifier), Arc::clone(&stop));
-            Some(
-                std::thread::Builder::new()
-                    .name("reflexr-listen".into())
-                    .spawn(move || listen_for_commits(&config, &notifier, &stop))?,
-            )
+            Some(notifier.listen_postgres(&config, CHANNEL)?)
         } else {
             None
         };
@@ -147,8 +110,7 @@ impl PgDb {
             },
             pool,
             notifier,
-            stop,
-            listener: Mutex::new(listener),
+            listener,
             combiner: Combiner::new(),
             id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
             commits: AtomicU64::new(0),
@@ -202,48 +164,8 @@ impl PgDb {
         E: From<Error> + Send,
     {
         let _inside = Inside::enter(self.id);
-        let mut f = Some(f);
-        let mut slot: Option<std::thread::Result<std::result::Result<T, E>>> = None;
-        let mut work = |tx: &mut Tx<'_, Postgres>| -> Outcome {
-            let Some(f) = f.take() else {
-                return Outcome::default();
-            };
-            let mut result = catch_unwind(AssertUnwindSafe(|| f(tx)));
-            // A statement failed on the server and the closure went on
-            // (it caught the error): PostgreSQL aborted the transaction,
-            // so none of this write can commit. Say so, rather than Ok.
-            if matches!(result, Ok(Ok(_))) && tx.core().is_aborted() {
-                result = Ok(Err(E::from(Error::TransactionAborted {
-                    detail: "a statement of this write failed on the server, which aborted \
-                             its transaction; the closure went on and returned Ok, but nothing \
-                             of the write was kept"
-                        .into(),
-                })));
-            }
-            let ok = matches!(result, Ok(Ok(_)));
-            slot = Some(result);
-            Outcome {
-                ok,
-                nudge: tx.wants_nudge(),
-            }
-        };
-        let ended = self
-            .combiner
-            .submit(&mut work, &mut |batch| self.run_batch(batch));
-        match slot {
-            Some(Err(panic)) => resume_unwind(panic),
-            Some(Ok(Err(e))) => Err(e),
-            Some(Ok(Ok(v))) => match ended {
-                Ok(()) => Ok(v),
-                Err(e) => Err(E::from(Error::clone(&e))),
-            },
-            None => Err(E::from(match ended {
-                Err(e) => Error::clone(&e),
-                Ok(()) => Error::TransactionAborted {
-                    detail: "the write was not run".into(),
-                },
-            })),
-        }
+        self.combiner
+            .call(f, &spoilt, &mut |batch| self.run_batch(batch))
     }
 
     /// One transaction over the batch: each member in a savepoint (none
@@ -339,14 +261,8 @@ impl PgDb {
 
     /// Stops the listener and waits for it.
     pub(crate) fn close(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let handle = self
-            .listener
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(h) = handle {
-            let _ = h.join();
+        if let Some(l) = &self.listener {
+            l.stop();
         }
     }
 }
@@ -355,6 +271,18 @@ impl Drop for PgDb {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// A statement failed on the server and the closure went on (it caught the
+/// error): PostgreSQL aborted the transaction, so none of the write can
+/// commit. Say so, rather than Ok.
+fn spoilt(tx: &Tx<'_, Postgres>) -> Option<Error> {
+    tx.core().is_aborted().then(|| Error::TransactionAborted {
+        detail: "a statement of this write failed on the server, which aborted its \
+                 transaction; the closure went on and returned Ok, but nothing of the write \
+                 was kept"
+            .into(),
+    })
 }
 
 /// `host:port/dbname` of a config (the first host; no user, no password).
@@ -368,49 +296,6 @@ fn describe(config: &postgres::Config) -> String {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let db = config.get_dbname().unwrap_or("");
     format!("postgresql {host}:{port}/{db}")
-}
-
-/// The listener: `LISTEN reflexr` on a connection of its own, a nudge for
-/// every notification (the nudge coalesces a burst), reconnecting half a
-/// second after the connection broke, until `stop`.
-fn listen_for_commits(config: &postgres::Config, notifier: &Notifier, stop: &AtomicBool) {
-    // How long one wait for a notification lasts: the stop is seen this soon.
-    const TURN: Duration = Duration::from_millis(100);
-    // How long after a failed connection the listener tries again.
-    const RECONNECT: Duration = Duration::from_millis(500);
-    while !stop.load(Ordering::SeqCst) {
-        let mut client: Client = match config.connect(NoTls) {
-            Ok(c) => c,
-            Err(e) => {
-                log::debug!("reflexr: the PostgreSQL listener cannot connect: {e}");
-                std::thread::sleep(RECONNECT);
-                continue;
-            }
-        };
-        if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")) {
-            log::debug!("reflexr: LISTEN failed: {e}");
-            std::thread::sleep(RECONNECT);
-            continue;
-        }
-        // Whatever committed while no one listened is found by the next
-        // heartbeat; nudge now so waiters read at once.
-        notifier.nudge();
-        while !stop.load(Ordering::SeqCst) {
-            let next = client.notifications().timeout_iter(TURN).next();
-            match next {
-                // Nudged at once; a burst costs a waiter one wake-up.
-                Ok(Some(_)) => notifier.nudge(),
-                Ok(None) => {}
-                Err(e) => {
-                    log::debug!("reflexr: the PostgreSQL listener lost its connection: {e}");
-                    break;
-                }
-            }
-            if client.is_closed() {
-                break;
-            }
-        }
-    }
 }
 
 impl CoreDb<Postgres> for PgDb {

@@ -33,14 +33,13 @@
 //! [`Error::TransactionAborted`] (or the error) — what the file holds.
 
 use std::cell::RefCell;
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::combiner::{Batch, Combiner, Ended, Outcome};
+use crate::combiner::{Batch, Combiner, Ended};
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
 use crate::store::backend::Sqlite;
@@ -133,39 +132,8 @@ impl Writer {
         E: From<Error> + Send,
     {
         let _inside = Inside::enter(self.id);
-        let mut f = Some(f);
-        let mut slot: Option<std::thread::Result<std::result::Result<T, E>>> = None;
-        let mut work = |tx: &mut Tx<'_>| -> Outcome {
-            let Some(f) = f.take() else {
-                return Outcome::default();
-            };
-            let result = catch_unwind(AssertUnwindSafe(|| f(tx)));
-            let ok = matches!(result, Ok(Ok(_)));
-            slot = Some(result);
-            Outcome {
-                ok,
-                nudge: tx.wants_nudge(),
-            }
-        };
-        let ended = self
-            .combiner
-            .submit(&mut work, &mut |batch| self.run_batch(env, batch));
-        match slot {
-            Some(Err(panic)) => resume_unwind(panic),
-            Some(Ok(Err(e))) => Err(e),
-            Some(Ok(Ok(v))) => match ended {
-                Ok(()) => Ok(v),
-                Err(e) => Err(E::from(Error::clone(&e))),
-            },
-            // The closure never ran: its batch could not begin, or ended
-            // before its turn.
-            None => Err(E::from(match ended {
-                Err(e) => Error::clone(&e),
-                Ok(()) => Error::TransactionAborted {
-                    detail: "the write was not run".into(),
-                },
-            })),
-        }
+        self.combiner
+            .call(f, &|_| None, &mut |batch| self.run_batch(env, batch))
     }
 
     /// One transaction over the batch: each member in a savepoint, then the

@@ -70,8 +70,8 @@ fn all<B: TestBackend>(engine: &Engine<B>) -> Vec<reflexr::Event> {
     engine.read(&Query::new("app").limit(10_000)).unwrap()
 }
 
-/// Invariant 2: the application's rows and its events commit together or
-/// not at all — an error or a panic in the closure leaves neither.
+/// Invariant 2: the application's rows and its events commit together or not at
+/// all — an error or a panic in the closure leaves neither.
 fn app_rows_and_events_commit_or_roll_back_together<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
     engine
@@ -106,8 +106,8 @@ fn app_rows_and_events_commit_or_roll_back_together<B: TestBackend>() {
     assert_eq!(next.seq, events[0].seq + 1);
 }
 
-/// Invariants 1 and 3: seqs are dense and increasing; an id is appended
-/// once, and appending it again reports the first seq.
+/// Invariants 1 and 3: seqs are dense and increasing; an id is appended once,
+/// and appending it again reports the first seq.
 fn an_id_is_appended_once_and_seqs_are_dense<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
     let first = engine.append("app", &made("a").id("id-a")).unwrap();
@@ -143,9 +143,9 @@ fn an_id_is_appended_once_and_seqs_are_dense<B: TestBackend>() {
     );
 }
 
-/// Bad input: each refused append is a typed error, takes no seq, and the
-/// write that made it goes on (on PostgreSQL a failed statement would abort
-/// the transaction, so the engine must not run one).
+/// Invariant 10: bad input: each refused append is a typed error, takes no seq,
+/// and the write that made it goes on (on PostgreSQL a failed statement would
+/// abort the transaction, so the engine must not run one).
 fn a_refused_append_is_a_typed_error_and_the_write_goes_on<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
     let seq = engine
@@ -210,9 +210,9 @@ fn a_refused_append_is_a_typed_error_and_the_write_goes_on<B: TestBackend>() {
     assert!(matches!(e, Error::AlreadyExists { .. }));
 }
 
-/// Invariant 2, guarded: the application's SQL cannot commit or roll back
-/// the engine's transaction halfway; the statement is refused before it
-/// runs and the write is rolled back as a whole.
+/// Invariant 2, guarded: the application's SQL cannot commit or roll back the
+/// engine's transaction halfway; the statement is refused before it runs and
+/// the write is rolled back as a whole.
 fn a_write_cannot_end_the_engines_transaction<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
     for sql in [
@@ -245,8 +245,8 @@ fn a_write_cannot_end_the_engines_transaction<B: TestBackend>() {
     assert_eq!(B::things(&engine), ["kept"]);
 }
 
-/// Invariant 8: a cursor only moves forward, never past the head, and
-/// saves in the transaction of the consumer's own rows.
+/// Invariant 8: a cursor only moves forward, never past the head, and saves in
+/// the transaction of the consumer's own rows.
 fn a_cursor_moves_only_forward_and_saves_with_the_consumers_rows<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
     for i in 0..3 {
@@ -299,9 +299,8 @@ fn a_cursor_moves_only_forward_and_saves_with_the_consumers_rows<B: TestBackend>
     );
 }
 
-/// Invariant 7: a lease has one live holder; once it lapses another takes
-/// it with a new generation, and a write the old holder fences commits
-/// nothing.
+/// Invariant 7: a lease has one live holder; once it lapses another takes it
+/// with a new generation, and a write the old holder fences commits nothing.
 fn a_lapsed_lease_fences_its_old_holder_out<B: TestBackend>() {
     let (place, clock, a) = setup::<B>();
     let b = B::open(&place, &clock, "other");
@@ -341,9 +340,9 @@ fn a_lapsed_lease_fences_its_old_holder_out<B: TestBackend>() {
 
 /// Invariant 1, live: a reader waiting on its watch is woken by a commit of
 /// another engine on the same database (another process, as far as either
-/// knows) — by a notification (LISTEN/NOTIFY; on SQLite the WAL watch of
-/// the default feature `watch`), not by polling: the reader's heartbeat is
-/// an hour, so a wake-up that depended on it would fail the minute's wait.
+/// knows) — by a notification (LISTEN/NOTIFY; on SQLite the WAL watch of the
+/// default feature `watch`), not by polling: the reader's heartbeat is an hour,
+/// so a wake-up that depended on it would fail the minute's wait.
 fn a_wait_wakes_on_another_engines_commit<B: TestBackend>() {
     let (place, clock, _engine) = setup::<B>();
     let reader = B::open_with(&place, &clock, "reader", Some(Duration::from_secs(3_600)));
@@ -364,9 +363,9 @@ fn a_wait_wakes_on_another_engines_commit<B: TestBackend>() {
     assert_eq!(got[0].subject, "thing/late");
 }
 
-/// Invariants 1 and 3 across engines: four engines (each its own
-/// connections, as four processes would have) append at once while a fifth
-/// follows with a cursor; it reads every event once, in dense seq order.
+/// Invariants 1 and 3 across engines: four engines (each its own connections,
+/// as four processes would have) append at once while a fifth follows with a
+/// cursor; it reads every event once, in dense seq order.
 fn engines_appending_at_once_are_read_once_in_seq_order<B: TestBackend>() {
     const WRITERS: usize = 4;
     const EACH: usize = 40;
@@ -412,10 +411,10 @@ fn engines_appending_at_once_are_read_once_in_seq_order<B: TestBackend>() {
     assert!(all(&follower).len() == WRITERS * EACH);
 }
 
-/// Invariant 2 under group commit: writers of one engine that arrive
-/// together share a transaction, each in a savepoint of its own. A writer
-/// that fails or panics rolls back alone; every caller's outcome is what
-/// the database holds, and the log stays dense.
+/// Invariant 2 under group commit: writers of one engine that arrive together
+/// share a transaction, each in a savepoint of its own. A writer that fails or
+/// panics rolls back alone; every caller's outcome is what the database holds,
+/// and the log stays dense.
 fn writers_sharing_a_transaction_fail_alone<B: TestBackend>() {
     const THREADS: usize = 8;
     const EACH: usize = 30;
@@ -473,10 +472,10 @@ fn writers_sharing_a_transaction_fail_alone<B: TestBackend>() {
     assert!(stats.writes > stats.commits, "no batch of two: {stats:?}");
 }
 
-/// Invariant 2 when the application catches its own statement's error and
-/// goes on: on SQLite the transaction goes on and commits; on PostgreSQL the
-/// failed statement aborted it, so the caller is told
-/// `TransactionAborted` — never Ok for work that did not commit.
+/// Invariant 2 when the application catches its own statement's error and goes
+/// on: on SQLite the transaction goes on and commits; on PostgreSQL the failed
+/// statement aborted it, so the caller is told `TransactionAborted` — never Ok
+/// for work that did not commit.
 fn a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
     engine.write(|tx| B::insert_thing(tx, "first")).unwrap();
@@ -507,11 +506,10 @@ fn a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds<B: T
 
 /// Invariant 10 on every backend: random names, ids, types, subjects and
 /// payloads — empty, huge, deeply nested, control characters, not JSON —
-/// appended in a transaction beside a good append. Each is appended or a
-/// typed error; a refused one changes nothing, and the good append in the
-/// same transaction commits (on PostgreSQL, nothing the engine runs for a
-/// refused append may fail on the server, or the transaction would be
-/// lost).
+/// appended in a transaction beside a good append. Each is appended or a typed
+/// error; a refused one changes nothing, and the good append in the same
+/// transaction commits (on PostgreSQL, nothing the engine runs for a refused
+/// append may fail on the server, or the transaction would be lost).
 fn random_appends_are_typed_errors_or_appends<B: TestBackend>() {
     use common::inputs::{payload, text};
     use proptest::test_runner::{Config, TestRunner};
@@ -572,8 +570,8 @@ fn random_appends_are_typed_errors_or_appends<B: TestBackend>() {
         .unwrap();
 }
 
-/// Invariant 8's one exception: an operator's reset moves a cursor back,
-/// and the audit records who, why, from where and to where.
+/// Invariant 8's one exception: an operator's reset moves a cursor back, and
+/// the audit records who, why, from where and to where.
 fn an_operators_cursor_reset_moves_it_back_on_the_record<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
     for i in 0..3 {
@@ -602,8 +600,8 @@ fn an_operators_cursor_reset_moves_it_back_on_the_record<B: TestBackend>() {
 }
 
 /// Invariant 9: pruning deletes an event only once every cursor on its
-/// workspace passed it and it is older than the retention; a workspace
-/// without cursors goes by age alone; a pruned seq never comes back.
+/// workspace passed it and it is older than the retention; a workspace without
+/// cursors goes by age alone; a pruned seq never comes back.
 fn pruning_deletes_only_what_every_cursor_passed_and_the_retention_allows<B: TestBackend>() {
     let (_place, clock, engine) = setup::<B>();
     engine.ensure_workspace("quiet", TYPES).unwrap();
@@ -632,9 +630,9 @@ fn pruning_deletes_only_what_every_cursor_passed_and_the_retention_allows<B: Tes
     assert_eq!(engine.append("app", &made("next")).unwrap().seq, head + 1);
 }
 
-/// PostgreSQL's reader: the application's queries and the engine's reads in
-/// a read-only transaction; a write in it is refused by the server and
-/// changes nothing (invariant 10).
+/// PostgreSQL's reader: the application's queries and the engine's reads in a
+/// read-only transaction; a write in it is refused by the server and changes
+/// nothing (invariant 10).
 #[cfg(feature = "postgres")]
 #[test]
 fn a_reader_on_postgres_reads_and_cannot_write() {

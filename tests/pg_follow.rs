@@ -40,6 +40,8 @@ fn hub_ids(hub: &Engine<Postgres>) -> Vec<String> {
         .collect()
 }
 
+/// Invariant 3: the hub appends each id once, in the source's order, a replay
+/// included.
 #[test]
 fn an_edge_relays_into_a_hub_on_postgres_once_by_id_in_order() {
     let place = PgSchema::new();
@@ -84,6 +86,8 @@ fn an_edge_relays_into_a_hub_on_postgres_once_by_id_in_order() {
     assert_eq!(info.published, 2_400);
 }
 
+/// Invariant 10: a follower to a target this process has not registered, or a
+/// config that does not parse, is a typed error.
 #[test]
 fn a_follower_to_an_unregistered_target_is_refused() {
     let s = Scene::new();
@@ -99,6 +103,9 @@ fn a_follower_to_an_unregistered_target_is_refused() {
     assert!(matches!(e, reflexr::Error::Invalid { .. }), "{e}");
 }
 
+/// Invariant 8 and 3: while the hub is out of reach the cursor waits (no
+/// envelope is skipped); the relay goes on by itself, driven by the manual
+/// clock past the retry delay.
 #[test]
 fn a_hub_out_of_reach_delays_the_relay_and_never_stops_it() {
     let place = PgSchema::new();
@@ -127,6 +134,8 @@ fn a_hub_out_of_reach_delays_the_relay_and_never_stops_it() {
     assert_eq!(edge.followed().unwrap()[0].lag, 0);
 }
 
+/// Invariant 3 and 8: a configuration error stops the follower at its cursor;
+/// after the operator's restart the refused envelope is relayed, not skipped.
 #[test]
 fn a_type_the_hub_does_not_accept_stops_the_follower_until_restarted() {
     let place = PgSchema::new();

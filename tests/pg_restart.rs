@@ -52,6 +52,7 @@ fn append_retrying(engine: &Engine<Postgres>, id: &str) -> (i64, usize) {
     }
 }
 
+/// Invariants 1, 2 and 3 across a server restart (see the module's notes).
 #[test]
 fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
     let place = PgSchema::new();

@@ -1,7 +1,8 @@
 //! The storage layer: every SQL statement reflexr runs lives here, with the
 //! table it touches. The engine above it decides; this layer reads and writes
-//! rows. Keeping the two apart is what would let a second backend (a server
-//! database) stand in later.
+//! rows. `backend` is the seam the engine calls the tables through, so a
+//! second backend stands in: `pg` (feature `postgres`) holds PostgreSQL's
+//! statements and schema.
 
 pub(crate) mod audit;
 pub(crate) mod backend;

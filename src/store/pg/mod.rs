@@ -23,6 +23,7 @@
 //!   types (`query_typed`), which PostgreSQL parses, binds and runs in one
 //!   exchange instead of a prepare and an execute.
 
+mod guard;
 mod runs;
 pub(crate) mod schema;
 
@@ -42,6 +43,24 @@ pub(crate) type Pool = r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postg
 /// One of the pool's connections.
 pub(crate) type Pooled =
     r2d2::PooledConnection<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>;
+
+/// The head seq as last committed, on a connection outside any
+/// transaction of the engine's: what the heartbeat compares.
+pub(crate) fn committed_head(client: &mut postgres::Client) -> Result<i64> {
+    Ok(client
+        .query_one("SELECT seq FROM reflexr_head", &[])?
+        .try_get(0)?)
+}
+
+/// Has `client` listen on `channel` (a name of the engine's own).
+pub(crate) fn listen(client: &mut postgres::Client, channel: &str) -> Result<()> {
+    debug_assert!(
+        channel
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    );
+    Ok(client.batch_execute(&format!("LISTEN {channel}"))?)
+}
 
 /// One pooled connection inside a transaction, as the core's table groups
 /// see it: `BEGIN` when made, `COMMIT` by [`PgConn::commit`], `ROLLBACK`
@@ -173,12 +192,15 @@ impl PgConn {
     }
 
     /// Runs one statement of the caller's own, with its parameters'
-    /// types left to the server: the application's SQL, or a test's.
+    /// types left to the server: the application's SQL (or a test's),
+    /// refused first if it would end or replace the engine's transaction
+    /// (see `guard`).
     pub(crate) fn query_untyped(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
+        guard::refuse_transaction_control(sql)?;
         let r = self.client.borrow_mut().query(sql, params);
         self.note(r)
     }
@@ -186,6 +208,7 @@ impl PgConn {
     /// [`PgConn::query_untyped`] for a statement whose rows are not wanted:
     /// the number of rows it changed.
     pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        guard::refuse_transaction_control(sql)?;
         let r = self.client.borrow_mut().execute(sql, params);
         self.note(r)
     }

@@ -58,14 +58,27 @@ fn run_from(r: &Row) -> Result<RunRow> {
     })
 }
 
-/// The columns of a run, qualified by `r` (for statements that join).
-fn columns_of(alias: &str) -> String {
-    COLUMNS
+/// The claim's statement, built once: its columns are qualified by the
+/// table's alias, since it joins.
+static CLAIM_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let columns = COLUMNS
         .split(',')
-        .map(|c| format!("{alias}.{}", c.trim()))
+        .map(|c| format!("r.{}", c.trim()))
         .collect::<Vec<_>>()
-        .join(", ")
-}
+        .join(", ");
+    format!(
+        "WITH picked AS MATERIALIZED ( \
+           SELECT ord FROM reflexr_runs \
+           WHERE state = 'ready' AND priority = $5 AND due_at <= $2 \
+             AND action = ANY ($4) \
+           ORDER BY due_at LIMIT $6 \
+           FOR UPDATE SKIP LOCKED) \
+         UPDATE reflexr_runs r SET state = 'running', attempt = r.attempt + 1, \
+           claimed_by = $1, claim_expires_at = $3, updated_at = $2, started_at = $2 \
+         FROM picked WHERE r.ord = picked.ord AND r.state = 'ready' \
+         RETURNING {columns}"
+    )
+});
 
 impl PgConn {
     fn run_exists(&self, id: &str) -> Result<bool> {
@@ -240,19 +253,7 @@ impl Runs for PgConn {
         priority: i64,
     ) -> Result<Vec<RunRow>> {
         let rows = self.query(
-            &format!(
-                "WITH picked AS MATERIALIZED ( \
-                   SELECT ord FROM reflexr_runs \
-                   WHERE state = 'ready' AND priority = $5 AND due_at <= $2 \
-                     AND action = ANY ($4) \
-                   ORDER BY due_at LIMIT $6 \
-                   FOR UPDATE SKIP LOCKED) \
-                 UPDATE reflexr_runs r SET state = 'running', attempt = r.attempt + 1, \
-                   claimed_by = $1, claim_expires_at = $3, updated_at = $2, started_at = $2 \
-                 FROM picked WHERE r.ord = picked.ord AND r.state = 'ready' \
-                 RETURNING {}",
-                columns_of("r")
-            ),
+            &CLAIM_SQL,
             &[
                 (&holder, Type::TEXT),
                 (&now, Type::INT8),
