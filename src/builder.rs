@@ -231,15 +231,7 @@ impl EngineBuilder {
         if let Some(retention) = &r.retention {
             retention.validate()?;
         }
-        if r.executors > 64 {
-            return Err(Error::invalid("executors", "must be 0 to 64"));
-        }
-        if !(1..=1_000).contains(&r.claim_batch) {
-            return Err(Error::invalid("claim_batch", "must be 1 to 1000"));
-        }
-        if !(1..=Query::MAX_LIMIT).contains(&r.evaluate_batch) {
-            return Err(Error::invalid("evaluate_batch", "must be 1 to 10000"));
-        }
+        check_runtime(r)?;
         if let Some(vfs) = &self.open.vfs {
             names::check_name("vfs", vfs)?;
         }
@@ -268,6 +260,20 @@ fn default_settings() -> Settings {
             max_chain_depth: 8,
         },
     }
+}
+
+/// The checks every backend's runtime settings pass.
+fn check_runtime(r: &runtime::Config) -> Result<()> {
+    if r.executors > 64 {
+        return Err(Error::invalid("executors", "must be 0 to 64"));
+    }
+    if !(1..=1_000).contains(&r.claim_batch) {
+        return Err(Error::invalid("claim_batch", "must be 1 to 1000"));
+    }
+    if !(1..=Query::MAX_LIMIT).contains(&r.evaluate_batch) {
+        return Err(Error::invalid("evaluate_batch", "must be 1 to 10000"));
+    }
+    Ok(())
 }
 
 /// The checks every backend's settings pass.
@@ -299,6 +305,8 @@ fn check_settings(s: &Settings) -> Result<()> {
 /// | [`lease_ttl`](PostgresBuilder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
 /// | [`max_payload_bytes`](PostgresBuilder::max_payload_bytes) | 1 MiB |
 /// | [`holder_id`](PostgresBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
+/// | [`executors`](PostgresBuilder::executors) | 2 threads |
+/// | [`claim_batch`](PostgresBuilder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
 ///
 /// Durability is the server's (`synchronous_commit`, replication), not the
 /// engine's.
@@ -309,6 +317,7 @@ pub struct PostgresBuilder {
     clock: Arc<dyn Clock>,
     pool_size: u32,
     settings: Settings,
+    runtime: runtime::Config,
 }
 
 #[cfg(feature = "postgres")]
@@ -339,6 +348,12 @@ impl Engine<crate::store::backend::Postgres> {
             clock: Arc::new(SystemClock),
             pool_size: 8,
             settings,
+            runtime: runtime::Config {
+                executors: 2,
+                claim_batch: 16,
+                evaluate_batch: 2_000,
+                retention: None,
+            },
         }
     }
 }
@@ -389,12 +404,28 @@ impl PostgresBuilder {
         self
     }
 
+    /// How many executor threads `Engine::start` spawns (0 to 64). Default
+    /// 2. Every process's executors claim runs from the same queue; with 0
+    /// this process leaves its runs to the others.
+    pub fn executors(mut self, n: usize) -> Self {
+        self.runtime.executors = n;
+        self
+    }
+
+    /// How many runs an executor claims in one transaction (1 to 1,000);
+    /// see [`EngineBuilder::claim_batch`]. Default 16.
+    pub fn claim_batch(mut self, n: usize) -> Self {
+        self.runtime.claim_batch = n;
+        self
+    }
+
     /// Connects, applies or migrates the schema, and starts the listener.
     ///
     /// # Errors
     /// See [`Engine::open_postgres`].
     pub fn open(self) -> Result<Engine<crate::store::backend::Postgres>> {
         check_settings(&self.settings)?;
+        check_runtime(&self.runtime)?;
         let db = crate::pgdb::PgDb::open(
             &self.config,
             self.pool_size,
@@ -402,6 +433,6 @@ impl PostgresBuilder {
             self.clock,
             true,
         )?;
-        Ok(Engine::from_context(db))
+        Ok(Engine::from_context(Context::new(db, self.runtime)))
     }
 }

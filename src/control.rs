@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::names;
 use crate::retry::RetryPolicy;
 use crate::store::audit::{self as audit_store, Entry};
-use crate::store::backend::Runs;
+use crate::store::backend::{Control, Runs, Store};
 use crate::store::control::{self as control_store, ActionRow};
 use crate::store::runs::{self, Inserted, NewRun, RunRow, Uniq};
 use crate::tx::Tx;
@@ -175,7 +175,7 @@ pub(crate) fn uniq(key: &str, u: Unique) -> Result<Uniq<'_>> {
 }
 
 /// Inserts an enqueued run (or finds the one that holds its key).
-pub(crate) fn enqueue(tx: &Tx<'_>, e: &Enqueue) -> Result<Enqueued> {
+pub(crate) fn enqueue<B: Store>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueued> {
     names::check_name("action", &e.action)?;
     let input = e
         .input
@@ -208,7 +208,7 @@ pub(crate) fn enqueue(tx: &Tx<'_>, e: &Enqueue) -> Result<Enqueued> {
         .as_ref()
         .map(|s| format!("{}{} {s}", names::TASK_LANE_PREFIX, e.action));
     let inserted = Runs::insert(
-        tx.conn(),
+        tx.core(),
         &NewRun {
             id: &id,
             kind: "task",
@@ -385,8 +385,8 @@ pub(crate) fn paused(conn: &Connection) -> Result<Vec<PausedInfo>> {
 }
 
 /// The names of this kind that are paused.
-pub(crate) fn paused_names(conn: &Connection, kind: &str) -> Result<HashSet<String>> {
-    control_store::paused_names(conn, kind)
+pub(crate) fn paused_names<C: Control + ?Sized>(conn: &C, kind: &str) -> Result<HashSet<String>> {
+    Control::paused_names(conn, kind)
 }
 
 /// One action's settings: its default priority and its limits.
@@ -493,9 +493,9 @@ fn json_path(field: &str) -> String {
     }
 }
 
-pub(crate) fn configure(conn: &Connection, c: &ActionConfig, now: i64) -> Result<()> {
+pub(crate) fn configure<C: Control + ?Sized>(conn: &C, c: &ActionConfig, now: i64) -> Result<()> {
     c.validate()?;
-    control_store::configure(
+    Control::configure_action(
         conn,
         &ActionRow {
             action: c.action.clone(),
@@ -529,8 +529,8 @@ pub(crate) fn configure_audited(
     )
 }
 
-pub(crate) fn configs(conn: &Connection) -> Result<Vec<ActionConfig>> {
-    Ok(control_store::actions(conn)?
+pub(crate) fn configs<C: Control + ?Sized>(conn: &C) -> Result<Vec<ActionConfig>> {
+    Ok(Control::action_rows(conn)?
         .into_iter()
         .map(ActionConfig::from)
         .collect())
@@ -605,8 +605,8 @@ fn audit(
 /// limits allow, at most), the unlimited ones the rest in one statement,
 /// and limited actions that took a full share whatever is still left. The
 /// batch comes back by priority, then due time.
-pub(crate) fn claim(
-    conn: &Connection,
+pub(crate) fn claim<C: Runs + Control + ?Sized>(
+    conn: &C,
     holder: &str,
     now: i64,
     expires_at: i64,
@@ -631,7 +631,7 @@ pub(crate) fn claim(
         return Ok(Vec::new());
     }
     let mut rows = Vec::new();
-    for priority in runs::ready_priorities(conn)? {
+    for priority in Control::ready_priorities(conn)? {
         if rows.len() >= limit {
             break;
         }
@@ -702,18 +702,18 @@ impl<'a> Limited<'a> {
     const MIN_PAGE: usize = 16;
     const MAX_PAGES: usize = 8;
 
-    fn load(
-        conn: &Connection,
+    fn load<C: Control + ?Sized>(
+        conn: &C,
         action: &'a str,
         config: &'a ActionConfig,
         now: i64,
     ) -> Result<Self> {
         let path = config.path();
-        let running = runs::running_by(conn, action, path.as_deref())?
+        let running = Control::running_by(conn, action, path.as_deref())?
             .into_iter()
             .collect();
         let started = match config.rate {
-            Some((_, period)) => runs::starts_since(conn, action, now.saturating_sub(period))?
+            Some((_, period)) => Control::starts_since(conn, action, now.saturating_sub(period))?
                 .into_iter()
                 .collect(),
             None => HashMap::new(),
@@ -746,9 +746,9 @@ impl<'a> Limited<'a> {
     /// allow, counted against them. Without a partition there is one: the
     /// claim takes exactly what it may start, in one statement; with one,
     /// candidates are picked partition by partition ([`Limited::pick`]).
-    fn claim(
+    fn claim<C: Runs + Control + ?Sized>(
         &mut self,
-        conn: &Connection,
+        conn: &C,
         holder: &str,
         now: i64,
         expires_at: i64,
@@ -773,16 +773,15 @@ impl<'a> Limited<'a> {
         if picked.is_empty() {
             return Ok(Vec::new());
         }
-        let ords = serde_json::to_string(&picked).expect("ords encode");
-        runs::claim_ords(conn, holder, now, expires_at, &ords)
+        Control::claim_ords(conn, holder, now, expires_at, &picked)
     }
 
     /// Up to `want` ready, due runs at `priority` that the limits of a
     /// partitioned action allow (their positions), counted against them:
     /// pages of candidates, each leaving out the partitions already full.
-    fn pick(
+    fn pick<C: Control + ?Sized>(
         &mut self,
-        conn: &Connection,
+        conn: &C,
         now: i64,
         priority: i64,
         path: &str,
@@ -792,9 +791,16 @@ impl<'a> Limited<'a> {
         let page = want.saturating_mul(Self::PAGE_FACTOR).max(Self::MIN_PAGE);
         let mut after = (i64::MIN, i64::MIN);
         for _ in 0..Self::MAX_PAGES {
-            let full = serde_json::to_string(&self.full).expect("partitions encode");
-            let found =
-                runs::candidates(conn, self.action, now, priority, path, &full, after, page)?;
+            let found = Control::candidates(
+                conn,
+                self.action,
+                now,
+                priority,
+                path,
+                &self.full,
+                after,
+                page,
+            )?;
             for (ord, due_at, part) in &found {
                 after = (*due_at, *ord);
                 if picked.len() >= want {
@@ -820,12 +826,12 @@ impl<'a> Limited<'a> {
 
     /// Records this claim's starts for a rate-limited action: one row per
     /// partition and claim, so the window's cost grows with claims, not runs.
-    fn record_starts(&self, conn: &Connection, now: i64) -> Result<()> {
+    fn record_starts<C: Control + ?Sized>(&self, conn: &C, now: i64) -> Result<()> {
         if self.config.rate.is_none() {
             return Ok(());
         }
         for (part, n) in &self.picked {
-            runs::record_starts(conn, self.action, part, now, *n)?;
+            Control::record_starts(conn, self.action, part, now, *n)?;
         }
         Ok(())
     }
@@ -833,25 +839,30 @@ impl<'a> Limited<'a> {
 
 /// Whether `actions` have work an executor could claim now: a ready, due
 /// run of an action that is not paused (limits are the claim's to judge).
-pub(crate) fn work_due(conn: &Connection, now: i64, actions: &[String]) -> Result<bool> {
+pub(crate) fn work_due<C: Control + ?Sized>(
+    conn: &C,
+    now: i64,
+    actions: &[String],
+) -> Result<bool> {
     let paused = paused_names(conn, "action")?;
     let open: Vec<&String> = actions.iter().filter(|a| !paused.contains(*a)).collect();
     if open.is_empty() {
-        return runs::lapsed_due(conn, now);
+        return Control::lapsed_due(conn, now);
     }
-    let names = serde_json::to_string(&open).expect("names encode");
-    runs::work_due(conn, now, &names)
+    Control::work_due(conn, now, &open)
 }
 
-fn limits_of(conn: &Connection, actions: &[String]) -> Result<BTreeMap<String, ActionConfig>> {
-    let names = serde_json::to_string(actions).expect("names encode");
-    Ok(control_store::limited(conn, &names)?
+fn limits_of<C: Control + ?Sized>(
+    conn: &C,
+    actions: &[String],
+) -> Result<BTreeMap<String, ActionConfig>> {
+    Ok(Control::limited(conn, actions)?
         .into_iter()
         .map(|a| (a.action.clone(), ActionConfig::from(a)))
         .collect())
 }
 
-impl Tx<'_> {
+impl<B: Store> Tx<'_, B> {
     /// Enqueues a run of an action ([`Enqueue`]) in this transaction: it
     /// exists if and only if the transaction commits. No handler need be
     /// registered here: the executors of any process that registered the

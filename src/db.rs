@@ -49,7 +49,15 @@ pub struct Db {
 }
 
 /// A thread waiting for runs to end, counted while it lives.
-pub(crate) struct RunWaiter<'a>(&'a std::sync::atomic::AtomicUsize);
+pub struct RunWaiter<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> RunWaiter<'a> {
+    /// Counts one more waiter on `count` until dropped.
+    pub(crate) fn new(count: &'a std::sync::atomic::AtomicUsize) -> RunWaiter<'a> {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        RunWaiter(count)
+    }
+}
 
 impl Drop for RunWaiter<'_> {
     fn drop(&mut self) {
@@ -190,9 +198,7 @@ impl Db {
 
     /// Counts a thread waiting for runs to end, while the guard lives.
     pub(crate) fn run_waiter(&self) -> RunWaiter<'_> {
-        self.run_waiters
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        RunWaiter(&self.run_waiters)
+        RunWaiter::new(&self.run_waiters)
     }
 
     /// Whether a thread of this process waits for runs to end.
@@ -239,6 +245,18 @@ impl Db {
     }
 }
 
+/// A backend with the type of database it opens: SQLite's [`Db`], and
+/// PostgreSQL's `PgDb` (feature `postgres`). What the work layer (runs,
+/// executors) needs to name the database it works through.
+pub trait Database: Store {
+    #[doc(hidden)]
+    type Db: CoreDb<Self>;
+}
+
+impl Database for Sqlite {
+    type Db = Db;
+}
+
 /// What the facade's methods that work on every backend (workspaces,
 /// appends, reads, cursors, leases, waiting for commits) ask of an open
 /// database: SQLite's [`Db`], and PostgreSQL's `PgDb` (feature `postgres`).
@@ -258,6 +276,13 @@ pub trait CoreDb<B: Store>: Send + Sync {
     fn subscribe(&self) -> Subscription;
     /// The writer's counters.
     fn writer_stats(&self) -> WriterStats;
+    /// Wakes every waiting thread of this process.
+    fn nudge(&self);
+    /// Counts a thread waiting for runs to end, while the guard lives.
+    fn run_waiter(&self) -> RunWaiter<'_>;
+    /// Whether a thread of this process waits for runs to end (settlements
+    /// nudge only then).
+    fn has_run_waiters(&self) -> bool;
 }
 
 impl CoreDb<Sqlite> for Db {
@@ -283,5 +308,14 @@ impl CoreDb<Sqlite> for Db {
     }
     fn writer_stats(&self) -> WriterStats {
         Db::writer_stats(self)
+    }
+    fn nudge(&self) {
+        Db::nudge(self)
+    }
+    fn run_waiter(&self) -> RunWaiter<'_> {
+        Db::run_waiter(self)
+    }
+    fn has_run_waiters(&self) -> bool {
+        Db::has_run_waiters(self)
     }
 }

@@ -27,14 +27,15 @@ use crate::prune::{self, Pruned, Retention};
 use crate::reaction::{self, Reaction};
 use crate::rule::Rule;
 use crate::run::{Run, RunContext, RunInfo, RunState};
-use crate::runtime::{self, Context, Idle};
+use crate::runtime::{self, Backend, Context, Idle};
 use crate::schedule::{self, Job, ScheduleInfo};
 use crate::stats::{self, Stats};
+use crate::store::backend::DeadLetters;
 #[cfg(feature = "postgres")]
 use crate::store::backend::Postgres;
-use crate::store::backend::{Sqlite, Store};
+use crate::store::backend::Sqlite;
 use crate::store::conn::Synchronous;
-use crate::store::{self, dead_letters, schema};
+use crate::store::{self, schema};
 use crate::tx::Tx;
 use crate::workspace::{self, WorkspaceInfo};
 use crate::writer::WriterStats;
@@ -54,7 +55,7 @@ use crate::writer::WriterStats;
 /// short, jittered sleeps, up to the busy timeout, instead of surfacing
 /// `database is locked`.
 pub struct Engine<B: Backend = Sqlite> {
-    cx: Arc<B::Context>,
+    cx: Arc<Context<B>>,
     /// Shared by the handles, not by the engine's own threads: when the last
     /// handle goes, the threads are stopped and joined.
     _handles: Arc<LastHandle<B>>,
@@ -69,11 +70,11 @@ impl<B: Backend> Clone for Engine<B> {
     }
 }
 
-struct LastHandle<B: Backend>(Arc<B::Context>);
+struct LastHandle<B: Backend>(Arc<Context<B>>);
 
 impl<B: Backend> Drop for LastHandle<B> {
     fn drop(&mut self) {
-        B::shutdown(&self.0);
+        B::close(&self.0);
     }
 }
 
@@ -93,57 +94,6 @@ impl<B: Backend> std::fmt::Debug for Engine<B> {
     }
 }
 
-/// The database an [`Engine`] runs on: [`Sqlite`] (the default: one file)
-/// or, with the feature `postgres`, `Postgres` (a server several machines
-/// share). Sealed; its items are the engine's own.
-///
-/// Every backend has the methods of `impl<B: Backend> Engine<B>`
-/// (workspaces, writes with the application's own SQL, appends, reads,
-/// cursors, leases, waiting for commits); the rest of [`Engine`]'s methods
-/// (rules, runs, the jobs loop, followers, operators' views) are SQLite's
-/// for now, and come to PostgreSQL as its store grows (issue 19).
-pub trait Backend: Store {
-    #[doc(hidden)]
-    type Context: Send + Sync + 'static;
-    #[doc(hidden)]
-    type Db: CoreDb<Self>;
-    #[doc(hidden)]
-    fn db(cx: &Self::Context) -> &Self::Db;
-    #[doc(hidden)]
-    fn shutdown(cx: &Self::Context);
-    #[doc(hidden)]
-    fn describe(cx: &Self::Context) -> String;
-}
-
-impl Backend for Sqlite {
-    type Context = Context;
-    type Db = crate::db::Db;
-    fn db(cx: &Context) -> &crate::db::Db {
-        &cx.db
-    }
-    fn shutdown(cx: &Context) {
-        runtime::shutdown(cx);
-    }
-    fn describe(cx: &Context) -> String {
-        cx.db.path().display().to_string()
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Backend for Postgres {
-    type Context = crate::pgdb::PgDb;
-    type Db = crate::pgdb::PgDb;
-    fn db(cx: &crate::pgdb::PgDb) -> &crate::pgdb::PgDb {
-        cx
-    }
-    fn shutdown(cx: &crate::pgdb::PgDb) {
-        cx.close();
-    }
-    fn describe(cx: &crate::pgdb::PgDb) -> String {
-        cx.what().to_string()
-    }
-}
-
 /// What PostgreSQL does besides (feature `postgres`).
 #[cfg(feature = "postgres")]
 impl Engine<Postgres> {
@@ -154,7 +104,7 @@ impl Engine<Postgres> {
     /// Nothing is pruned automatically on PostgreSQL: call it from a job of
     /// your own, from one process.
     pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
-        prune::prune_postgres(&self.cx, retention, &mut |_| {})
+        prune::prune_postgres(&self.cx.db, retention, &mut |_| {})
     }
 
     /// Runs `f` on a read-only transaction of its own, for the
@@ -162,7 +112,7 @@ impl Engine<Postgres> {
     /// (`Tx::read`, `Tx::cursor`): what SQLite's `with_reader` is on a
     /// file. A write in it fails with [`Error::ReadOnly`].
     pub fn with_reader<T>(&self, f: impl FnMut(&Tx<'_, Postgres>) -> Result<T>) -> Result<T> {
-        self.cx.with_reader(f)
+        self.cx.db.with_reader(f)
     }
 
     /// [`Engine::prune`] on PostgreSQL, calling `progress` with the running
@@ -172,7 +122,7 @@ impl Engine<Postgres> {
         retention: &Retention,
         mut progress: impl FnMut(Pruned),
     ) -> Result<Pruned> {
-        prune::prune_postgres(&self.cx, retention, &mut progress)
+        prune::prune_postgres(&self.cx.db, retention, &mut progress)
     }
 }
 
@@ -180,7 +130,7 @@ impl Engine<Postgres> {
 /// SQL, appends, reads, cursors, leases, waiting for commits.
 impl<B: Backend> Engine<B> {
     fn db(&self) -> &B::Db {
-        B::db(&self.cx)
+        &self.cx.db
     }
 
     /// What operators did, newest first.
@@ -202,7 +152,7 @@ impl<B: Backend> Engine<B> {
         self.db().writer_stats()
     }
 
-    pub(crate) fn from_context(cx: B::Context) -> Engine<B> {
+    pub(crate) fn from_context(cx: Context<B>) -> Engine<B> {
         let cx = Arc::new(cx);
         Engine {
             _handles: Arc::new(LastHandle(Arc::clone(&cx))),
@@ -426,6 +376,145 @@ impl<B: Backend> Engine<B> {
     pub fn leases(&self) -> Result<Vec<LeaseInfo>> {
         self.db().read_with(&mut |c| lease::list(c))
     }
+
+    // ----- actions and their runs (every backend) --------------------------
+
+    /// Enqueues a run of an action in a transaction of its own (shorthand for
+    /// a [`Engine::write`] with one [`Tx::enqueue`]). See [`Enqueue`].
+    ///
+    /// ```
+    /// # fn main() -> reflexr::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
+    /// use reflexr::{Enqueue, Unique};
+    /// let first = engine.enqueue(
+    ///     &Enqueue::new("rebuild-search-index", &serde_json::json!({ "shard": 3 }))
+    ///         .unique("shard/3", Unique::WhilePending),
+    /// )?;
+    /// let again = engine.enqueue(
+    ///     &Enqueue::new("rebuild-search-index", &serde_json::json!({ "shard": 3 }))
+    ///         .unique("shard/3", Unique::WhilePending),
+    /// )?;
+    /// assert!(again.deduplicated && again.id == first.id);
+    /// # Ok(()) }
+    /// ```
+    pub fn enqueue(&self, e: &Enqueue) -> Result<Enqueued> {
+        self.write(|tx| tx.enqueue(e))
+    }
+
+    /// Waits until the run ends (succeeded, dead, discarded or cancelled) or
+    /// `timeout` passes, and returns it as it stands then (check its
+    /// `state`). Woken by this process's settlements at once, by other
+    /// processes' within the watch or a heartbeat.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a run the file does not have.
+    pub fn wait_for_run(&self, id: &str, timeout: Duration) -> Result<RunInfo> {
+        let deadline = Instant::now() + timeout;
+        let _waiting = self.db().run_waiter();
+        let sub = self.db().subscribe();
+        loop {
+            let run = self.run(id)?.ok_or_else(|| Error::not_found("run", id))?;
+            let ended = matches!(
+                run.state,
+                RunState::Succeeded | RunState::Dead | RunState::Discarded | RunState::Cancelled
+            );
+            if ended || !sub.wait(self.db().settings().heartbeat, deadline) {
+                return Ok(run);
+            }
+        }
+    }
+
+    /// Sets an action's default priority and limits, kept in the file so
+    /// every process obeys them (see [`ActionConfig`]); replaces what was
+    /// set before. An operator's change goes through
+    /// [`crate::Operator::configure_action`], on the record.
+    pub fn configure_action(&self, config: &ActionConfig) -> Result<()> {
+        self.write(|tx| control::configure(tx.core(), config, tx.now_ms()))
+    }
+
+    /// Every action's settings kept in the file.
+    pub fn action_configs(&self) -> Result<Vec<ActionConfig>> {
+        self.db().read_with(&mut |c| control::configs(c))
+    }
+
+    /// Registers the handler of an action: what runs when a rule with this
+    /// action fires. This process's executors claim only runs of actions it
+    /// has registered. The handler runs at least once per run (invariant 5):
+    /// use [`Run::id`] as the idempotency key towards the outside world.
+    ///
+    /// Do not capture the `Engine` in a handler (the engine would keep itself
+    /// open); use the [`RunContext`] it is given.
+    pub fn register_action<F>(&self, name: &str, handler: F) -> Result<()>
+    where
+        F: Fn(&Run, &mut RunContext<'_, B>) -> std::result::Result<(), HandlerError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        names::check_name("action", name)?;
+        self.cx.registry_mut().add_action(name, Arc::new(handler));
+        Ok(())
+    }
+
+    /// Starts the engine's threads: the loop (reactions, scheduled jobs and
+    /// pruning, under the `loop` lease), an evaluator per workspace with
+    /// rules (under its evaluator lease), the followers' thread (each
+    /// follower under its own lease), `executors` executor threads and the
+    /// claim renewer. They run until [`Engine::shutdown`] or until the last
+    /// handle is dropped. Register rules, actions, reactions, jobs, channels
+    /// and projections first: rules cannot be added once started.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] if already started; [`Error::Io`] if a thread
+    /// cannot be spawned.
+    pub fn start(&self) -> Result<()> {
+        runtime::start(&self.cx)
+    }
+
+    /// Stops the threads: they take no new work, finish the handler they are
+    /// in, give back runs claimed but not started, and are joined; then
+    /// every lease this engine holds (the loop's, the evaluators', the
+    /// followers') is released, so another process takes over at once. The
+    /// engine stays usable (and can be started again).
+    pub fn shutdown(&self) {
+        runtime::shutdown(&self.cx);
+    }
+
+    /// Does the threads' work in this thread until nothing is ready: decides
+    /// every new event (for the workspaces whose evaluator lease this engine
+    /// holds or can take) and runs every due run, repeatedly, since runs emit
+    /// events and events fire runs. Runs waiting for a retry's backoff are not
+    /// due until the clock passes it: move a [`crate::ManualClock`] and call
+    /// again.
+    pub fn run_until_idle(&self) -> Result<Idle> {
+        runtime::run_until_idle(&self.cx)
+    }
+
+    /// Runs in `state`, oldest due first (or all runs, oldest first, if None),
+    /// at most `limit`.
+    pub fn runs(&self, state: Option<RunState>, limit: usize) -> Result<Vec<RunInfo>> {
+        self.db()
+            .read_with(&mut |c| operate::list_runs(c, state, limit))
+    }
+
+    /// One run.
+    pub fn run(&self, id: &str) -> Result<Option<RunInfo>> {
+        self.db().read_with(&mut |c| operate::run_info(c, id))
+    }
+
+    /// How many runs are in each state.
+    pub fn run_counts(&self) -> Result<Vec<(RunState, i64)>> {
+        self.db().read_with(&mut |c| operate::run_counts(c))
+    }
+
+    /// Dead letters, oldest first: the open ones, or all with
+    /// `include_resolved`.
+    pub fn dead_letters(&self, include_resolved: bool, limit: usize) -> Result<Vec<DeadLetter>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.db()
+            .read_with(&mut |c| DeadLetters::list(c, include_resolved, 0, limit))
+    }
 }
 
 impl Engine<Sqlite> {
@@ -540,65 +629,6 @@ impl Engine<Sqlite> {
 
     // ----- control of the work ----------------------------------------------
 
-    /// Enqueues a run of an action in a transaction of its own (shorthand for
-    /// a [`Engine::write`] with one [`Tx::enqueue`]). See [`Enqueue`].
-    ///
-    /// ```
-    /// # fn main() -> reflexr::Result<()> {
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
-    /// use reflexr::{Enqueue, Unique};
-    /// let first = engine.enqueue(
-    ///     &Enqueue::new("rebuild-search-index", &serde_json::json!({ "shard": 3 }))
-    ///         .unique("shard/3", Unique::WhilePending),
-    /// )?;
-    /// let again = engine.enqueue(
-    ///     &Enqueue::new("rebuild-search-index", &serde_json::json!({ "shard": 3 }))
-    ///         .unique("shard/3", Unique::WhilePending),
-    /// )?;
-    /// assert!(again.deduplicated && again.id == first.id);
-    /// # Ok(()) }
-    /// ```
-    pub fn enqueue(&self, e: &Enqueue) -> Result<Enqueued> {
-        self.write(|tx| tx.enqueue(e))
-    }
-
-    /// Waits until the run ends (succeeded, dead, discarded or cancelled) or
-    /// `timeout` passes, and returns it as it stands then (check its
-    /// `state`). Woken by this process's settlements at once, by other
-    /// processes' within the watch or a heartbeat.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] for a run the file does not have.
-    pub fn wait_for_run(&self, id: &str, timeout: Duration) -> Result<RunInfo> {
-        let deadline = Instant::now() + timeout;
-        let _waiting = self.cx.db.run_waiter();
-        let sub = self.cx.db.subscribe();
-        loop {
-            let run = self.run(id)?.ok_or_else(|| Error::not_found("run", id))?;
-            let ended = matches!(
-                run.state,
-                RunState::Succeeded | RunState::Dead | RunState::Discarded | RunState::Cancelled
-            );
-            if ended || !sub.wait(self.cx.db.settings().heartbeat, deadline) {
-                return Ok(run);
-            }
-        }
-    }
-
-    /// Sets an action's default priority and limits, kept in the file so
-    /// every process obeys them (see [`ActionConfig`]); replaces what was
-    /// set before. An operator's change goes through
-    /// [`crate::Operator::configure_action`], on the record.
-    pub fn configure_action(&self, config: &ActionConfig) -> Result<()> {
-        self.write(|tx| control::configure(tx.conn(), config, tx.now_ms()))
-    }
-
-    /// Every action's settings kept in the file.
-    pub fn action_configs(&self) -> Result<Vec<ActionConfig>> {
-        self.cx.db.read(control::configs)
-    }
-
     /// What is paused, by whom and why.
     pub fn paused(&self) -> Result<Vec<PausedInfo>> {
         self.cx.db.read(control::paused)
@@ -646,59 +676,6 @@ impl Engine<Sqlite> {
         Ok(())
     }
 
-    /// Registers the handler of an action: what runs when a rule with this
-    /// action fires. This process's executors claim only runs of actions it
-    /// has registered. The handler runs at least once per run (invariant 5):
-    /// use [`Run::id`] as the idempotency key towards the outside world.
-    ///
-    /// Do not capture the `Engine` in a handler (the engine would keep itself
-    /// open); use the [`RunContext`] it is given.
-    pub fn register_action<F>(&self, name: &str, handler: F) -> Result<()>
-    where
-        F: Fn(&Run, &mut RunContext<'_>) -> std::result::Result<(), HandlerError>
-            + Send
-            + Sync
-            + 'static,
-    {
-        names::check_name("action", name)?;
-        self.cx.registry_mut().add_action(name, Arc::new(handler));
-        Ok(())
-    }
-
-    /// Starts the engine's threads: the loop (reactions, scheduled jobs and
-    /// pruning, under the `loop` lease), an evaluator per workspace with
-    /// rules (under its evaluator lease), the followers' thread (each
-    /// follower under its own lease), `executors` executor threads and the
-    /// claim renewer. They run until [`Engine::shutdown`] or until the last
-    /// handle is dropped. Register rules, actions, reactions, jobs, channels
-    /// and projections first: rules cannot be added once started.
-    ///
-    /// # Errors
-    /// [`Error::Invalid`] if already started; [`Error::Io`] if a thread
-    /// cannot be spawned.
-    pub fn start(&self) -> Result<()> {
-        runtime::start(&self.cx)
-    }
-
-    /// Stops the threads: they take no new work, finish the handler they are
-    /// in, give back runs claimed but not started, and are joined; then
-    /// every lease this engine holds (the loop's, the evaluators', the
-    /// followers') is released, so another process takes over at once. The
-    /// engine stays usable (and can be started again).
-    pub fn shutdown(&self) {
-        runtime::shutdown(&self.cx);
-    }
-
-    /// Does the threads' work in this thread until nothing is ready: decides
-    /// every new event (for the workspaces whose evaluator lease this engine
-    /// holds or can take) and runs every due run, repeatedly, since runs emit
-    /// events and events fire runs. Runs waiting for a retry's backoff are not
-    /// due until the clock passes it: move a [`crate::ManualClock`] and call
-    /// again.
-    pub fn run_until_idle(&self) -> Result<Idle> {
-        runtime::run_until_idle(&self.cx)
-    }
-
     /// The rules the file knows, with their cursors and lag.
     pub fn rules(&self) -> Result<Vec<RuleInfo>> {
         let registered: Vec<String> = self.cx.registry().rules.keys().cloned().collect();
@@ -723,31 +700,6 @@ impl Engine<Sqlite> {
     }
 
     // ----- runs and dead letters ------------------------------------------
-
-    /// Runs in `state`, oldest due first (or all runs, oldest first, if None),
-    /// at most `limit`.
-    pub fn runs(&self, state: Option<RunState>, limit: usize) -> Result<Vec<RunInfo>> {
-        self.cx.db.read(|c| operate::list_runs(c, state, limit))
-    }
-
-    /// One run.
-    pub fn run(&self, id: &str) -> Result<Option<RunInfo>> {
-        self.cx.db.read(|c| operate::run_info(c, id))
-    }
-
-    /// How many runs are in each state.
-    pub fn run_counts(&self) -> Result<Vec<(RunState, i64)>> {
-        self.cx.db.read(operate::run_counts)
-    }
-
-    /// Dead letters, oldest first: the open ones, or all with
-    /// `include_resolved`.
-    pub fn dead_letters(&self, include_resolved: bool, limit: usize) -> Result<Vec<DeadLetter>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.cx
-            .db
-            .read(|c| dead_letters::list(c, include_resolved, 0, limit))
-    }
 
     // ----- the jobs loop: reactions, channels, scheduled jobs, pruning ------
 

@@ -104,7 +104,7 @@ fn derived_id(kind: &str, rule: &str, event: &Event, index: u32) -> String {
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Pass {
+pub struct Pass {
     /// Events the rules moved past (decided or skipped).
     pub events: usize,
     pub decided: usize,

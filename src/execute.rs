@@ -16,14 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::claims::Claims;
 use crate::control;
 use crate::counter::Counter;
-use crate::db::Db;
+use crate::db::{CoreDb, Database};
 use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, Result, panic_text};
 use crate::run::{self, Actions, Emitted, Run, RunContext};
-use crate::store::backend::Runs;
-use crate::store::counters;
-use crate::store::dead_letters::{self, NewDeadLetter};
-use crate::store::runs::{self, Requeued, RunRow};
+use crate::store::backend::Store;
+use crate::store::backend::{Counters, DeadLetters, Runs, RunsMore};
+use crate::store::dead_letters::NewDeadLetter;
+use crate::store::runs::{Requeued, RunRow};
 use crate::tx::Tx;
 
 /// What happened to the runs of one claim.
@@ -69,9 +69,9 @@ const BATCH_BUDGET: std::time::Duration = std::time::Duration::from_millis(50);
 /// does not returns to `limit`. Handlers stop taking runs of a batch after
 /// [`BATCH_BUDGET`]; the runs not started yet stay claimed and go first in
 /// the next round.
-pub(crate) fn execute(
-    db: &Db,
-    actions: &Actions,
+pub(crate) fn execute<B: Database>(
+    db: &B::Db,
+    actions: &Actions<B>,
     claims: &Claims,
     stop: &AtomicBool,
     limit: usize,
@@ -82,7 +82,7 @@ pub(crate) fn execute(
     let names = &actions.names;
     // A cheap read first: an idle executor opens no write transaction.
     let now = db.now_ms();
-    if !db.read(|c| control::work_due(c, now, names))? {
+    if !db.read_with(&mut |c| control::work_due(c, now, names))? {
         return Ok(Executed::default());
     }
     let handlers = &actions.handlers;
@@ -93,17 +93,17 @@ pub(crate) fn execute(
     let most = MAX_CLAIM.max(base);
     // Runs that ended cancelled when their lapsed claim was found.
     let lapsed_cancelled = std::sync::atomic::AtomicUsize::new(0);
-    let claim = |tx: &mut Tx<'_>, n: usize| -> Result<Vec<RunRow>> {
+    let claim = |tx: &mut Tx<'_, B>, n: usize| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         let mut rescued = 0;
-        for lapsed in Runs::lapsed(tx.conn(), now, 100)? {
-            match Runs::requeue_lapsed(tx.conn(), lapsed.ord, now)? {
+        for lapsed in Runs::lapsed(tx.core(), now, 100)? {
+            match Runs::requeue_lapsed(tx.core(), lapsed.ord, now)? {
                 Requeued::Ready => rescued += 1,
                 // Cancelled while its executor was gone: it ended, and the
                 // next run of its scope may start.
                 Requeued::Cancelled => {
                     if let Some(lane) = &lapsed.lane {
-                        Runs::advance_lane(tx.conn(), lane, &lapsed.id, now)?;
+                        Runs::advance_lane(tx.core(), lane, &lapsed.id, now)?;
                     }
                     lapsed_cancelled.fetch_add(1, Ordering::Relaxed);
                     // It ended: threads waiting for it look again.
@@ -114,11 +114,11 @@ pub(crate) fn execute(
                 Requeued::No => {}
             }
         }
-        counters::bump(tx.conn(), Counter::ClaimsRescued, rescued)?;
-        control::claim(tx.conn(), &holder, now, now + ttl, n, names)
+        Counters::bump(tx.core(), Counter::ClaimsRescued, rescued)?;
+        control::claim(tx.core(), &holder, now, now + ttl, n, names)
     };
     let mut size = base;
-    let mut fresh: Vec<RunRow> = db.write(|tx| claim(tx, size))?;
+    let mut fresh: Vec<RunRow> = db.write_with(|tx| claim(tx, size))?;
     // Claimed in an earlier round, not started yet (still ours, tracked).
     let mut carried: Vec<(RunRow, Run)> = Vec::new();
     let mut done = Executed::default();
@@ -154,7 +154,7 @@ pub(crate) fn execute(
                 )
             } else {
                 match handlers.get(&run.action) {
-                    Some(h) => call(db, stop, claims, h, run),
+                    Some(h) => call::<B>(db, stop, claims, h, run),
                     None => Outcome::Failed(format!("no handler for action {}", run.action)),
                 }
             };
@@ -169,7 +169,7 @@ pub(crate) fn execute(
         let keep = if more { rest.len() } else { 0 };
         let want = size.saturating_sub(keep);
 
-        let next = db.write(|tx| {
+        let next = db.write_with(|tx| {
             let mut round = Executed::default();
             // Plain successes (nothing emitted, no lane to move on) settle in
             // one statement; the rest, and all of them if a claim turns out
@@ -186,15 +186,12 @@ pub(crate) fn execute(
             if plain.len() > 1 {
                 settled_plain = tx
                     .nested(|tx| {
-                        let claims = serde_json::to_string(
-                            &plain
-                                .iter()
-                                .map(|i| (&ran[*i].id, ran[*i].attempt))
-                                .collect::<Vec<_>>(),
-                        )
-                        .expect("ids and attempts encode");
+                        let claims: Vec<(&str, i64)> = plain
+                            .iter()
+                            .map(|i| (ran[*i].id.as_str(), i64::from(ran[*i].attempt)))
+                            .collect();
                         let now = tx.now_ms();
-                        let n = runs::succeed_many(tx.conn(), &holder, &claims, now)?;
+                        let n = RunsMore::succeed_many(tx.core(), &holder, &claims, now)?;
                         if n == plain.len() {
                             Ok(true)
                         } else {
@@ -239,7 +236,7 @@ pub(crate) fn execute(
                 for (row, run) in rest {
                     let now = tx.now_ms();
                     let given = Runs::release(
-                        tx.conn(),
+                        tx.core(),
                         row.ord,
                         &run.holder,
                         i64::from(run.attempt),
@@ -248,18 +245,18 @@ pub(crate) fn execute(
                     if given == Requeued::Cancelled {
                         round.cancelled += 1;
                         if let Some(lane) = &run.lane {
-                            Runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+                            Runs::advance_lane(tx.core(), lane, &run.id, now)?;
                         }
                     }
                 }
             }
-            counters::bump(tx.conn(), Counter::RunsSucceeded, round.succeeded)?;
+            Counters::bump(tx.core(), Counter::RunsSucceeded, round.succeeded)?;
             // Runs ended: threads waiting for them look again.
             if db.has_run_waiters() {
                 tx.mark_nudge();
             }
-            counters::bump(tx.conn(), Counter::RunsRetried, round.retried)?;
-            counters::bump(tx.conn(), Counter::RunsDead, round.dead)?;
+            Counters::bump(tx.core(), Counter::RunsRetried, round.retried)?;
+            Counters::bump(tx.core(), Counter::RunsDead, round.dead)?;
             // The next batch, in the same commit (it may include runs this
             // settlement just made ready).
             let next = if more && want > 0 {
@@ -299,14 +296,14 @@ pub(crate) fn execute(
     Ok(done)
 }
 
-fn call(
-    db: &Db,
+fn call<B: Database>(
+    db: &B::Db,
     stop: &AtomicBool,
     claims: &Claims,
-    handler: &Arc<run::ActionFn>,
+    handler: &Arc<run::ActionFn<B>>,
     run: &Run,
 ) -> Outcome {
-    let mut ctx = RunContext::new(db, stop, claims.cancel_flag(&run.id), run);
+    let mut ctx = RunContext::<B>::new(db, stop, claims.cancel_flag(&run.id), run);
     let result = catch_unwind(AssertUnwindSafe(|| handler(run, &mut ctx)));
     match result {
         Ok(Ok(())) if ctx.completed => Outcome::AlreadyDone,
@@ -345,22 +342,22 @@ enum Settled {
 /// writes are rolled back and the attempt fails with the reason, retried or
 /// dead-lettered by its policy, while the other runs of the batch settle as
 /// their handlers said.
-fn settle_contained(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Settled> {
+fn settle_contained<B: Store>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) -> Result<Settled> {
     match tx.nested(|tx| settle(tx, run, outcome)) {
         // Refused because an operator cancelled the run while it ran: it
         // ends cancelled, whatever its handler said.
         Err(e) if e.is_lease_lost() => {
             let cancelled = tx.nested(|tx| {
                 let now = tx.now_ms();
-                let done = runs::end_cancelled(
-                    tx.conn(),
+                let done = RunsMore::end_cancelled(
+                    tx.core(),
                     &run.id,
                     &run.holder,
                     i64::from(run.attempt),
                     now,
                 )?;
                 if done && let Some(lane) = &run.lane {
-                    Runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+                    Runs::advance_lane(tx.core(), lane, &run.id, now)?;
                 }
                 Ok::<_, Error>(done)
             })?;
@@ -379,7 +376,7 @@ fn settle_contained(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Set
     }
 }
 
-fn settle(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Settled> {
+fn settle<B: Store>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) -> Result<Settled> {
     match outcome {
         Outcome::AlreadyDone => Ok(Settled::Succeeded),
         Outcome::Succeeded(emitted) => {
@@ -392,9 +389,9 @@ fn settle(tx: &mut Tx<'_>, run: &Run, outcome: &Outcome) -> Result<Settled> {
 
 /// A failed attempt: ready again after its backoff, or dead once the policy
 /// is spent.
-fn fail(tx: &mut Tx<'_>, run: &Run, error: &str) -> Result<Settled> {
+fn fail<B: Store>(tx: &mut Tx<'_, B>, run: &Run, error: &str) -> Result<Settled> {
     let now = tx.now_ms();
-    let conn = tx.conn();
+    let conn = tx.core();
     let attempt = i64::from(run.attempt);
     let row = Runs::get(conn, &run.id)?.ok_or_else(|| run::claim_lost(run))?;
     if run.attempt < run.max_attempts {
@@ -407,7 +404,7 @@ fn fail(tx: &mut Tx<'_>, run: &Run, error: &str) -> Result<Settled> {
     if !Runs::kill(conn, &run.id, &run.holder, attempt, now, error)? {
         return Err(run::claim_lost(run));
     }
-    dead_letters::insert(
+    DeadLetters::insert(
         conn,
         &NewDeadLetter {
             kind: DeadLetterKind::Run,
@@ -444,26 +441,25 @@ pub(crate) fn backoff_ms(row: &RunRow, attempt: u32) -> i64 {
 
 /// Renews every claim this engine holds whose renewal is due: the runs
 /// whose handlers are still working.
-pub(crate) fn renew_claims(db: &Db, claims: &Claims) -> Result<usize> {
+pub(crate) fn renew_claims<B: Store>(db: &impl CoreDb<B>, claims: &Claims) -> Result<usize> {
     let ttl = db.settings().lease_ttl_ms();
     let now = db.now_ms();
     let due = claims.due(now, ttl);
     if due.is_empty() {
         return Ok(0);
     }
-    let (renewed, cancelled) = db.write(|tx| {
+    let (renewed, cancelled) = db.write_with(|tx| {
         let now = tx.now_ms();
         let mut renewed = Vec::new();
         for (id, holder, attempt) in &due {
-            if Runs::renew(tx.conn(), id, holder, *attempt, now, now + ttl)? {
+            if Runs::renew(tx.core(), id, holder, *attempt, now, now + ttl)? {
                 renewed.push(id.clone());
             }
         }
         // A renewal is where a handler in another process learns that an
         // operator cancelled its run.
-        let ids: Vec<&String> = due.iter().map(|(id, _, _)| id).collect();
-        let ids = serde_json::to_string(&ids).expect("ids encode");
-        let cancelled = runs::cancel_requested(tx.conn(), &ids)?;
+        let ids: Vec<&str> = due.iter().map(|(id, _, _)| id.as_str()).collect();
+        let cancelled = RunsMore::cancel_requested(tx.core(), &ids)?;
         Ok::<_, Error>((renewed, cancelled))
     })?;
     claims.renewed(&renewed, now + ttl);

@@ -12,7 +12,7 @@ use crate::names::{self, MAX_ID_BYTES};
 use crate::rule::{OnNewVersion, Rule, Start};
 use crate::run::{RunInfo, RunState};
 use crate::store::audit;
-use crate::store::backend::Runs;
+use crate::store::backend::{Runs, RunsMore};
 use crate::store::dead_letters;
 use crate::store::{cursors, events, rules, runs};
 
@@ -357,24 +357,24 @@ pub(crate) fn unblock(
     )
 }
 
-pub(crate) fn run_info(conn: &Connection, id: &str) -> Result<Option<RunInfo>> {
+pub(crate) fn run_info<C: Runs + ?Sized>(conn: &C, id: &str) -> Result<Option<RunInfo>> {
     Runs::get(conn, id)?.map(RunInfo::from_row).transpose()
 }
 
-pub(crate) fn list_runs(
-    conn: &Connection,
+pub(crate) fn list_runs<C: RunsMore + ?Sized>(
+    conn: &C,
     state: Option<RunState>,
     limit: usize,
 ) -> Result<Vec<RunInfo>> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    runs::list(conn, state.map(RunState::as_str), limit)?
+    RunsMore::list(conn, state.map(RunState::as_str), limit)?
         .into_iter()
         .map(RunInfo::from_row)
         .collect()
 }
 
-pub(crate) fn run_counts(conn: &Connection) -> Result<Vec<(RunState, i64)>> {
-    runs::counts(conn)?
+pub(crate) fn run_counts<C: RunsMore + ?Sized>(conn: &C) -> Result<Vec<(RunState, i64)>> {
+    RunsMore::counts(conn)?
         .into_iter()
         .map(|(s, n)| Ok((s.parse::<RunState>()?, n)))
         .collect()

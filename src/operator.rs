@@ -2,10 +2,11 @@
 
 use crate::control::{self, ActionConfig, Pausable};
 use crate::cursor::{self, ConsumerKind, Reset};
-use crate::engine::{Backend, Engine};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::operate::{self, Bulk, RuleReset};
 use crate::prune::{Pruned, Retention};
+use crate::runtime::Backend;
 use crate::store::backend::Sqlite;
 
 /// An operator acting on the file, from [`Engine::operator`]: every

@@ -29,7 +29,7 @@ use postgres::NoTls;
 
 use crate::clock::Clock;
 use crate::combiner::{Batch, Combiner, Ended};
-use crate::db::CoreDb;
+use crate::db::{CoreDb, Database, RunWaiter};
 use crate::error::{Error, Result};
 use crate::notify::{Notifier, PgListen, Subscription};
 use crate::settings::Settings;
@@ -60,6 +60,8 @@ pub struct PgDb {
     commits: AtomicU64,
     writes: AtomicU64,
     aborts: AtomicU64,
+    /// Threads waiting for runs to end (see `Db::run_waiter`).
+    run_waiters: std::sync::atomic::AtomicUsize,
 }
 
 impl PgDb {
@@ -116,6 +118,7 @@ impl PgDb {
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             aborts: AtomicU64::new(0),
+            run_waiters: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -298,6 +301,10 @@ fn describe(config: &postgres::Config) -> String {
     format!("postgresql {host}:{port}/{db}")
 }
 
+impl Database for Postgres {
+    type Db = PgDb;
+}
+
 impl CoreDb<Postgres> for PgDb {
     fn settings(&self) -> &Settings {
         &self.env.settings
@@ -325,5 +332,14 @@ impl CoreDb<Postgres> for PgDb {
             writes: self.writes.load(Ordering::Relaxed),
             aborts: self.aborts.load(Ordering::Relaxed),
         }
+    }
+    fn nudge(&self) {
+        self.notifier.nudge();
+    }
+    fn run_waiter(&self) -> RunWaiter<'_> {
+        RunWaiter::new(&self.run_waiters)
+    }
+    fn has_run_waiters(&self) -> bool {
+        self.run_waiters.load(Ordering::SeqCst) > 0
     }
 }

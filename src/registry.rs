@@ -4,24 +4,29 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::db::Database;
 use crate::event::{Event, RESERVED_TYPES};
 use crate::follow::{ProjectionFn, same_event};
 use crate::reaction::Reaction;
 use crate::rule::Rule;
 use crate::run::{ActionFn, Actions};
 use crate::schedule::Job;
+use crate::store::backend::Sqlite;
 
-pub(crate) struct Registry {
+/// The actions' handlers are the backend's (their context's reads and
+/// writes are); the rest is SQLite's for now, and stays empty on another
+/// backend, whose engine has no method to register it.
+pub(crate) struct Registry<B: Database = Sqlite> {
     pub rules: BTreeMap<String, Arc<Rule>>,
     /// Every handler executors run (see [`Actions`]); replaced whole when
     /// one is added, so executors take it with one `Arc` clone.
-    pub actions: Arc<Actions>,
+    pub actions: Arc<Actions<B>>,
     pub reactions: BTreeMap<String, Arc<Reaction>>,
     pub jobs: BTreeMap<String, Arc<Job>>,
     pub projections: BTreeMap<String, Arc<ProjectionFn>>,
 }
 
-impl Default for Registry {
+impl<B: Database> Default for Registry<B> {
     fn default() -> Self {
         let mut projections: BTreeMap<String, Arc<ProjectionFn>> = BTreeMap::new();
         // Every application envelope as it is; reflexr's own RuleFired and
@@ -42,7 +47,7 @@ impl Default for Registry {
     }
 }
 
-impl Registry {
+impl<B: Database> Registry<B> {
     /// The workspaces some registered rule reads, by name.
     pub fn workspaces_with_rules(&self) -> Vec<String> {
         let mut v: Vec<String> = self.rules.values().map(|r| r.workspace.clone()).collect();
@@ -61,7 +66,7 @@ impl Registry {
     }
 
     /// Adds (or replaces) the handler of an action.
-    pub fn add_action(&mut self, name: &str, handler: Arc<ActionFn>) {
+    pub fn add_action(&mut self, name: &str, handler: Arc<ActionFn<B>>) {
         self.actions = Arc::new(self.actions.with(name, handler));
     }
 }

@@ -14,10 +14,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::changelog::{self, Origin};
-use crate::db::Db;
+use crate::db::{CoreDb, Database};
 use crate::error::{Error, HandlerError, Result};
 use crate::event::{Event, NewEvent, Query};
-use crate::store::backend::Runs;
+use crate::store::backend::{Runs, Sqlite, Store};
 use crate::store::runs::RunRow;
 use crate::tx::Tx;
 use crate::words::text_enum;
@@ -240,23 +240,31 @@ impl RunInfo {
 /// An action handler: runs one attempt of a run. Return `Ok` to complete
 /// the run (unless it was completed with [`RunContext::complete`] already),
 /// an error — or panic — to fail the attempt.
-pub type ActionFn =
-    dyn Fn(&Run, &mut RunContext<'_>) -> std::result::Result<(), HandlerError> + Send + Sync;
+pub type ActionFn<B = Sqlite> =
+    dyn Fn(&Run, &mut RunContext<'_, B>) -> std::result::Result<(), HandlerError> + Send + Sync;
 
 /// The handlers this process runs, by action name — rules' actions,
 /// `delivery/<channel>` senders, `job/<name>` jobs — and their names as the
 /// claim takes them (a JSON array). Rebuilt whenever one is registered, so
 /// an executor takes the whole set with one `Arc` clone.
-#[derive(Default)]
-pub(crate) struct Actions {
-    pub handlers: BTreeMap<String, Arc<ActionFn>>,
+pub(crate) struct Actions<B: Database = Sqlite> {
+    pub handlers: BTreeMap<String, Arc<ActionFn<B>>>,
     /// The names, for the claim.
     pub names: Vec<String>,
 }
 
-impl Actions {
+impl<B: Database> Default for Actions<B> {
+    fn default() -> Self {
+        Actions {
+            handlers: BTreeMap::new(),
+            names: Vec::new(),
+        }
+    }
+}
+
+impl<B: Database> Actions<B> {
     /// These actions and `name`'s handler.
-    pub(crate) fn with(&self, name: &str, handler: Arc<ActionFn>) -> Actions {
+    pub(crate) fn with(&self, name: &str, handler: Arc<ActionFn<B>>) -> Actions<B> {
         let mut handlers = self.handlers.clone();
         handlers.insert(name.to_string(), handler);
         let names = handlers.keys().cloned().collect();
@@ -272,8 +280,8 @@ pub(crate) struct Emitted {
 }
 
 /// What a handler can do besides its own work.
-pub struct RunContext<'a> {
-    db: &'a Db,
+pub struct RunContext<'a, B: Database = Sqlite> {
+    db: &'a B::Db,
     stopping: &'a AtomicBool,
     cancelled: std::sync::Arc<AtomicBool>,
     run: &'a Run,
@@ -281,14 +289,14 @@ pub struct RunContext<'a> {
     pub(crate) completed: bool,
 }
 
-impl<'a> RunContext<'a> {
+impl<'a, B: Database> RunContext<'a, B> {
     /// `stopping` is the engine's shutdown flag; `cancelled` the run's own.
     pub(crate) fn new(
-        db: &'a Db,
+        db: &'a B::Db,
         stopping: &'a AtomicBool,
         cancelled: std::sync::Arc<AtomicBool>,
         run: &'a Run,
-    ) -> RunContext<'a> {
+    ) -> RunContext<'a, B> {
         RunContext {
             db,
             stopping,
@@ -364,10 +372,10 @@ impl<'a> RunContext<'a> {
         let max = self.db.settings().limits.max_payload_bytes;
         changelog::check_json("checkpoint", &json, max)?;
         let run = self.run;
-        self.db.write(|tx| {
+        self.db.write_with(|tx| {
             let now = tx.now_ms();
             if Runs::save_checkpoint(
-                tx.conn(),
+                tx.core(),
                 &run.id,
                 &run.holder,
                 run.attempt as i64,
@@ -405,11 +413,11 @@ impl<'a> RunContext<'a> {
     /// error from the handler to retry it), or [`Error::LeaseLost`].
     pub fn complete<T: Send>(
         &mut self,
-        f: impl FnOnce(&mut Tx<'_>) -> Result<T> + Send,
+        f: impl FnOnce(&mut Tx<'_, B>) -> Result<T> + Send,
     ) -> Result<T> {
         let run = self.run;
         let emitted = std::mem::take(&mut self.emitted);
-        let value = self.db.write(|tx| {
+        let value = self.db.write_with(|tx| {
             let value = f(tx)?;
             finish_success(tx, run, &emitted)?;
             Ok(value)
@@ -429,12 +437,26 @@ impl<'a> RunContext<'a> {
 
     /// Reads events, as [`crate::Engine::read`].
     pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
-        self.db.read(|c| changelog::read(c, query))
+        self.db.read_with(&mut |c| changelog::read(c, query))
     }
+}
 
+impl RunContext<'_, Sqlite> {
     /// Runs `f` on a read connection, as [`crate::Engine::with_reader`].
     pub fn with_reader<T>(&self, f: impl FnMut(&rusqlite::Connection) -> Result<T>) -> Result<T> {
         self.db.read(f)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl RunContext<'_, crate::store::backend::Postgres> {
+    /// Runs `f` in a read-only transaction of its own, as
+    /// `Engine::<Postgres>::with_reader`.
+    pub fn with_reader<T>(
+        &self,
+        f: impl FnMut(&Tx<'_, crate::store::backend::Postgres>) -> Result<T>,
+    ) -> Result<T> {
+        self.db.with_reader(f)
     }
 }
 
@@ -450,12 +472,16 @@ pub(crate) fn claim_lost(run: &Run) -> Error {
 /// claim), appends the emitted events and moves the run's lane on. If the
 /// claim is no longer ours, nothing is written and the error is
 /// [`Error::LeaseLost`].
-pub(crate) fn finish_success(tx: &mut Tx<'_>, run: &Run, emitted: &[Emitted]) -> Result<()> {
+pub(crate) fn finish_success<B: Store>(
+    tx: &mut Tx<'_, B>,
+    run: &Run,
+    emitted: &[Emitted],
+) -> Result<()> {
     let now = tx.now_ms();
     // The update is the claim check: it changes the row only while the claim
     // (holder and attempt) is ours, and runs first, so a lost claim has
     // written nothing when it returns.
-    if !Runs::succeed(tx.conn(), &run.id, &run.holder, i64::from(run.attempt), now)? {
+    if !Runs::succeed(tx.core(), &run.id, &run.holder, i64::from(run.attempt), now)? {
         return Err(claim_lost(run));
     }
     for e in emitted {
@@ -472,7 +498,7 @@ pub(crate) fn finish_success(tx: &mut Tx<'_>, run: &Run, emitted: &[Emitted]) ->
         )?;
     }
     if let Some(lane) = &run.lane {
-        Runs::advance_lane(tx.conn(), lane, &run.id, now)?;
+        Runs::advance_lane(tx.core(), lane, &run.id, now)?;
     }
     Ok(())
 }

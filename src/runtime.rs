@@ -43,15 +43,85 @@ use std::time::Instant;
 use crossbeam_channel::{Sender, bounded};
 
 use crate::claims::Claims;
-use crate::db::{Db, Open};
+use crate::db::{CoreDb, Database, Db, Open};
 use crate::error::{Error, Result};
 use crate::evaluate::{self, Pass};
 use crate::execute::{self, Executed};
 use crate::lease::{self, Lease};
 use crate::prune::{self, Retention};
 use crate::registry::Registry;
+use crate::store::backend::Sqlite;
 use crate::store::conn::Synchronous;
 use crate::{follow, reaction, schedule};
+
+/// The database an [`crate::Engine`] runs on: [`Sqlite`] (the default: one file)
+/// or, with the feature `postgres`, `Postgres` (a server several machines
+/// share). Sealed; its items are the engine's own.
+///
+/// Every backend has the methods of `impl<B: Backend> Engine<B>`
+/// (workspaces, writes with the application's own SQL, appends, reads,
+/// cursors, leases, waiting for commits, actions and their runs, the
+/// executors); the rest of [`crate::Engine`]'s methods (rules, the jobs loop,
+/// followers, operators' views) are SQLite's for now, and come to
+/// PostgreSQL as its store grows (issue 19).
+pub trait Backend: Database {
+    /// Ends the engine when its last handle goes: its threads stopped,
+    /// its leases released, its connections closed.
+    #[doc(hidden)]
+    fn close(cx: &Context<Self>);
+    #[doc(hidden)]
+    fn describe(cx: &Context<Self>) -> String;
+    /// One pass of the workspace's rules (see `evaluate_step`).
+    #[doc(hidden)]
+    fn evaluate_step(cx: &Context<Self>, workspace: &str) -> Result<Pass>;
+    /// One batch of every follower (see `follow_step`).
+    #[doc(hidden)]
+    fn follow_step(cx: &Context<Self>) -> Result<usize>;
+    /// One turn of the loop (see `loop_step`).
+    #[doc(hidden)]
+    fn loop_step(cx: &Context<Self>) -> Result<LoopPass>;
+}
+
+impl Backend for Sqlite {
+    fn close(cx: &Context) {
+        shutdown(cx);
+    }
+    fn describe(cx: &Context) -> String {
+        cx.db.path().display().to_string()
+    }
+    fn evaluate_step(cx: &Context, workspace: &str) -> Result<Pass> {
+        evaluate_step(cx, workspace)
+    }
+    fn follow_step(cx: &Context) -> Result<usize> {
+        follow_step(cx)
+    }
+    fn loop_step(cx: &Context) -> Result<LoopPass> {
+        loop_step(cx)
+    }
+}
+
+/// Rules, followers, reactions and jobs cannot be registered on PostgreSQL
+/// yet (`Engine<Postgres>` has no method for them), so their steps have
+/// nothing to do; the executors and the renewer run as on SQLite.
+#[cfg(feature = "postgres")]
+impl Backend for crate::store::backend::Postgres {
+    fn close(cx: &Context<crate::store::backend::Postgres>) {
+        shutdown(cx);
+        cx.db.close();
+    }
+    fn describe(cx: &Context<crate::store::backend::Postgres>) -> String {
+        cx.db.what().to_string()
+    }
+    fn evaluate_step(_: &Context<crate::store::backend::Postgres>, _: &str) -> Result<Pass> {
+        Ok(Pass::default())
+    }
+    fn follow_step(_: &Context<crate::store::backend::Postgres>) -> Result<usize> {
+        Ok(0)
+    }
+    fn loop_step(_: &Context<crate::store::backend::Postgres>) -> Result<LoopPass> {
+        Ok(LoopPass::default())
+    }
+}
 
 /// The runtime's settings.
 #[derive(Debug, Clone)]
@@ -62,12 +132,14 @@ pub(crate) struct Config {
     pub retention: Option<Retention>,
 }
 
-/// An open file with everything its runtime needs: what every clone of an
-/// [`crate::Engine`] shares.
-pub struct Context {
-    pub(crate) db: Db,
+/// An open database with everything its runtime needs: what every clone of
+/// an [`crate::Engine`] shares. The executors and the renewer are every
+/// backend's; rules, reactions, jobs and followers are registered on SQLite
+/// only for now, so on another backend their steps find nothing to do.
+pub struct Context<B: Backend = Sqlite> {
+    pub(crate) db: B::Db,
     pub(crate) config: Config,
-    registry: RwLock<Registry>,
+    registry: RwLock<Registry<B>>,
     /// Claims on runs whose handlers are working, for the renewer.
     claims: Claims,
     /// The leases this engine holds (the loop's, the evaluators', the
@@ -112,8 +184,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Context {
-    pub(crate) fn new(db: Db, config: Config) -> Context {
+impl<B: Backend> Context<B> {
+    pub(crate) fn new(db: B::Db, config: Config) -> Context<B> {
         Context {
             db,
             config,
@@ -168,11 +240,11 @@ impl Context {
         &self.claims
     }
 
-    pub(crate) fn registry(&self) -> RwLockReadGuard<'_, Registry> {
+    pub(crate) fn registry(&self) -> RwLockReadGuard<'_, Registry<B>> {
         self.registry.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn registry_mut(&self) -> RwLockWriteGuard<'_, Registry> {
+    pub(crate) fn registry_mut(&self) -> RwLockWriteGuard<'_, Registry<B>> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -247,7 +319,7 @@ const PRUNE_EVERY_MS: i64 = 10 * 60 * 1000;
 
 /// The lease `name`, taken or renewed (every third of its TTL) as needed;
 /// `None` while another holder has it.
-fn held_lease(cx: &Context, name: &str) -> Result<Option<Lease>> {
+fn held_lease<B: Backend>(cx: &Context<B>, name: &str) -> Result<Option<Lease>> {
     let db = &cx.db;
     let mut held = lock(&cx.leases);
     let now = db.now_ms();
@@ -255,7 +327,7 @@ fn held_lease(cx: &Context, name: &str) -> Result<Option<Lease>> {
         if now < l.renew_due_at() && l.is_live_at(now) {
             return Ok(Some(l.clone()));
         }
-        match db.write(|tx| lease::renew(tx.conn(), tx.now_ms(), l)) {
+        match db.write_with(|tx| lease::renew(tx.core(), tx.now_ms(), l)) {
             Ok(renewed) => {
                 held.insert(name.to_string(), renewed.clone());
                 return Ok(Some(renewed));
@@ -269,7 +341,7 @@ fn held_lease(cx: &Context, name: &str) -> Result<Option<Lease>> {
     }
     let holder = db.settings().holder_id.clone();
     let ttl = db.settings().lease_ttl;
-    match db.write(|tx| lease::acquire(tx.conn(), tx.now_ms(), name, &holder, ttl)) {
+    match db.write_with(|tx| lease::acquire(tx.core(), tx.now_ms(), name, &holder, ttl)) {
         Ok(l) => {
             log::info!("holding {name} (generation {})", l.generation);
             held.insert(name.to_string(), l.clone());
@@ -280,7 +352,7 @@ fn held_lease(cx: &Context, name: &str) -> Result<Option<Lease>> {
     }
 }
 
-fn forget_lease(cx: &Context, name: &str) {
+fn forget_lease<B: Backend>(cx: &Context<B>, name: &str) {
     lock(&cx.leases).remove(name);
 }
 
@@ -488,7 +560,7 @@ fn target_db(cx: &Context, path: &str) -> Result<Arc<Db>> {
 
 /// What one turn of the loop did.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct LoopPass {
+pub struct LoopPass {
     pub reacted: usize,
     pub scheduled: usize,
 }
@@ -561,9 +633,9 @@ pub(crate) fn loop_step(cx: &Context) -> Result<LoopPass> {
 }
 
 /// One executor's turn: claims and runs what is due, up to a few batches.
-fn execute_step(cx: &Context) -> Result<Executed> {
+fn execute_step<B: Backend>(cx: &Context<B>) -> Result<Executed> {
     let actions = Arc::clone(&cx.registry().actions);
-    execute::execute(
+    execute::execute::<B>(
         &cx.db,
         &actions,
         &cx.claims,
@@ -572,18 +644,18 @@ fn execute_step(cx: &Context) -> Result<Executed> {
     )
 }
 
-pub(crate) fn run_until_idle(cx: &Context) -> Result<Idle> {
+pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Idle> {
     let mut total = Idle::default();
     let workspaces = cx.registry().workspaces_with_rules();
     loop {
         let mut progress = false;
         for ws in &workspaces {
-            let p = evaluate_step(cx, ws)?;
+            let p = B::evaluate_step(cx, ws)?;
             progress |= p.events > 0;
             total.add_pass(p);
         }
         loop {
-            let f = follow_step(cx)?;
+            let f = B::follow_step(cx)?;
             total.followed += f;
             if f == 0 {
                 break;
@@ -591,7 +663,7 @@ pub(crate) fn run_until_idle(cx: &Context) -> Result<Idle> {
             progress = true;
         }
         loop {
-            let l = loop_step(cx)?;
+            let l = B::loop_step(cx)?;
             total.reacted += l.reacted;
             total.scheduled += l.scheduled;
             if l.reacted + l.scheduled == 0 {
@@ -614,7 +686,7 @@ pub(crate) fn run_until_idle(cx: &Context) -> Result<Idle> {
     }
 }
 
-pub(crate) fn start(cx: &Arc<Context>) -> Result<()> {
+pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
     let mut slot = lock(&cx.threads);
     if slot.is_some() {
         return Err(Error::invalid("start", "the engine is already started"));
@@ -633,7 +705,7 @@ pub(crate) fn start(cx: &Arc<Context>) -> Result<()> {
         let c = Arc::clone(cx);
         handles.push(spawn(
             format!("reflexr-eval-{ws}"),
-            Box::new(move || worker_loop(&c, |c| Ok(evaluate_step(c, &ws)?.events > 0))),
+            Box::new(move || worker_loop(&c, |c| Ok(B::evaluate_step(c, &ws)?.events > 0))),
         )?);
     }
     {
@@ -642,7 +714,7 @@ pub(crate) fn start(cx: &Arc<Context>) -> Result<()> {
             "reflexr-loop".into(),
             Box::new(move || {
                 worker_loop(&c, |c| {
-                    let l = loop_step(c)?;
+                    let l = B::loop_step(c)?;
                     Ok(l.reacted + l.scheduled > 0)
                 })
             }),
@@ -652,7 +724,7 @@ pub(crate) fn start(cx: &Arc<Context>) -> Result<()> {
         let c = Arc::clone(cx);
         handles.push(spawn(
             "reflexr-follow".into(),
-            Box::new(move || worker_loop(&c, |c| Ok(follow_step(c)? > 0))),
+            Box::new(move || worker_loop(&c, |c| Ok(B::follow_step(c)? > 0))),
         )?);
     }
     for i in 0..cx.config.executors {
@@ -689,7 +761,7 @@ pub(crate) fn start(cx: &Arc<Context>) -> Result<()> {
 
 /// Runs `step` while it finds work; when it finds none, waits for a nudge or
 /// a heartbeat.
-fn worker_loop(cx: &Context, mut step: impl FnMut(&Context) -> Result<bool>) {
+fn worker_loop<B: Backend>(cx: &Context<B>, mut step: impl FnMut(&Context<B>) -> Result<bool>) {
     let sub = cx.db.subscribe();
     let heartbeat = cx.db.settings().heartbeat;
     while !cx.stop.load(Ordering::SeqCst) {
@@ -706,7 +778,7 @@ fn worker_loop(cx: &Context, mut step: impl FnMut(&Context) -> Result<bool>) {
 
 /// Stops and joins the threads (if started), then releases the leases this
 /// engine holds. The engine stays usable: [`run_until_idle`], [`start`].
-pub(crate) fn shutdown(cx: &Context) {
+pub(crate) fn shutdown<B: Backend>(cx: &Context<B>) {
     let services: Vec<_> = lock(&cx.services).drain(..).collect();
     for s in services.iter().filter_map(Weak::upgrade) {
         s.stop();
@@ -728,10 +800,13 @@ pub(crate) fn shutdown(cx: &Context) {
 
 /// Gives back every lease this engine holds (the loop's, the evaluators',
 /// the followers'), so another process takes over at once.
-fn release_leases(cx: &Context) {
+fn release_leases<B: Backend>(cx: &Context<B>) {
     let held: Vec<Lease> = lock(&cx.leases).drain().map(|(_, l)| l).collect();
     for l in held {
-        if let Err(e) = cx.db.write(|tx| lease::release(tx.conn(), tx.now_ms(), &l)) {
+        if let Err(e) = cx
+            .db
+            .write_with(|tx| lease::release(tx.core(), tx.now_ms(), &l))
+        {
             log::warn!("releasing {}: {e}", l.name);
         }
     }

@@ -14,7 +14,6 @@ use crate::lease::{self, Lease};
 use crate::retry::RetryPolicy;
 use crate::settings::{Limits, Settings};
 use crate::store::backend::{Sqlite, Store};
-use crate::store::conn::Control;
 
 /// What a write consults besides its connection: the engine's clock and
 /// settings, and the delivery channels this process registered (with the
@@ -54,6 +53,24 @@ pub struct Tx<'a, B: Store = Sqlite> {
 }
 
 impl<'a, B: Store> Tx<'a, B> {
+    /// Runs `f` in a savepoint of its own inside this transaction: if `f`
+    /// fails, only its writes are rolled back (and on PostgreSQL, the seqs
+    /// it took are given back, so the log stays dense). For the engine's
+    /// batches that commit several independent units together.
+    pub(crate) fn nested<T, E: From<crate::error::Error>>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'a, B>) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let (conn, guard) = (self.conn, self.guard);
+        let mark = B::begin_nested(conn, guard)?;
+        let result = f(self);
+        if result.is_err() {
+            B::rollback_nested(conn, guard, mark)?;
+        }
+        B::release_nested(conn, guard)?;
+        result
+    }
+
     pub(crate) fn new(conn: &'a B::Conn, guard: &'a B::Guard, env: &'a Env) -> Tx<'a, B> {
         Tx {
             conn,
@@ -164,36 +181,6 @@ impl<'a, B: Store> Tx<'a, B> {
 
 /// SQLite's side: the connection itself, and savepoints of the engine's.
 impl<'a> Tx<'a, Sqlite> {
-    /// Runs `f` in a savepoint of its own inside this transaction: if `f`
-    /// fails, only its writes are rolled back. For the engine's batches that
-    /// commit several independent units together.
-    pub(crate) fn nested<T, E: From<crate::error::Error>>(
-        &mut self,
-        f: impl FnOnce(&mut Tx<'a, Sqlite>) -> std::result::Result<T, E>,
-    ) -> std::result::Result<T, E> {
-        let (conn, guard) = (self.conn, self.guard);
-        // A SAVEPOINT outside a transaction would begin a new one: if SQLite
-        // ended the engine's (an I/O error), stop here.
-        let gone = || crate::error::Error::TransactionAborted {
-            detail: "SQLite rolled the transaction back (an I/O error, or a full disk \
-                     mid-statement)"
-                .into(),
-        };
-        if conn.is_autocommit() {
-            return Err(gone().into());
-        }
-        guard.control(conn, Control::Nested)?;
-        let result = f(self);
-        if conn.is_autocommit() {
-            return Err(gone().into());
-        }
-        if result.is_err() {
-            guard.control(conn, Control::RollbackNested)?;
-        }
-        guard.control(conn, Control::ReleaseNested)?;
-        result
-    }
-
     /// The connection, inside the transaction, for the application's own SQL.
     pub fn conn(&self) -> &'a Connection {
         self.conn

@@ -11,7 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backend::TestBackend;
-use reflexr::{Engine, Error, ManualClock, NewEvent, Query};
+use reflexr::{
+    ActionConfig, Engine, Enqueue, Error, ManualClock, NewEvent, Query, RetryPolicy, RunState,
+    Unique,
+};
+use serde_json::{Value, json};
 
 /// Runs each generic test on SQLite and, with the feature, on PostgreSQL.
 macro_rules! on_backends {
@@ -46,6 +50,15 @@ on_backends!(
     random_appends_are_typed_errors_or_appends,
     an_operators_cursor_reset_moves_it_back_on_the_record,
     pruning_deletes_only_what_every_cursor_passed_and_the_retention_allows,
+    an_enqueue_commits_with_the_callers_rows_and_another_engine_runs_it,
+    a_failing_run_is_retried_after_its_backoff_and_dead_lettered_once_spent,
+    a_completed_run_commits_its_rows_and_events_with_its_settlement,
+    a_scope_runs_in_order_and_higher_priorities_go_first,
+    a_unique_key_gives_the_holders_id_while_it_is_pending,
+    a_rate_limit_holds_in_every_window_of_its_period,
+    a_concurrency_limit_partitioned_by_an_input_field_counts_each_value,
+    a_lapsed_claim_is_claimed_again_at_the_next_attempt,
+    the_executors_of_four_engines_run_every_run_and_settle_it_once,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -655,4 +668,298 @@ fn a_reader_on_postgres_reads_and_cannot_write() {
         .unwrap_err();
     assert!(matches!(e, Error::ReadOnly { .. }), "{e}");
     assert_eq!(<reflexr::Postgres as TestBackend>::things(&engine), ["t-1"]);
+}
+
+// ----- the work queue --------------------------------------------------------
+
+fn task(n: i64) -> Enqueue {
+    Enqueue::new("work", &json!({ "n": n }))
+}
+
+/// Registers `work`, recording the `n` of each run it handles, in order.
+fn recording<B: TestBackend>(engine: &Engine<B>) -> Arc<std::sync::Mutex<Vec<i64>>> {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    engine
+        .register_action("work", move |run, _| {
+            let input: Value = run.input()?;
+            s.lock().unwrap().push(input["n"].as_i64().unwrap());
+            Ok(())
+        })
+        .unwrap();
+    seen
+}
+
+/// Invariants 2 and 5 for enqueued work: a run exists if and only if the
+/// caller's transaction commits, and any engine on the database that
+/// registered its action runs it; bad input is refused and changes nothing
+/// (invariant 10).
+fn an_enqueue_commits_with_the_callers_rows_and_another_engine_runs_it<B: TestBackend>() {
+    let (place, clock, producer) = setup::<B>();
+    let failed: reflexr::Result<()> = producer.write(|tx| {
+        B::insert_thing(tx, "order-1")?;
+        tx.enqueue(&task(1))?;
+        Err(Error::Invalid {
+            field: "order",
+            reason: "out of stock".into(),
+        })
+    });
+    assert!(failed.is_err());
+    assert!(producer.runs(None, 10).unwrap().is_empty(), "rolled back");
+    assert!(B::things(&producer).is_empty());
+    let done = producer
+        .write(|tx| {
+            B::insert_thing(tx, "order-2")?;
+            tx.enqueue(&task(2))
+        })
+        .unwrap();
+    assert!(!done.deduplicated);
+    let run = producer.run(&done.id).unwrap().unwrap();
+    assert_eq!(run.state, RunState::Ready);
+    assert_eq!(
+        producer.run_until_idle().unwrap().claimed,
+        0,
+        "no handler here"
+    );
+
+    let consumer = B::open(&place, &clock, "consumer");
+    let seen = recording(&consumer);
+    assert_eq!(consumer.run_until_idle().unwrap().succeeded, 1);
+    assert_eq!(*seen.lock().unwrap(), [2]);
+    let run = producer.run(&done.id).unwrap().unwrap();
+    assert_eq!((run.state, run.attempt), (RunState::Succeeded, 1));
+    assert!(producer.enqueue(&Enqueue::new("", &json!({}))).is_err());
+    assert!(
+        producer
+            .enqueue(&task(3).unique("", Unique::WhilePending))
+            .is_err()
+    );
+    assert_eq!(producer.runs(None, 10).unwrap().len(), 1);
+}
+
+/// Invariant 5: a failed attempt is retried once its backoff passes (not
+/// before), and a run whose attempts are spent is dead with one dead letter.
+fn a_failing_run_is_retried_after_its_backoff_and_dead_lettered_once_spent<B: TestBackend>() {
+    let (_place, clock, engine) = setup::<B>();
+    let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let t = Arc::clone(&tries);
+    engine
+        .register_action("work", move |_, _| {
+            t.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err("the mail server said no".into())
+        })
+        .unwrap();
+    let policy = RetryPolicy::attempts(3).fixed(Duration::from_secs(10));
+    let id = engine.enqueue(&task(1).retry(policy)).unwrap().id;
+    let idle = engine.run_until_idle().unwrap();
+    assert_eq!((idle.claimed, idle.retried), (1, 1));
+    assert_eq!(engine.run_until_idle().unwrap().claimed, 0, "not due yet");
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(engine.run_until_idle().unwrap().retried, 1);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(engine.run_until_idle().unwrap().dead, 1);
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        engine.run_until_idle().unwrap().claimed,
+        0,
+        "dead stays dead"
+    );
+    assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let run = engine.run(&id).unwrap().unwrap();
+    assert_eq!((run.state, run.attempt), (RunState::Dead, 3));
+    assert_eq!(run.last_error.as_deref(), Some("the mail server said no"));
+    let letters = engine.dead_letters(false, 10).unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].run_id.as_deref(), Some(id.as_str()));
+    assert_eq!(letters[0].attempts, 3);
+    let counts = engine.run_counts().unwrap();
+    assert_eq!(counts, [(RunState::Dead, 1)]);
+}
+
+/// Invariants 2 and 5: what a handler completes — the application's rows
+/// and the events it emitted — commits with the run's settlement, once,
+/// with ids derived from the run's; a panic is a failed attempt.
+fn a_completed_run_commits_its_rows_and_events_with_its_settlement<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let f = Arc::clone(&first);
+    engine
+        .register_action("work", move |run, ctx| {
+            if f.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                panic!("the first attempt panics");
+            }
+            let id = run.id.clone();
+            ctx.emit_to("app", "made", made(&id))?;
+            ctx.complete(|tx| B::insert_thing(tx, &id))?;
+            Ok(())
+        })
+        .unwrap();
+    let policy = RetryPolicy::attempts(2).fixed(Duration::ZERO);
+    let id = engine.enqueue(&task(1).retry(policy)).unwrap().id;
+    let idle = engine.run_until_idle().unwrap();
+    assert_eq!((idle.retried, idle.succeeded), (1, 1));
+    let run = engine.run(&id).unwrap().unwrap();
+    assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
+    assert!(run.last_error.unwrap().contains("the first attempt panics"));
+    assert_eq!(B::things(&engine), std::slice::from_ref(&id));
+    let events = all(&engine);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].id, format!("{id}/made"));
+    assert_eq!(engine.run_until_idle().unwrap().claimed, 0);
+}
+
+/// Invariant 6: the runs of one scope run one at a time in the order they
+/// were made; between scopes, a higher priority is claimed first.
+fn a_scope_runs_in_order_and_higher_priorities_go_first<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    let seen = recording(&engine);
+    for n in 1..=4 {
+        engine.enqueue(&task(n).scope("cart-7")).unwrap();
+    }
+    engine.enqueue(&task(100).priority(10)).unwrap();
+    engine.enqueue(&task(50).priority(5)).unwrap();
+    let idle = engine.run_until_idle().unwrap();
+    assert_eq!(idle.succeeded, 6);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(&seen[..2], [100, 50], "priorities first");
+    let scoped: Vec<i64> = seen.iter().copied().filter(|n| *n < 50).collect();
+    assert_eq!(scoped, [1, 2, 3, 4], "a scope in its order");
+}
+
+/// A uniqueness key held while its run is pending: a second enqueue gets
+/// the holder's id, marked deduplicated; once the run started, the key is
+/// free again.
+fn a_unique_key_gives_the_holders_id_while_it_is_pending<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    let seen = recording(&engine);
+    let keyed = |n| task(n).unique("rebuild/3", Unique::WhilePending);
+    let first = engine.enqueue(&keyed(1)).unwrap();
+    let again = engine.enqueue(&keyed(2)).unwrap();
+    assert!(again.deduplicated);
+    assert_eq!(again.id, first.id);
+    engine.run_until_idle().unwrap();
+    let later = engine.enqueue(&keyed(3)).unwrap();
+    assert!(!later.deduplicated);
+    engine.run_until_idle().unwrap();
+    assert_eq!(*seen.lock().unwrap(), [1, 3]);
+}
+
+/// Control of the work: at most 3 starts in any 1,000 ms, over a long run
+/// on a manual clock, counted in the database.
+fn a_rate_limit_holds_in_every_window_of_its_period<B: TestBackend>() {
+    let (_place, clock, engine) = setup::<B>();
+    let seen = recording(&engine);
+    engine
+        .configure_action(&ActionConfig::new("work").rate(3, Duration::from_millis(1_000)))
+        .unwrap();
+    assert_eq!(engine.action_configs().unwrap().len(), 1);
+    for n in 0..20 {
+        engine.enqueue(&task(n)).unwrap();
+    }
+    for _ in 0..40 {
+        engine.run_until_idle().unwrap();
+        clock.advance(Duration::from_millis(250));
+    }
+    assert_eq!(seen.lock().unwrap().len(), 20, "all ran, in time");
+    let mut starts: Vec<i64> = engine
+        .runs(None, 100)
+        .unwrap()
+        .iter()
+        .map(|r| r.started_at.unwrap())
+        .collect();
+    starts.sort_unstable();
+    for (i, t) in starts.iter().enumerate() {
+        let in_window = starts[i..].iter().take_while(|u| **u < t + 1_000).count();
+        assert!(
+            in_window <= 3,
+            "{in_window} starts in the 1,000 ms from {t}"
+        );
+    }
+}
+
+/// Control of the work: a concurrency limit partitioned by an input field
+/// lets one run per value start in a claim.
+fn a_concurrency_limit_partitioned_by_an_input_field_counts_each_value<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    let seen = recording(&engine);
+    engine
+        .configure_action(
+            &ActionConfig::new("work")
+                .max_running(1)
+                .partition_by("customer"),
+        )
+        .unwrap();
+    for (n, customer) in [(1, "a"), (2, "a"), (3, "b"), (4, "b"), (5, "c")] {
+        engine
+            .enqueue(&Enqueue::new(
+                "work",
+                &json!({ "n": n, "customer": customer }),
+            ))
+            .unwrap();
+    }
+    let idle = engine.run_until_idle().unwrap();
+    assert_eq!(idle.succeeded, 5);
+    let first_batch: Vec<i64> = seen.lock().unwrap().iter().take(3).copied().collect();
+    assert_eq!(first_batch, [1, 3, 5], "a, b, c: one each, then the rest");
+}
+
+/// Invariant 5: a claim whose executor stopped renewing it (forged here: a
+/// holder that is gone) lapses with the lease TTL, and the run is claimed
+/// again at its next attempt; until then nobody else takes it.
+fn a_lapsed_claim_is_claimed_again_at_the_next_attempt<B: TestBackend>() {
+    let (_place, clock, engine) = setup::<B>();
+    let seen = recording(&engine);
+    let id = engine.enqueue(&task(1)).unwrap().id;
+    let now = engine.now_ms();
+    engine
+        .write(|tx| {
+            B::run_sql(
+                tx,
+                &format!(
+                    "UPDATE reflexr_runs SET state = 'running', attempt = 1, \
+                       claimed_by = 'gone', claim_expires_at = {}, started_at = {now} \
+                     WHERE id = '{id}'",
+                    now + 1_000
+                ),
+            )
+        })
+        .unwrap();
+    assert_eq!(engine.run_until_idle().unwrap().claimed, 0, "still held");
+    clock.advance(Duration::from_millis(1_000));
+    assert_eq!(engine.run_until_idle().unwrap().succeeded, 1);
+    assert_eq!(*seen.lock().unwrap(), [1]);
+    let run = engine.run(&id).unwrap().unwrap();
+    assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
+}
+
+/// Invariant 5 across engines: the executor threads of four engines on one
+/// database claim from one queue; every run is handled and its completion
+/// (the application's row, with the settlement) commits exactly once.
+fn the_executors_of_four_engines_run_every_run_and_settle_it_once<B: TestBackend>() {
+    let (place, clock, first) = setup::<B>();
+    let engines: Vec<Engine<B>> = (0..4)
+        .map(|i| B::open(&place, &clock, &format!("executor-{i}")))
+        .collect();
+    for e in &engines {
+        e.register_action("work", move |run, ctx| {
+            let id = run.id.clone();
+            ctx.complete(|tx| B::insert_thing(tx, &id))?;
+            Ok(())
+        })
+        .unwrap();
+        e.start().unwrap();
+    }
+    let ids: Vec<String> = (0..200)
+        .map(|n| first.enqueue(&task(n)).unwrap().id)
+        .collect();
+    for id in &ids {
+        let run = first.wait_for_run(id, Duration::from_secs(120)).unwrap();
+        assert_eq!(run.state, RunState::Succeeded, "{id}");
+    }
+    for e in &engines {
+        e.shutdown();
+    }
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(B::things(&first), expected, "each completed once");
 }

@@ -1,7 +1,9 @@
 //! Control of the work: direct enqueue in the caller's transaction, waiting
 //! for a run, unique runs enforced by the file, priorities, pauses,
 //! cancels, and concurrency and rate limits across processes (DESIGN.md
-//! invariants 2, 5 and 6; 10 for bad input).
+//! invariants 2, 5 and 6; 10 for bad input). What runs on every backend —
+//! an enqueue with the caller's rows, retries, scopes and priorities,
+//! uniqueness, rate and partitioned limits — is in `tests/backends.rs`.
 
 mod common;
 
@@ -51,48 +53,6 @@ fn recording(e: &Engine) -> Arc<Mutex<Vec<i64>>> {
     })
     .unwrap();
     seen
-}
-
-#[test]
-fn an_enqueue_exists_if_and_only_if_the_callers_transaction_commits() {
-    // Invariant 2 for enqueued work: the run commits or rolls back with the
-    // application's rows.
-    let s = Scene::new();
-    let e = s
-        .open("producer")
-        .sql("CREATE TABLE orders (id INTEGER PRIMARY KEY)");
-    let failed: reflexr::Result<()> = e.write(|tx| {
-        tx.execute("INSERT INTO orders VALUES (1)", [])?;
-        tx.enqueue(&task(1))?;
-        Err(Error::Invalid {
-            field: "order",
-            reason: "out of stock".into(),
-        })
-    });
-    assert!(failed.is_err());
-    assert!(e.runs(None, 10).unwrap().is_empty(), "rolled back together");
-    let done = e
-        .write(|tx| {
-            tx.execute("INSERT INTO orders VALUES (2)", [])?;
-            tx.enqueue(&task(2))
-        })
-        .unwrap();
-    assert!(!done.deduplicated);
-    let run = e.run(&done.id).unwrap().unwrap();
-    assert_eq!((run.kind.as_str(), run.state), ("task", RunState::Ready));
-    // The producer registered no handler; a consumer on the file runs it.
-    let consumer = s.open("consumer");
-    let seen = recording(&consumer);
-    assert_eq!(consumer.run_until_idle().unwrap().succeeded, 1);
-    assert_eq!(*seen.lock().unwrap(), [2]);
-    assert_eq!(e.run(&done.id).unwrap().unwrap().state, RunState::Succeeded);
-    // Bad input changes nothing.
-    assert!(e.enqueue(&Enqueue::new("", &json!({}))).is_err());
-    assert!(
-        e.enqueue(&task(3).unique("", Unique::WhilePending))
-            .is_err()
-    );
-    assert_eq!(e.runs(None, 10).unwrap().len(), 1);
 }
 
 #[test]
@@ -402,65 +362,6 @@ fn a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_complet
     );
 }
 
-#[test]
-fn a_rate_limit_holds_in_every_window_of_its_period() {
-    // At most 3 starts in any 1,000 ms, over a long run on a manual clock.
-    let s = Scene::new();
-    let e = s.open("test");
-    let seen = recording(&e);
-    e.configure_action(&ActionConfig::new("work").rate(3, Duration::from_millis(1_000)))
-        .unwrap();
-    for n in 0..20 {
-        e.enqueue(&task(n)).unwrap();
-    }
-    for _ in 0..40 {
-        e.run_until_idle().unwrap();
-        s.clock.advance(Duration::from_millis(250));
-    }
-    assert_eq!(seen.lock().unwrap().len(), 20, "all ran, in time");
-    let mut starts: Vec<i64> = e
-        .runs(None, 100)
-        .unwrap()
-        .iter()
-        .map(|r| r.started_at.unwrap())
-        .collect();
-    starts.sort_unstable();
-    for (i, t) in starts.iter().enumerate() {
-        let in_window = starts[i..].iter().take_while(|u| **u < t + 1_000).count();
-        assert!(
-            in_window <= 3,
-            "{in_window} starts in the 1,000 ms from {t}"
-        );
-    }
-}
-
-#[test]
-fn a_concurrency_limit_partitioned_by_an_input_field_counts_each_value() {
-    let s = Scene::new();
-    let e = s.builder("test").claim_batch(10).open().unwrap();
-    let seen = recording(&e);
-    e.configure_action(
-        &ActionConfig::new("work")
-            .max_running(1)
-            .partition_by("customer"),
-    )
-    .unwrap();
-    for (n, customer) in [(1, "a"), (2, "a"), (3, "b"), (4, "b"), (5, "c")] {
-        e.enqueue(&Enqueue::new(
-            "work",
-            &json!({ "n": n, "customer": customer }),
-        ))
-        .unwrap();
-    }
-    // One claim: one run per customer at most.
-    let idle = e.run_until_idle().unwrap();
-    assert_eq!(idle.succeeded, 5);
-    let first_batch: Vec<i64> = seen.lock().unwrap().iter().take(3).copied().collect();
-    assert_eq!(first_batch, [1, 3, 5], "a, b, c: one each, then the rest");
-}
-
-/// The child's side of the cross-process limit test: two executors on the
-/// file, the limited action's handler taking a few milliseconds.
 #[test]
 fn child_process_works_limited_runs() {
     if !is_child() {

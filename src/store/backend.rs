@@ -24,13 +24,19 @@
 //! inherent method of the connection type with the same name would win over
 //! the trait's in method-call syntax.
 
+use std::collections::HashSet;
+
+use crate::counter::Counter;
+use crate::dead_letter::DeadLetter;
 use crate::error::Result;
 use crate::event::Event;
 
+use super::control::ActionRow;
+use super::dead_letters::NewDeadLetter;
 use super::events::NewRow;
 use super::leases::LeaseRow;
 use super::runs::{NewRun, RunRow};
-use super::{audit, cursors, events, leases, runs, workspaces};
+use super::{audit, control, counters, cursors, dead_letters, events, leases, runs, workspaces};
 
 /// What inserting an event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,6 +258,93 @@ pub trait Runs {
     fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()>;
 }
 
+/// More of `reflexr_runs` for executors: settling many claims at once and
+/// cancellation (see `store::runs`).
+pub trait RunsMore {
+    /// Marks many claimed runs (`(id, attempt)`, all `holder`'s) succeeded
+    /// in one statement; how many changed (fewer: a claim was lost).
+    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<usize>;
+    /// Ends a claimed run whose cancellation was asked for, cancelled;
+    /// false when the claim is not ours or no cancellation was asked.
+    fn end_cancelled(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
+    /// Of these runs, those asked to stop.
+    fn cancel_requested(&self, ids: &[&str]) -> Result<Vec<String>>;
+    /// Runs in `state`, oldest due first; or every run, in creation order.
+    fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>>;
+    /// How many runs there are in each state.
+    fn counts(&self) -> Result<Vec<(String, i64)>>;
+}
+
+/// Control of the work as the claim reads it: pauses, each action's
+/// limits and what counts against them (`store::control`, `store::runs`).
+pub trait Control {
+    /// The names of this kind (`action`, `rule`, `reaction`) paused.
+    fn paused_names(&self, kind: &str) -> Result<HashSet<String>>;
+    /// Sets an action's settings, replacing what it had.
+    fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()>;
+    /// Every action's settings, by name.
+    fn action_rows(&self) -> Result<Vec<ActionRow>>;
+    /// The settings of those of `actions` that have a limit.
+    fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>>;
+    /// The priorities ready runs have, highest first.
+    fn ready_priorities(&self) -> Result<Vec<i64>>;
+    /// One page of ready, due runs of `action` at `priority` after `after`
+    /// (`(due_at, ord)`): `(ord, due_at, partition)`, the partition being
+    /// the input's value at the JSON path `path` as text (`""` when
+    /// missing), those in `full` left out.
+    #[allow(clippy::too_many_arguments)]
+    fn candidates(
+        &self,
+        action: &str,
+        now: i64,
+        priority: i64,
+        path: &str,
+        full: &[String],
+        after: (i64, i64),
+        limit: usize,
+    ) -> Result<Vec<(i64, i64, String)>>;
+    /// Claims the ready runs at these positions.
+    fn claim_ords(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        ords: &[i64],
+    ) -> Result<Vec<RunRow>>;
+    /// How many runs of `action` run now, by partition (one group, `""`,
+    /// without a path).
+    fn running_by(&self, action: &str, path: Option<&str>) -> Result<Vec<(String, i64)>>;
+    /// Starts of `action` after `since`, by partition (older ones deleted).
+    fn starts_since(&self, action: &str, since: i64) -> Result<Vec<(String, i64)>>;
+    /// Records `n` starts of a rate-limited action's partition at `at`.
+    fn record_starts(&self, action: &str, part: &str, at: i64, n: i64) -> Result<()>;
+    /// Whether a run of `actions` is ready and due, or a claim lapsed.
+    fn work_due(&self, now: i64, actions: &[&String]) -> Result<bool>;
+    /// Whether a claim lapsed.
+    fn lapsed_due(&self, now: i64) -> Result<bool>;
+}
+
+/// `reflexr_counters`, the totals every process reads the same.
+pub trait Counters {
+    /// Adds `by` to `name` in the caller's transaction (nothing for 0).
+    fn bump(&self, name: Counter, by: usize) -> Result<()>;
+    /// Every counter this version knows.
+    fn all(&self) -> Result<Vec<(Counter, i64)>>;
+}
+
+/// `reflexr_dead_letters`.
+pub trait DeadLetters {
+    /// Records it, once per (consumer, event) or open run (see
+    /// `store::dead_letters::insert`); whether it was new or opened again.
+    fn insert(&self, d: &NewDeadLetter<'_>) -> Result<bool>;
+    /// Open dead letters (or all), oldest first, after `after_id`.
+    fn list(&self, include_resolved: bool, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>>;
+}
+
+/// What the work queue's executors ask of a connection.
+pub trait Work: Core + Runs + RunsMore + Control + Counters + DeadLetters {}
+impl<T: Core + Runs + RunsMore + Control + Counters + DeadLetters + ?Sized> Work for T {}
+
 /// Everything the core asks of a connection.
 pub trait Core: Events + Workspaces + Cursors + Leases + Audit {}
 impl<T: Events + Workspaces + Cursors + Leases + Audit + ?Sized> Core for T {}
@@ -262,10 +355,20 @@ impl<T: Events + Workspaces + Cursors + Leases + Audit + ?Sized> Core for T {}
 /// `postgres`, [`Postgres`].
 pub trait Store: Send + Sync + Sized + 'static {
     /// A connection inside a transaction.
-    type Conn: Core;
+    type Conn: Work;
     /// What the writer keeps beside the connection to guard its
     /// transaction (SQLite's authorizer and control statements).
     type Guard;
+    /// Makes the engine's nested savepoint (see `Tx::nested`); returns
+    /// what [`Store::rollback_nested`] needs to undo it.
+    #[doc(hidden)]
+    fn begin_nested(conn: &Self::Conn, guard: &Self::Guard) -> Result<i64>;
+    /// Rolls back to the nested savepoint made at `mark`.
+    #[doc(hidden)]
+    fn rollback_nested(conn: &Self::Conn, guard: &Self::Guard, mark: i64) -> Result<()>;
+    /// Releases the nested savepoint.
+    #[doc(hidden)]
+    fn release_nested(conn: &Self::Conn, guard: &Self::Guard) -> Result<()>;
 }
 
 /// SQLite, the default backend: one file, one writer per file (see
@@ -276,6 +379,36 @@ pub enum Sqlite {}
 impl Store for Sqlite {
     type Conn = rusqlite::Connection;
     type Guard = super::conn::Guard;
+    fn begin_nested(conn: &rusqlite::Connection, guard: &super::conn::Guard) -> Result<i64> {
+        sqlite_in_transaction(conn)?;
+        guard.control(conn, super::conn::Control::Nested)?;
+        Ok(0)
+    }
+    fn rollback_nested(
+        conn: &rusqlite::Connection,
+        guard: &super::conn::Guard,
+        _mark: i64,
+    ) -> Result<()> {
+        sqlite_in_transaction(conn)?;
+        guard.control(conn, super::conn::Control::RollbackNested)
+    }
+    fn release_nested(conn: &rusqlite::Connection, guard: &super::conn::Guard) -> Result<()> {
+        sqlite_in_transaction(conn)?;
+        guard.control(conn, super::conn::Control::ReleaseNested)
+    }
+}
+
+/// A savepoint outside a transaction would begin a new one: if SQLite ended
+/// the engine's (an I/O error, a full disk mid-statement), stop here.
+fn sqlite_in_transaction(conn: &rusqlite::Connection) -> Result<()> {
+    if conn.is_autocommit() {
+        return Err(crate::error::Error::TransactionAborted {
+            detail: "SQLite rolled the transaction back (an I/O error, or a full disk \
+                     mid-statement)"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// PostgreSQL (feature `postgres`): a server database that processes on
@@ -288,6 +421,16 @@ pub enum Postgres {}
 impl Store for Postgres {
     type Conn = super::pg::PgConn;
     type Guard = ();
+    fn begin_nested(conn: &super::pg::PgConn, _: &()) -> Result<i64> {
+        conn.control("SAVEPOINT reflexr_nested")?;
+        Ok(conn.last_seq())
+    }
+    fn rollback_nested(conn: &super::pg::PgConn, _: &(), mark: i64) -> Result<()> {
+        conn.rollback_to("reflexr_nested", mark)
+    }
+    fn release_nested(conn: &super::pg::PgConn, _: &()) -> Result<()> {
+        conn.control("RELEASE SAVEPOINT reflexr_nested")
+    }
 }
 
 // SQLite: each method is its table module's statement.
@@ -529,5 +672,101 @@ impl Runs for rusqlite::Connection {
     }
     fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()> {
         runs::advance_lane(self, lane, finished, now)
+    }
+}
+
+impl RunsMore for rusqlite::Connection {
+    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<usize> {
+        let claims = serde_json::to_string(claims).expect("ids and attempts encode");
+        runs::succeed_many(self, holder, &claims, now)
+    }
+    fn end_cancelled(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {
+        runs::end_cancelled(self, id, holder, attempt, now)
+    }
+    fn cancel_requested(&self, ids: &[&str]) -> Result<Vec<String>> {
+        let ids = serde_json::to_string(ids).expect("ids encode");
+        runs::cancel_requested(self, &ids)
+    }
+    fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>> {
+        runs::list(self, state, limit)
+    }
+    fn counts(&self) -> Result<Vec<(String, i64)>> {
+        runs::counts(self)
+    }
+}
+
+impl Control for rusqlite::Connection {
+    fn paused_names(&self, kind: &str) -> Result<HashSet<String>> {
+        control::paused_names(self, kind)
+    }
+    fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()> {
+        control::configure(self, a, now)
+    }
+    fn action_rows(&self) -> Result<Vec<ActionRow>> {
+        control::actions(self)
+    }
+    fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>> {
+        let names = serde_json::to_string(actions).expect("names encode");
+        control::limited(self, &names)
+    }
+    fn ready_priorities(&self) -> Result<Vec<i64>> {
+        runs::ready_priorities(self)
+    }
+    fn candidates(
+        &self,
+        action: &str,
+        now: i64,
+        priority: i64,
+        path: &str,
+        full: &[String],
+        after: (i64, i64),
+        limit: usize,
+    ) -> Result<Vec<(i64, i64, String)>> {
+        let full = serde_json::to_string(full).expect("partitions encode");
+        runs::candidates(self, action, now, priority, path, &full, after, limit)
+    }
+    fn claim_ords(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        ords: &[i64],
+    ) -> Result<Vec<RunRow>> {
+        let ords = serde_json::to_string(ords).expect("ords encode");
+        runs::claim_ords(self, holder, now, expires_at, &ords)
+    }
+    fn running_by(&self, action: &str, path: Option<&str>) -> Result<Vec<(String, i64)>> {
+        runs::running_by(self, action, path)
+    }
+    fn starts_since(&self, action: &str, since: i64) -> Result<Vec<(String, i64)>> {
+        runs::starts_since(self, action, since)
+    }
+    fn record_starts(&self, action: &str, part: &str, at: i64, n: i64) -> Result<()> {
+        runs::record_starts(self, action, part, at, n)
+    }
+    fn work_due(&self, now: i64, actions: &[&String]) -> Result<bool> {
+        let names = serde_json::to_string(actions).expect("names encode");
+        runs::work_due(self, now, &names)
+    }
+    fn lapsed_due(&self, now: i64) -> Result<bool> {
+        runs::lapsed_due(self, now)
+    }
+}
+
+impl Counters for rusqlite::Connection {
+    fn bump(&self, name: Counter, by: usize) -> Result<()> {
+        counters::bump(self, name, by)
+    }
+    fn all(&self) -> Result<Vec<(Counter, i64)>> {
+        counters::all(self)
+    }
+}
+
+impl DeadLetters for rusqlite::Connection {
+    fn insert(&self, d: &NewDeadLetter<'_>) -> Result<bool> {
+        dead_letters::insert(self, d)
+    }
+    fn list(&self, include_resolved: bool, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>> {
+        dead_letters::list(self, include_resolved, after_id, limit)
     }
 }

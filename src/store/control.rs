@@ -70,7 +70,7 @@ pub(crate) fn is_paused(conn: &Connection, kind: &str, name: &str) -> Result<boo
 
 /// An action's settings as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ActionRow {
+pub struct ActionRow {
     pub action: String,
     pub priority: i64,
     pub max_running: Option<u32>,

@@ -6,7 +6,7 @@ use crate::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
 use crate::error::Result;
 
 /// A dead letter to record.
-pub(crate) struct NewDeadLetter<'a> {
+pub struct NewDeadLetter<'a> {
     pub kind: DeadLetterKind,
     pub consumer: &'a str,
     pub workspace: Option<&'a str>,

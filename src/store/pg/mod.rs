@@ -23,6 +23,7 @@
 //!   types (`query_typed`), which PostgreSQL parses, binds and runs in one
 //!   exchange instead of a prepare and an execute.
 
+mod control;
 mod guard;
 mod runs;
 pub(crate) mod schema;

@@ -15,7 +15,7 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::error::Result;
-use crate::store::backend::Runs;
+use crate::store::backend::{Runs, RunsMore};
 use crate::store::runs::{self, COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY};
 
 fn run_from(r: &Row) -> Result<RunRow> {
@@ -58,14 +58,19 @@ fn run_from(r: &Row) -> Result<RunRow> {
     })
 }
 
-/// The claim's statement, built once: its columns are qualified by the
-/// table's alias, since it joins.
-static CLAIM_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let columns = COLUMNS
+/// A run's columns qualified by the alias `r`, for statements that join.
+fn qualified_columns() -> String {
+    COLUMNS
         .split(',')
         .map(|c| format!("r.{}", c.trim()))
         .collect::<Vec<_>>()
-        .join(", ");
+        .join(", ")
+}
+
+/// The claim's statement, built once: its columns are qualified by the
+/// table's alias, since it joins.
+static CLAIM_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let columns = qualified_columns();
     format!(
         "WITH picked AS MATERIALIZED ( \
            SELECT ord FROM reflexr_runs \
@@ -80,7 +85,44 @@ static CLAIM_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
+/// The claim of runs picked by position (a partitioned action's, whose
+/// limits chose them): those another claimer holds are passed over.
+static CLAIM_PICKED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let columns = qualified_columns();
+    format!(
+        "WITH picked AS MATERIALIZED ( \
+           SELECT ord FROM reflexr_runs WHERE ord = ANY ($4) AND state = 'ready' \
+           FOR UPDATE SKIP LOCKED) \
+         UPDATE reflexr_runs r SET state = 'running', attempt = r.attempt + 1, \
+           claimed_by = $1, claim_expires_at = $3, updated_at = $2, started_at = $2 \
+         FROM picked WHERE r.ord = picked.ord AND r.state = 'ready' \
+         RETURNING {columns}"
+    )
+});
+
 impl PgConn {
+    /// Claims the ready runs at these positions (see [`CLAIM_PICKED_SQL`]).
+    pub(super) fn claim_picked(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        ords: &[i64],
+    ) -> Result<Vec<RunRow>> {
+        let rows = self.query(
+            &CLAIM_PICKED_SQL,
+            &[
+                (&holder, Type::TEXT),
+                (&now, Type::INT8),
+                (&expires_at, Type::INT8),
+                (&ords, Type::INT8_ARRAY),
+            ],
+        )?;
+        let mut claimed: Vec<RunRow> = rows.iter().map(run_from).collect::<Result<_>>()?;
+        claimed.sort_by_key(|r| (r.due_at, r.ord));
+        Ok(claimed)
+    }
+
     fn run_exists(&self, id: &str) -> Result<bool> {
         Ok(self
             .query_opt(
@@ -507,5 +549,80 @@ impl Runs for PgConn {
             }
         }
         Ok(())
+    }
+}
+
+impl RunsMore for PgConn {
+    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<usize> {
+        let ids: Vec<&str> = claims.iter().map(|c| c.0).collect();
+        let attempts: Vec<i64> = claims.iter().map(|c| c.1).collect();
+        let rows = self.query(
+            "UPDATE reflexr_runs r SET state = 'succeeded', finished_at = $4, updated_at = $4, \
+               claimed_by = NULL, claim_expires_at = NULL \
+             FROM unnest($2::text[], $3::bigint[]) AS c(id, attempt) \
+             WHERE r.id = c.id AND r.attempt = c.attempt AND r.state = 'running' \
+               AND r.claimed_by = $1 AND r.cancel_requested_at IS NULL RETURNING 1",
+            &[
+                (&holder, Type::TEXT),
+                (&ids, Type::TEXT_ARRAY),
+                (&attempts, Type::INT8_ARRAY),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(rows.len())
+    }
+
+    fn end_cancelled(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET state = 'cancelled', finished_at = $4, updated_at = $4, \
+                   claimed_by = NULL, claim_expires_at = NULL \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                   AND cancel_requested_at IS NOT NULL RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn cancel_requested(&self, ids: &[&str]) -> Result<Vec<String>> {
+        self.query(
+            "SELECT id FROM reflexr_runs WHERE id = ANY ($1) AND cancel_requested_at IS NOT NULL",
+            &[(&ids, Type::TEXT_ARRAY)],
+        )?
+        .iter()
+        .map(|r| col(r, 0))
+        .collect()
+    }
+
+    fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>> {
+        let rows = match state {
+            Some(state) => self.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM reflexr_runs WHERE state = $1 \
+                     ORDER BY due_at, ord LIMIT $2"
+                ),
+                &[(&state, Type::TEXT), (&limit, Type::INT8)],
+            )?,
+            None => self.query(
+                &format!("SELECT {COLUMNS} FROM reflexr_runs ORDER BY ord LIMIT $1"),
+                &[(&limit, Type::INT8)],
+            )?,
+        };
+        rows.iter().map(run_from).collect()
+    }
+
+    fn counts(&self) -> Result<Vec<(String, i64)>> {
+        self.query(
+            "SELECT state, count(*) FROM reflexr_runs GROUP BY state ORDER BY state",
+            &[],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+        .collect()
     }
 }

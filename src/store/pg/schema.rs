@@ -12,14 +12,64 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 3;
+pub(crate) const SCHEMA_VERSION: i32 = 4;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
 /// database gets `schema.pg.sql` and then every step, so a new database and
 /// a migrated one are the same by construction (the store's tables are
 /// being ported a group at a time; each group comes as a step).
-const MIGRATIONS: &[(i32, &str)] = &[(2, MIGRATE_TO_2), (3, MIGRATE_TO_3)];
+const MIGRATIONS: &[(i32, &str)] = &[(2, MIGRATE_TO_2), (3, MIGRATE_TO_3), (4, MIGRATE_TO_4)];
+
+/// Version 4: what executors need besides the runs — pauses, rate-limit
+/// starts, counters, dead letters — as in `schema.sql`, but for the
+/// counters: a counter is summed over shards, so the settlements of many
+/// processes do not queue for one row's lock.
+const MIGRATE_TO_4: &str = "
+CREATE TABLE reflexr_paused (
+    kind     text NOT NULL CHECK (kind IN ('action', 'rule', 'reaction')),
+    name     text NOT NULL,
+    since    bigint NOT NULL,
+    operator text NOT NULL,
+    reason   text NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+CREATE TABLE reflexr_starts (
+    action text NOT NULL,
+    part   text NOT NULL,
+    at     bigint NOT NULL,
+    n      bigint NOT NULL CHECK (n >= 1)
+);
+CREATE INDEX reflexr_starts_window ON reflexr_starts (action, part, at);
+CREATE TABLE reflexr_counters (
+    name  text NOT NULL,
+    shard integer NOT NULL,
+    value bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, shard)
+);
+CREATE TABLE reflexr_dead_letters (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind        text NOT NULL CHECK (kind IN ('rule', 'run', 'reaction', 'follower')),
+    consumer    text NOT NULL,
+    workspace   text,
+    event_seq   bigint,
+    event_id    text,
+    run_id      text,
+    reason      text NOT NULL,
+    error       text NOT NULL,
+    attempts    bigint NOT NULL DEFAULT 0,
+    created_at  bigint NOT NULL,
+    resolved_at bigint,
+    resolution  text CHECK (resolution IN ('retried', 'discarded'))
+);
+CREATE UNIQUE INDEX reflexr_dead_letters_per_event
+    ON reflexr_dead_letters (kind, consumer, workspace, event_seq) WHERE run_id IS NULL;
+CREATE UNIQUE INDEX reflexr_dead_letters_per_run
+    ON reflexr_dead_letters (run_id) WHERE run_id IS NOT NULL AND resolved_at IS NULL;
+CREATE INDEX reflexr_dead_letters_open ON reflexr_dead_letters (kind, id)
+    WHERE resolved_at IS NULL;
+INSERT INTO reflexr_schema_version (version) VALUES (4);
+";
 
 /// Version 3: the audit — what operators did (a cursor reset, …).
 const MIGRATE_TO_3: &str = "

@@ -1,0 +1,367 @@
+//! Control of the work, counters and dead letters on PostgreSQL, as
+//! `store::control`, `store::counters` and `store::dead_letters` have them
+//! on SQLite.
+//!
+//! What differs: a counter is kept in shards (`reflexr_counters (name,
+//! shard)`), a bump adding to one picked at random and a read summing them,
+//! so the settlements of many processes do not queue behind one row's lock
+//! until their commits; and a partition is the input's value at a
+//! SQL/JSON path (`jsonb_path_query_first`), whose syntax for the paths a
+//! configuration accepts (`$.a.b`, `$."a b"`, `$.list[0]`) is SQLite's.
+
+use std::collections::HashSet;
+
+use postgres::Row;
+use postgres::types::Type;
+
+use super::{PgConn, col};
+use crate::counter::Counter;
+use crate::dead_letter::{DeadLetter, Reason};
+use crate::error::{Error, Result};
+use crate::store::backend::{Control, Counters, DeadLetters};
+use crate::store::control::ActionRow;
+use crate::store::dead_letters::NewDeadLetter;
+use crate::store::runs::RunRow;
+
+/// How many shards a counter is spread over.
+const COUNTER_SHARDS: i32 = 16;
+
+const ACTION_COLUMNS: &str =
+    "action, priority, max_running, rate_count, rate_period_ms, partition_by";
+
+fn action_from(r: &Row) -> Result<ActionRow> {
+    let count = |i: usize| -> Result<Option<u32>> {
+        col::<Option<i64>>(r, i)?
+            .map(|n| {
+                u32::try_from(n).map_err(|_| Error::invalid("reflexr_actions", "a limit too large"))
+            })
+            .transpose()
+    };
+    Ok(ActionRow {
+        action: col(r, 0)?,
+        priority: col(r, 1)?,
+        max_running: count(2)?,
+        rate_count: count(3)?,
+        rate_period_ms: col(r, 4)?,
+        partition_by: col(r, 5)?,
+    })
+}
+
+/// A run's partition: the input's value at the path in parameter `param`,
+/// as text; a missing (or null) value is `""`.
+fn partition(param: &str) -> String {
+    format!("coalesce(jsonb_path_query_first(input::jsonb, {param}::jsonpath) #>> '{{}}', '')")
+}
+
+impl Control for PgConn {
+    fn paused_names(&self, kind: &str) -> Result<HashSet<String>> {
+        self.query(
+            "SELECT name FROM reflexr_paused WHERE kind = $1",
+            &[(&kind, Type::TEXT)],
+        )?
+        .iter()
+        .map(|r| col(r, 0))
+        .collect()
+    }
+
+    fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()> {
+        let max_running = a.max_running.map(i64::from);
+        let rate_count = a.rate_count.map(i64::from);
+        self.query(
+            &format!(
+                "INSERT INTO reflexr_actions ({ACTION_COLUMNS}, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (action) DO UPDATE SET priority = excluded.priority, \
+                   max_running = excluded.max_running, rate_count = excluded.rate_count, \
+                   rate_period_ms = excluded.rate_period_ms, \
+                   partition_by = excluded.partition_by, updated_at = excluded.updated_at"
+            ),
+            &[
+                (&a.action, Type::TEXT),
+                (&a.priority, Type::INT8),
+                (&max_running, Type::INT8),
+                (&rate_count, Type::INT8),
+                (&a.rate_period_ms, Type::INT8),
+                (&a.partition_by, Type::TEXT),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn action_rows(&self) -> Result<Vec<ActionRow>> {
+        self.query(
+            &format!("SELECT {ACTION_COLUMNS} FROM reflexr_actions ORDER BY action"),
+            &[],
+        )?
+        .iter()
+        .map(action_from)
+        .collect()
+    }
+
+    fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>> {
+        self.query(
+            &format!(
+                "SELECT {ACTION_COLUMNS} FROM reflexr_actions WHERE action = ANY ($1) \
+                   AND (max_running IS NOT NULL OR rate_count IS NOT NULL)"
+            ),
+            &[(&actions, Type::TEXT_ARRAY)],
+        )?
+        .iter()
+        .map(action_from)
+        .collect()
+    }
+
+    fn ready_priorities(&self) -> Result<Vec<i64>> {
+        // A loose index scan: one seek per priority, however many runs.
+        self.query(
+            "WITH RECURSIVE p(v) AS ( \
+               SELECT (SELECT priority FROM reflexr_runs WHERE state = 'ready' \
+                       ORDER BY priority DESC LIMIT 1) \
+               UNION ALL \
+               SELECT (SELECT priority FROM reflexr_runs \
+                       WHERE state = 'ready' AND priority < p.v ORDER BY priority DESC LIMIT 1) \
+               FROM p WHERE p.v IS NOT NULL) \
+             SELECT v FROM p WHERE v IS NOT NULL",
+            &[],
+        )?
+        .iter()
+        .map(|r| col(r, 0))
+        .collect()
+    }
+
+    fn candidates(
+        &self,
+        action: &str,
+        now: i64,
+        priority: i64,
+        path: &str,
+        full: &[String],
+        after: (i64, i64),
+        limit: usize,
+    ) -> Result<Vec<(i64, i64, String)>> {
+        let key = partition("$6");
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.query(
+            &format!(
+                "SELECT ord, due_at, {key} FROM reflexr_runs \
+                 WHERE state = 'ready' AND priority = $3 AND due_at <= $2 AND action = $1 \
+                   AND (due_at, ord) > ($4, $5) AND NOT ({key} = ANY ($7)) \
+                 ORDER BY due_at, ord LIMIT $8"
+            ),
+            &[
+                (&action, Type::TEXT),
+                (&now, Type::INT8),
+                (&priority, Type::INT8),
+                (&after.0, Type::INT8),
+                (&after.1, Type::INT8),
+                (&path, Type::TEXT),
+                (&full, Type::TEXT_ARRAY),
+                (&limit, Type::INT8),
+            ],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?, col(r, 2)?)))
+        .collect()
+    }
+
+    fn claim_ords(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        ords: &[i64],
+    ) -> Result<Vec<RunRow>> {
+        self.claim_picked(holder, now, expires_at, ords)
+    }
+
+    fn running_by(&self, action: &str, path: Option<&str>) -> Result<Vec<(String, i64)>> {
+        let Some(path) = path else {
+            let n: i64 = self
+                .query(
+                    "SELECT count(*) FROM reflexr_runs WHERE state = 'running' AND action = $1",
+                    &[(&action, Type::TEXT)],
+                )?
+                .first()
+                .map_or(Ok(0), |r| col(r, 0))?;
+            return Ok(vec![(String::new(), n)]);
+        };
+        self.query(
+            &format!(
+                "SELECT {}, count(*) FROM reflexr_runs \
+                 WHERE state = 'running' AND action = $1 GROUP BY 1",
+                partition("$2")
+            ),
+            &[(&action, Type::TEXT), (&path, Type::TEXT)],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+        .collect()
+    }
+
+    fn starts_since(&self, action: &str, since: i64) -> Result<Vec<(String, i64)>> {
+        self.query(
+            "DELETE FROM reflexr_starts WHERE action = $1 AND at <= $2",
+            &[(&action, Type::TEXT), (&since, Type::INT8)],
+        )?;
+        self.query(
+            "SELECT part, sum(n)::bigint FROM reflexr_starts WHERE action = $1 AND at > $2 \
+             GROUP BY part",
+            &[(&action, Type::TEXT), (&since, Type::INT8)],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+        .collect()
+    }
+
+    fn record_starts(&self, action: &str, part: &str, at: i64, n: i64) -> Result<()> {
+        self.query(
+            "INSERT INTO reflexr_starts (action, part, at, n) VALUES ($1, $2, $3, $4)",
+            &[
+                (&action, Type::TEXT),
+                (&part, Type::TEXT),
+                (&at, Type::INT8),
+                (&n, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn work_due(&self, now: i64, actions: &[&String]) -> Result<bool> {
+        let names: Vec<&str> = actions.iter().map(|a| a.as_str()).collect();
+        let row = self.query(
+            "SELECT EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'ready' \
+                              AND due_at <= $1 AND action = ANY ($2)) \
+                 OR EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'running' \
+                              AND claim_expires_at <= $1)",
+            &[(&now, Type::INT8), (&names, Type::TEXT_ARRAY)],
+        )?;
+        row.first().map_or(Ok(false), |r| col(r, 0))
+    }
+
+    fn lapsed_due(&self, now: i64) -> Result<bool> {
+        let row = self.query(
+            "SELECT EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'running' \
+                              AND claim_expires_at <= $1)",
+            &[(&now, Type::INT8)],
+        )?;
+        row.first().map_or(Ok(false), |r| col(r, 0))
+    }
+}
+
+impl Counters for PgConn {
+    fn bump(&self, name: Counter, by: usize) -> Result<()> {
+        if by == 0 {
+            return Ok(());
+        }
+        let shard = fastrand::i32(0..COUNTER_SHARDS);
+        let by = i64::try_from(by).unwrap_or(i64::MAX);
+        self.query(
+            "INSERT INTO reflexr_counters (name, shard, value) VALUES ($1, $2, $3) \
+             ON CONFLICT (name, shard) DO UPDATE \
+             SET value = reflexr_counters.value + excluded.value",
+            &[
+                (&name.as_str(), Type::TEXT),
+                (&shard, Type::INT4),
+                (&by, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn all(&self) -> Result<Vec<(Counter, i64)>> {
+        let rows = self.query(
+            "SELECT name, sum(value)::bigint FROM reflexr_counters GROUP BY name ORDER BY name",
+            &[],
+        )?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let name: String = col(r, 0)?;
+            // Another version's counters are left out.
+            if let Ok(counter) = name.parse() {
+                out.push((counter, col(r, 1)?));
+            }
+        }
+        Ok(out)
+    }
+}
+
+const DEAD_LETTER_COLUMNS: &str = "id, kind, consumer, workspace, event_seq, event_id, run_id, \
+                                   reason, error, attempts, created_at, resolved_at, resolution";
+
+fn dead_letter_from(r: &Row) -> Result<DeadLetter> {
+    Ok(DeadLetter {
+        id: col(r, 0)?,
+        kind: col::<String>(r, 1)?.parse()?,
+        consumer: col(r, 2)?,
+        workspace: col(r, 3)?,
+        event_seq: col(r, 4)?,
+        event_id: col(r, 5)?,
+        run_id: col(r, 6)?,
+        reason: Reason::from_stored(&col::<String>(r, 7)?),
+        error: col(r, 8)?,
+        attempts: col(r, 9)?,
+        created_at: col(r, 10)?,
+        resolved_at: col(r, 11)?,
+        resolution: col::<Option<String>>(r, 12)?
+            .map(|t| t.parse())
+            .transpose()?,
+    })
+}
+
+impl DeadLetters for PgConn {
+    fn insert(&self, d: &NewDeadLetter<'_>) -> Result<bool> {
+        // PostgreSQL takes one conflict target per statement: a run's dead
+        // letter meets only the per-run index, another only the per-event
+        // one (they are partial on `run_id`), so the statement is chosen by
+        // the run.
+        let conflict = if d.run_id.is_some() {
+            "ON CONFLICT (run_id) WHERE run_id IS NOT NULL AND resolved_at IS NULL DO NOTHING"
+        } else {
+            "ON CONFLICT (kind, consumer, workspace, event_seq) WHERE run_id IS NULL \
+             DO UPDATE SET reason = excluded.reason, error = excluded.error, \
+               attempts = reflexr_dead_letters.attempts + excluded.attempts, \
+               created_at = excluded.created_at, resolved_at = NULL, resolution = NULL \
+             WHERE reflexr_dead_letters.resolved_at IS NOT NULL"
+        };
+        let error = crate::names::clip_error(d.error);
+        let rows = self.query(
+            &format!(
+                "INSERT INTO reflexr_dead_letters \
+                   (kind, consumer, workspace, event_seq, event_id, run_id, reason, error, \
+                    attempts, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) {conflict} RETURNING 1"
+            ),
+            &[
+                (&d.kind.as_str(), Type::TEXT),
+                (&d.consumer, Type::TEXT),
+                (&d.workspace, Type::TEXT),
+                (&d.event_seq, Type::INT8),
+                (&d.event_id, Type::TEXT),
+                (&d.run_id, Type::TEXT),
+                (&d.reason.as_str(), Type::TEXT),
+                (&error, Type::TEXT),
+                (&d.attempts, Type::INT8),
+                (&d.now, Type::INT8),
+            ],
+        )?;
+        Ok(rows.len() == 1)
+    }
+
+    fn list(&self, include_resolved: bool, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>> {
+        self.query(
+            &format!(
+                "SELECT {DEAD_LETTER_COLUMNS} FROM reflexr_dead_letters \
+                 WHERE id > $1 AND ($2 OR resolved_at IS NULL) ORDER BY id LIMIT $3"
+            ),
+            &[
+                (&after_id, Type::INT8),
+                (&include_resolved, Type::BOOL),
+                (&limit, Type::INT8),
+            ],
+        )?
+        .iter()
+        .map(dead_letter_from)
+        .collect()
+    }
+}
