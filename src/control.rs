@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::names;
 use crate::retry::RetryPolicy;
 use crate::store::audit::{self as audit_store, Entry};
-use crate::store::backend::{Control, Runs, Store};
+use crate::store::backend::{ClaimPlan, Control, Runs, Store};
 use crate::store::control::{self as control_store, ActionRow};
 use crate::store::runs::{self, Inserted, NewRun, RunRow, Uniq};
 use crate::tx::Tx;
@@ -605,16 +605,23 @@ fn audit(
 /// limits allow, at most), the unlimited ones the rest in one statement,
 /// and limited actions that took a full share whatever is still left. The
 /// batch comes back by priority, then due time.
+/// `plan` is what the claim read first ([`Control::claim_plan`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn claim<C: Runs + Control + ?Sized>(
     conn: &C,
+    plan: ClaimPlan,
     holder: &str,
     now: i64,
     expires_at: i64,
     limit: usize,
     actions: &[String],
 ) -> Result<Vec<RunRow>> {
-    let paused = paused_names(conn, "action")?;
-    let limited: BTreeMap<String, ActionConfig> = limits_of(conn, actions)?;
+    let paused = plan.paused;
+    let limited: BTreeMap<String, ActionConfig> = plan
+        .limited
+        .into_iter()
+        .map(|a| (a.action.clone(), ActionConfig::from(a)))
+        .collect();
     let free: Vec<String> = actions
         .iter()
         .filter(|a| !paused.contains(*a) && !limited.contains_key(*a))
@@ -631,7 +638,7 @@ pub(crate) fn claim<C: Runs + Control + ?Sized>(
         return Ok(Vec::new());
     }
     let mut rows = Vec::new();
-    for priority in Control::ready_priorities(conn)? {
+    for priority in plan.priorities {
         if rows.len() >= limit {
             break;
         }
@@ -850,16 +857,6 @@ pub(crate) fn work_due<C: Control + ?Sized>(
         return Control::lapsed_due(conn, now);
     }
     Control::work_due(conn, now, &open)
-}
-
-fn limits_of<C: Control + ?Sized>(
-    conn: &C,
-    actions: &[String],
-) -> Result<BTreeMap<String, ActionConfig>> {
-    Ok(Control::limited(conn, actions)?
-        .into_iter()
-        .map(|a| (a.action.clone(), ActionConfig::from(a)))
-        .collect())
 }
 
 impl<B: Store> Tx<'_, B> {

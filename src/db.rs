@@ -272,6 +272,20 @@ pub trait CoreDb<B: Store>: Send + Sync {
         F: FnOnce(&mut Tx<'_, B>) -> std::result::Result<T, E> + Send,
         T: Send,
         E: From<Error> + Send;
+    /// Runs `f` in a write transaction that other writers of this process
+    /// do not share, where the database lets transactions run side by side
+    /// (PostgreSQL: its own connection; the server merges concurrent
+    /// commits' flushes itself). On SQLite, whose one writer runs one
+    /// transaction at a time, the same as [`CoreDb::write_with`]. For the
+    /// executors' rounds: heavy, and appending nothing (or little).
+    fn write_apart<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, B>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.write_with(f)
+    }
     /// A subscription to commits (see [`Db::subscribe`]).
     fn subscribe(&self) -> Subscription;
     /// The writer's counters.

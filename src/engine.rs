@@ -404,13 +404,16 @@ impl<B: Backend> Engine<B> {
 
     /// Waits until the run ends (succeeded, dead, discarded or cancelled) or
     /// `timeout` passes, and returns it as it stands then (check its
-    /// `state`). Woken by this process's settlements at once, by other
-    /// processes' within the watch or a heartbeat.
+    /// `state`). Woken by this process's settlements at once; looks again
+    /// every heartbeat for other processes' (on PostgreSQL, where the
+    /// heartbeat sees appends only, a settlement elsewhere shows at the
+    /// next look).
     ///
     /// # Errors
-    /// [`Error::NotFound`] for a run the file does not have.
+    /// [`Error::NotFound`] for a run the database does not have.
     pub fn wait_for_run(&self, id: &str, timeout: Duration) -> Result<RunInfo> {
         let deadline = Instant::now() + timeout;
+        let heartbeat = self.db().settings().heartbeat;
         let _waiting = self.db().run_waiter();
         let sub = self.db().subscribe();
         loop {
@@ -419,9 +422,11 @@ impl<B: Backend> Engine<B> {
                 run.state,
                 RunState::Succeeded | RunState::Dead | RunState::Discarded | RunState::Cancelled
             );
-            if ended || !sub.wait(self.db().settings().heartbeat, deadline) {
+            let now = Instant::now();
+            if ended || now >= deadline {
                 return Ok(run);
             }
+            sub.wait(heartbeat, deadline.min(now + heartbeat));
         }
     }
 

@@ -21,7 +21,7 @@ use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, Result, panic_text};
 use crate::run::{self, Actions, Emitted, Run, RunContext};
 use crate::store::backend::Store;
-use crate::store::backend::{Counters, DeadLetters, Runs, RunsMore};
+use crate::store::backend::{Control, Counters, DeadLetters, Runs, RunsMore};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::{Requeued, RunRow};
 use crate::tx::Tx;
@@ -95,8 +95,14 @@ pub(crate) fn execute<B: Database>(
     let lapsed_cancelled = std::sync::atomic::AtomicUsize::new(0);
     let claim = |tx: &mut Tx<'_, B>, n: usize| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
+        let mut plan = Control::claim_plan(tx.core(), now, names)?;
         let mut rescued = 0;
-        for lapsed in Runs::lapsed(tx.core(), now, 100)? {
+        let lapsed = if plan.lapsed {
+            Runs::lapsed(tx.core(), now, 100)?
+        } else {
+            Vec::new()
+        };
+        for lapsed in lapsed {
             match Runs::requeue_lapsed(tx.core(), lapsed.ord, now)? {
                 Requeued::Ready => rescued += 1,
                 // Cancelled while its executor was gone: it ended, and the
@@ -115,10 +121,14 @@ pub(crate) fn execute<B: Database>(
             }
         }
         Counters::bump(tx.core(), Counter::ClaimsRescued, rescued)?;
-        control::claim(tx.core(), &holder, now, now + ttl, n, names)
+        if rescued > 0 {
+            // Ready again: their priorities may be new to the plan.
+            plan.priorities = Control::ready_priorities(tx.core())?;
+        }
+        control::claim(tx.core(), plan, &holder, now, now + ttl, n, names)
     };
     let mut size = base;
-    let mut fresh: Vec<RunRow> = db.write_with(|tx| claim(tx, size))?;
+    let mut fresh: Vec<RunRow> = db.write_apart(|tx| claim(tx, size))?;
     // Claimed in an earlier round, not started yet (still ours, tracked).
     let mut carried: Vec<(RunRow, Run)> = Vec::new();
     let mut done = Executed::default();
@@ -169,11 +179,12 @@ pub(crate) fn execute<B: Database>(
         let keep = if more { rest.len() } else { 0 };
         let want = size.saturating_sub(keep);
 
-        let next = db.write_with(|tx| {
+        let next = db.write_apart(|tx| {
             let mut round = Executed::default();
             // Plain successes (nothing emitted, no lane to move on) settle in
-            // one statement; the rest, and all of them if a claim turns out
-            // lost, one by one.
+            // one statement, which succeeds those whose claims still hold and
+            // says which; the rest (a claim lost, a cancellation asked for)
+            // and the other outcomes settle one by one.
             let plain: Vec<usize> = outcomes
                 .iter()
                 .enumerate()
@@ -182,36 +193,26 @@ pub(crate) fn execute<B: Database>(
                 })
                 .map(|(i, _)| i)
                 .collect();
-            let mut settled_plain = false;
+            let mut settled = vec![false; ran.len()];
             if plain.len() > 1 {
-                settled_plain = tx
-                    .nested(|tx| {
-                        let claims: Vec<(&str, i64)> = plain
-                            .iter()
-                            .map(|i| (ran[*i].id.as_str(), i64::from(ran[*i].attempt)))
-                            .collect();
-                        let now = tx.now_ms();
-                        let n = RunsMore::succeed_many(tx.core(), &holder, &claims, now)?;
-                        if n == plain.len() {
-                            Ok(true)
-                        } else {
-                            // Roll the savepoint back: settle one by one.
-                            Err(Error::invalid("claims", "a claim was lost"))
-                        }
-                    })
-                    .or_else(|e| {
-                        if e.dooms_transaction() {
-                            Err(e)
-                        } else {
-                            Ok(false)
-                        }
-                    })?;
-            }
-            if settled_plain {
-                round.succeeded += plain.len();
+                let claims: Vec<(&str, i64)> = plain
+                    .iter()
+                    .map(|i| (ran[*i].id.as_str(), i64::from(ran[*i].attempt)))
+                    .collect();
+                let now = tx.now_ms();
+                let done: std::collections::HashSet<String> =
+                    RunsMore::succeed_many(tx.core(), &holder, &claims, now)?
+                        .into_iter()
+                        .collect();
+                for i in &plain {
+                    if done.contains(&ran[*i].id) {
+                        settled[*i] = true;
+                        round.succeeded += 1;
+                    }
+                }
             }
             for (i, (run, outcome)) in ran.iter().zip(&outcomes).enumerate() {
-                if settled_plain && plain.binary_search(&i).is_ok() {
+                if settled[i] {
                     continue;
                 }
                 match settle_contained(tx, run, outcome) {

@@ -171,6 +171,51 @@ impl PgDb {
             .call(f, &spoilt, &mut |batch| self.run_batch(batch))
     }
 
+    /// Runs `f` in a transaction of its own on a pooled connection, beside
+    /// the shared one (see `CoreDb::write_apart`): committed when `f`
+    /// returns Ok, rolled back otherwise (or if `f` panics, the panic going
+    /// on).
+    ///
+    /// # Panics
+    /// When called from inside a write closure of the same engine.
+    pub(crate) fn write_alone<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        let _inside = Inside::enter(self.id);
+        let conn = self.begin()?;
+        let mut tx = Tx::<Postgres>::new(&conn, &(), &self.env);
+        let value = f(&mut tx);
+        let value = match value {
+            Ok(v) => match spoilt(&tx) {
+                Some(e) => Err(e.into()),
+                None => Ok(v),
+            },
+            Err(e) => Err(e),
+        };
+        let nudge = tx.wants_nudge();
+        let Ok(v) = value else {
+            self.aborts.fetch_add(1, Ordering::Relaxed);
+            return value; // dropping `conn` rolls back
+        };
+        let committed = if nudge {
+            conn.commit_notifying(CHANNEL)
+        } else {
+            conn.commit()
+        };
+        if let Err(e) = committed {
+            self.aborts.fetch_add(1, Ordering::Relaxed);
+            return Err(e.into());
+        }
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if nudge {
+            self.notifier.nudge();
+        }
+        Ok(v)
+    }
+
     /// One transaction over the batch: each member in a savepoint (none
     /// for a batch of one: its transaction is its own), then the commit;
     /// the batch, dropped on the way out, tells the members. A failure of
@@ -322,6 +367,14 @@ impl CoreDb<Postgres> for PgDb {
         E: From<Error> + Send,
     {
         self.write(f)
+    }
+    fn write_apart<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.write_alone(f)
     }
     fn subscribe(&self) -> Subscription {
         self.notifier.subscribe()

@@ -1,9 +1,11 @@
 //! Processes against one PostgreSQL server (feature `postgres`): four child
 //! processes append at once while the parent follows the log with a
-//! cursor; and children SIGKILLed mid-write, over and over, after which the
+//! cursor; children SIGKILLed mid-write, over and over, after which the
 //! database alone must show every invariant of the core: each acknowledged
 //! write present — its application row and its event together (invariant
-//! 2) — no id twice (3), and seqs dense in commit order (1).
+//! 2) — no id twice (3), and seqs dense in commit order (1); and four
+//! processes executing one queue while one of them is SIGKILLed, its claims
+//! taken over once they lapse (5).
 //! The long run: `PG_KILLS=300 cargo test --release --features postgres
 //! --test pg_processes -- --nocapture`.
 #![cfg(feature = "postgres")]
@@ -16,7 +18,7 @@ use std::time::Duration;
 use common::backend::{PgSchema, TestBackend};
 use common::{Watched, is_child, spawn_child};
 use reflexr::postgres::{Client, IsolationLevel, NoTls};
-use reflexr::{Engine, ManualClock, NewEvent, Postgres, Query};
+use reflexr::{Engine, Enqueue, ManualClock, NewEvent, Postgres, Query, RunState};
 
 const TYPES: &[&str] = &["thing.made"];
 
@@ -229,5 +231,106 @@ fn children_killed_mid_write_lose_nothing_acknowledged() {
          acknowledgement the kill cut off; every invariant held",
         acknowledged.len(),
         held - acknowledged.len()
+    );
+}
+
+/// The child of the executing test: two executors whose handler completes
+/// each run with its application row, a few milliseconds in; the claims'
+/// lease is a second, so a killed child's claims lapse soon.
+#[test]
+fn child_executes() {
+    if !is_child() {
+        return;
+    }
+    let config = std::env::var("REFLEXR_PG_CONFIG").expect("REFLEXR_PG_CONFIG");
+    let engine = Engine::builder_postgres(config)
+        .holder_id(format!("child-{}", std::process::id()))
+        .pool_size(4)
+        .executors(2)
+        .claim_batch(4)
+        .lease_ttl(Duration::from_secs(1))
+        .heartbeat(Duration::from_millis(50))
+        .open()
+        .expect("open");
+    engine
+        .register_action("work", |run, ctx| {
+            std::thread::sleep(Duration::from_millis(fastrand::u64(1..4)));
+            let id = run.id.clone();
+            ctx.complete(|tx| Postgres::insert_thing(tx, &id))?;
+            println!("completed {id}");
+            Ok(())
+        })
+        .unwrap();
+    engine.start().unwrap();
+    println!("started");
+    // Until the parent kills it, or its end of our input closes.
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).unwrap_or(0) > 0 {}
+}
+
+/// Invariant 5 across processes: four processes execute one queue; one is
+/// SIGKILLed mid-work, and the runs it held are claimed again once their
+/// claims lapse. Every run ends succeeded, and its completion — the
+/// application's row, committed with the settlement — is there exactly once.
+#[test]
+fn four_processes_execute_one_queue_and_a_killed_ones_claims_are_taken_over() {
+    if is_child() {
+        return;
+    }
+    const RUNS: i64 = 400;
+    let place = PgSchema::new();
+    // The system clock, as the children's: the runs are due at once.
+    let parent = Engine::builder_postgres(place.config())
+        .holder_id("parent")
+        .heartbeat(Duration::from_millis(50))
+        .open()
+        .unwrap();
+    Postgres::create_things(&parent);
+    let ids: Vec<String> = parent
+        .write(|tx| {
+            (0..RUNS)
+                .map(|n| Ok(tx.enqueue(&Enqueue::new("work", &n))?.id))
+                .collect::<reflexr::Result<Vec<_>>>()
+        })
+        .unwrap();
+    let mut children: Vec<Watched> = (0..4)
+        .map(|c| child(&place, "child_executes", &format!("x{c}"), 0))
+        .collect();
+    // Kill the first once it has completed a few runs: it holds claims then.
+    let mut victim = children.remove(0);
+    for _ in 0..5 {
+        victim
+            .until(|l| l.strip_prefix("completed ").map(String::from))
+            .expect("the victim completes runs before it is killed");
+    }
+    let killed = victim.kill();
+    let killed_done = killed
+        .rest
+        .iter()
+        .filter(|l| l.starts_with("completed "))
+        .count();
+    for id in &ids {
+        let run = parent.wait_for_run(id, Duration::from_secs(120)).unwrap();
+        assert_eq!(run.state, RunState::Succeeded, "run {id}");
+    }
+    for c in children {
+        c.kill();
+    }
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(Postgres::things(&parent), expected, "each completed once");
+    // The victim held the rest of its executors' batches when it died
+    // (claims of four, a handler of a few milliseconds each).
+    let retaken = parent
+        .runs(None, RUNS as usize)
+        .unwrap()
+        .iter()
+        .filter(|r| r.attempt > 1)
+        .count();
+    assert!(retaken > 0, "the killed child's claims were taken over");
+    println!(
+        "{RUNS} runs over four processes, one killed after completing at least {} of \
+         them; {retaken} runs claimed again after its claims lapsed",
+        5 + killed_done
     );
 }

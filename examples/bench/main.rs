@@ -42,7 +42,7 @@ struct Args {
     only: Option<String>,
     /// sqlite (the default); postgres (feature `postgres`): the
     /// PostgreSQL stages, against the server `--postgres` names; both: the
-    /// PostgreSQL stages after SQLite's append stages, in one run.
+    /// PostgreSQL stages after SQLite's append and runs stages, in one run.
     #[arg(long, default_value = "sqlite")]
     backend: String,
     /// The PostgreSQL server for `--backend postgres` (a libpq string or a
@@ -52,6 +52,10 @@ struct Args {
     /// (Internal) the child process of the cross-process latency stage.
     #[arg(long, hide = true)]
     child_append: Option<PathBuf>,
+    /// (Internal) a child process of `pg_runs_4processes`: the PostgreSQL
+    /// config of the schema whose runs it executes.
+    #[arg(long, hide = true)]
+    child_pg_runs: Option<String>,
 }
 
 /// One measured figure, as the JSON reports it.
@@ -174,6 +178,16 @@ fn main() {
         latency::child_append(db);
         return;
     }
+    #[cfg(feature = "postgres")]
+    if let Some(config) = &args.child_pg_runs {
+        pg::child_runs(config);
+        return;
+    }
+    #[cfg(not(feature = "postgres"))]
+    if args.child_pg_runs.is_some() {
+        eprintln!("--child-pg-runs needs the feature postgres");
+        std::process::exit(2);
+    }
     let sync = match args.synchronous.to_ascii_lowercase().as_str() {
         "full" => Synchronous::Full,
         "normal" => Synchronous::Normal,
@@ -221,14 +235,18 @@ fn main() {
             let mut stages: Vec<(String, StageFn)> = Vec::new();
             if backend == "both" {
                 // SQLite's stages of the same work, in the same run.
-                for (n, s) in stages::ALL.iter().filter(|(n, _)| n.starts_with("append_")) {
+                let same = |n: &str| n.starts_with("append_") || n == "runs_4executors";
+                for (n, s) in stages::ALL.iter().filter(|(n, _)| same(n)) {
                     stages.push((n.to_string(), Box::new(*s) as StageFn));
                 }
             }
-            stages.push((
-                "pg".to_string(),
-                Box::new(move |ctx: &Ctx| pg::stages(&url, ctx)) as StageFn,
-            ));
+            for (n, s) in pg::ALL {
+                let url = url.clone();
+                stages.push((
+                    n.to_string(),
+                    Box::new(move |ctx: &Ctx| s(&url, ctx)) as StageFn,
+                ));
+            }
             stages
         }
         other => {

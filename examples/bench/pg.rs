@@ -7,11 +7,13 @@
 //! The server is the one `--postgres` (or `REFLEXR_PG_URL`) names; each
 //! measurement gets a schema of its own, dropped after.
 
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use reflexr::postgres::{Client, NoTls};
-use reflexr::{Engine, Postgres, Query};
+use reflexr::{Engine, Enqueue, Postgres, Query, RunState};
 
 use super::stages::event;
 use super::{Ctx, Figure, rate, raw};
@@ -75,15 +77,17 @@ fn raw_insert(c: &mut impl reflexr::postgres::GenericClient, i: usize) {
     .unwrap();
 }
 
+/// A stage on the server `url` names.
+pub type Stage = fn(&str, &Ctx) -> Vec<Figure>;
+
 /// Every stage, in the order the table prints them.
-pub fn stages(url: &str, ctx: &Ctx) -> Vec<Figure> {
-    let mut out = Vec::new();
-    out.extend(append_single(url, ctx));
-    out.extend(append_concurrent16(url, ctx));
-    out.extend(append_batch1000(url, ctx));
-    out.extend(read_pages(url, ctx));
-    out
-}
+pub const ALL: &[(&str, Stage)] = &[
+    ("pg_append_single", append_single),
+    ("pg_append_concurrent16", append_concurrent16),
+    ("pg_append_batch1000", append_batch1000),
+    ("pg_read_pages", read_pages),
+    ("pg_runs_4processes", runs_4processes),
+];
 
 /// One event per transaction, one caller: two round trips and a commit.
 fn append_single(url: &str, ctx: &Ctx) -> Vec<Figure> {
@@ -240,4 +244,146 @@ fn read_pages(url: &str, ctx: &Ctx) -> Vec<Figure> {
     }
     let value = rate(read, start.elapsed());
     vec![Figure::new("pg_read_pages", value, "events/s", baseline)]
+}
+
+/// No-op runs claimed, executed and completed per second by four processes
+/// with four executor threads each, all claiming from one queue; the runs
+/// are enqueued before the clock starts. Baseline: a raw queue on the same
+/// server, four threads each claiming 100 ready rows per transaction
+/// (`FOR UPDATE SKIP LOCKED`) and completing them in the next.
+fn runs_4processes(url: &str, ctx: &Ctx) -> Vec<Figure> {
+    let n = ctx.n(5_000, 20_000);
+    let baseline = raw_claim_complete(url, n, 4);
+    let s = Schema::new(url);
+    let engine = s.engine();
+    for chunk in 0..n / 1_000 {
+        engine
+            .write(|tx| {
+                for k in 0..1_000 {
+                    tx.enqueue(&Enqueue::new("noop", &(chunk * 1_000 + k)))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    let mut children: Vec<Child> = (0..4)
+        .map(|_| {
+            Command::new(std::env::current_exe().unwrap())
+                .arg("--child-pg-runs")
+                .arg(s.config())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn a child")
+        })
+        .collect();
+    // Each says when its engine is open and its action registered.
+    for c in &mut children {
+        let mut line = String::new();
+        BufReader::new(c.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+    }
+    let start = Instant::now();
+    for c in &mut children {
+        writeln!(c.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    // Done when no run is ready or running: two index probes, cheap next
+    // to the work measured.
+    let left = |state| !engine.runs(Some(state), 1).unwrap().is_empty();
+    while left(RunState::Ready) || left(RunState::Running) {
+        assert!(start.elapsed() < Duration::from_secs(600), "runs stalled");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let value = rate(n, start.elapsed());
+    let succeeded = engine
+        .run_counts()
+        .unwrap()
+        .into_iter()
+        .find(|(state, _)| *state == RunState::Succeeded);
+    assert_eq!(succeeded, Some((RunState::Succeeded, n as i64)));
+    for mut c in children {
+        drop(c.stdin.take()); // end of input: shut down
+        assert!(c.wait().unwrap().success());
+    }
+    vec![Figure::new("pg_runs_4processes", value, "runs/s", baseline)]
+}
+
+/// A child of [`runs_4processes`]: four executors with a no-op handler,
+/// started on "go", shut down at the end of its input.
+pub fn child_runs(config: &str) {
+    let engine = Engine::builder_postgres(config)
+        .pool_size(8)
+        .executors(4)
+        .open()
+        .expect("open on PostgreSQL");
+    engine.register_action("noop", |_, _| Ok(())).unwrap();
+    println!("ready");
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    stdin.read_line(&mut line).unwrap();
+    engine.start().unwrap();
+    // Until the parent closes our input.
+    while stdin.read_line(&mut line).unwrap_or(0) > 0 {}
+    engine.shutdown();
+}
+
+/// The raw queue: `n` rows, `threads` threads each claiming up to 100 in
+/// one transaction and completing them in the next.
+fn raw_claim_complete(url: &str, n: usize, threads: usize) -> f64 {
+    let s = Schema::new(url);
+    let mut c = Client::connect(&s.config(), NoTls).unwrap();
+    c.batch_execute(
+        "CREATE TABLE raw_runs (id bigserial PRIMARY KEY, state text NOT NULL, \
+           claimed_by text, input text NOT NULL); \
+         CREATE INDEX raw_runs_ready ON raw_runs (id) WHERE state = 'ready';",
+    )
+    .unwrap();
+    for chunk in 0..n / 1_000 {
+        let mut tx = c.transaction().unwrap();
+        for k in 0..1_000 {
+            tx.execute(
+                "INSERT INTO raw_runs (state, input) VALUES ('ready', $1)",
+                &[&(chunk * 1_000 + k).to_string()],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let config = s.config();
+            scope.spawn(move || {
+                let mut c = Client::connect(&config, NoTls).unwrap();
+                let me = format!("raw-{t}");
+                loop {
+                    let ids: Vec<i64> = c
+                        .query(
+                            "WITH picked AS MATERIALIZED (SELECT id FROM raw_runs \
+                               WHERE state = 'ready' ORDER BY id LIMIT 100 \
+                               FOR UPDATE SKIP LOCKED) \
+                             UPDATE raw_runs r SET state = 'running', claimed_by = $1 \
+                             FROM picked WHERE r.id = picked.id RETURNING r.id",
+                            &[&me],
+                        )
+                        .unwrap()
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect();
+                    if ids.is_empty() {
+                        break;
+                    }
+                    c.execute(
+                        "UPDATE raw_runs SET state = 'done', claimed_by = NULL \
+                         WHERE id = ANY ($1) AND claimed_by = $2",
+                        &[&ids, &me],
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    });
+    rate(n, start.elapsed())
 }

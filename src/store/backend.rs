@@ -262,8 +262,9 @@ pub trait Runs {
 /// cancellation (see `store::runs`).
 pub trait RunsMore {
     /// Marks many claimed runs (`(id, attempt)`, all `holder`'s) succeeded
-    /// in one statement; how many changed (fewer: a claim was lost).
-    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<usize>;
+    /// in one statement: the ids of those whose claims still held (and no
+    /// cancellation was asked for); the others are left as they were.
+    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>>;
     /// Ends a claimed run whose cancellation was asked for, cancelled;
     /// false when the claim is not ours or no cancellation was asked.
     fn end_cancelled(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
@@ -275,9 +276,32 @@ pub trait RunsMore {
     fn counts(&self) -> Result<Vec<(String, i64)>>;
 }
 
+/// What a claim reads before it picks runs (see [`Control::claim_plan`]).
+#[derive(Debug, Default)]
+pub struct ClaimPlan {
+    /// The actions paused.
+    pub paused: HashSet<String>,
+    /// The settings of the claimer's actions that have a limit.
+    pub limited: Vec<ActionRow>,
+    /// The priorities ready runs have, highest first.
+    pub priorities: Vec<i64>,
+    /// Whether a claim lapsed at `now`.
+    pub lapsed: bool,
+}
+
 /// Control of the work as the claim reads it: pauses, each action's
 /// limits and what counts against them (`store::control`, `store::runs`).
 pub trait Control {
+    /// What a claim for `actions` reads first, at `now`: by default one
+    /// statement each; a backend a round trip away reads them in one.
+    fn claim_plan(&self, now: i64, actions: &[String]) -> Result<ClaimPlan> {
+        Ok(ClaimPlan {
+            paused: self.paused_names("action")?,
+            limited: self.limited(actions)?,
+            priorities: self.ready_priorities()?,
+            lapsed: self.lapsed_due(now)?,
+        })
+    }
     /// The names of this kind (`action`, `rule`, `reaction`) paused.
     fn paused_names(&self, kind: &str) -> Result<HashSet<String>>;
     /// Sets an action's settings, replacing what it had.
@@ -676,7 +700,7 @@ impl Runs for rusqlite::Connection {
 }
 
 impl RunsMore for rusqlite::Connection {
-    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<usize> {
+    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>> {
         let claims = serde_json::to_string(claims).expect("ids and attempts encode");
         runs::succeed_many(self, holder, &claims, now)
     }

@@ -688,24 +688,27 @@ pub(crate) fn succeed(
 }
 
 /// Marks many claimed runs succeeded in one statement: `claims` is a JSON
-/// array of `[id, attempt]`, all held by `holder`. Returns how many rows
-/// changed: fewer than asked means a claim was lost, and the caller must
-/// roll back and settle one by one.
+/// array of `[id, attempt]`, all held by `holder`. Returns the ids of those
+/// whose claims still held (and no cancellation was asked for): the others
+/// are left as they were.
 pub(crate) fn succeed_many(
     conn: &Connection,
     holder: &str,
     claims: &str,
     now: i64,
-) -> Result<usize> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?3, updated_at = ?3, \
-               claimed_by = NULL, claim_expires_at = NULL \
-             WHERE id IN (SELECT value ->> 0 FROM json_each(?2)) \
-               AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2)) \
-               AND state = 'running' AND claimed_by = ?1 AND cancel_requested_at IS NULL",
-        )?
-        .execute(params![holder, claims, now])?)
+) -> Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?3, updated_at = ?3, \
+           claimed_by = NULL, claim_expires_at = NULL \
+         WHERE id IN (SELECT value ->> 0 FROM json_each(?2)) \
+           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2)) \
+           AND state = 'running' AND claimed_by = ?1 AND cancel_requested_at IS NULL \
+         RETURNING id",
+    )?;
+    let ids = stmt
+        .query_map(params![holder, claims, now], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(ids)
 }
 
 /// Puts a claimed run back as ready at `due_at`, after a failed attempt.

@@ -261,6 +261,17 @@ impl Watched {
     }
 }
 
+/// A child the test did not end (it failed first) is killed, not left
+/// running.
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A file's bytes, to prove a refused open left it unchanged.
 pub fn bytes(path: &Path) -> Vec<u8> {
     std::fs::read(path).expect("read file")

@@ -2,10 +2,11 @@
 //! `store::control`, `store::counters` and `store::dead_letters` have them
 //! on SQLite.
 //!
-//! What differs: a counter is kept in shards (`reflexr_counters (name,
-//! shard)`), a bump adding to one picked at random and a read summing them,
-//! so the settlements of many processes do not queue behind one row's lock
-//! until their commits; and a partition is the input's value at a
+//! What differs: a counter is the sum of its rows — a bump inserts one,
+//! and one bump in [`FOLD_EVERY`] folds them into one — so the settlements
+//! of many processes never queue behind one row's lock until their commits
+//! (an `UPDATE` of one row per counter made them wait for each other, and
+//! deadlock when two took two counters in opposite orders); and a partition is the input's value at a
 //! SQL/JSON path (`jsonb_path_query_first`), whose syntax for the paths a
 //! configuration accepts (`$.a.b`, `$."a b"`, `$.list[0]`) is SQLite's.
 
@@ -18,30 +19,33 @@ use super::{PgConn, col};
 use crate::counter::Counter;
 use crate::dead_letter::{DeadLetter, Reason};
 use crate::error::{Error, Result};
-use crate::store::backend::{Control, Counters, DeadLetters};
+use crate::store::backend::{ClaimPlan, Control, Counters, DeadLetters};
 use crate::store::control::ActionRow;
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::RunRow;
 
-/// How many shards a counter is spread over.
-const COUNTER_SHARDS: i32 = 16;
+/// One bump in this many folds its counter's rows into one.
+const FOLD_EVERY: u32 = 256;
+
+/// The advisory lock a fold holds ("rfxc" in ASCII), so folds never wait
+/// for each other.
+const FOLD_LOCK: i64 = 0x7266_7863;
 
 const ACTION_COLUMNS: &str =
     "action, priority, max_running, rate_count, rate_period_ms, partition_by";
 
+/// A limit as stored (bigint) as the settings have it.
+fn limit(n: Option<i64>) -> Result<Option<u32>> {
+    n.map(|n| u32::try_from(n).map_err(|_| Error::invalid("reflexr_actions", "a limit too large")))
+        .transpose()
+}
+
 fn action_from(r: &Row) -> Result<ActionRow> {
-    let count = |i: usize| -> Result<Option<u32>> {
-        col::<Option<i64>>(r, i)?
-            .map(|n| {
-                u32::try_from(n).map_err(|_| Error::invalid("reflexr_actions", "a limit too large"))
-            })
-            .transpose()
-    };
     Ok(ActionRow {
         action: col(r, 0)?,
         priority: col(r, 1)?,
-        max_running: count(2)?,
-        rate_count: count(3)?,
+        max_running: limit(col(r, 2)?)?,
+        rate_count: limit(col(r, 3)?)?,
         rate_period_ms: col(r, 4)?,
         partition_by: col(r, 5)?,
     })
@@ -54,6 +58,62 @@ fn partition(param: &str) -> String {
 }
 
 impl Control for PgConn {
+    /// One round trip instead of four.
+    fn claim_plan(&self, now: i64, actions: &[String]) -> Result<ClaimPlan> {
+        let rows = self.query(
+            "WITH RECURSIVE limited AS ( \
+               SELECT action, priority, max_running, rate_count, rate_period_ms, partition_by \
+               FROM reflexr_actions WHERE action = ANY ($2) \
+                 AND (max_running IS NOT NULL OR rate_count IS NOT NULL)), \
+             p(v) AS ( \
+               SELECT (SELECT priority FROM reflexr_runs WHERE state = 'ready' \
+                       ORDER BY priority DESC LIMIT 1) \
+               UNION ALL \
+               SELECT (SELECT priority FROM reflexr_runs \
+                       WHERE state = 'ready' AND priority < p.v ORDER BY priority DESC LIMIT 1) \
+               FROM p WHERE p.v IS NOT NULL) \
+             SELECT \
+               ARRAY(SELECT name FROM reflexr_paused WHERE kind = 'action'), \
+               ARRAY(SELECT v FROM p WHERE v IS NOT NULL ORDER BY v DESC), \
+               EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'running' \
+                         AND claim_expires_at <= $1), \
+               ARRAY(SELECT action FROM limited ORDER BY action), \
+               ARRAY(SELECT priority FROM limited ORDER BY action), \
+               ARRAY(SELECT max_running FROM limited ORDER BY action), \
+               ARRAY(SELECT rate_count FROM limited ORDER BY action), \
+               ARRAY(SELECT rate_period_ms FROM limited ORDER BY action), \
+               ARRAY(SELECT partition_by FROM limited ORDER BY action)",
+            &[(&now, Type::INT8), (&actions, Type::TEXT_ARRAY)],
+        )?;
+        let r = rows
+            .first()
+            .ok_or_else(|| Error::invalid("claim plan", "no row"))?;
+        let paused: Vec<String> = col(r, 0)?;
+        let names: Vec<String> = col(r, 3)?;
+        let priorities: Vec<i64> = col(r, 4)?;
+        let max_running: Vec<Option<i64>> = col(r, 5)?;
+        let rate_count: Vec<Option<i64>> = col(r, 6)?;
+        let rate_period_ms: Vec<Option<i64>> = col(r, 7)?;
+        let partition_by: Vec<Option<String>> = col(r, 8)?;
+        let mut limited = Vec::with_capacity(names.len());
+        for (i, action) in names.into_iter().enumerate() {
+            limited.push(ActionRow {
+                action,
+                priority: priorities[i],
+                max_running: limit(max_running[i])?,
+                rate_count: limit(rate_count[i])?,
+                rate_period_ms: rate_period_ms[i],
+                partition_by: partition_by[i].clone(),
+            });
+        }
+        Ok(ClaimPlan {
+            paused: paused.into_iter().collect(),
+            priorities: col(r, 1)?,
+            lapsed: col(r, 2)?,
+            limited,
+        })
+    }
+
     fn paused_names(&self, kind: &str) -> Result<HashSet<String>> {
         self.query(
             "SELECT name FROM reflexr_paused WHERE kind = $1",
@@ -254,18 +314,15 @@ impl Counters for PgConn {
         if by == 0 {
             return Ok(());
         }
-        let shard = fastrand::i32(0..COUNTER_SHARDS);
+        let name = name.as_str();
         let by = i64::try_from(by).unwrap_or(i64::MAX);
         self.query(
-            "INSERT INTO reflexr_counters (name, shard, value) VALUES ($1, $2, $3) \
-             ON CONFLICT (name, shard) DO UPDATE \
-             SET value = reflexr_counters.value + excluded.value",
-            &[
-                (&name.as_str(), Type::TEXT),
-                (&shard, Type::INT4),
-                (&by, Type::INT8),
-            ],
+            "INSERT INTO reflexr_counters (name, value) VALUES ($1, $2)",
+            &[(&name, Type::TEXT), (&by, Type::INT8)],
         )?;
+        if fastrand::u32(..FOLD_EVERY) == 0 {
+            self.fold_counter(name)?;
+        }
         Ok(())
     }
 
@@ -283,6 +340,24 @@ impl Counters for PgConn {
             }
         }
         Ok(out)
+    }
+}
+
+impl PgConn {
+    /// Folds a counter's rows into one, if no other transaction is folding
+    /// one (a try-lock: a bump never waits). The rows deleted are those
+    /// committed when the statement began; bumps made meanwhile stay beside
+    /// the sum, so nothing is counted twice or lost.
+    fn fold_counter(&self, name: &str) -> Result<()> {
+        self.query(
+            "WITH mine AS (SELECT pg_try_advisory_xact_lock($2) AS locked), \
+                  gone AS (DELETE FROM reflexr_counters \
+                           WHERE name = $1 AND (SELECT locked FROM mine) RETURNING value) \
+             INSERT INTO reflexr_counters (name, value) \
+             SELECT $1, sum(value)::bigint FROM gone HAVING count(*) > 0",
+            &[(&name, Type::TEXT), (&FOLD_LOCK, Type::INT8)],
+        )?;
+        Ok(())
     }
 }
 

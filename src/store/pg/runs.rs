@@ -553,7 +553,7 @@ impl Runs for PgConn {
 }
 
 impl RunsMore for PgConn {
-    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<usize> {
+    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>> {
         let ids: Vec<&str> = claims.iter().map(|c| c.0).collect();
         let attempts: Vec<i64> = claims.iter().map(|c| c.1).collect();
         let rows = self.query(
@@ -561,7 +561,7 @@ impl RunsMore for PgConn {
                claimed_by = NULL, claim_expires_at = NULL \
              FROM unnest($2::text[], $3::bigint[]) AS c(id, attempt) \
              WHERE r.id = c.id AND r.attempt = c.attempt AND r.state = 'running' \
-               AND r.claimed_by = $1 AND r.cancel_requested_at IS NULL RETURNING 1",
+               AND r.claimed_by = $1 AND r.cancel_requested_at IS NULL RETURNING r.id",
             &[
                 (&holder, Type::TEXT),
                 (&ids, Type::TEXT_ARRAY),
@@ -569,7 +569,7 @@ impl RunsMore for PgConn {
                 (&now, Type::INT8),
             ],
         )?;
-        Ok(rows.len())
+        rows.iter().map(|r| col(r, 0)).collect()
     }
 
     fn end_cancelled(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {

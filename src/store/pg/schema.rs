@@ -43,10 +43,9 @@ CREATE TABLE reflexr_starts (
 CREATE INDEX reflexr_starts_window ON reflexr_starts (action, part, at);
 CREATE TABLE reflexr_counters (
     name  text NOT NULL,
-    shard integer NOT NULL,
-    value bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (name, shard)
+    value bigint NOT NULL
 );
+CREATE INDEX reflexr_counters_name ON reflexr_counters (name);
 CREATE TABLE reflexr_dead_letters (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     kind        text NOT NULL CHECK (kind IN ('rule', 'run', 'reaction', 'follower')),
