@@ -307,6 +307,7 @@ fn check_settings(s: &Settings) -> Result<()> {
 /// | [`holder_id`](PostgresBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
 /// | [`executors`](PostgresBuilder::executors) | 2 threads |
 /// | [`claim_batch`](PostgresBuilder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
+/// | [`evaluate_batch`](PostgresBuilder::evaluate_batch) | 2,000 events per rule and batch |
 ///
 /// Durability is the server's (`synchronous_commit`, replication), not the
 /// engine's.
@@ -416,6 +417,12 @@ impl PostgresBuilder {
     /// see [`EngineBuilder::claim_batch`]. Default 16.
     pub fn claim_batch(mut self, n: usize) -> Self {
         self.runtime.claim_batch = n;
+        self
+    }
+
+    /// How many events a rule reads per batch (1 to 10,000). Default 2,000.
+    pub fn evaluate_batch(mut self, n: usize) -> Self {
+        self.runtime.evaluate_batch = n;
         self
     }
 

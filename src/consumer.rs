@@ -15,11 +15,11 @@
 
 use crate::counter::Counter;
 use crate::cursor::ConsumerKind;
-use crate::db::Db;
+use crate::db::CoreDb;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::lease::{self, Lease};
-use crate::store::{control, counters, cursors, events};
+use crate::store::backend::{Control, Counters, Cursors, Events, Store};
 use crate::tx::Tx;
 
 /// Which consumer's cursor.
@@ -40,17 +40,21 @@ pub(crate) struct Stand {
 }
 
 /// The cursor's stand (position 0 for a cursor never saved).
-pub(crate) fn stand(conn: &rusqlite::Connection, c: Consumer<'_>) -> Result<Stand> {
+pub(crate) fn stand<C: Cursors + ?Sized>(conn: &C, c: Consumer<'_>) -> Result<Stand> {
     let (position, stamp) =
-        cursors::get_stamped(conn, c.workspace, c.kind.as_str(), c.name)?.unwrap_or((0, 0));
+        Cursors::get_stamped(conn, c.workspace, c.kind.as_str(), c.name)?.unwrap_or((0, 0));
     Ok(Stand { position, stamp })
 }
 
 /// Step 1: the consumer's stand and up to `limit` events after it.
-pub(crate) fn read(db: &Db, c: Consumer<'_>, limit: usize) -> Result<(Stand, Vec<Event>)> {
-    db.read(|conn| {
+pub(crate) fn read<B: Store>(
+    db: &impl CoreDb<B>,
+    c: Consumer<'_>,
+    limit: usize,
+) -> Result<(Stand, Vec<Event>)> {
+    db.read_with(&mut |conn| {
         let stand = stand(conn, c)?;
-        let page = events::page(conn, c.workspace, stand.position, &[], limit)?;
+        let page = Events::page(conn, c.workspace, stand.position, &[], limit)?;
         Ok((stand, page))
     })
 }
@@ -73,29 +77,29 @@ impl<E: From<Error>> From<Error> for Halt<E> {
 /// cursor moves to — and moves the cursor there, all in one savepoint.
 /// `Ok(None)` when the cursor had moved (nothing written: read again); an
 /// error rolls the savepoint back.
-pub(crate) fn advance<T, E: From<Error>>(
-    tx: &mut Tx<'_>,
+pub(crate) fn advance<B: Store, T, E: From<Error>>(
+    tx: &mut Tx<'_, B>,
     c: Consumer<'_>,
     lease: &Lease,
     at: Stand,
-    write: impl FnOnce(&mut Tx<'_>) -> std::result::Result<(T, i64), E>,
+    write: impl FnOnce(&mut Tx<'_, B>) -> std::result::Result<(T, i64), E>,
 ) -> std::result::Result<Option<T>, E> {
     let done = tx.nested(|tx| -> std::result::Result<T, Halt<E>> {
-        lease::fence(tx.conn(), tx.now_ms(), lease)?;
-        if stand(tx.conn(), c)? != at {
+        lease::fence(tx.core(), tx.now_ms(), lease)?;
+        if stand(tx.core(), c)? != at {
             return Err(Halt::Moved);
         }
         // A rule or reaction paused while its batch was decided writes
         // nothing: once a pause commits, its cursor stays (the next turn
         // skips it).
         if matches!(c.kind, ConsumerKind::Rule | ConsumerKind::Reaction)
-            && control::is_paused(tx.conn(), c.kind.as_str(), c.name)?
+            && Control::is_paused(tx.core(), c.kind.as_str(), c.name)?
         {
             return Err(Halt::Moved);
         }
         let (value, to) = write(tx).map_err(Halt::Failed)?;
         let now = tx.now_ms();
-        match cursors::advance(tx.conn(), c.workspace, c.kind.as_str(), c.name, to, now)? {
+        match Cursors::advance(tx.core(), c.workspace, c.kind.as_str(), c.name, to, now)? {
             Ok(()) => Ok(value),
             // Behind where it stands: moved under us after all.
             Err(_) => Err(Halt::Moved),
@@ -113,18 +117,18 @@ pub(crate) fn advance<T, E: From<Error>>(
 /// transaction of its own, so a consumer that keeps failing at one position
 /// shows as stuck ([`crate::CursorInfo::is_stuck`],
 /// `reflexr_stuck_consumers`) instead of only in a log line.
-pub(crate) fn failed(db: &Db, c: Consumer<'_>, position: i64, error: &Error) {
+pub(crate) fn failed<B: Store>(db: &impl CoreDb<B>, c: Consumer<'_>, position: i64, error: &Error) {
     let (kind, name) = (c.kind.as_str(), c.name);
     log::error!(
         "{kind} {name} at seq {position} of {}: {error}; it tries again",
         c.workspace
     );
     let text = error.to_string();
-    let recorded = db.write(|tx| -> Result<()> {
+    let recorded = db.write_with(|tx| -> Result<()> {
         let now = tx.now_ms();
-        let n = cursors::record_failure(tx.conn(), c.workspace, kind, name, position, &text, now)?;
-        counters::bump(
-            tx.conn(),
+        let n = Cursors::record_failure(tx.core(), c.workspace, kind, name, position, &text, now)?;
+        Counters::bump(
+            tx.core(),
             Counter::ConsumerFailures,
             usize::from(n.is_some()),
         )

@@ -443,6 +443,58 @@ impl<B: Backend> Engine<B> {
         self.db().read_with(&mut |c| control::configs(c))
     }
 
+    /// Registers a rule with this engine, and with the database: a rule new
+    /// to it starts at its [`crate::Start`] position; a rule it knows at
+    /// a lower version gets what its [`crate::OnNewVersion`] says; a known
+    /// rule continues where it stopped. Register every rule before
+    /// [`Engine::start`].
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a rule missing its types, action or decision,
+    /// watching a reserved type, moved to another workspace, or registered
+    /// after start; [`Error::NotFound`] for a missing workspace.
+    pub fn register_rule(&self, rule: Rule) -> Result<()> {
+        rule.validate()?;
+        if self.cx.is_started() {
+            return Err(Error::invalid(
+                "rule",
+                format!("{}: rules are registered before Engine::start", rule.name),
+            ));
+        }
+        self.write(|tx| operate::register_rule(tx.core(), tx.now_ms(), &rule))?;
+        self.cx
+            .registry_mut()
+            .rules
+            .insert(rule.name.clone(), Arc::new(rule));
+        Ok(())
+    }
+
+    /// The rules the database knows, with their cursors and lag.
+    pub fn rules(&self) -> Result<Vec<RuleInfo>> {
+        let registered: Vec<String> = self.cx.registry().rules.keys().cloned().collect();
+        self.db()
+            .read_with(&mut |c| operate::rule_infos(c, &registered))
+    }
+
+    /// A rule's state for one scope, decoded (None: the scope has none yet).
+    pub fn rule_state<S: serde::de::DeserializeOwned>(
+        &self,
+        rule: &str,
+        scope: &str,
+    ) -> Result<Option<S>> {
+        let json = self
+            .db()
+            .read_with(&mut |c| store::backend::Rules::state(c, rule, scope))?;
+        json.map(|j| {
+            serde_json::from_str(&j).map_err(|e| Error::Decode {
+                what: format!("state of rule {rule}, scope {scope}"),
+                seq: None,
+                message: e.to_string(),
+            })
+        })
+        .transpose()
+    }
+
     /// Registers the handler of an action: what runs when a rule with this
     /// action fires. This process's executors claim only runs of actions it
     /// has registered. The handler runs at least once per run (invariant 5):
@@ -654,55 +706,6 @@ impl Engine<Sqlite> {
     // ----- leases -----------------------------------------------------------
 
     // ----- rules and actions ----------------------------------------------
-
-    /// Registers a rule with this engine, and with the file: a rule new to the
-    /// file starts at its [`crate::Start`] position; a rule the file knows at
-    /// a lower version gets what its [`crate::OnNewVersion`] says; a known
-    /// rule continues where it stopped. Register every rule before
-    /// [`Engine::start`].
-    ///
-    /// # Errors
-    /// [`Error::Invalid`] for a rule missing its types, action or decision,
-    /// watching a reserved type, moved to another workspace, or registered
-    /// after start; [`Error::NotFound`] for a missing workspace.
-    pub fn register_rule(&self, rule: Rule) -> Result<()> {
-        rule.validate()?;
-        if self.cx.is_started() {
-            return Err(Error::invalid(
-                "rule",
-                format!("{}: rules are registered before Engine::start", rule.name),
-            ));
-        }
-        self.write(|tx| operate::register_rule(tx.conn(), tx.now_ms(), &rule))?;
-        self.cx
-            .registry_mut()
-            .rules
-            .insert(rule.name.clone(), Arc::new(rule));
-        Ok(())
-    }
-
-    /// The rules the file knows, with their cursors and lag.
-    pub fn rules(&self) -> Result<Vec<RuleInfo>> {
-        let registered: Vec<String> = self.cx.registry().rules.keys().cloned().collect();
-        self.cx.db.read(|c| operate::rule_infos(c, &registered))
-    }
-
-    /// A rule's state for one scope, decoded (None: the scope has none yet).
-    pub fn rule_state<S: serde::de::DeserializeOwned>(
-        &self,
-        rule: &str,
-        scope: &str,
-    ) -> Result<Option<S>> {
-        let json = self.cx.db.read(|c| store::rules::state(c, rule, scope))?;
-        json.map(|j| {
-            serde_json::from_str(&j).map_err(|e| Error::Decode {
-                what: format!("state of rule {rule}, scope {scope}"),
-                seq: None,
-                message: e.to_string(),
-            })
-        })
-        .transpose()
-    }
 
     // ----- runs and dead letters ------------------------------------------
 

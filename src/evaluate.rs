@@ -49,7 +49,7 @@ use crate::changelog::{self, Origin};
 use crate::consumer::{self, Stand};
 use crate::counter::Counter;
 use crate::cursor::ConsumerKind;
-use crate::db::Db;
+use crate::db::{CoreDb, Database};
 use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, Result, panic_text};
 use crate::event::{Event, NewEvent};
@@ -57,10 +57,9 @@ use crate::lease::Lease;
 use crate::names::MAX_SUBJECT_BYTES;
 use crate::rule::{Decision, Ordering, Rule};
 use crate::run::RunKind;
-use crate::store::backend::Runs;
-use crate::store::dead_letters::{self, NewDeadLetter};
+use crate::store::backend::{Counters, Cursors, DeadLetters, Events, Rules, Runs, Store};
+use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::NewRun;
-use crate::store::{counters, cursors, events, rules};
 use crate::tx::Tx;
 
 /// Longest a rule decides before its batch is committed.
@@ -173,8 +172,8 @@ struct Committed {
 /// pass, without holding back the others. `lease` gives the workspace's
 /// evaluator lease (renewing it when due) before each group; `None` ends the
 /// pass.
-pub(crate) fn pass(
-    db: &Db,
+pub(crate) fn pass<B: Database>(
+    db: &B::Db,
     rules: &[Arc<Rule>],
     batch: usize,
     lease: &mut dyn FnMut() -> Result<Option<Lease>>,
@@ -188,18 +187,18 @@ pub(crate) fn pass(
         // Paused rules decide nothing; their cursors stay where they are
         // (a pause that commits while a batch is decided is seen by its
         // commit, `consumer::advance`, and the batch is read again here).
-        let paused = db.read(|c| crate::control::paused_names(c, "rule"))?;
+        let paused = db.read_with(&mut |c| crate::control::paused_names(c, "rule"))?;
         pending.retain(|r| !paused.contains(&r.name));
         if pending.is_empty() {
             break;
         }
-        let stands: Vec<(Stand, i64)> = db.read(|c| {
+        let stands: Vec<(Stand, i64)> = db.read_with(&mut |c| {
             pending
                 .iter()
                 .map(|r| {
                     let stand = consumer::stand(c, r.consumer())?;
                     let kind = ConsumerKind::Rule.as_str();
-                    let high = cursors::high_water(c, &workspace, kind, &r.name)?;
+                    let high = Cursors::high_water(c, &workspace, kind, &r.name)?;
                     Ok((stand, high))
                 })
                 .collect()
@@ -216,19 +215,19 @@ pub(crate) fn pass(
             let Some(lease) = lease()? else {
                 return Ok(total);
             };
-            let page = db.read(|c| events::page(c, &workspace, position, &[], batch))?;
+            let page = db.read_with(&mut |c| Events::page(c, &workspace, position, &[], batch))?;
             if page.is_empty() {
                 continue;
             }
             let max_json = db.settings().limits.max_payload_bytes;
             let mut decided = Vec::with_capacity(group.len());
             for (rule, stand, high_water) in group {
-                match decide(db, rule, (stand, high_water), &page, max_json) {
+                match decide::<B>(db, rule, (stand, high_water), &page, max_json) {
                     Ok(d) => decided.push(d),
                     Err(e) => consumer::failed(db, rule.consumer(), position, &e),
                 }
             }
-            let outcomes = db.write(|tx| -> Result<Vec<Result<Option<Committed>>>> {
+            let outcomes = db.write_with(|tx| -> Result<Vec<Result<Option<Committed>>>> {
                 Ok(decided
                     .iter()
                     .map(|d| commit_rule(tx, d, &page, &lease))
@@ -258,8 +257,8 @@ pub(crate) fn pass(
 
 /// Decides `rule` over `page` (which starts right after its cursor):
 /// scopes, states, decisions; writes nothing.
-fn decide<'r>(
-    db: &Db,
+fn decide<'r, B: Database>(
+    db: &B::Db,
     rule: &'r Rule,
     (stand, high_water): (Stand, i64),
     page: &[Event],
@@ -300,7 +299,7 @@ fn decide<'r>(
     let stored: HashMap<String, String> = if wanted.is_empty() {
         HashMap::new()
     } else {
-        db.read(|c| rules::states(c, &rule.name, &wanted))?
+        db.read_with(&mut |c| Rules::states(c, &rule.name, &wanted))?
             .into_iter()
             .collect()
     };
@@ -467,9 +466,9 @@ fn decide_one(
 
 /// True when the firing `id` was recorded before: its run exists, or its
 /// `RuleFired` event does (the run may have been pruned).
-fn firing_exists(conn: &rusqlite::Connection, workspace: &str, id: &str) -> Result<bool> {
+fn firing_exists<C: Runs + Events + ?Sized>(conn: &C, workspace: &str, id: &str) -> Result<bool> {
     Ok(Runs::get(conn, id)?.is_some()
-        || events::seq_of(conn, workspace, &format!("{id}:fired"))?.is_some())
+        || Events::seq_of(conn, workspace, &format!("{id}:fired"))?.is_some())
 }
 
 /// Why writing a rule's batch stopped.
@@ -490,8 +489,8 @@ impl From<Error> for CommitError {
 /// cursor moved meanwhile. Firings are recorded without a savepoint each; a
 /// firing the file refuses rolls the rule's savepoint back, and the batch
 /// is written again with that firing recorded as a `firing_refused` error.
-fn commit_rule(
-    tx: &mut Tx<'_>,
+fn commit_rule<B: Store>(
+    tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
     page: &[Event],
     lease: &Lease,
@@ -515,8 +514,8 @@ fn commit_rule(
 /// Writes what one rule decided, inside [`consumer::advance`] (which checked
 /// the evaluator lease and the cursor, and moves the cursor after); the
 /// firings in `refused` are recorded as errors instead.
-fn commit(
-    tx: &mut Tx<'_>,
+fn commit<B: Store>(
+    tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
     page: &[Event],
     lease: &Lease,
@@ -525,7 +524,7 @@ fn commit(
     let rule = d.rule;
     let now = tx.now_ms();
     for (scope, json, seq) in &d.changed {
-        rules::save_state(tx.conn(), &rule.name, scope, json, *seq, now)?;
+        Rules::save_state(tx.core(), &rule.name, scope, json, *seq, now)?;
     }
     let mut done = Committed::default();
     let (mut existing, mut kept) = (0, 0);
@@ -541,7 +540,7 @@ fn commit(
             });
             continue;
         }
-        if event.seq <= d.high_water && firing_exists(tx.conn(), &rule.workspace, &f.id)? {
+        if event.seq <= d.high_water && firing_exists(tx.core(), &rule.workspace, &f.id)? {
             existing += 1;
             continue;
         }
@@ -555,7 +554,7 @@ fn commit(
     for &i in &d.quiet_replays {
         let event = &page[i];
         let id = firing_id(&rule.name, event, 0);
-        if firing_exists(tx.conn(), &rule.workspace, &id)? {
+        if firing_exists(tx.core(), &rule.workspace, &id)? {
             kept += 1;
             ::log::info!(
                 "rule {}: replaying seq {} no longer fires; firing {id} made before is kept \
@@ -578,8 +577,8 @@ fn commit(
             break;
         }
         if !errored_at.contains(&i) && rule.types.contains(&event.event_type) {
-            dead_letters::resolve_for_event(
-                tx.conn(),
+            DeadLetters::resolve_for_event(
+                tx.core(),
                 DeadLetterKind::Rule,
                 &rule.name,
                 &rule.workspace,
@@ -591,19 +590,19 @@ fn commit(
     if done.fired + done.errored > 0 {
         tx.mark_nudge();
     }
-    let conn = tx.conn();
-    counters::bump(conn, Counter::Decisions, d.decided)?;
-    counters::bump(conn, Counter::Fired, done.fired)?;
-    counters::bump(conn, Counter::Errored, done.errored)?;
-    counters::bump(conn, Counter::ReplayExisting, existing)?;
-    counters::bump(conn, Counter::ReplayKept, kept)?;
+    let conn = tx.core();
+    Counters::bump(conn, Counter::Decisions, d.decided)?;
+    Counters::bump(conn, Counter::Fired, done.fired)?;
+    Counters::bump(conn, Counter::Errored, done.errored)?;
+    Counters::bump(conn, Counter::ReplayExisting, existing)?;
+    Counters::bump(conn, Counter::ReplayKept, kept)?;
     Ok(done)
 }
 
 /// Records one firing: its `RuleFired` event and its run (or, past the
 /// chain depth limit, its dead run and dead letter).
-fn record_firing(
-    tx: &mut Tx<'_>,
+fn record_firing<B: Store>(
+    tx: &mut Tx<'_, B>,
     rule: &Rule,
     f: &Firing,
     event: &Event,
@@ -639,7 +638,7 @@ fn record_firing(
         &fired,
         Origin::Engine { depth: event.depth },
     )?;
-    let conn = tx.conn();
+    let conn = tx.core();
     let dead = too_deep.then(|| {
         format!(
             "the firing event is {} deep; a run would emit events past the chain depth limit of \
@@ -672,7 +671,7 @@ fn record_firing(
         },
     )?;
     if let Some(why) = &dead {
-        dead_letters::insert(
+        DeadLetters::insert(
             conn,
             &NewDeadLetter {
                 kind: DeadLetterKind::Run,
@@ -694,7 +693,12 @@ fn record_firing(
 /// Records an evaluation error: a `RuleErrored` event (its id derived from
 /// the rule and the event, so a replay that fails again appends nothing
 /// twice) and a dead letter (reopened if an operator had resolved it).
-fn record_error(tx: &mut Tx<'_>, rule: &Rule, e: &Errored, event: &Event) -> Result<()> {
+fn record_error<B: Store>(
+    tx: &mut Tx<'_, B>,
+    rule: &Rule,
+    e: &Errored,
+    event: &Event,
+) -> Result<()> {
     let now = tx.now_ms();
     let actor = format!("rule:{}", rule.name);
     let error = crate::names::clip_error(&e.error);
@@ -714,8 +718,8 @@ fn record_error(tx: &mut Tx<'_>, rule: &Rule, e: &Errored, event: &Event) -> Res
         &errored,
         Origin::Engine { depth: event.depth },
     )?;
-    dead_letters::insert(
-        tx.conn(),
+    DeadLetters::insert(
+        tx.core(),
         &NewDeadLetter {
             kind: DeadLetterKind::Rule,
             consumer: &rule.name,

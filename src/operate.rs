@@ -12,7 +12,7 @@ use crate::names::{self, MAX_ID_BYTES};
 use crate::rule::{OnNewVersion, Rule, Start};
 use crate::run::{RunInfo, RunState};
 use crate::store::audit;
-use crate::store::backend::{Runs, RunsMore};
+use crate::store::backend::{Audit, Cursors, Events, Rules, Runs, RunsMore, Work, Workspaces};
 use crate::store::dead_letters;
 use crate::store::{cursors, events, rules, runs};
 
@@ -22,8 +22,8 @@ pub(crate) fn check_operator(operator: &str, reason: &str) -> Result<()> {
     names::check_text("reason", reason, 4096)
 }
 
-fn record(
-    conn: &Connection,
+fn record<C: Audit + ?Sized>(
+    conn: &C,
     now: i64,
     operator: &str,
     action: AuditAction,
@@ -31,7 +31,7 @@ fn record(
     reason: &str,
     detail: serde_json::Value,
 ) -> Result<()> {
-    audit::record(
+    Audit::record(
         conn,
         &audit::Entry {
             at: now,
@@ -87,22 +87,22 @@ pub enum RuleReset {
 /// Records a rule being registered: a new rule gets its row and its start
 /// position; a known rule at a higher version gets what `on_new_version`
 /// says.
-pub(crate) fn register_rule(conn: &Connection, now: i64, rule: &Rule) -> Result<()> {
-    if !crate::store::workspaces::exists(conn, &rule.workspace)? {
+pub(crate) fn register_rule<C: Work + ?Sized>(conn: &C, now: i64, rule: &Rule) -> Result<()> {
+    if !Workspaces::exists(conn, &rule.workspace)? {
         return Err(Error::not_found("workspace", &rule.workspace));
     }
     let kind = ConsumerKind::Rule.as_str();
     let version = i64::from(rule.version);
-    let start_at = |conn: &Connection| -> Result<i64> {
+    let start_at = |conn: &C| -> Result<i64> {
         Ok(match rule.start {
             Start::Beginning => 0,
-            Start::Head => events::head(conn)?,
+            Start::Head => Events::head(conn)?,
         })
     };
-    match rules::get(conn, &rule.name)? {
+    match Rules::rule(conn, &rule.name)? {
         None => {
             let at = start_at(conn)?;
-            cursors::set(conn, &rule.workspace, kind, &rule.name, at, now)?;
+            Cursors::set(conn, &rule.workspace, kind, &rule.name, at, now)?;
         }
         Some(stored) if stored.workspace != rule.workspace => {
             return Err(Error::invalid(
@@ -121,8 +121,8 @@ pub(crate) fn register_rule(conn: &Connection, now: i64, rule: &Rule) -> Result<
             match rule.on_new_version {
                 OnNewVersion::Continue => {}
                 OnNewVersion::ResetState => {
-                    rules::clear_states(conn, &rule.name)?;
-                    cursors::touch(conn, &rule.workspace, kind, &rule.name, now)?;
+                    Rules::clear_states(conn, &rule.name)?;
+                    Cursors::touch(conn, &rule.workspace, kind, &rule.name, now)?;
                     record(
                         conn,
                         now,
@@ -134,9 +134,9 @@ pub(crate) fn register_rule(conn: &Connection, now: i64, rule: &Rule) -> Result<
                     )?;
                 }
                 OnNewVersion::Replay => {
-                    rules::clear_states(conn, &rule.name)?;
+                    Rules::clear_states(conn, &rule.name)?;
                     let at = start_at(conn)?;
-                    cursors::set(conn, &rule.workspace, kind, &rule.name, at, now)?;
+                    Cursors::set(conn, &rule.workspace, kind, &rule.name, at, now)?;
                     record(
                         conn,
                         now,
@@ -160,8 +160,8 @@ pub(crate) fn register_rule(conn: &Connection, now: i64, rule: &Rule) -> Result<
         }
         Some(_) => {}
     }
-    let stored_version = rules::get(conn, &rule.name)?.map_or(version, |r| r.version.max(version));
-    rules::upsert(
+    let stored_version = Rules::rule(conn, &rule.name)?.map_or(version, |r| r.version.max(version));
+    Rules::upsert_rule(
         conn,
         &rule.name,
         &rule.workspace,
@@ -171,13 +171,16 @@ pub(crate) fn register_rule(conn: &Connection, now: i64, rule: &Rule) -> Result<
     )
 }
 
-pub(crate) fn rule_infos(conn: &Connection, registered: &[String]) -> Result<Vec<RuleInfo>> {
+pub(crate) fn rule_infos<C: Work + ?Sized>(
+    conn: &C,
+    registered: &[String],
+) -> Result<Vec<RuleInfo>> {
     let kind = ConsumerKind::Rule.as_str();
-    rules::list(conn)?
+    Rules::rule_rows(conn)?
         .into_iter()
         .map(|r| {
-            let cursor = cursors::get(conn, &r.workspace, kind, &r.name)?.unwrap_or(0);
-            let lag = events::count_after(conn, &r.workspace, cursor)?;
+            let cursor = Cursors::get(conn, &r.workspace, kind, &r.name)?.unwrap_or(0);
+            let lag = Events::count_after(conn, &r.workspace, cursor)?;
             Ok(RuleInfo {
                 registered_here: registered.contains(&r.name),
                 name: r.name,

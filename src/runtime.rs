@@ -60,10 +60,10 @@ use crate::{follow, reaction, schedule};
 ///
 /// Every backend has the methods of `impl<B: Backend> Engine<B>`
 /// (workspaces, writes with the application's own SQL, appends, reads,
-/// cursors, leases, waiting for commits, actions and their runs, the
-/// executors); the rest of [`crate::Engine`]'s methods (rules, the jobs loop,
-/// followers, operators' views) are SQLite's for now, and come to
-/// PostgreSQL as its store grows (issue 19).
+/// cursors, leases, waiting for commits, rules, actions and their runs, the
+/// evaluators and executors); the rest of [`crate::Engine`]'s methods (the
+/// jobs loop, followers, operators' views) are SQLite's for now, and come
+/// to PostgreSQL as its store grows (issue 19).
 pub trait Backend: Database {
     /// Ends the engine when its last handle goes: its threads stopped,
     /// its leases released, its connections closed.
@@ -100,9 +100,10 @@ impl Backend for Sqlite {
     }
 }
 
-/// Rules, followers, reactions and jobs cannot be registered on PostgreSQL
-/// yet (`Engine<Postgres>` has no method for them), so their steps have
-/// nothing to do; the executors and the renewer run as on SQLite.
+/// Evaluators, executors and the renewer run as on SQLite. Followers,
+/// reactions and jobs cannot be registered on PostgreSQL yet
+/// (`Engine<Postgres>` has no method for them), so their steps have nothing
+/// to do.
 #[cfg(feature = "postgres")]
 impl Backend for crate::store::backend::Postgres {
     fn close(cx: &Context<crate::store::backend::Postgres>) {
@@ -112,8 +113,11 @@ impl Backend for crate::store::backend::Postgres {
     fn describe(cx: &Context<crate::store::backend::Postgres>) -> String {
         cx.db.what().to_string()
     }
-    fn evaluate_step(_: &Context<crate::store::backend::Postgres>, _: &str) -> Result<Pass> {
-        Ok(Pass::default())
+    fn evaluate_step(
+        cx: &Context<crate::store::backend::Postgres>,
+        workspace: &str,
+    ) -> Result<Pass> {
+        evaluate_step(cx, workspace)
     }
     fn follow_step(_: &Context<crate::store::backend::Postgres>) -> Result<usize> {
         Ok(0)
@@ -359,11 +363,11 @@ fn forget_lease<B: Backend>(cx: &Context<B>, name: &str) {
 /// One pass over a workspace's rules, if this engine holds (or can take) its
 /// evaluator lease. The lease is checked (and renewed when due) before each
 /// group of rules, so a workspace with many slow rules keeps it.
-pub(crate) fn evaluate_step(cx: &Context, workspace: &str) -> Result<Pass> {
+pub(crate) fn evaluate_step<B: Backend>(cx: &Context<B>, workspace: &str) -> Result<Pass> {
     let rules = cx.registry().rules_of(workspace);
     let name = evaluate::lease_name(workspace);
     let batch = cx.config.evaluate_batch;
-    match evaluate::pass(&cx.db, &rules, batch, &mut || held_lease(cx, &name)) {
+    match evaluate::pass::<B>(&cx.db, &rules, batch, &mut || held_lease(cx, &name)) {
         Err(e) if e.is_lease_lost() => {
             log::warn!("evaluating {workspace}: {e}");
             forget_lease(cx, &name);

@@ -1,143 +1,21 @@
 //! Rules decide exactly once per (rule, event) (DESIGN.md, invariant 4), with
 //! errors contained per rule, under the workspace's evaluator lease
 //! (invariant 7), with forward cursors but for recorded resets (invariant 8).
+//! What runs on every backend — exactly what a fold predicts, catching up,
+//! errors contained per rule, the evaluator lease handed over — is in
+//! `tests/backends.rs`.
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired};
 use common::{Arrange, Scene, count, is_child, later, parent_file};
 use reflexr::{
     ConsumerKind, Decision, Engine, Error, NewEvent, OnNewVersion, Query, Rule, RuleReset, Scope,
-    Start,
 };
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Default, Serialize, Deserialize, Debug, PartialEq)]
-struct Count {
-    n: u32,
-}
-
-/// Fires on every `every`-th event of a scope: a stateful rule whose firings
-/// an independent fold over the log can predict.
-fn every_nth(name: &str, every: u32) -> Rule {
-    Rule::new(name, "app")
-        .on(["rsvp"])
-        .scope(Scope::payload("session"))
-        .action("noop")
-        .decide_with_state(Count::default(), move |_, state| {
-            state.n += 1;
-            Ok(if state.n.is_multiple_of(every) {
-                Decision::fire(&serde_json::json!({ "n": state.n }))
-            } else {
-                Decision::Skip
-            })
-        })
-}
-
-fn rsvp(session: u32, guest: u32) -> NewEvent {
-    NewEvent::new("rsvp", format!("guest/{guest}"), "guest", 0)
-        .payload(&serde_json::json!({ "session": session, "guest": guest }))
-}
-
-/// The types of `app`, the workspace of every test.
-const APP_TYPES: &[&str] = &["rsvp", "other"];
-
-fn append_rsvps(e: &Engine, sessions: u32, per_session: u32) {
-    e.write(|tx| {
-        for g in 0..per_session {
-            for s in 0..sessions {
-                tx.append("app", &rsvp(s, s * 10_000 + g))?;
-            }
-        }
-        Ok(())
-    })
-    .unwrap();
-}
-
-/// (rule, event_seq) of every RuleFired in the log, with its count.
-fn fired(e: &Engine) -> BTreeMap<(String, i64), usize> {
-    let mut out = BTreeMap::new();
-    let mut after = 0;
-    loop {
-        let page = e
-            .read(
-                &Query::new("app")
-                    .after(after)
-                    .types(["RuleFired"])
-                    .limit(5_000),
-            )
-            .unwrap();
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        for ev in &page {
-            let p: serde_json::Value = ev.payload().unwrap();
-            let key = (
-                p["rule"].as_str().unwrap().to_string(),
-                p["event_seq"].as_i64().unwrap(),
-            );
-            *out.entry(key).or_default() += 1;
-        }
-    }
-    out
-}
-
-/// What `every_nth(rule, every)` must fire over the log: computed from the
-/// events alone, independently of the engine.
-fn expected(e: &Engine, rule: &str, every: u32) -> BTreeMap<(String, i64), usize> {
-    let mut counts: HashMap<i64, u32> = HashMap::new();
-    let mut out = BTreeMap::new();
-    for ev in e
-        .read(&Query::new("app").types(["rsvp"]).limit(10_000))
-        .unwrap()
-    {
-        let p: serde_json::Value = ev.payload().unwrap();
-        let c = counts.entry(p["session"].as_i64().unwrap()).or_default();
-        *c += 1;
-        if (*c).is_multiple_of(every) {
-            out.insert((rule.to_string(), ev.seq), 1);
-        }
-    }
-    out
-}
-
-#[test]
-fn a_stateful_rule_fires_exactly_what_an_independent_fold_predicts() {
-    // Invariant 4.
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
-    e.register_rule(every_nth("tenth", 10)).unwrap();
-    append_rsvps(&e, 3, 35);
-    let idle = e.run_until_idle().unwrap();
-    assert_eq!(idle.decided, 105);
-    assert_eq!(idle.fired, 9);
-    assert_eq!(idle.succeeded, 9, "every firing's run ran");
-    assert_eq!(fired(&e), expected(&e, "tenth", 10));
-    assert_eq!(
-        e.rule_state::<Count>("tenth", "1").unwrap(),
-        Some(Count { n: 35 })
-    );
-    // RuleFired carries the firing id, which is the run id.
-    let runs = e.runs(None, 100).unwrap();
-    assert_eq!(runs.len(), 9);
-    let page = e.read(&Query::new("app").types(["RuleFired"])).unwrap();
-    for ev in page {
-        let p: serde_json::Value = ev.payload().unwrap();
-        let id = p["firing_id"].as_str().unwrap();
-        assert_eq!(
-            ev.id,
-            format!("{id}:fired"),
-            "the event id derives from the firing id"
-        );
-        assert!(runs.iter().any(|r| r.id == id));
-    }
-    // Nothing more to decide: a second drain does nothing.
-    assert_eq!(e.run_until_idle().unwrap().decided, 0);
-}
-
-/// The child's side of the crash test: evaluates slowly, in small batches,
-/// until killed (or done).
 #[test]
 fn child_process_evaluator() {
     if !is_child() {
@@ -247,132 +125,6 @@ fn a_stateful_rule_keeps_its_state_across_a_restart() {
     append_rsvps(&e, 1, 40);
     let idle = e.run_until_idle().unwrap();
     assert_eq!((idle.decided, idle.fired), (40, 1), "the 100th RSVP fires");
-}
-
-#[test]
-fn a_rule_added_later_catches_up_and_one_starting_at_the_head_does_not() {
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
-    e.register_rule(every_nth("early", 10)).unwrap();
-    append_rsvps(&e, 2, 20);
-    e.run_until_idle().unwrap();
-    drop(e);
-
-    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
-    e.register_rule(every_nth("early", 10)).unwrap();
-    e.register_rule(every_nth("late", 10)).unwrap();
-    e.register_rule(every_nth("from-now", 10).start(Start::Head))
-        .unwrap();
-    append_rsvps(&e, 2, 10);
-    e.run_until_idle().unwrap();
-    let f = fired(&e);
-    let of = |rule: &str| f.keys().filter(|(r, _)| r == rule).count();
-    assert_eq!(of("early"), 6);
-    assert_eq!(of("late"), 6, "caught up on all 60 events");
-    assert_eq!(
-        of("from-now"),
-        2,
-        "only the 20 events after it was first registered"
-    );
-}
-
-#[test]
-fn a_failing_rule_does_not_hold_back_another() {
-    // Errors are per rule: recorded as RuleErrored and dead-lettered, and the
-    // rule moves on.
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).noop("noop");
-    e.register_rule(every_nth("healthy", 5)).unwrap();
-    e.register_rule(
-        Rule::new("broken", "app")
-            .on(["rsvp"])
-            .scope(Scope::payload("session"))
-            .action("noop")
-            .decide(|ev| {
-                let p: serde_json::Value = ev.payload()?;
-                match p["guest"].as_u64().unwrap() % 3 {
-                    0 => Err("the guest list is unreachable".into()),
-                    1 => panic!("a bug in the rule"),
-                    _ => Ok(Decision::Skip),
-                }
-            }),
-    )
-    .unwrap();
-    e.register_rule(
-        Rule::new("scopeless", "app")
-            .on(["rsvp"])
-            .scope(Scope::payload("no_such_field"))
-            .action("noop")
-            .decide(|_| Ok(Decision::Skip)),
-    )
-    .unwrap();
-    append_rsvps(&e, 1, 9);
-    let idle = e.run_until_idle().unwrap();
-    assert_eq!(idle.fired, 1, "the healthy rule fired on its 5th event");
-    assert_eq!(idle.errored, 6 + 9);
-
-    let letters = e.dead_letters(false, 100).unwrap();
-    let reasons = |consumer: &str| {
-        let mut v: Vec<String> = letters
-            .iter()
-            .filter(|d| d.consumer == consumer)
-            .map(|d| d.reason.to_string())
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    assert_eq!(reasons("broken"), ["decision_error", "decision_panic"]);
-    assert_eq!(reasons("scopeless"), ["missing_scope"]);
-    assert!(letters.iter().any(|d| d.error.contains("unreachable")));
-    assert!(
-        letters
-            .iter()
-            .any(|d| d.error.contains("a bug in the rule"))
-    );
-    let errored = e.read(&Query::new("app").types(["RuleErrored"])).unwrap();
-    assert_eq!(errored.len(), 15);
-    for rule in e.rules().unwrap() {
-        assert_eq!(rule.lag, 0, "{} moved on", rule.name);
-    }
-}
-
-#[test]
-fn only_the_lease_holder_evaluates_and_another_takes_over_when_renewal_stops() {
-    // Invariant 7 (fencing) and 4 (exactly once) across two engines.
-    let s = Scene::new();
-    let a = s.open("engine-a").workspace("app", &["rsvp"]).noop("noop");
-    let b = s.open("engine-b").noop("noop");
-    for e in [&a, &b] {
-        e.register_rule(every_nth("tenth", 10)).unwrap();
-    }
-    append_rsvps(&a, 1, 10);
-    assert_eq!(a.run_until_idle().unwrap().fired, 1);
-    append_rsvps(&a, 1, 10);
-    assert_eq!(
-        b.run_until_idle().unwrap().decided,
-        0,
-        "b does not hold the lease"
-    );
-    assert_eq!(a.run_until_idle().unwrap().fired, 1);
-
-    // a stops renewing (paused, or gone); its lease lapses; b takes over.
-    append_rsvps(&a, 1, 10);
-    s.clock.advance(Duration::from_secs(31));
-    let idle = b.run_until_idle().unwrap();
-    assert_eq!((idle.decided, idle.fired), (10, 1));
-    let lease = b
-        .leases()
-        .unwrap()
-        .into_iter()
-        .find(|l| l.name == "evaluator/app")
-        .unwrap();
-    assert_eq!((lease.holder.as_str(), lease.generation), ("engine-b", 2));
-    // a comes back: its lease is gone and b's is live, so a decides nothing.
-    append_rsvps(&a, 1, 10);
-    assert_eq!(a.run_until_idle().unwrap().decided, 0);
-    assert_eq!(b.run_until_idle().unwrap().fired, 1);
-    assert_eq!(fired(&a), expected(&a, "tenth", 10));
 }
 
 #[test]

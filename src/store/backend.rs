@@ -14,11 +14,12 @@
 //! A core function states the groups it needs as bounds
 //! (`C: Events + Workspaces`), and a backend supports a function when it
 //! implements those groups: the compiler, not a runtime check, says what
-//! runs where. The groups so far are the core's — workspaces, the change
-//! log, cursors, leases and the audit — and the work queue's runs
-//! (creating, claiming, settling). The rest of the work layer (rules, lanes' advance, dead
-//! letters, control's limits, deliveries, schedules, followers' ledger)
-//! still takes SQLite's connection directly.
+//! runs where. The groups so far are the core's ([`Core`]: workspaces, the
+//! change log, cursors, leases, the audit) and the work layer's ([`Work`]:
+//! runs and lanes, control's pauses and limits, counters, dead letters,
+//! rules and their state). Deliveries, schedules, reactions, the
+//! followers' ledger and the operators' views still take SQLite's
+//! connection directly.
 //!
 //! Call the methods through the trait (`Events::page(conn, …)`): an
 //! inherent method of the connection type with the same name would win over
@@ -27,7 +28,7 @@
 use std::collections::HashSet;
 
 use crate::counter::Counter;
-use crate::dead_letter::DeadLetter;
+use crate::dead_letter::{DeadLetter, DeadLetterKind};
 use crate::error::Result;
 use crate::event::Event;
 
@@ -35,8 +36,11 @@ use super::control::ActionRow;
 use super::dead_letters::NewDeadLetter;
 use super::events::NewRow;
 use super::leases::LeaseRow;
+use super::rules::RuleRow;
 use super::runs::{NewRun, RunRow};
-use super::{audit, control, counters, cursors, dead_letters, events, leases, runs, workspaces};
+use super::{
+    audit, control, counters, cursors, dead_letters, events, leases, rules, runs, workspaces,
+};
 
 /// What inserting an event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +112,8 @@ pub trait Events {
     /// The highest seq ever assigned (0 before the first append); pruning
     /// does not lower it.
     fn head(&self) -> Result<i64>;
+    /// How many of the workspace's events come after `position`.
+    fn count_after(&self, workspace: &str, position: i64) -> Result<i64>;
     /// Deletes up to `limit` of the workspace's oldest events at or before
     /// `up_to` and recorded before `recorded_before`; how many it deleted.
     fn delete_old(
@@ -148,6 +154,47 @@ pub trait Cursors {
         position: i64,
         now: i64,
     ) -> Result<Option<i64>>;
+    /// The position and the stamp of its last change (see
+    /// `store::cursors::get_stamped`).
+    fn get_stamped(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<(i64, i64)>>;
+    /// Marks the cursor changed without moving it.
+    fn touch(&self, workspace: &str, kind: &str, name: &str, now: i64) -> Result<()>;
+    /// The furthest the cursor has ever been (0: never saved).
+    fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64>;
+    /// Records that the consumer's commit failed at `position` (nothing if
+    /// the cursor moved since); the failures so far.
+    #[allow(clippy::too_many_arguments)]
+    fn record_failure(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<Option<i64>>;
+}
+
+/// `reflexr_rules` and `reflexr_rule_state`: the rules a database knows
+/// and their state per scope.
+pub trait Rules {
+    fn rule(&self, name: &str) -> Result<Option<RuleRow>>;
+    fn rule_rows(&self) -> Result<Vec<RuleRow>>;
+    /// Inserts or replaces the rule's row.
+    fn upsert_rule(
+        &self,
+        name: &str,
+        workspace: &str,
+        version: i64,
+        definition: &str,
+        now: i64,
+    ) -> Result<()>;
+    /// The stored states of `scopes` (those that have one).
+    fn states(&self, rule: &str, scopes: &[&str]) -> Result<Vec<(String, String)>>;
+    fn state(&self, rule: &str, scope: &str) -> Result<Option<String>>;
+    fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()>;
+    /// Forgets every scope's state; how many there were.
+    fn clear_states(&self, rule: &str) -> Result<usize>;
 }
 
 /// `reflexr_audit`, the record of what operators did.
@@ -304,6 +351,8 @@ pub trait Control {
     }
     /// The names of this kind (`action`, `rule`, `reaction`) paused.
     fn paused_names(&self, kind: &str) -> Result<HashSet<String>>;
+    /// Whether `(kind, name)` is paused.
+    fn is_paused(&self, kind: &str, name: &str) -> Result<bool>;
     /// Sets an action's settings, replacing what it had.
     fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()>;
     /// Every action's settings, by name.
@@ -363,11 +412,22 @@ pub trait DeadLetters {
     fn insert(&self, d: &NewDeadLetter<'_>) -> Result<bool>;
     /// Open dead letters (or all), oldest first, after `after_id`.
     fn list(&self, include_resolved: bool, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>>;
+    /// Resolves (as retried) the open dead letter of `consumer` for the
+    /// event at `seq`, if there is one.
+    #[allow(clippy::too_many_arguments)]
+    fn resolve_for_event(
+        &self,
+        kind: DeadLetterKind,
+        consumer: &str,
+        workspace: &str,
+        seq: i64,
+        now: i64,
+    ) -> Result<bool>;
 }
 
-/// What the work queue's executors ask of a connection.
-pub trait Work: Core + Runs + RunsMore + Control + Counters + DeadLetters {}
-impl<T: Core + Runs + RunsMore + Control + Counters + DeadLetters + ?Sized> Work for T {}
+/// What the work layer (rules, runs, executors) asks of a connection.
+pub trait Work: Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules {}
+impl<T: Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + ?Sized> Work for T {}
 
 /// Everything the core asks of a connection.
 pub trait Core: Events + Workspaces + Cursors + Leases + Audit {}
@@ -540,6 +600,9 @@ impl Events for rusqlite::Connection {
     fn head(&self) -> Result<i64> {
         events::head(self)
     }
+    fn count_after(&self, workspace: &str, position: i64) -> Result<i64> {
+        events::count_after(self, workspace, position)
+    }
     fn delete_old(
         &self,
         workspace: &str,
@@ -580,6 +643,57 @@ impl Cursors for rusqlite::Connection {
         now: i64,
     ) -> Result<Option<i64>> {
         cursors::set(self, workspace, kind, name, position, now)
+    }
+    fn get_stamped(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<(i64, i64)>> {
+        cursors::get_stamped(self, workspace, kind, name)
+    }
+    fn touch(&self, workspace: &str, kind: &str, name: &str, now: i64) -> Result<()> {
+        cursors::touch(self, workspace, kind, name, now)
+    }
+    fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64> {
+        cursors::high_water(self, workspace, kind, name)
+    }
+    fn record_failure(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<Option<i64>> {
+        cursors::record_failure(self, workspace, kind, name, position, error, now)
+    }
+}
+
+impl Rules for rusqlite::Connection {
+    fn rule(&self, name: &str) -> Result<Option<RuleRow>> {
+        rules::get(self, name)
+    }
+    fn rule_rows(&self) -> Result<Vec<RuleRow>> {
+        rules::list(self)
+    }
+    fn upsert_rule(
+        &self,
+        name: &str,
+        workspace: &str,
+        version: i64,
+        definition: &str,
+        now: i64,
+    ) -> Result<()> {
+        rules::upsert(self, name, workspace, version, definition, now)
+    }
+    fn states(&self, rule: &str, scopes: &[&str]) -> Result<Vec<(String, String)>> {
+        rules::states(self, rule, scopes)
+    }
+    fn state(&self, rule: &str, scope: &str) -> Result<Option<String>> {
+        rules::state(self, rule, scope)
+    }
+    fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()> {
+        rules::save_state(self, rule, scope, state, seq, now)
+    }
+    fn clear_states(&self, rule: &str) -> Result<usize> {
+        rules::clear_states(self, rule)
     }
 }
 
@@ -723,6 +837,9 @@ impl Control for rusqlite::Connection {
     fn paused_names(&self, kind: &str) -> Result<HashSet<String>> {
         control::paused_names(self, kind)
     }
+    fn is_paused(&self, kind: &str, name: &str) -> Result<bool> {
+        control::is_paused(self, kind, name)
+    }
     fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()> {
         control::configure(self, a, now)
     }
@@ -792,5 +909,15 @@ impl DeadLetters for rusqlite::Connection {
     }
     fn list(&self, include_resolved: bool, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>> {
         dead_letters::list(self, include_resolved, after_id, limit)
+    }
+    fn resolve_for_event(
+        &self,
+        kind: DeadLetterKind,
+        consumer: &str,
+        workspace: &str,
+        seq: i64,
+        now: i64,
+    ) -> Result<bool> {
+        dead_letters::resolve_for_event(self, kind, consumer, workspace, seq, now)
     }
 }

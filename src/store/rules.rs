@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use crate::error::Result;
 
 /// A rule's row.
-pub(crate) struct RuleRow {
+pub struct RuleRow {
     pub name: String,
     pub workspace: String,
     pub version: i64,

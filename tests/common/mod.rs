@@ -7,6 +7,7 @@ pub mod backend;
 pub mod http;
 pub mod inputs;
 pub mod power;
+pub mod rules;
 pub mod torture;
 
 use std::io::{BufRead, BufReader, Lines, Write};

@@ -6,9 +6,10 @@
 //! and one bump in [`FOLD_EVERY`] folds them into one — so the settlements
 //! of many processes never queue behind one row's lock until their commits
 //! (an `UPDATE` of one row per counter made them wait for each other, and
-//! deadlock when two took two counters in opposite orders); and a partition is the input's value at a
-//! SQL/JSON path (`jsonb_path_query_first`), whose syntax for the paths a
-//! configuration accepts (`$.a.b`, `$."a b"`, `$.list[0]`) is SQLite's.
+//! deadlock when two took two counters in opposite orders); and a
+//! partition is the input's value at a SQL/JSON path
+//! (`jsonb_path_query_first`), whose syntax for the paths a configuration
+//! accepts (`$.a.b`, `$."a b"`, `$.list[0]`) is SQLite's.
 
 use std::collections::HashSet;
 
@@ -17,7 +18,7 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::counter::Counter;
-use crate::dead_letter::{DeadLetter, Reason};
+use crate::dead_letter::{DeadLetter, DeadLetterKind, Reason};
 use crate::error::{Error, Result};
 use crate::store::backend::{ClaimPlan, Control, Counters, DeadLetters};
 use crate::store::control::ActionRow;
@@ -122,6 +123,15 @@ impl Control for PgConn {
         .iter()
         .map(|r| col(r, 0))
         .collect()
+    }
+
+    fn is_paused(&self, kind: &str, name: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "SELECT 1 FROM reflexr_paused WHERE kind = $1 AND name = $2",
+                &[(&kind, Type::TEXT), (&name, Type::TEXT)],
+            )?
+            .is_some())
     }
 
     fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()> {
@@ -438,5 +448,29 @@ impl DeadLetters for PgConn {
         .iter()
         .map(dead_letter_from)
         .collect()
+    }
+
+    fn resolve_for_event(
+        &self,
+        kind: DeadLetterKind,
+        consumer: &str,
+        workspace: &str,
+        seq: i64,
+        now: i64,
+    ) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_dead_letters SET resolved_at = $5, resolution = 'retried' \
+                 WHERE kind = $1 AND consumer = $2 AND workspace = $3 AND event_seq = $4 \
+                   AND run_id IS NULL AND resolved_at IS NULL RETURNING 1",
+                &[
+                    (&kind.as_str(), Type::TEXT),
+                    (&consumer, Type::TEXT),
+                    (&workspace, Type::TEXT),
+                    (&seq, Type::INT8),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
     }
 }

@@ -25,6 +25,7 @@
 
 mod control;
 mod guard;
+mod rules;
 mod runs;
 pub(crate) mod schema;
 
@@ -540,6 +541,14 @@ impl Events for PgConn {
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
+    fn count_after(&self, workspace: &str, position: i64) -> Result<i64> {
+        let rows = self.query(
+            "SELECT count(*) FROM reflexr_events WHERE workspace = $1 AND seq > $2",
+            &[(&workspace, Type::TEXT), (&position, Type::INT8)],
+        )?;
+        rows.first().map_or(Ok(0), |r| col(r, 0))
+    }
+
     fn head(&self) -> Result<i64> {
         // This transaction's own appends count before its commit moves
         // the row.
@@ -632,6 +641,77 @@ impl Cursors for PgConn {
             ],
         )?;
         Ok(before)
+    }
+
+    fn get_stamped(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<(i64, i64)>> {
+        self.query_opt(
+            "SELECT position, updated_at FROM reflexr_cursors \
+             WHERE workspace = $1 AND kind = $2 AND name = $3",
+            &[
+                (&workspace, Type::TEXT),
+                (&kind, Type::TEXT),
+                (&name, Type::TEXT),
+            ],
+        )?
+        .map(|r| Ok((col(&r, 0)?, col(&r, 1)?)))
+        .transpose()
+    }
+
+    fn touch(&self, workspace: &str, kind: &str, name: &str, now: i64) -> Result<()> {
+        self.query(
+            "UPDATE reflexr_cursors SET updated_at = greatest($4, updated_at + 1) \
+             WHERE workspace = $1 AND kind = $2 AND name = $3",
+            &[
+                (&workspace, Type::TEXT),
+                (&kind, Type::TEXT),
+                (&name, Type::TEXT),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64> {
+        Ok(self
+            .query_opt(
+                "SELECT high_water FROM reflexr_cursors \
+                 WHERE workspace = $1 AND kind = $2 AND name = $3",
+                &[
+                    (&workspace, Type::TEXT),
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                ],
+            )?
+            .map(|r| col(&r, 0))
+            .transpose()?
+            .unwrap_or(0))
+    }
+
+    fn record_failure(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        position: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<Option<i64>> {
+        let error = crate::names::clip_error(error);
+        self.query_opt(
+            "UPDATE reflexr_cursors SET failures = failures + 1, last_error = $5, failed_at = $6 \
+             WHERE workspace = $1 AND kind = $2 AND name = $3 AND position = $4 \
+             RETURNING failures",
+            &[
+                (&workspace, Type::TEXT),
+                (&kind, Type::TEXT),
+                (&name, Type::TEXT),
+                (&position, Type::INT8),
+                (&error, Type::TEXT),
+                (&now, Type::INT8),
+            ],
+        )?
+        .map(|r| Ok(i64::from(col::<i32>(&r, 0)?)))
+        .transpose()
     }
 
     fn min_position(&self, workspace: &str) -> Result<Option<i64>> {

@@ -12,19 +12,49 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 4;
+pub(crate) const SCHEMA_VERSION: i32 = 5;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
 /// database gets `schema.pg.sql` and then every step, so a new database and
 /// a migrated one are the same by construction (the store's tables are
 /// being ported a group at a time; each group comes as a step).
-const MIGRATIONS: &[(i32, &str)] = &[(2, MIGRATE_TO_2), (3, MIGRATE_TO_3), (4, MIGRATE_TO_4)];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (2, MIGRATE_TO_2),
+    (3, MIGRATE_TO_3),
+    (4, MIGRATE_TO_4),
+    (5, MIGRATE_TO_5),
+];
+
+// The last step reaches the version this library writes.
+const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 5: rules and their state per scope, as in `schema.sql`.
+const MIGRATE_TO_5: &str = "
+CREATE TABLE reflexr_rules (
+    name          text PRIMARY KEY,
+    workspace     text NOT NULL REFERENCES reflexr_workspaces (name),
+    version       bigint NOT NULL CHECK (version >= 1),
+    definition    text NOT NULL,
+    registered_at bigint NOT NULL,
+    updated_at    bigint NOT NULL
+);
+CREATE TABLE reflexr_rule_state (
+    rule        text NOT NULL,
+    scope       text NOT NULL,
+    state       text NOT NULL,
+    updated_seq bigint NOT NULL,
+    updated_at  bigint NOT NULL,
+    PRIMARY KEY (rule, scope)
+);
+INSERT INTO reflexr_schema_version (version) VALUES (5);
+";
 
 /// Version 4: what executors need besides the runs — pauses, rate-limit
 /// starts, counters, dead letters — as in `schema.sql`, but for the
-/// counters: a counter is summed over shards, so the settlements of many
-/// processes do not queue for one row's lock.
+/// counters: a counter is the sum of its rows, each bump inserting one (and
+/// now and then folding them into one), so the settlements of many
+/// processes never wait for one row's lock.
 const MIGRATE_TO_4: &str = "
 CREATE TABLE reflexr_paused (
     kind     text NOT NULL CHECK (kind IN ('action', 'rule', 'reaction')),

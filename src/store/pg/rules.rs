@@ -1,0 +1,115 @@
+//! Rules and their state per scope on PostgreSQL, as `store::rules` has
+//! them on SQLite.
+
+use postgres::Row;
+use postgres::types::Type;
+
+use super::{PgConn, col};
+use crate::error::Result;
+use crate::store::backend::Rules;
+use crate::store::rules::RuleRow;
+
+const COLUMNS: &str = "name, workspace, version, definition, registered_at, updated_at";
+
+fn rule_from(r: &Row) -> Result<RuleRow> {
+    Ok(RuleRow {
+        name: col(r, 0)?,
+        workspace: col(r, 1)?,
+        version: col(r, 2)?,
+        definition: col(r, 3)?,
+        registered_at: col(r, 4)?,
+        updated_at: col(r, 5)?,
+    })
+}
+
+impl Rules for PgConn {
+    fn rule(&self, name: &str) -> Result<Option<RuleRow>> {
+        self.query_opt(
+            &format!("SELECT {COLUMNS} FROM reflexr_rules WHERE name = $1"),
+            &[(&name, Type::TEXT)],
+        )?
+        .as_ref()
+        .map(rule_from)
+        .transpose()
+    }
+
+    fn rule_rows(&self) -> Result<Vec<RuleRow>> {
+        self.query(
+            &format!("SELECT {COLUMNS} FROM reflexr_rules ORDER BY name"),
+            &[],
+        )?
+        .iter()
+        .map(rule_from)
+        .collect()
+    }
+
+    fn upsert_rule(
+        &self,
+        name: &str,
+        workspace: &str,
+        version: i64,
+        definition: &str,
+        now: i64,
+    ) -> Result<()> {
+        self.query(
+            "INSERT INTO reflexr_rules (name, workspace, version, definition, registered_at, \
+               updated_at) VALUES ($1, $2, $3, $4, $5, $5) \
+             ON CONFLICT (name) DO UPDATE SET workspace = excluded.workspace, \
+               version = excluded.version, definition = excluded.definition, \
+               updated_at = excluded.updated_at",
+            &[
+                (&name, Type::TEXT),
+                (&workspace, Type::TEXT),
+                (&version, Type::INT8),
+                (&definition, Type::TEXT),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn states(&self, rule: &str, scopes: &[&str]) -> Result<Vec<(String, String)>> {
+        self.query(
+            "SELECT scope, state FROM reflexr_rule_state WHERE rule = $1 AND scope = ANY ($2)",
+            &[(&rule, Type::TEXT), (&scopes, Type::TEXT_ARRAY)],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+        .collect()
+    }
+
+    fn state(&self, rule: &str, scope: &str) -> Result<Option<String>> {
+        self.query_opt(
+            "SELECT state FROM reflexr_rule_state WHERE rule = $1 AND scope = $2",
+            &[(&rule, Type::TEXT), (&scope, Type::TEXT)],
+        )?
+        .map(|r| col(&r, 0))
+        .transpose()
+    }
+
+    fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()> {
+        self.query(
+            "INSERT INTO reflexr_rule_state (rule, scope, state, updated_seq, updated_at) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (rule, scope) DO UPDATE SET state = excluded.state, \
+               updated_seq = excluded.updated_seq, updated_at = excluded.updated_at",
+            &[
+                (&rule, Type::TEXT),
+                (&scope, Type::TEXT),
+                (&state, Type::TEXT),
+                (&seq, Type::INT8),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn clear_states(&self, rule: &str) -> Result<usize> {
+        Ok(self
+            .query(
+                "DELETE FROM reflexr_rule_state WHERE rule = $1 RETURNING 1",
+                &[(&rule, Type::TEXT)],
+            )?
+            .len())
+    }
+}
