@@ -308,6 +308,7 @@ fn check_settings(s: &Settings) -> Result<()> {
 /// | [`executors`](PostgresBuilder::executors) | 2 threads |
 /// | [`claim_batch`](PostgresBuilder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
 /// | [`evaluate_batch`](PostgresBuilder::evaluate_batch) | 2,000 events per rule and batch |
+/// | [`retention`](PostgresBuilder::retention) | none: nothing is pruned automatically |
 ///
 /// Durability is the server's (`synchronous_commit`, replication), not the
 /// engine's.
@@ -426,6 +427,14 @@ impl PostgresBuilder {
         self
     }
 
+    /// Prunes what `retention` allows every ten minutes, from the loop (one
+    /// process at a time, under the loop lease), as `Engine::prune` does.
+    /// Default: none.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.runtime.retention = Some(retention);
+        self
+    }
+
     /// Connects, applies or migrates the schema, and starts the listener.
     ///
     /// # Errors
@@ -433,6 +442,9 @@ impl PostgresBuilder {
     pub fn open(self) -> Result<Engine<crate::store::backend::Postgres>> {
         check_settings(&self.settings)?;
         check_runtime(&self.runtime)?;
+        if let Some(retention) = &self.runtime.retention {
+            retention.validate()?;
+        }
         let db = crate::pgdb::PgDb::open(
             &self.config,
             self.pool_size,

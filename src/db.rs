@@ -290,6 +290,9 @@ pub trait CoreDb<B: Store>: Send + Sync {
     fn subscribe(&self) -> Subscription;
     /// The writer's counters.
     fn writer_stats(&self) -> WriterStats;
+    /// The channels this process may enqueue deliveries on, with the retry
+    /// policy each delivery is stored with.
+    fn channels(&self) -> &RwLock<BTreeMap<String, crate::retry::RetryPolicy>>;
     /// Wakes every waiting thread of this process.
     fn nudge(&self);
     /// Counts a thread waiting for runs to end, while the guard lives.
@@ -322,6 +325,9 @@ impl CoreDb<Sqlite> for Db {
     }
     fn writer_stats(&self) -> WriterStats {
         Db::writer_stats(self)
+    }
+    fn channels(&self) -> &RwLock<BTreeMap<String, crate::retry::RetryPolicy>> {
+        Db::channels(self)
     }
     fn nudge(&self) {
         Db::nudge(self)

@@ -21,13 +21,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::counter::Counter;
+use crate::db::Database;
 use crate::error::{Error, HandlerError, Result};
 use crate::event::Event;
 use crate::names;
 use crate::retry::RetryPolicy;
 use crate::run::{Run, RunContext};
-use crate::store::backend::Runs;
-use crate::store::counters;
+use crate::store::backend::{Counters, Runs, Sqlite, Store};
 use crate::store::runs::{self, NewRun};
 use crate::tx::Tx;
 
@@ -175,8 +175,8 @@ impl Message {
 
 /// A channel's sender: sends one message. An error (or a panic) fails the
 /// attempt.
-pub type SenderFn =
-    dyn Fn(&Message, &mut RunContext<'_>) -> std::result::Result<(), HandlerError> + Send + Sync;
+pub type SenderFn<B = Sqlite> =
+    dyn Fn(&Message, &mut RunContext<'_, B>) -> std::result::Result<(), HandlerError> + Send + Sync;
 
 /// The action name of a channel's deliveries.
 pub(crate) fn action_of(channel: &str) -> String {
@@ -184,14 +184,14 @@ pub(crate) fn action_of(channel: &str) -> String {
 }
 
 /// The action handler that decodes the message and calls the sender.
-pub(crate) fn action(sender: Arc<SenderFn>) -> Arc<crate::run::ActionFn> {
-    Arc::new(move |run: &Run, ctx: &mut RunContext<'_>| {
+pub(crate) fn action<B: Database>(sender: Arc<SenderFn<B>>) -> Arc<crate::run::ActionFn<B>> {
+    Arc::new(move |run: &Run, ctx: &mut RunContext<'_, B>| {
         let message = Message::from_run(run)?;
         sender(&message, ctx)
     })
 }
 
-impl Tx<'_> {
+impl<B: Store> Tx<'_, B> {
     /// Enqueues `delivery` on its channel, in this transaction: it is sent
     /// (at least once) only if the transaction commits. Returns the
     /// delivery's id. Enqueuing an id that exists already enqueues nothing.
@@ -210,7 +210,7 @@ impl Tx<'_> {
 }
 
 /// Inserts the delivery's run; returns its id (or the one holding its key).
-fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<crate::control::Enqueued> {
+fn enqueue<B: Store>(tx: &Tx<'_, B>, d: &Delivery) -> Result<crate::control::Enqueued> {
     names::check_name("channel", &d.channel)?;
     names::check_name("template", &d.template)?;
     if let Some(to) = &d.to {
@@ -257,7 +257,7 @@ fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<crate::control::Enqueued> {
     };
     let cause = d.cause.as_ref();
     let new = Runs::insert(
-        tx.conn(),
+        tx.core(),
         &NewRun {
             id: &id,
             kind: "delivery",
@@ -279,8 +279,8 @@ fn enqueue(tx: &Tx<'_>, d: &Delivery) -> Result<crate::control::Enqueued> {
             unique,
         },
     )?;
-    counters::bump(
-        tx.conn(),
+    Counters::bump(
+        tx.core(),
         Counter::Deliveries,
         usize::from(new == runs::Inserted::New),
     )?;

@@ -99,10 +99,10 @@ impl<B: Backend> std::fmt::Debug for Engine<B> {
 impl Engine<Postgres> {
     /// Deletes what `retention` allows, in batches of short transactions:
     /// events every cursor on their workspace has passed and older than
-    /// the retention (invariant 9), and runs that succeeded or were
-    /// discarded longer ago (there are no dead letters on PostgreSQL yet).
-    /// Nothing is pruned automatically on PostgreSQL: call it from a job of
-    /// your own, from one process.
+    /// the retention (invariant 9), runs that succeeded or were discarded
+    /// longer ago, and the control tables' ended rows. Set
+    /// `PostgresBuilder::retention` to have the loop do it every ten
+    /// minutes, or call this from a job of your own.
     pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
         prune::prune_postgres(&self.cx.db, retention, &mut |_| {})
     }
@@ -495,6 +495,78 @@ impl<B: Backend> Engine<B> {
         .transpose()
     }
 
+    /// Registers a delivery channel: its policy ([`ChannelPolicy::Retried`]
+    /// or [`ChannelPolicy::BestEffort`]) and the sender that sends one
+    /// message. A process enqueues deliveries only on channels it registered
+    /// (the policy is stored on each delivery) and sends only those.
+    pub fn register_channel<F>(&self, channel: &str, policy: ChannelPolicy, sender: F) -> Result<()>
+    where
+        F: Fn(&Message, &mut RunContext<'_, B>) -> std::result::Result<(), HandlerError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        names::check_name("channel", channel)?;
+        policy.retry().validate()?;
+        self.db()
+            .channels()
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(channel.to_string(), policy.retry());
+        self.cx.registry_mut().add_action(
+            &delivery::action_of(channel),
+            delivery::action(Arc::new(sender)),
+        );
+        Ok(())
+    }
+
+    /// Enqueues a delivery in a transaction of its own (shorthand for a
+    /// [`Engine::write`] with one [`Tx::deliver`]).
+    pub fn deliver(&self, delivery: &Delivery) -> Result<Enqueued> {
+        self.write(|tx| tx.deliver(delivery))
+    }
+
+    /// Registers a reaction (see [`Reaction`]): the loop will hand it each
+    /// new event of its types, in the transaction that moves its cursor. A
+    /// reaction new to the database starts at its [`crate::Start`] position.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a reaction without types or handler;
+    /// [`Error::NotFound`] for a missing workspace.
+    pub fn register_reaction(&self, reaction: Reaction<B>) -> Result<()> {
+        reaction.validate()?;
+        self.write(|tx| reaction::register(tx.core(), tx.now_ms(), &reaction))?;
+        self.cx
+            .registry_mut()
+            .reactions
+            .insert(reaction.name.clone(), Arc::new(reaction));
+        self.db().nudge();
+        Ok(())
+    }
+
+    /// Registers a scheduled job (see [`Job`]). A job the database knows with
+    /// the same schedule keeps its next due time; a new or changed one is due
+    /// from now; an interval of zero switches it off.
+    pub fn register_job(&self, job: Job<B>) -> Result<()> {
+        job.validate()?;
+        self.write(|tx| schedule::register(tx.core(), tx.now_ms(), &job))?;
+        let handler = job.handler.clone().expect("validated");
+        let mut reg = self.cx.registry_mut();
+        reg.add_action(&schedule::action_of(&job.name), schedule::action(handler));
+        reg.jobs.insert(job.name.clone(), Arc::new(job));
+        Ok(())
+    }
+
+    /// Every scheduled job the database knows, with its next due time.
+    pub fn schedules(&self) -> Result<Vec<ScheduleInfo>> {
+        self.db().read_with(&mut |c| {
+            store::backend::Schedules::schedule_rows(c)?
+                .into_iter()
+                .map(ScheduleInfo::from_row)
+                .collect()
+        })
+    }
+
     /// Registers the handler of an action: what runs when a rule with this
     /// action fires. This process's executors claim only runs of actions it
     /// has registered. The handler runs at least once per run (invariant 5):
@@ -710,79 +782,6 @@ impl Engine<Sqlite> {
     // ----- runs and dead letters ------------------------------------------
 
     // ----- the jobs loop: reactions, channels, scheduled jobs, pruning ------
-
-    /// Registers a reaction (see [`Reaction`]): the loop will hand it each
-    /// new event of its types, in the transaction that moves its cursor. A
-    /// reaction new to the file starts at its [`crate::Start`] position.
-    ///
-    /// # Errors
-    /// [`Error::Invalid`] for a reaction without types or handler;
-    /// [`Error::NotFound`] for a missing workspace.
-    pub fn register_reaction(&self, reaction: Reaction) -> Result<()> {
-        reaction.validate()?;
-        self.write(|tx| reaction::register(tx.conn(), tx.now_ms(), &reaction))?;
-        self.cx
-            .registry_mut()
-            .reactions
-            .insert(reaction.name.clone(), Arc::new(reaction));
-        self.cx.db.nudge();
-        Ok(())
-    }
-
-    /// Registers a delivery channel: its policy ([`ChannelPolicy::Retried`]
-    /// or [`ChannelPolicy::BestEffort`]) and the sender that sends one
-    /// message. A process enqueues deliveries only on channels it registered
-    /// (the policy is stored on each delivery) and sends only those.
-    pub fn register_channel<F>(&self, channel: &str, policy: ChannelPolicy, sender: F) -> Result<()>
-    where
-        F: Fn(&Message, &mut RunContext<'_>) -> std::result::Result<(), HandlerError>
-            + Send
-            + Sync
-            + 'static,
-    {
-        names::check_name("channel", channel)?;
-        policy.retry().validate()?;
-        self.cx
-            .db
-            .channels()
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(channel.to_string(), policy.retry());
-        self.cx.registry_mut().add_action(
-            &delivery::action_of(channel),
-            delivery::action(Arc::new(sender)),
-        );
-        Ok(())
-    }
-
-    /// Enqueues a delivery in a transaction of its own (shorthand for a
-    /// [`Engine::write`] with one [`Tx::deliver`]).
-    pub fn deliver(&self, delivery: &Delivery) -> Result<Enqueued> {
-        self.write(|tx| tx.deliver(delivery))
-    }
-
-    /// Registers a scheduled job (see [`Job`]). A job the file knows with
-    /// the same schedule keeps its next due time; a new or changed one is due
-    /// from now; an interval of zero switches it off.
-    pub fn register_job(&self, job: Job) -> Result<()> {
-        job.validate()?;
-        self.write(|tx| schedule::register(tx.conn(), tx.now_ms(), &job))?;
-        let handler = job.handler.clone().expect("validated");
-        let mut reg = self.cx.registry_mut();
-        reg.add_action(&schedule::action_of(&job.name), schedule::action(handler));
-        reg.jobs.insert(job.name.clone(), Arc::new(job));
-        Ok(())
-    }
-
-    /// Every scheduled job the file knows, with its next due time.
-    pub fn schedules(&self) -> Result<Vec<ScheduleInfo>> {
-        self.cx.db.read(|c| {
-            store::schedules::list(c)?
-                .into_iter()
-                .map(ScheduleInfo::from_row)
-                .collect()
-        })
-    }
 
     /// Deletes events every cursor has passed and finished work, older than
     /// `retention` (see [`Retention`]), in short batches. Reports what it

@@ -386,6 +386,9 @@ impl CoreDb<Postgres> for PgDb {
             aborts: self.aborts.load(Ordering::Relaxed),
         }
     }
+    fn channels(&self) -> &RwLock<BTreeMap<String, crate::retry::RetryPolicy>> {
+        &self.env.channels
+    }
     fn nudge(&self) {
         self.notifier.nudge();
     }

@@ -107,8 +107,10 @@ pub(crate) fn prune(
     Ok(total)
 }
 
-/// Prunes a PostgreSQL database (feature `postgres`): its events and its
-/// finished runs, as [`prune`] does (it has no dead letters yet).
+/// Prunes a PostgreSQL database (feature `postgres`): its events, its
+/// finished runs and the control tables' ended rows, as [`prune`] does
+/// (its dead letters are not resolved by operators there yet, so none is
+/// pruned).
 #[cfg(feature = "postgres")]
 pub(crate) fn prune_postgres(
     db: &crate::pgdb::PgDb,
@@ -119,6 +121,7 @@ pub(crate) fn prune_postgres(
     let mut total = Pruned::default();
     let now = CoreDb::now_ms(db);
     prune_log(db, retention, now, &mut total, progress)?;
+    db.write_with(|tx| crate::store::backend::Control::sweep_control(tx.core(), now))?;
     Ok(total)
 }
 

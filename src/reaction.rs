@@ -24,21 +24,23 @@ use std::time::{Duration, Instant};
 use crate::consumer::{self, Consumer};
 use crate::counter::Counter;
 use crate::cursor::ConsumerKind;
-use crate::db::Db;
+use crate::db::CoreDb;
 use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, HandlerError, Result, panic_text};
 use crate::event::{Event, RESERVED_TYPES};
 use crate::lease::Lease;
 use crate::names;
 use crate::rule::Start;
-use crate::store::dead_letters::{self, NewDeadLetter};
-use crate::store::{counters, cursors, events};
+use crate::store::backend::{
+    Core, Counters, Cursors, DeadLetters, Events, Sqlite, Store, Workspaces,
+};
+use crate::store::dead_letters::NewDeadLetter;
 use crate::tx::Tx;
 
 /// A reaction's handler: one event, in the transaction that moves the
 /// reaction's cursor past it.
-pub type ReactionFn =
-    dyn Fn(&Event, &mut Tx<'_>) -> std::result::Result<(), HandlerError> + Send + Sync;
+pub type ReactionFn<B = Sqlite> =
+    dyn Fn(&Event, &mut Tx<'_, B>) -> std::result::Result<(), HandlerError> + Send + Sync;
 
 /// How many events one reaction transaction holds at most.
 const BATCH: usize = 100;
@@ -61,16 +63,31 @@ const BUDGET: Duration = Duration::from_millis(20);
 /// # Defaults
 /// [`Start::Beginning`]: a reaction new to the file handles the whole log.
 /// Use [`Start::Head`] for one that should only see what comes after it.
-#[derive(Clone)]
-pub struct Reaction {
+///
+/// On PostgreSQL (feature `postgres`), turn it into one of PostgreSQL's with
+/// `Reaction::postgres` before giving it its handler (whose [`Tx`] is
+/// PostgreSQL's).
+pub struct Reaction<B: Store = Sqlite> {
     pub(crate) name: String,
     pub(crate) workspace: String,
     pub(crate) types: Vec<String>,
     pub(crate) start: Start,
-    pub(crate) handler: Option<Arc<ReactionFn>>,
+    pub(crate) handler: Option<Arc<ReactionFn<B>>>,
 }
 
-impl std::fmt::Debug for Reaction {
+impl<B: Store> Clone for Reaction<B> {
+    fn clone(&self) -> Self {
+        Reaction {
+            name: self.name.clone(),
+            workspace: self.workspace.clone(),
+            types: self.types.clone(),
+            start: self.start,
+            handler: self.handler.clone(),
+        }
+    }
+}
+
+impl<B: Store> std::fmt::Debug for Reaction<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reaction")
             .field("name", &self.name)
@@ -92,8 +109,23 @@ impl Reaction {
         }
     }
 
+    /// The same reaction for an engine on PostgreSQL (feature `postgres`),
+    /// to be given its handler after: a handler set before is dropped.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(self) -> Reaction<crate::store::backend::Postgres> {
+        Reaction {
+            name: self.name,
+            workspace: self.workspace,
+            types: self.types,
+            start: self.start,
+            handler: None,
+        }
+    }
+}
+
+impl<B: Store> Reaction<B> {
     /// The types it handles; it skips the others.
-    pub fn on<I, S>(mut self, types: I) -> Reaction
+    pub fn on<I, S>(mut self, types: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
@@ -103,15 +135,18 @@ impl Reaction {
     }
 
     /// Where a reaction new to the file starts reading.
-    pub fn start(mut self, start: Start) -> Reaction {
+    pub fn start(mut self, start: Start) -> Self {
         self.start = start;
         self
     }
 
     /// The handler.
-    pub fn handle<F>(mut self, f: F) -> Reaction
+    pub fn handle<F>(mut self, f: F) -> Self
     where
-        F: Fn(&Event, &mut Tx<'_>) -> std::result::Result<(), HandlerError> + Send + Sync + 'static,
+        F: Fn(&Event, &mut Tx<'_, B>) -> std::result::Result<(), HandlerError>
+            + Send
+            + Sync
+            + 'static,
     {
         self.handler = Some(Arc::new(f));
         self
@@ -155,17 +190,21 @@ impl Reaction {
 }
 
 /// Gives a reaction new to the file its cursor at its start position.
-pub(crate) fn register(conn: &rusqlite::Connection, now: i64, r: &Reaction) -> Result<()> {
-    if !crate::store::workspaces::exists(conn, &r.workspace)? {
+pub(crate) fn register<B: Store, C: Core + ?Sized>(
+    conn: &C,
+    now: i64,
+    r: &Reaction<B>,
+) -> Result<()> {
+    if !Workspaces::exists(conn, &r.workspace)? {
         return Err(Error::not_found("workspace", &r.workspace));
     }
     let kind = ConsumerKind::Reaction.as_str();
-    if cursors::get(conn, &r.workspace, kind, &r.name)?.is_none() {
+    if Cursors::get(conn, &r.workspace, kind, &r.name)?.is_none() {
         let at = match r.start {
             Start::Beginning => 0,
-            Start::Head => events::head(conn)?,
+            Start::Head => Events::head(conn)?,
         };
-        cursors::set(conn, &r.workspace, kind, &r.name, at, now)?;
+        Cursors::set(conn, &r.workspace, kind, &r.name, at, now)?;
     }
     Ok(())
 }
@@ -187,7 +226,7 @@ impl From<Error> for Failure {
 
 /// Handles one batch of `r`'s events under the loop lease. Returns how many
 /// events the cursor moved past.
-pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
+pub(crate) fn step<B: Store>(db: &impl CoreDb<B>, lease: &Lease, r: &Reaction<B>) -> Result<usize> {
     let c = r.consumer();
     let (stand, page) = consumer::read(db, c, BATCH)?;
     if page.is_empty() {
@@ -197,7 +236,7 @@ pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
         .handler
         .as_ref()
         .expect("a registered reaction has a handler");
-    let committed = db.write(|tx| {
+    let committed = db.write_with(|tx| {
         consumer::advance(tx, c, lease, stand, |tx| -> Result<_> {
             let now = tx.now_ms();
             let started = Instant::now();
@@ -211,7 +250,7 @@ pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
                 if !r.types.contains(&event.event_type) {
                     continue;
                 }
-                let outcome = tx.nested(|tx: &mut Tx<'_>| -> std::result::Result<(), Failure> {
+                let outcome = tx.nested(|tx: &mut Tx<'_, B>| -> std::result::Result<(), Failure> {
                     match catch_unwind(AssertUnwindSafe(|| handler(event, tx))) {
                         Ok(Ok(())) => Ok(()),
                         Ok(Err(e)) => Err(Failure {
@@ -227,8 +266,8 @@ pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
                 handled += 1;
                 if let Err(f) = outcome {
                     failed += 1;
-                    dead_letters::insert(
-                        tx.conn(),
+                    DeadLetters::insert(
+                        tx.core(),
                         &NewDeadLetter {
                             kind: DeadLetterKind::Reaction,
                             consumer: &r.name,
@@ -245,8 +284,8 @@ pub(crate) fn step(db: &Db, lease: &Lease, r: &Reaction) -> Result<usize> {
                 }
             }
             let last = last.expect("the page is not empty");
-            counters::bump(tx.conn(), Counter::Reacted, handled)?;
-            counters::bump(tx.conn(), Counter::ReactionErrors, failed)?;
+            Counters::bump(tx.core(), Counter::Reacted, handled)?;
+            Counters::bump(tx.core(), Counter::ReactionErrors, failed)?;
             Ok((page.iter().take_while(|e| e.seq <= last).count(), last))
         })
     });

@@ -13,16 +13,16 @@ use crate::run::{ActionFn, Actions};
 use crate::schedule::Job;
 use crate::store::backend::Sqlite;
 
-/// The actions' handlers are the backend's (their context's reads and
-/// writes are); the rest is SQLite's for now, and stays empty on another
-/// backend, whose engine has no method to register it.
+/// The handlers of actions, reactions and jobs are the backend's (their
+/// reads and writes are); projections are SQLite's for now (followers
+/// relay from a file), and stay unused on another backend.
 pub(crate) struct Registry<B: Database = Sqlite> {
     pub rules: BTreeMap<String, Arc<Rule>>,
     /// Every handler executors run (see [`Actions`]); replaced whole when
     /// one is added, so executors take it with one `Arc` clone.
     pub actions: Arc<Actions<B>>,
-    pub reactions: BTreeMap<String, Arc<Reaction>>,
-    pub jobs: BTreeMap<String, Arc<Job>>,
+    pub reactions: BTreeMap<String, Arc<Reaction<B>>>,
+    pub jobs: BTreeMap<String, Arc<Job<B>>>,
     pub projections: BTreeMap<String, Arc<ProjectionFn>>,
 }
 

@@ -54,16 +54,17 @@ use crate::store::backend::Sqlite;
 use crate::store::conn::Synchronous;
 use crate::{follow, reaction, schedule};
 
-/// The database an [`crate::Engine`] runs on: [`Sqlite`] (the default: one file)
-/// or, with the feature `postgres`, `Postgres` (a server several machines
-/// share). Sealed; its items are the engine's own.
+/// The database an [`crate::Engine`] runs on: [`Sqlite`] (the default: one
+/// file) or, with the feature `postgres`, `Postgres` (a server several
+/// machines share). Sealed; its items are the engine's own.
 ///
 /// Every backend has the methods of `impl<B: Backend> Engine<B>`
 /// (workspaces, writes with the application's own SQL, appends, reads,
-/// cursors, leases, waiting for commits, rules, actions and their runs, the
-/// evaluators and executors); the rest of [`crate::Engine`]'s methods (the
-/// jobs loop, followers, operators' views) are SQLite's for now, and come
-/// to PostgreSQL as its store grows (issue 19).
+/// cursors, leases, waiting for commits, rules, actions and their runs,
+/// deliveries, reactions, scheduled jobs, and the threads that run them);
+/// the rest of [`crate::Engine`]'s methods (followers, operators' views)
+/// are SQLite's for now, and come to PostgreSQL as its store grows
+/// (issue 19).
 pub trait Backend: Database {
     /// Ends the engine when its last handle goes: its threads stopped,
     /// its leases released, its connections closed.
@@ -71,15 +72,12 @@ pub trait Backend: Database {
     fn close(cx: &Context<Self>);
     #[doc(hidden)]
     fn describe(cx: &Context<Self>) -> String;
-    /// One pass of the workspace's rules (see `evaluate_step`).
-    #[doc(hidden)]
-    fn evaluate_step(cx: &Context<Self>, workspace: &str) -> Result<Pass>;
     /// One batch of every follower (see `follow_step`).
     #[doc(hidden)]
     fn follow_step(cx: &Context<Self>) -> Result<usize>;
-    /// One turn of the loop (see `loop_step`).
+    /// Prunes what `retention` allows, from the loop (see `Engine::prune`).
     #[doc(hidden)]
-    fn loop_step(cx: &Context<Self>) -> Result<LoopPass>;
+    fn auto_prune(cx: &Context<Self>, retention: &Retention) -> Result<prune::Pruned>;
 }
 
 impl Backend for Sqlite {
@@ -89,21 +87,17 @@ impl Backend for Sqlite {
     fn describe(cx: &Context) -> String {
         cx.db.path().display().to_string()
     }
-    fn evaluate_step(cx: &Context, workspace: &str) -> Result<Pass> {
-        evaluate_step(cx, workspace)
-    }
     fn follow_step(cx: &Context) -> Result<usize> {
         follow_step(cx)
     }
-    fn loop_step(cx: &Context) -> Result<LoopPass> {
-        loop_step(cx)
+    fn auto_prune(cx: &Context, retention: &Retention) -> Result<prune::Pruned> {
+        prune::prune(&cx.db, retention, &mut |_| {})
     }
 }
 
-/// Evaluators, executors and the renewer run as on SQLite. Followers,
-/// reactions and jobs cannot be registered on PostgreSQL yet
-/// (`Engine<Postgres>` has no method for them), so their steps have nothing
-/// to do.
+/// Followers relay from a file, not from PostgreSQL (a PostgreSQL database
+/// is their target), so their step has nothing to do here; everything else
+/// runs as on SQLite.
 #[cfg(feature = "postgres")]
 impl Backend for crate::store::backend::Postgres {
     fn close(cx: &Context<crate::store::backend::Postgres>) {
@@ -113,17 +107,14 @@ impl Backend for crate::store::backend::Postgres {
     fn describe(cx: &Context<crate::store::backend::Postgres>) -> String {
         cx.db.what().to_string()
     }
-    fn evaluate_step(
-        cx: &Context<crate::store::backend::Postgres>,
-        workspace: &str,
-    ) -> Result<Pass> {
-        evaluate_step(cx, workspace)
-    }
     fn follow_step(_: &Context<crate::store::backend::Postgres>) -> Result<usize> {
         Ok(0)
     }
-    fn loop_step(_: &Context<crate::store::backend::Postgres>) -> Result<LoopPass> {
-        Ok(LoopPass::default())
+    fn auto_prune(
+        cx: &Context<crate::store::backend::Postgres>,
+        retention: &Retention,
+    ) -> Result<prune::Pruned> {
+        prune::prune_postgres(&cx.db, retention, &mut |_| {})
     }
 }
 
@@ -571,7 +562,7 @@ pub struct LoopPass {
 
 /// One turn of the loop — every reaction's next batch, every due job, and
 /// pruning when due — if this engine holds (or can take) the loop lease.
-pub(crate) fn loop_step(cx: &Context) -> Result<LoopPass> {
+pub(crate) fn loop_step<B: Backend>(cx: &Context<B>) -> Result<LoopPass> {
     let (reactions, jobs) = {
         let reg = cx.registry();
         let r: Vec<_> = reg.reactions.values().cloned().collect();
@@ -595,7 +586,7 @@ pub(crate) fn loop_step(cx: &Context) -> Result<LoopPass> {
         forget_lease(cx, LOOP_LEASE);
     };
     // Paused reactions handle nothing; their cursors stay where they are.
-    let paused = db.read(|c| crate::control::paused_names(c, "reaction"))?;
+    let paused = db.read_with(&mut |c| crate::control::paused_names(c, "reaction"))?;
     for r in reactions.iter().filter(|r| !paused.contains(&r.name)) {
         match reaction::step(db, &lease, r) {
             Ok(n) => pass.reacted += n,
@@ -607,7 +598,7 @@ pub(crate) fn loop_step(cx: &Context) -> Result<LoopPass> {
         }
     }
     for j in &jobs {
-        match schedule::step(db, &lease, j) {
+        match schedule::step::<B>(db, &lease, j) {
             Ok(created) => pass.scheduled += usize::from(created),
             Err(e) if e.is_lease_lost() => {
                 lost(&e);
@@ -627,7 +618,7 @@ pub(crate) fn loop_step(cx: &Context) -> Result<LoopPass> {
             due
         };
         if due {
-            let pruned = prune::prune(db, &retention, &mut |_| {})?;
+            let pruned = B::auto_prune(cx, &retention)?;
             if pruned != prune::Pruned::default() {
                 log::info!("pruned {pruned:?}");
             }
@@ -654,7 +645,7 @@ pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Idle> {
     loop {
         let mut progress = false;
         for ws in &workspaces {
-            let p = B::evaluate_step(cx, ws)?;
+            let p = evaluate_step(cx, ws)?;
             progress |= p.events > 0;
             total.add_pass(p);
         }
@@ -667,7 +658,7 @@ pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Idle> {
             progress = true;
         }
         loop {
-            let l = B::loop_step(cx)?;
+            let l = loop_step(cx)?;
             total.reacted += l.reacted;
             total.scheduled += l.scheduled;
             if l.reacted + l.scheduled == 0 {
@@ -709,7 +700,7 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
         let c = Arc::clone(cx);
         handles.push(spawn(
             format!("reflexr-eval-{ws}"),
-            Box::new(move || worker_loop(&c, |c| Ok(B::evaluate_step(c, &ws)?.events > 0))),
+            Box::new(move || worker_loop(&c, |c| Ok(evaluate_step(c, &ws)?.events > 0))),
         )?);
     }
     {
@@ -718,7 +709,7 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
             "reflexr-loop".into(),
             Box::new(move || {
                 worker_loop(&c, |c| {
-                    let l = B::loop_step(c)?;
+                    let l = loop_step(c)?;
                     Ok(l.reacted + l.scheduled > 0)
                 })
             }),

@@ -25,15 +25,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::counter::Counter;
-use crate::db::Db;
+use crate::db::{CoreDb, Database};
 use crate::error::{Error, HandlerError, Result};
 use crate::lease::{self, Lease};
 use crate::names;
 use crate::retry::RetryPolicy;
 use crate::run::{Run, RunContext};
-use crate::store::backend::Runs;
+use crate::store::backend::{Counters, Runs, Schedules, Sqlite};
 use crate::store::runs::{self, NewRun};
-use crate::store::schedules::{self, ScheduleRow};
+use crate::store::schedules::ScheduleRow;
 use crate::words::text_enum;
 
 text_enum! {
@@ -87,8 +87,9 @@ pub struct Occurrence {
 }
 
 /// A job's handler: runs one occurrence.
-pub type JobFn =
-    dyn Fn(&Occurrence, &mut RunContext<'_>) -> std::result::Result<(), HandlerError> + Send + Sync;
+pub type JobFn<B = Sqlite> = dyn Fn(&Occurrence, &mut RunContext<'_, B>) -> std::result::Result<(), HandlerError>
+    + Send
+    + Sync;
 
 /// A scheduled job, registered with [`crate::Engine::register_job`].
 ///
@@ -109,17 +110,33 @@ pub type JobFn =
 /// [`Guarantee::AtLeastOnce`] with [`RetryPolicy::default`];
 /// [`Missed::RunOnce`]. An interval job is first due one interval after it is
 /// first registered; a cron job at its next matching time (UTC).
-#[derive(Clone)]
-pub struct Job {
+///
+/// On PostgreSQL (feature `postgres`), make it with the same constructors
+/// and turn it into one of PostgreSQL's with `Job::postgres` before giving
+/// it its handler (whose [`RunContext`] is PostgreSQL's).
+pub struct Job<B: Database = Sqlite> {
     pub(crate) name: String,
     spec: Spec,
     pub(crate) guarantee: Guarantee,
     pub(crate) missed: Missed,
     pub(crate) retry: RetryPolicy,
-    pub(crate) handler: Option<Arc<JobFn>>,
+    pub(crate) handler: Option<Arc<JobFn<B>>>,
 }
 
-impl fmt::Debug for Job {
+impl<B: Database> Clone for Job<B> {
+    fn clone(&self) -> Self {
+        Job {
+            name: self.name.clone(),
+            spec: self.spec.clone(),
+            guarantee: self.guarantee,
+            missed: self.missed,
+            retry: self.retry,
+            handler: self.handler.clone(),
+        }
+    }
+}
+
+impl<B: Database> fmt::Debug for Job<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Job")
             .field("name", &self.name)
@@ -168,28 +185,44 @@ impl Job {
         }
     }
 
+    /// The same job for an engine on PostgreSQL (feature `postgres`), to be
+    /// given its handler after: a handler set before is dropped.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(self) -> Job<crate::store::backend::Postgres> {
+        Job {
+            name: self.name,
+            spec: self.spec,
+            guarantee: self.guarantee,
+            missed: self.missed,
+            retry: self.retry,
+            handler: None,
+        }
+    }
+}
+
+impl<B: Database> Job<B> {
     /// At least once (the default) or at most once.
-    pub fn guarantee(mut self, guarantee: Guarantee) -> Job {
+    pub fn guarantee(mut self, guarantee: Guarantee) -> Self {
         self.guarantee = guarantee;
         self
     }
 
     /// What to do with occurrences missed during downtime.
-    pub fn missed(mut self, missed: Missed) -> Job {
+    pub fn missed(mut self, missed: Missed) -> Self {
         self.missed = missed;
         self
     }
 
     /// How an at-least-once occurrence is retried.
-    pub fn retry(mut self, policy: RetryPolicy) -> Job {
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
     }
 
     /// What runs at each occurrence.
-    pub fn handler<F>(mut self, f: F) -> Job
+    pub fn handler<F>(mut self, f: F) -> Self
     where
-        F: Fn(&Occurrence, &mut RunContext<'_>) -> std::result::Result<(), HandlerError>
+        F: Fn(&Occurrence, &mut RunContext<'_, B>) -> std::result::Result<(), HandlerError>
             + Send
             + Sync
             + 'static,
@@ -277,8 +310,8 @@ pub(crate) fn action_of(job: &str) -> String {
 }
 
 /// The action handler that decodes the occurrence and calls the job.
-pub(crate) fn action(job: Arc<JobFn>) -> Arc<crate::run::ActionFn> {
-    Arc::new(move |run: &Run, ctx: &mut RunContext<'_>| {
+pub(crate) fn action<B: Database>(job: Arc<JobFn<B>>) -> Arc<crate::run::ActionFn<B>> {
+    Arc::new(move |run: &Run, ctx: &mut RunContext<'_, B>| {
         let input: serde_json::Value = run.input()?;
         let occurrence = Occurrence {
             job: input["job"].as_str().unwrap_or_default().to_string(),
@@ -295,8 +328,12 @@ pub(crate) fn action(job: Arc<JobFn>) -> Arc<crate::run::ActionFn> {
 /// schedule keeps its next due time (a restart neither repeats nor skips
 /// an occurrence); a new or changed job is next due from now; a job switched
 /// off has none.
-pub(crate) fn register(conn: &rusqlite::Connection, now: i64, job: &Job) -> Result<()> {
-    let stored = schedules::get(conn, &job.name)?;
+pub(crate) fn register<B: Database, C: Schedules + ?Sized>(
+    conn: &C,
+    now: i64,
+    job: &Job<B>,
+) -> Result<()> {
+    let stored = Schedules::schedule(conn, &job.name)?;
     let same = stored.as_ref().is_some_and(|r| {
         r.spec == job.spec_text()
             && r.guarantee == job.guarantee_text()
@@ -308,7 +345,7 @@ pub(crate) fn register(conn: &rusqlite::Connection, now: i64, job: &Job) -> Resu
     } else {
         job.next_after(now)
     };
-    schedules::upsert(
+    Schedules::upsert_schedule(
         conn,
         &ScheduleRow {
             name: job.name.clone(),
@@ -324,10 +361,10 @@ pub(crate) fn register(conn: &rusqlite::Connection, now: i64, job: &Job) -> Resu
 
 /// Creates the job's due occurrence, if one is due, and moves its schedule
 /// on, in one transaction fenced by the loop lease. True if it did.
-pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
+pub(crate) fn step<B: Database>(db: &B::Db, lease: &Lease, job: &Job<B>) -> Result<bool> {
     let now = db.now_ms();
     let Some(next) = db
-        .read(|c| schedules::get(c, &job.name))?
+        .read_with(&mut |c| Schedules::schedule(c, &job.name))?
         .and_then(|r| r.next_due_at)
     else {
         return Ok(false);
@@ -351,10 +388,10 @@ pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
         Guarantee::AtLeastOnce => job.retry,
         Guarantee::AtMostOnce => RetryPolicy::never(),
     };
-    db.write(|tx| {
+    db.write_with(|tx| {
         let now = tx.now_ms();
-        lease::fence(tx.conn(), now, lease)?;
-        if !schedules::advance(tx.conn(), &job.name, next, following, due, now)? {
+        lease::fence(tx.core(), now, lease)?;
+        if !Schedules::advance_schedule(tx.core(), &job.name, next, following, due, now)? {
             return Ok(false); // moved on by someone else already
         }
         if count > 1 {
@@ -374,7 +411,7 @@ pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
                 .to_string();
             let action = action_of(&job.name);
             let new = Runs::insert(
-                tx.conn(),
+                tx.core(),
                 &NewRun {
                     id: &id,
                     kind: "job",
@@ -397,7 +434,7 @@ pub(crate) fn step(db: &Db, lease: &Lease, job: &Job) -> Result<bool> {
                 },
             )?;
             let new = new == runs::Inserted::New;
-            crate::store::counters::bump(tx.conn(), Counter::Occurrences, usize::from(new))?;
+            Counters::bump(tx.core(), Counter::Occurrences, usize::from(new))?;
             tx.mark_nudge();
         }
         Ok(true)

@@ -362,6 +362,8 @@ fn a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_complet
     );
 }
 
+/// The child's side of the cross-process limit test: two executors on the
+/// file, the limited action's handler taking a few milliseconds.
 #[test]
 fn child_process_works_limited_runs() {
     if !is_child() {

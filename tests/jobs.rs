@@ -1,5 +1,8 @@
 //! The jobs loop: reactions, deliveries, scheduled work and pruning (ADR
-//! 0011; DESIGN.md invariants 2, 5, 9).
+//! 0011; DESIGN.md invariants 2, 5, 9). What runs on every backend — a
+//! reaction's deliveries, its failures contained, channels' retry
+//! policies, an occurrence once across engines, missed occurrences — is in
+//! `tests/backends.rs`.
 
 mod common;
 
@@ -10,7 +13,7 @@ use std::time::Duration;
 use common::{Arrange, Scene, count, is_child, parent_file};
 use proptest::prelude::*;
 use reflexr::{
-    ChannelPolicy, Clock, ConsumerKind, Delivery, Engine, Guarantee, Job, Missed, NewEvent, Query,
+    ChannelPolicy, Clock, ConsumerKind, Delivery, Engine, Guarantee, Job, NewEvent, Query,
     Reaction, Retention, RetryPolicy, RunState,
 };
 
@@ -177,46 +180,6 @@ fn a_reaction_reads_the_log_inside_its_own_transaction() {
     assert_eq!(seen_own, 1, "a transaction reads what it appended");
 }
 
-#[test]
-fn a_change_reaches_every_rsvp_through_one_drain_of_the_whole_loop() {
-    // The drain covers the loop: the event, the reaction, its deliveries and
-    // their sender, in one run_until_idle.
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
-    let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
-    e.register_reaction(notifier()).unwrap();
-    edit(&e, "B", false).unwrap();
-    let idle = e.run_until_idle().unwrap();
-    assert_eq!((idle.reacted, idle.succeeded), (1, 3));
-    let mut sent = sent.lock().unwrap().clone();
-    sent.sort();
-    assert_eq!(sent, ["ada@x", "alan@x", "grace@x"]);
-    let deliveries = e.runs(None, 10).unwrap();
-    assert!(
-        deliveries
-            .iter()
-            .all(|r| r.kind == reflexr::RunKind::Delivery && r.event_seq == Some(1))
-    );
-}
-
-#[test]
-fn a_rolled_back_edit_leaves_no_change_and_no_delivery() {
-    // Invariant 2: the edit, its event and (so) its notices, together or not.
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
-    let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
-    e.register_reaction(notifier()).unwrap();
-    assert!(edit(&e, "B", true).is_err());
-    e.run_until_idle().unwrap();
-    assert!(sent.lock().unwrap().is_empty());
-    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_runs"), 0);
-    assert_eq!(
-        count(&e, "SELECT count(*) FROM sessions WHERE room = 'A'"),
-        1
-    );
-    assert_eq!(e.head_seq().unwrap(), 0);
-}
-
 /// The child's side of the crash test: handles the change, enqueues its
 /// deliveries, and is killed before the reaction's transaction commits.
 #[test]
@@ -276,177 +239,12 @@ fn a_crash_between_a_reactions_handling_and_its_commit_re_handles_without_duplic
     assert_eq!((cursor.position, cursor.lag), (1, 0));
 }
 
-#[test]
-fn a_reaction_skips_unknown_types_and_dead_letters_a_failing_event_then_moves_on() {
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
-    email_channel(&e, ChannelPolicy::BestEffort);
-    let handled = Arc::new(AtomicUsize::new(0));
-    let h = Arc::clone(&handled);
-    e.register_reaction(
-        Reaction::new("picky", "app")
-            .on(["session.changed"])
-            .handle(move |event, tx| {
-                h.fetch_add(1, Ordering::SeqCst);
-                tx.deliver(&Delivery::new("email", "x").caused_by(event))?;
-                let p: serde_json::Value = event.payload()?;
-                match p["room"].as_str() {
-                    Some("bad") => Err("no such room".into()),
-                    Some("worse") => panic!("a bug in the reaction"),
-                    _ => Ok(()),
-                }
-            }),
-    )
-    .unwrap();
-    for room in ["B", "bad", "C", "worse", "D"] {
-        edit(&e, room, false).unwrap();
-        e.append("app", &NewEvent::new("other", "x", "app", 0))
-            .unwrap();
-    }
-    e.run_until_idle().unwrap();
-    assert_eq!(handled.load(Ordering::SeqCst), 5, "only its own type");
-    // The failed events' deliveries were rolled back with them.
-    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_runs"), 3);
-    let letters = e.dead_letters(false, 10).unwrap();
-    let mut reasons: Vec<(&str, &str)> = letters
-        .iter()
-        .map(|d| (d.kind.as_str(), d.reason.as_str()))
-        .collect();
-    reasons.sort();
-    assert_eq!(
-        reasons,
-        [("reaction", "handler_error"), ("reaction", "handler_panic")]
-    );
-    assert_eq!(letters[0].event_seq, Some(3));
-    assert_eq!(e.cursors().unwrap()[0].lag, 0);
-}
-
-#[test]
-fn the_best_effort_channel_never_retries_and_the_retried_one_gives_up_after_its_policy() {
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
-    let tries = Arc::new(Mutex::new(Vec::new()));
-    for (channel, policy) in [
-        ("push", ChannelPolicy::BestEffort),
-        (
-            "email",
-            ChannelPolicy::Retried(RetryPolicy::attempts(3).fixed(MINUTE)),
-        ),
-    ] {
-        let t = Arc::clone(&tries);
-        e.register_channel(channel, policy, move |msg, _| {
-            t.lock().unwrap().push((msg.channel.clone(), msg.attempt));
-            Err("the service is down".into())
-        })
-        .unwrap();
-    }
-    e.deliver(&Delivery::new("push", "ping").to("device-1"))
-        .unwrap();
-    e.deliver(&Delivery::new("email", "ping").to("ada@x"))
-        .unwrap();
-    for _ in 0..5 {
-        e.run_until_idle().unwrap();
-        s.clock.advance(MINUTE);
-    }
-    let tries = tries.lock().unwrap();
-    let of = |c: &str| tries.iter().filter(|(ch, _)| ch == c).count();
-    assert_eq!(of("push"), 1, "best effort: once");
-    assert_eq!(of("email"), 3, "retried: as its policy says, then given up");
-    let runs = e.runs(None, 10).unwrap();
-    assert!(runs.iter().all(|r| r.state == RunState::Dead));
-    let letters = e.dead_letters(false, 10).unwrap();
-    assert_eq!(letters.len(), 2);
-    assert!(letters.iter().all(|d| d.error == "the service is down"));
-    let err = e.deliver(&Delivery::new("fax", "ping")).unwrap_err();
-    assert!(err.is_not_found(), "{err}");
-}
-
 fn counting_job(name: &str, every: Duration, runs: &Arc<AtomicUsize>) -> Job {
     let r = Arc::clone(runs);
     Job::every(name, every).handler(move |_, _| {
         r.fetch_add(1, Ordering::SeqCst);
         Ok(())
     })
-}
-
-#[test]
-fn a_scheduled_occurrence_runs_once_with_two_engines_on_one_file() {
-    // Each due occurrence runs once, whatever the number of processes: the
-    // loop lease keeps one scheduler at a time, and the occurrence's id
-    // (<job>@<due>) keeps a second from creating it again.
-    let s = Scene::new();
-    let t0 = s.clock.now_ms();
-    let a = s.open("engine-a").workspace("app", APP_TYPES).sql(APP_SQL);
-    let b = s.open("engine-b").workspace("app", APP_TYPES).sql(APP_SQL);
-    let every = Duration::from_secs(20);
-    let runs = Arc::new(AtomicUsize::new(0));
-    a.register_job(counting_job("reminders", every, &runs))
-        .unwrap();
-    b.register_job(counting_job("reminders", every, &runs))
-        .unwrap();
-
-    a.run_until_idle().unwrap(); // a takes the loop lease (30 s)
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        0,
-        "first due an interval after registering"
-    );
-    s.clock.advance(every);
-    b.run_until_idle().unwrap();
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        0,
-        "b cannot schedule while a holds the loop"
-    );
-    a.run_until_idle().unwrap();
-    b.run_until_idle().unwrap();
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-
-    // a goes quiet: its lease lapses, and b schedules what comes due.
-    s.clock.advance(Duration::from_secs(31));
-    b.run_until_idle().unwrap();
-    a.run_until_idle().unwrap();
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let ids: Vec<String> = a
-        .runs(None, 10)
-        .unwrap()
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
-    assert_eq!(
-        ids,
-        [
-            format!("reminders@{}", t0 + 20_000),
-            format!("reminders@{}", t0 + 40_000)
-        ]
-    );
-}
-
-#[test]
-fn missed_occurrences_run_once_or_are_skipped_as_the_job_says() {
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
-    let once = Arc::new(AtomicUsize::new(0));
-    let skip = Arc::new(AtomicUsize::new(0));
-    e.register_job(counting_job("catch-up", MINUTE, &once).missed(Missed::RunOnce))
-        .unwrap();
-    e.register_job(counting_job("skip", MINUTE, &skip).missed(Missed::Skip))
-        .unwrap();
-    // The process was down for an hour.
-    s.clock.advance(MINUTE * 60);
-    e.run_until_idle().unwrap();
-    assert_eq!(once.load(Ordering::SeqCst), 1, "one run for 60 missed");
-    assert_eq!(skip.load(Ordering::SeqCst), 0, "skipped");
-    let catch_up = &e.runs(None, 10).unwrap()[0];
-    let input: serde_json::Value = serde_json::from_str(&catch_up.input).unwrap();
-    assert_eq!(input["missed"], 59);
-    // Then both carry on normally.
-    s.clock.advance(MINUTE);
-    e.run_until_idle().unwrap();
-    assert_eq!(
-        (once.load(Ordering::SeqCst), skip.load(Ordering::SeqCst)),
-        (2, 1)
-    );
 }
 
 #[test]

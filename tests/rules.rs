@@ -16,6 +16,8 @@ use reflexr::{
 };
 use serde::{Deserialize, Serialize};
 
+/// The child's side of the crash test: evaluates slowly, in small batches,
+/// until killed (or done).
 #[test]
 fn child_process_evaluator() {
     if !is_child() {

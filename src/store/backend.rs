@@ -38,8 +38,10 @@ use super::events::NewRow;
 use super::leases::LeaseRow;
 use super::rules::RuleRow;
 use super::runs::{NewRun, RunRow};
+use super::schedules::ScheduleRow;
 use super::{
-    audit, control, counters, cursors, dead_letters, events, leases, rules, runs, workspaces,
+    audit, control, counters, cursors, dead_letters, events, leases, rules, runs, schedules,
+    workspaces,
 };
 
 /// What inserting an event did.
@@ -195,6 +197,26 @@ pub trait Rules {
     fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()>;
     /// Forgets every scope's state; how many there were.
     fn clear_states(&self, rule: &str) -> Result<usize>;
+}
+
+/// `reflexr_schedules`: the scheduled jobs a database knows, and when each
+/// is next due.
+pub trait Schedules {
+    fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>>;
+    fn schedule_rows(&self) -> Result<Vec<ScheduleRow>>;
+    /// Writes the schedule as registered; `next_due_at` as given.
+    fn upsert_schedule(&self, row: &ScheduleRow) -> Result<()>;
+    /// Moves a schedule on from the occurrence due at `expected_next`
+    /// (only if nobody moved it first); false if it had moved.
+    #[allow(clippy::too_many_arguments)]
+    fn advance_schedule(
+        &self,
+        name: &str,
+        expected_next: i64,
+        next: Option<i64>,
+        last: Option<i64>,
+        now: i64,
+    ) -> Result<bool>;
 }
 
 /// `reflexr_audit`, the record of what operators did.
@@ -395,6 +417,9 @@ pub trait Control {
     fn work_due(&self, now: i64, actions: &[&String]) -> Result<bool>;
     /// Whether a claim lapsed.
     fn lapsed_due(&self, now: i64) -> Result<bool>;
+    /// Deletes uniqueness periods that ended and starts outside every rate
+    /// window at `now`; how many rows went.
+    fn sweep_control(&self, now: i64) -> Result<usize>;
 }
 
 /// `reflexr_counters`, the totals every process reads the same.
@@ -426,8 +451,14 @@ pub trait DeadLetters {
 }
 
 /// What the work layer (rules, runs, executors) asks of a connection.
-pub trait Work: Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules {}
-impl<T: Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + ?Sized> Work for T {}
+pub trait Work:
+    Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + Schedules
+{
+}
+impl<T: Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + Schedules + ?Sized> Work
+    for T
+{
+}
 
 /// Everything the core asks of a connection.
 pub trait Core: Events + Workspaces + Cursors + Leases + Audit {}
@@ -892,6 +923,9 @@ impl Control for rusqlite::Connection {
     fn lapsed_due(&self, now: i64) -> Result<bool> {
         runs::lapsed_due(self, now)
     }
+    fn sweep_control(&self, now: i64) -> Result<usize> {
+        runs::sweep_control(self, now)
+    }
 }
 
 impl Counters for rusqlite::Connection {
@@ -919,5 +953,27 @@ impl DeadLetters for rusqlite::Connection {
         now: i64,
     ) -> Result<bool> {
         dead_letters::resolve_for_event(self, kind, consumer, workspace, seq, now)
+    }
+}
+
+impl Schedules for rusqlite::Connection {
+    fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>> {
+        schedules::get(self, name)
+    }
+    fn schedule_rows(&self) -> Result<Vec<ScheduleRow>> {
+        schedules::list(self)
+    }
+    fn upsert_schedule(&self, row: &ScheduleRow) -> Result<()> {
+        schedules::upsert(self, row)
+    }
+    fn advance_schedule(
+        &self,
+        name: &str,
+        expected_next: i64,
+        next: Option<i64>,
+        last: Option<i64>,
+        now: i64,
+    ) -> Result<bool> {
+        schedules::advance(self, name, expected_next, next, last, now)
     }
 }

@@ -6,7 +6,7 @@ use crate::error::Result;
 
 /// A schedule's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ScheduleRow {
+pub struct ScheduleRow {
     pub name: String,
     pub spec: String,
     pub guarantee: String,

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use reflexr::{Backend, Engine, ManualClock, Pruned, Retention, Sqlite, Tx};
+use reflexr::{Backend, Engine, Job, ManualClock, Pruned, Reaction, Retention, Sqlite, Tx};
 
 /// What a test needs of a backend besides the engine's API: where a
 /// database lives, and the application's own SQL in its dialect.
@@ -36,6 +36,10 @@ pub trait TestBackend: Backend + Sized {
     fn run_sql(tx: &mut Tx<'_, Self>, sql: &str) -> reflexr::Result<()>;
     /// `Engine::prune` of the backend.
     fn prune(engine: &Engine<Self>, retention: &Retention) -> reflexr::Result<Pruned>;
+    /// A reaction for the backend (`Reaction::new`, made PostgreSQL's).
+    fn reaction(name: &str, workspace: &str) -> Reaction<Self>;
+    /// A job for the backend, before its handler.
+    fn job(job: Job) -> Job<Self>;
 }
 
 impl TestBackend for Sqlite {
@@ -96,6 +100,14 @@ impl TestBackend for Sqlite {
 
     fn prune(engine: &Engine, retention: &Retention) -> reflexr::Result<Pruned> {
         engine.prune(retention)
+    }
+
+    fn reaction(name: &str, workspace: &str) -> Reaction {
+        Reaction::new(name, workspace)
+    }
+
+    fn job(job: Job) -> Job {
+        job
     }
 }
 
@@ -207,6 +219,14 @@ mod pg {
 
         fn prune(engine: &Engine<Postgres>, retention: &Retention) -> reflexr::Result<Pruned> {
             engine.prune(retention)
+        }
+
+        fn reaction(name: &str, workspace: &str) -> Reaction<Postgres> {
+            Reaction::new(name, workspace).postgres()
+        }
+
+        fn job(job: Job) -> Job<Postgres> {
+            job.postgres()
         }
     }
 }

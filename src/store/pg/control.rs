@@ -309,6 +309,24 @@ impl Control for PgConn {
         row.first().map_or(Ok(false), |r| col(r, 0))
     }
 
+    fn sweep_control(&self, now: i64) -> Result<usize> {
+        let periods = self
+            .query(
+                "DELETE FROM reflexr_unique_periods WHERE until <= $1 RETURNING 1",
+                &[(&now, Type::INT8)],
+            )?
+            .len();
+        let starts = self
+            .query(
+                "DELETE FROM reflexr_starts WHERE NOT EXISTS (SELECT 1 FROM reflexr_actions a \
+                   WHERE a.action = reflexr_starts.action AND a.rate_count IS NOT NULL \
+                     AND reflexr_starts.at > $1 - a.rate_period_ms) RETURNING 1",
+                &[(&now, Type::INT8)],
+            )?
+            .len();
+        Ok(periods + starts)
+    }
+
     fn lapsed_due(&self, now: i64) -> Result<bool> {
         let row = self.query(
             "SELECT EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'running' \

@@ -12,7 +12,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 5;
+pub(crate) const SCHEMA_VERSION: i32 = 6;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
@@ -24,10 +24,25 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (3, MIGRATE_TO_3),
     (4, MIGRATE_TO_4),
     (5, MIGRATE_TO_5),
+    (6, MIGRATE_TO_6),
 ];
 
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 6: scheduled jobs, as in `schema.sql`.
+const MIGRATE_TO_6: &str = "
+CREATE TABLE reflexr_schedules (
+    name        text PRIMARY KEY,
+    spec        text NOT NULL,
+    guarantee   text NOT NULL CHECK (guarantee IN ('at_least_once', 'at_most_once')),
+    missed      text NOT NULL CHECK (missed IN ('run_once', 'skip')),
+    next_due_at bigint,
+    last_due_at bigint,
+    updated_at  bigint NOT NULL
+);
+INSERT INTO reflexr_schema_version (version) VALUES (6);
+";
 
 /// Version 5: rules and their state per scope, as in `schema.sql`.
 const MIGRATE_TO_5: &str = "
