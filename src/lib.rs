@@ -38,11 +38,12 @@
 //!
 //! With the feature `postgres`, the same engine opens on a PostgreSQL
 //! database — `Engine::open_postgres`, an `Engine<Postgres>` — for
-//! processes on several machines; for now with the methods every
-//! [`Backend`] has (workspaces, writes with the application's own SQL,
-//! appends, reads, cursors, leases, waiting for commits), and as the hub
-//! an edge's followers relay into (`Follow::to_postgres`). The README's
-//! "Scaling out" says what is there and what is not yet.
+//! processes on several machines, with the methods every [`Backend`] has
+//! (workspaces, writes with the application's own SQL, appends, reads,
+//! cursors, leases, rules, actions and runs, reactions, deliveries,
+//! scheduled jobs, the threads and the drain), and as the hub an edge's
+//! followers relay into (`Follow::to_postgres`). The README's "Scaling
+//! out" says what is there and what is not yet.
 //!
 //! The README describes the design, its guarantees and the tests that prove
 //! them; `docs/ARCHITECTURE.md` the layers the modules stand in; the schema
