@@ -25,17 +25,16 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use rusqlite::Connection;
 use serde::Serialize;
 
 use crate::audit::AuditAction;
 use crate::error::{Error, Result};
 use crate::names;
 use crate::retry::RetryPolicy;
-use crate::store::audit::{self as audit_store, Entry};
-use crate::store::backend::{ClaimPlan, Control, Runs, Store};
-use crate::store::control::{self as control_store, ActionRow};
-use crate::store::runs::{self, Inserted, NewRun, RunRow, Uniq};
+use crate::store::audit::Entry;
+use crate::store::backend::{Audit, ClaimPlan, Control, Runs, RunsMore, Store, Work};
+use crate::store::control::ActionRow;
+use crate::store::runs::{Inserted, NewRun, RunRow, Uniq};
 use crate::tx::Tx;
 
 /// How long a uniqueness key holds.
@@ -324,8 +323,8 @@ pub struct PausedInfo {
     pub reason: String,
 }
 
-pub(crate) fn pause(
-    conn: &Connection,
+pub(crate) fn pause<C: Work + ?Sized>(
+    conn: &C,
     what: &Pausable,
     now: i64,
     op: &str,
@@ -334,7 +333,7 @@ pub(crate) fn pause(
     names::check_name("name", what.name())?;
     crate::operate::check_operator(op, why)?;
     let (kind, name) = what.key();
-    let new = control_store::pause(conn, kind, &name, now, op, why)?;
+    let new = Control::pause(conn, kind, &name, now, op, why)?;
     if new {
         audit(
             conn,
@@ -349,15 +348,15 @@ pub(crate) fn pause(
     Ok(new)
 }
 
-pub(crate) fn resume(
-    conn: &Connection,
+pub(crate) fn resume<C: Work + ?Sized>(
+    conn: &C,
     what: &Pausable,
     now: i64,
     op: &str,
     why: &str,
 ) -> Result<()> {
     let (kind, name) = what.key();
-    if !control_store::resume(conn, kind, &name)? {
+    if !Control::resume(conn, kind, &name)? {
         return Err(Error::not_found("paused", format!("{kind} {name}")));
     }
     audit(
@@ -371,8 +370,8 @@ pub(crate) fn resume(
     )
 }
 
-pub(crate) fn paused(conn: &Connection) -> Result<Vec<PausedInfo>> {
-    Ok(control_store::paused(conn)?
+pub(crate) fn paused<C: Control + ?Sized>(conn: &C) -> Result<Vec<PausedInfo>> {
+    Ok(Control::paused(conn)?
         .into_iter()
         .map(|(kind, name, since, operator, reason)| PausedInfo {
             kind,
@@ -509,8 +508,8 @@ pub(crate) fn configure<C: Control + ?Sized>(conn: &C, c: &ActionConfig, now: i6
     )
 }
 
-pub(crate) fn configure_audited(
-    conn: &Connection,
+pub(crate) fn configure_audited<C: Work + ?Sized>(
+    conn: &C,
     c: &ActionConfig,
     now: i64,
     op: &str,
@@ -549,8 +548,15 @@ impl From<ActionRow> for ActionConfig {
 }
 
 /// Cancels a run (see the module's docs), recorded with who and why.
-pub(crate) fn cancel(conn: &Connection, id: &str, now: i64, op: &str, why: &str) -> Result<String> {
-    let was = runs::cancel(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
+pub(crate) fn cancel<C: Work + ?Sized>(
+    conn: &C,
+    id: &str,
+    now: i64,
+    op: &str,
+    why: &str,
+) -> Result<String> {
+    let was =
+        RunsMore::cancel(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
     match was.as_str() {
         "waiting" | "ready" | "running" => {}
         other => {
@@ -575,8 +581,8 @@ pub(crate) fn cancel(conn: &Connection, id: &str, now: i64, op: &str, why: &str)
     Ok(was)
 }
 
-fn audit(
-    conn: &Connection,
+fn audit<C: Audit + ?Sized>(
+    conn: &C,
     at: i64,
     op: &str,
     action: AuditAction,
@@ -585,7 +591,7 @@ fn audit(
     detail: &str,
 ) -> Result<()> {
     crate::operate::check_operator(op, why)?;
-    audit_store::record(
+    Audit::record(
         conn,
         &Entry {
             at,

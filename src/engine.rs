@@ -567,6 +567,35 @@ impl<B: Backend> Engine<B> {
         })
     }
 
+    /// True when this process registered the rule `name`.
+    pub(crate) fn registers_rule(&self, name: &str) -> bool {
+        self.cx.registry().rules.contains_key(name)
+    }
+
+    /// What is paused, by whom and why.
+    pub fn paused(&self) -> Result<Vec<PausedInfo>> {
+        self.db().read_with(&mut |c| control::paused(c))
+    }
+
+    /// Wakes this process's threads (something they wait on changed).
+    pub(crate) fn nudge_all(&self) {
+        self.db().nudge();
+    }
+
+    /// Tells a handler working here that its run was cancelled.
+    pub(crate) fn tell_cancelled(&self, id: &str) {
+        self.cx.claims().cancel(&[id.to_string()]);
+    }
+
+    /// Counters and gauges for export: totals kept in the database (decisions,
+    /// firings, errors, runs' outcomes, reactions, deliveries), runs by
+    /// state, open dead letters by kind, every cursor's lag, followers'
+    /// counters, and this process's writer. See [`Stats`].
+    pub fn stats(&self) -> Result<Stats> {
+        let followers = B::followers(&self.cx)?;
+        stats::collect(self.db(), followers)
+    }
+
     /// Registers the handler of an action: what runs when a rule with this
     /// action fires. This process's executors claim only runs of actions it
     /// has registered. The handler runs at least once per run (invariant 5):
@@ -651,11 +680,6 @@ impl Engine<Sqlite> {
     #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) fn add_service(&self, service: Arc<dyn crate::runtime::Service>) {
         self.cx.add_service(&service);
-    }
-
-    /// True when this process registered the rule `name`.
-    pub(crate) fn registers_rule(&self, name: &str) -> bool {
-        self.cx.registry().rules.contains_key(name)
     }
 
     /// Lets a follower stopped in this engine go on at once.
@@ -758,21 +782,6 @@ impl Engine<Sqlite> {
 
     // ----- control of the work ----------------------------------------------
 
-    /// What is paused, by whom and why.
-    pub fn paused(&self) -> Result<Vec<PausedInfo>> {
-        self.cx.db.read(control::paused)
-    }
-
-    /// Wakes this process's threads (something they wait on changed).
-    pub(crate) fn nudge_all(&self) {
-        self.cx.db.nudge();
-    }
-
-    /// Tells a handler working here that its run was cancelled.
-    pub(crate) fn tell_cancelled(&self, id: &str) {
-        self.cx.claims().cancel(&[id.to_string()]);
-    }
-
     // ----- cursors ----------------------------------------------------------
 
     // ----- leases -----------------------------------------------------------
@@ -866,17 +875,7 @@ impl Engine<Sqlite> {
     /// The followers in the ledger, with their cursors and counters
     /// (published, dead letters, stops).
     pub fn followed(&self) -> Result<Vec<FollowerInfo>> {
-        let stopped = self.cx.stopped_followers();
-        self.cx.db.read(|c| follow::infos(c, &stopped))
-    }
-
-    /// Counters and gauges for export: totals kept in the file (decisions,
-    /// firings, errors, runs' outcomes, reactions, deliveries), runs by
-    /// state, open dead letters by kind, every cursor's lag, followers'
-    /// counters, and this process's writer. See [`Stats`].
-    pub fn stats(&self) -> Result<Stats> {
-        let followers = self.followed()?;
-        stats::collect(&self.cx.db, followers)
+        Sqlite::followers(&self.cx)
     }
 
     // ----- maintenance ------------------------------------------------------

@@ -12,9 +12,11 @@ use crate::names::{self, MAX_ID_BYTES};
 use crate::rule::{OnNewVersion, Rule, Start};
 use crate::run::{RunInfo, RunState};
 use crate::store::audit;
-use crate::store::backend::{Audit, Cursors, Events, Rules, Runs, RunsMore, Work, Workspaces};
-use crate::store::dead_letters;
-use crate::store::{cursors, events, rules, runs};
+use crate::store::backend::{
+    Audit, Cursors, DeadLetters, Events, Rules, Runs, RunsMore, Work, Workspaces,
+};
+
+use crate::store::{cursors, runs};
 
 /// Who did it and why, for the audit record.
 pub(crate) fn check_operator(operator: &str, reason: &str) -> Result<()> {
@@ -196,8 +198,8 @@ pub(crate) fn rule_infos<C: Work + ?Sized>(
         .collect()
 }
 
-pub(crate) fn reset_rule(
-    conn: &Connection,
+pub(crate) fn reset_rule<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     name: &str,
     what: RuleReset,
@@ -205,28 +207,28 @@ pub(crate) fn reset_rule(
     reason: &str,
 ) -> Result<()> {
     check_operator(operator, reason)?;
-    let rule = rules::get(conn, name)?.ok_or_else(|| Error::not_found("rule", name))?;
+    let rule = Rules::rule(conn, name)?.ok_or_else(|| Error::not_found("rule", name))?;
     let kind = ConsumerKind::Rule.as_str();
-    let from = cursors::get(conn, &rule.workspace, kind, name)?;
+    let from = Cursors::get(conn, &rule.workspace, kind, name)?;
     let (cursor, state) = match what {
         RuleReset::Cursor(at) => (Some(at), false),
         RuleReset::State => (None, true),
         RuleReset::Replay(at) => (Some(at), true),
     };
     if let Some(at) = cursor {
-        let head = events::head(conn)?;
+        let head = Events::head(conn)?;
         if !(0..=head).contains(&at) {
             return Err(Error::invalid(
                 "position",
                 format!("{at} is not a seq of this file (0 to {head})"),
             ));
         }
-        cursors::set(conn, &rule.workspace, kind, name, at, now)?;
+        Cursors::set(conn, &rule.workspace, kind, name, at, now)?;
     }
     let cleared = if state {
         // A batch decided on the old state must not commit over the reset.
-        cursors::touch(conn, &rule.workspace, kind, name, now)?;
-        rules::clear_states(conn, name)?
+        Cursors::touch(conn, &rule.workspace, kind, name, now)?;
+        Rules::clear_states(conn, name)?
     } else {
         0
     };
@@ -241,18 +243,18 @@ pub(crate) fn reset_rule(
     )
 }
 
-pub(crate) fn delete_rule(
-    conn: &Connection,
+pub(crate) fn delete_rule<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     name: &str,
     operator: &str,
     reason: &str,
 ) -> Result<()> {
     check_operator(operator, reason)?;
-    let rule = rules::get(conn, name)?.ok_or_else(|| Error::not_found("rule", name))?;
-    let cleared = rules::clear_states(conn, name)?;
-    cursors::delete(conn, &rule.workspace, ConsumerKind::Rule.as_str(), name)?;
-    rules::delete(conn, name)?;
+    let rule = Rules::rule(conn, name)?.ok_or_else(|| Error::not_found("rule", name))?;
+    let cleared = Rules::clear_states(conn, name)?;
+    Cursors::delete(conn, &rule.workspace, ConsumerKind::Rule.as_str(), name)?;
+    Rules::delete_rule(conn, name)?;
     record(
         conn,
         now,
@@ -266,7 +268,7 @@ pub(crate) fn delete_rule(
 
 // ----- runs ------------------------------------------------------------------
 
-fn dead_run(conn: &Connection, id: &str) -> Result<runs::RunRow> {
+fn dead_run<C: Runs + ?Sized>(conn: &C, id: &str) -> Result<runs::RunRow> {
     let row = Runs::get(conn, id)?.ok_or_else(|| Error::not_found("run", id))?;
     if row.state != "dead" {
         return Err(Error::Conflict {
@@ -280,8 +282,8 @@ fn dead_run(conn: &Connection, id: &str) -> Result<runs::RunRow> {
     Ok(row)
 }
 
-pub(crate) fn retry_run(
-    conn: &Connection,
+pub(crate) fn retry_run<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     id: &str,
     operator: &str,
@@ -289,9 +291,9 @@ pub(crate) fn retry_run(
 ) -> Result<()> {
     check_operator(operator, reason)?;
     let row = dead_run(conn, id)?;
-    runs::revive(conn, id, row.lane.as_deref(), now)?;
-    if let Some(d) = dead_letters::open_for_run(conn, id)? {
-        dead_letters::resolve(conn, d.id, Resolution::Retried, now)?;
+    RunsMore::revive(conn, id, row.lane.as_deref(), now)?;
+    if let Some(d) = DeadLetters::open_for_run(conn, id)? {
+        DeadLetters::resolve(conn, d.id, Resolution::Retried, now)?;
     }
     record(
         conn,
@@ -304,8 +306,8 @@ pub(crate) fn retry_run(
     )
 }
 
-pub(crate) fn discard_run(
-    conn: &Connection,
+pub(crate) fn discard_run<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     id: &str,
     operator: &str,
@@ -313,12 +315,12 @@ pub(crate) fn discard_run(
 ) -> Result<()> {
     check_operator(operator, reason)?;
     let row = dead_run(conn, id)?;
-    runs::discard(conn, id, now)?;
+    RunsMore::discard(conn, id, now)?;
     if let Some(lane) = &row.lane {
         Runs::advance_lane(conn, lane, id, now)?;
     }
-    if let Some(d) = dead_letters::open_for_run(conn, id)? {
-        dead_letters::resolve(conn, d.id, Resolution::Discarded, now)?;
+    if let Some(d) = DeadLetters::open_for_run(conn, id)? {
+        DeadLetters::resolve(conn, d.id, Resolution::Discarded, now)?;
     }
     record(
         conn,
@@ -333,8 +335,8 @@ pub(crate) fn discard_run(
 
 /// Lets a blocked scope go on past its dead run (which stays dead, to be
 /// retried or discarded on its own).
-pub(crate) fn unblock(
-    conn: &Connection,
+pub(crate) fn unblock<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     rule: &str,
     scope: &str,
@@ -386,8 +388,8 @@ pub(crate) fn run_counts<C: RunsMore + ?Sized>(conn: &C) -> Result<Vec<(RunState
 // ----- dead letters ----------------------------------------------------------
 
 /// The dead letter `id`, still open (an operator resolves it once).
-fn open_dead_letter(conn: &Connection, id: i64) -> Result<DeadLetter> {
-    let d = dead_letters::get(conn, id)?
+fn open_dead_letter<C: DeadLetters + ?Sized>(conn: &C, id: i64) -> Result<DeadLetter> {
+    let d = DeadLetters::get(conn, id)?
         .ok_or_else(|| Error::not_found("dead letter", id.to_string()))?;
     if d.resolved_at.is_some() {
         return Err(Error::Conflict {
@@ -398,8 +400,8 @@ fn open_dead_letter(conn: &Connection, id: i64) -> Result<DeadLetter> {
     Ok(d)
 }
 
-pub(crate) fn retry_dead_letter(
-    conn: &Connection,
+pub(crate) fn retry_dead_letter<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     id: i64,
     operator: &str,
@@ -425,8 +427,8 @@ pub(crate) fn retry_dead_letter(
     }
 }
 
-pub(crate) fn discard_dead_letter(
-    conn: &Connection,
+pub(crate) fn discard_dead_letter<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     id: i64,
     operator: &str,
@@ -437,7 +439,7 @@ pub(crate) fn discard_dead_letter(
     if let ("run", Some(run)) = (d.kind.as_str(), &d.run_id) {
         return discard_run(conn, now, run, operator, reason);
     }
-    dead_letters::resolve(conn, id, Resolution::Discarded, now)?;
+    DeadLetters::resolve(conn, id, Resolution::Discarded, now)?;
     record(
         conn,
         now,

@@ -26,8 +26,10 @@ use crate::store::backend::Sqlite;
 /// # Ok(()) }
 /// ```
 ///
-/// On every backend an operator resets cursors; the rest (runs, dead
-/// letters, rules, pauses, followers, pruning) is SQLite's for now.
+/// On every backend an operator resets cursors, pauses and resumes, cancels
+/// runs, retries and discards dead runs and dead letters, unblocks scopes,
+/// resets and deletes rules, and configures actions; followers, bulk
+/// actions and pruning on the record are SQLite's for now.
 #[derive(Debug, Clone)]
 pub struct Operator<'e, B: Backend = Sqlite> {
     engine: &'e Engine<B>,
@@ -73,16 +75,14 @@ impl<B: Backend> Operator<'_, B> {
             cursor::reset(tx.core(), now, (workspace, kind, name), position, op, why)
         })
     }
-}
 
-impl Operator<'_, Sqlite> {
     /// Pauses an action, a channel, a scheduled job, a rule or a reaction
     /// (see [`Pausable`]), in every process on the file. False when it was
     /// paused already.
     pub fn pause(&self, what: &Pausable) -> Result<bool> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| control::pause(tx.conn(), what, tx.now_ms(), op, why))
+            .write(|tx| control::pause(tx.core(), what, tx.now_ms(), op, why))
     }
 
     /// Resumes what was paused: it goes on from where it stood.
@@ -92,7 +92,7 @@ impl Operator<'_, Sqlite> {
     pub fn resume(&self, what: &Pausable) -> Result<()> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| control::resume(tx.conn(), what, tx.now_ms(), op, why))?;
+            .write(|tx| control::resume(tx.core(), what, tx.now_ms(), op, why))?;
         self.engine.nudge_all();
         Ok(())
     }
@@ -109,7 +109,7 @@ impl Operator<'_, Sqlite> {
         let (op, why) = self.who();
         let was = self
             .engine
-            .write(|tx| control::cancel(tx.conn(), id, tx.now_ms(), op, why))?;
+            .write(|tx| control::cancel(tx.core(), id, tx.now_ms(), op, why))?;
         self.engine.tell_cancelled(id);
         was.parse()
     }
@@ -119,7 +119,7 @@ impl Operator<'_, Sqlite> {
     pub fn configure_action(&self, config: &ActionConfig) -> Result<()> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| control::configure_audited(tx.conn(), config, tx.now_ms(), op, why))
+            .write(|tx| control::configure_audited(tx.core(), config, tx.now_ms(), op, why))
     }
 
     /// Retries a dead run: ready again with a fresh set of attempts (behind
@@ -130,7 +130,7 @@ impl Operator<'_, Sqlite> {
     pub fn retry_run(&self, id: &str) -> Result<()> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| operate::retry_run(tx.conn(), tx.now_ms(), id, op, why))
+            .write(|tx| operate::retry_run(tx.core(), tx.now_ms(), id, op, why))
     }
 
     /// Discards a dead run: it stays as it was, marked discarded, and its
@@ -138,7 +138,7 @@ impl Operator<'_, Sqlite> {
     pub fn discard_run(&self, id: &str) -> Result<()> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| operate::discard_run(tx.conn(), tx.now_ms(), id, op, why))
+            .write(|tx| operate::discard_run(tx.core(), tx.now_ms(), id, op, why))
     }
 
     /// Lets a scope blocked behind a dead run (`OnDeadLetter::Block`) go on;
@@ -146,7 +146,7 @@ impl Operator<'_, Sqlite> {
     pub fn unblock(&self, rule: &str, scope: &str) -> Result<()> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| operate::unblock(tx.conn(), tx.now_ms(), rule, scope, op, why))
+            .write(|tx| operate::unblock(tx.core(), tx.now_ms(), rule, scope, op, why))
     }
 
     /// Retries what a dead letter gave up on (a run's: the run, as
@@ -155,7 +155,7 @@ impl Operator<'_, Sqlite> {
     pub fn retry_dead_letter(&self, id: i64) -> Result<()> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| operate::retry_dead_letter(tx.conn(), tx.now_ms(), id, op, why))
+            .write(|tx| operate::retry_dead_letter(tx.core(), tx.now_ms(), id, op, why))
     }
 
     /// Marks a dead letter handled without retrying it (a run's: the run is
@@ -163,7 +163,7 @@ impl Operator<'_, Sqlite> {
     pub fn discard_dead_letter(&self, id: i64) -> Result<()> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| operate::discard_dead_letter(tx.conn(), tx.now_ms(), id, op, why))
+            .write(|tx| operate::discard_dead_letter(tx.core(), tx.now_ms(), id, op, why))
     }
 
     /// Resets a rule's cursor and/or state (see [`RuleReset`]; a replay
@@ -171,7 +171,7 @@ impl Operator<'_, Sqlite> {
     pub fn reset_rule(&self, name: &str, what: RuleReset) -> Result<()> {
         let (op, why) = self.who();
         self.engine
-            .write(|tx| operate::reset_rule(tx.conn(), tx.now_ms(), name, what, op, why))
+            .write(|tx| operate::reset_rule(tx.core(), tx.now_ms(), name, what, op, why))
     }
 
     /// Deletes a rule's row, cursor and state (its runs and dead letters
@@ -188,9 +188,11 @@ impl Operator<'_, Sqlite> {
         }
         let (op, why) = self.who();
         self.engine
-            .write(|tx| operate::delete_rule(tx.conn(), tx.now_ms(), name, op, why))
+            .write(|tx| operate::delete_rule(tx.core(), tx.now_ms(), name, op, why))
     }
+}
 
+impl Operator<'_, Sqlite> {
     /// Removes a follower from the ledger, with its cursor (its dead letters
     /// stay).
     pub fn unfollow(&self, name: &str) -> Result<()> {

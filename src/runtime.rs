@@ -78,6 +78,9 @@ pub trait Backend: Database {
     /// Prunes what `retention` allows, from the loop (see `Engine::prune`).
     #[doc(hidden)]
     fn auto_prune(cx: &Context<Self>, retention: &Retention) -> Result<prune::Pruned>;
+    /// The followers reading this database (see `Engine::followed`).
+    #[doc(hidden)]
+    fn followers(cx: &Context<Self>) -> Result<Vec<crate::follow::FollowerInfo>>;
 }
 
 impl Backend for Sqlite {
@@ -92,6 +95,10 @@ impl Backend for Sqlite {
     }
     fn auto_prune(cx: &Context, retention: &Retention) -> Result<prune::Pruned> {
         prune::prune(&cx.db, retention, &mut |_| {})
+    }
+    fn followers(cx: &Context) -> Result<Vec<crate::follow::FollowerInfo>> {
+        let stopped = cx.stopped_followers();
+        cx.db.read(|c| follow::infos(c, &stopped))
     }
 }
 
@@ -115,6 +122,11 @@ impl Backend for crate::store::backend::Postgres {
         retention: &Retention,
     ) -> Result<prune::Pruned> {
         prune::prune_postgres(&cx.db, retention, &mut |_| {})
+    }
+    fn followers(
+        _: &Context<crate::store::backend::Postgres>,
+    ) -> Result<Vec<crate::follow::FollowerInfo>> {
+        Ok(Vec::new())
     }
 }
 

@@ -6,12 +6,12 @@ use serde::Serialize;
 
 use crate::counter::Counter;
 use crate::cursor::{self, CursorInfo};
-use crate::db::Db;
+use crate::db::CoreDb;
 use crate::dead_letter::DeadLetterKind;
 use crate::error::Result;
 use crate::follow::FollowerInfo;
 use crate::run::RunState;
-use crate::store::{counters, dead_letters, events, runs};
+use crate::store::backend::{Counters, DeadLetters, Events, RunsMore, Store};
 use crate::writer::WriterStats;
 
 /// A snapshot of what the file holds and what the engines did to it.
@@ -53,19 +53,22 @@ impl Stats {
     }
 }
 
-pub(crate) fn collect(db: &Db, followers: Vec<FollowerInfo>) -> Result<Stats> {
-    db.read(|c| {
-        let runs = runs::counts(c)?
+pub(crate) fn collect<B: Store>(
+    db: &impl CoreDb<B>,
+    followers: Vec<FollowerInfo>,
+) -> Result<Stats> {
+    db.read_with(&mut |c| {
+        let runs = RunsMore::counts(c)?
             .into_iter()
             .map(|(state, n)| Ok((state.parse()?, n)))
             .collect::<Result<_>>()?;
         Ok(Stats {
-            events_appended: events::head(c)?,
-            counters: counters::all(c)?.into_iter().collect(),
+            events_appended: Events::head(c)?,
+            counters: Counters::all(c)?.into_iter().collect(),
             runs,
-            oldest_ready_due_at: runs::oldest_ready_due(c)?,
-            dead_letters: dead_letters::open_counts(c)?.into_iter().collect(),
-            blocked_lanes: runs::blocked_count(c)?,
+            oldest_ready_due_at: RunsMore::oldest_ready_due(c)?,
+            dead_letters: DeadLetters::open_counts(c)?.into_iter().collect(),
+            blocked_lanes: RunsMore::blocked_count(c)?,
             cursors: cursor::list(c)?,
             followers: followers.clone(),
             writer: db.writer_stats(),

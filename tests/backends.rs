@@ -13,8 +13,9 @@ use std::time::Duration;
 use common::backend::TestBackend;
 use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired};
 use reflexr::{
-    ActionConfig, ChannelPolicy, Decision, Delivery, Engine, Enqueue, Error, Job, ManualClock,
-    Missed, NewEvent, Query, RetryPolicy, Rule, RunKind, RunState, Scope, Start, Unique,
+    ActionConfig, ChannelPolicy, Counter, Decision, Delivery, Engine, Enqueue, Error, Job,
+    ManualClock, Missed, NewEvent, Pausable, Query, RetryPolicy, Rule, RuleReset, RunKind,
+    RunState, Scope, Start, Unique,
 };
 use serde_json::{Value, json};
 
@@ -70,6 +71,9 @@ on_backends!(
     the_best_effort_channel_never_retries_and_the_retried_one_gives_up_after_its_policy,
     a_scheduled_occurrence_runs_once_with_two_engines_on_one_database,
     missed_occurrences_run_once_or_are_skipped_as_the_job_says,
+    pausing_an_action_rule_or_reaction_stops_it_where_it_stands_until_resumed,
+    an_operator_cancels_retries_and_discards_runs_and_their_dead_letters_on_the_record,
+    an_operator_replays_a_rule_and_nothing_is_made_twice,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -1432,4 +1436,162 @@ fn missed_occurrences_run_once_or_are_skipped_as_the_job_says<B: TestBackend>() 
     clock.advance(MINUTE);
     e.run_until_idle().unwrap();
     assert_eq!((n(&once), n(&skip)), (2, 1));
+}
+
+// ----- operators and stats ---------------------------------------------------
+
+/// Control of the work: a paused action, rule or reaction stops where it
+/// stands (a run is not claimed, an event not decided or handled, its cursor
+/// stays) until resumed, in every engine on the database; each pause and
+/// resume is on the record.
+fn pausing_an_action_rule_or_reaction_stops_it_where_it_stands_until_resumed<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>();
+    let seen = recording(&e);
+    let reacted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r = Arc::clone(&reacted);
+    e.register_reaction(
+        B::reaction("counter", "app")
+            .on(["thing.made"])
+            .handle(move |_, _| {
+                r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }),
+    )
+    .unwrap();
+    e.register_rule(
+        Rule::new("fire", "app")
+            .on(["thing.made"])
+            .action("work")
+            .decide(|_| Ok(Decision::fire(&json!({ "n": 2 })))),
+    )
+    .unwrap();
+    let ops = e.operator("ops", "maintenance");
+    assert!(ops.pause(&Pausable::Action("work".into())).unwrap());
+    assert!(
+        !ops.pause(&Pausable::Action("work".into())).unwrap(),
+        "paused already"
+    );
+    ops.pause(&Pausable::Rule("fire".into())).unwrap();
+    ops.pause(&Pausable::Reaction("counter".into())).unwrap();
+    e.enqueue(&task(1)).unwrap();
+    e.append("app", &made("t-1")).unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.claimed, idle.decided, idle.reacted), (0, 0, 0));
+    assert_eq!(e.paused().unwrap().len(), 3);
+    ops.resume(&Pausable::Rule("fire".into())).unwrap();
+    ops.resume(&Pausable::Reaction("counter".into())).unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.claimed), (1, 0), "work still paused");
+    assert_eq!(reacted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    ops.resume(&Pausable::Action("work".into())).unwrap();
+    assert_eq!(e.run_until_idle().unwrap().succeeded, 2);
+    let mut ns = seen.lock().unwrap().clone();
+    ns.sort_unstable();
+    assert_eq!(ns, [1, 2]);
+    let e2 = ops.resume(&Pausable::Rule("fire".into())).unwrap_err();
+    assert!(e2.is_not_found(), "{e2}");
+    let actions: Vec<String> = e
+        .audit_log(20)
+        .unwrap()
+        .iter()
+        .map(|a| a.action.to_string())
+        .collect();
+    assert_eq!(actions.iter().filter(|a| *a == "pause").count(), 3);
+    assert_eq!(actions.iter().filter(|a| *a == "resume").count(), 3);
+}
+
+/// Operators' interventions on runs, each checked and audited: a pending
+/// run cancelled never starts; a dead run retried gets fresh attempts and
+/// its dead letter is resolved as retried; another discarded, its dead
+/// letter with it; what cannot be done is a typed error. The stats count
+/// what happened.
+fn an_operator_cancels_retries_and_discards_runs_and_their_dead_letters_on_the_record<
+    B: TestBackend,
+>() {
+    let (_place, _clock, e) = setup::<B>();
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let f = Arc::clone(&fail);
+    e.register_action("work", move |_, _| {
+        if f.load(std::sync::atomic::Ordering::SeqCst) {
+            Err("down".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    let once = RetryPolicy::attempts(1);
+    let a = e.enqueue(&task(1).retry(once)).unwrap().id;
+    let b = e.enqueue(&task(2).retry(once)).unwrap().id;
+    let c = e.enqueue(&task(3).at(START_MS + 3_600_000)).unwrap().id;
+    let ops = e.operator("ops", "cleaning up");
+    assert_eq!(ops.cancel_run(&c).unwrap(), RunState::Ready);
+    assert_eq!(e.run_until_idle().unwrap().dead, 2);
+    assert_eq!(e.dead_letters(false, 10).unwrap().len(), 2);
+    let conflict = ops.cancel_run(&a).unwrap_err();
+    assert!(matches!(conflict, Error::Conflict { .. }), "{conflict}");
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    ops.retry_run(&a).unwrap();
+    let letter_b = e.dead_letters(false, 10).unwrap()[0].id;
+    ops.discard_dead_letter(letter_b).unwrap();
+    assert_eq!(e.run_until_idle().unwrap().succeeded, 1);
+    let state = |id: &str| e.run(id).unwrap().unwrap().state;
+    assert_eq!(
+        (state(&a), state(&b), state(&c)),
+        (
+            RunState::Succeeded,
+            RunState::Discarded,
+            RunState::Cancelled
+        )
+    );
+    assert!(
+        e.dead_letters(false, 10).unwrap().is_empty(),
+        "both resolved"
+    );
+    let resolved = e.dead_letters(true, 10).unwrap();
+    let mut how: Vec<String> = resolved
+        .iter()
+        .map(|d| d.resolution.unwrap().to_string())
+        .collect();
+    how.sort();
+    assert_eq!(how, ["discarded", "retried"]);
+    assert!(ops.retry_run(&a).is_err(), "only a dead run is retried");
+    assert!(ops.retry_run("nope").unwrap_err().is_not_found());
+    let stats = e.stats().unwrap();
+    assert_eq!(stats.counter(Counter::RunsDead), 2);
+    assert_eq!(stats.counter(Counter::RunsSucceeded), 1);
+    assert_eq!(stats.runs.get(&RunState::Succeeded), Some(&1));
+    assert!(stats.dead_letters.is_empty());
+    let actions: Vec<String> = e
+        .audit_log(10)
+        .unwrap()
+        .iter()
+        .map(|a| a.action.to_string())
+        .collect();
+    assert_eq!(actions.len(), 3, "{actions:?}");
+}
+
+/// Invariants 4 and 8: an operator replays a rule from zero (its cursor
+/// back, its state cleared, on the record); the replay derives the same
+/// firing ids, so nothing is made twice.
+fn an_operator_replays_a_rule_and_nothing_is_made_twice<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let e = rules_engine::<B>(&place, &clock, "test");
+    e.register_rule(every_nth("tenth", 10)).unwrap();
+    append_rsvps(&e, 2, 20);
+    assert_eq!(e.run_until_idle().unwrap().fired, 4);
+    let before = fired(&e);
+    e.operator("ops", "replay after a fix")
+        .reset_rule("tenth", RuleReset::Replay(0))
+        .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(
+        (idle.decided, idle.fired),
+        (40, 0),
+        "decided again, made once"
+    );
+    assert_eq!(fired(&e), before);
+    assert_eq!(e.runs(None, 100).unwrap().len(), 4);
+    assert_eq!(e.stats().unwrap().counter(Counter::ReplayExisting), 4);
+    assert_eq!(e.audit_log(5).unwrap()[0].action.to_string(), "reset_rule");
 }

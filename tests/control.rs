@@ -3,7 +3,8 @@
 //! cancels, and concurrency and rate limits across processes (DESIGN.md
 //! invariants 2, 5 and 6; 10 for bad input). What runs on every backend —
 //! an enqueue with the caller's rows, retries, scopes and priorities,
-//! uniqueness, rate and partitioned limits — is in `tests/backends.rs`.
+//! uniqueness, rate and partitioned limits, pauses — is in
+//! `tests/backends.rs`.
 
 mod common;
 
@@ -11,10 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use common::{Arrange, Scene, count, is_child, parent_file};
+use common::{Scene, count, is_child, parent_file};
 use reflexr::{
-    ActionConfig, Decision, Engine, Enqueue, Error, NewEvent, Pausable, Reaction, RetryPolicy,
-    Rule, RunState, Unique,
+    ActionConfig, Decision, Engine, Enqueue, Error, NewEvent, Pausable, RetryPolicy, Rule,
+    RunState, Unique,
 };
 use serde_json::{Value, json};
 
@@ -222,77 +223,6 @@ fn higher_priorities_are_claimed_first_and_a_scope_keeps_its_order() {
         priorities.contains(&1),
         "the action's default was stored: {priorities:?}"
     );
-}
-
-#[test]
-fn pausing_an_action_rule_or_reaction_stops_it_where_it_stands_until_resumed() {
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", &["job"]);
-    let seen = recording(&e);
-    let reacted = Arc::new(AtomicUsize::new(0));
-    let r = Arc::clone(&reacted);
-    e.register_reaction(
-        Reaction::new("counter", "app")
-            .on(["job"])
-            .handle(move |_, _| {
-                r.fetch_add(1, AtomicOrdering::SeqCst);
-                Ok(())
-            }),
-    )
-    .unwrap();
-    e.register_rule(
-        Rule::new("fire", "app")
-            .on(["job"])
-            .action("work")
-            .decide(|ev| Ok(Decision::Fire(ev.payload()?))),
-    )
-    .unwrap();
-    let ops = e.operator("ops", "maintenance");
-    assert!(ops.pause(&Pausable::Action("work".into())).unwrap());
-    assert!(
-        !ops.pause(&Pausable::Action("work".into())).unwrap(),
-        "paused already"
-    );
-    ops.pause(&Pausable::Rule("fire".into())).unwrap();
-    ops.pause(&Pausable::Reaction("counter".into())).unwrap();
-    e.enqueue(&task(1)).unwrap();
-    e.append(
-        "app",
-        &NewEvent::new("job", "j", "app", 0).payload(&json!({ "n": 2 })),
-    )
-    .unwrap();
-    let idle = e.run_until_idle().unwrap();
-    assert_eq!((idle.claimed, idle.decided, idle.reacted), (0, 0, 0));
-    assert_eq!(e.paused().unwrap().len(), 3);
-
-    ops.resume(&Pausable::Rule("fire".into())).unwrap();
-    ops.resume(&Pausable::Reaction("counter".into())).unwrap();
-    let idle = e.run_until_idle().unwrap();
-    assert_eq!((idle.decided, idle.claimed), (1, 0), "work still paused");
-    assert_eq!(reacted.load(AtomicOrdering::SeqCst), 1);
-    ops.resume(&Pausable::Action("work".into())).unwrap();
-    assert_eq!(e.run_until_idle().unwrap().succeeded, 2);
-    let mut ns = seen.lock().unwrap().clone();
-    ns.sort_unstable();
-    assert_eq!(ns, [1, 2]);
-    assert!(
-        ops.resume(&Pausable::Rule("fire".into()))
-            .unwrap_err()
-            .is_not_found()
-    );
-    let actions: Vec<String> = e
-        .audit_log(20)
-        .unwrap()
-        .iter()
-        .map(|a| a.action.to_string())
-        .collect();
-    assert_eq!(actions.iter().filter(|a| *a == "pause").count(), 3);
-    assert_eq!(actions.iter().filter(|a| *a == "resume").count(), 3);
-    // Channels and jobs pause as their actions.
-    ops.pause(&Pausable::Channel("email".into())).unwrap();
-    ops.pause(&Pausable::Job("nightly".into())).unwrap();
-    let names: Vec<String> = e.paused().unwrap().into_iter().map(|p| p.name).collect();
-    assert_eq!(names, ["delivery/email", "job/nightly"]);
 }
 
 #[test]

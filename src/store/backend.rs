@@ -28,11 +28,11 @@
 use std::collections::HashSet;
 
 use crate::counter::Counter;
-use crate::dead_letter::{DeadLetter, DeadLetterKind};
+use crate::dead_letter::{DeadLetter, DeadLetterKind, Resolution};
 use crate::error::Result;
 use crate::event::Event;
 
-use super::control::ActionRow;
+use super::control::{ActionRow, PausedRow};
 use super::dead_letters::NewDeadLetter;
 use super::events::NewRow;
 use super::leases::LeaseRow;
@@ -163,6 +163,8 @@ pub trait Cursors {
     fn touch(&self, workspace: &str, kind: &str, name: &str, now: i64) -> Result<()>;
     /// The furthest the cursor has ever been (0: never saved).
     fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64>;
+    /// Deletes the cursor; false if there was none.
+    fn delete(&self, workspace: &str, kind: &str, name: &str) -> Result<bool>;
     /// Records that the consumer's commit failed at `position` (nothing if
     /// the cursor moved since); the failures so far.
     #[allow(clippy::too_many_arguments)]
@@ -197,6 +199,8 @@ pub trait Rules {
     fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()>;
     /// Forgets every scope's state; how many there were.
     fn clear_states(&self, rule: &str) -> Result<usize>;
+    /// Deletes the rule's row; false if there was none.
+    fn delete_rule(&self, name: &str) -> Result<bool>;
 }
 
 /// `reflexr_schedules`: the scheduled jobs a database knows, and when each
@@ -343,6 +347,18 @@ pub trait RunsMore {
     fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>>;
     /// How many runs there are in each state.
     fn counts(&self) -> Result<Vec<(String, i64)>>;
+    /// Asks a running run to stop, or cancels a pending one outright; what
+    /// it was before (None: no such run). A run that ended is left alone.
+    fn cancel(&self, id: &str, now: i64, by: &str, reason: &str) -> Result<Option<String>>;
+    /// Makes a dead run ready again with fresh attempts (waiting behind
+    /// its lane's head if the lane moved on); false if it was not dead.
+    fn revive(&self, id: &str, lane: Option<&str>, now: i64) -> Result<bool>;
+    /// Marks a dead run discarded; false if it was not dead.
+    fn discard(&self, id: &str, now: i64) -> Result<bool>;
+    /// When the oldest ready run became due.
+    fn oldest_ready_due(&self) -> Result<Option<i64>>;
+    /// How many lanes are blocked behind a dead run.
+    fn blocked_count(&self) -> Result<i64>;
 }
 
 /// What a claim reads before it picks runs (see [`Control::claim_plan`]).
@@ -375,6 +391,14 @@ pub trait Control {
     fn paused_names(&self, kind: &str) -> Result<HashSet<String>>;
     /// Whether `(kind, name)` is paused.
     fn is_paused(&self, kind: &str, name: &str) -> Result<bool>;
+    /// Pauses `(kind, name)`; false when it was paused already.
+    #[allow(clippy::too_many_arguments)]
+    fn pause(&self, kind: &str, name: &str, now: i64, operator: &str, reason: &str)
+    -> Result<bool>;
+    /// Resumes `(kind, name)`; false when it was not paused.
+    fn resume(&self, kind: &str, name: &str) -> Result<bool>;
+    /// Everything paused, by kind and name.
+    fn paused(&self) -> Result<Vec<PausedRow>>;
     /// Sets an action's settings, replacing what it had.
     fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()>;
     /// Every action's settings, by name.
@@ -437,6 +461,13 @@ pub trait DeadLetters {
     fn insert(&self, d: &NewDeadLetter<'_>) -> Result<bool>;
     /// Open dead letters (or all), oldest first, after `after_id`.
     fn list(&self, include_resolved: bool, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>>;
+    fn get(&self, id: i64) -> Result<Option<DeadLetter>>;
+    /// The open dead letter of a run.
+    fn open_for_run(&self, run_id: &str) -> Result<Option<DeadLetter>>;
+    /// Resolves an open dead letter; false if it was resolved already.
+    fn resolve(&self, id: i64, resolution: Resolution, now: i64) -> Result<bool>;
+    /// Dead letters not yet resolved, by kind.
+    fn open_counts(&self) -> Result<Vec<(DeadLetterKind, i64)>>;
     /// Resolves (as retried) the open dead letter of `consumer` for the
     /// event at `seq`, if there is one.
     #[allow(clippy::too_many_arguments)]
@@ -684,6 +715,9 @@ impl Cursors for rusqlite::Connection {
     fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64> {
         cursors::high_water(self, workspace, kind, name)
     }
+    fn delete(&self, workspace: &str, kind: &str, name: &str) -> Result<bool> {
+        cursors::delete(self, workspace, kind, name)
+    }
     fn record_failure(
         &self,
         workspace: &str,
@@ -725,6 +759,9 @@ impl Rules for rusqlite::Connection {
     }
     fn clear_states(&self, rule: &str) -> Result<usize> {
         rules::clear_states(self, rule)
+    }
+    fn delete_rule(&self, name: &str) -> Result<bool> {
+        rules::delete(self, name)
     }
 }
 
@@ -862,6 +899,21 @@ impl RunsMore for rusqlite::Connection {
     fn counts(&self) -> Result<Vec<(String, i64)>> {
         runs::counts(self)
     }
+    fn cancel(&self, id: &str, now: i64, by: &str, reason: &str) -> Result<Option<String>> {
+        runs::cancel(self, id, now, by, reason)
+    }
+    fn revive(&self, id: &str, lane: Option<&str>, now: i64) -> Result<bool> {
+        runs::revive(self, id, lane, now)
+    }
+    fn discard(&self, id: &str, now: i64) -> Result<bool> {
+        runs::discard(self, id, now)
+    }
+    fn oldest_ready_due(&self) -> Result<Option<i64>> {
+        runs::oldest_ready_due(self)
+    }
+    fn blocked_count(&self) -> Result<i64> {
+        runs::blocked_count(self)
+    }
 }
 
 impl Control for rusqlite::Connection {
@@ -870,6 +922,22 @@ impl Control for rusqlite::Connection {
     }
     fn is_paused(&self, kind: &str, name: &str) -> Result<bool> {
         control::is_paused(self, kind, name)
+    }
+    fn pause(
+        &self,
+        kind: &str,
+        name: &str,
+        now: i64,
+        operator: &str,
+        reason: &str,
+    ) -> Result<bool> {
+        control::pause(self, kind, name, now, operator, reason)
+    }
+    fn resume(&self, kind: &str, name: &str) -> Result<bool> {
+        control::resume(self, kind, name)
+    }
+    fn paused(&self) -> Result<Vec<PausedRow>> {
+        control::paused(self)
     }
     fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()> {
         control::configure(self, a, now)
@@ -943,6 +1011,18 @@ impl DeadLetters for rusqlite::Connection {
     }
     fn list(&self, include_resolved: bool, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>> {
         dead_letters::list(self, include_resolved, after_id, limit)
+    }
+    fn get(&self, id: i64) -> Result<Option<DeadLetter>> {
+        dead_letters::get(self, id)
+    }
+    fn open_for_run(&self, run_id: &str) -> Result<Option<DeadLetter>> {
+        dead_letters::open_for_run(self, run_id)
+    }
+    fn resolve(&self, id: i64, resolution: Resolution, now: i64) -> Result<bool> {
+        dead_letters::resolve(self, id, resolution, now)
+    }
+    fn open_counts(&self) -> Result<Vec<(DeadLetterKind, i64)>> {
+        dead_letters::open_counts(self)
     }
     fn resolve_for_event(
         &self,

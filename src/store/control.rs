@@ -35,7 +35,7 @@ pub(crate) fn resume(conn: &Connection, kind: &str, name: &str) -> Result<bool> 
 }
 
 /// A pause as stored: kind, name, since, operator, reason.
-pub(crate) type PausedRow = (String, String, i64, String, String);
+pub type PausedRow = (String, String, i64, String, String);
 
 /// Everything paused, by kind and name.
 pub(crate) fn paused(conn: &Connection) -> Result<Vec<PausedRow>> {

@@ -18,10 +18,10 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::counter::Counter;
-use crate::dead_letter::{DeadLetter, DeadLetterKind, Reason};
+use crate::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
 use crate::error::{Error, Result};
 use crate::store::backend::{ClaimPlan, Control, Counters, DeadLetters};
-use crate::store::control::ActionRow;
+use crate::store::control::{ActionRow, PausedRow};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::RunRow;
 
@@ -132,6 +132,48 @@ impl Control for PgConn {
                 &[(&kind, Type::TEXT), (&name, Type::TEXT)],
             )?
             .is_some())
+    }
+
+    fn pause(
+        &self,
+        kind: &str,
+        name: &str,
+        now: i64,
+        operator: &str,
+        reason: &str,
+    ) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "INSERT INTO reflexr_paused (kind, name, since, operator, reason) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (kind, name) DO NOTHING RETURNING 1",
+                &[
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&now, Type::INT8),
+                    (&operator, Type::TEXT),
+                    (&reason, Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn resume(&self, kind: &str, name: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "DELETE FROM reflexr_paused WHERE kind = $1 AND name = $2 RETURNING 1",
+                &[(&kind, Type::TEXT), (&name, Type::TEXT)],
+            )?
+            .is_some())
+    }
+
+    fn paused(&self) -> Result<Vec<PausedRow>> {
+        self.query(
+            "SELECT kind, name, since, operator, reason FROM reflexr_paused ORDER BY kind, name",
+            &[],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?, col(r, 2)?, col(r, 3)?, col(r, 4)?)))
+        .collect()
     }
 
     fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()> {
@@ -465,6 +507,54 @@ impl DeadLetters for PgConn {
         )?
         .iter()
         .map(dead_letter_from)
+        .collect()
+    }
+
+    fn get(&self, id: i64) -> Result<Option<DeadLetter>> {
+        self.query_opt(
+            &format!("SELECT {DEAD_LETTER_COLUMNS} FROM reflexr_dead_letters WHERE id = $1"),
+            &[(&id, Type::INT8)],
+        )?
+        .as_ref()
+        .map(dead_letter_from)
+        .transpose()
+    }
+
+    fn open_for_run(&self, run_id: &str) -> Result<Option<DeadLetter>> {
+        self.query_opt(
+            &format!(
+                "SELECT {DEAD_LETTER_COLUMNS} FROM reflexr_dead_letters \
+                 WHERE run_id = $1 AND resolved_at IS NULL"
+            ),
+            &[(&run_id, Type::TEXT)],
+        )?
+        .as_ref()
+        .map(dead_letter_from)
+        .transpose()
+    }
+
+    fn resolve(&self, id: i64, resolution: Resolution, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_dead_letters SET resolved_at = $2, resolution = $3 \
+                 WHERE id = $1 AND resolved_at IS NULL RETURNING 1",
+                &[
+                    (&id, Type::INT8),
+                    (&now, Type::INT8),
+                    (&resolution.as_str(), Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn open_counts(&self) -> Result<Vec<(DeadLetterKind, i64)>> {
+        self.query(
+            "SELECT kind, count(*) FROM reflexr_dead_letters WHERE resolved_at IS NULL \
+             GROUP BY kind ORDER BY kind",
+            &[],
+        )?
+        .iter()
+        .map(|r| Ok((col::<String>(r, 0)?.parse()?, col(r, 1)?)))
         .collect()
     }
 

@@ -687,6 +687,20 @@ impl Cursors for PgConn {
             .unwrap_or(0))
     }
 
+    fn delete(&self, workspace: &str, kind: &str, name: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "DELETE FROM reflexr_cursors WHERE workspace = $1 AND kind = $2 AND name = $3 \
+                 RETURNING 1",
+                &[
+                    (&workspace, Type::TEXT),
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
     fn record_failure(
         &self,
         workspace: &str,

@@ -105,6 +105,15 @@ impl Rules for PgConn {
         Ok(())
     }
 
+    fn delete_rule(&self, name: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "DELETE FROM reflexr_rules WHERE name = $1 RETURNING 1",
+                &[(&name, Type::TEXT)],
+            )?
+            .is_some())
+    }
+
     fn clear_states(&self, rule: &str) -> Result<usize> {
         Ok(self
             .query(

@@ -616,6 +616,108 @@ impl RunsMore for PgConn {
         rows.iter().map(run_from).collect()
     }
 
+    fn cancel(&self, id: &str, now: i64, by: &str, reason: &str) -> Result<Option<String>> {
+        let Some(row) = Runs::get(self, id)? else {
+            return Ok(None);
+        };
+        let reason = crate::names::clip_error(reason);
+        match row.state.as_str() {
+            "waiting" | "ready" => {
+                self.query(
+                    "UPDATE reflexr_runs SET state = 'cancelled', finished_at = $2, \
+                       updated_at = $2, cancelled_by = $3, cancel_reason = $4 \
+                     WHERE id = $1 AND state IN ('waiting', 'ready')",
+                    &[
+                        (&id, Type::TEXT),
+                        (&now, Type::INT8),
+                        (&by, Type::TEXT),
+                        (&reason, Type::TEXT),
+                    ],
+                )?;
+                if row.state == "ready"
+                    && let Some(lane) = &row.lane
+                {
+                    Runs::advance_lane(self, lane, id, now)?;
+                }
+            }
+            "running" => {
+                self.query(
+                    "UPDATE reflexr_runs SET \
+                       cancel_requested_at = coalesce(cancel_requested_at, $2), \
+                       updated_at = $2, cancelled_by = $3, cancel_reason = $4 \
+                     WHERE id = $1 AND state = 'running'",
+                    &[
+                        (&id, Type::TEXT),
+                        (&now, Type::INT8),
+                        (&by, Type::TEXT),
+                        (&reason, Type::TEXT),
+                    ],
+                )?;
+            }
+            _ => {}
+        }
+        Ok(Some(row.state))
+    }
+
+    fn revive(&self, id: &str, lane: Option<&str>, now: i64) -> Result<bool> {
+        let state = match lane {
+            Some(lane) => match Runs::lane_head(self, lane)? {
+                Some((head, _)) if head == id => {
+                    Runs::set_blocked(self, lane, false, now)?;
+                    "ready"
+                }
+                Some(_) => "waiting",
+                None => {
+                    // The lane went when it moved on: this run heads it
+                    // again (or waits behind one that took it meanwhile).
+                    let headed = self
+                        .query_opt(
+                            "INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
+                             VALUES ($1, $2, false, $3) ON CONFLICT (lane) DO NOTHING \
+                             RETURNING 1",
+                            &[(&lane, Type::TEXT), (&id, Type::TEXT), (&now, Type::INT8)],
+                        )?
+                        .is_some();
+                    if headed { "ready" } else { "waiting" }
+                }
+            },
+            None => "ready",
+        };
+        Ok(self
+            .query_opt(
+                &format!(
+                    "UPDATE reflexr_runs SET state = $2, attempt = 0, due_at = $3, \
+                       updated_at = $3, finished_at = NULL, {YIELD_KEY} \
+                     WHERE id = $1 AND state = 'dead' RETURNING 1"
+                ),
+                &[(&id, Type::TEXT), (&state, Type::TEXT), (&now, Type::INT8)],
+            )?
+            .is_some())
+    }
+
+    fn discard(&self, id: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET state = 'discarded', updated_at = $2 \
+                 WHERE id = $1 AND state = 'dead' RETURNING 1",
+                &[(&id, Type::TEXT), (&now, Type::INT8)],
+            )?
+            .is_some())
+    }
+
+    fn oldest_ready_due(&self) -> Result<Option<i64>> {
+        let rows = self.query(
+            "SELECT min(due_at) FROM reflexr_runs WHERE state = 'ready'",
+            &[],
+        )?;
+        rows.first().map_or(Ok(None), |r| col(r, 0))
+    }
+
+    fn blocked_count(&self) -> Result<i64> {
+        let rows = self.query("SELECT count(*) FROM reflexr_lanes WHERE blocked", &[])?;
+        rows.first().map_or(Ok(0), |r| col(r, 0))
+    }
+
     fn counts(&self) -> Result<Vec<(String, i64)>> {
         self.query(
             "SELECT state, count(*) FROM reflexr_runs GROUP BY state ORDER BY state",
