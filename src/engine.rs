@@ -596,6 +596,74 @@ impl<B: Backend> Engine<B> {
         stats::collect(self.db(), followers)
     }
 
+    /// A page of the events `query` asks for — its types and its subject —
+    /// looked for among at most [`crate::SCAN_WINDOW`] events of its
+    /// workspace after its `after`, so a rare subject in a long log costs a
+    /// bounded read per page. Go on from the page's `next_after`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a workspace the file does not have.
+    pub fn events_page(&self, query: &Query) -> Result<EventPage> {
+        self.db().read_with(&mut |c| inspect::events_page(c, query))
+    }
+
+    /// A page of the runs `filter` matches, newest first, looked for among
+    /// at most [`crate::SCAN_WINDOW`] runs (go on from the page's `next`).
+    pub fn find_runs(&self, filter: &RunFilter) -> Result<RunPage> {
+        self.db().read_with(&mut |c| inspect::find_runs(c, filter))
+    }
+
+    /// Runs whose state, claim or due time changed after `after` — the
+    /// `(updated_at, position)` of the last one seen — in the order they
+    /// changed: a feed of run changes (the admin stream's `runs` topic).
+    pub fn runs_changed(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunInfo>> {
+        self.db()
+            .read_with(&mut |c| inspect::runs_changed(c, after, limit))
+    }
+
+    /// Dead letters with an id after `after` (resolved ones too), oldest
+    /// first: a feed of new dead letters.
+    pub fn dead_letters_after(&self, after: i64, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.db()
+            .read_with(&mut |c| inspect::dead_letters_after(c, after, limit))
+    }
+
+    /// One run with the event that fired it and the events it emitted.
+    pub fn run_detail(&self, id: &str) -> Result<Option<RunDetail>> {
+        self.db().read_with(&mut |c| inspect::run_detail(c, id))
+    }
+
+    /// The scopes held behind a dead run, most recently blocked first, at
+    /// most `limit` (1 to [`crate::MAX_PAGE`]).
+    pub fn blocked_lanes(&self, limit: usize) -> Result<Vec<BlockedLane>> {
+        self.db()
+            .read_with(&mut |c| inspect::blocked_lanes(c, limit))
+    }
+
+    /// A page of the dead letters `filter` matches, newest first.
+    pub fn find_dead_letters(&self, filter: &DeadLetterFilter) -> Result<DeadLetterPage> {
+        self.db()
+            .read_with(&mut |c| inspect::find_dead_letters(c, filter))
+    }
+
+    /// The dead runs `filter` matches, at most `max`: what a bulk retry or
+    /// discard ([`crate::Operator::retry_runs`]) would act on — its dry run.
+    pub fn matching_dead_runs(&self, filter: &RunFilter, max: usize) -> Result<Matches<String>> {
+        self.db()
+            .read_with(&mut |c| operate::matching_dead_runs(c, filter, max.min(MAX_BULK)))
+    }
+
+    /// The open dead letters `filter` matches, at most `max`: what
+    /// [`crate::Operator::retry_dead_letters`] would act on.
+    pub fn matching_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        max: usize,
+    ) -> Result<Matches<i64>> {
+        self.db()
+            .read_with(&mut |c| operate::matching_dead_letters(c, filter, max.min(MAX_BULK)))
+    }
+
     /// Registers the handler of an action: what runs when a rule with this
     /// action fires. This process's executors claim only runs of actions it
     /// has registered. The handler runs at least once per run (invariant 5):
@@ -710,74 +778,6 @@ impl Engine<Sqlite> {
     /// writer. `f` may run more than once if the file is busy.
     pub fn with_reader<T>(&self, f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
         self.cx.db.read(f)
-    }
-
-    /// A page of the events `query` asks for — its types and its subject —
-    /// looked for among at most [`crate::SCAN_WINDOW`] events of its
-    /// workspace after its `after`, so a rare subject in a long log costs a
-    /// bounded read per page. Go on from the page's `next_after`.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] for a workspace the file does not have.
-    pub fn events_page(&self, query: &Query) -> Result<EventPage> {
-        self.cx.db.read(|c| inspect::events_page(c, query))
-    }
-
-    /// A page of the runs `filter` matches, newest first, looked for among
-    /// at most [`crate::SCAN_WINDOW`] runs (go on from the page's `next`).
-    pub fn find_runs(&self, filter: &RunFilter) -> Result<RunPage> {
-        self.cx.db.read(|c| inspect::find_runs(c, filter))
-    }
-
-    /// Runs whose state, claim or due time changed after `after` — the
-    /// `(updated_at, position)` of the last one seen — in the order they
-    /// changed: a feed of run changes (the admin stream's `runs` topic).
-    pub fn runs_changed(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunInfo>> {
-        self.cx.db.read(|c| inspect::runs_changed(c, after, limit))
-    }
-
-    /// Dead letters with an id after `after` (resolved ones too), oldest
-    /// first: a feed of new dead letters.
-    pub fn dead_letters_after(&self, after: i64, limit: usize) -> Result<Vec<DeadLetter>> {
-        self.cx
-            .db
-            .read(|c| inspect::dead_letters_after(c, after, limit))
-    }
-
-    /// One run with the event that fired it and the events it emitted.
-    pub fn run_detail(&self, id: &str) -> Result<Option<RunDetail>> {
-        self.cx.db.read(|c| inspect::run_detail(c, id))
-    }
-
-    /// The scopes held behind a dead run, most recently blocked first, at
-    /// most `limit` (1 to [`crate::MAX_PAGE`]).
-    pub fn blocked_lanes(&self, limit: usize) -> Result<Vec<BlockedLane>> {
-        self.cx.db.read(|c| inspect::blocked_lanes(c, limit))
-    }
-
-    /// A page of the dead letters `filter` matches, newest first.
-    pub fn find_dead_letters(&self, filter: &DeadLetterFilter) -> Result<DeadLetterPage> {
-        self.cx.db.read(|c| inspect::find_dead_letters(c, filter))
-    }
-
-    /// The dead runs `filter` matches, at most `max`: what a bulk retry or
-    /// discard ([`crate::Operator::retry_runs`]) would act on — its dry run.
-    pub fn matching_dead_runs(&self, filter: &RunFilter, max: usize) -> Result<Matches<String>> {
-        self.cx
-            .db
-            .read(|c| operate::matching_dead_runs(c, filter, max.min(MAX_BULK)))
-    }
-
-    /// The open dead letters `filter` matches, at most `max`: what
-    /// [`crate::Operator::retry_dead_letters`] would act on.
-    pub fn matching_dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-        max: usize,
-    ) -> Result<Matches<i64>> {
-        self.cx
-            .db
-            .read(|c| operate::matching_dead_letters(c, filter, max.min(MAX_BULK)))
     }
 
     // ----- control of the work ----------------------------------------------

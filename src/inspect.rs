@@ -6,7 +6,6 @@
 //! stretch. A page may hold fewer items than asked, or none, and still have
 //! a `next`: the stretch it looked through held no more matches.
 
-use rusqlite::Connection;
 use serde::Serialize;
 
 use crate::dead_letter::{DeadLetter, DeadLetterKind};
@@ -14,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::event::{Event, Query};
 use crate::names;
 use crate::run::{RunInfo, RunState};
-use crate::store::backend::Runs;
-use crate::store::{dead_letters, events, runs, workspaces};
+use crate::store::backend::{Events, Inspect, RunFind, Runs, Work, Workspaces};
+use crate::store::dead_letters;
 
 /// How many items a page holds at most.
 pub const MAX_PAGE: usize = 1_000;
@@ -36,28 +35,28 @@ pub struct EventPage {
 
 /// Events matching `q` (its types and subject), at most its limit, among at
 /// most [`SCAN_WINDOW`] events of its workspace after its `after`.
-pub(crate) fn events_page(conn: &Connection, q: &Query) -> Result<EventPage> {
+pub(crate) fn events_page<C: Work + ?Sized>(conn: &C, q: &Query) -> Result<EventPage> {
     q.validate()?;
     let page = page_of(conn, q)?;
     // An empty page of a workspace the file does not have is a mistake to
     // name, not a quiet log.
-    if page.events.is_empty() && !workspaces::exists(conn, &q.workspace)? {
+    if page.events.is_empty() && !Workspaces::exists(conn, &q.workspace)? {
         return Err(Error::not_found("workspace", &q.workspace));
     }
     Ok(page)
 }
 
-fn page_of(conn: &Connection, q: &Query) -> Result<EventPage> {
+fn page_of<C: Work + ?Sized>(conn: &C, q: &Query) -> Result<EventPage> {
     if q.types.is_empty() && q.subject.is_none() {
         // Every event matches: no window to bound, a plain page.
-        let events = events::page(conn, &q.workspace, q.after, &[], q.limit)?;
+        let events = Events::page(conn, &q.workspace, q.after, &[], q.limit)?;
         let next_after = match events.last() {
             Some(last) if events.len() == q.limit => Some(last.seq),
             _ => None,
         };
         return Ok(EventPage { events, next_after });
     }
-    let (events, next_after) = events::scan(
+    let (events, next_after) = Inspect::scan_events(
         conn,
         &q.workspace,
         q.after,
@@ -234,21 +233,6 @@ fn json_path(path: &str) -> Result<String> {
     Ok(full)
 }
 
-/// How a JSON value compares with what `json_extract` returns.
-fn sql_value(v: &serde_json::Value) -> Result<rusqlite::types::Value> {
-    use rusqlite::types::Value;
-    Ok(match v {
-        serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Integer(i64::from(*b)),
-        serde_json::Value::Number(n) => match n.as_i64() {
-            Some(i) => Value::Integer(i),
-            None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        serde_json::Value::String(s) => Value::Text(s.clone()),
-        other => Value::Text(other.to_string()),
-    })
-}
-
 fn check_limit(limit: usize) -> Result<()> {
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(Error::invalid(
@@ -259,7 +243,7 @@ fn check_limit(limit: usize) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn find_runs(conn: &Connection, f: &RunFilter) -> Result<RunPage> {
+pub(crate) fn find_runs<C: Work + ?Sized>(conn: &C, f: &RunFilter) -> Result<RunPage> {
     check_limit(f.limit)?;
     for (field, v) in [
         ("action", &f.action),
@@ -271,22 +255,22 @@ pub(crate) fn find_runs(conn: &Connection, f: &RunFilter) -> Result<RunPage> {
         }
     }
     let input = match &f.input {
-        Some((path, value)) => Some((json_path(path)?, sql_value(value)?)),
+        Some((path, value)) => Some((json_path(path)?, value)),
         None => None,
     };
     let before = match f.before {
         Some(b) => b,
-        None => runs::end(conn)?,
+        None => Inspect::runs_end(conn)?,
     };
-    let (rows, next) = runs::find(
+    let (rows, next) = Inspect::find_runs(
         conn,
-        &runs::Find {
+        &RunFind {
             state: f.state.map(RunState::as_str),
             action: f.action.as_deref(),
             rule: f.rule.as_deref(),
             workspace: f.workspace.as_deref(),
             scope: f.scope.as_deref(),
-            input: input.as_ref().map(|(p, v)| (p.as_str(), v.clone())),
+            input: input.as_ref().map(|(p, v)| (p.as_str(), *v)),
             before,
             limit: f.limit,
             window: SCAN_WINDOW as i64,
@@ -313,15 +297,15 @@ pub struct RunDetail {
     pub emitted: Vec<Event>,
 }
 
-pub(crate) fn run_detail(conn: &Connection, id: &str) -> Result<Option<RunDetail>> {
+pub(crate) fn run_detail<C: Work + ?Sized>(conn: &C, id: &str) -> Result<Option<RunDetail>> {
     let Some(row) = Runs::get(conn, id)? else {
         return Ok(None);
     };
     let event = match (&row.workspace, &row.event_id) {
-        (Some(ws), Some(event_id)) => events::by_id(conn, ws, event_id)?,
+        (Some(ws), Some(event_id)) => Events::by_id(conn, ws, event_id)?,
         _ => None,
     };
-    let emitted = events::with_id_prefix(conn, &format!("{id}/"), MAX_PAGE)?;
+    let emitted = Inspect::events_with_id_prefix(conn, &format!("{id}/"), MAX_PAGE)?;
     Ok(Some(RunDetail {
         run: RunInfo::from_row(row)?,
         event,
@@ -421,9 +405,9 @@ pub struct BlockedLane {
 
 /// The blocked lanes, most recently blocked first, at most `limit`
 /// (1 to [`MAX_PAGE`]).
-pub(crate) fn blocked_lanes(conn: &Connection, limit: usize) -> Result<Vec<BlockedLane>> {
+pub(crate) fn blocked_lanes<C: Work + ?Sized>(conn: &C, limit: usize) -> Result<Vec<BlockedLane>> {
     check_limit(limit)?;
-    Ok(runs::blocked_lanes(conn, limit)?
+    Ok(Inspect::blocked_lanes(conn, limit)?
         .into_iter()
         .map(|(lane, head, rule, scope, last_error, since)| {
             // The lane is "<rule> <scope>"; names hold no spaces. The run's
@@ -450,7 +434,10 @@ pub struct DeadLetterPage {
     pub next: Option<i64>,
 }
 
-pub(crate) fn find_dead_letters(conn: &Connection, f: &DeadLetterFilter) -> Result<DeadLetterPage> {
+pub(crate) fn find_dead_letters<C: Work + ?Sized>(
+    conn: &C,
+    f: &DeadLetterFilter,
+) -> Result<DeadLetterPage> {
     check_limit(f.limit)?;
     if let Some(c) = &f.consumer {
         names::check_name("consumer", c)?;
@@ -463,9 +450,9 @@ pub(crate) fn find_dead_letters(conn: &Connection, f: &DeadLetterFilter) -> Resu
     }
     let before = match f.before {
         Some(b) => b,
-        None => dead_letters::end(conn)?,
+        None => Inspect::dead_letters_end(conn)?,
     };
-    let (dead_letters, next) = dead_letters::find(
+    let (dead_letters, next) = Inspect::find_dead_letters(
         conn,
         &dead_letters::Find {
             kind: f.kind,
@@ -484,24 +471,24 @@ pub(crate) fn find_dead_letters(conn: &Connection, f: &DeadLetterFilter) -> Resu
 /// Runs whose state (or claim, or due time) changed after `after` — an
 /// `(updated_at, position)` pair — in the order they changed, at most
 /// `limit`: a feed of run changes.
-pub(crate) fn runs_changed(
-    conn: &Connection,
+pub(crate) fn runs_changed<C: Work + ?Sized>(
+    conn: &C,
     after: (i64, i64),
     limit: usize,
 ) -> Result<Vec<RunInfo>> {
     check_limit(limit)?;
-    runs::changed_after(conn, after, limit)?
+    Inspect::runs_changed_after(conn, after, limit)?
         .into_iter()
         .map(RunInfo::from_row)
         .collect()
 }
 
 /// Dead letters (open or not) with an id after `after`, oldest first.
-pub(crate) fn dead_letters_after(
-    conn: &Connection,
+pub(crate) fn dead_letters_after<C: Work + ?Sized>(
+    conn: &C,
     after: i64,
     limit: usize,
 ) -> Result<Vec<DeadLetter>> {
     check_limit(limit)?;
-    dead_letters::list(conn, true, after, limit as i64)
+    crate::store::backend::DeadLetters::list(conn, true, after, limit as i64)
 }

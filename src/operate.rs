@@ -520,10 +520,10 @@ pub const MAX_BULK: usize = 1_000;
 /// Runs `one` for each id in a savepoint of its own: an id that cannot be
 /// acted on (the error is the thing's, not the file's) is skipped and said
 /// why; the others go ahead, all in the caller's transaction.
-pub(crate) fn bulk<I: ToString>(
-    tx: &mut crate::tx::Tx<'_>,
+pub(crate) fn bulk<B: crate::store::backend::Store, I: ToString>(
+    tx: &mut crate::tx::Tx<'_, B>,
     ids: &[I],
-    mut one: impl FnMut(&rusqlite::Connection, i64, &I) -> Result<()>,
+    mut one: impl FnMut(&B::Conn, i64, &I) -> Result<()>,
 ) -> Result<Bulk> {
     if ids.len() > MAX_BULK {
         return Err(Error::invalid(
@@ -533,7 +533,7 @@ pub(crate) fn bulk<I: ToString>(
     }
     let mut out = Bulk::default();
     for id in ids {
-        let done = tx.nested(|tx| one(tx.conn(), tx.now_ms(), id));
+        let done = tx.nested(|tx| one(tx.core(), tx.now_ms(), id));
         match done {
             Ok(()) => out.done.push(id.to_string()),
             Err(e) if e.dooms_transaction() => return Err(e),
@@ -558,8 +558,8 @@ const MATCH_PAGES: usize = 100;
 
 /// The dead runs `filter` matches, at most `max` (its state must be unset or
 /// dead; its limit and cursor are the search's own).
-pub(crate) fn matching_dead_runs(
-    conn: &Connection,
+pub(crate) fn matching_dead_runs<C: Work + ?Sized>(
+    conn: &C,
     filter: &crate::inspect::RunFilter,
     max: usize,
 ) -> Result<Matches<String>> {
@@ -588,8 +588,8 @@ pub(crate) fn matching_dead_runs(
 }
 
 /// The open dead letters `filter` matches, at most `max`.
-pub(crate) fn matching_dead_letters(
-    conn: &Connection,
+pub(crate) fn matching_dead_letters<C: Work + ?Sized>(
+    conn: &C,
     filter: &crate::inspect::DeadLetterFilter,
     max: usize,
 ) -> Result<Matches<i64>> {

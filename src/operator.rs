@@ -190,31 +190,6 @@ impl<B: Backend> Operator<'_, B> {
         self.engine
             .write(|tx| operate::delete_rule(tx.core(), tx.now_ms(), name, op, why))
     }
-}
-
-impl Operator<'_, Sqlite> {
-    /// Removes a follower from the ledger, with its cursor (its dead letters
-    /// stay).
-    pub fn unfollow(&self, name: &str) -> Result<()> {
-        let (op, why) = self.who();
-        self.engine
-            .write(|tx| operate::unfollow(tx.conn(), tx.now_ms(), name, op, why))
-    }
-
-    /// Lets a stopped follower start again at its cursor (after the
-    /// configuration that stopped it was mended), whichever process runs it:
-    /// the request is recorded in the ledger, and the engine relaying for the
-    /// follower picks it up at its next turn (this one at once).
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] for a follower the ledger does not have.
-    pub fn restart_follower(&self, name: &str) -> Result<()> {
-        let (op, why) = self.who();
-        self.engine
-            .write(|tx| operate::restart_follower(tx.conn(), tx.now_ms(), name, op, why))?;
-        self.engine.unstop_follower(name);
-        Ok(())
-    }
 
     /// Retries these dead runs, each as [`Operator::retry_run`], in one
     /// transaction; an id that is not a dead run is skipped and said why.
@@ -263,6 +238,31 @@ impl Operator<'_, Sqlite> {
                 operate::discard_dead_letter(c, now, *id, op, why)
             })
         })
+    }
+}
+
+impl Operator<'_, Sqlite> {
+    /// Removes a follower from the ledger, with its cursor (its dead letters
+    /// stay).
+    pub fn unfollow(&self, name: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::unfollow(tx.conn(), tx.now_ms(), name, op, why))
+    }
+
+    /// Lets a stopped follower start again at its cursor (after the
+    /// configuration that stopped it was mended), whichever process runs it:
+    /// the request is recorded in the ledger, and the engine relaying for the
+    /// follower picks it up at its next turn (this one at once).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a follower the ledger does not have.
+    pub fn restart_follower(&self, name: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| operate::restart_follower(tx.conn(), tx.now_ms(), name, op, why))?;
+        self.engine.unstop_follower(name);
+        Ok(())
     }
 
     /// Prunes as [`Engine::prune`] does, and records it (what was asked and

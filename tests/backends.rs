@@ -13,9 +13,9 @@ use std::time::Duration;
 use common::backend::TestBackend;
 use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired};
 use reflexr::{
-    ActionConfig, ChannelPolicy, Counter, Decision, Delivery, Engine, Enqueue, Error, Job,
-    ManualClock, Missed, NewEvent, Pausable, Query, RetryPolicy, Rule, RuleReset, RunKind,
-    RunState, Scope, Start, Unique,
+    ActionConfig, ChannelPolicy, Counter, DeadLetterFilter, Decision, Delivery, Engine, Enqueue,
+    Error, Job, ManualClock, Missed, NewEvent, OnDeadLetter, Pausable, Query, RetryPolicy, Rule,
+    RuleReset, RunFilter, RunKind, RunState, Scope, Start, Unique,
 };
 use serde_json::{Value, json};
 
@@ -74,6 +74,7 @@ on_backends!(
     pausing_an_action_rule_or_reaction_stops_it_where_it_stands_until_resumed,
     an_operator_cancels_retries_and_discards_runs_and_their_dead_letters_on_the_record,
     an_operator_replays_a_rule_and_nothing_is_made_twice,
+    an_operator_finds_runs_events_and_dead_letters_by_filter_and_acts_on_them_in_bulk,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -1594,4 +1595,94 @@ fn an_operator_replays_a_rule_and_nothing_is_made_twice<B: TestBackend>() {
     assert_eq!(e.runs(None, 100).unwrap().len(), 4);
     assert_eq!(e.stats().unwrap().counter(Counter::ReplayExisting), 4);
     assert_eq!(e.audit_log(5).unwrap()[0].action.to_string(), "reset_rule");
+}
+
+/// The operators' view on every backend: events by subject, runs by state,
+/// action and input, a run with the event that fired it and what it
+/// emitted, the scopes blocked behind a dead run, dead letters by filter,
+/// the feeds of changes; and a bulk retry of what a filter matched, which
+/// unblocks nothing by itself (the dead run's scope goes on once it
+/// succeeds).
+fn an_operator_finds_runs_events_and_dead_letters_by_filter_and_acts_on_them_in_bulk<
+    B: TestBackend,
+>() {
+    let (_place, _clock, e) = setup::<B>();
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let f = Arc::clone(&fail);
+    e.register_action("ship", move |run, ctx| {
+        if f.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("the carrier is down".into());
+        }
+        let p: Value = run.input()?;
+        let id = p["id"].as_str().unwrap().to_string();
+        ctx.emit(
+            "shipped",
+            NewEvent::new("thing.gone", format!("thing/{id}"), "shipper", 3_000),
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    e.register_rule(
+        Rule::new("shipper", "app")
+            .on(["thing.made"])
+            .scope(Scope::payload("id"))
+            .action("ship")
+            .retry(RetryPolicy::attempts(1))
+            .on_dead_letter(OnDeadLetter::Block)
+            .decide(|ev| Ok(Decision::fire(&ev.payload::<Value>()?))),
+    )
+    .unwrap();
+    for id in ["a", "b", "c"] {
+        e.append("app", &made(id)).unwrap();
+    }
+    e.append("app", &made("a")).unwrap(); // a second of scope a, behind its first
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.fired, idle.dead), (4, 3));
+
+    let page = e
+        .events_page(&Query::new("app").subject("thing/b"))
+        .unwrap();
+    let types: Vec<&str> = page.events.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(types, ["thing.made", "RuleFired"]);
+    let dead = e
+        .find_runs(&RunFilter::new().state(RunState::Dead).action("ship"))
+        .unwrap();
+    assert_eq!(dead.runs.len(), 3);
+    let of_b = e
+        .find_runs(&RunFilter::new().input("id", json!("b")))
+        .unwrap();
+    assert_eq!(of_b.runs.len(), 1);
+    let detail = e.run_detail(&of_b.runs[0].id).unwrap().unwrap();
+    assert_eq!(detail.event.unwrap().subject, "thing/b");
+    assert!(detail.emitted.is_empty());
+    let blocked = e.blocked_lanes(10).unwrap();
+    let mut scopes: Vec<String> = blocked.iter().map(|b| b.scope.clone()).collect();
+    scopes.sort();
+    assert_eq!(scopes, ["a", "b", "c"]);
+    let letters = e
+        .find_dead_letters(&DeadLetterFilter::new().consumer("shipper"))
+        .unwrap();
+    assert_eq!(letters.dead_letters.len(), 3);
+    assert_eq!(e.runs_changed((0, 0), 100).unwrap().len(), 4);
+    assert_eq!(e.dead_letters_after(0, 100).unwrap().len(), 3);
+
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let matches = e.matching_dead_runs(&RunFilter::new(), 10).unwrap();
+    assert_eq!((matches.ids.len(), matches.more), (3, false));
+    let ops = e.operator("ops", "the carrier is back");
+    let mut ids = matches.ids.clone();
+    ids.push("no-such-run".into());
+    let bulk = ops.retry_runs(&ids).unwrap();
+    assert_eq!((bulk.done.len(), bulk.skipped.len()), (3, 1));
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(idle.succeeded, 4, "the three, then scope a's second");
+    let detail = e.run_detail(&of_b.runs[0].id).unwrap().unwrap();
+    assert_eq!(detail.emitted.len(), 1, "what it emitted, by its id");
+    assert!(e.blocked_lanes(10).unwrap().is_empty());
+    assert!(
+        e.find_dead_letters(&DeadLetterFilter::new())
+            .unwrap()
+            .dead_letters
+            .is_empty()
+    );
 }

@@ -223,6 +223,57 @@ pub trait Schedules {
     ) -> Result<bool>;
 }
 
+/// Which runs to find (`inspect::find_runs`), as every backend takes it:
+/// each field set must match; newest first, among the `window` positions
+/// below `before`.
+pub struct RunFind<'a> {
+    pub state: Option<&'a str>,
+    pub action: Option<&'a str>,
+    pub rule: Option<&'a str>,
+    pub workspace: Option<&'a str>,
+    pub scope: Option<&'a str>,
+    /// A JSON path of the input and the value it must hold.
+    pub input: Option<(&'a str, &'a serde_json::Value)>,
+    pub before: i64,
+    pub limit: usize,
+    pub window: i64,
+}
+
+/// What operators look for (`inspect`): bounded pages of events, runs and
+/// dead letters by filter, and feeds of what changed.
+pub trait Inspect {
+    /// Events of the workspace after `after` matching `types` (all when
+    /// empty) and `subject`, at most `limit`, among at most `window` events;
+    /// and the seq to go on after (None: the end of the log).
+    #[allow(clippy::too_many_arguments)]
+    fn scan_events(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        subject: Option<&str>,
+        limit: usize,
+        window: usize,
+    ) -> Result<(Vec<Event>, Option<i64>)>;
+    /// Events (of any workspace) whose id starts with `prefix`, in seq order.
+    fn events_with_id_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<Event>>;
+    /// One past the newest run's position.
+    fn runs_end(&self) -> Result<i64>;
+    /// Runs matching `f`, newest first, and the position to go on below.
+    fn find_runs(&self, f: &RunFind<'_>) -> Result<(Vec<RunRow>, Option<i64>)>;
+    /// Runs changed after `(updated_at, position)`, in the order they changed.
+    fn runs_changed_after(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunRow>>;
+    /// The blocked lanes, most recently blocked first.
+    fn blocked_lanes(&self, limit: usize) -> Result<Vec<runs::BlockedRow>>;
+    /// One past the newest dead letter's id.
+    fn dead_letters_end(&self) -> Result<i64>;
+    /// Dead letters matching `f`, newest first, and the id to go on below.
+    fn find_dead_letters(
+        &self,
+        f: &dead_letters::Find<'_>,
+    ) -> Result<(Vec<DeadLetter>, Option<i64>)>;
+}
+
 /// `reflexr_audit`, the record of what operators did.
 pub trait Audit {
     fn record(&self, entry: &audit::Entry<'_>) -> Result<()>;
@@ -483,11 +534,20 @@ pub trait DeadLetters {
 
 /// What the work layer (rules, runs, executors) asks of a connection.
 pub trait Work:
-    Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + Schedules
+    Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + Schedules + Inspect
 {
 }
-impl<T: Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + Schedules + ?Sized> Work
-    for T
+impl<T> Work for T where
+    T: Core
+        + Runs
+        + RunsMore
+        + Control
+        + Counters
+        + DeadLetters
+        + Rules
+        + Schedules
+        + Inspect
+        + ?Sized
 {
 }
 
@@ -1055,5 +1115,56 @@ impl Schedules for rusqlite::Connection {
         now: i64,
     ) -> Result<bool> {
         schedules::advance(self, name, expected_next, next, last, now)
+    }
+}
+
+impl Inspect for rusqlite::Connection {
+    fn scan_events(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        subject: Option<&str>,
+        limit: usize,
+        window: usize,
+    ) -> Result<(Vec<Event>, Option<i64>)> {
+        events::scan(self, workspace, after, types, subject, limit, window)
+    }
+    fn events_with_id_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<Event>> {
+        events::with_id_prefix(self, prefix, limit)
+    }
+    fn runs_end(&self) -> Result<i64> {
+        runs::end(self)
+    }
+    fn find_runs(&self, f: &RunFind<'_>) -> Result<(Vec<RunRow>, Option<i64>)> {
+        runs::find(
+            self,
+            &runs::Find {
+                state: f.state,
+                action: f.action,
+                rule: f.rule,
+                workspace: f.workspace,
+                scope: f.scope,
+                input: f.input.map(|(p, v)| (p, runs::sql_value(v))),
+                before: f.before,
+                limit: f.limit,
+                window: f.window,
+            },
+        )
+    }
+    fn runs_changed_after(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunRow>> {
+        runs::changed_after(self, after, limit)
+    }
+    fn blocked_lanes(&self, limit: usize) -> Result<Vec<runs::BlockedRow>> {
+        runs::blocked_lanes(self, limit)
+    }
+    fn dead_letters_end(&self) -> Result<i64> {
+        dead_letters::end(self)
+    }
+    fn find_dead_letters(
+        &self,
+        f: &dead_letters::Find<'_>,
+    ) -> Result<(Vec<DeadLetter>, Option<i64>)> {
+        dead_letters::find(self, f)
     }
 }

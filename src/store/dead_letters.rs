@@ -193,7 +193,7 @@ pub(crate) fn open_counts(conn: &Connection) -> Result<Vec<(DeadLetterKind, i64)
 }
 
 /// What to look for among dead letters, as the store takes it.
-pub(crate) struct Find<'a> {
+pub struct Find<'a> {
     pub kind: Option<DeadLetterKind>,
     pub consumer: Option<&'a str>,
     pub workspace: Option<&'a str>,

@@ -946,7 +946,7 @@ pub(crate) fn advance_lane(conn: &Connection, lane: &str, finished: &str, now: i
 
 /// A blocked lane as the store reads it: the lane, its head run, the head's
 /// rule, scope and last error, and when the lane was blocked.
-pub(crate) type BlockedRow = (
+pub type BlockedRow = (
     String,
     String,
     Option<String>,
@@ -1046,6 +1046,21 @@ pub(crate) fn find(conn: &Connection, f: &Find<'_>) -> Result<(Vec<RunRow>, Opti
 }
 
 /// Runs changed after `(updated_at, ord)`, in that order: at most `limit`.
+/// How a JSON value compares with what `json_extract` returns.
+pub(crate) fn sql_value(v: &serde_json::Value) -> rusqlite::types::Value {
+    use rusqlite::types::Value;
+    match v {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Integer(i64::from(*b)),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Integer(i),
+            None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Value::Text(s.clone()),
+        other => Value::Text(other.to_string()),
+    }
+}
+
 pub(crate) fn changed_after(
     conn: &Connection,
     after: (i64, i64),

@@ -431,10 +431,10 @@ impl PgConn {
     }
 }
 
-const DEAD_LETTER_COLUMNS: &str = "id, kind, consumer, workspace, event_seq, event_id, run_id, \
+pub(super) const DEAD_LETTER_COLUMNS: &str = "id, kind, consumer, workspace, event_seq, event_id, run_id, \
                                    reason, error, attempts, created_at, resolved_at, resolution";
 
-fn dead_letter_from(r: &Row) -> Result<DeadLetter> {
+pub(super) fn dead_letter_from(r: &Row) -> Result<DeadLetter> {
     Ok(DeadLetter {
         id: col(r, 0)?,
         kind: col::<String>(r, 1)?.parse()?,

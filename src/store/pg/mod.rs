@@ -25,6 +25,7 @@
 
 mod control;
 mod guard;
+mod inspect;
 mod rules;
 mod runs;
 pub(crate) mod schema;

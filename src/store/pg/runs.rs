@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::store::backend::{Runs, RunsMore};
 use crate::store::runs::{self, COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY};
 
-fn run_from(r: &Row) -> Result<RunRow> {
+pub(super) fn run_from(r: &Row) -> Result<RunRow> {
     Ok(RunRow {
         ord: col(r, 0)?,
         id: col(r, 1)?,

@@ -12,7 +12,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 6;
+pub(crate) const SCHEMA_VERSION: i32 = 7;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
@@ -25,10 +25,19 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (4, MIGRATE_TO_4),
     (5, MIGRATE_TO_5),
     (6, MIGRATE_TO_6),
+    (7, MIGRATE_TO_7),
 ];
 
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 7: an index on event ids by prefix, whatever the database's
+/// collation (an operator's view of a run finds the events it emitted,
+/// `<run id>/<key>`, through it).
+const MIGRATE_TO_7: &str = "
+CREATE INDEX reflexr_events_id_prefix ON reflexr_events (id text_pattern_ops);
+INSERT INTO reflexr_schema_version (version) VALUES (7);
+";
 
 /// Version 6: scheduled jobs, as in `schema.sql`.
 const MIGRATE_TO_6: &str = "
