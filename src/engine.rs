@@ -23,7 +23,7 @@ use crate::lease::{self, Lease, LeaseInfo};
 use crate::names;
 use crate::notify::Subscription;
 use crate::operate::{self, MAX_BULK, Matches, RuleInfo};
-use crate::prune::{self, Pruned, Retention};
+use crate::prune::{Pruned, Retention};
 use crate::reaction::{self, Reaction};
 use crate::rule::Rule;
 use crate::run::{Run, RunContext, RunInfo, RunState};
@@ -97,32 +97,12 @@ impl<B: Backend> std::fmt::Debug for Engine<B> {
 /// What PostgreSQL does besides (feature `postgres`).
 #[cfg(feature = "postgres")]
 impl Engine<Postgres> {
-    /// Deletes what `retention` allows, in batches of short transactions:
-    /// events every cursor on their workspace has passed and older than
-    /// the retention (invariant 9), runs that succeeded or were discarded
-    /// longer ago, and the control tables' ended rows. Set
-    /// `PostgresBuilder::retention` to have the loop do it every ten
-    /// minutes, or call this from a job of your own.
-    pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
-        prune::prune_postgres(&self.cx.db, retention, &mut |_| {})
-    }
-
     /// Runs `f` on a read-only transaction of its own, for the
     /// application's own queries (`Tx::query`) and the engine's reads
     /// (`Tx::read`, `Tx::cursor`): what SQLite's `with_reader` is on a
     /// file. A write in it fails with [`Error::ReadOnly`].
     pub fn with_reader<T>(&self, f: impl FnMut(&Tx<'_, Postgres>) -> Result<T>) -> Result<T> {
         self.cx.db.with_reader(f)
-    }
-
-    /// [`Engine::prune`] on PostgreSQL, calling `progress` with the running
-    /// totals after every batch.
-    pub fn prune_with_progress(
-        &self,
-        retention: &Retention,
-        mut progress: impl FnMut(Pruned),
-    ) -> Result<Pruned> {
-        prune::prune_postgres(&self.cx.db, retention, &mut progress)
     }
 }
 
@@ -664,6 +644,40 @@ impl<B: Backend> Engine<B> {
             .read_with(&mut |c| operate::matching_dead_letters(c, filter, max.min(MAX_BULK)))
     }
 
+    /// The followers in the ledger, with their cursors and counters
+    /// (published, dead letters, stops).
+    pub fn followed(&self) -> Result<Vec<FollowerInfo>> {
+        B::followers(&self.cx)
+    }
+
+    /// Deletes events every cursor has passed and finished work, older than
+    /// `retention` (see [`Retention`]), in short batches. Reports what it
+    /// removed.
+    pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
+        B::prune_with(&self.cx, retention, &mut |_| {})
+    }
+
+    /// [`Engine::prune`], calling `progress` with the running totals after
+    /// every batch (for a progress bar).
+    pub fn prune_with_progress(
+        &self,
+        retention: &Retention,
+        mut progress: impl FnMut(Pruned),
+    ) -> Result<Pruned> {
+        B::prune_with(&self.cx, retention, &mut progress)
+    }
+
+    /// Has `service` stop with the engine.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn add_service(&self, service: Arc<dyn crate::runtime::Service>) {
+        self.cx.add_service(&service);
+    }
+
+    /// The runtime context every handle shares.
+    pub(crate) fn context(&self) -> &Context<B> {
+        &self.cx
+    }
+
     /// Registers the handler of an action: what runs when a rule with this
     /// action fires. This process's executors claim only runs of actions it
     /// has registered. The handler runs at least once per run (invariant 5):
@@ -744,18 +758,6 @@ impl<B: Backend> Engine<B> {
 }
 
 impl Engine<Sqlite> {
-    /// Has `service` stop with the engine.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
-    pub(crate) fn add_service(&self, service: Arc<dyn crate::runtime::Service>) {
-        self.cx.add_service(&service);
-    }
-
-    /// Lets a follower stopped in this engine go on at once.
-    pub(crate) fn unstop_follower(&self, name: &str) {
-        self.cx.unstop_follower(name);
-        self.cx.db.nudge();
-    }
-
     /// The file this engine opened.
     pub fn path(&self) -> &Path {
         self.cx.db.path()
@@ -791,23 +793,6 @@ impl Engine<Sqlite> {
     // ----- runs and dead letters ------------------------------------------
 
     // ----- the jobs loop: reactions, channels, scheduled jobs, pruning ------
-
-    /// Deletes events every cursor has passed and finished work, older than
-    /// `retention` (see [`Retention`]), in short batches. Reports what it
-    /// removed.
-    pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
-        prune::prune(&self.cx.db, retention, &mut |_| {})
-    }
-
-    /// [`Engine::prune`], calling `progress` with the running totals after
-    /// every batch (for a progress bar).
-    pub fn prune_with_progress(
-        &self,
-        retention: &Retention,
-        mut progress: impl FnMut(Pruned),
-    ) -> Result<Pruned> {
-        prune::prune(&self.cx.db, retention, &mut progress)
-    }
 
     // ----- followers ------------------------------------------------------
 
@@ -870,12 +855,6 @@ impl Engine<Sqlite> {
         self.cx.register_pg_target(name, config);
         self.cx.db.nudge();
         Ok(())
-    }
-
-    /// The followers in the ledger, with their cursors and counters
-    /// (published, dead letters, stops).
-    pub fn followed(&self) -> Result<Vec<FollowerInfo>> {
-        Sqlite::followers(&self.cx)
     }
 
     // ----- maintenance ------------------------------------------------------

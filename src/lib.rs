@@ -41,9 +41,10 @@
 //! processes on several machines, with the methods every [`Backend`] has
 //! (workspaces, writes with the application's own SQL, appends, reads,
 //! cursors, leases, rules, actions and runs, reactions, deliveries,
-//! scheduled jobs, the threads and the drain), and as the hub an edge's
-//! followers relay into (`Follow::to_postgres`). The README's "Scaling
-//! out" says what is there and what is not yet.
+//! scheduled jobs, the threads and the drain, operators, stats, the
+//! administration server and MCP), and as the hub an edge's followers relay
+//! into (`Follow::to_postgres`). The README's "Scaling out" says what is
+//! there and what is not yet.
 //!
 //! The README describes the design, its guarantees and the tests that prove
 //! them; `docs/ARCHITECTURE.md` the layers the modules stand in; the schema

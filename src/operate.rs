@@ -612,8 +612,8 @@ pub(crate) fn matching_dead_letters<C: Work + ?Sized>(
 }
 
 /// Records a prune an operator asked for, with what it removed.
-pub(crate) fn record_prune(
-    conn: &Connection,
+pub(crate) fn record_prune<C: Audit + ?Sized>(
+    conn: &C,
     now: i64,
     retention: &crate::prune::Retention,
     pruned: &crate::prune::Pruned,

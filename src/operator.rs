@@ -239,15 +239,12 @@ impl<B: Backend> Operator<'_, B> {
             })
         })
     }
-}
 
-impl Operator<'_, Sqlite> {
     /// Removes a follower from the ledger, with its cursor (its dead letters
     /// stay).
     pub fn unfollow(&self, name: &str) -> Result<()> {
         let (op, why) = self.who();
-        self.engine
-            .write(|tx| operate::unfollow(tx.conn(), tx.now_ms(), name, op, why))
+        B::unfollow(self.engine.context(), name, op, why)
     }
 
     /// Lets a stopped follower start again at its cursor (after the
@@ -259,10 +256,7 @@ impl Operator<'_, Sqlite> {
     /// [`Error::NotFound`] for a follower the ledger does not have.
     pub fn restart_follower(&self, name: &str) -> Result<()> {
         let (op, why) = self.who();
-        self.engine
-            .write(|tx| operate::restart_follower(tx.conn(), tx.now_ms(), name, op, why))?;
-        self.engine.unstop_follower(name);
-        Ok(())
+        B::restart_follower(self.engine.context(), name, op, why)
     }
 
     /// Prunes as [`Engine::prune`] does, and records it (what was asked and
@@ -282,7 +276,7 @@ impl Operator<'_, Sqlite> {
         operate::check_operator(op, why)?;
         let pruned = self.engine.prune_with_progress(retention, progress)?;
         self.engine.write(|tx| {
-            operate::record_prune(tx.conn(), tx.now_ms(), retention, &pruned, op, why)
+            operate::record_prune(tx.core(), tx.now_ms(), retention, &pruned, op, why)
         })?;
         Ok(pruned)
     }

@@ -61,10 +61,10 @@ use crate::{follow, reaction, schedule};
 /// Every backend has the methods of `impl<B: Backend> Engine<B>`
 /// (workspaces, writes with the application's own SQL, appends, reads,
 /// cursors, leases, waiting for commits, rules, actions and their runs,
-/// deliveries, reactions, scheduled jobs, and the threads that run them);
-/// the rest of [`crate::Engine`]'s methods (followers, operators' views)
-/// are SQLite's for now, and come to PostgreSQL as its store grows
-/// (issue 19).
+/// deliveries, reactions, scheduled jobs, the threads that run them, the
+/// operators' view and interventions, stats, the administration server and
+/// MCP); the rest of [`crate::Engine`]'s methods (followers reading a
+/// file, the file's own maintenance) are SQLite's.
 pub trait Backend: Database {
     /// Ends the engine when its last handle goes: its threads stopped,
     /// its leases released, its connections closed.
@@ -75,9 +75,21 @@ pub trait Backend: Database {
     /// One batch of every follower (see `follow_step`).
     #[doc(hidden)]
     fn follow_step(cx: &Context<Self>) -> Result<usize>;
-    /// Prunes what `retention` allows, from the loop (see `Engine::prune`).
+    /// Prunes what `retention` allows (see `Engine::prune`), calling
+    /// `progress` after every batch.
     #[doc(hidden)]
-    fn auto_prune(cx: &Context<Self>, retention: &Retention) -> Result<prune::Pruned>;
+    fn prune_with(
+        cx: &Context<Self>,
+        retention: &Retention,
+        progress: &mut dyn FnMut(prune::Pruned),
+    ) -> Result<prune::Pruned>;
+    /// Removes a follower from the ledger (see `Operator::unfollow`).
+    #[doc(hidden)]
+    fn unfollow(cx: &Context<Self>, name: &str, op: &str, why: &str) -> Result<()>;
+    /// Asks a stopped follower to start again (see
+    /// `Operator::restart_follower`).
+    #[doc(hidden)]
+    fn restart_follower(cx: &Context<Self>, name: &str, op: &str, why: &str) -> Result<()>;
     /// The followers reading this database (see `Engine::followed`).
     #[doc(hidden)]
     fn followers(cx: &Context<Self>) -> Result<Vec<crate::follow::FollowerInfo>>;
@@ -93,8 +105,23 @@ impl Backend for Sqlite {
     fn follow_step(cx: &Context) -> Result<usize> {
         follow_step(cx)
     }
-    fn auto_prune(cx: &Context, retention: &Retention) -> Result<prune::Pruned> {
-        prune::prune(&cx.db, retention, &mut |_| {})
+    fn prune_with(
+        cx: &Context,
+        retention: &Retention,
+        progress: &mut dyn FnMut(prune::Pruned),
+    ) -> Result<prune::Pruned> {
+        prune::prune(&cx.db, retention, progress)
+    }
+    fn unfollow(cx: &Context, name: &str, op: &str, why: &str) -> Result<()> {
+        cx.db
+            .write(|tx| crate::operate::unfollow(tx.conn(), tx.now_ms(), name, op, why))
+    }
+    fn restart_follower(cx: &Context, name: &str, op: &str, why: &str) -> Result<()> {
+        cx.db
+            .write(|tx| crate::operate::restart_follower(tx.conn(), tx.now_ms(), name, op, why))?;
+        cx.unstop_follower(name);
+        cx.db.nudge();
+        Ok(())
     }
     fn followers(cx: &Context) -> Result<Vec<crate::follow::FollowerInfo>> {
         let stopped = cx.stopped_followers();
@@ -117,11 +144,29 @@ impl Backend for crate::store::backend::Postgres {
     fn follow_step(_: &Context<crate::store::backend::Postgres>) -> Result<usize> {
         Ok(0)
     }
-    fn auto_prune(
+    fn prune_with(
         cx: &Context<crate::store::backend::Postgres>,
         retention: &Retention,
+        progress: &mut dyn FnMut(prune::Pruned),
     ) -> Result<prune::Pruned> {
-        prune::prune_postgres(&cx.db, retention, &mut |_| {})
+        prune::prune_postgres(&cx.db, retention, progress)
+    }
+    /// No follower reads a PostgreSQL database: none is in its ledger.
+    fn unfollow(
+        _: &Context<crate::store::backend::Postgres>,
+        name: &str,
+        _: &str,
+        _: &str,
+    ) -> Result<()> {
+        Err(Error::not_found("follower", name))
+    }
+    fn restart_follower(
+        _: &Context<crate::store::backend::Postgres>,
+        name: &str,
+        _: &str,
+        _: &str,
+    ) -> Result<()> {
+        Err(Error::not_found("follower", name))
     }
     fn followers(
         _: &Context<crate::store::backend::Postgres>,
@@ -630,7 +675,7 @@ pub(crate) fn loop_step<B: Backend>(cx: &Context<B>) -> Result<LoopPass> {
             due
         };
         if due {
-            let pruned = B::auto_prune(cx, &retention)?;
+            let pruned = B::prune_with(cx, &retention, &mut |_| {})?;
             if pruned != prune::Pruned::default() {
                 log::info!("pruned {pruned:?}");
             }

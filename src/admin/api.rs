@@ -18,6 +18,7 @@ use crate::event::Query;
 use crate::inspect::{DeadLetterFilter, MAX_PAGE, RunFilter, RunFilterSpec};
 use crate::prune::Retention;
 use crate::run::RunState;
+use crate::runtime::Backend;
 
 /// The OpenAPI 3.1 document of these routes (a test checks they agree).
 pub(crate) const OPENAPI: &str = include_str!("../../docs/openapi.json");
@@ -77,17 +78,17 @@ impl From<Error> for ApiError {
 }
 
 type Outcome = Result<Response, ApiError>;
-type Handler = fn(&Ctx<'_>) -> Outcome;
+type Handler<B> = fn(&Ctx<'_, B>) -> Outcome;
 
 /// What a handler has: the engine, the request, its path's parameters.
-pub(crate) struct Ctx<'a> {
-    pub server: &'a Server,
+pub(crate) struct Ctx<'a, B: Backend> {
+    pub server: &'a Server<B>,
     pub req: &'a Request,
     params: Vec<(&'static str, String)>,
 }
 
-impl Ctx<'_> {
-    fn engine(&self) -> &Engine {
+impl<B: Backend> Ctx<'_, B> {
+    fn engine(&self) -> &Engine<B> {
         &self.server.engine
     }
 
@@ -103,15 +104,15 @@ impl Ctx<'_> {
 
 /// A route: its method and path (`{name}` for a segment), whether it
 /// changes anything, and whether it needs the token.
-pub(crate) struct Route {
+pub(crate) struct Route<B: Backend> {
     pub method: &'static str,
     pub path: &'static str,
     pub mutating: bool,
     pub public: bool,
-    handler: Handler,
+    handler: Handler<B>,
 }
 
-const fn get(path: &'static str, handler: Handler) -> Route {
+fn get<B: Backend>(path: &'static str, handler: Handler<B>) -> Route<B> {
     Route {
         method: "GET",
         path,
@@ -121,7 +122,7 @@ const fn get(path: &'static str, handler: Handler) -> Route {
     }
 }
 
-const fn post(path: &'static str, handler: Handler) -> Route {
+fn post<B: Backend>(path: &'static str, handler: Handler<B>) -> Route<B> {
     Route {
         method: "POST",
         path,
@@ -133,64 +134,66 @@ const fn post(path: &'static str, handler: Handler) -> Route {
 
 /// Every route. The stream (`GET /api/v1/stream`, a WebSocket upgrade) is
 /// answered before routing; a plain GET of it is told to upgrade.
-pub(crate) const ROUTES: &[Route] = &[
-    Route {
-        public: true,
-        ..get("/healthz", healthz)
-    },
-    Route {
-        public: true,
-        ..get("/", console_index)
-    },
-    Route {
-        public: true,
-        ..get("/console/{file}", console_file)
-    },
-    get("/metrics", metrics),
-    get("/api/v1/openapi.json", openapi),
-    get("/api/v1/stream", stream_without_upgrade),
-    get("/api/v1/status", status),
-    get("/api/v1/stats", stats),
-    get("/api/v1/workspaces", workspaces),
-    get("/api/v1/workspaces/{workspace}/events", events),
-    get("/api/v1/workspaces/{workspace}/events/{id}", event_by_id),
-    get("/api/v1/events/{seq}", event_by_seq),
-    get("/api/v1/runs", runs),
-    get("/api/v1/runs/{id}", run),
-    post("/api/v1/runs/{id}/retry", retry_run),
-    post("/api/v1/runs/{id}/discard", discard_run),
-    post("/api/v1/runs/{id}/cancel", cancel_run),
-    post("/api/v1/runs/retry", bulk_retry_runs),
-    post("/api/v1/runs/discard", bulk_discard_runs),
-    get("/api/v1/dead-letters", dead_letters),
-    post("/api/v1/dead-letters/{id}/retry", retry_dead_letter),
-    post("/api/v1/dead-letters/{id}/discard", discard_dead_letter),
-    post("/api/v1/dead-letters/retry", bulk_retry_dead_letters),
-    post("/api/v1/dead-letters/discard", bulk_discard_dead_letters),
-    get("/api/v1/lanes", lanes),
-    get("/api/v1/actions", actions),
-    post("/api/v1/actions/configure", configure_action),
-    post("/api/v1/pause", pause),
-    post("/api/v1/resume", resume),
-    post("/api/v1/lanes/unblock", unblock),
-    post("/api/v1/cursors/reset", reset_cursor),
-    post("/api/v1/prune", prune),
-    get("/api/v1/leases", leases),
-    get("/api/v1/rules", rules),
-    get("/api/v1/rules/{name}", rule),
-    get("/api/v1/rules/{name}/state/{scope}", rule_state),
-    get("/api/v1/reactions", reactions),
-    get("/api/v1/followers", followers),
-    post("/api/v1/followers/{name}/restart", restart_follower),
-    get("/api/v1/schedules", schedules),
-    get("/api/v1/audit", audit),
-    // Not `mutating`: read-only mode hides MCP's mutating tools instead of
-    // refusing the route; the cross-site and JSON checks are the handler's.
-    Route {
-        mutating: false,
-        ..post("/api/v1/mcp", mcp)
-    },
-];
+pub(crate) fn routes<B: Backend>() -> Vec<Route<B>> {
+    vec![
+        Route {
+            public: true,
+            ..get("/healthz", healthz)
+        },
+        Route {
+            public: true,
+            ..get("/", console_index)
+        },
+        Route {
+            public: true,
+            ..get("/console/{file}", console_file)
+        },
+        get("/metrics", metrics),
+        get("/api/v1/openapi.json", openapi),
+        get("/api/v1/stream", stream_without_upgrade),
+        get("/api/v1/status", status),
+        get("/api/v1/stats", stats),
+        get("/api/v1/workspaces", workspaces),
+        get("/api/v1/workspaces/{workspace}/events", events),
+        get("/api/v1/workspaces/{workspace}/events/{id}", event_by_id),
+        get("/api/v1/events/{seq}", event_by_seq),
+        get("/api/v1/runs", runs),
+        get("/api/v1/runs/{id}", run),
+        post("/api/v1/runs/{id}/retry", retry_run),
+        post("/api/v1/runs/{id}/discard", discard_run),
+        post("/api/v1/runs/{id}/cancel", cancel_run),
+        post("/api/v1/runs/retry", bulk_retry_runs),
+        post("/api/v1/runs/discard", bulk_discard_runs),
+        get("/api/v1/dead-letters", dead_letters),
+        post("/api/v1/dead-letters/{id}/retry", retry_dead_letter),
+        post("/api/v1/dead-letters/{id}/discard", discard_dead_letter),
+        post("/api/v1/dead-letters/retry", bulk_retry_dead_letters),
+        post("/api/v1/dead-letters/discard", bulk_discard_dead_letters),
+        get("/api/v1/lanes", lanes),
+        get("/api/v1/actions", actions),
+        post("/api/v1/actions/configure", configure_action),
+        post("/api/v1/pause", pause),
+        post("/api/v1/resume", resume),
+        post("/api/v1/lanes/unblock", unblock),
+        post("/api/v1/cursors/reset", reset_cursor),
+        post("/api/v1/prune", prune),
+        get("/api/v1/leases", leases),
+        get("/api/v1/rules", rules),
+        get("/api/v1/rules/{name}", rule),
+        get("/api/v1/rules/{name}/state/{scope}", rule_state),
+        get("/api/v1/reactions", reactions),
+        get("/api/v1/followers", followers),
+        post("/api/v1/followers/{name}/restart", restart_follower),
+        get("/api/v1/schedules", schedules),
+        get("/api/v1/audit", audit),
+        // Not `mutating`: read-only mode hides MCP's mutating tools instead of
+        // refusing the route; the cross-site and JSON checks are the handler's.
+        Route {
+            mutating: false,
+            ..post("/api/v1/mcp", mcp)
+        },
+    ]
+}
 
 /// The parameters of `path` if it matches `pattern`.
 fn matches(pattern: &'static str, path: &str) -> Option<Vec<(&'static str, String)>> {
@@ -214,17 +217,17 @@ fn matches(pattern: &'static str, path: &str) -> Option<Vec<(&'static str, Strin
 }
 
 /// Answers one request.
-pub(crate) fn handle(server: &Server, req: &Request) -> Response {
+pub(crate) fn handle<B: Backend>(server: &Server<B>, req: &Request) -> Response {
     match route(server, req) {
         Ok(r) => r,
         Err(e) => e.response(),
     }
 }
 
-fn route(server: &Server, req: &Request) -> Outcome {
+fn route<B: Backend>(server: &Server<B>, req: &Request) -> Outcome {
     let mut allowed = Vec::new();
     let mut found = None;
-    for r in ROUTES {
+    for r in &server.routes {
         if let Some(params) = matches(r.path, &req.path) {
             allowed.push(r.method);
             if r.method == req.method || (req.method == "HEAD" && r.method == "GET") {
@@ -260,7 +263,7 @@ fn route(server: &Server, req: &Request) -> Outcome {
 }
 
 /// With a token configured, the request must carry it.
-pub(crate) fn authorise(server: &Server, req: &Request) -> Result<(), ApiError> {
+pub(crate) fn authorise<B: Backend>(server: &Server<B>, req: &Request) -> Result<(), ApiError> {
     let Some(token) = &server.config.token else {
         return Ok(());
     };
@@ -307,7 +310,7 @@ pub(crate) fn same_origin(req: &Request) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn check_mutation(server: &Server, req: &Request) -> Result<(), ApiError> {
+fn check_mutation<B: Backend>(server: &Server<B>, req: &Request) -> Result<(), ApiError> {
     if server.config.read_only {
         return Err(ApiError::new(
             403,
@@ -331,7 +334,7 @@ fn check_mutation(server: &Server, req: &Request) -> Result<(), ApiError> {
 
 // ----- parsing -----------------------------------------------------------
 
-fn body<T: DeserializeOwned>(ctx: &Ctx<'_>) -> Result<T, ApiError> {
+fn body<B: Backend, T: DeserializeOwned>(ctx: &Ctx<'_, B>) -> Result<T, ApiError> {
     if ctx.req.body.is_empty() {
         return Err(ApiError::bad("a JSON body is required"));
     }
@@ -340,7 +343,11 @@ fn body<T: DeserializeOwned>(ctx: &Ctx<'_>) -> Result<T, ApiError> {
 
 /// Refuses query parameters the route does not know (besides the prefixed
 /// ones it takes, e.g. `input.`).
-fn only_params(ctx: &Ctx<'_>, known: &[&str], prefix: Option<&str>) -> Result<(), ApiError> {
+fn only_params<B: Backend>(
+    ctx: &Ctx<'_, B>,
+    known: &[&str],
+    prefix: Option<&str>,
+) -> Result<(), ApiError> {
     for (name, _) in &ctx.req.query {
         let ok = known.contains(&name.as_str())
             || prefix.is_some_and(|p| name.starts_with(p) && name.len() > p.len());
@@ -351,7 +358,7 @@ fn only_params(ctx: &Ctx<'_>, known: &[&str], prefix: Option<&str>) -> Result<()
     Ok(())
 }
 
-fn int_param(ctx: &Ctx<'_>, name: &str) -> Result<Option<i64>, ApiError> {
+fn int_param<B: Backend>(ctx: &Ctx<'_, B>, name: &str) -> Result<Option<i64>, ApiError> {
     ctx.req
         .param(name)
         .map(|v| {
@@ -361,7 +368,7 @@ fn int_param(ctx: &Ctx<'_>, name: &str) -> Result<Option<i64>, ApiError> {
         .transpose()
 }
 
-fn limit_param(ctx: &Ctx<'_>) -> Result<usize, ApiError> {
+fn limit_param<B: Backend>(ctx: &Ctx<'_, B>) -> Result<usize, ApiError> {
     match int_param(ctx, "limit")? {
         None => Ok(100),
         Some(n) if (1..=MAX_PAGE as i64).contains(&n) => Ok(n as usize),
@@ -369,7 +376,7 @@ fn limit_param(ctx: &Ctx<'_>) -> Result<usize, ApiError> {
     }
 }
 
-fn bool_param(ctx: &Ctx<'_>, name: &str) -> Result<bool, ApiError> {
+fn bool_param<B: Backend>(ctx: &Ctx<'_, B>, name: &str) -> Result<bool, ApiError> {
     match ctx.req.param(name) {
         None | Some("false") | Some("0") => Ok(false),
         Some("true") | Some("1") | Some("") => Ok(true),
@@ -377,8 +384,8 @@ fn bool_param(ctx: &Ctx<'_>, name: &str) -> Result<bool, ApiError> {
     }
 }
 
-fn parsed<T: std::str::FromStr<Err = Error>>(
-    ctx: &Ctx<'_>,
+fn parsed<T: std::str::FromStr<Err = Error>, B: Backend>(
+    ctx: &Ctx<'_, B>,
     name: &str,
 ) -> Result<Option<T>, ApiError> {
     ctx.req
@@ -399,20 +406,20 @@ fn query_value(v: &str) -> Value {
 
 // ----- reads ---------------------------------------------------------------
 
-fn console_index(ctx: &Ctx<'_>) -> Outcome {
+fn console_index<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     super::console::serve(ctx.req, "index.html")
 }
 
-fn console_file(ctx: &Ctx<'_>) -> Outcome {
+fn console_file<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     super::console::serve(ctx.req, ctx.path("file"))
 }
 
-fn healthz(ctx: &Ctx<'_>) -> Outcome {
+fn healthz<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let head = ctx.engine().head_seq()?;
     ok(&json!({ "ok": true, "head_seq": head }))
 }
 
-fn metrics(ctx: &Ctx<'_>) -> Outcome {
+fn metrics<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     let text = super::metrics::render(ctx.engine())?;
     Ok(Response {
@@ -425,7 +432,7 @@ fn metrics(ctx: &Ctx<'_>) -> Outcome {
     })
 }
 
-fn openapi(_: &Ctx<'_>) -> Outcome {
+fn openapi<B: Backend>(_: &Ctx<'_, B>) -> Outcome {
     Ok(Response {
         status: 200,
         content_type: "application/json",
@@ -436,7 +443,7 @@ fn openapi(_: &Ctx<'_>) -> Outcome {
     })
 }
 
-fn stream_without_upgrade(_: &Ctx<'_>) -> Outcome {
+fn stream_without_upgrade<B: Backend>(_: &Ctx<'_, B>) -> Outcome {
     Err(ApiError::bad(
         "the stream is a WebSocket: send Upgrade: websocket",
     ))
@@ -451,7 +458,7 @@ fn lease_state(expires_at: i64, now: i64) -> &'static str {
     }
 }
 
-fn leases_json(e: &Engine) -> Result<Vec<Value>, ApiError> {
+fn leases_json<B: Backend>(e: &Engine<B>) -> Result<Vec<Value>, ApiError> {
     let now = e.now_ms();
     e.leases()?
         .into_iter()
@@ -465,7 +472,7 @@ fn leases_json(e: &Engine) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
-fn status(ctx: &Ctx<'_>) -> Outcome {
+fn status<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     let e = ctx.engine();
     let stats = e.stats()?;
@@ -487,17 +494,17 @@ fn status(ctx: &Ctx<'_>) -> Outcome {
     }))
 }
 
-fn stats(ctx: &Ctx<'_>) -> Outcome {
+fn stats<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     ok(&ctx.engine().stats()?)
 }
 
-fn workspaces(ctx: &Ctx<'_>) -> Outcome {
+fn workspaces<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     ok(&ctx.engine().workspaces()?)
 }
 
-fn events(ctx: &Ctx<'_>) -> Outcome {
+fn events<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &["after", "type", "subject", "limit"], None)?;
     let mut q = Query::new(ctx.path("workspace"))
         .after(int_param(ctx, "after")?.unwrap_or(0))
@@ -515,7 +522,7 @@ fn events(ctx: &Ctx<'_>) -> Outcome {
     ok(&ctx.engine().events_page(&q)?)
 }
 
-fn event_by_id(ctx: &Ctx<'_>) -> Outcome {
+fn event_by_id<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     match ctx
         .engine()
@@ -530,7 +537,7 @@ fn event_by_id(ctx: &Ctx<'_>) -> Outcome {
     }
 }
 
-fn event_by_seq(ctx: &Ctx<'_>) -> Outcome {
+fn event_by_seq<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     let seq: i64 = ctx
         .path("seq")
@@ -542,7 +549,7 @@ fn event_by_seq(ctx: &Ctx<'_>) -> Outcome {
     }
 }
 
-fn run_filter(ctx: &Ctx<'_>) -> Result<RunFilter, ApiError> {
+fn run_filter<B: Backend>(ctx: &Ctx<'_, B>) -> Result<RunFilter, ApiError> {
     only_params(
         ctx,
         &[
@@ -557,7 +564,7 @@ fn run_filter(ctx: &Ctx<'_>) -> Result<RunFilter, ApiError> {
         Some("input."),
     )?;
     let mut f = RunFilter::new().limit(limit_param(ctx)?);
-    f.state = parsed::<RunState>(ctx, "state")?;
+    f.state = parsed::<RunState, _>(ctx, "state")?;
     f.action = ctx.req.param("action").map(String::from);
     f.rule = ctx.req.param("rule").map(String::from);
     f.workspace = ctx.req.param("workspace").map(String::from);
@@ -577,12 +584,12 @@ fn run_filter(ctx: &Ctx<'_>) -> Result<RunFilter, ApiError> {
     Ok(f)
 }
 
-fn runs(ctx: &Ctx<'_>) -> Outcome {
+fn runs<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let f = run_filter(ctx)?;
     ok(&ctx.engine().find_runs(&f)?)
 }
 
-fn run(ctx: &Ctx<'_>) -> Outcome {
+fn run<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     match ctx.engine().run_detail(ctx.path("id"))? {
         Some(d) => ok(&d),
@@ -590,7 +597,7 @@ fn run(ctx: &Ctx<'_>) -> Outcome {
     }
 }
 
-fn dead_letters(ctx: &Ctx<'_>) -> Outcome {
+fn dead_letters<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(
         ctx,
         &[
@@ -607,7 +614,7 @@ fn dead_letters(ctx: &Ctx<'_>) -> Outcome {
     let mut f = DeadLetterFilter::new()
         .limit(limit_param(ctx)?)
         .include_resolved(bool_param(ctx, "all")?);
-    f.kind = parsed::<DeadLetterKind>(ctx, "kind")?;
+    f.kind = parsed::<DeadLetterKind, _>(ctx, "kind")?;
     f.consumer = ctx.req.param("consumer").map(String::from);
     f.workspace = ctx.req.param("workspace").map(String::from);
     f.reason = ctx.req.param("reason").map(String::from);
@@ -615,17 +622,17 @@ fn dead_letters(ctx: &Ctx<'_>) -> Outcome {
     ok(&ctx.engine().find_dead_letters(&f)?)
 }
 
-fn leases(ctx: &Ctx<'_>) -> Outcome {
+fn leases<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     ok(&leases_json(ctx.engine())?)
 }
 
-fn rules(ctx: &Ctx<'_>) -> Outcome {
+fn rules<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     ok(&ctx.engine().rules()?)
 }
 
-fn rule(ctx: &Ctx<'_>) -> Outcome {
+fn rule<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     let name = ctx.path("name");
     match ctx.engine().rules()?.into_iter().find(|r| r.name == name) {
@@ -634,7 +641,7 @@ fn rule(ctx: &Ctx<'_>) -> Outcome {
     }
 }
 
-fn rule_state(ctx: &Ctx<'_>) -> Outcome {
+fn rule_state<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     let (name, scope) = (ctx.path("name"), ctx.path("scope"));
     match ctx.engine().rule_state::<Value>(name, scope)? {
@@ -645,7 +652,7 @@ fn rule_state(ctx: &Ctx<'_>) -> Outcome {
     }
 }
 
-fn reactions(ctx: &Ctx<'_>) -> Outcome {
+fn reactions<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     let cursors: Vec<_> = ctx
         .engine()
@@ -656,17 +663,17 @@ fn reactions(ctx: &Ctx<'_>) -> Outcome {
     ok(&cursors)
 }
 
-fn followers(ctx: &Ctx<'_>) -> Outcome {
+fn followers<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     ok(&ctx.engine().followed()?)
 }
 
-fn schedules(ctx: &Ctx<'_>) -> Outcome {
+fn schedules<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     ok(&ctx.engine().schedules()?)
 }
 
-fn audit(ctx: &Ctx<'_>) -> Outcome {
+fn audit<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &["limit"], None)?;
     ok(&ctx.engine().audit_log(limit_param(ctx)?)?)
 }
@@ -674,7 +681,7 @@ fn audit(ctx: &Ctx<'_>) -> Outcome {
 /// MCP's Streamable HTTP transport, JSON responses only: one JSON-RPC
 /// message a POST; a notification gets 202 and no body.
 #[cfg(feature = "mcp")]
-fn mcp(ctx: &Ctx<'_>) -> Outcome {
+fn mcp<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     use crate::mcp::{Head, LEGACY_VERSIONS, MODERN_VERSIONS, McpConfig, RpcError, code};
     same_origin(ctx.req)?;
     if !ctx.req.header("content-type").is_some_and(|t| {
@@ -787,7 +794,7 @@ fn done(action: &str) -> Outcome {
     ok(&json!({ "ok": true, "action": action }))
 }
 
-fn retry_run(ctx: &Ctx<'_>) -> Outcome {
+fn retry_run<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let w: Who = body(ctx)?;
     ctx.engine()
         .operator(w.operator, w.reason)
@@ -795,7 +802,7 @@ fn retry_run(ctx: &Ctx<'_>) -> Outcome {
     done("retried")
 }
 
-fn discard_run(ctx: &Ctx<'_>) -> Outcome {
+fn discard_run<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let w: Who = body(ctx)?;
     ctx.engine()
         .operator(w.operator, w.reason)
@@ -803,13 +810,13 @@ fn discard_run(ctx: &Ctx<'_>) -> Outcome {
     done("discarded")
 }
 
-fn dead_letter_id(ctx: &Ctx<'_>) -> Result<i64, ApiError> {
+fn dead_letter_id<B: Backend>(ctx: &Ctx<'_, B>) -> Result<i64, ApiError> {
     ctx.path("id")
         .parse()
         .map_err(|_| ApiError::bad(format!("{:?} is not a dead letter's id", ctx.path("id"))))
 }
 
-fn retry_dead_letter(ctx: &Ctx<'_>) -> Outcome {
+fn retry_dead_letter<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let id = dead_letter_id(ctx)?;
     let w: Who = body(ctx)?;
     ctx.engine()
@@ -818,7 +825,7 @@ fn retry_dead_letter(ctx: &Ctx<'_>) -> Outcome {
     done("retried")
 }
 
-fn discard_dead_letter(ctx: &Ctx<'_>) -> Outcome {
+fn discard_dead_letter<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let id = dead_letter_id(ctx)?;
     let w: Who = body(ctx)?;
     ctx.engine()
@@ -852,7 +859,7 @@ fn bulk_max(max: Option<usize>) -> Result<usize, ApiError> {
     }
 }
 
-fn bulk_runs(ctx: &Ctx<'_>, discard: bool) -> Outcome {
+fn bulk_runs<B: Backend>(ctx: &Ctx<'_, B>, discard: bool) -> Outcome {
     let b: BulkRuns = body(ctx)?;
     let e = ctx.engine();
     let max = bulk_max(b.max)?;
@@ -876,11 +883,11 @@ fn bulk_runs(ctx: &Ctx<'_>, discard: bool) -> Outcome {
     ok(&json!({ "dry_run": false, "done": bulk.done, "skipped": bulk.skipped, "more": more }))
 }
 
-fn bulk_retry_runs(ctx: &Ctx<'_>) -> Outcome {
+fn bulk_retry_runs<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     bulk_runs(ctx, false)
 }
 
-fn bulk_discard_runs(ctx: &Ctx<'_>) -> Outcome {
+fn bulk_discard_runs<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     bulk_runs(ctx, true)
 }
 
@@ -905,7 +912,7 @@ struct BulkDeadLetters {
     max: Option<usize>,
 }
 
-fn bulk_dead_letters(ctx: &Ctx<'_>, discard: bool) -> Outcome {
+fn bulk_dead_letters<B: Backend>(ctx: &Ctx<'_, B>, discard: bool) -> Outcome {
     let b: BulkDeadLetters = body(ctx)?;
     let e = ctx.engine();
     let max = bulk_max(b.max)?;
@@ -934,11 +941,11 @@ fn bulk_dead_letters(ctx: &Ctx<'_>, discard: bool) -> Outcome {
     ok(&json!({ "dry_run": false, "done": bulk.done, "skipped": bulk.skipped, "more": more }))
 }
 
-fn bulk_retry_dead_letters(ctx: &Ctx<'_>) -> Outcome {
+fn bulk_retry_dead_letters<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     bulk_dead_letters(ctx, false)
 }
 
-fn bulk_discard_dead_letters(ctx: &Ctx<'_>) -> Outcome {
+fn bulk_discard_dead_letters<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     bulk_dead_letters(ctx, true)
 }
 
@@ -951,7 +958,7 @@ struct Unblock {
     reason: String,
 }
 
-fn cancel_run(ctx: &Ctx<'_>) -> Outcome {
+fn cancel_run<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let w: Who = body(ctx)?;
     let was = ctx
         .engine()
@@ -960,7 +967,7 @@ fn cancel_run(ctx: &Ctx<'_>) -> Outcome {
     ok(&json!({ "ok": true, "action": "cancel", "was": was }))
 }
 
-fn actions(ctx: &Ctx<'_>) -> Outcome {
+fn actions<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     let e = ctx.engine();
     ok(&json!({ "actions": e.action_configs()?, "paused": e.paused()? }))
@@ -980,7 +987,7 @@ struct Configure {
     reason: String,
 }
 
-fn configure_action(ctx: &Ctx<'_>) -> Outcome {
+fn configure_action<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let b: Configure = body(ctx)?;
     let mut c = crate::control::ActionConfig::new(b.action).priority(b.priority);
     if let Some(n) = b.max_running {
@@ -1015,26 +1022,26 @@ impl PauseBody {
     }
 }
 
-fn pause(ctx: &Ctx<'_>) -> Outcome {
+fn pause<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let b: PauseBody = body(ctx)?;
     let what = b.target()?;
     let fresh = ctx.engine().operator(b.operator, b.reason).pause(&what)?;
     ok(&json!({ "ok": true, "action": "pause", "paused_now": fresh }))
 }
 
-fn resume(ctx: &Ctx<'_>) -> Outcome {
+fn resume<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let b: PauseBody = body(ctx)?;
     let what = b.target()?;
     ctx.engine().operator(b.operator, b.reason).resume(&what)?;
     done("resume")
 }
 
-fn lanes(ctx: &Ctx<'_>) -> Outcome {
+fn lanes<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &["limit"], None)?;
     ok(&json!({ "blocked": ctx.engine().blocked_lanes(limit_param(ctx)?)? }))
 }
 
-fn unblock(ctx: &Ctx<'_>) -> Outcome {
+fn unblock<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let b: Unblock = body(ctx)?;
     ctx.engine()
         .operator(b.operator, b.reason)
@@ -1053,7 +1060,7 @@ struct ResetCursor {
     reason: String,
 }
 
-fn reset_cursor(ctx: &Ctx<'_>) -> Outcome {
+fn reset_cursor<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let b: ResetCursor = body(ctx)?;
     let kind: ConsumerKind = b.kind.parse()?;
     let reset = ctx.engine().operator(b.operator, b.reason).reset_cursor(
@@ -1075,7 +1082,7 @@ struct Prune {
     reason: String,
 }
 
-fn prune(ctx: &Ctx<'_>) -> Outcome {
+fn prune<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let b: Prune = body(ctx)?;
     if b.events_older_than_ms.is_none() && b.work_older_than_ms.is_none() {
         return Err(ApiError::bad(
@@ -1094,7 +1101,7 @@ fn prune(ctx: &Ctx<'_>) -> Outcome {
     ok(&pruned)
 }
 
-fn restart_follower(ctx: &Ctx<'_>) -> Outcome {
+fn restart_follower<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     let w: Who = body(ctx)?;
     ctx.engine()
         .operator(w.operator, w.reason)
@@ -1120,7 +1127,7 @@ mod tests {
                 }
             }
         }
-        let mut routed: Vec<String> = ROUTES
+        let mut routed: Vec<String> = routes::<crate::Sqlite>()
             .iter()
             .map(|r| format!("{} {}", r.method, r.path))
             .collect();

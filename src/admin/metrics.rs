@@ -89,7 +89,7 @@ impl Out {
 }
 
 /// The metrics, now.
-pub(crate) fn render(e: &Engine) -> Result<String> {
+pub(crate) fn render<B: crate::runtime::Backend>(e: &Engine<B>) -> Result<String> {
     let stats = e.stats()?;
     let leases = e.leases()?;
     let now = e.now_ms();

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::runtime::Service;
+use crate::runtime::{Backend, Service};
 
 pub use http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
 
@@ -225,13 +225,24 @@ impl AdminConfig {
 ///
 /// The server keeps its engine open while it runs.
 pub struct AdminServer {
-    inner: Arc<Server>,
+    inner: Arc<dyn Running>,
+}
+
+/// A running server, whatever its engine's backend.
+trait Running: Service {
+    fn addr(&self) -> SocketAddr;
+}
+
+impl<B: Backend> Running for Server<B> {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
 }
 
 impl std::fmt::Debug for AdminServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminServer")
-            .field("local_addr", &self.inner.addr)
+            .field("local_addr", &self.inner.addr())
             .finish_non_exhaustive()
     }
 }
@@ -239,7 +250,7 @@ impl std::fmt::Debug for AdminServer {
 impl AdminServer {
     /// The address it listens on (with the port chosen, for port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.inner.addr
+        self.inner.addr()
     }
 
     /// Stops the server and joins its threads.
@@ -254,7 +265,7 @@ impl Drop for AdminServer {
     }
 }
 
-impl Engine {
+impl<B: Backend> Engine<B> {
     /// Serves the administration API for this engine (see the module
     /// [`crate::admin`] and the README's "Administration over HTTP"):
     /// the REST routes under `/api/v1`, the WebSocket streams at
@@ -269,6 +280,7 @@ impl Engine {
         let addr = listener.local_addr()?;
         let server = Arc::new(Server {
             engine: self.clone(),
+            routes: api::routes(),
             config,
             addr,
             stop: AtomicBool::new(false),
@@ -298,8 +310,10 @@ struct Conns {
     threads: Vec<JoinHandle<()>>,
 }
 
-pub(crate) struct Server {
-    pub(crate) engine: Engine,
+pub(crate) struct Server<B: Backend> {
+    pub(crate) engine: Engine<B>,
+    /// The routes, made once for the engine's backend.
+    pub(crate) routes: Vec<api::Route<B>>,
     pub(crate) config: AdminConfig,
     addr: SocketAddr,
     stop: AtomicBool,
@@ -307,7 +321,7 @@ pub(crate) struct Server {
     acceptor: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl Service for Server {
+impl<B: Backend> Service for Server<B> {
     fn stop(&self) {
         if self.stop.swap(true, Ordering::SeqCst) {
             return;
@@ -325,7 +339,7 @@ impl Service for Server {
     }
 }
 
-impl Server {
+impl<B: Backend> Server<B> {
     pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
@@ -439,12 +453,12 @@ impl Server {
 }
 
 /// A connection's place in the caps, given back when its thread ends.
-struct Slot<'a> {
-    server: &'a Server,
+struct Slot<'a, B: Backend> {
+    server: &'a Server<B>,
     peer: IpAddr,
 }
 
-impl Drop for Slot<'_> {
+impl<B: Backend> Drop for Slot<'_, B> {
     fn drop(&mut self) {
         let mut c = lock(&self.server.conns);
         c.open -= 1;

@@ -36,6 +36,7 @@ use crate::counter::Counter;
 use crate::event::Query;
 use crate::inspect::DeadLetterFilter;
 use crate::run::RunState;
+use crate::runtime::Backend;
 
 /// How often a quiet connection is pinged, and how long a client may send
 /// nothing (pongs included) before it is closed.
@@ -60,13 +61,13 @@ pub(crate) fn is_upgrade(req: &Request) -> bool {
             .is_some_and(|u| u.eq_ignore_ascii_case("websocket"))
 }
 
-fn refuse(server: &Server, stream: &mut TcpStream, e: &ApiError) {
+fn refuse<B: Backend>(server: &Server<B>, stream: &mut TcpStream, e: &ApiError) {
     let _ = write_response(stream, &e.response(), false, server.config.io_timeout);
 }
 
 /// Checks the upgrade, answers it, and runs the session until the client or
 /// the server ends it.
-pub(crate) fn serve(server: &Server, mut stream: TcpStream, req: &Request) {
+pub(crate) fn serve<B: Backend>(server: &Server<B>, mut stream: TcpStream, req: &Request) {
     // Every upgrade's origin is checked: a page of another site must not
     // read the stream with the user's network position.
     if let Err(e) = same_origin(req) {
@@ -195,8 +196,8 @@ struct Command {
     every_ms: Option<u64>,
 }
 
-struct Session<'a> {
-    server: &'a Server,
+struct Session<'a, B: Backend> {
+    server: &'a Server<B>,
     ws: WebSocket<TcpStream>,
     /// Messages waiting for the client to take them (a frame the socket's
     /// buffer gave back goes to the front, as it came back).
@@ -220,7 +221,7 @@ enum Heard {
     End,
 }
 
-impl Session<'_> {
+impl<B: Backend> Session<'_, B> {
     fn run(mut self) {
         let watch = self.server.engine.watch();
         // Whether the subscriptions may have something new: after a commit,
@@ -575,8 +576,8 @@ fn item(kind: &str, sub: &str, body: &impl serde::Serialize) -> String {
 }
 
 /// Reads up to `n` of `sub`'s next items into `out`, advancing it.
-fn poll(
-    e: &crate::engine::Engine,
+fn poll<B: Backend>(
+    e: &crate::engine::Engine<B>,
     sub: &mut Sub,
     n: usize,
     out: &mut Vec<String>,

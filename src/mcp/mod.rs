@@ -39,6 +39,8 @@ use serde_json::{Map, Value, json};
 
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::runtime::Backend;
+use crate::store::backend::Sqlite;
 
 /// The revision served statelessly, per request.
 pub const MODERN_VERSIONS: &[&str] = &["2026-07-28"];
@@ -113,8 +115,8 @@ impl McpConfig {
 /// mcp.serve_stdio(std::io::stdin().lock(), std::io::stdout().lock())?;
 /// # Ok(()) }
 /// ```
-pub struct Mcp {
-    engine: Engine,
+pub struct Mcp<B: Backend = Sqlite> {
+    engine: Engine<B>,
     config: McpConfig,
 }
 
@@ -181,13 +183,13 @@ pub(crate) struct Outcome {
     pub error: Option<i64>,
 }
 
-impl Mcp {
+impl<B: Backend> Mcp<B> {
     /// A server on `engine`.
-    pub fn new(engine: Engine, config: McpConfig) -> Mcp {
+    pub fn new(engine: Engine<B>, config: McpConfig) -> Mcp<B> {
         Mcp { engine, config }
     }
 
-    pub(crate) fn engine(&self) -> &Engine {
+    pub(crate) fn engine(&self) -> &Engine<B> {
         &self.engine
     }
 

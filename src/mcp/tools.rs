@@ -13,11 +13,12 @@ use crate::event::Query;
 use crate::inspect::{DeadLetterFilter, MAX_PAGE, RunFilterSpec};
 use crate::operate::MAX_BULK;
 use crate::run::RunState;
+use crate::runtime::Backend;
 
 /// What a tool call gives back: its structured result, or why it failed.
 type Answer = Result<Value, String>;
 
-struct Tool {
+struct Tool<B: Backend> {
     name: &'static str,
     title: &'static str,
     description: &'static str,
@@ -27,236 +28,239 @@ struct Tool {
     mutating: bool,
     destructive: bool,
     idempotent: bool,
-    call: fn(&Mcp, Value) -> Answer,
+    call: fn(&Mcp<B>, Value) -> Answer,
 }
 
-const TOOLS: &[Tool] = &[
-    Tool {
-        name: "status",
-        title: "Status",
-        description: "The file at a glance: the log's head, workspaces, every consumer's cursor and lag, stuck consumers, leases, runs by state, open dead letters by kind, blocked lanes, followers.",
-        input: no_input,
-        output: status_schema,
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: status,
-    },
-    Tool {
-        name: "stats",
-        title: "Counters and gauges",
-        description: "The engine's totals (events appended, decisions, firings, runs succeeded/retried/dead, …) and gauges, as Engine::stats gives them.",
-        input: no_input,
-        output: any_object,
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: stats,
-    },
-    Tool {
-        name: "list_events",
-        title: "List events",
-        description: "A workspace's events after a seq, in order, optionally of some types or about one subject. Go on with next_after (null: the end of the log was reached).",
-        input: list_events_input,
-        output: || page_schema("events", "next_after"),
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: list_events,
-    },
-    Tool {
-        name: "get_event",
-        title: "Get an event",
-        description: "One event: by workspace and id, or by seq.",
-        input: get_event_input,
-        output: || wrapped("event"),
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: get_event,
-    },
-    Tool {
-        name: "list_runs",
-        title: "List runs",
-        description: "Runs of the work queue, newest first, by state, action, rule, workspace, scope, or a value in their input. Go on with next (as before).",
-        input: list_runs_input,
-        output: || page_schema("runs", "next"),
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: list_runs,
-    },
-    Tool {
-        name: "get_run",
-        title: "Get a run",
-        description: "One run with its attempts, last error, input and checkpoint, the event that fired it, and the events it emitted.",
-        input: get_run_input,
-        output: run_detail_schema,
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: get_run,
-    },
-    Tool {
-        name: "list_dead_letters",
-        title: "List dead letters",
-        description: "What a consumer or an executor gave up on, and why, newest first: open ones (resolved ones too with include_resolved). Go on with next.",
-        input: list_dead_letters_input,
-        output: || page_schema("dead_letters", "next"),
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: list_dead_letters,
-    },
-    Tool {
-        name: "retry",
-        title: "Retry dead runs or dead letters",
-        description: "Gives dead runs (or what dead letters gave up on) a fresh set of attempts: by ids, or all that a filter matches (at most max). A dry run unless dry_run is false: it reports what would be retried. Audited with the reason.",
-        input: || bulk_input(false),
-        output: bulk_output,
-        mutating: true,
-        destructive: false,
-        idempotent: false,
-        call: retry,
-    },
-    Tool {
-        name: "discard",
-        title: "Discard dead runs or dead letters",
-        description: "Discards dead runs (or dead letters): they will not run again. Needs confirm: true; without it, it says what it would discard. Audited with the reason.",
-        input: || bulk_input(true),
-        output: bulk_output,
-        mutating: true,
-        destructive: true,
-        idempotent: false,
-        call: discard,
-    },
-    Tool {
-        name: "unblock",
-        title: "Unblock a lane",
-        description: "Lets a rule's scope held behind a dead run go on (the dead run stays dead). Audited with the reason.",
-        input: unblock_input,
-        output: any_object,
-        mutating: true,
-        destructive: false,
-        idempotent: false,
-        call: unblock,
-    },
-    Tool {
-        name: "list_consumers",
-        title: "List consumers",
-        description: "Every consumer (rule, reaction, follower, application cursor): its cursor, lag, and failures at its position.",
-        input: no_input,
-        output: || list_schema("consumers"),
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: list_consumers,
-    },
-    Tool {
-        name: "reset_cursor",
-        title: "Reset a cursor",
-        description: "Moves a consumer's cursor to a seq, backwards (it sees those events again) or forwards (it skips them). Needs confirm: true. Audited with the reason.",
-        input: reset_cursor_input,
-        output: any_object,
-        mutating: true,
-        destructive: true,
-        idempotent: true,
-        call: reset_cursor,
-    },
-    Tool {
-        name: "list_followers",
-        title: "List followers",
-        description: "Every follower bridging one workspace into another: cursor, lag, published, dead letters, stops, last error.",
-        input: no_input,
-        output: || list_schema("followers"),
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: list_followers,
-    },
-    Tool {
-        name: "restart_follower",
-        title: "Restart a follower",
-        description: "Asks whichever process runs a stopped follower to go on from its cursor. Audited with the reason.",
-        input: restart_follower_input,
-        output: any_object,
-        mutating: true,
-        destructive: false,
-        idempotent: true,
-        call: restart_follower,
-    },
-    Tool {
-        name: "list_schedules",
-        title: "List schedules",
-        description: "Scheduled jobs: their spec, guarantee, next and last due times.",
-        input: no_input,
-        output: || list_schema("schedules"),
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: list_schedules,
-    },
-    Tool {
-        name: "list_actions",
-        title: "Actions: priorities, limits, pauses",
-        description: "Every action's default priority, concurrency and rate limits (and what they are partitioned by), and what is paused (actions, channels, jobs, rules, reactions), by whom and why.",
-        input: no_input,
-        output: actions_schema,
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: list_actions,
-    },
-    Tool {
-        name: "cancel_run",
-        title: "Cancel a run",
-        description: "Cancels a run: a pending one ends cancelled at once; a running one is asked to stop (its handler sees it) and its completion is refused. Needs confirm: true. Audited with the reason.",
-        input: cancel_input,
-        output: any_object,
-        mutating: true,
-        destructive: true,
-        idempotent: false,
-        call: cancel_run,
-    },
-    Tool {
-        name: "pause",
-        title: "Pause",
-        description: "Pauses an action (none of its runs is claimed), a channel or a scheduled job (their actions), a rule or a reaction (its cursor stays), in every process on the file. Audited with the reason.",
-        input: pause_input,
-        output: any_object,
-        mutating: true,
-        destructive: false,
-        idempotent: true,
-        call: pause,
-    },
-    Tool {
-        name: "resume",
-        title: "Resume",
-        description: "Resumes what was paused: it goes on from where it stood. Audited with the reason.",
-        input: pause_input,
-        output: any_object,
-        mutating: true,
-        destructive: false,
-        idempotent: false,
-        call: resume,
-    },
-    Tool {
-        name: "audit_log",
-        title: "Audit log",
-        description: "What operators did, newest first: who, what, to what, and why.",
-        input: audit_input,
-        output: || list_schema("entries"),
-        mutating: false,
-        destructive: false,
-        idempotent: true,
-        call: audit_log,
-    },
-];
+/// Every tool, made for the engine's backend.
+fn tools<B: Backend>() -> Vec<Tool<B>> {
+    vec![
+        Tool {
+            name: "status",
+            title: "Status",
+            description: "The file at a glance: the log's head, workspaces, every consumer's cursor and lag, stuck consumers, leases, runs by state, open dead letters by kind, blocked lanes, followers.",
+            input: no_input,
+            output: status_schema,
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: status,
+        },
+        Tool {
+            name: "stats",
+            title: "Counters and gauges",
+            description: "The engine's totals (events appended, decisions, firings, runs succeeded/retried/dead, …) and gauges, as Engine::stats gives them.",
+            input: no_input,
+            output: any_object,
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: stats,
+        },
+        Tool {
+            name: "list_events",
+            title: "List events",
+            description: "A workspace's events after a seq, in order, optionally of some types or about one subject. Go on with next_after (null: the end of the log was reached).",
+            input: list_events_input,
+            output: || page_schema("events", "next_after"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_events,
+        },
+        Tool {
+            name: "get_event",
+            title: "Get an event",
+            description: "One event: by workspace and id, or by seq.",
+            input: get_event_input,
+            output: || wrapped("event"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: get_event,
+        },
+        Tool {
+            name: "list_runs",
+            title: "List runs",
+            description: "Runs of the work queue, newest first, by state, action, rule, workspace, scope, or a value in their input. Go on with next (as before).",
+            input: list_runs_input,
+            output: || page_schema("runs", "next"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_runs,
+        },
+        Tool {
+            name: "get_run",
+            title: "Get a run",
+            description: "One run with its attempts, last error, input and checkpoint, the event that fired it, and the events it emitted.",
+            input: get_run_input,
+            output: run_detail_schema,
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: get_run,
+        },
+        Tool {
+            name: "list_dead_letters",
+            title: "List dead letters",
+            description: "What a consumer or an executor gave up on, and why, newest first: open ones (resolved ones too with include_resolved). Go on with next.",
+            input: list_dead_letters_input,
+            output: || page_schema("dead_letters", "next"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_dead_letters,
+        },
+        Tool {
+            name: "retry",
+            title: "Retry dead runs or dead letters",
+            description: "Gives dead runs (or what dead letters gave up on) a fresh set of attempts: by ids, or all that a filter matches (at most max). A dry run unless dry_run is false: it reports what would be retried. Audited with the reason.",
+            input: || bulk_input(false),
+            output: bulk_output,
+            mutating: true,
+            destructive: false,
+            idempotent: false,
+            call: retry,
+        },
+        Tool {
+            name: "discard",
+            title: "Discard dead runs or dead letters",
+            description: "Discards dead runs (or dead letters): they will not run again. Needs confirm: true; without it, it says what it would discard. Audited with the reason.",
+            input: || bulk_input(true),
+            output: bulk_output,
+            mutating: true,
+            destructive: true,
+            idempotent: false,
+            call: discard,
+        },
+        Tool {
+            name: "unblock",
+            title: "Unblock a lane",
+            description: "Lets a rule's scope held behind a dead run go on (the dead run stays dead). Audited with the reason.",
+            input: unblock_input,
+            output: any_object,
+            mutating: true,
+            destructive: false,
+            idempotent: false,
+            call: unblock,
+        },
+        Tool {
+            name: "list_consumers",
+            title: "List consumers",
+            description: "Every consumer (rule, reaction, follower, application cursor): its cursor, lag, and failures at its position.",
+            input: no_input,
+            output: || list_schema("consumers"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_consumers,
+        },
+        Tool {
+            name: "reset_cursor",
+            title: "Reset a cursor",
+            description: "Moves a consumer's cursor to a seq, backwards (it sees those events again) or forwards (it skips them). Needs confirm: true. Audited with the reason.",
+            input: reset_cursor_input,
+            output: any_object,
+            mutating: true,
+            destructive: true,
+            idempotent: true,
+            call: reset_cursor,
+        },
+        Tool {
+            name: "list_followers",
+            title: "List followers",
+            description: "Every follower bridging one workspace into another: cursor, lag, published, dead letters, stops, last error.",
+            input: no_input,
+            output: || list_schema("followers"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_followers,
+        },
+        Tool {
+            name: "restart_follower",
+            title: "Restart a follower",
+            description: "Asks whichever process runs a stopped follower to go on from its cursor. Audited with the reason.",
+            input: restart_follower_input,
+            output: any_object,
+            mutating: true,
+            destructive: false,
+            idempotent: true,
+            call: restart_follower,
+        },
+        Tool {
+            name: "list_schedules",
+            title: "List schedules",
+            description: "Scheduled jobs: their spec, guarantee, next and last due times.",
+            input: no_input,
+            output: || list_schema("schedules"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_schedules,
+        },
+        Tool {
+            name: "list_actions",
+            title: "Actions: priorities, limits, pauses",
+            description: "Every action's default priority, concurrency and rate limits (and what they are partitioned by), and what is paused (actions, channels, jobs, rules, reactions), by whom and why.",
+            input: no_input,
+            output: actions_schema,
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_actions,
+        },
+        Tool {
+            name: "cancel_run",
+            title: "Cancel a run",
+            description: "Cancels a run: a pending one ends cancelled at once; a running one is asked to stop (its handler sees it) and its completion is refused. Needs confirm: true. Audited with the reason.",
+            input: cancel_input,
+            output: any_object,
+            mutating: true,
+            destructive: true,
+            idempotent: false,
+            call: cancel_run,
+        },
+        Tool {
+            name: "pause",
+            title: "Pause",
+            description: "Pauses an action (none of its runs is claimed), a channel or a scheduled job (their actions), a rule or a reaction (its cursor stays), in every process on the file. Audited with the reason.",
+            input: pause_input,
+            output: any_object,
+            mutating: true,
+            destructive: false,
+            idempotent: true,
+            call: pause,
+        },
+        Tool {
+            name: "resume",
+            title: "Resume",
+            description: "Resumes what was paused: it goes on from where it stood. Audited with the reason.",
+            input: pause_input,
+            output: any_object,
+            mutating: true,
+            destructive: false,
+            idempotent: false,
+            call: resume,
+        },
+        Tool {
+            name: "audit_log",
+            title: "Audit log",
+            description: "What operators did, newest first: who, what, to what, and why.",
+            input: audit_input,
+            output: || list_schema("entries"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: audit_log,
+        },
+    ]
+}
 
 /// The tools this server offers (the mutating ones only when it may change
 /// the file).
-pub(super) fn list(mcp: &Mcp) -> Vec<Value> {
-    TOOLS
+pub(super) fn list<B: Backend>(mcp: &Mcp<B>) -> Vec<Value> {
+    tools::<B>()
         .iter()
         .filter(|t| !(t.mutating && mcp.config().read_only))
         .map(|t| {
@@ -281,12 +285,16 @@ pub(super) fn list(mcp: &Mcp) -> Vec<Value> {
 /// `tools/call`: the tool's result, `isError` with the reason when it
 /// failed; an unknown tool (or a mutating one in read-only mode) is a
 /// protocol error.
-pub(super) fn call(mcp: &Mcp, params: &Map<String, Value>) -> Result<Value, RpcError> {
+pub(super) fn call<B: Backend>(
+    mcp: &Mcp<B>,
+    params: &Map<String, Value>,
+) -> Result<Value, RpcError> {
     let name = params
         .get("name")
         .and_then(Value::as_str)
         .ok_or_else(|| RpcError::params("tools/call needs the tool's name"))?;
-    let tool = TOOLS
+    let all = tools::<B>();
+    let tool = all
         .iter()
         .find(|t| t.name == name)
         .ok_or_else(|| RpcError::params(format!("Unknown tool: {name}")))?;
@@ -356,7 +364,7 @@ fn need_reason(reason: &str) -> Result<(), String> {
 #[serde(deny_unknown_fields)]
 struct Nothing {}
 
-fn status(mcp: &Mcp, a: Value) -> Answer {
+fn status<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let Nothing {} = args(a)?;
     let e = mcp.engine();
     let stats = e.stats().map_err(fail)?;
@@ -377,7 +385,7 @@ fn status(mcp: &Mcp, a: Value) -> Answer {
     }))
 }
 
-fn stats(mcp: &Mcp, a: Value) -> Answer {
+fn stats<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let Nothing {} = args(a)?;
     to_value(&mcp.engine().stats().map_err(fail)?)
 }
@@ -394,7 +402,7 @@ struct ListEvents {
     limit: Option<usize>,
 }
 
-fn list_events(mcp: &Mcp, a: Value) -> Answer {
+fn list_events<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: ListEvents = args(a)?;
     let mut q = Query::new(a.workspace)
         .after(a.after)
@@ -414,7 +422,7 @@ struct GetEvent {
     seq: Option<i64>,
 }
 
-fn get_event(mcp: &Mcp, a: Value) -> Answer {
+fn get_event<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: GetEvent = args(a)?;
     let e = mcp.engine();
     let (found, what) = match (a.workspace, a.id, a.seq) {
@@ -450,7 +458,7 @@ fn paging(a: &mut Value) -> Result<(Option<i64>, Option<usize>), String> {
     Ok((before, limit))
 }
 
-fn list_runs(mcp: &Mcp, mut a: Value) -> Answer {
+fn list_runs<B: Backend>(mcp: &Mcp<B>, mut a: Value) -> Answer {
     let (before, lim) = paging(&mut a)?;
     let filter: RunFilterSpec = args(a)?;
     let mut f = filter.filter().map_err(fail)?.limit(limit(lim)?);
@@ -464,7 +472,7 @@ struct GetRun {
     id: String,
 }
 
-fn get_run(mcp: &Mcp, a: Value) -> Answer {
+fn get_run<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: GetRun = args(a)?;
     match mcp.engine().run_detail(&a.id).map_err(fail)? {
         Some(d) => to_value(&d),
@@ -492,7 +500,7 @@ impl DeadLetterFilterArgs {
     }
 }
 
-fn list_dead_letters(mcp: &Mcp, mut a: Value) -> Answer {
+fn list_dead_letters<B: Backend>(mcp: &Mcp<B>, mut a: Value) -> Answer {
     let (before, lim) = paging(&mut a)?;
     let include_resolved = match a.as_object_mut().and_then(|m| m.remove("include_resolved")) {
         Some(v) => args::<bool>(v).map_err(|e| format!("include_resolved: {e}"))?,
@@ -507,17 +515,17 @@ fn list_dead_letters(mcp: &Mcp, mut a: Value) -> Answer {
     to_value(&mcp.engine().find_dead_letters(&f).map_err(fail)?)
 }
 
-fn list_consumers(mcp: &Mcp, a: Value) -> Answer {
+fn list_consumers<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let Nothing {} = args(a)?;
     Ok(json!({ "consumers": mcp.engine().cursors().map_err(fail)? }))
 }
 
-fn list_followers(mcp: &Mcp, a: Value) -> Answer {
+fn list_followers<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let Nothing {} = args(a)?;
     Ok(json!({ "followers": mcp.engine().followed().map_err(fail)? }))
 }
 
-fn list_schedules(mcp: &Mcp, a: Value) -> Answer {
+fn list_schedules<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let Nothing {} = args(a)?;
     Ok(json!({ "schedules": mcp.engine().schedules().map_err(fail)? }))
 }
@@ -528,12 +536,12 @@ struct Audit {
     limit: Option<usize>,
 }
 
-fn audit_log(mcp: &Mcp, a: Value) -> Answer {
+fn audit_log<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: Audit = args(a)?;
     Ok(json!({ "entries": mcp.engine().audit_log(limit(a.limit)?).map_err(fail)? }))
 }
 
-fn list_actions(mcp: &Mcp, a: Value) -> Answer {
+fn list_actions<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let Nothing {} = args(a)?;
     let e = mcp.engine();
     Ok(json!({ "actions": e.action_configs().map_err(fail)?, "paused": e.paused().map_err(fail)? }))
@@ -550,7 +558,7 @@ struct Cancel {
     reason: String,
 }
 
-fn cancel_run(mcp: &Mcp, a: Value) -> Answer {
+fn cancel_run<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: Cancel = args(a)?;
     need_reason(&a.reason)?;
     if !a.confirm {
@@ -581,7 +589,7 @@ impl PauseArgs {
     }
 }
 
-fn pause(mcp: &Mcp, a: Value) -> Answer {
+fn pause<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: PauseArgs = args(a)?;
     need_reason(&a.reason)?;
     let what = a.target()?;
@@ -593,7 +601,7 @@ fn pause(mcp: &Mcp, a: Value) -> Answer {
     Ok(json!({ "paused": what, "paused_now": fresh }))
 }
 
-fn resume(mcp: &Mcp, a: Value) -> Answer {
+fn resume<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: PauseArgs = args(a)?;
     need_reason(&a.reason)?;
     let what = a.target()?;
@@ -646,7 +654,7 @@ impl Ids {
     }
 }
 
-fn bulk_ids(mcp: &Mcp, b: &Bulk) -> Result<(Ids, bool), String> {
+fn bulk_ids<B: Backend>(mcp: &Mcp<B>, b: &Bulk) -> Result<(Ids, bool), String> {
     let max = match b.max {
         None => 100,
         Some(n) if (1..=MAX_BULK).contains(&n) => n,
@@ -701,7 +709,7 @@ fn check_count(n: usize, max: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn act(mcp: &Mcp, ids: &Ids, retry: bool, reason: &str) -> Answer {
+fn act<B: Backend>(mcp: &Mcp<B>, ids: &Ids, retry: bool, reason: &str) -> Answer {
     let ops = mcp.engine().operator(mcp.config().operator.clone(), reason);
     let done = match (ids, retry) {
         (Ids::Runs(ids), true) => ops.retry_runs(ids),
@@ -713,7 +721,7 @@ fn act(mcp: &Mcp, ids: &Ids, retry: bool, reason: &str) -> Answer {
     to_value(&done)
 }
 
-fn retry(mcp: &Mcp, a: Value) -> Answer {
+fn retry<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let b: Bulk = args(a)?;
     if b.confirm.is_some() {
         return Err("retry takes dry_run (true by default), not confirm".into());
@@ -734,7 +742,7 @@ fn retry(mcp: &Mcp, a: Value) -> Answer {
     Ok(out)
 }
 
-fn discard(mcp: &Mcp, a: Value) -> Answer {
+fn discard<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let b: Bulk = args(a)?;
     if b.dry_run.is_some() {
         return Err("discard takes confirm: true, not dry_run".into());
@@ -765,7 +773,7 @@ struct Unblock {
     reason: String,
 }
 
-fn unblock(mcp: &Mcp, a: Value) -> Answer {
+fn unblock<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: Unblock = args(a)?;
     need_reason(&a.reason)?;
     mcp.engine()
@@ -787,7 +795,7 @@ struct ResetCursor {
     reason: String,
 }
 
-fn reset_cursor(mcp: &Mcp, a: Value) -> Answer {
+fn reset_cursor<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: ResetCursor = args(a)?;
     need_reason(&a.reason)?;
     let kind: ConsumerKind = a.kind.parse().map_err(fail)?;
@@ -812,7 +820,7 @@ struct RestartFollower {
     reason: String,
 }
 
-fn restart_follower(mcp: &Mcp, a: Value) -> Answer {
+fn restart_follower<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: RestartFollower = args(a)?;
     need_reason(&a.reason)?;
     mcp.engine()
@@ -860,8 +868,8 @@ pub(super) fn resource_templates() -> Value {
     ])
 }
 
-pub(super) fn read_resource(
-    mcp: &Mcp,
+pub(super) fn read_resource<B: Backend>(
+    mcp: &Mcp<B>,
     era: Era,
     params: &Map<String, Value>,
 ) -> Result<Map<String, Value>, RpcError> {
