@@ -9,9 +9,7 @@ mod common;
 use common::http::Api;
 use common::{Arrange, Scene};
 use proptest::prelude::*;
-use reflexr::{
-    AdminConfig, Decision, Engine, Mcp, McpConfig, NewEvent, OnDeadLetter, RetryPolicy, Rule, Scope,
-};
+use reflexr::{AdminConfig, Engine, Mcp, McpConfig};
 use serde_json::{Value, json};
 
 const MODERN: &str = "2026-07-28";
@@ -20,33 +18,7 @@ const MODERN: &str = "2026-07-28";
 /// two dead letters, one blocked lane.
 fn shop(s: &Scene) -> Engine {
     let e = s.open("test").workspace("shop", &["order"]);
-    e.register_rule(
-        Rule::new("charge", "shop")
-            .on(["order"])
-            .scope(Scope::payload("customer"))
-            .action("charge")
-            .retry(RetryPolicy::never())
-            .on_dead_letter(OnDeadLetter::Block)
-            .decide(|ev| Ok(Decision::Fire(ev.payload()?))),
-    )
-    .unwrap();
-    e.register_action("charge", |run, _| {
-        let input: Value = run.input()?;
-        if input["customer"].as_str().unwrap().starts_with("bad") {
-            return Err("card declined".into());
-        }
-        Ok(())
-    })
-    .unwrap();
-    for c in ["ada", "bad-1", "grace", "bad-2"] {
-        e.append(
-            "shop",
-            &NewEvent::new("order", format!("customer/{c}"), c, 0)
-                .payload(&json!({ "customer": c })),
-        )
-        .unwrap();
-    }
-    e.run_until_idle().unwrap();
+    common::shop::stock(&e);
     e
 }
 

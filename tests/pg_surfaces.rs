@@ -11,44 +11,14 @@ mod common;
 
 use common::backend::{PgSchema, TestBackend};
 use common::http::Api;
-use reflexr::{
-    AdminConfig, Decision, Engine, ManualClock, Mcp, McpConfig, NewEvent, OnDeadLetter, Postgres,
-    RetryPolicy, Rule, RunState, Scope,
-};
+use reflexr::{AdminConfig, Engine, ManualClock, Mcp, McpConfig, Postgres, RunState};
 use serde_json::{Value, json};
 
-/// A shop on PostgreSQL: `order` events fire a charge per customer, which
-/// fails for customers whose name starts with `bad` (their scope blocks).
+/// The shop of the surface tests (`common::shop`), on PostgreSQL.
 fn shop(place: &PgSchema) -> Engine<Postgres> {
     let e = Postgres::open(place, &ManualClock::new(1_800_000_000_000), "shop");
     e.ensure_workspace("shop", &["order"]).unwrap();
-    e.register_rule(
-        Rule::new("charge", "shop")
-            .on(["order"])
-            .scope(Scope::payload("customer"))
-            .action("charge")
-            .retry(RetryPolicy::never())
-            .on_dead_letter(OnDeadLetter::Block)
-            .decide(|ev| Ok(Decision::Fire(ev.payload()?))),
-    )
-    .unwrap();
-    e.register_action("charge", |run, _| {
-        let input: Value = run.input()?;
-        if input["customer"].as_str().unwrap().starts_with("bad") {
-            return Err("card declined".into());
-        }
-        Ok(())
-    })
-    .unwrap();
-    for c in ["ada", "bad-1", "grace", "bad-2"] {
-        e.append(
-            "shop",
-            &NewEvent::new("order", format!("customer/{c}"), c, 0)
-                .payload(&json!({ "customer": c })),
-        )
-        .unwrap();
-    }
-    e.run_until_idle().unwrap();
+    common::shop::stock(&e);
     e
 }
 

@@ -8,6 +8,7 @@ pub mod http;
 pub mod inputs;
 pub mod power;
 pub mod rules;
+pub mod shop;
 pub mod torture;
 
 use std::io::{BufRead, BufReader, Lines, Write};
