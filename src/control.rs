@@ -722,6 +722,7 @@ impl<'a> Limited<'a> {
         now: i64,
     ) -> Result<Self> {
         let path = config.path();
+        Control::lock_limits(conn, action)?;
         let running = Control::running_by(conn, action, path.as_deref())?
             .into_iter()
             .collect();

@@ -445,10 +445,12 @@ pub(crate) fn backoff_ms(row: &RunRow, attempt: u32) -> i64 {
 pub(crate) fn renew_claims<B: Store>(db: &impl CoreDb<B>, claims: &Claims) -> Result<usize> {
     let ttl = db.settings().lease_ttl_ms();
     let now = db.now_ms();
-    let due = claims.due(now, ttl);
+    let mut due = claims.due(now, ttl);
     if due.is_empty() {
         return Ok(0);
     }
+    // In id order, as settlements lock them (see `RunsMore::succeed_many`).
+    due.sort();
     let (renewed, cancelled) = db.write_with(|tx| {
         let now = tx.now_ms();
         let mut renewed = Vec::new();

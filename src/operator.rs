@@ -26,10 +26,8 @@ use crate::store::backend::Sqlite;
 /// # Ok(()) }
 /// ```
 ///
-/// On every backend an operator resets cursors, pauses and resumes, cancels
-/// runs, retries and discards dead runs and dead letters, unblocks scopes,
-/// resets and deletes rules, and configures actions; followers, bulk
-/// actions and pruning on the record are SQLite's for now.
+/// Every intervention works on every backend; those on followers find none
+/// on PostgreSQL (no follower reads a PostgreSQL database).
 #[derive(Debug, Clone)]
 pub struct Operator<'e, B: Backend = Sqlite> {
     engine: &'e Engine<B>,

@@ -185,9 +185,8 @@ pub(crate) struct Config {
 }
 
 /// An open database with everything its runtime needs: what every clone of
-/// an [`crate::Engine`] shares. The executors and the renewer are every
-/// backend's; rules, reactions, jobs and followers are registered on SQLite
-/// only for now, so on another backend their steps find nothing to do.
+/// an [`crate::Engine`] shares. Its threads are every backend's; followers
+/// read a file only, so on another backend their step finds nothing to do.
 pub struct Context<B: Backend = Sqlite> {
     pub(crate) db: B::Db,
     pub(crate) config: Config,

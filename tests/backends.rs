@@ -75,6 +75,7 @@ on_backends!(
     an_operator_cancels_retries_and_discards_runs_and_their_dead_letters_on_the_record,
     an_operator_replays_a_rule_and_nothing_is_made_twice,
     an_operator_finds_runs_events_and_dead_letters_by_filter_and_acts_on_them_in_bulk,
+    the_executors_of_four_engines_never_exceed_a_concurrency_limit,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -1685,4 +1686,43 @@ fn an_operator_finds_runs_events_and_dead_letters_by_filter_and_acts_on_them_in_
             .dead_letters
             .is_empty()
     );
+}
+
+/// Control of the work across engines: the executor threads of four
+/// engines (each claiming in transactions of its own) never run more of a
+/// limited action at once than its `max_running`, counted in the database.
+fn the_executors_of_four_engines_never_exceed_a_concurrency_limit<B: TestBackend>() {
+    let (place, clock, first) = setup::<B>();
+    first
+        .configure_action(&ActionConfig::new("work").max_running(2))
+        .unwrap();
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let engines: Vec<Engine<B>> = (0..4)
+        .map(|i| B::open(&place, &clock, &format!("executor-{i}")))
+        .collect();
+    for e in &engines {
+        let (r, m) = (Arc::clone(&running), Arc::clone(&most));
+        e.register_action("work", move |_, _| {
+            let now = r.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            m.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(Duration::from_micros(500));
+            r.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+        e.start().unwrap();
+    }
+    let ids: Vec<String> = first
+        .write(|tx| (0..200).map(|n| Ok(tx.enqueue(&task(n))?.id)).collect())
+        .unwrap();
+    for id in &ids {
+        let run = first.wait_for_run(id, Duration::from_secs(120)).unwrap();
+        assert_eq!(run.state, RunState::Succeeded, "{id}");
+    }
+    for e in &engines {
+        e.shutdown();
+    }
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((1..=2).contains(&most), "{most} ran at once");
 }

@@ -17,8 +17,8 @@
 //! runs where. The groups so far are the core's ([`Core`]: workspaces, the
 //! change log, cursors, leases, the audit) and the work layer's ([`Work`]:
 //! runs and lanes, control's pauses and limits, counters, dead letters,
-//! rules and their state). Deliveries, schedules, reactions, the
-//! followers' ledger and the operators' views still take SQLite's
+//! rules and their state, schedules, what operators look for). The
+//! followers' ledger and the file's maintenance still take SQLite's
 //! connection directly.
 //!
 //! Call the methods through the trait (`Events::page(conn, …)`): an
@@ -481,6 +481,13 @@ pub trait Control {
         expires_at: i64,
         ords: &[i64],
     ) -> Result<Vec<RunRow>>;
+    /// Makes the claims of a limited action take turns until this
+    /// transaction ends, so what it counts next (running runs, starts) is
+    /// what the others committed. Nothing to do where one writer takes
+    /// every claim in turn (SQLite).
+    fn lock_limits(&self, _action: &str) -> Result<()> {
+        Ok(())
+    }
     /// How many runs of `action` run now, by partition (one group, `""`,
     /// without a path).
     fn running_by(&self, action: &str, path: Option<&str>) -> Result<Vec<(String, i64)>>;

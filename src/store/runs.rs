@@ -1045,7 +1045,6 @@ pub(crate) fn find(conn: &Connection, f: &Find<'_>) -> Result<(Vec<RunRow>, Opti
     Ok((rows, next))
 }
 
-/// Runs changed after `(updated_at, ord)`, in that order: at most `limit`.
 /// How a JSON value compares with what `json_extract` returns.
 pub(crate) fn sql_value(v: &serde_json::Value) -> rusqlite::types::Value {
     use rusqlite::types::Value;
@@ -1061,6 +1060,7 @@ pub(crate) fn sql_value(v: &serde_json::Value) -> rusqlite::types::Value {
     }
 }
 
+/// Runs changed after `(updated_at, ord)`, in that order: at most `limit`.
 pub(crate) fn changed_after(
     conn: &Connection,
     after: (i64, i64),

@@ -7,9 +7,9 @@
 //! of many processes never queue behind one row's lock until their commits
 //! (an `UPDATE` of one row per counter made them wait for each other, and
 //! deadlock when two took two counters in opposite orders); and a
-//! partition is the input's value at a SQL/JSON path
-//! (`jsonb_path_query_first`), whose syntax for the paths a configuration
-//! accepts (`$.a.b`, `$."a b"`, `$.list[0]`) is SQLite's.
+//! partition is the input's value at a path of `jsonb` elements (`#>>`),
+//! translated from the JSON path the configuration accepts (a jsonpath
+//! cast on the server could fail, and with it every claim).
 
 use std::collections::HashSet;
 
@@ -24,6 +24,10 @@ use crate::store::backend::{ClaimPlan, Control, Counters, DeadLetters};
 use crate::store::control::{ActionRow, PausedRow};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::RunRow;
+
+/// The first key of the advisory locks a limited action's claims take
+/// ("rfxl" in ASCII, as an int4).
+const LIMIT_LOCK: i32 = 0x7266_786c;
 
 /// One bump in this many folds its counter's rows into one.
 const FOLD_EVERY: u32 = 256;
@@ -52,10 +56,44 @@ fn action_from(r: &Row) -> Result<ActionRow> {
     })
 }
 
-/// A run's partition: the input's value at the path in parameter `param`,
-/// as text; a missing (or null) value is `""`.
+/// A run's partition: the input's value at the path (as `jsonb`'s path
+/// elements, see [`path_elements`]) in parameter `param`, as text; a
+/// missing (or null) value is `""`.
 fn partition(param: &str) -> String {
-    format!("coalesce(jsonb_path_query_first(input::jsonb, {param}::jsonpath) #>> '{{}}', '')")
+    format!("coalesce(input::jsonb #>> {param}, '')")
+}
+
+/// A JSON path as the configuration accepts it (`$.a.b`, `$."a b"`,
+/// `$.list[0]`, `$.list[#-1]`; see `names::check_json_path`) as the path
+/// elements of PostgreSQL's `#>`/`#>>`: keys as they are, `[N]` as `N`,
+/// `[#-N]` as `-N` (from the end). No jsonpath is cast on the server, so
+/// no path can make a statement fail there.
+pub(super) fn path_elements(path: &str) -> Result<Vec<String>> {
+    let bad = || Error::invalid("json path", format!("{path:?} is not a JSON path"));
+    let mut rest = path.strip_prefix('$').ok_or_else(bad)?;
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix(".\"") {
+            let end = r.find('"').ok_or_else(bad)?;
+            out.push(r[..end].to_string());
+            rest = &r[end + 1..];
+        } else if let Some(r) = rest.strip_prefix('.') {
+            let end = r.find(['.', '[']).unwrap_or(r.len());
+            out.push(r[..end].to_string());
+            rest = &r[end..];
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let end = r.find(']').ok_or_else(bad)?;
+            let index = &r[..end];
+            out.push(match index.strip_prefix("#-") {
+                Some(n) => format!("-{n}"),
+                None => index.to_string(),
+            });
+            rest = &r[end + 1..];
+        } else {
+            return Err(bad());
+        }
+    }
+    Ok(out)
 }
 
 impl Control for PgConn {
@@ -254,6 +292,7 @@ impl Control for PgConn {
     ) -> Result<Vec<(i64, i64, String)>> {
         let key = partition("$6");
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let path = path_elements(path)?;
         self.query(
             &format!(
                 "SELECT ord, due_at, {key} FROM reflexr_runs \
@@ -267,7 +306,7 @@ impl Control for PgConn {
                 (&priority, Type::INT8),
                 (&after.0, Type::INT8),
                 (&after.1, Type::INT8),
-                (&path, Type::TEXT),
+                (&path, Type::TEXT_ARRAY),
                 (&full, Type::TEXT_ARRAY),
                 (&limit, Type::INT8),
             ],
@@ -287,6 +326,18 @@ impl Control for PgConn {
         self.claim_picked(holder, now, expires_at, ords)
     }
 
+    /// An advisory lock per action, held to the commit: claimers of many
+    /// processes count one limited action's running runs and starts one
+    /// at a time (they take the locks in the actions' order, so they never
+    /// wait for each other in a circle).
+    fn lock_limits(&self, action: &str) -> Result<()> {
+        self.query(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            &[(&LIMIT_LOCK, Type::INT4), (&action, Type::TEXT)],
+        )?;
+        Ok(())
+    }
+
     fn running_by(&self, action: &str, path: Option<&str>) -> Result<Vec<(String, i64)>> {
         let Some(path) = path else {
             let n: i64 = self
@@ -298,13 +349,14 @@ impl Control for PgConn {
                 .map_or(Ok(0), |r| col(r, 0))?;
             return Ok(vec![(String::new(), n)]);
         };
+        let path = path_elements(path)?;
         self.query(
             &format!(
                 "SELECT {}, count(*) FROM reflexr_runs \
                  WHERE state = 'running' AND action = $1 GROUP BY 1",
                 partition("$2")
             ),
-            &[(&action, Type::TEXT), (&path, Type::TEXT)],
+            &[(&action, Type::TEXT), (&path, Type::TEXT_ARRAY)],
         )?
         .iter()
         .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
@@ -580,5 +632,22 @@ impl DeadLetters for PgConn {
                 ],
             )?
             .is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_elements;
+
+    #[test]
+    fn a_json_path_becomes_jsonb_path_elements() {
+        let els = |p: &str| path_elements(p).unwrap();
+        assert_eq!(els("$.\"customer\""), ["customer"]);
+        assert_eq!(els("$.a.b"), ["a", "b"]);
+        assert_eq!(els("$.\"a b\".c[2]"), ["a b", "c", "2"]);
+        assert_eq!(els("$.list[#-1]"), ["list", "-1"]);
+        assert!(els("$").is_empty());
+        assert!(path_elements("a.b").is_err());
+        assert!(path_elements("$.\"open").is_err());
     }
 }

@@ -3,8 +3,9 @@
 //! bounded windows, so a filter that matches little never reads the whole
 //! table.
 //!
-//! What differs: a run's input is matched at a SQL/JSON path against the
-//! filter's value as JSON (`jsonb_path_query_first(…) = $n::jsonb`), and
+//! What differs: a run's input is matched at a path of `jsonb` elements
+//! (translated from the filter's JSON path) against the filter's value as
+//! JSON (`input::jsonb #> $n = $m::jsonb`), and
 //! a run's emitted events are found by their id's prefix through an index
 //! with `text_pattern_ops` (the database's collation may not sort ids byte
 //! by byte).
@@ -117,7 +118,10 @@ impl Inspect for PgConn {
     fn find_runs(&self, f: &RunFind<'_>) -> Result<(Vec<RunRow>, Option<i64>)> {
         let floor = f.before.saturating_sub(f.window).max(0);
         let (path, value) = match f.input {
-            Some((path, value)) => (Some(path), Some(value.to_string())),
+            Some((path, value)) => (
+                Some(super::control::path_elements(path)?),
+                Some(value.to_string()),
+            ),
             None => (None, None),
         };
         let n = limit_of(f.limit);
@@ -128,8 +132,7 @@ impl Inspect for PgConn {
                    AND ($3::text IS NULL OR state = $3) AND ($4::text IS NULL OR action = $4) \
                    AND ($5::text IS NULL OR rule = $5) AND ($6::text IS NULL OR workspace = $6) \
                    AND ($7::text IS NULL OR scope = $7) \
-                   AND ($8::text IS NULL \
-                        OR jsonb_path_query_first(input::jsonb, $8::jsonpath) = $9::jsonb) \
+                   AND ($8::text[] IS NULL OR input::jsonb #> $8 = $9::jsonb) \
                  ORDER BY ord DESC LIMIT $10"
             ),
             &[
@@ -140,7 +143,7 @@ impl Inspect for PgConn {
                 (&f.rule, Type::TEXT),
                 (&f.workspace, Type::TEXT),
                 (&f.scope, Type::TEXT),
-                (&path, Type::TEXT),
+                (&path, Type::TEXT_ARRAY),
                 (&value, Type::TEXT),
                 (&n, Type::INT8),
             ],

@@ -856,8 +856,12 @@ impl Leases for PgConn {
     fn is_held(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool> {
         Ok(self
             .query_opt(
+                // FOR SHARE: a takeover (which updates the row) waits for
+                // this write to end, so the fenced write and the new
+                // holder's first read never overlap.
                 "SELECT 1 FROM reflexr_leases \
-                 WHERE name = $1 AND holder = $2 AND generation = $3 AND expires_at > $4",
+                 WHERE name = $1 AND holder = $2 AND generation = $3 AND expires_at > $4 \
+                 FOR SHARE",
                 &[
                     (&name, Type::TEXT),
                     (&holder, Type::TEXT),

@@ -100,6 +100,10 @@ static CLAIM_PICKED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(
     )
 });
 
+/// The first key of the advisory locks enqueues of one uniqueness key take
+/// ("rfxu" in ASCII, as an int4).
+const UNIQUE_LOCK: i32 = 0x7266_7875;
+
 impl PgConn {
     /// Claims the ready runs at these positions (see [`CLAIM_PICKED_SQL`]).
     pub(super) fn claim_picked(
@@ -174,6 +178,19 @@ impl PgConn {
 
 impl Runs for PgConn {
     fn insert(&self, r: &NewRun<'_>) -> Result<Inserted> {
+        if let Some(u) = &r.unique {
+            // Enqueues of one (action, key) take turns, so the holder read
+            // below is the committed one (a period's key has no unique
+            // index to fall back on).
+            self.query(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2 || ' ' || $3))",
+                &[
+                    (&UNIQUE_LOCK, Type::INT4),
+                    (&r.action, Type::TEXT),
+                    (&u.key, Type::TEXT),
+                ],
+            )?;
+        }
         if self.run_exists(r.id)? {
             return Ok(Inserted::Existed);
         }
@@ -186,17 +203,24 @@ impl Runs for PgConn {
         // The lane's head, if this run is the first of its lane: another
         // transaction making a head of the same lane waits for this one.
         let headed = match lane {
+            // An existing lane's row is locked (the no-op update), so its
+            // head's settlement cannot delete it until this run commits
+            // waiting behind it (see `advance_lane`).
             Some(lane) if r.dead.is_none() => self
                 .query_opt(
                     "INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
-                     VALUES ($1, $2, false, $3) ON CONFLICT (lane) DO NOTHING RETURNING 1",
+                     VALUES ($1, $2, false, $3) \
+                     ON CONFLICT (lane) DO UPDATE SET updated_at = reflexr_lanes.updated_at \
+                     RETURNING head = $2",
                     &[
                         (&lane, Type::TEXT),
                         (&r.id, Type::TEXT),
                         (&r.now, Type::INT8),
                     ],
                 )?
-                .is_some(),
+                .map(|row| col::<bool>(&row, 0))
+                .transpose()?
+                .unwrap_or(false),
             _ => false,
         };
         let state = match (r.dead, lane) {
@@ -517,10 +541,20 @@ impl Runs for PgConn {
     }
 
     fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()> {
-        match Runs::lane_head(self, lane)? {
-            Some((head, _)) if head == finished => {}
+        // The lane's row locked first: a run entering the lane behind its
+        // head (which locks the row too, see `insert`) commits before this
+        // looks for the next waiting run, or waits for this to end — so a
+        // waiting run is never left in a lane this deletes.
+        let head: Option<String> = self
+            .query_opt(
+                "SELECT head FROM reflexr_lanes WHERE lane = $1 FOR UPDATE",
+                &[(&lane, Type::TEXT)],
+            )?
+            .map(|r| col(&r, 0))
+            .transpose()?;
+        if head.as_deref() != Some(finished) {
             // Not the head (a run revived behind another): nothing to move.
-            _ => return Ok(()),
+            return Ok(());
         }
         let next = self.query_opt(
             "SELECT ord, id FROM reflexr_runs WHERE lane = $1 AND state = 'waiting' \
@@ -556,11 +590,20 @@ impl RunsMore for PgConn {
     fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>> {
         let ids: Vec<&str> = claims.iter().map(|c| c.0).collect();
         let attempts: Vec<i64> = claims.iter().map(|c| c.1).collect();
+        // The rows are locked in id order first (as the renewer takes
+        // them), so a settlement and a renewal of overlapping claims never
+        // wait for each other in a circle.
         let rows = self.query(
-            "UPDATE reflexr_runs r SET state = 'succeeded', finished_at = $4, updated_at = $4, \
+            "WITH locked AS ( \
+               SELECT r.ord FROM reflexr_runs r \
+               JOIN unnest($2::text[], $3::bigint[]) AS c(id, attempt) \
+                 ON r.id = c.id AND r.attempt = c.attempt \
+               WHERE r.state = 'running' AND r.claimed_by = $1 \
+                 AND r.cancel_requested_at IS NULL \
+               ORDER BY r.id FOR UPDATE OF r) \
+             UPDATE reflexr_runs r SET state = 'succeeded', finished_at = $4, updated_at = $4, \
                claimed_by = NULL, claim_expires_at = NULL \
-             FROM unnest($2::text[], $3::bigint[]) AS c(id, attempt) \
-             WHERE r.id = c.id AND r.attempt = c.attempt AND r.state = 'running' \
+             FROM locked WHERE r.ord = locked.ord AND r.state = 'running' \
                AND r.claimed_by = $1 AND r.cancel_requested_at IS NULL RETURNING r.id",
             &[
                 (&holder, Type::TEXT),
@@ -623,17 +666,25 @@ impl RunsMore for PgConn {
         let reason = crate::names::clip_error(reason);
         match row.state.as_str() {
             "waiting" | "ready" => {
-                self.query(
-                    "UPDATE reflexr_runs SET state = 'cancelled', finished_at = $2, \
-                       updated_at = $2, cancelled_by = $3, cancel_reason = $4 \
-                     WHERE id = $1 AND state IN ('waiting', 'ready')",
-                    &[
-                        (&id, Type::TEXT),
-                        (&now, Type::INT8),
-                        (&by, Type::TEXT),
-                        (&reason, Type::TEXT),
-                    ],
-                )?;
+                let was: Option<String> = self
+                    .query_opt(
+                        "UPDATE reflexr_runs SET state = 'cancelled', finished_at = $2, \
+                           updated_at = $2, cancelled_by = $3, cancel_reason = $4 \
+                         WHERE id = $1 AND state = $5 RETURNING $5",
+                        &[
+                            (&id, Type::TEXT),
+                            (&now, Type::INT8),
+                            (&by, Type::TEXT),
+                            (&reason, Type::TEXT),
+                            (&row.state, Type::TEXT),
+                        ],
+                    )?
+                    .map(|r| col(&r, 0))
+                    .transpose()?;
+                if was.is_none() {
+                    // Claimed (or promoted) since it was read: as it is now.
+                    return RunsMore::cancel(self, id, now, by, &reason);
+                }
                 if row.state == "ready"
                     && let Some(lane) = &row.lane
                 {
