@@ -195,9 +195,10 @@ impl PgDb {
             Err(e) => Err(e),
         };
         let nudge = tx.wants_nudge();
+        // A closure's own error rolls back (dropping `conn`); like a lone
+        // member of a shared write that failed, it is not an abort.
         let Ok(v) = value else {
-            self.aborts.fetch_add(1, Ordering::Relaxed);
-            return value; // dropping `conn` rolls back
+            return value;
         };
         let committed = if nudge {
             conn.commit_notifying(CHANNEL)
