@@ -262,6 +262,13 @@ impl Database for Sqlite {
 /// database: SQLite's [`Db`], and PostgreSQL's `PgDb` (feature `postgres`).
 pub trait CoreDb<B: Store>: Send + Sync {
     fn settings(&self) -> &Settings;
+    /// The engine's clock.
+    fn clock(&self) -> &Arc<dyn Clock>;
+    /// The SQLite VFS the database was opened through, if not the default
+    /// (a file opened for a follower's target uses the same).
+    fn vfs(&self) -> Option<&str> {
+        None
+    }
     /// The engine clock's time, in ms since the epoch.
     fn now_ms(&self) -> i64;
     /// Runs `f` on a reading connection.
@@ -305,6 +312,12 @@ pub trait CoreDb<B: Store>: Send + Sync {
 impl CoreDb<Sqlite> for Db {
     fn settings(&self) -> &Settings {
         Db::settings(self)
+    }
+    fn clock(&self) -> &Arc<dyn Clock> {
+        Db::clock(self)
+    }
+    fn vfs(&self) -> Option<&str> {
+        Db::vfs(self)
     }
     fn now_ms(&self) -> i64 {
         Db::now_ms(self)

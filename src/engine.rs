@@ -572,7 +572,7 @@ impl<B: Backend> Engine<B> {
     /// state, open dead letters by kind, every cursor's lag, followers'
     /// counters, and this process's writer. See [`Stats`].
     pub fn stats(&self) -> Result<Stats> {
-        let followers = B::followers(&self.cx)?;
+        let followers = runtime::followers(&self.cx)?;
         stats::collect(self.db(), followers)
     }
 
@@ -647,7 +647,7 @@ impl<B: Backend> Engine<B> {
     /// The followers in the ledger, with their cursors and counters
     /// (published, dead letters, stops).
     pub fn followed(&self) -> Result<Vec<FollowerInfo>> {
-        B::followers(&self.cx)
+        runtime::followers(&self.cx)
     }
 
     /// Deletes events every cursor has passed and finished work, older than
@@ -676,6 +676,67 @@ impl<B: Backend> Engine<B> {
     /// The runtime context every handle shares.
     pub(crate) fn context(&self) -> &Context<B> {
         &self.cx
+    }
+
+    /// Registers a projection under `name`, for followers to use: it gets
+    /// each source envelope and returns the event to publish (it will carry
+    /// the envelope's id), `None` to bridge nothing, or an error (the
+    /// envelope is dead-lettered). `"same"`, which publishes every envelope as
+    /// it is, is registered by every engine.
+    pub fn register_projection<F>(&self, name: &str, projection: F) -> Result<()>
+    where
+        F: Fn(&Event) -> std::result::Result<Option<NewEvent>, HandlerError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        names::check_name("projection", name)?;
+        self.cx
+            .registry_mut()
+            .projections
+            .insert(name.to_string(), Arc::new(projection));
+        Ok(())
+    }
+
+    /// Creates a follower (or updates its target and projection) in the
+    /// ledger; returns its name. Any engine on this file that has the
+    /// projection registered relays for it, one at a time (its lease): in
+    /// [`Engine::run_until_idle`], and in a thread of its own after
+    /// [`Engine::start`].
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a missing source workspace, or a PostgreSQL
+    /// target this process has not registered.
+    pub fn follow(&self, follow: Follow) -> Result<String> {
+        if let Some(pg) = &follow.target_postgres
+            && !self.cx.registers_pg_target(pg)
+        {
+            return Err(Error::not_found("postgres target", pg));
+        }
+        self.write(|tx| follow::register(tx, &follow))
+    }
+
+    /// Registers a PostgreSQL database (feature `postgres`) as the target
+    /// `name` that followers publish into with [`Follow::to_postgres`]: an
+    /// edge's file relayed into a hub over the network. `config` is a libpq
+    /// connection string or a `postgresql://` URL; it stays in this
+    /// process (the file's ledger keeps only `name`), so register it at
+    /// every start, like projections. The engine connects when a follower
+    /// first publishes, and creates the engine's tables there if missing;
+    /// while the server is out of reach, the follower tries again every
+    /// third of the lease TTL and its cursor waits.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad name or a config that does not parse.
+    #[cfg(feature = "postgres")]
+    pub fn register_postgres_target(&self, name: &str, config: &str) -> Result<()> {
+        names::check_name("postgres target", name)?;
+        config
+            .parse::<postgres::Config>()
+            .map_err(|e| Error::invalid("postgres config", e.to_string()))?;
+        self.cx.register_pg_target(name, config);
+        self.db().nudge();
+        Ok(())
     }
 
     /// Registers the handler of an action: what runs when a rule with this
@@ -789,73 +850,6 @@ impl Engine<Sqlite> {
     // ----- leases -----------------------------------------------------------
 
     // ----- rules and actions ----------------------------------------------
-
-    // ----- runs and dead letters ------------------------------------------
-
-    // ----- the jobs loop: reactions, channels, scheduled jobs, pruning ------
-
-    // ----- followers ------------------------------------------------------
-
-    /// Registers a projection under `name`, for followers to use: it gets
-    /// each source envelope and returns the event to publish (it will carry
-    /// the envelope's id), `None` to bridge nothing, or an error (the
-    /// envelope is dead-lettered). `"same"`, which publishes every envelope as
-    /// it is, is registered by every engine.
-    pub fn register_projection<F>(&self, name: &str, projection: F) -> Result<()>
-    where
-        F: Fn(&Event) -> std::result::Result<Option<NewEvent>, HandlerError>
-            + Send
-            + Sync
-            + 'static,
-    {
-        names::check_name("projection", name)?;
-        self.cx
-            .registry_mut()
-            .projections
-            .insert(name.to_string(), Arc::new(projection));
-        Ok(())
-    }
-
-    /// Creates a follower (or updates its target and projection) in the
-    /// ledger; returns its name. Any engine on this file that has the
-    /// projection registered relays for it, one at a time (its lease): in
-    /// [`Engine::run_until_idle`], and in a thread of its own after
-    /// [`Engine::start`].
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] for a missing source workspace, or a PostgreSQL
-    /// target this process has not registered.
-    pub fn follow(&self, follow: Follow) -> Result<String> {
-        if let Some(pg) = &follow.target_postgres
-            && !self.cx.registers_pg_target(pg)
-        {
-            return Err(Error::not_found("postgres target", pg));
-        }
-        self.write(|tx| follow::register(tx, &follow))
-    }
-
-    /// Registers a PostgreSQL database (feature `postgres`) as the target
-    /// `name` that followers publish into with [`Follow::to_postgres`]: an
-    /// edge's file relayed into a hub over the network. `config` is a libpq
-    /// connection string or a `postgresql://` URL; it stays in this
-    /// process (the file's ledger keeps only `name`), so register it at
-    /// every start, like projections. The engine connects when a follower
-    /// first publishes, and creates the engine's tables there if missing;
-    /// while the server is out of reach, the follower tries again every
-    /// third of the lease TTL and its cursor waits.
-    ///
-    /// # Errors
-    /// [`Error::Invalid`] for a bad name or a config that does not parse.
-    #[cfg(feature = "postgres")]
-    pub fn register_postgres_target(&self, name: &str, config: &str) -> Result<()> {
-        names::check_name("postgres target", name)?;
-        config
-            .parse::<postgres::Config>()
-            .map_err(|e| Error::invalid("postgres config", e.to_string()))?;
-        self.cx.register_pg_target(name, config);
-        self.cx.db.nudge();
-        Ok(())
-    }
 
     // ----- maintenance ------------------------------------------------------
 

@@ -52,16 +52,16 @@ use std::path::PathBuf;
 use crate::consumer::{self, Consumer};
 use crate::counter::Counter;
 use crate::cursor::ConsumerKind;
+use crate::db::Database;
 use crate::db::{CoreDb, Db};
 use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, HandlerError, Result, panic_text};
 use crate::event::{Event, NewEvent};
 use crate::lease::Lease;
 use crate::names;
-use crate::store::backend::Store;
-use crate::store::dead_letters::{self, NewDeadLetter};
+use crate::store::backend::{Counters, Cursors, DeadLetters, Events, Followers, Store, Work};
+use crate::store::dead_letters::NewDeadLetter;
 use crate::store::followers::{self, FollowerRow};
-use crate::store::{counters, cursors, events};
 use crate::tx::Tx;
 
 /// A projection: what a follower publishes for one source envelope, or
@@ -208,15 +208,15 @@ pub(crate) fn lease_name(follower: &str) -> String {
 
 /// Creates (or updates) the follower's ledger row and, for a new one, its
 /// cursor at the start of the source.
-pub(crate) fn register(tx: &mut Tx<'_>, f: &Follow) -> Result<String> {
+pub(crate) fn register<B: Store>(tx: &mut Tx<'_, B>, f: &Follow) -> Result<String> {
     let name = f.resolved_name();
     names::check_name("follower", &name)?;
     names::check_name("workspace", &f.source)?;
     names::check_name("workspace", &f.target)?;
     names::check_name("projection", &f.projection)?;
-    let conn = tx.conn();
+    let conn = tx.core();
     let now = tx.now_ms();
-    if !crate::store::workspaces::exists(conn, &f.source)? {
+    if !crate::store::backend::Workspaces::exists(conn, &f.source)? {
         return Err(Error::not_found("workspace", &f.source));
     }
     if f.target_file.is_none() && f.target_postgres.is_none() && f.target == f.source {
@@ -237,25 +237,25 @@ pub(crate) fn register(tx: &mut Tx<'_>, f: &Follow) -> Result<String> {
         file: file.as_deref(),
         postgres: f.target_postgres.as_deref(),
     };
-    followers::upsert(conn, &name, &f.source, &target, &f.projection, now)?;
+    Followers::upsert_follower(conn, &name, &f.source, &target, &f.projection, now)?;
     let kind = ConsumerKind::Follower.as_str();
-    if cursors::get(conn, &f.source, kind, &name)?.is_none() {
-        cursors::set(conn, &f.source, kind, &name, 0, now)?;
+    if Cursors::get(conn, &f.source, kind, &name)?.is_none() {
+        Cursors::set(conn, &f.source, kind, &name, 0, now)?;
     }
     Ok(name)
 }
 
-pub(crate) fn infos(
-    conn: &rusqlite::Connection,
+pub(crate) fn infos<C: Work + ?Sized>(
+    conn: &C,
     stopped: &std::collections::HashMap<String, i64>,
 ) -> Result<Vec<FollowerInfo>> {
     let kind = ConsumerKind::Follower.as_str();
-    followers::list(conn)?
+    Followers::follower_rows(conn)?
         .into_iter()
         .map(|r| {
-            let cursor = cursors::get(conn, &r.source, kind, &r.name)?.unwrap_or(0);
+            let cursor = Cursors::get(conn, &r.source, kind, &r.name)?.unwrap_or(0);
             Ok(FollowerInfo {
-                lag: events::count_after(conn, &r.source, cursor)?,
+                lag: Events::count_after(conn, &r.source, cursor)?,
                 stopped_here: stopped.contains_key(&r.name),
                 cursor,
                 name: r.name,
@@ -363,8 +363,8 @@ fn publish_elsewhere<B: Store>(
 
 /// Relays one batch of `row`'s source under `lease`, into `target` (None:
 /// this file).
-pub(crate) fn step(
-    db: &Db,
+pub(crate) fn step<B: Database>(
+    db: &B::Db,
     lease: &Lease,
     row: &FollowerRow,
     projection: &ProjectionFn,
@@ -406,7 +406,7 @@ pub(crate) fn step(
         Some(Elsewhere::Postgres(t)) => publish_elsewhere(t, &row.target, &items),
     };
 
-    let outcome = db.write(|tx| -> Result<Option<Relayed>> {
+    let outcome = db.write_with(|tx| -> Result<Option<Relayed>> {
         let relayed = consumer::advance(tx, c, lease, stand, |tx| -> Result<_> {
             let now = tx.now_ms();
             let mut r = Relayed::default();
@@ -438,8 +438,8 @@ pub(crate) fn step(
                     }
                 };
                 if let Some((reason, error)) = dead {
-                    let new = dead_letters::insert(
-                        tx.conn(),
+                    let new = DeadLetters::insert(
+                        tx.core(),
                         &NewDeadLetter {
                             kind: DeadLetterKind::Follower,
                             consumer: &row.name,
@@ -458,7 +458,13 @@ pub(crate) fn step(
                 last = Some(event.seq);
                 r.moved += 1;
             }
-            followers::count(tx.conn(), &row.name, r.published as i64, r.dead as i64, now)?;
+            Followers::count_follower(
+                tx.core(),
+                &row.name,
+                r.published as i64,
+                r.dead as i64,
+                now,
+            )?;
             let to = last.unwrap_or(stand.position);
             r.at = to;
             Ok((r, to))
@@ -471,12 +477,12 @@ pub(crate) fn step(
         }) = &relayed
         {
             let (error, now) = (e.to_string(), tx.now_ms());
-            followers::stopped(tx.conn(), &row.name, &error, now)?;
+            Followers::follower_stopped(tx.core(), &row.name, &error, now)?;
             let kind = ConsumerKind::Follower.as_str();
             let n =
-                cursors::record_failure(tx.conn(), &row.source, kind, &row.name, *at, &error, now)?;
-            counters::bump(
-                tx.conn(),
+                Cursors::record_failure(tx.core(), &row.source, kind, &row.name, *at, &error, now)?;
+            Counters::bump(
+                tx.core(),
                 Counter::ConsumerFailures,
                 usize::from(n.is_some()),
             )?;
@@ -491,7 +497,9 @@ pub(crate) fn step(
         // was published in another file is published again, to no effect).
         Err(e) if !e.is_lease_lost() => {
             let detail = e.to_string();
-            let _ = db.write(|tx| followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms()));
+            let _ = db.write_with(|tx| {
+                Followers::follower_stopped(tx.core(), &row.name, &detail, tx.now_ms())
+            });
             consumer::failed(db, c, stand.position, &e);
             Ok(Relayed {
                 stopped: Some(e),

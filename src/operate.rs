@@ -2,8 +2,6 @@
 //! checked (a typed error for what cannot be done) and recorded in
 //! `reflexr_audit`, in the same transaction as the change it makes.
 
-use rusqlite::Connection;
-
 use crate::audit::AuditAction;
 use crate::cursor::ConsumerKind;
 use crate::dead_letter::{DeadLetter, Resolution};
@@ -13,10 +11,10 @@ use crate::rule::{OnNewVersion, Rule, Start};
 use crate::run::{RunInfo, RunState};
 use crate::store::audit;
 use crate::store::backend::{
-    Audit, Cursors, DeadLetters, Events, Rules, Runs, RunsMore, Work, Workspaces,
+    Audit, Cursors, DeadLetters, Events, Followers, Rules, Runs, RunsMore, Work, Workspaces,
 };
 
-use crate::store::{cursors, runs};
+use crate::store::runs;
 
 /// Who did it and why, for the audit record.
 pub(crate) fn check_operator(operator: &str, reason: &str) -> Result<()> {
@@ -451,19 +449,18 @@ pub(crate) fn discard_dead_letter<C: Work + ?Sized>(
     )
 }
 
-pub(crate) fn unfollow(
-    conn: &Connection,
+pub(crate) fn unfollow<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     name: &str,
     operator: &str,
     reason: &str,
 ) -> Result<()> {
     check_operator(operator, reason)?;
-    let row = crate::store::followers::get(conn, name)?
-        .ok_or_else(|| Error::not_found("follower", name))?;
-    let cursor = cursors::get(conn, &row.source, ConsumerKind::Follower.as_str(), name)?;
-    cursors::delete(conn, &row.source, ConsumerKind::Follower.as_str(), name)?;
-    crate::store::followers::delete(conn, name)?;
+    let row = Followers::follower(conn, name)?.ok_or_else(|| Error::not_found("follower", name))?;
+    let cursor = Cursors::get(conn, &row.source, ConsumerKind::Follower.as_str(), name)?;
+    Cursors::delete(conn, &row.source, ConsumerKind::Follower.as_str(), name)?;
+    Followers::delete_follower(conn, name)?;
     record(
         conn,
         now,
@@ -478,15 +475,15 @@ pub(crate) fn unfollow(
 /// Records an operator's request that a stopped follower start again at its
 /// cursor; the process running it picks it up (see
 /// [`crate::Operator::restart_follower`]).
-pub(crate) fn restart_follower(
-    conn: &Connection,
+pub(crate) fn restart_follower<C: Work + ?Sized>(
+    conn: &C,
     now: i64,
     name: &str,
     operator: &str,
     reason: &str,
 ) -> Result<()> {
     check_operator(operator, reason)?;
-    if !crate::store::followers::request_restart(conn, name, now)? {
+    if !Followers::request_restart(conn, name, now)? {
         return Err(Error::not_found("follower", name));
     }
     record(

@@ -26,8 +26,7 @@ use crate::store::backend::Sqlite;
 /// # Ok(()) }
 /// ```
 ///
-/// Every intervention works on every backend; those on followers find none
-/// on PostgreSQL (no follower reads a PostgreSQL database).
+/// Every intervention works on every backend.
 #[derive(Debug, Clone)]
 pub struct Operator<'e, B: Backend = Sqlite> {
     engine: &'e Engine<B>,
@@ -242,7 +241,7 @@ impl<B: Backend> Operator<'_, B> {
     /// stay).
     pub fn unfollow(&self, name: &str) -> Result<()> {
         let (op, why) = self.who();
-        B::unfollow(self.engine.context(), name, op, why)
+        crate::runtime::unfollow(self.engine.context(), name, op, why)
     }
 
     /// Lets a stopped follower start again at its cursor (after the
@@ -254,7 +253,7 @@ impl<B: Backend> Operator<'_, B> {
     /// [`Error::NotFound`] for a follower the ledger does not have.
     pub fn restart_follower(&self, name: &str) -> Result<()> {
         let (op, why) = self.who();
-        B::restart_follower(self.engine.context(), name, op, why)
+        crate::runtime::restart_follower(self.engine.context(), name, op, why)
     }
 
     /// Prunes as [`Engine::prune`] does, and records it (what was asked and

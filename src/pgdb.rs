@@ -355,6 +355,9 @@ impl CoreDb<Postgres> for PgDb {
     fn settings(&self) -> &Settings {
         &self.env.settings
     }
+    fn clock(&self) -> &Arc<dyn Clock> {
+        &self.env.clock
+    }
     fn now_ms(&self) -> i64 {
         self.env.clock.now_ms()
     }

@@ -61,10 +61,11 @@ use crate::{follow, reaction, schedule};
 /// Every backend has the methods of `impl<B: Backend> Engine<B>`
 /// (workspaces, writes with the application's own SQL, appends, reads,
 /// cursors, leases, waiting for commits, rules, actions and their runs,
-/// deliveries, reactions, scheduled jobs, the threads that run them, the
-/// operators' view and interventions, stats, the administration server and
-/// MCP); the rest of [`crate::Engine`]'s methods (followers reading a
-/// file, the file's own maintenance) are SQLite's.
+/// deliveries, reactions, scheduled jobs, followers, the threads that run
+/// them, the operators' view and interventions, stats, the administration
+/// server and MCP); the rest of [`crate::Engine`]'s methods (the file's
+/// own: its path, its synchronous mode, `quick_check`, a reader on its
+/// connection) are SQLite's.
 pub trait Backend: Database {
     /// Ends the engine when its last handle goes: its threads stopped,
     /// its leases released, its connections closed.
@@ -72,9 +73,6 @@ pub trait Backend: Database {
     fn close(cx: &Context<Self>);
     #[doc(hidden)]
     fn describe(cx: &Context<Self>) -> String;
-    /// One batch of every follower (see `follow_step`).
-    #[doc(hidden)]
-    fn follow_step(cx: &Context<Self>) -> Result<usize>;
     /// Prunes what `retention` allows (see `Engine::prune`), calling
     /// `progress` after every batch.
     #[doc(hidden)]
@@ -83,16 +81,6 @@ pub trait Backend: Database {
         retention: &Retention,
         progress: &mut dyn FnMut(prune::Pruned),
     ) -> Result<prune::Pruned>;
-    /// Removes a follower from the ledger (see `Operator::unfollow`).
-    #[doc(hidden)]
-    fn unfollow(cx: &Context<Self>, name: &str, op: &str, why: &str) -> Result<()>;
-    /// Asks a stopped follower to start again (see
-    /// `Operator::restart_follower`).
-    #[doc(hidden)]
-    fn restart_follower(cx: &Context<Self>, name: &str, op: &str, why: &str) -> Result<()>;
-    /// The followers reading this database (see `Engine::followed`).
-    #[doc(hidden)]
-    fn followers(cx: &Context<Self>) -> Result<Vec<crate::follow::FollowerInfo>>;
 }
 
 impl Backend for Sqlite {
@@ -102,9 +90,6 @@ impl Backend for Sqlite {
     fn describe(cx: &Context) -> String {
         cx.db.path().display().to_string()
     }
-    fn follow_step(cx: &Context) -> Result<usize> {
-        follow_step(cx)
-    }
     fn prune_with(
         cx: &Context,
         retention: &Retention,
@@ -112,26 +97,8 @@ impl Backend for Sqlite {
     ) -> Result<prune::Pruned> {
         prune::prune(&cx.db, retention, progress)
     }
-    fn unfollow(cx: &Context, name: &str, op: &str, why: &str) -> Result<()> {
-        cx.db
-            .write(|tx| crate::operate::unfollow(tx.conn(), tx.now_ms(), name, op, why))
-    }
-    fn restart_follower(cx: &Context, name: &str, op: &str, why: &str) -> Result<()> {
-        cx.db
-            .write(|tx| crate::operate::restart_follower(tx.conn(), tx.now_ms(), name, op, why))?;
-        cx.unstop_follower(name);
-        cx.db.nudge();
-        Ok(())
-    }
-    fn followers(cx: &Context) -> Result<Vec<crate::follow::FollowerInfo>> {
-        let stopped = cx.stopped_followers();
-        cx.db.read(|c| follow::infos(c, &stopped))
-    }
 }
 
-/// Followers relay from a file, not from PostgreSQL (a PostgreSQL database
-/// is their target), so their step has nothing to do here; everything else
-/// runs as on SQLite.
 #[cfg(feature = "postgres")]
 impl Backend for crate::store::backend::Postgres {
     fn close(cx: &Context<crate::store::backend::Postgres>) {
@@ -141,9 +108,6 @@ impl Backend for crate::store::backend::Postgres {
     fn describe(cx: &Context<crate::store::backend::Postgres>) -> String {
         cx.db.what().to_string()
     }
-    fn follow_step(_: &Context<crate::store::backend::Postgres>) -> Result<usize> {
-        Ok(0)
-    }
     fn prune_with(
         cx: &Context<crate::store::backend::Postgres>,
         retention: &Retention,
@@ -151,28 +115,33 @@ impl Backend for crate::store::backend::Postgres {
     ) -> Result<prune::Pruned> {
         prune::prune_postgres(&cx.db, retention, progress)
     }
-    /// No follower reads a PostgreSQL database: none is in its ledger.
-    fn unfollow(
-        _: &Context<crate::store::backend::Postgres>,
-        name: &str,
-        _: &str,
-        _: &str,
-    ) -> Result<()> {
-        Err(Error::not_found("follower", name))
-    }
-    fn restart_follower(
-        _: &Context<crate::store::backend::Postgres>,
-        name: &str,
-        _: &str,
-        _: &str,
-    ) -> Result<()> {
-        Err(Error::not_found("follower", name))
-    }
-    fn followers(
-        _: &Context<crate::store::backend::Postgres>,
-    ) -> Result<Vec<crate::follow::FollowerInfo>> {
-        Ok(Vec::new())
-    }
+}
+
+/// The followers in the ledger, with their cursors and counters.
+pub(crate) fn followers<B: Backend>(cx: &Context<B>) -> Result<Vec<crate::follow::FollowerInfo>> {
+    let stopped = cx.stopped_followers();
+    cx.db.read_with(&mut |c| follow::infos(c, &stopped))
+}
+
+/// Removes a follower from the ledger, on the record.
+pub(crate) fn unfollow<B: Backend>(cx: &Context<B>, name: &str, op: &str, why: &str) -> Result<()> {
+    cx.db
+        .write_with(|tx| crate::operate::unfollow(tx.core(), tx.now_ms(), name, op, why))
+}
+
+/// Asks a stopped follower to start again (whichever process runs it), on
+/// the record; this engine's lets it go at once.
+pub(crate) fn restart_follower<B: Backend>(
+    cx: &Context<B>,
+    name: &str,
+    op: &str,
+    why: &str,
+) -> Result<()> {
+    cx.db
+        .write_with(|tx| crate::operate::restart_follower(tx.core(), tx.now_ms(), name, op, why))?;
+    cx.unstop_follower(name);
+    cx.db.nudge();
+    Ok(())
 }
 
 /// The runtime's settings.
@@ -185,8 +154,7 @@ pub(crate) struct Config {
 }
 
 /// An open database with everything its runtime needs: what every clone of
-/// an [`crate::Engine`] shares. Its threads are every backend's; followers
-/// read a file only, so on another backend their step finds nothing to do.
+/// an [`crate::Engine`] shares; its threads are every backend's.
 pub struct Context<B: Backend = Sqlite> {
     pub(crate) db: B::Db,
     pub(crate) config: Config,
@@ -429,9 +397,9 @@ pub(crate) fn evaluate_step<B: Backend>(cx: &Context<B>, workspace: &str) -> Res
 /// under its lease. A follower that cannot take its lease tries again a
 /// third of the lease's TTL later. Returns how many envelopes the followers
 /// moved past.
-pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
+pub(crate) fn follow_step<B: Backend>(cx: &Context<B>) -> Result<usize> {
     let db = &cx.db;
-    let rows = db.read(crate::store::followers::list)?;
+    let rows = db.read_with(&mut |c| crate::store::backend::Followers::follower_rows(c))?;
     let mut moved = 0;
     for row in rows {
         {
@@ -472,8 +440,13 @@ pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
                 Err(e) => {
                     stop_follower(cx, &row.name, row.restart_requests, &e);
                     let detail = e.to_string();
-                    db.write(|tx| {
-                        crate::store::followers::stopped(tx.conn(), &row.name, &detail, tx.now_ms())
+                    db.write_with(|tx| {
+                        crate::store::backend::Followers::follower_stopped(
+                            tx.core(),
+                            &row.name,
+                            &detail,
+                            tx.now_ms(),
+                        )
                     })?;
                     continue;
                 }
@@ -497,7 +470,7 @@ pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
             #[cfg(feature = "postgres")]
             Target::Postgres(t) => Some(follow::Elsewhere::Postgres(t)),
         };
-        match follow::step(db, &lease, &row, &*projection, elsewhere) {
+        match follow::step::<B>(db, &lease, &row, &*projection, elsewhere) {
             Ok(r) => {
                 moved += r.moved;
                 match r.stopped {
@@ -530,7 +503,7 @@ pub(crate) fn follow_step(cx: &Context) -> Result<usize> {
 /// Stops a follower in this engine; `requests` is the ledger's count of
 /// restart requests as read before the step (a request made since restarts
 /// it).
-fn stop_follower(cx: &Context, name: &str, requests: i64, e: &Error) {
+fn stop_follower<B: Backend>(cx: &Context<B>, name: &str, requests: i64, e: &Error) {
     log::error!("follower {name} stopped: {e}; it starts again at its cursor when restarted");
     lock(&cx.stopped_followers).insert(name.to_string(), requests);
 }
@@ -553,7 +526,7 @@ struct PgTarget {
 /// The PostgreSQL database a follower publishes into, connected once (its
 /// schema applied) and kept.
 #[cfg(feature = "postgres")]
-fn pg_target_db(cx: &Context, name: &str) -> Result<Arc<crate::pgdb::PgDb>> {
+fn pg_target_db<B: Backend>(cx: &Context<B>, name: &str) -> Result<Arc<crate::pgdb::PgDb>> {
     let config = {
         let targets = lock(&cx.pg_targets);
         let target = targets
@@ -581,7 +554,7 @@ fn pg_target_db(cx: &Context, name: &str) -> Result<Arc<crate::pgdb::PgDb>> {
 
 /// The file a cross-file follower publishes into, opened once. A missing
 /// file is an error (a typo must not create an empty hub).
-fn target_db(cx: &Context, path: &str) -> Result<Arc<Db>> {
+fn target_db<B: Backend>(cx: &Context<B>, path: &str) -> Result<Arc<Db>> {
     let mut targets = lock(&cx.targets);
     if let Some(db) = targets.get(path) {
         return Ok(Arc::clone(db));
@@ -706,7 +679,7 @@ pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Idle> {
             total.add_pass(p);
         }
         loop {
-            let f = B::follow_step(cx)?;
+            let f = follow_step(cx)?;
             total.followed += f;
             if f == 0 {
                 break;
@@ -775,7 +748,7 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
         let c = Arc::clone(cx);
         handles.push(spawn(
             "reflexr-follow".into(),
-            Box::new(move || worker_loop(&c, |c| Ok(B::follow_step(c)? > 0))),
+            Box::new(move || worker_loop(&c, |c| Ok(follow_step(c)? > 0))),
         )?);
     }
     for i in 0..cx.config.executors {

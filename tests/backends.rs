@@ -14,8 +14,8 @@ use common::backend::TestBackend;
 use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired};
 use reflexr::{
     ActionConfig, ChannelPolicy, Counter, DeadLetterFilter, Decision, Delivery, Engine, Enqueue,
-    Error, Job, ManualClock, Missed, NewEvent, OnDeadLetter, Pausable, Query, RetryPolicy, Rule,
-    RuleReset, RunFilter, RunKind, RunState, Scope, Start, Unique,
+    Error, Follow, Job, ManualClock, Missed, NewEvent, OnDeadLetter, Pausable, Query, RetryPolicy,
+    Rule, RuleReset, RunFilter, RunKind, RunState, Scope, Start, Unique,
 };
 use serde_json::{Value, json};
 
@@ -76,6 +76,7 @@ on_backends!(
     an_operator_replays_a_rule_and_nothing_is_made_twice,
     an_operator_finds_runs_events_and_dead_letters_by_filter_and_acts_on_them_in_bulk,
     the_executors_of_four_engines_never_exceed_a_concurrency_limit,
+    a_follower_bridges_a_workspace_into_another_once_by_ids,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -1725,4 +1726,53 @@ fn the_executors_of_four_engines_never_exceed_a_concurrency_limit<B: TestBackend
     }
     let most = most.load(std::sync::atomic::Ordering::SeqCst);
     assert!((1..=2).contains(&most), "{most} ran at once");
+}
+
+/// Followers: a workspace bridged into another of the same database with
+/// the same ids, exactly once (invariant 3), across a second engine taking
+/// over; a projection that fails dead-letters its envelope and the
+/// follower moves on; an operator's restart and unfollow are on the record.
+fn a_follower_bridges_a_workspace_into_another_once_by_ids<B: TestBackend>() {
+    let (place, clock, e) = setup::<B>();
+    e.ensure_workspace("mirror", TYPES).unwrap();
+    e.register_projection("picky", |ev: &reflexr::Event| {
+        if ev.subject == "thing/bad" {
+            return Err("cannot project it".into());
+        }
+        Ok(Some(reflexr::same_event(ev)))
+    })
+    .unwrap();
+    let name = e
+        .follow(Follow::new("app", "mirror").projection("picky"))
+        .unwrap();
+    for id in ["a", "bad", "b"] {
+        e.append("app", &made(id)).unwrap();
+    }
+    assert_eq!(e.run_until_idle().unwrap().followed, 3);
+    let mirrored = e.read(&Query::new("mirror")).unwrap();
+    let source = e.read(&Query::new("app")).unwrap();
+    let ids = |v: &[reflexr::Event]| v.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&mirrored), [source[0].id.clone(), source[2].id.clone()]);
+    let letters = e.dead_letters(false, 10).unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason.as_str(), "projection_error");
+    // Another engine with the projection takes over once the lease lapses,
+    // from the cursor: nothing twice.
+    e.append("app", &made("c")).unwrap();
+    let other = B::open(&place, &clock, "other");
+    other
+        .register_projection("picky", |ev: &reflexr::Event| {
+            Ok(Some(reflexr::same_event(ev)))
+        })
+        .unwrap();
+    clock.advance(Duration::from_secs(31));
+    assert_eq!(other.run_until_idle().unwrap().followed, 1);
+    assert_eq!(e.read(&Query::new("mirror")).unwrap().len(), 3);
+    let info = &other.followed().unwrap()[0];
+    assert_eq!((info.published, info.dead_letters, info.lag), (3, 1, 0));
+    let ops = other.operator("ops", "done with it");
+    ops.restart_follower(&name).unwrap();
+    ops.unfollow(&name).unwrap();
+    assert!(other.followed().unwrap().is_empty());
+    assert!(ops.unfollow(&name).unwrap_err().is_not_found());
 }

@@ -81,7 +81,7 @@ fn the_admin_api_serves_an_engine_on_postgres() {
         .collect();
     assert_eq!(actions, ["unblock", "retry_run"]);
     let (st, _) = api.post("/api/v1/followers/nope/restart", who("x"));
-    assert_eq!(st, 404, "no follower reads a PostgreSQL database");
+    assert_eq!(st, 404, "no such follower");
     server.shutdown();
 }
 

@@ -35,13 +35,14 @@ use crate::event::Event;
 use super::control::{ActionRow, PausedRow};
 use super::dead_letters::NewDeadLetter;
 use super::events::NewRow;
+use super::followers::FollowerRow;
 use super::leases::LeaseRow;
 use super::rules::RuleRow;
 use super::runs::{NewRun, RunRow};
 use super::schedules::ScheduleRow;
 use super::{
-    audit, control, counters, cursors, dead_letters, events, leases, rules, runs, schedules,
-    workspaces,
+    audit, control, counters, cursors, dead_letters, events, followers, leases, rules, runs,
+    schedules, workspaces,
 };
 
 /// What inserting an event did.
@@ -272,6 +273,30 @@ pub trait Inspect {
         &self,
         f: &dead_letters::Find<'_>,
     ) -> Result<(Vec<DeadLetter>, Option<i64>)>;
+}
+
+/// `reflexr_followers`, the followers' ledger.
+pub trait Followers {
+    fn follower(&self, name: &str) -> Result<Option<FollowerRow>>;
+    fn follower_rows(&self) -> Result<Vec<FollowerRow>>;
+    /// Creates the follower's row, or updates its target and projection.
+    #[allow(clippy::too_many_arguments)]
+    fn upsert_follower(
+        &self,
+        name: &str,
+        source: &str,
+        target: &followers::Target<'_>,
+        projection: &str,
+        now: i64,
+    ) -> Result<()>;
+    fn delete_follower(&self, name: &str) -> Result<bool>;
+    /// Adds a batch's publishes and dead letters to the follower's counters.
+    fn count_follower(&self, name: &str, published: i64, dead_letters: i64, now: i64)
+    -> Result<()>;
+    /// Records a stop.
+    fn follower_stopped(&self, name: &str, error: &str, now: i64) -> Result<()>;
+    /// Records an operator's request to restart; false: no such follower.
+    fn request_restart(&self, name: &str, now: i64) -> Result<bool>;
 }
 
 /// `reflexr_audit`, the record of what operators did.
@@ -541,7 +566,7 @@ pub trait DeadLetters {
 
 /// What the work layer (rules, runs, executors) asks of a connection.
 pub trait Work:
-    Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + Schedules + Inspect
+    Core + Runs + RunsMore + Control + Counters + DeadLetters + Rules + Schedules + Inspect + Followers
 {
 }
 impl<T> Work for T where
@@ -554,6 +579,7 @@ impl<T> Work for T where
         + Rules
         + Schedules
         + Inspect
+        + Followers
         + ?Sized
 {
 }
@@ -1173,5 +1199,42 @@ impl Inspect for rusqlite::Connection {
         f: &dead_letters::Find<'_>,
     ) -> Result<(Vec<DeadLetter>, Option<i64>)> {
         dead_letters::find(self, f)
+    }
+}
+
+impl Followers for rusqlite::Connection {
+    fn follower(&self, name: &str) -> Result<Option<FollowerRow>> {
+        followers::get(self, name)
+    }
+    fn follower_rows(&self) -> Result<Vec<FollowerRow>> {
+        followers::list(self)
+    }
+    fn upsert_follower(
+        &self,
+        name: &str,
+        source: &str,
+        target: &followers::Target<'_>,
+        projection: &str,
+        now: i64,
+    ) -> Result<()> {
+        followers::upsert(self, name, source, target, projection, now)
+    }
+    fn delete_follower(&self, name: &str) -> Result<bool> {
+        followers::delete(self, name)
+    }
+    fn count_follower(
+        &self,
+        name: &str,
+        published: i64,
+        dead_letters: i64,
+        now: i64,
+    ) -> Result<()> {
+        followers::count(self, name, published, dead_letters, now)
+    }
+    fn follower_stopped(&self, name: &str, error: &str, now: i64) -> Result<()> {
+        followers::stopped(self, name, error, now)
+    }
+    fn request_restart(&self, name: &str, now: i64) -> Result<bool> {
+        followers::request_restart(self, name, now)
     }
 }

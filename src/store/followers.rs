@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use crate::error::Result;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FollowerRow {
+pub struct FollowerRow {
     pub name: String,
     pub source: String,
     pub target: String,
@@ -62,7 +62,7 @@ pub(crate) fn list(conn: &Connection) -> Result<Vec<FollowerRow>> {
 
 /// Where a follower publishes: the target workspace, in this file, another
 /// file, or a registered PostgreSQL target.
-pub(crate) struct Target<'a> {
+pub struct Target<'a> {
     pub workspace: &'a str,
     pub file: Option<&'a str>,
     pub postgres: Option<&'a str>,

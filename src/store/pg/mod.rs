@@ -24,6 +24,7 @@
 //!   exchange instead of a prepare and an execute.
 
 mod control;
+mod followers;
 mod guard;
 mod inspect;
 mod rules;

@@ -12,7 +12,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 7;
+pub(crate) const SCHEMA_VERSION: i32 = 8;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
@@ -26,10 +26,33 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (5, MIGRATE_TO_5),
     (6, MIGRATE_TO_6),
     (7, MIGRATE_TO_7),
+    (8, MIGRATE_TO_8),
 ];
 
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 8: the followers' ledger, for followers that read a workspace
+/// of this database, as in `schema.sql`.
+const MIGRATE_TO_8: &str = "
+CREATE TABLE reflexr_followers (
+    name             text PRIMARY KEY,
+    source           text NOT NULL REFERENCES reflexr_workspaces (name),
+    target           text NOT NULL,
+    target_file      text,
+    projection       text NOT NULL,
+    published        bigint NOT NULL DEFAULT 0,
+    dead_letters     bigint NOT NULL DEFAULT 0,
+    stops            bigint NOT NULL DEFAULT 0,
+    last_error       text,
+    stopped_at       bigint,
+    created_at       bigint NOT NULL,
+    updated_at       bigint NOT NULL,
+    restart_requests bigint NOT NULL DEFAULT 0 CHECK (restart_requests >= 0),
+    target_postgres  text
+);
+INSERT INTO reflexr_schema_version (version) VALUES (8);
+";
 
 /// Version 7: an index on event ids by prefix, whatever the database's
 /// collation (an operator's view of a run finds the events it emitted,
