@@ -739,6 +739,12 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
+    /// Where the database is: the file's path, or the PostgreSQL server
+    /// and database (`host:port/dbname`, never the password).
+    pub fn location(&self) -> String {
+        B::describe(&self.cx)
+    }
+
     /// Registers the handler of an action: what runs when a rule with this
     /// action fires. This process's executors claim only runs of actions it
     /// has registered. The handler runs at least once per run (invariant 5):

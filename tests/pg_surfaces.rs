@@ -1,7 +1,7 @@
 //! The operators' surfaces on an engine on PostgreSQL (feature
-//! `postgres`): the administration API (REST and metrics) and the MCP
-//! tools answer from the server's tables, and their interventions change
-//! them on the record (DESIGN.md, "Surfaces"; invariants 5 and 8 through
+//! `postgres`): the administration API (REST and metrics), the MCP tools
+//! and the `reflexr` CLI answer from the server's tables, and their
+//! interventions change them on the record (DESIGN.md, "Surfaces"; invariants 5 and 8 through
 //! the API). The routes and tools themselves are tested at length on
 //! SQLite (`tests/admin.rs`, `tests/mcp.rs`); this proves the same code
 //! serves the other backend.
@@ -134,4 +134,38 @@ fn the_mcp_tools_serve_an_engine_on_postgres() {
         2,
         "each retry on the record"
     );
+}
+
+/// The `reflexr` CLI opens a PostgreSQL database by its connection string:
+/// `status` reads it, `retry` changes it on the record.
+#[test]
+fn the_cli_operates_a_database_on_postgres() {
+    let place = PgSchema::new();
+    let e = shop(&place);
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_reflexr"))
+            .arg(place.config())
+            .args(args)
+            .output()
+            .expect("run the CLI");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let status: Value = serde_json::from_str(&cli(&["--json", "status"])).unwrap();
+    assert_eq!(status["runs"]["dead"], 2, "{status}");
+    let dead = e.runs(Some(RunState::Dead), 10).unwrap();
+    cli(&[
+        "retry",
+        &dead[0].id,
+        "--operator",
+        "ops",
+        "--reason",
+        "card fixed",
+    ]);
+    assert_eq!(e.run(&dead[0].id).unwrap().unwrap().state, RunState::Ready);
+    assert_eq!(e.audit_log(5).unwrap()[0].operator, "ops");
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use comfy_table::{Table, presets};
-use reflexr::{ConsumerKind, Engine, Event, NewEvent, Query, Retention, RunState};
+use reflexr::{Backend, ConsumerKind, Engine, Event, NewEvent, Query, Retention, RunState};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -28,7 +28,9 @@ use serde_json::json;
     about = "Inspect and operate a reflexr file (its log, cursors, leases, runs, dead letters)"
 )]
 struct Cli {
-    /// The reflexr database file (it must exist).
+    /// The reflexr database file (it must exist); with the feature
+    /// `postgres`, a PostgreSQL database instead: a `postgresql://` URL or
+    /// a libpq string (`host=… dbname=…`).
     db: PathBuf,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
@@ -57,7 +59,7 @@ impl Who {
     }
 
     /// The engine's operator view, as this operator, for this reason.
-    fn on<'e>(&self, engine: &'e Engine) -> reflexr::Operator<'e> {
+    fn on<'e, B: Backend>(&self, engine: &'e Engine<B>) -> reflexr::Operator<'e, B> {
         engine.operator(self.operator(), self.reason.clone())
     }
 }
@@ -335,11 +337,34 @@ fn main() -> ExitCode {
 
 type Fallible<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
+/// Whether `db` names a PostgreSQL database rather than a file.
+fn is_postgres(db: &std::path::Path) -> bool {
+    let text = db.to_string_lossy();
+    text.starts_with("postgresql://") || text.starts_with("postgres://") || text.contains('=')
+}
+
 fn run(cli: &Cli) -> Fallible {
+    let holder = format!("reflexr-cli-{}", std::process::id());
+    if is_postgres(&cli.db) {
+        #[cfg(feature = "postgres")]
+        {
+            let engine = Engine::builder_postgres(cli.db.to_string_lossy())
+                .holder_id(holder)
+                .open()?;
+            return run_on(&engine, cli);
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err("a PostgreSQL database needs reflexr built with the feature postgres".into());
+    }
     let engine = Engine::builder(&cli.db)
         .create_if_missing(false)
-        .holder_id(format!("reflexr-cli-{}", std::process::id()))
+        .holder_id(holder)
         .open()?;
+    run_on(&engine, cli)
+}
+
+fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
+    let engine = engine.clone();
     match &cli.command {
         Command::Status => status(&engine, cli.json),
         Command::Events {
@@ -566,7 +591,7 @@ fn run(cli: &Cli) -> Fallible {
                     .read_only(*read_only)
                     .operator(operator.clone()),
             );
-            log::info!("serving MCP over stdio on {}", engine.path().display());
+            log::info!("serving MCP over stdio on {}", engine.location());
             mcp.serve_stdio(std::io::stdin().lock(), std::io::stdout().lock())?;
             Ok(())
         }
@@ -624,8 +649,8 @@ fn run(cli: &Cli) -> Fallible {
 /// Serves until SIGINT or SIGTERM, then stops the server (its threads
 /// joined) and returns.
 #[cfg(feature = "admin")]
-fn serve(
-    engine: &Engine,
+fn serve<B: Backend>(
+    engine: &Engine<B>,
     listen: std::net::SocketAddr,
     token_file: Option<&std::path::Path>,
     read_only: bool,
@@ -641,7 +666,7 @@ fn serve(
     let server = engine.serve_admin(config)?;
     println!(
         "serving {} on http://{}{}",
-        engine.path().display(),
+        engine.location(),
         server.local_addr(),
         if read_only { " (read-only)" } else { "" }
     );
@@ -707,8 +732,8 @@ fn print_events(events: &[Event], json: bool) -> Fallible {
     Ok(())
 }
 
-fn tail(
-    engine: &Engine,
+fn tail<B: Backend>(
+    engine: &Engine<B>,
     workspace: &str,
     types: &[String],
     from_start: bool,
@@ -767,7 +792,7 @@ fn paused_table(paused: &[reflexr::PausedInfo]) -> Table {
 }
 
 /// Every action's settings and what is paused.
-fn limits(engine: &Engine, json: bool) -> Fallible {
+fn limits<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
     let configs = engine.action_configs()?;
     let paused = engine.paused()?;
     if json {
@@ -795,7 +820,7 @@ fn limits(engine: &Engine, json: bool) -> Fallible {
     Ok(())
 }
 
-fn status(engine: &Engine, json: bool) -> Fallible {
+fn status<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
     let workspaces = engine.workspaces()?;
     let cursors = engine.cursors()?;
     let leases = engine.leases()?;
@@ -907,7 +932,12 @@ fn lease_state(expires_at: i64, now: i64) -> &'static str {
     }
 }
 
-fn runs(engine: &Engine, state: Option<RunState>, limit: usize, json: bool) -> Fallible {
+fn runs<B: Backend>(
+    engine: &Engine<B>,
+    state: Option<RunState>,
+    limit: usize,
+    json: bool,
+) -> Fallible {
     let runs = engine.runs(state, limit)?;
     if json {
         return print_json(&runs);
@@ -936,7 +966,7 @@ fn runs(engine: &Engine, state: Option<RunState>, limit: usize, json: bool) -> F
     Ok(())
 }
 
-fn dead_letters(engine: &Engine, all: bool, limit: usize, json: bool) -> Fallible {
+fn dead_letters<B: Backend>(engine: &Engine<B>, all: bool, limit: usize, json: bool) -> Fallible {
     let letters = engine.dead_letters(all, limit)?;
     if json {
         return print_json(&letters);
@@ -964,8 +994,8 @@ fn dead_letters(engine: &Engine, all: bool, limit: usize, json: bool) -> Fallibl
 }
 
 #[allow(clippy::too_many_arguments)]
-fn reset_cursor(
-    engine: &Engine,
+fn reset_cursor<B: Backend>(
+    engine: &Engine<B>,
     workspace: &str,
     kind: &str,
     name: &str,
@@ -1008,8 +1038,8 @@ fn reset_cursor(
     Ok(())
 }
 
-fn prune(
-    engine: &Engine,
+fn prune<B: Backend>(
+    engine: &Engine<B>,
     events: Option<Duration>,
     work: Option<Duration>,
     batch: usize,
