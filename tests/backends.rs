@@ -77,6 +77,8 @@ on_backends!(
     an_operator_finds_runs_events_and_dead_letters_by_filter_and_acts_on_them_in_bulk,
     the_executors_of_four_engines_never_exceed_a_concurrency_limit,
     a_follower_bridges_a_workspace_into_another_once_by_ids,
+    a_worker_whose_claim_lapsed_cannot_complete_once_another_worker_claimed_the_run,
+    a_batch_settled_in_one_statement_settles_run_by_run_what_a_lost_claim_refuses,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -1775,4 +1777,93 @@ fn a_follower_bridges_a_workspace_into_another_once_by_ids<B: TestBackend>() {
     ops.unfollow(&name).unwrap();
     assert!(other.followed().unwrap().is_empty());
     assert!(ops.unfollow(&name).unwrap_err().is_not_found());
+}
+
+/// Invariants 5 and 7: a completion checks the claim's holder and attempt.
+/// A worker paused in its handler past its claim's lease loses the run to
+/// another, which completes it; the first one's completion (its row with
+/// the settlement) is refused and leaves nothing.
+fn a_worker_whose_claim_lapsed_cannot_complete_once_another_worker_claimed_the_run<
+    B: TestBackend,
+>() {
+    let (place, clock, a) = setup::<B>();
+    let b = B::open(&place, &clock, "worker-b");
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let go = std::sync::Mutex::new(go);
+    a.register_action("work", move |run, ctx| {
+        started_tx.send(()).unwrap();
+        go.lock().unwrap().recv().unwrap(); // paused past its lease
+        let id = format!("{}:a", run.id);
+        ctx.complete(|tx| B::insert_thing(tx, &id))?;
+        Ok(())
+    })
+    .unwrap();
+    b.register_action("work", |run, ctx| {
+        let id = format!("{}:b", run.id);
+        ctx.complete(|tx| B::insert_thing(tx, &id))?;
+        Ok(())
+    })
+    .unwrap();
+    let id = a
+        .enqueue(&task(1).retry(RetryPolicy::attempts(5)))
+        .unwrap()
+        .id;
+    let worker_a = {
+        let a = a.clone();
+        std::thread::spawn(move || a.run_until_idle())
+    };
+    started.recv().unwrap();
+    clock.advance(Duration::from_secs(31));
+    let idle = b.run_until_idle().unwrap();
+    assert_eq!((idle.claimed, idle.succeeded), (1, 1));
+    go_tx.send(()).unwrap();
+    let idle_a = worker_a.join().unwrap().unwrap();
+    assert_eq!(idle_a.succeeded, 0, "a's completion was refused");
+    let run = b.run(&id).unwrap().unwrap();
+    assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
+    assert_eq!(B::things(&b), [format!("{id}:b")]);
+}
+
+/// Invariants 5 and 7: plain successes settle in one statement that checks
+/// every claim; one taken by another holder meanwhile is refused (and
+/// settled by nobody here), the others succeed.
+fn a_batch_settled_in_one_statement_settles_run_by_run_what_a_lost_claim_refuses<B: TestBackend>() {
+    let (place, clock, e) = setup::<B>();
+    let ids: Vec<String> = (0..3).map(|n| e.enqueue(&task(n)).unwrap().id).collect();
+    let thief = B::open(&place, &clock, "thief");
+    let victim = ids[0].clone();
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = Arc::clone(&handled);
+    e.register_action("work", move |_, _| {
+        if h.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 3 {
+            thief.write(|tx| {
+                B::run_sql(
+                    tx,
+                    &format!(
+                        "UPDATE reflexr_runs SET claimed_by = 'someone-else' WHERE id = '{victim}'"
+                    ),
+                )
+            })?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(
+        handled.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "one batch"
+    );
+    assert_eq!((idle.claimed, idle.succeeded), (3, 2));
+    let run = |id: &str| e.run(id).unwrap().unwrap();
+    assert_eq!(
+        run(&ids[0]).state,
+        RunState::Running,
+        "the lost claim settled nothing"
+    );
+    assert_eq!(run(&ids[0]).claimed_by.as_deref(), Some("someone-else"));
+    for id in &ids[1..] {
+        assert_eq!(run(id).state, RunState::Succeeded, "{id}");
+    }
 }

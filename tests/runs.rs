@@ -1,5 +1,7 @@
 //! Runs act at least once: claims under leases, retries with backoff, dead
 //! letters, scope order, fenced completion (DESIGN.md, invariants 5, 6, 7).
+//! Fenced completion and settlement run on every backend in
+//! `tests/backends.rs`.
 
 mod common;
 
@@ -135,116 +137,6 @@ fn exhausted_retries_dead_letter_the_run_with_the_error_text() {
     assert_eq!(e.audit_log(1).unwrap()[0].action.as_str(), "retry_run");
     e.run_until_idle().unwrap();
     assert_eq!(only_run(&e).attempt, 1, "attempts start again");
-}
-
-#[test]
-fn a_worker_whose_claim_lapsed_cannot_complete_once_another_worker_claimed_the_run() {
-    // Invariants 5 and 7: completion checks the claim's holder and attempt.
-    let s = Scene::new();
-    let a = s.open("worker-a").workspace("app", APP_TYPES).sql(DONE_SQL);
-    let b = s.open("worker-b").workspace("app", APP_TYPES).sql(DONE_SQL);
-    a.register_rule(on_job(RetryPolicy::attempts(5))).unwrap();
-    let (started_tx, started) = mpsc::channel();
-    let (go_tx, go) = mpsc::channel::<()>();
-    let go = Mutex::new(go);
-    a.register_action("work", move |run, ctx| {
-        started_tx.send(()).unwrap();
-        go.lock().unwrap().recv().unwrap(); // paused past its lease
-        ctx.complete(|tx| {
-            tx.execute("INSERT INTO done VALUES (?1, 'a')", [&run.id])?;
-            Ok(())
-        })?;
-        Ok(())
-    })
-    .unwrap();
-    b.register_action("work", |run, ctx| {
-        ctx.complete(|tx| {
-            tx.execute("INSERT INTO done VALUES (?1, 'b')", [&run.id])?;
-            Ok(())
-        })?;
-        Ok(())
-    })
-    .unwrap();
-    a.append("app", &job("a", 0)).unwrap();
-
-    let worker_a = {
-        let a = a.clone();
-        std::thread::spawn(move || a.run_until_idle())
-    };
-    started.recv().unwrap();
-    // a's claim lapses (nobody renews it: a is paused); b takes the run.
-    s.clock.advance(Duration::from_secs(31));
-    let idle = b.run_until_idle().unwrap();
-    assert_eq!((idle.claimed, idle.succeeded), (1, 1));
-    go_tx.send(()).unwrap();
-    let idle_a = worker_a.join().unwrap().unwrap();
-    assert_eq!(idle_a.succeeded, 0, "a's completion was refused");
-
-    let run = only_run(&b);
-    assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
-    assert_eq!(count(&b, "SELECT count(*) FROM done"), 1);
-    assert_eq!(count(&b, "SELECT count(*) FROM done WHERE by = 'b'"), 1);
-}
-
-#[test]
-fn a_batch_settled_in_one_statement_falls_back_run_by_run_when_one_claim_was_lost() {
-    // Invariants 5 and 7: plain successes settle in one statement, and that
-    // statement checks every claim; when one was lost, the batch settles one
-    // by one: the lost run is refused, the others still succeed.
-    let s = Scene::new();
-    let e = s.open("worker-a").workspace("app", APP_TYPES);
-    e.register_rule(
-        Rule::new("jobs", "app")
-            .on(["job"])
-            .ordering(Ordering::None)
-            .action("work")
-            .decide(|e| Ok(Decision::Fire(e.payload()?))),
-    )
-    .unwrap();
-    for i in 0..3 {
-        e.append("app", &job("any", i)).unwrap();
-    }
-    e.run_until_idle().unwrap(); // decided; no handler yet
-    let mut runs = e.runs(None, 10).unwrap();
-    runs.sort_by_key(|r| (r.created_at, r.id.clone()));
-    let ids: Vec<String> = runs.into_iter().map(|r| r.id).collect();
-    assert_eq!(ids.len(), 3);
-    // The three are claimed in one batch; while the batch's handlers work,
-    // another holder takes one of the claims (as after a lapse).
-    let thief = s.open("thief");
-    let victim = ids[0].clone();
-    let handled = Arc::new(AtomicUsize::new(0));
-    let h = Arc::clone(&handled);
-    e.register_action("work", move |_, _| {
-        if h.fetch_add(1, AtomicOrdering::SeqCst) + 1 == 3 {
-            thief.write(|tx| {
-                tx.execute(
-                    "UPDATE reflexr_runs SET claimed_by = 'someone-else' WHERE id = ?1",
-                    [&victim],
-                )?;
-                Ok(())
-            })?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    let idle = e.run_until_idle().unwrap();
-    assert_eq!(
-        handled.load(AtomicOrdering::SeqCst),
-        3,
-        "one batch, three handlers"
-    );
-    assert_eq!((idle.claimed, idle.succeeded), (3, 2));
-    let state = |id: &str| e.run(id).unwrap().unwrap();
-    assert_eq!(
-        state(&ids[0]).state,
-        RunState::Running,
-        "the lost claim settled nothing"
-    );
-    assert_eq!(state(&ids[0]).claimed_by.as_deref(), Some("someone-else"));
-    for id in &ids[1..] {
-        assert_eq!(state(id).state, RunState::Succeeded, "{id}");
-    }
 }
 
 /// The child's side of the kill test: claims the run and hangs in its
