@@ -304,6 +304,7 @@ fn check_settings(s: &Settings) -> Result<()> {
 /// | [`heartbeat`](PostgresBuilder::heartbeat) | 200 ms (commits of other processes arrive by `LISTEN` first) |
 /// | [`lease_ttl`](PostgresBuilder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
 /// | [`max_payload_bytes`](PostgresBuilder::max_payload_bytes) | 1 MiB |
+/// | [`max_chain_depth`](PostgresBuilder::max_chain_depth) | 8 |
 /// | [`holder_id`](PostgresBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
 /// | [`executors`](PostgresBuilder::executors) | 2 threads |
 /// | [`claim_batch`](PostgresBuilder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
@@ -397,6 +398,13 @@ impl PostgresBuilder {
     /// The largest payload an append accepts, in bytes.
     pub fn max_payload_bytes(mut self, n: usize) -> Self {
         self.settings.limits.max_payload_bytes = n;
+        self
+    }
+
+    /// How deep a chain of events and runs may go (see
+    /// [`EngineBuilder::max_chain_depth`]). Default 8.
+    pub fn max_chain_depth(mut self, n: u32) -> Self {
+        self.settings.limits.max_chain_depth = i64::from(n);
         self
     }
 

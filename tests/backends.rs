@@ -79,6 +79,8 @@ on_backends!(
     a_follower_bridges_a_workspace_into_another_once_by_ids,
     a_worker_whose_claim_lapsed_cannot_complete_once_another_worker_claimed_the_run,
     a_batch_settled_in_one_statement_settles_run_by_run_what_a_lost_claim_refuses,
+    one_runs_refused_output_fails_only_that_run_and_the_rest_of_its_batch_settles,
+    a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -1866,4 +1868,124 @@ fn a_batch_settled_in_one_statement_settles_run_by_run_what_a_lost_claim_refuses
     for id in &ids[1..] {
         assert_eq!(run(id).state, RunState::Succeeded, "{id}");
     }
+}
+
+/// Invariant 5, contained: runs claimed in one batch whose outputs the log
+/// refuses (an unregistered type, a payload over the limit, an id over the
+/// limit), whose completion fails in the application's statement (which
+/// on PostgreSQL aborts that write's transaction), or whose checkpoint is
+/// too large, each fail their own attempt with the reason; the run that
+/// did its job succeeds with its event, and the executor goes on.
+fn one_runs_refused_output_fails_only_that_run_and_the_rest_of_its_batch_settles<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let e = B::open_limited(&place, &clock, 64 * 1024, 8);
+    e.ensure_workspace("app", TYPES).unwrap();
+    e.register_action("work", |run, ctx| {
+        let input: Value = run.input()?;
+        let made = || NewEvent::new("thing.made", "thing/x", "worker", 0);
+        match input["what"].as_str().unwrap() {
+            "ok" => ctx.emit_to("app", "done", made())?,
+            "unregistered" => ctx.emit_to("app", "done", NewEvent::new("nope", "x", "w", 0))?,
+            "too-big" => ctx.emit_to(
+                "app",
+                "done",
+                made().payload(&json!({ "blob": "x".repeat(100_000) })),
+            )?,
+            "app-statement" => {
+                ctx.complete(|tx| B::run_sql(tx, "INSERT INTO no_such_table VALUES (1)"))?
+            }
+            "checkpoint" => ctx.checkpoint(&"y".repeat(100_000))?,
+            other => panic!("{other}"),
+        }
+        Ok(())
+    })
+    .unwrap();
+    e.register_channel("sms", ChannelPolicy::BestEffort, |msg, ctx| {
+        // The emitted id is `<delivery id>/sent`: past the id limit.
+        ctx.emit_to(
+            "app",
+            "sent",
+            NewEvent::new("thing.made", &msg.template, "sms", 0),
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    let whats = [
+        "ok",
+        "unregistered",
+        "too-big",
+        "app-statement",
+        "checkpoint",
+    ];
+    let ids: Vec<String> = e
+        .write(|tx| {
+            whats
+                .iter()
+                .map(|w| {
+                    let t = Enqueue::new("work", &json!({ "what": w })).retry(RetryPolicy::never());
+                    Ok(tx.enqueue(&t)?.id)
+                })
+                .collect()
+        })
+        .unwrap();
+    let long_id = "d".repeat(reflexr::MAX_ID_BYTES - 2);
+    e.deliver(&Delivery::new("sms", "hello").id(&long_id))
+        .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!(idle.claimed, 6, "one batch");
+    assert_eq!((idle.succeeded, idle.dead), (1, 5));
+    let run = |i: usize| e.run(&ids[i]).unwrap().unwrap();
+    assert_eq!(run(0).state, RunState::Succeeded);
+    let done = all(&e);
+    assert_eq!(done.len(), 1, "the successful run's event, and no other");
+    assert_eq!(done[0].id, format!("{}/done", ids[0]));
+    for (i, says) in [
+        (1, "event type not found"),
+        (2, "invalid payload"),
+        (3, "no_such_table"),
+        (4, "invalid checkpoint"),
+    ] {
+        assert_eq!(run(i).state, RunState::Dead, "{}", whats[i]);
+        let error = run(i).last_error.unwrap();
+        assert!(error.contains(says), "{}: {error}", whats[i]);
+    }
+    let sms = e.run(&long_id).unwrap().unwrap();
+    assert_eq!(sms.state, RunState::Dead);
+    assert!(sms.last_error.unwrap().contains("invalid id"));
+    assert_eq!(e.dead_letters(false, 10).unwrap().len(), 5);
+}
+
+/// Rules that trigger each other stop at the chain depth limit: the firing
+/// whose run would go deeper is a dead run with a `depth_limit` dead
+/// letter instead of a run.
+fn a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let e = B::open_limited(&place, &clock, 1 << 20, 3);
+    e.ensure_workspace("app", &["ping"]).unwrap();
+    e.register_rule(
+        Rule::new("echo", "app")
+            .on(["ping"])
+            .scope(Scope::Global)
+            .action("pong")
+            .decide(|_| Ok(Decision::Fire(Value::Null))),
+    )
+    .unwrap();
+    e.register_action("pong", |_, ctx| {
+        ctx.emit("ping", NewEvent::new("ping", "loop", "echo", ctx.now_ms()))?;
+        Ok(())
+    })
+    .unwrap();
+    e.append("app", &NewEvent::new("ping", "loop", "app", 0))
+        .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.fired, idle.succeeded), (4, 3));
+    let pings = e.read(&Query::new("app").types(["ping"])).unwrap();
+    let depths: Vec<i64> = pings.iter().map(|p| p.depth).collect();
+    assert_eq!(depths, [0, 1, 2, 3]);
+    let letters = e.dead_letters(false, 10).unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].reason.as_str(), "depth_limit");
+    assert_eq!(letters[0].event_seq, Some(pings[3].seq));
 }

@@ -26,6 +26,13 @@ pub trait TestBackend: Backend + Sized {
         holder: &str,
         heartbeat: Option<Duration>,
     ) -> Engine<Self>;
+    /// [`TestBackend::open`] with these limits.
+    fn open_limited(
+        place: &Self::Place,
+        clock: &ManualClock,
+        max_payload_bytes: usize,
+        max_chain_depth: u32,
+    ) -> Engine<Self>;
     /// Creates the application's table `things (id text primary key)`.
     fn create_things(engine: &Engine<Self>);
     /// Inserts a row into `things`, in the engine's transaction.
@@ -63,6 +70,20 @@ impl TestBackend for Sqlite {
             b = b.heartbeat(h);
         }
         b.open().expect("open engine")
+    }
+
+    fn open_limited(
+        place: &tempfile::TempDir,
+        clock: &ManualClock,
+        max_payload_bytes: usize,
+        max_chain_depth: u32,
+    ) -> Engine {
+        Engine::builder(place.path().join("test.db"))
+            .clock(clock.clone())
+            .max_payload_bytes(max_payload_bytes)
+            .max_chain_depth(max_chain_depth)
+            .open()
+            .expect("open engine")
     }
 
     fn create_things(engine: &Engine) {
@@ -182,6 +203,20 @@ mod pg {
                 b = b.heartbeat(h);
             }
             b.open().expect("open engine")
+        }
+
+        fn open_limited(
+            place: &PgSchema,
+            clock: &ManualClock,
+            max_payload_bytes: usize,
+            max_chain_depth: u32,
+        ) -> Engine<Postgres> {
+            Engine::builder_postgres(place.config())
+                .clock(clock.clone())
+                .max_payload_bytes(max_payload_bytes)
+                .max_chain_depth(max_chain_depth)
+                .open()
+                .expect("open engine")
         }
 
         fn create_things(engine: &Engine<Postgres>) {
