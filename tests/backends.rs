@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backend::TestBackend;
-use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired};
+use common::rules::{
+    APP_TYPES, Count, JOB_TYPES, append_rsvps, every_nth, expected, fired, job, on_job,
+};
 use reflexr::{
     ActionConfig, ChannelPolicy, Counter, DeadLetterFilter, Decision, Delivery, Engine, Enqueue,
     Error, Follow, Job, ManualClock, Missed, NewEvent, OnDeadLetter, Pausable, Query, RetryPolicy,
@@ -81,6 +83,10 @@ on_backends!(
     a_batch_settled_in_one_statement_settles_run_by_run_what_a_lost_claim_refuses,
     one_runs_refused_output_fails_only_that_run_and_the_rest_of_its_batch_settles,
     a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter,
+    block_holds_the_scope_until_an_operator_unblocks_it,
+    continue_lets_the_scope_go_on_after_a_dead_run,
+    a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope,
+    events_emitted_by_a_run_are_not_duplicated_across_retries,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -1988,4 +1994,187 @@ fn a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter<B: TestBackend>(
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].reason.as_str(), "depth_limit");
     assert_eq!(letters[0].event_seq, Some(pings[3].seq));
+}
+
+// ----- scopes of rule runs ---------------------------------------------------
+
+const BACKOFF: Duration = Duration::from_secs(10);
+
+/// An engine with the workspace `app` of the run tests.
+fn jobs_engine<B: TestBackend>(place: &B::Place, clock: &ManualClock) -> Engine<B> {
+    let e = B::open(place, clock, "test");
+    e.ensure_workspace("app", JOB_TYPES).unwrap();
+    e
+}
+
+/// Invariant 6 with `on_dead_letter = block`: a scope stops at its dead
+/// run until an operator unblocks it (or discards the run); operators find
+/// what is held; the scope then resumes in order, on the record.
+fn block_holds_the_scope_until_an_operator_unblocks_it<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let e = jobs_engine::<B>(&place, &clock);
+    e.register_rule(on_job(RetryPolicy::never()).on_dead_letter(OnDeadLetter::Block))
+        .unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let o = Arc::clone(&order);
+    e.register_action("work", move |run, _| {
+        let input: Value = run.input()?;
+        let idx = input["idx"].as_u64().unwrap();
+        o.lock().unwrap().push(idx);
+        if idx == 0 || idx == 3 {
+            return Err("poison".into());
+        }
+        Ok(())
+    })
+    .unwrap();
+    for (i, scope) in ["a", "a", "a", "b", "b"].iter().enumerate() {
+        e.append("app", &job(scope, i)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        [0, 3],
+        "both scopes stop at their dead run"
+    );
+    assert_eq!(e.runs(Some(RunState::Waiting), 10).unwrap().len(), 3);
+    let scope_b_dead = e
+        .runs(Some(RunState::Dead), 10)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.scope.as_deref() == Some("b"))
+        .unwrap();
+    let blocked = e.blocked_lanes(10).unwrap();
+    let mut held: Vec<(String, String)> = blocked
+        .iter()
+        .map(|l| (l.scope.clone(), l.last_error.clone().unwrap_or_default()))
+        .collect();
+    held.sort();
+    assert_eq!(
+        held,
+        [("a".into(), "poison".into()), ("b".into(), "poison".into())]
+    );
+    assert_eq!(e.stats().unwrap().blocked_lanes, 2);
+    e.operator("ops", "skip the poison message")
+        .unblock("jobs", "a")
+        .unwrap();
+    e.operator("ops", "not needed")
+        .discard_run(&scope_b_dead.id)
+        .unwrap();
+    e.run_until_idle().unwrap();
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order.len(), 5);
+    let at = |idx| order.iter().position(|&i| i == idx).unwrap();
+    assert!(at(1) < at(2), "scope a resumed in order: {order:?}");
+    assert!(at(4) > at(3), "scope b went on: {order:?}");
+    assert!(e.blocked_lanes(10).unwrap().is_empty());
+    let err = e.operator("ops", "again").unblock("jobs", "a").unwrap_err();
+    assert!(err.is_not_found(), "no longer blocked: {err}");
+    let actions: Vec<String> = e
+        .audit_log(10)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.action.to_string())
+        .collect();
+    assert_eq!(actions, ["discard_run", "unblock"]);
+}
+
+/// Invariant 6 with `on_dead_letter = continue` (the default): a scope goes
+/// on past its dead run.
+fn continue_lets_the_scope_go_on_after_a_dead_run<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let e = jobs_engine::<B>(&place, &clock);
+    e.register_rule(on_job(RetryPolicy::never())).unwrap();
+    e.register_action("work", |run, _| {
+        let input: Value = run.input()?;
+        if input["idx"] == 0 {
+            Err("poison".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    for i in 0..3 {
+        e.append("app", &job("a", i)).unwrap();
+    }
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.dead, idle.succeeded), (1, 2));
+}
+
+/// Invariant 6: a run waiting for its retry's backoff holds back its own
+/// scope, and no other.
+fn a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let e = jobs_engine::<B>(&place, &clock);
+    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
+        .unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let o = Arc::clone(&order);
+    e.register_action("work", move |run, _| {
+        let input: Value = run.input()?;
+        let idx = input["idx"].as_u64().unwrap();
+        o.lock().unwrap().push((idx, run.attempt));
+        if idx == 0 && run.attempt == 1 {
+            Err("busy".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    for (i, scope) in ["a", "a", "b", "b"].iter().enumerate() {
+        e.append("app", &job(scope, i)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        [(0, 1), (2, 1), (3, 1)],
+        "b went on; a waits"
+    );
+    clock.advance(BACKOFF);
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        [(0, 1), (2, 1), (3, 1), (0, 2), (1, 1)],
+        "then a, in order"
+    );
+}
+
+/// Invariants 3 and 5: what a run emits is appended with its completion,
+/// its id derived from the run's (the firing's), so a retry emits nothing
+/// twice; its causation is the firing event and its depth one more.
+fn events_emitted_by_a_run_are_not_duplicated_across_retries<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let e = jobs_engine::<B>(&place, &clock);
+    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
+        .unwrap();
+    e.register_action("work", |run, ctx| {
+        ctx.emit(
+            "done",
+            NewEvent::new("done", format!("job/{}", run.id), "worker", ctx.now_ms()),
+        )?;
+        if run.attempt == 1 {
+            return Err("failed after emitting".into());
+        }
+        Ok(())
+    })
+    .unwrap();
+    let trigger = e.append("app", &job("a", 0)).unwrap();
+    e.run_until_idle().unwrap();
+    assert!(
+        e.read(&Query::new("app").types(["done"]))
+            .unwrap()
+            .is_empty()
+    );
+    clock.advance(BACKOFF);
+    e.run_until_idle().unwrap();
+    let done = e.read(&Query::new("app").types(["done"])).unwrap();
+    assert_eq!(done.len(), 1);
+    let runs = e.runs(None, 10).unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(done[0].id, format!("{}/done", runs[0].id));
+    assert_eq!(done[0].causation_id.as_deref(), Some(trigger.id.as_str()));
+    assert_eq!(done[0].depth, 1);
 }

@@ -9,33 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use common::rules::{JOB_TYPES, job, on_job};
 use common::{Arrange, Scene, count, is_child, parent_file};
 use proptest::prelude::*;
-use reflexr::{
-    Clock, Decision, Engine, NewEvent, OnDeadLetter, Ordering, Query, RetryPolicy, Rule, RunState,
-    Scope,
-};
+use reflexr::{Clock, Engine, NewEvent, Ordering, RetryPolicy, RunState};
 
 const BACKOFF: Duration = Duration::from_secs(10);
 
-/// A rule firing once per `job` event, with the event's payload as input,
-/// scoped by the payload's `scope`.
-fn on_job(policy: RetryPolicy) -> Rule {
-    Rule::new("jobs", "app")
-        .on(["job"])
-        .scope(Scope::payload("scope"))
-        .action("work")
-        .retry(policy)
-        .decide(|e| Ok(Decision::Fire(e.payload()?)))
-}
-
-fn job(scope: &str, idx: usize) -> NewEvent {
-    NewEvent::new("job", format!("job/{idx}"), "app", 0)
-        .payload(&serde_json::json!({ "scope": scope, "idx": idx }))
-}
-
-/// The types of `app`, the workspace of every test.
-const APP_TYPES: &[&str] = &["job", "done", "ping"];
+const APP_TYPES: &[&str] = JOB_TYPES;
 
 /// The application's table: the worker that completed each run.
 const DONE_SQL: &str = "CREATE TABLE IF NOT EXISTS done (run TEXT PRIMARY KEY, by TEXT)";
@@ -201,178 +182,6 @@ fn a_run_whose_executor_was_killed_mid_handler_is_taken_by_another_after_its_lea
     assert_eq!(ran.load(AtomicOrdering::SeqCst), 1);
     let run = only_run(&e);
     assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
-}
-
-#[test]
-fn block_holds_the_scope_until_an_operator_unblocks_it() {
-    // Invariant 6: on_dead_letter = block.
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
-    e.register_rule(on_job(RetryPolicy::never()).on_dead_letter(OnDeadLetter::Block))
-        .unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let o = Arc::clone(&order);
-    e.register_action("work", move |run, _| {
-        let input: serde_json::Value = run.input()?;
-        let idx = input["idx"].as_u64().unwrap();
-        o.lock().unwrap().push(idx);
-        if idx == 0 || idx == 3 {
-            return Err("poison".into());
-        }
-        Ok(())
-    })
-    .unwrap();
-    for (i, scope) in ["a", "a", "a", "b", "b"].iter().enumerate() {
-        e.append("app", &job(scope, i)).unwrap();
-    }
-    e.run_until_idle().unwrap();
-    assert_eq!(
-        *order.lock().unwrap(),
-        [0, 3],
-        "both scopes stop at their dead run"
-    );
-    let waiting = e.runs(Some(RunState::Waiting), 10).unwrap();
-    assert_eq!(waiting.len(), 3);
-
-    let scope_b_dead = e
-        .runs(Some(RunState::Dead), 10)
-        .unwrap()
-        .into_iter()
-        .find(|r| r.scope.as_deref() == Some("b"))
-        .unwrap();
-    // Operators find what is held: both scopes, behind their dead runs.
-    let blocked = e.blocked_lanes(10).unwrap();
-    let mut held: Vec<(String, String)> = blocked
-        .iter()
-        .map(|l| (l.scope.clone(), l.last_error.clone().unwrap_or_default()))
-        .collect();
-    held.sort();
-    assert_eq!(
-        held,
-        [("a".into(), "poison".into()), ("b".into(), "poison".into())]
-    );
-    assert!(blocked.iter().all(|l| l.rule == "jobs"));
-    assert!(blocked.iter().any(|l| l.run_id == scope_b_dead.id));
-    assert_eq!(e.stats().unwrap().blocked_lanes, 2);
-    e.operator("ops", "skip the poison message")
-        .unblock("jobs", "a")
-        .unwrap();
-    e.operator("ops", "not needed")
-        .discard_run(&scope_b_dead.id)
-        .unwrap();
-    e.run_until_idle().unwrap();
-    let order = order.lock().unwrap().clone();
-    assert_eq!(order.len(), 5);
-    let at = |idx| order.iter().position(|&i| i == idx).unwrap();
-    assert!(at(1) < at(2), "scope a resumed in order: {order:?}");
-    assert!(at(4) > at(3), "scope b went on: {order:?}");
-    assert!(e.blocked_lanes(10).unwrap().is_empty());
-    assert_eq!(e.stats().unwrap().blocked_lanes, 0);
-    let err = e.operator("ops", "again").unblock("jobs", "a").unwrap_err();
-    assert!(err.is_not_found(), "no longer blocked: {err}");
-    let actions: Vec<String> = e
-        .audit_log(10)
-        .unwrap()
-        .into_iter()
-        .map(|a| a.action.to_string())
-        .collect();
-    assert_eq!(actions, ["discard_run", "unblock"]);
-}
-
-#[test]
-fn continue_lets_the_scope_go_on_after_a_dead_run() {
-    // Invariant 6: on_dead_letter = continue (the default).
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
-    e.register_rule(on_job(RetryPolicy::never())).unwrap();
-    e.register_action("work", |run, _| {
-        let input: serde_json::Value = run.input()?;
-        if input["idx"] == 0 {
-            Err("poison".into())
-        } else {
-            Ok(())
-        }
-    })
-    .unwrap();
-    for i in 0..3 {
-        e.append("app", &job("a", i)).unwrap();
-    }
-    let idle = e.run_until_idle().unwrap();
-    assert_eq!((idle.dead, idle.succeeded), (1, 2));
-}
-
-#[test]
-fn a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope() {
-    // Invariant 6.
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
-    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
-        .unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let o = Arc::clone(&order);
-    e.register_action("work", move |run, _| {
-        let input: serde_json::Value = run.input()?;
-        let idx = input["idx"].as_u64().unwrap();
-        o.lock().unwrap().push((idx, run.attempt));
-        if idx == 0 && run.attempt == 1 {
-            Err("busy".into())
-        } else {
-            Ok(())
-        }
-    })
-    .unwrap();
-    for (i, scope) in ["a", "a", "b", "b"].iter().enumerate() {
-        e.append("app", &job(scope, i)).unwrap();
-    }
-    e.run_until_idle().unwrap();
-    assert_eq!(
-        *order.lock().unwrap(),
-        [(0, 1), (2, 1), (3, 1)],
-        "b went on; a waits"
-    );
-    s.clock.advance(BACKOFF);
-    e.run_until_idle().unwrap();
-    assert_eq!(
-        *order.lock().unwrap(),
-        [(0, 1), (2, 1), (3, 1), (0, 2), (1, 1)],
-        "then a, in order"
-    );
-}
-
-#[test]
-fn events_emitted_by_a_run_are_not_duplicated_across_retries() {
-    // The firing id is the run id: emitted ids derive from it.
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(DONE_SQL);
-    e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
-        .unwrap();
-    e.register_action("work", |run, ctx| {
-        ctx.emit(
-            "done",
-            NewEvent::new("done", format!("job/{}", run.id), "worker", ctx.now_ms()),
-        )?;
-        if run.attempt == 1 {
-            return Err("failed after emitting".into());
-        }
-        Ok(())
-    })
-    .unwrap();
-    let trigger = e.append("app", &job("a", 0)).unwrap();
-    e.run_until_idle().unwrap();
-    assert!(
-        e.read(&Query::new("app").types(["done"]))
-            .unwrap()
-            .is_empty()
-    );
-    s.clock.advance(BACKOFF);
-    e.run_until_idle().unwrap();
-
-    let done = e.read(&Query::new("app").types(["done"])).unwrap();
-    assert_eq!(done.len(), 1);
-    let run = only_run(&e);
-    assert_eq!(done[0].id, format!("{}/done", run.id));
-    assert_eq!(done[0].causation_id.as_deref(), Some(trigger.id.as_str()));
-    assert_eq!(done[0].depth, 1);
 }
 
 #[test]

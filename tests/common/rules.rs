@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use reflexr::{Backend, Decision, Engine, NewEvent, Query, Rule, Scope};
+use reflexr::{Backend, Decision, Engine, NewEvent, Query, RetryPolicy, Rule, Scope};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Default, Serialize, Deserialize, Debug, PartialEq)]
@@ -99,4 +99,24 @@ pub fn expected<B: Backend>(
         }
     }
     out
+}
+
+/// The types of `app` in the run tests.
+pub const JOB_TYPES: &[&str] = &["job", "done", "ping"];
+
+/// A rule firing once per `job` event, with the event's payload as input,
+/// scoped by the payload's `scope`.
+pub fn on_job(policy: RetryPolicy) -> Rule {
+    Rule::new("jobs", "app")
+        .on(["job"])
+        .scope(Scope::payload("scope"))
+        .action("work")
+        .retry(policy)
+        .decide(|e| Ok(Decision::Fire(e.payload()?)))
+}
+
+/// A `job` event of `scope`.
+pub fn job(scope: &str, idx: usize) -> NewEvent {
+    NewEvent::new("job", format!("job/{idx}"), "app", 0)
+        .payload(&serde_json::json!({ "scope": scope, "idx": idx }))
 }
