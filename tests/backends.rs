@@ -87,6 +87,8 @@ on_backends!(
     continue_lets_the_scope_go_on_after_a_dead_run,
     a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope,
     events_emitted_by_a_run_are_not_duplicated_across_retries,
+    a_unique_key_holds_while_pending_while_active_or_for_a_period,
+    a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_completion,
 );
 
 const TYPES: &[&str] = &["thing.made", "thing.gone"];
@@ -2177,4 +2179,171 @@ fn events_emitted_by_a_run_are_not_duplicated_across_retries<B: TestBackend>() {
     assert_eq!(done[0].id, format!("{}/done", runs[0].id));
     assert_eq!(done[0].causation_id.as_deref(), Some(trigger.id.as_str()));
     assert_eq!(done[0].depth, 1);
+}
+
+/// Control of the work: the database refuses a second run with a held key
+/// (the enqueue gets the holder's id, marked deduplicated) while the first
+/// is pending, while it is active, or for a period after it was made.
+fn a_unique_key_holds_while_pending_while_active_or_for_a_period<B: TestBackend>() {
+    let (place, clock, e) = setup::<B>();
+    let seen = recording(&e);
+    let a = e
+        .enqueue(&task(1).unique("k", Unique::WhilePending))
+        .unwrap();
+    let b = e
+        .enqueue(&task(2).unique("k", Unique::WhilePending))
+        .unwrap();
+    assert!(b.deduplicated && b.id == a.id);
+    e.run_until_idle().unwrap();
+    let c = e
+        .enqueue(&task(3).unique("k", Unique::WhilePending))
+        .unwrap();
+    assert!(!c.deduplicated, "the first ended: the key is free");
+    // The unique index itself: a second pending run with the key is
+    // refused by the database, whoever writes it.
+    let forged = e.write(|tx| {
+        B::run_sql(
+            tx,
+            &format!(
+                "UPDATE reflexr_runs SET unique_key = 'k', unique_mode = 'pending' \
+                 WHERE id = '{}'",
+                a.id
+            ),
+        )?;
+        B::run_sql(
+            tx,
+            &format!(
+                "UPDATE reflexr_runs SET state = 'ready' WHERE id = '{}'",
+                a.id
+            ),
+        )
+    });
+    assert!(forged.is_err(), "the partial unique index holds");
+    e.run_until_idle().unwrap();
+
+    let d = e
+        .enqueue(&task(4).unique("j", Unique::WhileActive))
+        .unwrap();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let go = std::sync::Mutex::new(go);
+    let worker_engine = B::open(&place, &clock, "worker");
+    worker_engine
+        .register_action("work", move |_, _| {
+            started_tx.send(()).unwrap();
+            go.lock().unwrap().recv().unwrap();
+            Ok(())
+        })
+        .unwrap();
+    let worker = std::thread::spawn(move || worker_engine.run_until_idle().unwrap());
+    started.recv().unwrap();
+    let f = e
+        .enqueue(&task(5).unique("j", Unique::WhileActive))
+        .unwrap();
+    assert!(
+        f.deduplicated && f.id == d.id,
+        "still running: the key holds"
+    );
+    go_tx.send(()).unwrap();
+    worker.join().unwrap();
+    let again = e
+        .enqueue(&task(6).unique("j", Unique::WhileActive))
+        .unwrap();
+    assert!(!again.deduplicated);
+    e.run_until_idle().unwrap();
+
+    let period = || Unique::For(Duration::from_secs(60));
+    let g = e.enqueue(&task(7).unique("p", period())).unwrap();
+    e.run_until_idle().unwrap();
+    let h = e.enqueue(&task(8).unique("p", period())).unwrap();
+    assert!(
+        h.deduplicated && h.id == g.id,
+        "within the period, though it ended"
+    );
+    clock.advance(Duration::from_secs(61));
+    assert!(
+        !e.enqueue(&task(9).unique("p", period()))
+            .unwrap()
+            .deduplicated
+    );
+    e.run_until_idle().unwrap();
+    let mut ns = seen.lock().unwrap().clone();
+    ns.sort_unstable();
+    // 4 ran in the other worker; no deduplicated one (2, 5, 8) ran at all.
+    assert_eq!(ns, [1, 3, 6, 7, 9]);
+    assert_eq!(e.run(&d.id).unwrap().unwrap().state, RunState::Succeeded);
+    assert_eq!(
+        e.runs(None, 20).unwrap().len(),
+        6,
+        "one run per enqueue kept"
+    );
+}
+
+/// Invariants 5 and 7: a cancelled pending run never starts; a running
+/// one's handler sees the cancel at once in this process and its
+/// completion is refused: it ends cancelled; an ended run cannot be
+/// cancelled; each cancel is on the record.
+fn a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_completion<
+    B: TestBackend,
+>() {
+    let (_place, clock, e) = setup::<B>();
+    let pending = e
+        .enqueue(&task(1).after(Duration::from_secs(60)))
+        .unwrap()
+        .id;
+    let ops = e.operator("ops", "not needed");
+    assert_eq!(ops.cancel_run(&pending).unwrap(), RunState::Ready);
+    let run = e.run(&pending).unwrap().unwrap();
+    assert_eq!(
+        (run.state, run.cancelled_by.as_deref()),
+        (RunState::Cancelled, Some("ops"))
+    );
+
+    let running = e.enqueue(&task(2)).unwrap().id;
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let go = std::sync::Mutex::new(go);
+    let saw_cancel = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let saw = Arc::clone(&saw_cancel);
+    e.register_action("work", move |_, ctx| {
+        started_tx.send(()).unwrap();
+        go.lock().unwrap().recv().unwrap();
+        if ctx.is_cancelled() {
+            saw.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(()) // says it succeeded: refused
+    })
+    .unwrap();
+    clock.advance(Duration::from_secs(61)); // the cancelled one would be due
+    let worker = {
+        let e = e.clone();
+        std::thread::spawn(move || e.run_until_idle().unwrap())
+    };
+    started.recv().unwrap();
+    assert_eq!(ops.cancel_run(&running).unwrap(), RunState::Running);
+    go_tx.send(()).unwrap();
+    let idle = worker.join().unwrap();
+    assert_eq!(
+        (idle.claimed, idle.succeeded),
+        (1, 0),
+        "only the running one was claimed"
+    );
+    assert_eq!(
+        saw_cancel.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "seen at once"
+    );
+    let run = e.run(&running).unwrap().unwrap();
+    assert_eq!(run.state, RunState::Cancelled);
+    assert!(run.cancel_requested_at.is_some());
+    let err = ops.cancel_run(&running).unwrap_err();
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    assert!(ops.cancel_run("nope").unwrap_err().is_not_found());
+    let cancels = e
+        .audit_log(10)
+        .unwrap()
+        .iter()
+        .filter(|a| a.action.to_string() == "cancel")
+        .count();
+    assert_eq!(cancels, 2);
 }

@@ -3,12 +3,12 @@
 //! cancels, and concurrency and rate limits across processes (DESIGN.md
 //! invariants 2, 5 and 6; 10 for bad input). What runs on every backend —
 //! an enqueue with the caller's rows, retries, scopes and priorities,
-//! uniqueness, rate and partitioned limits, pauses — is in
-//! `tests/backends.rs`.
+//! uniqueness in every mode, rate and partitioned limits, pauses, cancels —
+//! is in `tests/backends.rs`.
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -90,107 +90,6 @@ fn wait_for_run_returns_when_the_run_ends() {
 }
 
 #[test]
-fn a_unique_key_holds_while_pending_while_active_or_for_a_period() {
-    // The database refuses a second run with a held key: the enqueue gets
-    // the holder's id, marked deduplicated.
-    let s = Scene::new();
-    let e = s.open("test");
-    let seen = recording(&e);
-
-    let a = e
-        .enqueue(&task(1).unique("k", Unique::WhilePending))
-        .unwrap();
-    let b = e
-        .enqueue(&task(2).unique("k", Unique::WhilePending))
-        .unwrap();
-    assert!(b.deduplicated && b.id == a.id);
-    e.run_until_idle().unwrap();
-    let c = e
-        .enqueue(&task(3).unique("k", Unique::WhilePending))
-        .unwrap();
-    assert!(!c.deduplicated, "the first ended: the key is free");
-
-    // The unique index itself: a second pending run with the key is refused
-    // by SQLite, whoever writes it.
-    let forged = e.write(|tx| {
-        tx.execute(
-            "UPDATE reflexr_runs SET unique_key = 'k', unique_mode = 'pending' WHERE id = ?1",
-            [&a.id],
-        )?;
-        tx.execute(
-            "UPDATE reflexr_runs SET state = 'ready' WHERE id = ?1",
-            [&a.id],
-        )?;
-        Ok(())
-    });
-    assert!(forged.is_err(), "the partial unique index holds");
-    e.run_until_idle().unwrap();
-
-    let d = e
-        .enqueue(&task(4).unique("j", Unique::WhileActive))
-        .unwrap();
-    let (started_tx, started) = mpsc::channel();
-    let (go_tx, go) = mpsc::channel::<()>();
-    let go = Mutex::new(go);
-    let e2 = s.open("worker");
-    e2.register_action("work", move |_, _| {
-        started_tx.send(()).unwrap();
-        go.lock().unwrap().recv().unwrap();
-        Ok(())
-    })
-    .unwrap();
-    let worker = {
-        let e2 = e2.clone();
-        std::thread::spawn(move || e2.run_until_idle().unwrap())
-    };
-    started.recv().unwrap();
-    let f = e
-        .enqueue(&task(5).unique("j", Unique::WhileActive))
-        .unwrap();
-    assert!(
-        f.deduplicated && f.id == d.id,
-        "still running: the key holds"
-    );
-    go_tx.send(()).unwrap();
-    worker.join().unwrap();
-    assert!(
-        !e.enqueue(&task(6).unique("j", Unique::WhileActive))
-            .unwrap()
-            .deduplicated
-    );
-    e.run_until_idle().unwrap();
-
-    let g = e
-        .enqueue(&task(7).unique("p", Unique::For(Duration::from_secs(60))))
-        .unwrap();
-    e.run_until_idle().unwrap();
-    let h = e
-        .enqueue(&task(8).unique("p", Unique::For(Duration::from_secs(60))))
-        .unwrap();
-    assert!(
-        h.deduplicated && h.id == g.id,
-        "within the period, though it ended"
-    );
-    s.clock.advance(Duration::from_secs(61));
-    assert!(
-        !e.enqueue(&task(9).unique("p", Unique::For(Duration::from_secs(60))))
-            .unwrap()
-            .deduplicated
-    );
-    e.run_until_idle().unwrap();
-    let mut ns = seen.lock().unwrap().clone();
-    ns.sort_unstable();
-    // 4 ran in the other worker; no deduplicated one (2, 5, 8) ran at all.
-    assert_eq!(ns, [1, 3, 6, 7, 9]);
-    assert_eq!(e.run(&d.id).unwrap().unwrap().state, RunState::Succeeded);
-    assert_eq!(
-        e.runs(None, 20).unwrap().len(),
-        6,
-        "one run per enqueue that was not deduplicated"
-    );
-}
-
-#[test]
 fn higher_priorities_are_claimed_first_and_a_scope_keeps_its_order() {
     // Invariant 6 with priorities: within a scope, enqueue order; among
     // the runs a claim can take, higher priority first.
@@ -222,73 +121,6 @@ fn higher_priorities_are_claimed_first_and_a_scope_keeps_its_order() {
     assert!(
         priorities.contains(&1),
         "the action's default was stored: {priorities:?}"
-    );
-}
-
-#[test]
-fn a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_completion() {
-    // Invariants 5 and 7: a cancelled run ends cancelled, whatever its
-    // handler says; an ended run cannot be cancelled.
-    let s = Scene::new();
-    let e = s.open("test");
-    let pending = e
-        .enqueue(&task(1).after(Duration::from_secs(60)))
-        .unwrap()
-        .id;
-    let ops = e.operator("ops", "not needed");
-    assert_eq!(ops.cancel_run(&pending).unwrap(), RunState::Ready);
-    let run = e.run(&pending).unwrap().unwrap();
-    assert_eq!(
-        (run.state, run.cancelled_by.as_deref()),
-        (RunState::Cancelled, Some("ops"))
-    );
-
-    let running = e.enqueue(&task(2)).unwrap().id;
-    let (started_tx, started) = mpsc::channel();
-    let (go_tx, go) = mpsc::channel::<()>();
-    let go = Mutex::new(go);
-    let saw_cancel = Arc::new(AtomicUsize::new(0));
-    let saw = Arc::clone(&saw_cancel);
-    e.register_action("work", move |_, ctx| {
-        started_tx.send(()).unwrap();
-        go.lock().unwrap().recv().unwrap();
-        if ctx.is_cancelled() {
-            saw.fetch_add(1, AtomicOrdering::SeqCst);
-        }
-        Ok(()) // says it succeeded: refused
-    })
-    .unwrap();
-    s.clock.advance(Duration::from_secs(61)); // the cancelled one would be due
-    let worker = {
-        let e = e.clone();
-        std::thread::spawn(move || e.run_until_idle().unwrap())
-    };
-    started.recv().unwrap();
-    assert_eq!(ops.cancel_run(&running).unwrap(), RunState::Running);
-    go_tx.send(()).unwrap();
-    let idle = worker.join().unwrap();
-    assert_eq!(
-        (idle.claimed, idle.succeeded),
-        (1, 0),
-        "only the running one was claimed"
-    );
-    assert_eq!(
-        saw_cancel.load(AtomicOrdering::SeqCst),
-        1,
-        "seen at once in this process"
-    );
-    let run = e.run(&running).unwrap().unwrap();
-    assert_eq!(run.state, RunState::Cancelled);
-    assert!(run.cancel_requested_at.is_some());
-    let err = ops.cancel_run(&running).unwrap_err();
-    assert!(matches!(err, Error::Conflict { .. }), "{err}");
-    assert!(ops.cancel_run("nope").unwrap_err().is_not_found());
-    assert_eq!(
-        count(
-            &e,
-            "SELECT count(*) FROM reflexr_audit WHERE action = 'cancel'"
-        ),
-        2
     );
 }
 
