@@ -18,7 +18,10 @@
 -- leases. The other tables come as migrations (src/store/pg/schema.rs),
 -- applied after this file to a new database as to an old one: version 2,
 -- the work queue (runs, lanes, per-action settings, unique periods);
--- version 3, the audit of operators' interventions.
+-- version 3, the audit of operators' interventions; version 4, pauses,
+-- rate-limit starts, counters and dead letters; version 5, rules and their
+-- state; version 6, scheduled jobs; version 7, an index on event ids by
+-- prefix; version 8, the followers' ledger.
 
 CREATE TABLE reflexr_schema_version (
     version    integer NOT NULL,

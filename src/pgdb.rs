@@ -14,7 +14,10 @@
 //!   SQLite): appends take their seqs one transaction at a time across
 //!   every process (see `store::pg`), so a commit that carries many
 //!   callers' appends turns the head's lock once for all of them. Other
-//!   processes write beside this one.
+//!   processes write beside this one. An executor's round (settle a batch,
+//!   claim the next) takes a transaction of its own instead
+//!   (`CoreDb::write_apart`): rounds run side by side on their own
+//!   connections, and the server merges their commits' flushes itself.
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
 //!   its commit; the notifier's listener and heartbeat (`crate::notify`)
 //!   wake this process's waiters. A missed notification costs a heartbeat,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::backend::TestBackend;
+use common::channels::email_channel;
 use common::rules::{
     APP_TYPES, Count, JOB_TYPES, append_rsvps, every_nth, expected, fired, job, on_job,
 };
@@ -1207,20 +1208,6 @@ fn a_rule_fires_a_run_whose_events_another_rule_decides<B: TestBackend>() {
 // ----- the jobs loop: reactions, deliveries, scheduled jobs ------------------
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-type Sent = Arc<std::sync::Mutex<Vec<String>>>;
-
-/// The `email` channel, recording each message's recipient.
-fn email_channel<B: TestBackend>(e: &Engine<B>, policy: ChannelPolicy) -> Sent {
-    let sent: Sent = Arc::default();
-    let s = Arc::clone(&sent);
-    e.register_channel("email", policy, move |msg, _| {
-        s.lock().unwrap().push(msg.to.clone().unwrap_or_default());
-        Ok(())
-    })
-    .unwrap();
-    sent
-}
 
 /// A thing made, with who is told of it.
 fn made_for(id: &str, emails: &[&str]) -> NewEvent {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::channels::email_channel;
 use common::{Arrange, Scene, count, is_child, parent_file};
 use proptest::prelude::*;
 use reflexr::{
@@ -46,19 +47,6 @@ fn notifier() -> Reaction {
             }
             Ok(())
         })
-}
-
-type Sent = Arc<Mutex<Vec<String>>>;
-
-fn email_channel(e: &Engine, policy: ChannelPolicy) -> Sent {
-    let sent: Sent = Arc::default();
-    let s = Arc::clone(&sent);
-    e.register_channel("email", policy, move |msg, _| {
-        s.lock().unwrap().push(msg.to.clone().unwrap_or_default());
-        Ok(())
-    })
-    .unwrap();
-    sent
 }
 
 fn edit(e: &Engine, room: &str, fail: bool) -> reflexr::Result<()> {

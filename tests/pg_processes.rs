@@ -17,10 +17,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::backend::{PgSchema, TestBackend};
-use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired};
+use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired, slow_every_nth};
 use common::{Watched, is_child, later, spawn_child};
 use reflexr::postgres::{Client, IsolationLevel, NoTls};
-use reflexr::{Decision, Engine, Enqueue, ManualClock, NewEvent, Postgres, Query, RunState};
+use reflexr::{Engine, Enqueue, ManualClock, NewEvent, Postgres, Query, RunState};
 
 const TYPES: &[&str] = &["thing.made"];
 
@@ -356,16 +356,7 @@ fn child_evaluates() {
         .open()
         .unwrap();
     e.register_action("noop", |_, _| Ok(())).unwrap();
-    let slow = every_nth("tenth", 10).decide_with_state(Count::default(), |_, state| {
-        // Slow enough that a kill lands inside a batch.
-        std::thread::sleep(Duration::from_micros(300));
-        state.n += 1;
-        Ok(if state.n.is_multiple_of(10) {
-            Decision::fire(&serde_json::json!({ "n": state.n }))
-        } else {
-            Decision::Skip
-        })
-    });
+    let slow = slow_every_nth("tenth", 10);
     e.register_rule(slow).unwrap();
     println!("evaluating");
     e.run_until_idle().unwrap();

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired};
+use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired, slow_every_nth};
 use common::{Arrange, Scene, count, is_child, later, parent_file};
 use reflexr::{
     ConsumerKind, Decision, Engine, Error, NewEvent, OnNewVersion, Query, Rule, RuleReset, Scope,
@@ -33,16 +33,7 @@ fn child_process_evaluator() {
         .open()
         .unwrap()
         .noop("noop");
-    let slow = every_nth("tenth", 10).decide_with_state(Count::default(), |_, state| {
-        // Slow enough that a kill lands inside a batch.
-        std::thread::sleep(Duration::from_micros(300));
-        state.n += 1;
-        Ok(if state.n.is_multiple_of(10) {
-            Decision::fire(&serde_json::json!({ "n": state.n }))
-        } else {
-            Decision::Skip
-        })
-    });
+    let slow = slow_every_nth("tenth", 10);
     e.register_rule(slow).unwrap();
     println!("\nevaluating");
     e.run_until_idle().unwrap();

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod backend;
+pub mod channels;
 pub mod http;
 pub mod inputs;
 pub mod power;

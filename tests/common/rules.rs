@@ -33,6 +33,20 @@ pub fn every_nth(name: &str, every: u32) -> Rule {
         })
 }
 
+/// [`every_nth`], slow enough (300 µs a decision) that a kill lands inside
+/// a batch: the evaluator of the crash tests.
+pub fn slow_every_nth(name: &str, every: u32) -> Rule {
+    every_nth(name, every).decide_with_state(Count::default(), move |_, state| {
+        std::thread::sleep(std::time::Duration::from_micros(300));
+        state.n += 1;
+        Ok(if state.n.is_multiple_of(every) {
+            Decision::fire(&serde_json::json!({ "n": state.n }))
+        } else {
+            Decision::Skip
+        })
+    })
+}
+
 pub fn rsvp(session: u32, guest: u32) -> NewEvent {
     NewEvent::new("rsvp", format!("guest/{guest}"), "guest", 0)
         .payload(&serde_json::json!({ "session": session, "guest": guest }))

@@ -1,6 +1,7 @@
-//! The store on PostgreSQL (feature `postgres`): the statements of the
-//! core's table groups ([`super::backend`]) in PostgreSQL's dialect, beside
-//! its schema file `schema.pg.sql`.
+//! The store on PostgreSQL (feature `postgres`): the statements of every
+//! table group ([`super::backend`]) in PostgreSQL's dialect, one module per
+//! concept as in `store`, beside its schema file `schema.pg.sql` and the
+//! migrations in [`schema`].
 //!
 //! Where PostgreSQL differs from SQLite, and what this module does about it:
 //!
@@ -29,6 +30,7 @@ mod guard;
 mod inspect;
 mod rules;
 mod runs;
+mod schedules;
 pub(crate) mod schema;
 
 use std::cell::RefCell;
