@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::backend::TestBackend;
 use common::channels::email_channel;
+use common::on_backends;
 use common::rules::{
     APP_TYPES, Count, JOB_TYPES, append_rsvps, every_nth, expected, fired, job, on_job,
 };
@@ -21,25 +22,6 @@ use reflexr::{
     Rule, RuleReset, RunFilter, RunKind, RunState, Scope, Start, Unique,
 };
 use serde_json::{Value, json};
-
-/// Runs each generic test on SQLite and, with the feature, on PostgreSQL.
-macro_rules! on_backends {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[test]
-                fn sqlite() {
-                    super::$name::<reflexr::Sqlite>();
-                }
-                #[cfg(feature = "postgres")]
-                #[test]
-                fn postgres() {
-                    super::$name::<reflexr::Postgres>();
-                }
-            }
-        )*
-    };
-}
 
 on_backends!(
     app_rows_and_events_commit_or_roll_back_together,

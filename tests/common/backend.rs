@@ -1,38 +1,141 @@
-//! The backends the engine tests run on: each test of `tests/backends.rs`
-//! is written once, generic over [`TestBackend`], and run on an SQLite temp
-//! file and — with the feature `postgres` — on a fresh schema of the
-//! PostgreSQL server `REFLEXR_PG_URL` names (`bash .ci/run` starts one with
-//! `tests/pg/cluster.sh`).
+//! The backends the engine tests run on: a test written once, generic over
+//! [`TestBackend`], is run by [`on_backends!`](crate::common::on_backends)
+//! on an SQLite temp file and — with the feature `postgres` — on a fresh
+//! schema of the PostgreSQL server `REFLEXR_PG_URL` names (`bash .ci/run`
+//! starts one with `tests/pg/cluster.sh`). A test that needs a child
+//! process starts it with [`child`] and writes the child's side once too
+//! ([`children_on_backends!`](crate::common::children_on_backends)).
 
 use std::time::Duration;
 
 use reflexr::{Backend, Engine, Job, ManualClock, Pruned, Reaction, Retention, Sqlite, Tx};
 
+use super::{Watched, spawn_child};
+
+/// What an engine of a test is opened with besides its database: the
+/// test's clock, a holder id, and the settings a test may change. The busy
+/// timeout is 20 s everywhere, short enough that a bug shows as an error
+/// rather than a long hang.
+#[derive(Clone)]
+pub struct Opts {
+    pub clock: ManualClock,
+    pub holder: String,
+    pub heartbeat: Option<Duration>,
+    pub executors: Option<usize>,
+    pub claim_batch: Option<usize>,
+    pub max_payload_bytes: Option<usize>,
+    pub max_chain_depth: Option<u32>,
+}
+
+impl Opts {
+    pub fn new(clock: &ManualClock, holder: &str) -> Opts {
+        Opts {
+            clock: clock.clone(),
+            holder: holder.to_string(),
+            heartbeat: None,
+            executors: None,
+            claim_batch: None,
+            max_payload_bytes: None,
+            max_chain_depth: None,
+        }
+    }
+
+    /// A heartbeat of its own: a test that must be woken by a notification,
+    /// not by polling, sets it to an hour.
+    pub fn heartbeat(mut self, t: Duration) -> Opts {
+        self.heartbeat = Some(t);
+        self
+    }
+
+    pub fn executors(mut self, n: usize) -> Opts {
+        self.executors = Some(n);
+        self
+    }
+
+    pub fn claim_batch(mut self, n: usize) -> Opts {
+        self.claim_batch = Some(n);
+        self
+    }
+
+    pub fn limits(mut self, max_payload_bytes: usize, max_chain_depth: u32) -> Opts {
+        self.max_payload_bytes = Some(max_payload_bytes);
+        self.max_chain_depth = Some(max_chain_depth);
+        self
+    }
+}
+
+/// Sets each of [`Opts`] a test gave on a builder; both builders have the
+/// same setters.
+macro_rules! apply_opts {
+    ($builder:expr, $opts:expr) => {{
+        let o: &Opts = $opts;
+        let mut b = $builder
+            .clock(o.clock.clone())
+            .holder_id(o.holder.clone())
+            .busy_timeout(Duration::from_secs(20));
+        if let Some(t) = o.heartbeat {
+            b = b.heartbeat(t);
+        }
+        if let Some(n) = o.executors {
+            b = b.executors(n);
+        }
+        if let Some(n) = o.claim_batch {
+            b = b.claim_batch(n);
+        }
+        if let Some(n) = o.max_payload_bytes {
+            b = b.max_payload_bytes(n);
+        }
+        if let Some(n) = o.max_chain_depth {
+            b = b.max_chain_depth(n);
+        }
+        b
+    }};
+}
+
 /// What a test needs of a backend besides the engine's API: where a
 /// database lives, and the application's own SQL in its dialect.
 pub trait TestBackend: Backend + Sized {
+    /// The backend's name, as the tests `on_backends!` makes call it.
+    const NAME: &'static str;
     /// A database of the test's own, removed when dropped.
     type Place;
     fn place() -> Self::Place;
+    /// How another process finds the place: a file's path, a connection
+    /// string.
+    fn locator(place: &Self::Place) -> String;
+    /// An engine on the database `locator` names, opened with `opts`.
+    fn open_at(locator: &str, opts: &Opts) -> Engine<Self>;
     /// An engine on the place, with `clock` and `holder` as its holder id.
     fn open(place: &Self::Place, clock: &ManualClock, holder: &str) -> Engine<Self> {
-        Self::open_with(place, clock, holder, None)
+        Self::open_opts(place, &Opts::new(clock, holder))
     }
-    /// [`TestBackend::open`] with a heartbeat of its own: a test that must
-    /// be woken by a notification, not by polling, sets it to an hour.
+    /// An engine on the place, opened with `opts`.
+    fn open_opts(place: &Self::Place, opts: &Opts) -> Engine<Self> {
+        Self::open_at(&Self::locator(place), opts)
+    }
+    /// [`TestBackend::open`] with a heartbeat of its own.
     fn open_with(
         place: &Self::Place,
         clock: &ManualClock,
         holder: &str,
         heartbeat: Option<Duration>,
-    ) -> Engine<Self>;
+    ) -> Engine<Self> {
+        let mut opts = Opts::new(clock, holder);
+        opts.heartbeat = heartbeat;
+        Self::open_opts(place, &opts)
+    }
     /// [`TestBackend::open`] with these limits.
     fn open_limited(
         place: &Self::Place,
         clock: &ManualClock,
         max_payload_bytes: usize,
         max_chain_depth: u32,
-    ) -> Engine<Self>;
+    ) -> Engine<Self> {
+        Self::open_opts(
+            place,
+            &Opts::new(clock, "test").limits(max_payload_bytes, max_chain_depth),
+        )
+    }
     /// Creates the application's table `things (id text primary key)`.
     fn create_things(engine: &Engine<Self>);
     /// Inserts a row into `things`, in the engine's transaction.
@@ -41,6 +144,21 @@ pub trait TestBackend: Backend + Sized {
     fn things(engine: &Engine<Self>) -> Vec<String>;
     /// Runs `sql`, a statement of the application's, in the transaction.
     fn run_sql(tx: &mut Tx<'_, Self>, sql: &str) -> reflexr::Result<()>;
+    /// Runs `sql`, a statement of the application's, in a write of its own.
+    fn sql(engine: &Engine<Self>, sql: &str) {
+        engine
+            .write(|tx| Self::run_sql(tx, sql))
+            .expect("the application's SQL");
+    }
+    /// The single integer a query returns (`SELECT count(*) ...`).
+    fn count(engine: &Engine<Self>, sql: &str) -> i64;
+    /// A trigger `name` that makes `BEFORE {event} ON {table}` (e.g.
+    /// `UPDATE OF position ON reflexr_cursors`) fail with `message` for the
+    /// rows `when` selects (`NEW.kind = 'rule'`): how a test makes the
+    /// database refuse what the engine writes.
+    fn refuse(engine: &Engine<Self>, name: &str, event: &str, when: &str, message: &str);
+    /// Drops the trigger `name` of [`TestBackend::refuse`] on `table`.
+    fn allow(engine: &Engine<Self>, name: &str, table: &str);
     /// `Engine::prune` of the backend.
     fn prune(engine: &Engine<Self>, retention: &Retention) -> reflexr::Result<Pruned>;
     /// A reaction for the backend (`Reaction::new`, made PostgreSQL's).
@@ -49,39 +167,35 @@ pub trait TestBackend: Backend + Sized {
     fn job(job: Job) -> Job<Self>;
 }
 
+/// Starts the child side of `entry` (written with `children_on_backends!`)
+/// for the backend `B`, on the place; the child opens it with
+/// [`parent_engine`]. `vars` go into its environment besides.
+pub fn child<B: TestBackend>(place: &B::Place, entry: &str, vars: &[(&str, String)]) -> Watched {
+    let mut all = vec![("REFLEXR_DB", B::locator(place))];
+    all.extend(vars.iter().cloned());
+    Watched::new(spawn_child(&format!("{entry}::{}", B::NAME), &all))
+}
+
+/// Inside a child started by [`child`]: an engine on the parent's place.
+pub fn parent_engine<B: TestBackend>(opts: &Opts) -> Engine<B> {
+    let locator = std::env::var("REFLEXR_DB").expect("REFLEXR_DB, set by common::backend::child");
+    B::open_at(&locator, opts)
+}
+
 impl TestBackend for Sqlite {
+    const NAME: &'static str = "sqlite";
     type Place = tempfile::TempDir;
 
     fn place() -> tempfile::TempDir {
         tempfile::tempdir().expect("temp dir")
     }
 
-    fn open_with(
-        place: &tempfile::TempDir,
-        clock: &ManualClock,
-        holder: &str,
-        heartbeat: Option<Duration>,
-    ) -> Engine {
-        let mut b = Engine::builder(place.path().join("test.db"))
-            .clock(clock.clone())
-            .holder_id(holder)
-            .busy_timeout(Duration::from_secs(20));
-        if let Some(h) = heartbeat {
-            b = b.heartbeat(h);
-        }
-        b.open().expect("open engine")
+    fn locator(place: &tempfile::TempDir) -> String {
+        place.path().join("test.db").to_string_lossy().into_owned()
     }
 
-    fn open_limited(
-        place: &tempfile::TempDir,
-        clock: &ManualClock,
-        max_payload_bytes: usize,
-        max_chain_depth: u32,
-    ) -> Engine {
-        Engine::builder(place.path().join("test.db"))
-            .clock(clock.clone())
-            .max_payload_bytes(max_payload_bytes)
-            .max_chain_depth(max_chain_depth)
+    fn open_at(locator: &str, opts: &Opts) -> Engine {
+        apply_opts!(Engine::builder(locator), opts)
             .open()
             .expect("open engine")
     }
@@ -117,6 +231,26 @@ impl TestBackend for Sqlite {
     fn run_sql(tx: &mut Tx<'_>, sql: &str) -> reflexr::Result<()> {
         tx.execute(sql, [])?;
         Ok(())
+    }
+
+    fn count(engine: &Engine, sql: &str) -> i64 {
+        engine
+            .with_reader(|c| Ok(c.query_row(sql, [], |r| r.get(0))?))
+            .expect("count")
+    }
+
+    fn refuse(engine: &Engine, name: &str, event: &str, when: &str, message: &str) {
+        Self::sql(
+            engine,
+            &format!(
+                "CREATE TRIGGER {name} BEFORE {event} WHEN {when} \
+                 BEGIN SELECT RAISE(ABORT, '{message}'); END;"
+            ),
+        );
+    }
+
+    fn allow(engine: &Engine, name: &str, _table: &str) {
+        Self::sql(engine, &format!("DROP TRIGGER {name}"));
     }
 
     fn prune(engine: &Engine, retention: &Retention) -> reflexr::Result<Pruned> {
@@ -182,39 +316,19 @@ mod pg {
     }
 
     impl TestBackend for Postgres {
+        const NAME: &'static str = "postgres";
         type Place = PgSchema;
 
         fn place() -> PgSchema {
             PgSchema::new()
         }
 
-        fn open_with(
-            place: &PgSchema,
-            clock: &ManualClock,
-            holder: &str,
-            heartbeat: Option<Duration>,
-        ) -> Engine<Postgres> {
-            let mut b = Engine::builder_postgres(place.config())
-                .clock(clock.clone())
-                .holder_id(holder)
-                .pool_size(4)
-                .busy_timeout(Duration::from_secs(20));
-            if let Some(h) = heartbeat {
-                b = b.heartbeat(h);
-            }
-            b.open().expect("open engine")
+        fn locator(place: &PgSchema) -> String {
+            place.config()
         }
 
-        fn open_limited(
-            place: &PgSchema,
-            clock: &ManualClock,
-            max_payload_bytes: usize,
-            max_chain_depth: u32,
-        ) -> Engine<Postgres> {
-            Engine::builder_postgres(place.config())
-                .clock(clock.clone())
-                .max_payload_bytes(max_payload_bytes)
-                .max_chain_depth(max_chain_depth)
+        fn open_at(locator: &str, opts: &Opts) -> Engine<Postgres> {
+            apply_opts!(Engine::builder_postgres(locator).pool_size(4), opts)
                 .open()
                 .expect("open engine")
         }
@@ -250,6 +364,34 @@ mod pg {
         fn run_sql(tx: &mut Tx<'_, Postgres>, sql: &str) -> reflexr::Result<()> {
             tx.execute(sql, &[])?;
             Ok(())
+        }
+
+        fn count(engine: &Engine<Postgres>, sql: &str) -> i64 {
+            engine
+                .with_reader(|tx| Ok(tx.query(sql, &[])?[0].get(0)))
+                .expect("count")
+        }
+
+        fn refuse(engine: &Engine<Postgres>, name: &str, event: &str, when: &str, message: &str) {
+            Self::sql(
+                engine,
+                &format!(
+                    "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS \
+                     $$ BEGIN RAISE EXCEPTION '{message}'; END $$"
+                ),
+            );
+            Self::sql(
+                engine,
+                &format!(
+                    "CREATE TRIGGER {name} BEFORE {event} FOR EACH ROW WHEN ({when}) \
+                     EXECUTE FUNCTION {name}()"
+                ),
+            );
+        }
+
+        fn allow(engine: &Engine<Postgres>, name: &str, table: &str) {
+            Self::sql(engine, &format!("DROP TRIGGER {name} ON {table}"));
+            Self::sql(engine, &format!("DROP FUNCTION {name}()"));
         }
 
         fn prune(engine: &Engine<Postgres>, retention: &Retention) -> reflexr::Result<Pruned> {

@@ -19,6 +19,58 @@ use std::time::Duration;
 
 use reflexr::{Engine, EngineBuilder, ManualClock, NewEvent};
 
+/// Runs each generic test — `fn name<B: TestBackend>()` — on SQLite and,
+/// with the feature `postgres`, on PostgreSQL: the tests `name::sqlite` and
+/// `name::postgres`.
+#[allow(unused_macros)]
+macro_rules! on_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn sqlite() {
+                    super::$name::<reflexr::Sqlite>();
+                }
+                #[cfg(feature = "postgres")]
+                #[test]
+                fn postgres() {
+                    super::$name::<reflexr::Postgres>();
+                }
+            }
+        )*
+    };
+}
+
+/// The child side of a test that starts processes, written once —
+/// `fn name<B: TestBackend>()` — and entered by a child that
+/// [`backend::child`] started for its backend; in a test run of its own it
+/// does nothing.
+#[allow(unused_macros)]
+macro_rules! children_on_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn sqlite() {
+                    if $crate::common::is_child() {
+                        super::$name::<reflexr::Sqlite>();
+                    }
+                }
+                #[cfg(feature = "postgres")]
+                #[test]
+                fn postgres() {
+                    if $crate::common::is_child() {
+                        super::$name::<reflexr::Postgres>();
+                    }
+                }
+            }
+        )*
+    };
+}
+
+#[allow(unused_imports)]
+pub(crate) use {children_on_backends, on_backends};
+
 /// The round, recognisable time a new scene's clock starts at.
 const ROUND_MS: i64 = 1_800_000_000_000;
 
