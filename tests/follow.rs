@@ -1,42 +1,113 @@
 //! Followers bridge one workspace into another with the same ids, following
-//! ADR-0015 point by point (DESIGN.md invariants 3, 7, 8).
+//! ADR-0015 point by point (DESIGN.md invariants 3, 7, 8). Each test runs
+//! on every backend (`on_backends!`): the hub is a second SQLite file, or a
+//! second schema on the PostgreSQL server, registered as a target.
 
 mod common;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Arrange, Scene, is_child, later, parent_file};
-use reflexr::{ConsumerKind, Engine, Follow, NewEvent, Query, same_event};
+use common::backend::{Opts, TestBackend, child, parent_engine};
+use common::{children_on_backends, later, on_backends};
+use reflexr::{
+    ConsumerKind, Engine, Follow, FollowerInfo, ManualClock, NewEvent, Query, same_event,
+};
+
+on_backends!(
+    a_follower_publishes_what_its_projection_selects_with_the_same_ids,
+    a_follower_relays_an_edge_database_into_a_hub,
+    a_follower_killed_between_publish_and_cursor_save_publishes_no_duplicate,
+    kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_batch,
+    two_followers_of_one_source_one_relays_and_the_other_takes_over_when_its_lease_lapses,
+    a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_is_fixed,
+    the_same_projection_bridges_the_applications_events_and_skips_the_engines_own,
+    bad_envelopes_are_dead_lettered_once_per_seq_and_the_follower_moves_on,
+    the_cursor_is_saved_at_least_every_500_envelopes_that_bridge_nothing,
+    the_ledger_lists_followers_and_an_engine_resumes_every_one_at_start,
+);
+
+children_on_backends!(child_process_relays, child_process_bridges_nothing);
 
 /// The types of `edge`, the workspace followed in every test.
 const EDGE: &[&str] = &["reading", "debug", "alarm"];
 
-/// `fleet`, where the readings go, in the hub file or beside `edge`.
+/// `fleet`, where the readings go, in the hub or beside `edge`.
 const FLEET: &[&str] = &["reading"];
 
-/// `edge` and, in the same file, `fleet`.
-const EDGE_AND_FLEET: &[(&str, &[&str])] = &[("edge", EDGE), ("fleet", FLEET)];
+const START_MS: i64 = 1_800_000_000_000;
 
-/// The hub's file, beside the edge's.
-const HUB: &str = "hub.db";
-
-/// Follows `edge` into `fleet` in the scene's hub file, with the `readings`
-/// projection.
-fn to_hub(s: &Scene) -> Follow {
-    Follow::new("edge", "fleet")
-        .to_file(s.file(HUB))
-        .projection("readings")
+/// A hub in another database of the backend: a follower's target there.
+trait Hub: TestBackend {
+    /// `follow` pointed at the hub at `hub` (registered with `e` first, if
+    /// the backend's targets are registered by name).
+    fn to(e: &Engine<Self>, hub: &Self::Place, follow: Follow) -> Follow;
+    /// What a process does again at every start for a follower into the hub
+    /// at `hub` (a locator): registers its PostgreSQL target (the ledger
+    /// keeps only its name); nothing for a file, whose path is in the ledger.
+    fn again(e: &Engine<Self>, hub: &str);
+    /// Where a follower's ledger row says it publishes: the hub's locator.
+    fn target(f: &FollowerInfo) -> Option<String>;
 }
 
-fn readings_only(e: &Engine) {
+impl Hub for reflexr::Sqlite {
+    fn to(_: &Engine, hub: &tempfile::TempDir, follow: Follow) -> Follow {
+        follow.to_file(Self::locator(hub))
+    }
+    fn again(_: &Engine, _: &str) {}
+    fn target(f: &FollowerInfo) -> Option<String> {
+        f.target_file.clone()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Hub for reflexr::Postgres {
+    fn to(e: &Engine<Self>, hub: &common::backend::PgSchema, follow: Follow) -> Follow {
+        Self::again(e, &hub.config());
+        follow.to_postgres("hub")
+    }
+    fn again(e: &Engine<Self>, hub: &str) {
+        e.register_postgres_target("hub", hub).unwrap();
+    }
+    fn target(f: &FollowerInfo) -> Option<String> {
+        f.target_postgres.clone()
+    }
+}
+
+/// An engine on `place` with the workspaces of `list`.
+fn open<B: TestBackend>(
+    place: &B::Place,
+    clock: &ManualClock,
+    holder: &str,
+    list: &[(&str, &[&str])],
+) -> Engine<B> {
+    let e = B::open(place, clock, holder);
+    for (name, types) in list {
+        e.ensure_workspace(name, types).unwrap();
+    }
+    e
+}
+
+/// A hub: its own database, with `fleet`.
+fn hub<B: TestBackend>(clock: &ManualClock) -> (B::Place, Engine<B>) {
+    let place = B::place();
+    let h = open(&place, clock, "hub", &[("fleet", FLEET)]);
+    (place, h)
+}
+
+/// Follows `edge` into `fleet` in the hub, with the `readings` projection.
+fn to_hub<B: Hub>(e: &Engine<B>, hub: &B::Place) -> Follow {
+    B::to(e, hub, Follow::new("edge", "fleet").projection("readings"))
+}
+
+fn readings_only<B: TestBackend>(e: &Engine<B>) {
     e.register_projection("readings", |ev| {
         Ok((ev.event_type == "reading").then(|| same_event(ev)))
     })
     .unwrap();
 }
 
-fn append(e: &Engine, kind: &str, n: usize) -> Vec<String> {
+fn append<B: TestBackend>(e: &Engine<B>, kind: &str, n: usize) -> Vec<String> {
     e.write(|tx| {
         let mut ids = Vec::new();
         for i in 0..n {
@@ -49,7 +120,7 @@ fn append(e: &Engine, kind: &str, n: usize) -> Vec<String> {
     .unwrap()
 }
 
-fn ids(e: &Engine, workspace: &str) -> Vec<String> {
+fn ids<B: TestBackend>(e: &Engine<B>, workspace: &str) -> Vec<String> {
     e.read(&Query::new(workspace).limit(10_000))
         .unwrap()
         .into_iter()
@@ -57,10 +128,11 @@ fn ids(e: &Engine, workspace: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_follower_publishes_what_its_projection_selects_with_the_same_ids() {
-    let s = Scene::new();
-    let e = s.open("test").each_workspace(EDGE_AND_FLEET);
+/// ADR-0015: the projection selects; what it selects arrives under the
+/// source's ids (invariant 3).
+fn a_follower_publishes_what_its_projection_selects_with_the_same_ids<B: TestBackend>() {
+    let (place, clock) = (B::place(), ManualClock::new(START_MS));
+    let e = open::<B>(&place, &clock, "test", &[("edge", EDGE), ("fleet", FLEET)]);
     readings_only(&e);
     e.follow(Follow::new("edge", "fleet").projection("readings"))
         .unwrap();
@@ -75,33 +147,39 @@ fn a_follower_publishes_what_its_projection_selects_with_the_same_ids() {
     assert_eq!((f.published, f.cursor, f.lag), (6, 15, 0));
 }
 
-#[test]
-fn a_follower_relays_an_edge_file_into_a_hub_file() {
-    let s = Scene::new();
-    let hub_path = s.file(HUB);
-    let h = s.open_at(&hub_path, "hub").workspace("fleet", FLEET);
-    let e = s.open("edge").workspace("edge", EDGE);
+/// Invariant 3 across databases: an edge's workspace relayed into a hub's,
+/// the same ids in the same order; the ledger names the hub.
+fn a_follower_relays_an_edge_database_into_a_hub<B: Hub>() {
+    let clock = ManualClock::new(START_MS);
+    let (hub_place, h) = hub::<B>(&clock);
+    let place = B::place();
+    let e = open::<B>(&place, &clock, "edge", &[("edge", EDGE)]);
     readings_only(&e);
-    e.follow(to_hub(&s).name("edge-to-hub")).unwrap();
+    e.follow(to_hub(&e, &hub_place).name("edge-to-hub"))
+        .unwrap();
     let want = append(&e, "reading", 250);
     append(&e, "debug", 10);
     e.run_until_idle().unwrap();
     assert_eq!(ids(&h, "fleet"), want);
     let f = &e.followed().unwrap()[0];
-    assert_eq!(f.target_file.as_deref(), Some(hub_path.to_str().unwrap()));
+    let named = B::target(f).unwrap();
+    assert!(
+        named == B::locator(&hub_place) || named == "hub",
+        "the ledger names the hub: {f:?}"
+    );
     assert_eq!(f.cursor, 260);
 }
 
-#[test]
-fn a_follower_killed_between_publish_and_cursor_save_publishes_no_duplicate() {
-    // Exactly once comes from ids: the state a crash between the target's
-    // commit and the source's cursor save leaves — published, cursor behind —
-    // is read again, and nothing is published twice.
-    let s = Scene::new();
-    let h = s.open_at(&s.file(HUB), "hub").workspace("fleet", FLEET);
-    let e = s.open("edge").workspace("edge", EDGE);
+/// Exactly once comes from ids (invariant 3): the state a crash between the
+/// target's commit and the source's cursor save leaves — published, cursor
+/// behind — is read again, and nothing is published twice.
+fn a_follower_killed_between_publish_and_cursor_save_publishes_no_duplicate<B: Hub>() {
+    let clock = ManualClock::new(START_MS);
+    let (hub_place, h) = hub::<B>(&clock);
+    let place = B::place();
+    let e = open::<B>(&place, &clock, "edge", &[("edge", EDGE)]);
     readings_only(&e);
-    e.follow(to_hub(&s)).unwrap();
+    e.follow(to_hub(&e, &hub_place)).unwrap();
     let want = append(&e, "reading", 30);
     // The crash's leftovers: the first 20 published, the cursor still at 0.
     for ev in e.read(&Query::new("edge").limit(20)).unwrap() {
@@ -113,19 +191,12 @@ fn a_follower_killed_between_publish_and_cursor_save_publishes_no_duplicate() {
     assert_eq!(ids(&h, "fleet"), want, "each once, in order");
 }
 
-/// The child's side of the kill test: relays slowly until killed.
-#[test]
-fn child_process_relays() {
-    if !is_child() {
-        return; // Only a child started by the kill test does this work.
-    }
+/// The child's side of the kill test: relays slowly into the hub (its
+/// locator in `REFLEXR_HUB`) until killed.
+fn child_process_relays<B: Hub>() {
     let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
-    let e = Engine::builder(parent_file())
-        .clock(later(hours))
-        .holder_id(format!("child-{hours}"))
-        .busy_timeout(Duration::from_secs(20))
-        .open()
-        .unwrap();
+    let e = parent_engine::<B>(&Opts::new(&later(hours), &format!("child-{hours}")));
+    B::again(&e, &std::env::var("REFLEXR_HUB").expect("REFLEXR_HUB"));
     e.register_projection("readings", |ev| {
         println!("\nsaw {}", ev.seq);
         std::thread::sleep(Duration::from_micros(200));
@@ -137,13 +208,16 @@ fn child_process_relays() {
     println!("\ndone");
 }
 
-#[test]
-fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_batch() {
-    let s = Scene::new();
-    let h = s.open_at(&s.file(HUB), "hub").workspace("fleet", FLEET);
+/// Invariants 3 and 8 across SIGKILLs: children relaying are killed at
+/// varying moments; the hub ends with each reading once, in order, and a
+/// kill costs at most one page of envelopes read again.
+fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_batch<B: Hub>() {
+    let clock = ManualClock::new(START_MS);
+    let (hub_place, h) = hub::<B>(&clock);
+    let place = B::place();
     let want = {
-        let e = s.open("setup").workspace("edge", EDGE);
-        e.follow(to_hub(&s)).unwrap();
+        let e = open::<B>(&place, &clock, "setup", &[("edge", EDGE)]);
+        e.follow(to_hub(&e, &hub_place)).unwrap();
         let mut want = Vec::new();
         for _ in 0..8 {
             want.extend(append(&e, "reading", 60));
@@ -151,12 +225,17 @@ fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_bat
         }
         want
     };
+    let hub_locator = B::locator(&hub_place);
     let mut seen: HashMap<i64, usize> = HashMap::new();
     let mut kills = 0;
     for i in 0..10u64 {
-        let mut child = s.child(
+        let mut child = child::<B>(
+            &place,
             "child_process_relays",
-            &[("REFLEXR_HOURS", (i + 1).to_string())],
+            &[
+                ("REFLEXR_HOURS", (i + 1).to_string()),
+                ("REFLEXR_HUB", hub_locator.clone()),
+            ],
         );
         child.past("relaying");
         std::thread::sleep(Duration::from_millis(5 + (i * 13) % 40));
@@ -173,7 +252,8 @@ fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_bat
         kills += 1;
     }
     // A last relay, later than every child, finishes.
-    let e = s.builder("finisher").clock(later(1_000)).open().unwrap();
+    let e = B::open(&place, &later(1_000), "finisher");
+    B::again(&e, &hub_locator);
     readings_only(&e);
     e.run_until_idle().unwrap();
 
@@ -192,13 +272,20 @@ fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_bat
     );
 }
 
-#[test]
-fn two_followers_of_one_source_one_relays_and_the_other_takes_over_when_its_lease_lapses() {
-    // ADR-0015: one process at a time follows a workspace (its lease); a
-    // workspace whose follower died is followed again once the lease lapses.
-    let s = Scene::new();
-    let a = s.open("proc-a").each_workspace(EDGE_AND_FLEET);
-    let b = s.open("proc-b").workspace("edge", EDGE);
+/// ADR-0015 and invariant 7: one process at a time follows a workspace (its
+/// lease); a workspace whose follower died is followed again once the lease
+/// lapses.
+fn two_followers_of_one_source_one_relays_and_the_other_takes_over_when_its_lease_lapses<
+    B: TestBackend,
+>() {
+    let (place, clock) = (B::place(), ManualClock::new(START_MS));
+    let a = open::<B>(
+        &place,
+        &clock,
+        "proc-a",
+        &[("edge", EDGE), ("fleet", FLEET)],
+    );
+    let b = open::<B>(&place, &clock, "proc-b", &[("edge", EDGE)]);
     for e in [&a, &b] {
         readings_only(e);
     }
@@ -212,9 +299,9 @@ fn two_followers_of_one_source_one_relays_and_the_other_takes_over_when_its_leas
     // a dies; b tries again every third of the lease, and takes over once it
     // lapsed.
     append(&a, "reading", 5);
-    s.clock.advance(Duration::from_secs(10));
+    clock.advance(Duration::from_secs(10));
     assert_eq!(b.run_until_idle().unwrap().followed, 0, "not lapsed yet");
-    s.clock.advance(Duration::from_secs(21));
+    clock.advance(Duration::from_secs(21));
     assert_eq!(b.run_until_idle().unwrap().followed, 5);
     let lease = b
         .leases()
@@ -226,13 +313,14 @@ fn two_followers_of_one_source_one_relays_and_the_other_takes_over_when_its_leas
     assert_eq!(ids(&a, "fleet").len(), 15);
 }
 
-#[test]
-fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_is_fixed() {
-    // ADR-0015: NotFound is the application's configuration, not the
-    // envelope's fault: stop (logged and counted), and the envelopes after
-    // it wait; once fixed, they all arrive.
-    let s = Scene::new();
-    let e = s.open("test").each_workspace(EDGE_AND_FLEET);
+/// ADR-0015: NotFound is the application's configuration, not the
+/// envelope's fault: stop (logged and counted), and the envelopes after it
+/// wait; once fixed, they all arrive (invariant 8: the cursor never skips).
+fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_is_fixed<
+    B: TestBackend,
+>() {
+    let (place, clock) = (B::place(), ManualClock::new(START_MS));
+    let e = open::<B>(&place, &clock, "test", &[("edge", EDGE), ("fleet", FLEET)]);
     e.follow(Follow::new("edge", "fleet")).unwrap(); // "same": every envelope
     let mut want = append(&e, "reading", 3);
     want.extend(append(&e, "alarm", 1));
@@ -253,14 +341,14 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     // Restarted by an operator in another process (the CLI, say) before the
     // configuration is mended: it stops again at the same envelope, and
     // after the third time it shows as stuck, with the reason.
-    let ops = s.open("ops");
+    let ops = B::open(&place, &clock, "ops");
     for _ in 0..2 {
         ops.operator("ops", "try again")
             .restart_follower("edge-to-fleet")
             .unwrap();
         e.run_until_idle().unwrap();
     }
-    let cursor = |e: &Engine| {
+    let cursor = |e: &Engine<B>| {
         e.cursors()
             .unwrap()
             .into_iter()
@@ -289,17 +377,13 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     );
 }
 
-#[test]
-fn the_same_projection_bridges_the_applications_events_and_skips_the_engines_own() {
-    // ADR-0015 with reflexr's reserved types: no workspace takes RuleFired
-    // or RuleErrored from anyone, so "same" bridges nothing for them (not a
-    // dead letter apiece).
-    let s = Scene::new();
-    let e = s
-        .open("test")
-        .workspace("edge", EDGE)
-        .workspace("fleet", EDGE)
-        .noop("noop");
+/// ADR-0015 with reflexr's reserved types: no workspace takes RuleFired or
+/// RuleErrored from anyone, so "same" bridges nothing for them (not a dead
+/// letter apiece).
+fn the_same_projection_bridges_the_applications_events_and_skips_the_engines_own<B: TestBackend>() {
+    let (place, clock) = (B::place(), ManualClock::new(START_MS));
+    let e = open::<B>(&place, &clock, "test", &[("edge", EDGE), ("fleet", EDGE)]);
+    e.register_action("noop", |_, _| Ok(())).unwrap();
     e.register_rule(
         reflexr::Rule::new("every-reading", "edge")
             .on(["reading"])
@@ -333,12 +417,11 @@ fn the_same_projection_bridges_the_applications_events_and_skips_the_engines_own
     assert_eq!((f.lag, f.dead_letters, f.stops), (0, 0, 0));
 }
 
-#[test]
-fn bad_envelopes_are_dead_lettered_once_per_seq_and_the_follower_moves_on() {
-    // ADR-0015: a projection that errors or panics, an invalid event, or one
-    // of reflexr's own types: dead letter, once per seq, and move on.
-    let s = Scene::new();
-    let e = s.open("test").each_workspace(EDGE_AND_FLEET);
+/// ADR-0015: a projection that errors or panics, an invalid event, or one of
+/// reflexr's own types: dead letter, once per seq, and move on.
+fn bad_envelopes_are_dead_lettered_once_per_seq_and_the_follower_moves_on<B: TestBackend>() {
+    let (place, clock) = (B::place(), ManualClock::new(START_MS));
+    let e = open::<B>(&place, &clock, "test", &[("edge", EDGE), ("fleet", FLEET)]);
     e.register_projection("picky", |ev| {
         let p: serde_json::Value = ev.payload()?;
         Ok(Some(match p["i"].as_i64().unwrap() {
@@ -390,12 +473,8 @@ fn bad_envelopes_are_dead_lettered_once_per_seq_and_the_follower_moves_on() {
 
 /// The child's side of the save-policy test: reads envelopes that bridge
 /// nothing, slowly, printing each seq, until killed.
-#[test]
-fn child_process_bridges_nothing() {
-    if !is_child() {
-        return; // Only a child started by the test below does this work.
-    }
-    let e = Engine::open(parent_file()).unwrap();
+fn child_process_bridges_nothing<B: TestBackend>() {
+    let e = parent_engine::<B>(&Opts::new(&ManualClock::starting_now(), "child"));
     e.register_projection("nothing", |ev| {
         println!("\nsaw {}", ev.seq);
         std::thread::sleep(Duration::from_micros(100));
@@ -405,19 +484,19 @@ fn child_process_bridges_nothing() {
     e.run_until_idle().unwrap();
 }
 
-#[test]
-fn the_cursor_is_saved_at_least_every_500_envelopes_that_bridge_nothing() {
-    // ADR-0015: so a restart reads at most 500 again. A child reading
-    // envelopes that bridge nothing is killed once it has read 800; its saved
-    // cursor is within 500 of what it read.
-    let s = Scene::starting_now();
+/// ADR-0015 and invariant 8: the cursor is saved at least every 500
+/// envelopes, so a restart reads at most 500 again. A child reading
+/// envelopes that bridge nothing is killed once it has read 800; its saved
+/// cursor is within 500 of what it read.
+fn the_cursor_is_saved_at_least_every_500_envelopes_that_bridge_nothing<B: TestBackend>() {
+    let (place, clock) = (B::place(), ManualClock::starting_now());
     {
-        let e = s.open("setup").each_workspace(EDGE_AND_FLEET);
+        let e = open::<B>(&place, &clock, "setup", &[("edge", EDGE), ("fleet", FLEET)]);
         e.follow(Follow::new("edge", "fleet").projection("nothing"))
             .unwrap();
         append(&e, "debug", 2_000);
     }
-    let mut child = s.child("child_process_bridges_nothing", &[]);
+    let mut child = child::<B>(&place, "child_process_bridges_nothing", &[]);
     let read = child
         .until(|l| {
             let seq = l.strip_prefix("saw ")?.parse::<i64>().unwrap();
@@ -425,7 +504,7 @@ fn the_cursor_is_saved_at_least_every_500_envelopes_that_bridge_nothing() {
         })
         .expect("the child read 800 envelopes");
     child.kill();
-    let e = Engine::open(&s.path).unwrap();
+    let e = B::open(&place, &clock, "after");
     let cursor = e.followed().unwrap()[0].cursor;
     assert!(
         read - cursor <= reflexr::SKIP_SAVE_EVERY as i64 && cursor <= read,
@@ -433,30 +512,30 @@ fn the_cursor_is_saved_at_least_every_500_envelopes_that_bridge_nothing() {
     );
 }
 
-#[test]
-fn the_ledger_lists_followers_and_an_engine_resumes_every_one_at_start() {
-    let s = Scene::starting_now();
-    let h = s.open_at(&s.file(HUB), "hub").workspace("fleet", FLEET);
+/// ADR-0015: the ledger in the database lists the followers; a new process
+/// that registers its projections (and targets) resumes every one at start.
+fn the_ledger_lists_followers_and_an_engine_resumes_every_one_at_start<B: Hub>() {
+    let clock = ManualClock::starting_now();
+    let (hub_place, h) = hub::<B>(&clock);
+    let place = B::place();
     {
-        let e = s
-            .open("first-run")
-            .workspace("edge", EDGE)
-            .workspace("local", &["reading"]);
-        e.follow(to_hub(&s)).unwrap();
+        let e = open::<B>(
+            &place,
+            &clock,
+            "first-run",
+            &[("edge", EDGE), ("local", &["reading"])],
+        );
+        e.follow(to_hub(&e, &hub_place)).unwrap();
         e.follow(Follow::new("edge", "local").projection("readings"))
             .unwrap();
     }
-    // A new process: it registers its projections and starts; the ledger
-    // tells it what to follow.
-    let e = s.open("second-run");
+    // A new process: it registers its projections (and its PostgreSQL
+    // targets) and starts; the ledger tells it what to follow.
+    let e = B::open(&place, &clock, "second-run");
     readings_only(&e);
-    let listed: Vec<(String, Option<String>)> = e
-        .followed()
-        .unwrap()
-        .into_iter()
-        .map(|f| (f.name, f.target_file))
-        .collect();
+    let listed = e.followed().unwrap();
     assert_eq!(listed.len(), 2);
+    B::again(&e, &B::locator(&hub_place));
     let want = append(&e, "reading", 4);
     e.start().unwrap();
     wait_for(&h, "fleet", 4);
@@ -467,7 +546,7 @@ fn the_ledger_lists_followers_and_an_engine_resumes_every_one_at_start() {
 }
 
 /// Waits (woken by commits, not by time) until `workspace` holds `n` events.
-fn wait_for(e: &Engine, workspace: &str, n: usize) {
+fn wait_for<B: TestBackend>(e: &Engine<B>, workspace: &str, n: usize) {
     let mut seen = 0;
     let mut after = 0;
     while seen < n {
