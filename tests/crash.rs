@@ -1,8 +1,9 @@
-//! Crash torture: a child process runs a mixed workload on one file —
-//! appends with application rows, a stateful rule firing runs, executors with
-//! failing handlers, a follower, a reaction enqueueing deliveries — and is
-//! killed with SIGKILL at varying moments, again and again. After every kill
-//! a checker verifies the invariants from the file alone (DESIGN.md 1–5, 8):
+//! Crash torture, on every backend: a child process runs a mixed workload
+//! on one database — appends with application rows, a stateful rule firing
+//! runs, executors with failing handlers, a follower, a reaction enqueueing
+//! deliveries — and is killed with SIGKILL at varying moments, again and
+//! again. After every kill a checker verifies the invariants from what the
+//! database holds (DESIGN.md 1–5, 8):
 //!
 //! - no committed event lost, and none without its application row (2);
 //! - ids unique per workspace (3);
@@ -15,8 +16,8 @@
 //!   cursor exactly once;
 //! - no cursor ever moved back (8).
 //!
-//! `RELIABILITY_KILLS` sets the number of kills (default 50; 10,000 for the
-//! long run, in a fresh file every 500 kills).
+//! `RELIABILITY_KILLS` sets the number of kills on each backend (default
+//! 50; 10,000 for the long run, in a fresh database every 500 kills).
 
 mod common;
 
@@ -24,59 +25,64 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::backend::{Opts, TestBackend, child, parent_engine};
 use common::torture::{
-    Later, append_orders_until_stopped, check, child_engine, int, prepare, rounds, workload,
+    append_orders_until_stopped, check, child_opts, prepare_place, rounds, workload,
 };
-use common::{Scene, is_child, parent_file};
-use reflexr::Engine;
-use rusqlite::Connection;
+use common::{children_on_backends, later, on_backends};
+
+on_backends!(killed_again_and_again_the_invariants_hold);
+
+children_on_backends!(child_process_workload);
 
 /// The child: runs the workload with the engine's threads and appends orders,
 /// printing each event's id once its transaction committed, until killed.
-#[test]
-fn child_process_workload() {
-    if !is_child() {
-        return; // Only a child started by the torture test does this work.
-    }
+fn child_process_workload<B: TestBackend>() {
     let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
-    let e = child_engine(Engine::builder(parent_file()), hours);
+    let e = parent_engine::<B>(&child_opts(hours));
+    workload(&e);
     e.start().unwrap();
     println!("\nstarted");
     append_orders_until_stopped(&e, hours);
 }
 
-/// Kills per file. The checker reads the whole file after every kill, so a
-/// long run goes on in fresh files, a file for every this many kills, to
-/// stay linear in kills.
+/// Kills per database. The checker reads the whole database after every
+/// kill, so a long run goes on in fresh ones, one for every this many
+/// kills, to stay linear in kills.
 const KILLS_PER_FILE: u64 = 500;
 
-#[test]
-fn killed_again_and_again_the_invariants_hold() {
+/// Invariants 1–5 and 8 across SIGKILLs of the process that writes, at any
+/// moment, `RELIABILITY_KILLS` times (see the module's doc).
+fn killed_again_and_again_the_invariants_hold<B: TestBackend>() {
     let kills = rounds("RELIABILITY_KILLS", 50);
     let (mut done, mut file) = (0, 0);
     while done < kills {
         let n = (kills - done).min(KILLS_PER_FILE);
         let started = Instant::now();
-        let kept = kill_again_and_again(n);
+        let kept = kill_again_and_again::<B>(n);
         file += 1;
         done += n;
         println!(
-            "crash: file {file}: {n} kills, {kept} acknowledged orders all kept, {:.1} s ({done} of {kills} kills)",
+            "crash ({}): database {file}: {n} kills, {kept} acknowledged orders all kept, {:.1} s ({done} of {kills} kills)",
+            B::NAME,
             started.elapsed().as_secs_f64()
         );
     }
 }
 
-/// One file: `kills` children killed at random moments, every invariant
-/// checked after each; then a finisher ends the work and the file is
-/// checked once more. Returns the number of acknowledged orders.
-fn kill_again_and_again(kills: u64) -> usize {
-    let s = Scene::new();
-    prepare(&s.path);
+/// One database: `kills` children killed at random moments, every
+/// invariant checked after each; then a finisher ends the work and the
+/// database is checked once more. Returns the number of acknowledged orders.
+fn kill_again_and_again<B: TestBackend>(kills: u64) -> usize {
+    let place = B::place();
+    prepare_place::<B>(&place);
+    // The checker runs nothing: it only reads.
+    let checker = B::open(&place, &later(0), "checker");
     let committed = Mutex::new(HashSet::new());
     let mut cursors = BTreeMap::new();
     for i in 0..kills {
-        let mut child = s.child(
+        let mut child = child::<B>(
+            &place,
             "child_process_workload",
             &[("REFLEXR_HOURS", (i + 1).to_string())],
         );
@@ -90,15 +96,11 @@ fn kill_again_and_again(kills: u64) -> usize {
                 c.insert(id.to_string());
             }
         }
-        cursors = check(&s.path, &c, &cursors);
+        cursors = check(&checker, &c, &cursors);
     }
     // A last engine, later than every child, finishes the work; then
     // everything has ended, and exactly once.
-    let e = Engine::builder(&s.path)
-        .clock(Later(kills as i64 + 10))
-        .holder_id("finisher")
-        .open()
-        .unwrap();
+    let e = B::open_opts(&place, &Opts::new(&later(kills as i64 + 10), "finisher"));
     workload(&e);
     e.run_until_idle().unwrap();
     let c = committed.lock().unwrap();
@@ -107,22 +109,21 @@ fn kill_again_and_again(kills: u64) -> usize {
         "the children committed work ({} orders)",
         c.len()
     );
-    check(&s.path, &c, &cursors);
-    let conn = Connection::open(&s.path).unwrap();
+    check(&e, &c, &cursors);
     assert_eq!(
-        int(
-            &conn,
+        B::count(
+            &e,
             "SELECT count(*) FROM reflexr_runs WHERE state NOT IN ('succeeded')"
         ),
         0,
         "every run ended well"
     );
     assert_eq!(
-        int(
-            &conn,
+        B::count(
+            &e,
             "SELECT count(*) FROM reflexr_events WHERE workspace = 'mirror'"
         ),
-        int(&conn, "SELECT count(*) FROM orders"),
+        B::count(&e, "SELECT count(*) FROM orders"),
         "the mirror holds every order once"
     );
     for c in e.cursors().unwrap() {

@@ -21,7 +21,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::torture::{
-    Later, append_orders_until_stopped, check, child_engine, prepare, rounds, strings, workload,
+    Later, append_orders_until_stopped, check_file, child_engine, prepare, rounds, strings,
+    workload,
 };
 use common::{Scene, is_child, parent_file, power};
 use reflexr::{Engine, Follow, Synchronous};
@@ -140,12 +141,12 @@ fn power_cuts_lose_no_acknowledged_commit_and_never_corrupt_the_file() {
         relayed_up_to_the_cursor(&path, hub, i);
         if full {
             full_committed.extend(acknowledged);
-            full_cursors = check(&path, &full_committed, &full_cursors);
+            full_cursors = check_file(&path, &full_committed, &full_cursors);
         } else {
             // What is there is consistent; what was acknowledged last may
             // be gone, and cursors may be back where their last durable
             // commit left them.
-            check(&path, &HashSet::new(), &BTreeMap::new());
+            check_file(&path, &HashSet::new(), &BTreeMap::new());
             let conn = Connection::open(&path).unwrap();
             let kept: HashSet<String> = strings(&conn, "SELECT id FROM orders")
                 .into_iter()
@@ -164,7 +165,7 @@ fn power_cuts_lose_no_acknowledged_commit_and_never_corrupt_the_file() {
         workload(&e);
         e.run_until_idle().unwrap();
     }
-    check(&s.path, &full_committed, &full_cursors);
+    check_file(&s.path, &full_committed, &full_cursors);
     assert!(
         full_committed.len() as u64 > cuts / 2,
         "the children committed work ({} orders)",

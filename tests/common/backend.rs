@@ -152,6 +152,8 @@ pub trait TestBackend: Backend + Sized {
     }
     /// The single integer a query returns (`SELECT count(*) ...`).
     fn count(engine: &Engine<Self>, sql: &str) -> i64;
+    /// The first column of a query's rows, as text.
+    fn strings(engine: &Engine<Self>, sql: &str) -> Vec<String>;
     /// A trigger `name` that makes `BEFORE {event} ON {table}` (e.g.
     /// `UPDATE OF position ON reflexr_cursors`) fail with `message` for the
     /// rows `when` selects (`NEW.kind = 'rule'`): how a test makes the
@@ -237,6 +239,18 @@ impl TestBackend for Sqlite {
         engine
             .with_reader(|c| Ok(c.query_row(sql, [], |r| r.get(0))?))
             .expect("count")
+    }
+
+    fn strings(engine: &Engine, sql: &str) -> Vec<String> {
+        engine
+            .with_reader(|c| {
+                let mut stmt = c.prepare(sql)?;
+                let rows = stmt
+                    .query_map([], |r| r.get(0))?
+                    .collect::<Result<Vec<String>, _>>()?;
+                Ok(rows)
+            })
+            .expect("strings")
     }
 
     fn refuse(engine: &Engine, name: &str, event: &str, when: &str, message: &str) {
@@ -370,6 +384,12 @@ mod pg {
             engine
                 .with_reader(|tx| Ok(tx.query(sql, &[])?[0].get(0)))
                 .expect("count")
+        }
+
+        fn strings(engine: &Engine<Postgres>, sql: &str) -> Vec<String> {
+            engine
+                .with_reader(|tx| Ok(tx.query(sql, &[])?.iter().map(|r| r.get(0)).collect()))
+                .expect("strings")
         }
 
         fn refuse(engine: &Engine<Postgres>, name: &str, event: &str, when: &str, message: &str) {
