@@ -1,10 +1,10 @@
-//! Control of the work: direct enqueue in the caller's transaction, waiting
-//! for a run, unique runs enforced by the file, priorities, pauses,
-//! cancels, and concurrency and rate limits across processes (DESIGN.md
-//! invariants 2, 5 and 6; 10 for bad input). What runs on every backend —
-//! an enqueue with the caller's rows, retries, scopes and priorities,
-//! uniqueness in every mode, rate and partitioned limits, pauses, cancels —
-//! is in `tests/backends.rs`.
+//! Control of the work: waiting for a run, unique runs enforced by the
+//! database, priorities, pauses, cancels, and concurrency limits across
+//! processes (DESIGN.md invariants 2, 5 and 6; 10 for bad input). Every
+//! test here is written once, generic over the backend, and runs on SQLite
+//! and — with the feature `postgres` — on PostgreSQL (`on_backends!`), as
+//! `tests/backends.rs` does; the child process of the cross-process limit
+//! test too.
 
 mod common;
 
@@ -12,14 +12,45 @@ use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use common::{Scene, count, is_child, parent_file};
+use common::backend::{Opts, TestBackend, child, parent_engine};
+use common::{children_on_backends, on_backends};
 use reflexr::{
-    ActionConfig, Decision, Engine, Enqueue, Error, NewEvent, Pausable, RetryPolicy, Rule,
-    RunState, Unique,
+    ActionConfig, Decision, Engine, Enqueue, Error, ManualClock, NewEvent, Pausable, RetryPolicy,
+    Rule, RunState, Unique,
 };
 use serde_json::{Value, json};
 
+on_backends!(
+    wait_for_run_returns_when_the_run_ends,
+    higher_priorities_are_claimed_first_and_a_scope_keeps_its_order,
+    four_executors_in_two_processes_never_exceed_a_concurrency_limit,
+    a_run_going_back_to_pending_yields_its_key_to_the_run_that_took_it_and_claims_go_on,
+    a_cancelled_run_whose_executor_died_ends_cancelled_and_its_scope_moves_on,
+    a_partition_that_is_not_a_json_path_is_refused_and_changes_nothing,
+    limited_runs_of_a_higher_priority_go_before_a_backlog_of_unlimited_ones,
+    a_partition_with_a_long_backlog_does_not_hide_another_partitions_runs,
+    a_rule_cannot_take_a_name_that_an_enqueued_actions_lanes_use,
+    pruning_sweeps_ended_uniqueness_periods_and_starts_outside_every_window,
+    a_claimed_run_cancelled_before_it_started_is_never_started_after_a_shutdown,
+    a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it,
+    at_one_priority_a_limited_actions_backlog_leaves_the_others_their_share,
+);
+
+children_on_backends!(child_process_works_limited_runs);
+
 const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The round, recognisable time a test's clock starts at.
+const START_MS: i64 = 1_800_000_000_000;
+
+/// A place, its clock, and an engine on it opened with `opts` (which is
+/// given the clock and the holder `test`).
+fn setup<B: TestBackend>(opts: impl FnOnce(Opts) -> Opts) -> (B::Place, ManualClock, Engine<B>) {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let e = B::open_opts(&place, &opts(Opts::new(&clock, "test")));
+    (place, clock, e)
+}
 
 fn task(n: i64) -> Enqueue {
     Enqueue::new("work", &json!({ "n": n }))
@@ -27,8 +58,8 @@ fn task(n: i64) -> Enqueue {
 
 /// Registers no-op `actions` that record, in one list, which action each
 /// run they handle was of, in the order they ran.
-fn handled_in_order<const N: usize>(
-    e: &Engine,
+fn handled_in_order<B: TestBackend, const N: usize>(
+    e: &Engine<B>,
     actions: [&'static str; N],
 ) -> Arc<Mutex<Vec<&'static str>>> {
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -44,7 +75,7 @@ fn handled_in_order<const N: usize>(
 }
 
 /// Records the `n` of each run its handler saw, in order.
-fn recording(e: &Engine) -> Arc<Mutex<Vec<i64>>> {
+fn recording<B: TestBackend>(e: &Engine<B>) -> Arc<Mutex<Vec<i64>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = Arc::clone(&seen);
     e.register_action("work", move |run, _| {
@@ -56,10 +87,11 @@ fn recording(e: &Engine) -> Arc<Mutex<Vec<i64>>> {
     seen
 }
 
-#[test]
-fn wait_for_run_returns_when_the_run_ends() {
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariant 5 seen by a caller: waiting for a run returns when it ends,
+/// with its final state; a run that is not there is a typed error
+/// (invariant 10).
+fn wait_for_run_returns_when_the_run_ends<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o);
     let (go_tx, go) = mpsc::channel::<()>();
     let go = Mutex::new(go);
     e.register_action("work", move |_, _| {
@@ -89,12 +121,11 @@ fn wait_for_run_returns_when_the_run_ends() {
     );
 }
 
-#[test]
-fn higher_priorities_are_claimed_first_and_a_scope_keeps_its_order() {
-    // Invariant 6 with priorities: within a scope, enqueue order; among
-    // the runs a claim can take, higher priority first.
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariant 6 with priorities: within a scope, enqueue order; among the
+/// runs a claim can take, higher priority first; an action's default
+/// priority is stored with its runs.
+fn higher_priorities_are_claimed_first_and_a_scope_keeps_its_order<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o);
     let seen = recording(&e);
     e.configure_action(&ActionConfig::new("work").priority(1))
         .unwrap();
@@ -125,13 +156,10 @@ fn higher_priorities_are_claimed_first_and_a_scope_keeps_its_order() {
 }
 
 /// The child's side of the cross-process limit test: two executors on the
-/// file, the limited action's handler taking a few milliseconds.
-#[test]
-fn child_process_works_limited_runs() {
-    if !is_child() {
-        return;
-    }
-    let e = Engine::builder(parent_file()).executors(2).open().unwrap();
+/// parent's database, on the system clock, the limited action's handler
+/// taking a few milliseconds.
+fn child_process_works_limited_runs<B: TestBackend>() {
+    let e = parent_engine::<B>(&Opts::system("child").executors(2));
     e.register_action("limited", |_, _| {
         std::thread::sleep(Duration::from_millis(3));
         Ok(())
@@ -144,14 +172,16 @@ fn child_process_works_limited_runs() {
     e.shutdown();
 }
 
-#[test]
-fn four_executors_in_two_processes_never_exceed_a_concurrency_limit() {
-    // Checked from the file: at no moment do more than 2 runs of the action
-    // hold a claim, by their claim (started_at) and end (finished_at) times.
-    let s = Scene::new();
+/// Control of the work across processes (invariant 5 under a limit): four
+/// executors in two processes never hold more claims of a limited action at
+/// once than its `max_running`. Checked from the database: by their claim
+/// (started_at) and end (finished_at) times, at no moment do more than 2
+/// runs of the action hold a claim. Both processes run on the system clock,
+/// the one timeline on which those times of two processes compare.
+fn four_executors_in_two_processes_never_exceed_a_concurrency_limit<B: TestBackend>() {
+    let place = B::place();
     {
-        // The system clock: the processes below run on it.
-        let e = Engine::open(&s.path).unwrap();
+        let e = B::open_opts(&place, &Opts::system("setup").executors(1));
         e.configure_action(&ActionConfig::new("limited").max_running(2))
             .unwrap();
         for n in 0..40 {
@@ -159,9 +189,9 @@ fn four_executors_in_two_processes_never_exceed_a_concurrency_limit() {
                 .unwrap();
         }
     }
-    let mut child = s.child("child_process_works_limited_runs", &[]);
+    let mut child = child::<B>(&place, "child_process_works_limited_runs", &[]);
     assert!(child.past("started"));
-    let e = Engine::builder(&s.path).executors(2).open().unwrap();
+    let e = B::open_opts(&place, &Opts::system("parent").executors(2));
     e.register_action("limited", |_, _| {
         std::thread::sleep(Duration::from_millis(3));
         Ok(())
@@ -171,7 +201,7 @@ fn four_executors_in_two_processes_never_exceed_a_concurrency_limit() {
     let deadline = std::time::Instant::now() + PATIENCE;
     let watch = e.watch();
     loop {
-        let left = count(
+        let left = B::count(
             &e,
             "SELECT count(*) FROM reflexr_runs WHERE state != 'succeeded'",
         );
@@ -204,27 +234,30 @@ fn four_executors_in_two_processes_never_exceed_a_concurrency_limit() {
 
 /// Forges what an executor that died mid-run leaves: `id` running under a
 /// holder that will never renew its claim, which lapses in one second.
-fn held_by_a_dead_executor(e: &Engine, id: &str) {
+fn held_by_a_dead_executor<B: TestBackend>(e: &Engine<B>, id: &str) {
     e.write(|tx| {
         let now = tx.now_ms();
-        tx.execute(
-            "UPDATE reflexr_runs SET state = 'running', attempt = 1, claimed_by = 'gone', \
-               claim_expires_at = ?2, started_at = ?3 WHERE id = ?1",
-            rusqlite::params![id, now + 1_000, now],
-        )?;
-        Ok(())
+        // Test data: a run id and times, formatted in.
+        B::run_sql(
+            tx,
+            &format!(
+                "UPDATE reflexr_runs SET state = 'running', attempt = 1, claimed_by = 'gone', \
+                   claim_expires_at = {}, started_at = {now} WHERE id = '{id}'",
+                now + 1_000
+            ),
+        )
     })
     .unwrap();
 }
 
-#[test]
-fn a_run_going_back_to_pending_yields_its_key_to_the_run_that_took_it_and_claims_go_on() {
-    // Invariants 5 and 6 with uniqueness: a `WhilePending` key is free once
-    // its run starts; if that run fails and is retried (or revived) while a
-    // newer run holds the key, it keeps its retry without the key — the
-    // unique index is never broken, and no claim is refused because of it.
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariants 5 and 6 with uniqueness: a `WhilePending` key is free once
+/// its run starts; if that run fails and is retried (or revived) while a
+/// newer run holds the key, it keeps its retry without the key — the
+/// unique index is never broken, and no claim is refused because of it.
+fn a_run_going_back_to_pending_yields_its_key_to_the_run_that_took_it_and_claims_go_on<
+    B: TestBackend,
+>() {
+    let (_place, _clock, e) = setup::<B>(|o| o);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (seen2, e2) = (Arc::clone(&seen), e.clone());
     e.register_action("work", move |run, _| {
@@ -256,16 +289,7 @@ fn a_run_going_back_to_pending_yields_its_key_to_the_run_that_took_it_and_claims
         "retried, then the next of the scope"
     );
     assert_eq!(idle.succeeded, 2);
-    let key_of = |id: &str| -> Option<String> {
-        e.with_reader(|c| {
-            Ok(c.query_row(
-                "SELECT unique_key FROM reflexr_runs WHERE id = ?1",
-                [id],
-                |r| r.get(0),
-            )?)
-        })
-        .unwrap()
-    };
+    let key_of = |id: &str| -> Option<String> { e.run(id).unwrap().unwrap().unique_key };
     assert_eq!(key_of(&a.id), None, "the retried run gave the key up");
 
     // An operator's retry of a dead run whose key another run holds now.
@@ -289,19 +313,17 @@ fn a_run_going_back_to_pending_yields_its_key_to_the_run_that_took_it_and_claims
     assert_eq!(key_of(&holder.id).as_deref(), Some("d"));
 }
 
-#[test]
-fn a_cancelled_run_whose_executor_died_ends_cancelled_and_its_scope_moves_on() {
-    // Invariant 6: a run that ended, however, lets the next of its scope
-    // start — here one cancelled while its executor was gone.
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariant 6: a run that ended, however, lets the next of its scope
+/// start — here one cancelled while its executor was gone.
+fn a_cancelled_run_whose_executor_died_ends_cancelled_and_its_scope_moves_on<B: TestBackend>() {
+    let (_place, clock, e) = setup::<B>(|o| o);
     let seen = recording(&e);
     let first = e.enqueue(&task(1).scope("s")).unwrap().id;
     e.enqueue(&task(2).scope("s")).unwrap();
     held_by_a_dead_executor(&e, &first);
     let ops = e.operator("ops", "stuck");
     assert_eq!(ops.cancel_run(&first).unwrap(), RunState::Running);
-    s.clock.advance(Duration::from_secs(2)); // the dead executor's claim lapses
+    clock.advance(Duration::from_secs(2)); // the dead executor's claim lapses
     e.run_until_idle().unwrap();
     assert_eq!(e.run(&first).unwrap().unwrap().state, RunState::Cancelled);
     assert_eq!(
@@ -311,12 +333,10 @@ fn a_cancelled_run_whose_executor_died_ends_cancelled_and_its_scope_moves_on() {
     );
 }
 
-#[test]
-fn a_partition_that_is_not_a_json_path_is_refused_and_changes_nothing() {
-    // Invariant 10: a path SQLite would refuse at every claim is refused
-    // when it is configured.
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariant 10: a partition path the database would refuse at every claim
+/// is refused when it is configured, and nothing is stored.
+fn a_partition_that_is_not_a_json_path_is_refused_and_changes_nothing<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o);
     for bad in ["$customer", "$.a[", "cust\"omer"] {
         let err = e
             .configure_action(&ActionConfig::new("work").max_running(1).partition_by(bad))
@@ -332,7 +352,7 @@ fn a_partition_that_is_not_a_json_path_is_refused_and_changes_nothing() {
             "{bad}: {err}"
         );
     }
-    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_actions"), 0);
+    assert_eq!(B::count(&e, "SELECT count(*) FROM reflexr_actions"), 0);
     // A key with dots or spaces is a key, as it is.
     e.configure_action(
         &ActionConfig::new("work")
@@ -342,13 +362,11 @@ fn a_partition_that_is_not_a_json_path_is_refused_and_changes_nothing() {
     .unwrap();
 }
 
-#[test]
-fn limited_runs_of_a_higher_priority_go_before_a_backlog_of_unlimited_ones() {
-    // Invariant 5 under priorities: a backlog of unlimited work does not
-    // keep a limited action's urgent runs waiting; priorities hold across
-    // actions with and without limits.
-    let s = Scene::new();
-    let e = s.builder("test").claim_batch(4).open().unwrap();
+/// Invariant 5 under priorities: a backlog of unlimited work does not keep
+/// a limited action's urgent runs waiting; priorities hold across actions
+/// with and without limits.
+fn limited_runs_of_a_higher_priority_go_before_a_backlog_of_unlimited_ones<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o.claim_batch(4));
     let order = handled_in_order(&e, ["bulk", "urgent"]);
     e.configure_action(&ActionConfig::new("urgent").max_running(10))
         .unwrap();
@@ -365,12 +383,10 @@ fn limited_runs_of_a_higher_priority_go_before_a_backlog_of_unlimited_ones() {
     assert_eq!(order[..2], ["urgent", "urgent"], "{order:?}");
 }
 
-#[test]
-fn a_partition_with_a_long_backlog_does_not_hide_another_partitions_runs() {
-    // Invariant 5 under a limit per partition: the claim looks past a full
-    // partition's backlog for the runs of partitions that have room.
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariant 5 under a limit per partition: the claim looks past a full
+/// partition's backlog for the runs of partitions that have room.
+fn a_partition_with_a_long_backlog_does_not_hide_another_partitions_runs<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o);
     let seen = recording(&e);
     e.configure_action(
         &ActionConfig::new("work")
@@ -401,11 +417,10 @@ fn a_partition_with_a_long_backlog_does_not_hide_another_partitions_runs() {
     );
 }
 
-#[test]
-fn a_rule_cannot_take_a_name_that_an_enqueued_actions_lanes_use() {
-    // Invariant 6: a rule's scope lanes and an enqueued action's never mix.
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariant 6: a rule's scope lanes and an enqueued action's never mix —
+/// a rule cannot take the name an enqueued action's lanes use.
+fn a_rule_cannot_take_a_name_that_an_enqueued_actions_lanes_use<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o);
     e.ensure_workspace("app", &["order"]).unwrap();
     let err = e
         .register_rule(
@@ -417,49 +432,40 @@ fn a_rule_cannot_take_a_name_that_an_enqueued_actions_lanes_use() {
     assert!(matches!(err, Error::Invalid { field: "rule", .. }), "{err}");
 }
 
-#[test]
-fn pruning_sweeps_ended_uniqueness_periods_and_starts_outside_every_window() {
-    // Invariant 9's housekeeping for the control tables: pruning deletes a
-    // uniqueness period or a rate start only once it no longer holds.
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariant 9's housekeeping for the control tables: pruning deletes a
+/// uniqueness period or a rate start only once it no longer holds.
+fn pruning_sweeps_ended_uniqueness_periods_and_starts_outside_every_window<B: TestBackend>() {
+    let (_place, clock, e) = setup::<B>(|o| o);
     recording(&e);
     e.configure_action(&ActionConfig::new("work").rate(5, Duration::from_secs(1)))
         .unwrap();
     e.enqueue(&task(1).unique("p", Unique::For(Duration::from_secs(10))))
         .unwrap();
     e.run_until_idle().unwrap();
-    let rows = |table: &str| count(&e, &format!("SELECT count(*) FROM {table}"));
+    let rows = |table: &str| B::count(&e, &format!("SELECT count(*) FROM {table}"));
     assert_eq!(
         (rows("reflexr_unique_periods"), rows("reflexr_starts")),
         (1, 1)
     );
-    e.prune(&reflexr::Retention::default()).unwrap();
+    B::prune(&e, &reflexr::Retention::default()).unwrap();
     assert_eq!(
         (rows("reflexr_unique_periods"), rows("reflexr_starts")),
         (1, 1),
         "both still hold"
     );
-    s.clock.advance(Duration::from_secs(11));
-    e.prune(&reflexr::Retention::default()).unwrap();
+    clock.advance(Duration::from_secs(11));
+    B::prune(&e, &reflexr::Retention::default()).unwrap();
     assert_eq!(
         (rows("reflexr_unique_periods"), rows("reflexr_starts")),
         (0, 0)
     );
 }
 
-#[test]
-fn a_claimed_run_cancelled_before_it_started_is_never_started_after_a_shutdown() {
-    // Invariant 5 with cancels: a run an executor claimed but had not
-    // started when it stopped is given back — unless its cancellation was
-    // asked for meanwhile: then it ends cancelled and never starts.
-    let s = Scene::new();
-    let e = s
-        .builder("test")
-        .executors(1)
-        .claim_batch(2)
-        .open()
-        .unwrap();
+/// Invariant 5 with cancels: a run an executor claimed but had not started
+/// when it stopped is given back — unless its cancellation was asked for
+/// meanwhile: then it ends cancelled and never starts.
+fn a_claimed_run_cancelled_before_it_started_is_never_started_after_a_shutdown<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o.executors(1).claim_batch(2));
     let ran = Arc::new(Mutex::new(Vec::new()));
     let (started_tx, started) = mpsc::channel();
     let started_tx = Mutex::new(started_tx);
@@ -491,13 +497,11 @@ fn a_claimed_run_cancelled_before_it_started_is_never_started_after_a_shutdown()
     assert_eq!(*ran.lock().unwrap(), [1], "the cancelled run never started");
 }
 
-#[test]
-fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it() {
-    // Once a pause commits, the rule's cursor stays: a batch decided before
-    // it is not written after it (the commit checks), and is decided again
-    // after the resume — nothing lost, nothing twice (invariants 4 and 8).
-    let s = Scene::new();
-    let e = s.open("test");
+/// Invariants 4 and 8: once a pause commits, the rule's cursor stays — a
+/// batch decided before it is not written after it (the commit checks),
+/// and is decided again after the resume: nothing lost, nothing twice.
+fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o);
     e.ensure_workspace("app", &["job"]).unwrap();
     let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let (f, e2) = (Arc::clone(&first), e.clone());
@@ -525,8 +529,8 @@ fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it() {
         idle.fired, 0,
         "the batch decided under the pause is not written"
     );
-    let cursor = |e: &Engine| {
-        count(
+    let cursor = |e: &Engine<B>| {
+        B::count(
             e,
             "SELECT coalesce(max(position), 0) FROM reflexr_cursors WHERE kind = 'rule' AND name = 'fire'",
         )
@@ -538,14 +542,14 @@ fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it() {
     e.run_until_idle().unwrap();
     assert_eq!(
         cursor(&e),
-        count(
+        B::count(
             &e,
             "SELECT max(seq) FROM reflexr_events WHERE workspace = 'app'"
         ),
         "past the jobs and its own RuleFired envelopes"
     );
     assert_eq!(
-        count(
+        B::count(
             &e,
             "SELECT count(*) FROM reflexr_events WHERE type = 'RuleFired'"
         ),
@@ -554,13 +558,11 @@ fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it() {
     );
 }
 
-#[test]
-fn at_one_priority_a_limited_actions_backlog_leaves_the_others_their_share() {
-    // Invariant 5 under limits: a limited action with a long backlog and an
-    // unlimited one at the same priority — each claim gives both a share,
-    // so neither waits for the other's backlog to drain.
-    let s = Scene::new();
-    let e = s.builder("test").claim_batch(4).open().unwrap();
+/// Invariant 5 under limits: a limited action with a long backlog and an
+/// unlimited one at the same priority — each claim gives both a share, so
+/// neither waits for the other's backlog to drain.
+fn at_one_priority_a_limited_actions_backlog_leaves_the_others_their_share<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o.claim_batch(4));
     let order = handled_in_order(&e, ["limited", "free"]);
     e.configure_action(&ActionConfig::new("limited").max_running(1_000))
         .unwrap();

@@ -1,8 +1,8 @@
 //! The jobs loop: reactions, deliveries, scheduled work and pruning (ADR
-//! 0011; DESIGN.md invariants 2, 5, 9). What runs on every backend — a
-//! reaction's deliveries, its failures contained, channels' retry
-//! policies, an occurrence once across engines, missed occurrences — is in
-//! `tests/backends.rs`.
+//! 0011; DESIGN.md invariants 2, 5, 9). Each test is written once, generic
+//! over the backend, and runs on every backend: `on_backends!` runs it on an
+//! SQLite temp file and — with the feature `postgres` — on PostgreSQL
+//! (`name::sqlite`, `name::postgres`).
 
 mod common;
 
@@ -10,48 +10,107 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::backend::{Opts, TestBackend, child, parent_engine};
 use common::channels::email_channel;
-use common::{Arrange, Scene, count, is_child, parent_file};
+use common::{children_on_backends, later, on_backends};
 use proptest::prelude::*;
 use reflexr::{
-    ChannelPolicy, Clock, ConsumerKind, Delivery, Engine, Guarantee, Job, NewEvent, Query,
-    Reaction, Retention, RetryPolicy, RunState,
+    ChannelPolicy, Clock, ConsumerKind, Delivery, Engine, Guarantee, Job, ManualClock, NewEvent,
+    Query, Reaction, Retention, RetryPolicy, RunState, Sqlite, Tx,
 };
+
+on_backends!(
+    a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_work,
+    a_reaction_reads_the_log_inside_its_own_transaction,
+    a_crash_between_a_reactions_handling_and_its_commit_re_handles_without_duplicates,
+    an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_again,
+    an_interval_of_zero_switches_a_job_off,
+    pruning_removes_finished_runs_but_keeps_dead_ones,
+    an_occurrence_whose_executor_stopped_mid_run_is_lost_if_at_most_once_and_rerun_if_at_least_once,
+);
+
+children_on_backends!(child_process_reacts_and_hangs_before_commit);
 
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The types of `app`, the workspace of every test.
 const APP_TYPES: &[&str] = &["session.changed", "other"];
 
-/// The application's tables: session 1 in room A, with three RSVPs. Safe to
-/// run at every open (the RSVPs are written afresh).
-const APP_SQL: &str = "CREATE TABLE IF NOT EXISTS sessions (id INTEGER PRIMARY KEY, room TEXT);
-     CREATE TABLE IF NOT EXISTS rsvps (session INTEGER, email TEXT);
-     INSERT OR IGNORE INTO sessions VALUES (1, 'A');
-     DELETE FROM rsvps;
-     INSERT INTO rsvps VALUES (1, 'ada@x'), (1, 'grace@x'), (1, 'alan@x');";
+/// The application's tables: session 1 in room A, with three RSVPs, one
+/// statement each in both dialects. Safe to run at every open (the RSVPs
+/// are written afresh).
+const APP_SQL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS sessions (id INTEGER PRIMARY KEY, room TEXT)",
+    "CREATE TABLE IF NOT EXISTS rsvps (session INTEGER, email TEXT)",
+    "INSERT INTO sessions VALUES (1, 'A') ON CONFLICT DO NOTHING",
+    "DELETE FROM rsvps",
+    "INSERT INTO rsvps VALUES (1, 'ada@x'), (1, 'grace@x'), (1, 'alan@x')",
+];
+
+/// What the tests need of a backend besides [`TestBackend`]: a query of the
+/// application's inside the engine's transaction.
+trait Rsvps: TestBackend {
+    /// The emails of session 1's RSVPs, as the transaction sees them.
+    fn emails(tx: &Tx<'_, Self>) -> reflexr::Result<Vec<String>>;
+}
+
+impl Rsvps for Sqlite {
+    fn emails(tx: &Tx<'_>) -> reflexr::Result<Vec<String>> {
+        let mut stmt = tx
+            .conn()
+            .prepare("SELECT email FROM rsvps WHERE session = 1")?;
+        let emails = stmt
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        Ok(emails)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Rsvps for reflexr::Postgres {
+    fn emails(tx: &Tx<'_, reflexr::Postgres>) -> reflexr::Result<Vec<String>> {
+        Ok(tx
+            .query("SELECT email FROM rsvps WHERE session = 1", &[])?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+}
+
+/// An engine on the place with the workspace `app` and the application's
+/// tables (see [`APP_SQL`]), written in one transaction.
+fn app_engine<B: TestBackend>(place: &B::Place, clock: &ManualClock, holder: &str) -> Engine<B> {
+    let e = B::open(place, clock, holder);
+    e.ensure_workspace("app", APP_TYPES).unwrap();
+    e.write(|tx| APP_SQL.iter().try_for_each(|sql| B::run_sql(tx, sql)))
+        .expect("the application's SQL");
+    e
+}
+
+/// A place and the clock of its engines, at the round time every test
+/// starts from.
+fn scene<B: TestBackend>() -> (B::Place, ManualClock) {
+    (B::place(), later(0))
+}
 
 /// A reaction that enqueues one email per RSVP of the changed session.
-fn notifier() -> Reaction {
-    Reaction::new("notifier", "app")
+fn notifier<B: Rsvps>() -> Reaction<B> {
+    B::reaction("notifier", "app")
         .on(["session.changed"])
         .handle(|event, tx| {
-            let mut stmt = tx
-                .conn()
-                .prepare("SELECT email FROM rsvps WHERE session = 1")?;
-            let emails: Vec<String> = stmt
-                .query_map([], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            for email in emails {
+            for email in B::emails(tx)? {
                 tx.deliver(&Delivery::new("email", "moved").to(email).caused_by(event))?;
             }
             Ok(())
         })
 }
 
-fn edit(e: &Engine, room: &str, fail: bool) -> reflexr::Result<()> {
+fn edit<B: TestBackend>(e: &Engine<B>, room: &str, fail: bool) -> reflexr::Result<()> {
     e.write(|tx| {
-        tx.execute("UPDATE sessions SET room = ?1 WHERE id = 1", [room])?;
+        B::run_sql(
+            tx,
+            &format!("UPDATE sessions SET room = '{room}' WHERE id = 1"),
+        )?;
         let at = tx.now_ms();
         tx.append(
             "app",
@@ -68,18 +127,19 @@ fn edit(e: &Engine, room: &str, fail: bool) -> reflexr::Result<()> {
     })
 }
 
-#[test]
-fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_work() {
-    // "Nothing wedges silently": the failing reaction is recorded on its
-    // cursor; another reaction and the scheduler go on meanwhile.
-    let scene = Scene::new();
-    let e = scene.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
+/// Invariant 5 and "nothing wedges silently": the failing reaction is
+/// recorded on its cursor, which stays where it is; another reaction and
+/// the scheduler go on meanwhile, and once unstuck its deliveries go out
+/// once.
+fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_work<B: Rsvps>() {
+    let (place, clock) = scene::<B>();
+    let e = app_engine::<B>(&place, &clock, "test");
     let sent = email_channel(&e, ChannelPolicy::BestEffort);
-    e.register_reaction(notifier()).unwrap();
+    e.register_reaction(notifier::<B>()).unwrap();
     let seen = Arc::new(AtomicUsize::new(0));
     let s = Arc::clone(&seen);
     e.register_reaction(
-        Reaction::new("counter", "app")
+        B::reaction("counter", "app")
             .on(["session.changed"])
             .handle(move |_, _| {
                 s.fetch_add(1, Ordering::SeqCst);
@@ -88,13 +148,17 @@ fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_
     )
     .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
-    e.register_job(counting_job("tick", MINUTE, &runs)).unwrap();
-    let e = e.sql(
-        "CREATE TRIGGER notifier_stuck BEFORE UPDATE OF position ON reflexr_cursors \
-         WHEN NEW.name = 'notifier' BEGIN SELECT RAISE(ABORT, 'the notifier is stuck'); END;",
+    e.register_job(counting_job::<B>("tick", MINUTE, &runs))
+        .unwrap();
+    B::refuse(
+        &e,
+        "notifier_stuck",
+        "UPDATE OF position ON reflexr_cursors",
+        "NEW.name = 'notifier'",
+        "the notifier is stuck",
     );
     edit(&e, "B", false).unwrap();
-    scene.clock.advance(MINUTE);
+    clock.advance(MINUTE);
     for _ in 0..3 {
         e.run_until_idle().unwrap();
     }
@@ -124,8 +188,7 @@ fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_
             .contains("the notifier is stuck")
     );
 
-    e.write(|tx| tx.execute("DROP TRIGGER notifier_stuck", []).map(|_| ()))
-        .unwrap();
+    B::allow(&e, "notifier_stuck", "reflexr_cursors");
     e.run_until_idle().unwrap();
     assert_eq!(
         sent.lock().unwrap().len(),
@@ -135,15 +198,15 @@ fn a_reaction_whose_commit_keeps_failing_shows_as_stuck_and_holds_back_no_other_
     assert!(e.cursors().unwrap().iter().all(|c| c.failures == 0));
 }
 
-#[test]
-fn a_reaction_reads_the_log_inside_its_own_transaction() {
-    // Tx::read sees the transaction's own writes, and the committed log.
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
+/// Invariant 2 seen from a reaction: `Tx::read` sees the transaction's own
+/// writes, and the committed log.
+fn a_reaction_reads_the_log_inside_its_own_transaction<B: TestBackend>() {
+    let (place, clock) = scene::<B>();
+    let e = app_engine::<B>(&place, &clock, "test");
     let counts = Arc::new(Mutex::new(Vec::new()));
     let c = Arc::clone(&counts);
     e.register_reaction(
-        Reaction::new("history", "app")
+        B::reaction("history", "app")
             .on(["session.changed"])
             .handle(move |event, tx| {
                 let before = tx.read(&Query::new("app").types(["session.changed"]))?;
@@ -169,17 +232,13 @@ fn a_reaction_reads_the_log_inside_its_own_transaction() {
 }
 
 /// The child's side of the crash test: handles the change, enqueues its
-/// deliveries, and is killed before the reaction's transaction commits.
-#[test]
-fn child_process_reacts_and_hangs_before_commit() {
-    if !is_child() {
-        return; // Only a child started by the test below does this work.
-    }
-    let path = parent_file();
-    let e = Engine::builder(&path).holder_id("child").open().unwrap();
+/// deliveries, and is killed before the reaction's transaction commits. Its
+/// clock starts at the present, as the parent's does.
+fn child_process_reacts_and_hangs_before_commit<B: Rsvps>() {
+    let e = parent_engine::<B>(&Opts::new(&ManualClock::starting_now(), "child"));
     e.register_channel("email", ChannelPolicy::BestEffort, |_, _| Ok(()))
         .unwrap();
-    e.register_reaction(notifier().handle(|event, tx| {
+    e.register_reaction(notifier::<B>().handle(|event, tx| {
         for email in ["ada@x", "grace@x", "alan@x"] {
             tx.deliver(&Delivery::new("email", "moved").to(email).caused_by(event))?;
         }
@@ -192,32 +251,32 @@ fn child_process_reacts_and_hangs_before_commit() {
     e.run_until_idle().unwrap();
 }
 
-#[test]
-fn a_crash_between_a_reactions_handling_and_its_commit_re_handles_without_duplicates() {
-    // The deliveries commit with the reaction's cursor: the crash loses both,
-    // and the next handling enqueues them once.
-    let s = Scene::starting_now();
+/// Invariants 2 and 5: the deliveries commit with the reaction's cursor:
+/// the crash loses both, and the next handling enqueues them once.
+fn a_crash_between_a_reactions_handling_and_its_commit_re_handles_without_duplicates<B: Rsvps>() {
+    let place = B::place();
+    let clock = ManualClock::starting_now();
     {
-        let e = s.open("setup").workspace("app", APP_TYPES).sql(APP_SQL);
+        let e = app_engine::<B>(&place, &clock, "setup");
         edit(&e, "B", false).unwrap();
     }
-    let mut child = s.child("child_process_reacts_and_hangs_before_commit", &[]);
+    let mut child = child::<B>(&place, "child_process_reacts_and_hangs_before_commit", &[]);
     assert!(child.past("enqueued"), "the child handled the event");
     child.kill();
 
     // The child held the loop lease: past it, this engine takes over.
-    s.clock.advance(MINUTE);
-    let e = s.open("survivor").workspace("app", APP_TYPES).sql(APP_SQL);
+    clock.advance(MINUTE);
+    let e = app_engine::<B>(&place, &clock, "survivor");
     assert_eq!(
-        count(&e, "SELECT count(*) FROM reflexr_runs"),
+        B::count(&e, "SELECT count(*) FROM reflexr_runs"),
         0,
         "nothing committed"
     );
     let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
-    e.register_reaction(notifier()).unwrap();
+    e.register_reaction(notifier::<B>()).unwrap();
     e.run_until_idle().unwrap();
     assert_eq!(sent.lock().unwrap().len(), 3);
-    assert_eq!(count(&e, "SELECT count(*) FROM reflexr_runs"), 3);
+    assert_eq!(B::count(&e, "SELECT count(*) FROM reflexr_runs"), 3);
     let cursor = e
         .cursors()
         .unwrap()
@@ -227,18 +286,22 @@ fn a_crash_between_a_reactions_handling_and_its_commit_re_handles_without_duplic
     assert_eq!((cursor.position, cursor.lag), (1, 0));
 }
 
-fn counting_job(name: &str, every: Duration, runs: &Arc<AtomicUsize>) -> Job {
+fn counting_job<B: TestBackend>(name: &str, every: Duration, runs: &Arc<AtomicUsize>) -> Job<B> {
     let r = Arc::clone(runs);
-    Job::every(name, every).handler(move |_, _| {
+    B::job(Job::every(name, every)).handler(move |_, _| {
         r.fetch_add(1, Ordering::SeqCst);
         Ok(())
     })
 }
 
-#[test]
-fn an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_again() {
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
+/// Invariant 5 as a job's guarantee says: an at-most-once occurrence whose
+/// attempt crashed is dead, never run again; an at-least-once one runs
+/// again after its backoff.
+fn an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_again<
+    B: TestBackend,
+>() {
+    let (place, clock) = scene::<B>();
+    let e = app_engine::<B>(&place, &clock, "test");
     let calls = Arc::new(Mutex::new(Vec::new()));
     for (name, guarantee) in [
         ("most", Guarantee::AtMostOnce),
@@ -247,23 +310,21 @@ fn an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_a
         let c = Arc::clone(&calls);
         let first = AtomicUsize::new(0);
         e.register_job(
-            Job::every(name, MINUTE)
-                .guarantee(guarantee)
-                .handler(move |o, _| {
-                    c.lock().unwrap().push((o.job.clone(), o.attempt));
-                    if first.fetch_add(1, Ordering::SeqCst) == 0 {
-                        // The process "dies" mid-occurrence: the handler panics,
-                        // which fails the attempt like a crash whose claim lapsed.
-                        panic!("crashed mid-occurrence");
-                    }
-                    Ok(())
-                }),
+            B::job(Job::every(name, MINUTE).guarantee(guarantee)).handler(move |o, _| {
+                c.lock().unwrap().push((o.job.clone(), o.attempt));
+                if first.fetch_add(1, Ordering::SeqCst) == 0 {
+                    // The process "dies" mid-occurrence: the handler panics,
+                    // which fails the attempt like a crash whose claim lapsed.
+                    panic!("crashed mid-occurrence");
+                }
+                Ok(())
+            }),
         )
         .unwrap();
     }
-    s.clock.advance(MINUTE);
+    clock.advance(MINUTE);
     e.run_until_idle().unwrap();
-    s.clock.advance(MINUTE * 10);
+    clock.advance(MINUTE * 10);
     e.run_until_idle().unwrap();
     let calls = calls.lock().unwrap();
     let of = |job: &str| calls.iter().filter(|(j, _)| j == job).count();
@@ -280,76 +341,128 @@ fn an_at_most_once_occurrence_is_lost_to_a_crash_and_an_at_least_once_one_runs_a
     assert_eq!(most.max_attempts, 1);
 }
 
-#[test]
-fn an_interval_of_zero_switches_a_job_off() {
-    let scene = Scene::new();
-    let e = scene.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
+/// Scheduled work (ADR 0011; no numbered invariant): an interval of zero
+/// switches a job off (no occurrence, no due time); switched on again, it is
+/// due an interval later.
+fn an_interval_of_zero_switches_a_job_off<B: TestBackend>() {
+    let (place, clock) = scene::<B>();
+    let e = app_engine::<B>(&place, &clock, "test");
     let runs = Arc::new(AtomicUsize::new(0));
-    e.register_job(counting_job("reminders", Duration::ZERO, &runs))
+    e.register_job(counting_job::<B>("reminders", Duration::ZERO, &runs))
         .unwrap();
-    scene.clock.advance(MINUTE * 100);
+    clock.advance(MINUTE * 100);
     e.run_until_idle().unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let s = &e.schedules().unwrap()[0];
     assert_eq!((s.spec.as_str(), s.next_due_at), ("off", None));
     // Switched on again, it is due an interval later.
     drop(e);
-    let e = scene.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
-    e.register_job(counting_job("reminders", MINUTE, &runs))
+    let e = app_engine::<B>(&place, &clock, "test");
+    e.register_job(counting_job::<B>("reminders", MINUTE, &runs))
         .unwrap();
-    scene.clock.advance(MINUTE);
+    clock.advance(MINUTE);
     e.run_until_idle().unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+/// Invariant 9: an event goes only once every cursor on its workspace
+/// passed it and it is older than the retention; seqs never come back.
+fn pruning_never_deletes_an_event_a_cursor_has_not_passed<B: TestBackend>(
+    events: usize,
+    cursors: &[usize],
+    age_minutes: u64,
+) -> Result<(), TestCaseError> {
+    let (place, clock) = scene::<B>();
+    let e = app_engine::<B>(&place, &clock, "test");
+    for i in 0..events {
+        e.append("app", &NewEvent::new("other", format!("x/{i}"), "app", 0))
+            .unwrap();
+        clock.advance(MINUTE);
+    }
+    for (k, c) in cursors.iter().enumerate() {
+        e.save_cursor(&format!("c{k}"), "app", (*c).min(events) as i64)
+            .unwrap();
+    }
+    let retention = Retention {
+        events: Some(MINUTE * age_minutes as u32),
+        ..Retention::default()
+    };
+    let pruned = B::prune(&e, &retention).unwrap();
+    let min_cursor = cursors
+        .iter()
+        .map(|c| (*c).min(events))
+        .min()
+        .unwrap_or(events) as i64;
+    let now = clock.now_ms();
+    let left = e.read(&Query::new("app").limit(1_000)).unwrap();
+    for ev in &left {
+        // Anything left would have been allowed to stay.
+        prop_assert!(ev.seq > min_cursor || ev.recorded_at >= now - (age_minutes as i64) * 60_000);
+    }
+    let gone = events as u64 - left.len() as u64;
+    prop_assert_eq!(gone, pruned.events);
+    // Nothing a cursor has not passed is gone: every seq after the lowest
+    // cursor is still there.
+    let after: Vec<i64> = left
+        .iter()
+        .map(|e| e.seq)
+        .filter(|s| *s > min_cursor)
+        .collect();
+    prop_assert_eq!(
+        after,
+        ((min_cursor + 1)..=(events as i64)).collect::<Vec<_>>()
+    );
+    // And seqs never come back.
+    let next = e
+        .append("app", &NewEvent::new("other", "new", "app", 0))
+        .unwrap();
+    prop_assert_eq!(next.seq, events as i64 + 1);
+    Ok(())
+}
 
-    #[test]
-    fn pruning_never_deletes_an_event_a_cursor_has_not_passed(
-        events in 1usize..60,
-        cursors in prop::collection::vec(0usize..60, 0..4),
-        age_minutes in 0u64..30,
-    ) {
-        // Invariant 9: an event goes only once every cursor on its workspace
-        // passed it and it is older than the retention.
-        let s = Scene::new();
-        let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
-        for i in 0..events {
-            e.append("app", &NewEvent::new("other", format!("x/{i}"), "app", 0)).unwrap();
-            s.clock.advance(MINUTE);
+/// [`pruning_never_deletes_an_event_a_cursor_has_not_passed`] on each
+/// backend, as `pruning_never_deletes_an_event_a_cursor_has_not_passed::sqlite`
+/// and `::postgres`.
+mod pruning_never_deletes_an_event_a_cursor_has_not_passed {
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+        #[test]
+        fn sqlite(
+            events in 1usize..60,
+            cursors in prop::collection::vec(0usize..60, 0..4),
+            age_minutes in 0u64..30,
+        ) {
+            super::pruning_never_deletes_an_event_a_cursor_has_not_passed::<Sqlite>(
+                events, &cursors, age_minutes,
+            )?;
         }
-        for (k, c) in cursors.iter().enumerate() {
-            e.save_cursor(&format!("c{k}"), "app", (*c).min(events) as i64).unwrap();
+    }
+
+    #[cfg(feature = "postgres")]
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+        #[test]
+        fn postgres(
+            events in 1usize..60,
+            cursors in prop::collection::vec(0usize..60, 0..4),
+            age_minutes in 0u64..30,
+        ) {
+            super::pruning_never_deletes_an_event_a_cursor_has_not_passed::<reflexr::Postgres>(
+                events, &cursors, age_minutes,
+            )?;
         }
-        let retention = Retention {
-            events: Some(MINUTE * age_minutes as u32),
-            ..Retention::default()
-        };
-        let pruned = e.prune(&retention).unwrap();
-        let min_cursor = cursors.iter().map(|c| (*c).min(events)).min().unwrap_or(events) as i64;
-        let now = s.clock.now_ms();
-        let left = e.read(&Query::new("app").limit(1_000)).unwrap();
-        for ev in &left {
-            // Anything left would have been allowed to stay.
-            prop_assert!(ev.seq > min_cursor || ev.recorded_at >= now - (age_minutes as i64) * 60_000);
-        }
-        let gone = events as u64 - left.len() as u64;
-        prop_assert_eq!(gone, pruned.events);
-        // Nothing a cursor has not passed is gone: every seq after the lowest
-        // cursor is still there.
-        let after: Vec<i64> = left.iter().map(|e| e.seq).filter(|s| *s > min_cursor).collect();
-        prop_assert_eq!(after, ((min_cursor + 1)..=(events as i64)).collect::<Vec<_>>());
-        // And seqs never come back.
-        let next = e.append("app", &NewEvent::new("other", "new", "app", 0)).unwrap();
-        prop_assert_eq!(next.seq, events as i64 + 1);
     }
 }
 
-#[test]
-fn pruning_removes_finished_runs_but_keeps_dead_ones() {
-    let s = Scene::new();
-    let e = s.open("test").workspace("app", APP_TYPES).sql(APP_SQL);
+/// Pruning and invariant 5: finished runs older than the retention go; a
+/// dead one stays for an operator.
+fn pruning_removes_finished_runs_but_keeps_dead_ones<B: TestBackend>() {
+    let (place, clock) = scene::<B>();
+    let e = app_engine::<B>(&place, &clock, "test");
     e.register_channel("email", ChannelPolicy::BestEffort, |msg, _| {
         if msg.to.as_deref() == Some("bad") {
             Err("no".into())
@@ -362,47 +475,46 @@ fn pruning_removes_finished_runs_but_keeps_dead_ones() {
         e.deliver(&Delivery::new("email", "x").to(to)).unwrap();
     }
     e.run_until_idle().unwrap();
-    s.clock.advance(MINUTE * 10);
-    let pruned = e.prune(&Retention::older_than(MINUTE)).unwrap();
+    clock.advance(MINUTE * 10);
+    let pruned = B::prune(&e, &Retention::older_than(MINUTE)).unwrap();
     assert_eq!((pruned.runs, pruned.dead_letters), (2, 0));
     assert_eq!(e.runs(None, 10).unwrap()[0].state, RunState::Dead);
 }
 
-#[test]
-fn an_occurrence_whose_executor_stopped_mid_run_is_lost_if_at_most_once_and_rerun_if_at_least_once()
-{
-    // The claim is the "taken" mark: it commits before the handler runs. An
-    // executor that stops mid-run (here: paused past its claim's lease)
-    // leaves an at-most-once occurrence dead, never run again, and an
-    // at-least-once one to be run again by another executor.
+/// Invariant 5 and a job's guarantee: the claim is the "taken" mark: it
+/// commits before the handler runs. An executor that stops mid-run (here:
+/// paused past its claim's lease) leaves an at-most-once occurrence dead,
+/// never run again, and an at-least-once one to be run again by another
+/// executor.
+fn an_occurrence_whose_executor_stopped_mid_run_is_lost_if_at_most_once_and_rerun_if_at_least_once<
+    B: TestBackend,
+>() {
     for (guarantee, reruns) in [(Guarantee::AtMostOnce, 0), (Guarantee::AtLeastOnce, 1)] {
-        let s = Scene::new();
-        let a = s.open("engine-a").workspace("app", APP_TYPES).sql(APP_SQL);
-        let b = s.open("engine-b").workspace("app", APP_TYPES).sql(APP_SQL);
+        let (place, clock) = scene::<B>();
+        let a = app_engine::<B>(&place, &clock, "engine-a");
+        let b = app_engine::<B>(&place, &clock, "engine-b");
         let (started_tx, started) = std::sync::mpsc::channel();
         let (release_tx, release) = std::sync::mpsc::channel::<()>();
         let release = Mutex::new(release);
         let started_tx = Mutex::new(started_tx);
         a.register_job(
-            Job::every("j", MINUTE)
-                .guarantee(guarantee)
-                .handler(move |_, _| {
-                    started_tx.lock().unwrap().send(()).unwrap();
-                    release.lock().unwrap().recv().unwrap();
-                    Ok(())
-                }),
+            B::job(Job::every("j", MINUTE).guarantee(guarantee)).handler(move |_, _| {
+                started_tx.lock().unwrap().send(()).unwrap();
+                release.lock().unwrap().recv().unwrap();
+                Ok(())
+            }),
         )
         .unwrap();
         let b_runs = Arc::new(AtomicUsize::new(0));
-        b.register_job(counting_job("j", MINUTE, &b_runs).guarantee(guarantee))
+        b.register_job(counting_job::<B>("j", MINUTE, &b_runs).guarantee(guarantee))
             .unwrap();
-        s.clock.advance(MINUTE);
+        clock.advance(MINUTE);
         let worker = {
             let a = a.clone();
             std::thread::spawn(move || a.run_until_idle())
         };
         started.recv().unwrap();
-        s.clock.advance(Duration::from_secs(31)); // a's claim lapses
+        clock.advance(Duration::from_secs(31)); // a's claim lapses
         b.run_until_idle().unwrap();
         assert_eq!(b_runs.load(Ordering::SeqCst), reruns, "{guarantee:?}");
         release_tx.send(()).unwrap();

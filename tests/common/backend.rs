@@ -6,9 +6,12 @@
 //! process starts it with [`child`] and writes the child's side once too
 //! ([`children_on_backends!`](crate::common::children_on_backends)).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use reflexr::{Backend, Engine, Job, ManualClock, Pruned, Reaction, Retention, Sqlite, Tx};
+use reflexr::{
+    Backend, Clock, Engine, Job, ManualClock, Pruned, Reaction, Retention, Sqlite, SystemClock, Tx,
+};
 
 use super::{Watched, spawn_child};
 
@@ -18,23 +21,37 @@ use super::{Watched, spawn_child};
 /// rather than a long hang.
 #[derive(Clone)]
 pub struct Opts {
-    pub clock: ManualClock,
+    pub clock: SharedClock,
     pub holder: String,
     pub heartbeat: Option<Duration>,
+    pub lease_ttl: Option<Duration>,
     pub executors: Option<usize>,
     pub claim_batch: Option<usize>,
+    pub evaluate_batch: Option<usize>,
     pub max_payload_bytes: Option<usize>,
     pub max_chain_depth: Option<u32>,
 }
 
+/// Any clock, shared: a test's [`ManualClock`] or the system's.
+#[derive(Clone)]
+pub struct SharedClock(Arc<dyn Clock>);
+
+impl Clock for SharedClock {
+    fn now_ms(&self) -> i64 {
+        self.0.now_ms()
+    }
+}
+
 impl Opts {
-    pub fn new(clock: &ManualClock, holder: &str) -> Opts {
+    pub fn new<C: Clock + Clone>(clock: &C, holder: &str) -> Opts {
         Opts {
-            clock: clock.clone(),
+            clock: SharedClock(Arc::new(clock.clone())),
             holder: holder.to_string(),
             heartbeat: None,
+            lease_ttl: None,
             executors: None,
             claim_batch: None,
+            evaluate_batch: None,
             max_payload_bytes: None,
             max_chain_depth: None,
         }
@@ -47,6 +64,17 @@ impl Opts {
         self
     }
 
+    /// On the system clock: for a process that must see time pass by
+    /// itself (leases that lapse while it runs).
+    pub fn system(holder: &str) -> Opts {
+        Opts::new(&SystemClock, holder)
+    }
+
+    pub fn lease_ttl(mut self, t: Duration) -> Opts {
+        self.lease_ttl = Some(t);
+        self
+    }
+
     pub fn executors(mut self, n: usize) -> Opts {
         self.executors = Some(n);
         self
@@ -54,6 +82,11 @@ impl Opts {
 
     pub fn claim_batch(mut self, n: usize) -> Opts {
         self.claim_batch = Some(n);
+        self
+    }
+
+    pub fn evaluate_batch(mut self, n: usize) -> Opts {
+        self.evaluate_batch = Some(n);
         self
     }
 
@@ -76,11 +109,17 @@ macro_rules! apply_opts {
         if let Some(t) = o.heartbeat {
             b = b.heartbeat(t);
         }
+        if let Some(t) = o.lease_ttl {
+            b = b.lease_ttl(t);
+        }
         if let Some(n) = o.executors {
             b = b.executors(n);
         }
         if let Some(n) = o.claim_batch {
             b = b.claim_batch(n);
+        }
+        if let Some(n) = o.evaluate_batch {
+            b = b.evaluate_batch(n);
         }
         if let Some(n) = o.max_payload_bytes {
             b = b.max_payload_bytes(n);
@@ -342,7 +381,7 @@ mod pg {
         }
 
         fn open_at(locator: &str, opts: &Opts) -> Engine<Postgres> {
-            apply_opts!(Engine::builder_postgres(locator).pool_size(4), opts)
+            apply_opts!(Engine::builder_postgres(locator).pool_size(8), opts)
                 .open()
                 .expect("open engine")
         }
