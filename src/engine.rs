@@ -334,7 +334,8 @@ impl<B: Backend> Engine<B> {
     pub fn acquire_lease(&self, name: &str, ttl: Option<Duration>) -> Result<Lease> {
         let ttl = ttl.unwrap_or(self.db().settings().lease_ttl);
         let holder = self.db().settings().holder_id.clone();
-        self.write(|tx| lease::acquire(tx.core(), tx.now_ms(), name, &holder, ttl))
+        // Lease updates run apart from other writes: see `lease_apart`.
+        self.lease_apart(|tx| lease::acquire(tx.core(), tx.now_ms(), name, &holder, ttl))
     }
 
     /// Extends a held lease by its TTL from now.
@@ -343,13 +344,25 @@ impl<B: Backend> Engine<B> {
     /// [`Error::LeaseLost`] when it expired or another holder took it: stop
     /// acting under it.
     pub fn renew_lease(&self, lease: &Lease) -> Result<Lease> {
-        self.write(|tx| lease::renew(tx.core(), tx.now_ms(), lease))
+        self.lease_apart(|tx| lease::renew(tx.core(), tx.now_ms(), lease))
     }
 
     /// Gives a held lease up, so another holder can take it at once. False
     /// when it was no longer this holder's.
     pub fn release_lease(&self, lease: &Lease) -> Result<bool> {
-        self.write(|tx| lease::release(tx.core(), tx.now_ms(), lease))
+        self.lease_apart(|tx| lease::release(tx.core(), tx.now_ms(), lease))
+    }
+
+    /// A lease update in a transaction of its own, never shared with other
+    /// writes of this process: on PostgreSQL a transaction that locks both
+    /// locks the head before a lease row (see the fence), and a lease update
+    /// sharing a transaction with an append could take them the other way
+    /// round and deadlock with another process's fenced write.
+    fn lease_apart<T: Send>(
+        &self,
+        f: impl FnOnce(&mut Tx<'_, B>) -> Result<T> + Send,
+    ) -> Result<T> {
+        self.db().write_apart(f)
     }
 
     /// Every lease in the file.

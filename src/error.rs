@@ -492,6 +492,17 @@ impl From<postgres::Error> for Error {
             {
                 Error::Busy { detail: message }
             }
+            // Text PostgreSQL cannot hold (a NUL byte, which SQLite stores):
+            // the caller's input, refused before anything was written.
+            Some(c)
+                if *c == SqlState::CHARACTER_NOT_IN_REPERTOIRE
+                    || *c == SqlState::UNTRANSLATABLE_CHARACTER =>
+            {
+                Error::Invalid {
+                    field: "text",
+                    reason: format!("PostgreSQL cannot store it ({message})"),
+                }
+            }
             Some(c) if *c == SqlState::DATA_CORRUPTED || *c == SqlState::INDEX_CORRUPTED => {
                 Error::Corrupt { detail: message }
             }

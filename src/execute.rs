@@ -21,7 +21,7 @@ use crate::dead_letter::{DeadLetterKind, Reason};
 use crate::error::{Error, Result, panic_text};
 use crate::run::{self, Actions, Emitted, Run, RunContext};
 use crate::store::backend::Store;
-use crate::store::backend::{Control, Counters, DeadLetters, Runs, RunsMore};
+use crate::store::backend::{Control, Counters, DeadLetters, Events, Runs, RunsMore};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::{Requeued, RunRow};
 use crate::tx::Tx;
@@ -180,6 +180,14 @@ pub(crate) fn execute<B: Database>(
         let want = size.saturating_sub(keep);
 
         let next = db.write_apart(|tx| {
+            // A round that appends (what its runs emitted) takes the head
+            // first, as every appending transaction does.
+            if outcomes
+                .iter()
+                .any(|o| matches!(o, Outcome::Succeeded(e) if !e.is_empty()))
+            {
+                Events::lock_head(tx.core())?;
+            }
             let mut round = Executed::default();
             // Plain successes (nothing emitted, no lane to move on) settle in
             // one statement, which succeeds those whose claims still hold and
@@ -449,9 +457,11 @@ pub(crate) fn renew_claims<B: Store>(db: &impl CoreDb<B>, claims: &Claims) -> Re
     if due.is_empty() {
         return Ok(0);
     }
-    // In id order, as settlements lock them (see `RunsMore::succeed_many`).
+    // In id order, as settlements lock them (see `RunsMore::succeed_many`);
+    // apart from the shared write, which holds the log's head on
+    // PostgreSQL (a renewal appends nothing).
     due.sort();
-    let (renewed, cancelled) = db.write_with(|tx| {
+    let (renewed, cancelled) = db.write_apart(|tx| {
         let now = tx.now_ms();
         let mut renewed = Vec::new();
         for (id, holder, attempt) in &due {

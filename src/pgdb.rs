@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::notify::{Notifier, PgListen, Subscription};
 use crate::settings::Settings;
 use crate::store::backend::Postgres;
-use crate::store::pg::{self, PgConn, Pool};
+use crate::store::pg::{self, PgConn, Pool, Pooled};
 use crate::tx::{Env, Tx};
 use crate::writer::{Inside, NEXT_WRITER_ID, WriterStats};
 
@@ -226,7 +226,9 @@ impl PgDb {
     /// the connection itself ends the batch, and nothing of it commits.
     fn run_batch(&self, mut batch: Batch<Postgres>) {
         const SAVEPOINT: &str = "reflexr_call";
-        let conn = match self.begin() {
+        // The head first (see `PgConn::begin_ordered`): any member may
+        // append.
+        let conn = match self.begin_ordered() {
             Ok(c) => c,
             Err(e) => return batch.end(Err(Arc::new(e))),
         };
@@ -302,9 +304,18 @@ impl PgDb {
 
     /// [`PgDb::begin`], READ ONLY if `read_only` (see `PgConn::begin_as`).
     fn begin_as(&self, read_only: bool) -> Result<PgConn> {
+        self.begin_by(|client| PgConn::begin_as(client, read_only))
+    }
+
+    /// [`PgConn::begin_ordered`] on a pooled connection.
+    fn begin_ordered(&self) -> Result<PgConn> {
+        self.begin_by(PgConn::begin_ordered)
+    }
+
+    fn begin_by(&self, begin: impl Fn(Pooled) -> Result<PgConn>) -> Result<PgConn> {
         let mut tries = self.pool.max_size() + 1;
         loop {
-            match PgConn::begin_as(self.pool.get()?, read_only) {
+            match begin(self.pool.get()?) {
                 Err(Error::Io { .. }) if tries > 1 => tries -= 1,
                 other => return other,
             }

@@ -346,7 +346,7 @@ fn held_lease<B: Backend>(cx: &Context<B>, name: &str) -> Result<Option<Lease>> 
         if now < l.renew_due_at() && l.is_live_at(now) {
             return Ok(Some(l.clone()));
         }
-        match db.write_with(|tx| lease::renew(tx.core(), tx.now_ms(), l)) {
+        match db.write_apart(|tx| lease::renew(tx.core(), tx.now_ms(), l)) {
             Ok(renewed) => {
                 held.insert(name.to_string(), renewed.clone());
                 return Ok(Some(renewed));
@@ -360,7 +360,7 @@ fn held_lease<B: Backend>(cx: &Context<B>, name: &str) -> Result<Option<Lease>> 
     }
     let holder = db.settings().holder_id.clone();
     let ttl = db.settings().lease_ttl;
-    match db.write_with(|tx| lease::acquire(tx.core(), tx.now_ms(), name, &holder, ttl)) {
+    match db.write_apart(|tx| lease::acquire(tx.core(), tx.now_ms(), name, &holder, ttl)) {
         Ok(l) => {
             log::info!("holding {name} (generation {})", l.generation);
             held.insert(name.to_string(), l.clone());
@@ -829,7 +829,7 @@ fn release_leases<B: Backend>(cx: &Context<B>) {
     for l in held {
         if let Err(e) = cx
             .db
-            .write_with(|tx| lease::release(tx.core(), tx.now_ms(), &l))
+            .write_apart(|tx| lease::release(tx.core(), tx.now_ms(), &l))
         {
             log::warn!("releasing {}: {e}", l.name);
         }

@@ -85,6 +85,12 @@ pub trait Workspaces {
 /// cursor relies on never to skip an event).
 pub trait Events {
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted>;
+    /// Takes the log's head before a transaction that will append takes
+    /// anything else, where writers run side by side (PostgreSQL: see
+    /// `PgConn::begin_ordered`); SQLite's one writer needs nothing.
+    fn lock_head(&self) -> Result<()> {
+        Ok(())
+    }
     /// The seq of the workspace's event with this id.
     fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>>;
     /// The depth of the workspace's event with this id.

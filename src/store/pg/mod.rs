@@ -97,12 +97,38 @@ impl PgConn {
     /// head's lock and reads the head its holder committed; under REPEATABLE
     /// READ it would fail instead), and READ ONLY if `read_only` (a write
     /// in it fails with [`Error::ReadOnly`]), else READ WRITE.
-    pub(crate) fn begin_as(mut client: Pooled, read_only: bool) -> Result<PgConn> {
-        client.batch_execute(if read_only {
-            "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY"
-        } else {
-            "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE"
-        })?;
+    pub(crate) fn begin_as(client: Pooled, read_only: bool) -> Result<PgConn> {
+        PgConn::begin_with(
+            client,
+            if read_only {
+                "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY"
+            } else {
+                "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE"
+            },
+        )
+    }
+
+    /// Begins a write transaction that holds the head row's lock from its
+    /// first statement, sent with the BEGIN (no round trip of its own).
+    ///
+    /// The order of locks: a transaction that appends takes the head row
+    /// before any other. Every append locks the head, and holds it to the
+    /// commit; one that took a lane, a run or a lease row first and then
+    /// waited for the head, while the head's holder waited for that row,
+    /// would deadlock — which a shared write (one member appending, the
+    /// next settling a run, say) or an application's write (an append,
+    /// then an enqueue) would otherwise do now and then. With the head
+    /// first, a transaction waiting for it holds nothing anyone waits for.
+    pub(crate) fn begin_ordered(client: Pooled) -> Result<PgConn> {
+        PgConn::begin_with(
+            client,
+            "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; \
+             SELECT 1 FROM reflexr_head FOR UPDATE",
+        )
+    }
+
+    fn begin_with(mut client: Pooled, begin: &str) -> Result<PgConn> {
+        client.batch_execute(begin)?;
         Ok(PgConn {
             client: RefCell::new(client),
             open: std::cell::Cell::new(true),
@@ -385,6 +411,11 @@ impl PgConn {
 }
 
 impl Events for PgConn {
+    fn lock_head(&self) -> Result<()> {
+        self.query("SELECT 1 FROM reflexr_head FOR UPDATE", &[])?;
+        Ok(())
+    }
+
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
         let depth = i32::try_from(row.depth)
             .map_err(|_| Error::invalid("depth", "more than 2^31 causes deep"))?;
