@@ -24,7 +24,6 @@ use reflexr::{
 use serde_json::{Value, json};
 
 on_backends!(
-    app_rows_and_events_commit_or_roll_back_together,
     an_id_is_appended_once_and_seqs_are_dense,
     a_refused_append_is_a_typed_error_and_the_write_goes_on,
     a_write_cannot_end_the_engines_transaction,
@@ -35,7 +34,6 @@ on_backends!(
     writers_sharing_a_transaction_fail_alone,
     a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds,
     random_appends_are_typed_errors_or_appends,
-    an_operators_cursor_reset_moves_it_back_on_the_record,
     pruning_deletes_only_what_every_cursor_passed_and_the_retention_allows,
     an_enqueue_commits_with_the_callers_rows_and_another_engine_runs_it,
     a_failing_run_is_retried_after_its_backoff_and_dead_lettered_once_spent,
@@ -94,42 +92,6 @@ fn setup<B: TestBackend>() -> (B::Place, ManualClock, Engine<B>) {
 
 fn all<B: TestBackend>(engine: &Engine<B>) -> Vec<reflexr::Event> {
     engine.read(&Query::new("app").limit(10_000)).unwrap()
-}
-
-/// Invariant 2: the application's rows and its events commit together or not at
-/// all — an error or a panic in the closure leaves neither.
-fn app_rows_and_events_commit_or_roll_back_together<B: TestBackend>() {
-    let (_place, _clock, engine) = setup::<B>();
-    engine
-        .write(|tx| {
-            B::insert_thing(tx, "t-1")?;
-            tx.append("app", &made("t-1"))
-        })
-        .unwrap();
-    let failed: reflexr::Result<()> = engine.write(|tx| {
-        B::insert_thing(tx, "t-2")?;
-        tx.append("app", &made("t-2"))?;
-        Err(Error::Invalid {
-            field: "test",
-            reason: "the caller gave up".into(),
-        })
-    });
-    assert!(failed.is_err());
-    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        engine.write(|tx| -> reflexr::Result<()> {
-            B::insert_thing(tx, "t-3")?;
-            tx.append("app", &made("t-3"))?;
-            panic!("the handler fell over");
-        })
-    }));
-    assert!(panicked.is_err());
-    assert_eq!(B::things(&engine), ["t-1"]);
-    let events = all(&engine);
-    assert_eq!(events.len(), 1);
-    assert_eq!(events[0].subject, "thing/t-1");
-    // Nothing was skipped: the next append takes the next seq.
-    let next = engine.append("app", &made("t-4")).unwrap();
-    assert_eq!(next.seq, events[0].seq + 1);
 }
 
 /// Invariants 1 and 3: seqs are dense and increasing; an id is appended once,
@@ -594,35 +556,6 @@ fn random_appends_are_typed_errors_or_appends<B: TestBackend>() {
             },
         )
         .unwrap();
-}
-
-/// Invariant 8's one exception: an operator's reset moves a cursor back, and
-/// the audit records who, why, from where and to where.
-fn an_operators_cursor_reset_moves_it_back_on_the_record<B: TestBackend>() {
-    let (_place, _clock, engine) = setup::<B>();
-    for i in 0..3 {
-        engine.append("app", &made(&i.to_string())).unwrap();
-    }
-    engine.save_cursor("mailer", "app", 3).unwrap();
-    let reset = engine
-        .operator("ops@example", "mail again after the outage")
-        .reset_cursor("app", reflexr::ConsumerKind::App, "mailer", 1)
-        .unwrap();
-    assert_eq!((reset.from, reset.to), (Some(3), 1));
-    assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
-    let audit = engine.audit_log(10).unwrap();
-    assert_eq!(audit.len(), 1);
-    assert_eq!(audit[0].operator, "ops@example");
-    assert_eq!(audit[0].reason, "mail again after the outage");
-    let detail: serde_json::Value = serde_json::from_str(&audit[0].detail).unwrap();
-    assert_eq!(detail, serde_json::json!({ "from": 3, "to": 1 }));
-    // Past the head is refused, and nothing is recorded.
-    let e = engine
-        .operator("ops@example", "too far")
-        .reset_cursor("app", reflexr::ConsumerKind::App, "mailer", 99)
-        .unwrap_err();
-    assert!(matches!(e, Error::CursorAhead { .. }), "{e}");
-    assert_eq!(engine.audit_log(10).unwrap().len(), 1);
 }
 
 /// Invariant 9: pruning deletes an event only once every cursor on its

@@ -1,36 +1,61 @@
-//! Cursors: durable, per consumer and workspace, forward only but for a
-//! recorded operator reset (DESIGN.md, invariant 8).
+//! Cursors, on every backend: durable, per consumer and workspace, forward
+//! only but for a recorded operator reset (DESIGN.md, invariant 8). Each
+//! test is written once, generic over the backend, and `on_backends!` runs
+//! it on an SQLite temp file and — with the feature `postgres` — on a
+//! PostgreSQL schema of its own.
 
 mod common;
 
-use common::{Arrange, Scene};
-use reflexr::{ConsumerKind, Error, NewEvent, Query};
+use common::backend::TestBackend;
+use common::on_backends;
+use reflexr::{ConsumerKind, Engine, Error, ManualClock, NewEvent, Query};
+
+on_backends!(
+    a_cursor_starts_at_zero_moves_forward_and_survives_a_reopen,
+    a_position_past_the_head_or_negative_or_on_a_missing_workspace_is_refused,
+    a_cursor_saved_in_the_consumers_transaction_commits_with_its_rows,
+    an_operator_reset_moves_a_cursor_back_and_is_recorded,
+);
 
 /// The workspaces every test starts with: `app`, where the ticks are, and
 /// `other`.
 const SPACES: &[(&str, &[&str])] = &[("app", &["tick"]), ("other", &["tick"])];
 
-/// The log of `app` when a test starts: ten ticks, seqs 1 to 10.
-fn ticks() -> impl Iterator<Item = NewEvent> {
-    (0..10).map(|i| NewEvent::new("tick", format!("t/{i}"), "clock", i))
+const START_MS: i64 = 1_800_000_000_000;
+
+/// A place, its clock, and an engine on it with the workspaces of
+/// [`SPACES`], whose `app` holds ten ticks, seqs 1 to 10.
+fn setup<B: TestBackend>() -> (B::Place, ManualClock, Engine<B>) {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let engine = B::open(&place, &clock, "test");
+    for (name, types) in SPACES {
+        engine.ensure_workspace(name, types).unwrap();
+    }
+    for i in 0..10 {
+        engine
+            .append("app", &NewEvent::new("tick", format!("t/{i}"), "clock", i))
+            .unwrap();
+    }
+    (place, clock, engine)
 }
 
-#[test]
-fn a_cursor_starts_at_zero_moves_forward_and_survives_a_reopen() {
-    // Invariant 8: durable and forward.
-    let s = Scene::new();
-    {
-        let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
-        assert_eq!(engine.cursor("mailer", "app").unwrap(), 0);
-        engine.save_cursor("mailer", "app", 4).unwrap();
-        engine.save_cursor("mailer", "app", 4).unwrap(); // the same again: fine
-        engine.save_cursor("mailer", "app", 7).unwrap();
-        // Another consumer, and the same consumer on another workspace, are
-        // separate cursors.
-        engine.save_cursor("audit", "app", 2).unwrap();
-        engine.save_cursor("mailer", "other", 1).unwrap();
-    }
-    let engine = s.open("test");
+/// Invariant 8: durable and forward — a cursor starts at 0, moves forward
+/// (saving the same position again is fine), is kept per consumer and
+/// workspace, and is where it was after a reopen.
+fn a_cursor_starts_at_zero_moves_forward_and_survives_a_reopen<B: TestBackend>() {
+    let (place, clock, engine) = setup::<B>();
+    assert_eq!(engine.cursor("mailer", "app").unwrap(), 0);
+    engine.save_cursor("mailer", "app", 4).unwrap();
+    engine.save_cursor("mailer", "app", 4).unwrap(); // the same again: fine
+    engine.save_cursor("mailer", "app", 7).unwrap();
+    // Another consumer, and the same consumer on another workspace, are
+    // separate cursors.
+    engine.save_cursor("audit", "app", 2).unwrap();
+    engine.save_cursor("mailer", "other", 1).unwrap();
+    drop(engine);
+
+    let engine = B::open(&place, &clock, "test");
     assert_eq!(engine.cursor("mailer", "app").unwrap(), 7);
     assert_eq!(engine.cursor("audit", "app").unwrap(), 2);
     assert_eq!(engine.cursor("mailer", "other").unwrap(), 1);
@@ -45,26 +70,11 @@ fn a_cursor_starts_at_zero_moves_forward_and_survives_a_reopen() {
     );
 }
 
-#[test]
-fn saving_an_older_position_is_refused_and_changes_nothing() {
-    // Invariant 8: a cursor never moves backwards by a save.
-    let s = Scene::new();
-    let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
-    engine.save_cursor("mailer", "app", 6).unwrap();
-    match engine.save_cursor("mailer", "app", 5) {
-        Err(Error::CursorBackwards {
-            current, requested, ..
-        }) => assert_eq!((current, requested), (6, 5)),
-        other => panic!("expected CursorBackwards, got {other:?}"),
-    }
-    assert_eq!(engine.cursor("mailer", "app").unwrap(), 6);
-}
-
-#[test]
-fn a_position_past_the_head_or_negative_or_on_a_missing_workspace_is_refused() {
-    // Invariant 10: bad input gets a typed error.
-    let s = Scene::new();
-    let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
+/// Invariant 10: bad input gets a typed error — a position past the head,
+/// a negative one, a missing workspace, a bad consumer name — and no cursor
+/// is made (and so none moves: invariant 8).
+fn a_position_past_the_head_or_negative_or_on_a_missing_workspace_is_refused<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     let e = engine.save_cursor("mailer", "app", 11).unwrap_err();
     assert!(matches!(e, Error::CursorAhead { head: 10, .. }), "{e}");
     let e = engine.save_cursor("mailer", "app", -1).unwrap_err();
@@ -76,22 +86,20 @@ fn a_position_past_the_head_or_negative_or_on_a_missing_workspace_is_refused() {
     assert!(engine.cursors().unwrap().is_empty());
 }
 
-#[test]
-fn a_cursor_saved_in_the_consumers_transaction_commits_with_its_rows() {
-    // Invariants 2 and 8: what a consumer wrote for the events it handled
-    // commits with the cursor's advance, or neither does.
-    let s = Scene::new();
-    let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
-    engine
-        .write(|tx| tx.execute("CREATE TABLE handled (seq INTEGER PRIMARY KEY)", []))
-        .unwrap();
+/// Invariants 2 and 8: what a consumer wrote for the events it handled
+/// commits with the cursor's advance, or neither does — and a consumer that
+/// failed handles the same page again, from where its cursor stands.
+fn a_cursor_saved_in_the_consumers_transaction_commits_with_its_rows<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
+    // BIGINT: a seq on every backend (`max` of it is read as an i64).
+    B::sql(&engine, "CREATE TABLE handled (seq BIGINT PRIMARY KEY)");
 
     let handle = |fail: bool| {
         engine.write(|tx| {
             let after = tx.cursor("projector", "app")?;
             let page = engine.read(&Query::new("app").after(after).limit(3))?;
             for e in &page {
-                tx.execute("INSERT INTO handled (seq) VALUES (?1)", [e.seq])?;
+                B::run_sql(tx, &format!("INSERT INTO handled (seq) VALUES ({})", e.seq))?;
             }
             if let Some(last) = page.last() {
                 tx.save_cursor("projector", "app", last.seq)?;
@@ -108,17 +116,17 @@ fn a_cursor_saved_in_the_consumers_transaction_commits_with_its_rows() {
     assert_eq!(handle(false).unwrap(), 3);
     assert!(handle(true).is_err());
     assert_eq!(engine.cursor("projector", "app").unwrap(), 3);
-    assert_eq!(common::count(&engine, "SELECT count(*) FROM handled"), 3);
+    assert_eq!(B::count(&engine, "SELECT count(*) FROM handled"), 3);
     assert_eq!(handle(false).unwrap(), 3);
     assert_eq!(engine.cursor("projector", "app").unwrap(), 6);
-    assert_eq!(common::count(&engine, "SELECT max(seq) FROM handled"), 6);
+    assert_eq!(B::count(&engine, "SELECT max(seq) FROM handled"), 6);
 }
 
-#[test]
-fn an_operator_reset_moves_a_cursor_back_and_is_recorded() {
-    // Invariant 8: the one way back, recorded.
-    let s = Scene::new();
-    let engine = s.open("test").each_workspace(SPACES).events("app", ticks());
+/// Invariant 8: the one way back — an operator's reset — is recorded (who,
+/// why, which cursor, from and to), forward saves go on from there, and a
+/// reset no save could mean is refused and records nothing.
+fn an_operator_reset_moves_a_cursor_back_and_is_recorded<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     engine.save_cursor("mailer", "app", 9).unwrap();
     let reset = engine
         .operator("ops@example", "replay after fix")

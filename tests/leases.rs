@@ -1,28 +1,69 @@
-//! Leases: holder, generation (the fencing token), expiry by the engine's
-//! clock, and fenced writes (DESIGN.md, invariant 7).
+//! Leases, on every backend: holder, generation (the fencing token), expiry
+//! by the engine's clock, and fenced writes (DESIGN.md, invariant 7). Each
+//! test is written once, generic over the backend, and `on_backends!` runs
+//! it on an SQLite temp file and — with the feature `postgres` — on a
+//! PostgreSQL schema of its own, with two engines on it as two processes.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Arrange, Scene, count};
-use reflexr::{Clock, Error};
+use common::backend::TestBackend;
+use common::on_backends;
+use reflexr::{Clock, Engine, Error, ManualClock};
+
+on_backends!(
+    one_holder_at_a_time_until_the_lease_lapses_then_the_generation_goes_up,
+    renewal_extends_a_held_lease_and_fails_once_it_was_taken_over,
+    a_stale_holders_fenced_write_is_refused_after_another_took_over,
+    an_expired_lease_fences_even_before_anyone_takes_it,
+    release_frees_the_lease_at_once_and_never_reuses_a_generation,
+    acquiring_a_lease_one_holds_extends_it_without_a_new_generation,
+    a_clock_that_jumps_back_never_shortens_a_lease,
+    bad_lease_arguments_are_typed_errors,
+);
 
 const TTL: Duration = Duration::from_secs(30);
+
+const START_MS: i64 = 1_800_000_000_000;
 
 /// The application's table of work done under a lease.
 const WORK_SQL: &str = "CREATE TABLE work (by TEXT, generation INTEGER)";
 
-#[test]
-fn one_holder_at_a_time_until_the_lease_lapses_then_the_generation_goes_up() {
-    let s = Scene::new();
-    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
+/// A place, its clock, and two engines on it, as two processes: `proc-a`
+/// (which made the table `work`) and `proc-b`.
+fn two<B: TestBackend>() -> (B::Place, ManualClock, Engine<B>, Engine<B>) {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let a = B::open(&place, &clock, "proc-a");
+    B::sql(&a, WORK_SQL);
+    let b = B::open(&place, &clock, "proc-b");
+    (place, clock, a, b)
+}
+
+/// Records work done by `by` under `generation`, in the transaction.
+fn work<B: TestBackend>(
+    tx: &mut reflexr::Tx<'_, B>,
+    by: &str,
+    generation: i64,
+) -> reflexr::Result<()> {
+    B::run_sql(
+        tx,
+        &format!("INSERT INTO work VALUES ('{by}', {generation})"),
+    )
+}
+
+/// Invariant 7: one holder at a time; the lease lapses exactly at its
+/// expiry by the engine's clock, and the next holder's generation is one
+/// more.
+fn one_holder_at_a_time_until_the_lease_lapses_then_the_generation_goes_up<B: TestBackend>() {
+    let (_place, clock, a, b) = two::<B>();
     let la = a.acquire_lease("evaluator/app", Some(TTL)).unwrap();
     assert_eq!((la.holder.as_str(), la.generation), ("proc-a", 1));
-    assert_eq!(la.expires_at, s.clock.now_ms() + 30_000);
+    assert_eq!(la.expires_at, clock.now_ms() + 30_000);
     assert_eq!(
         la.renew_due_at(),
-        s.clock.now_ms() + 10_000,
+        clock.now_ms() + 10_000,
         "renewed every third"
     );
 
@@ -30,29 +71,30 @@ fn one_holder_at_a_time_until_the_lease_lapses_then_the_generation_goes_up() {
         Err(Error::LeaseHeld { holder, .. }) => assert_eq!(holder, "proc-a"),
         other => panic!("expected LeaseHeld, got {other:?}"),
     }
-    s.clock.advance(Duration::from_secs(29));
+    clock.advance(Duration::from_secs(29));
     assert!(
         b.acquire_lease("evaluator/app", Some(TTL)).is_err(),
         "not yet lapsed"
     );
-    s.clock.advance(Duration::from_secs(1));
+    clock.advance(Duration::from_secs(1));
     let lb = b.acquire_lease("evaluator/app", Some(TTL)).unwrap();
     assert_eq!((lb.holder.as_str(), lb.generation), ("proc-b", 2));
 }
 
-#[test]
-fn renewal_extends_a_held_lease_and_fails_once_it_was_taken_over() {
-    let s = Scene::new();
-    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
+/// Invariant 7: renewal extends a held lease under the same generation;
+/// once another took it over, the old holder's renewal is `LeaseLost`, and
+/// taking it again — even by a former holder — is a new generation.
+fn renewal_extends_a_held_lease_and_fails_once_it_was_taken_over<B: TestBackend>() {
+    let (_place, clock, a, b) = two::<B>();
     let mut la = a.acquire_lease("follower/edge", Some(TTL)).unwrap();
     for _ in 0..5 {
-        s.clock.advance(Duration::from_secs(10));
+        clock.advance(Duration::from_secs(10));
         la = a.renew_lease(&la).unwrap();
         assert_eq!(la.generation, 1, "renewal keeps the generation");
-        assert_eq!(la.expires_at, s.clock.now_ms() + 30_000);
+        assert_eq!(la.expires_at, clock.now_ms() + 30_000);
     }
     // Renewals stop (a paused process); the lease lapses; b takes over.
-    s.clock.advance(Duration::from_secs(31));
+    clock.advance(Duration::from_secs(31));
     let lb = b.acquire_lease("follower/edge", Some(TTL)).unwrap();
     let e = a.renew_lease(&la).unwrap_err();
     assert!(e.is_lease_lost(), "{e}");
@@ -62,20 +104,19 @@ fn renewal_extends_a_held_lease_and_fails_once_it_was_taken_over() {
     assert_eq!(la2.generation, lb.generation + 1);
 }
 
-#[test]
-fn a_stale_holders_fenced_write_is_refused_after_another_took_over() {
-    // Invariant 7: a write made under a lease commits only while the lease is
-    // held, and the check is in the write's own transaction.
-    let s = Scene::new();
-    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
+/// Invariant 7: a write made under a lease commits only while the lease is
+/// held, and the check is in the write's own transaction — before the
+/// write's statements or after them.
+fn a_stale_holders_fenced_write_is_refused_after_another_took_over<B: TestBackend>() {
+    let (_place, clock, a, b) = two::<B>();
     let la = a.acquire_lease("scheduler", Some(TTL)).unwrap();
     a.write(|tx| {
         tx.fence(&la)?;
-        tx.execute("INSERT INTO work VALUES ('a', ?1)", [la.generation])
+        work(tx, "a", la.generation)
     })
     .unwrap();
 
-    s.clock.advance(TTL);
+    clock.advance(TTL);
     let lb = b.acquire_lease("scheduler", Some(TTL)).unwrap();
     assert_eq!(lb.generation, la.generation + 1);
 
@@ -83,7 +124,7 @@ fn a_stale_holders_fenced_write_is_refused_after_another_took_over() {
     let e = a
         .write(|tx| {
             tx.fence(&la)?;
-            tx.execute("INSERT INTO work VALUES ('a', ?1)", [la.generation])
+            work(tx, "a", la.generation)
         })
         .unwrap_err();
     match e {
@@ -95,7 +136,7 @@ fn a_stale_holders_fenced_write_is_refused_after_another_took_over() {
     // Fencing after the write in the same transaction refuses it just the same.
     let e = a
         .write(|tx| {
-            tx.execute("INSERT INTO work VALUES ('a-late', ?1)", [la.generation])?;
+            work(tx, "a-late", la.generation)?;
             tx.fence(&la)
         })
         .unwrap_err();
@@ -103,29 +144,32 @@ fn a_stale_holders_fenced_write_is_refused_after_another_took_over() {
 
     b.write(|tx| {
         tx.fence(&lb)?;
-        tx.execute("INSERT INTO work VALUES ('b', ?1)", [lb.generation])
+        work(tx, "b", lb.generation)
     })
     .unwrap();
-    assert_eq!(count(&a, "SELECT count(*) FROM work WHERE by LIKE 'a%'"), 1);
-    assert_eq!(count(&a, "SELECT count(*) FROM work WHERE by = 'b'"), 1);
+    assert_eq!(
+        B::count(&a, "SELECT count(*) FROM work WHERE by LIKE 'a%'"),
+        1
+    );
+    assert_eq!(B::count(&a, "SELECT count(*) FROM work WHERE by = 'b'"), 1);
 }
 
-#[test]
-fn an_expired_lease_fences_even_before_anyone_takes_it() {
-    // Invariant 7: held means "not expired" too, by the engine's clock.
-    let s = Scene::new();
-    let (a, _b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
+/// Invariant 7: held means "not expired" too, by the engine's clock: an
+/// expired lease fences its holder out and cannot be renewed, even before
+/// anyone else takes it.
+fn an_expired_lease_fences_even_before_anyone_takes_it<B: TestBackend>() {
+    let (_place, clock, a, _b) = two::<B>();
     let la = a.acquire_lease("scheduler", Some(TTL)).unwrap();
-    s.clock.advance(TTL);
+    clock.advance(TTL);
     let e = a.write(|tx| tx.fence(&la)).unwrap_err();
     assert!(e.is_lease_lost());
     assert!(a.renew_lease(&la).unwrap_err().is_lease_lost());
 }
 
-#[test]
-fn release_frees_the_lease_at_once_and_never_reuses_a_generation() {
-    let s = Scene::new();
-    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
+/// Invariant 7: a release frees the lease at once (once), the next holder
+/// gets a new generation, and the released one fences nothing in.
+fn release_frees_the_lease_at_once_and_never_reuses_a_generation<B: TestBackend>() {
+    let (_place, _clock, a, b) = two::<B>();
     let la = a.acquire_lease("loop", None).unwrap();
     assert_eq!(la.ttl_ms, 30_000, "the engine's default ttl");
     assert!(a.release_lease(&la).unwrap());
@@ -141,39 +185,38 @@ fn release_frees_the_lease_at_once_and_never_reuses_a_generation() {
     );
 }
 
-#[test]
-fn acquiring_a_lease_one_holds_extends_it_without_a_new_generation() {
-    let s = Scene::new();
-    let (a, _b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
+/// Invariant 7: the holder acquiring its own lease again extends it; the
+/// generation (the fencing token its writes carry) stays.
+fn acquiring_a_lease_one_holds_extends_it_without_a_new_generation<B: TestBackend>() {
+    let (_place, clock, a, _b) = two::<B>();
     let first = a.acquire_lease("loop", Some(TTL)).unwrap();
-    s.clock.advance(Duration::from_secs(5));
+    clock.advance(Duration::from_secs(5));
     let again = a.acquire_lease("loop", Some(TTL)).unwrap();
     assert_eq!(again.generation, first.generation);
     assert_eq!(again.acquired_at, first.acquired_at);
-    assert_eq!(again.expires_at, s.clock.now_ms() + 30_000);
+    assert_eq!(again.expires_at, clock.now_ms() + 30_000);
 }
 
-#[test]
-fn a_clock_that_jumps_back_never_shortens_a_lease() {
-    let s = Scene::new();
-    let (a, b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
+/// Invariant 7 on a clock that jumps back: a renewal never moves the expiry
+/// earlier, so another holder cannot take the lease before it lapsed.
+fn a_clock_that_jumps_back_never_shortens_a_lease<B: TestBackend>() {
+    let (_place, clock, a, b) = two::<B>();
     let la = a.acquire_lease("loop", Some(TTL)).unwrap();
-    let t0 = s.clock.now_ms();
-    s.clock.set(t0 - 60_000);
+    let t0 = clock.now_ms();
+    clock.set(t0 - 60_000);
     let renewed = a.renew_lease(&la).unwrap();
     assert_eq!(
         renewed.expires_at, la.expires_at,
         "expiry only moves forward"
     );
-    s.clock.set(t0 + 29_000);
+    clock.set(t0 + 29_000);
     assert!(b.acquire_lease("loop", Some(TTL)).is_err());
 }
 
-#[test]
-fn bad_lease_arguments_are_typed_errors() {
-    // Invariant 10.
-    let s = Scene::new();
-    let (a, _b) = (s.open("proc-a").sql(WORK_SQL), s.open("proc-b"));
+/// Invariant 10: a bad lease name or ttl is a typed error, and no lease is
+/// taken.
+fn bad_lease_arguments_are_typed_errors<B: TestBackend>() {
+    let (_place, _clock, a, _b) = two::<B>();
     for (name, ttl) in [
         ("", TTL),
         ("has space", TTL),

@@ -1,5 +1,8 @@
-//! The change log: appends in the caller's transaction, ids, seq order,
-//! concurrent and cross-process appenders, reads.
+//! The change log, on every backend: appends in the caller's transaction,
+//! ids, seq order, concurrent and cross-process appenders, reads. Each test
+//! is written once, generic over the backend, and `on_backends!` runs it on
+//! an SQLite temp file and — with the feature `postgres` — on a PostgreSQL
+//! schema of its own; each names the DESIGN.md invariant it checks.
 
 mod common;
 
@@ -7,37 +10,63 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{Arrange, Scene, count, is_child, parent_file};
-use reflexr::{Engine, Error, NewEvent, Query};
+use common::backend::{Opts, TestBackend, child, parent_engine};
+use common::{children_on_backends, later, on_backends};
+use reflexr::{Engine, Error, ManualClock, NewEvent, Query};
 use serde::{Deserialize, Serialize};
+
+on_backends!(
+    app_rows_and_events_commit_or_roll_back_together,
+    reappending_an_id_is_a_noop_that_reports_the_existing_seq,
+    generated_ids_are_time_ordered_uuids,
+    concurrent_appenders_get_gap_free_seqs_in_commit_order,
+    a_second_process_appends_at_the_same_time_without_busy_errors,
+    unregistered_types_are_not_found_and_reserved_types_are_refused,
+    malformed_events_get_typed_errors_and_change_nothing,
+    reads_page_by_seq_filter_by_type_and_decode_payloads,
+    depth_follows_the_causation_within_a_workspace,
+);
+
+children_on_backends!(child_process_appender);
 
 /// The types of `app`, the workspace of every test.
 const APP_TYPES: &[&str] = &["thing.made", "thing.gone"];
 
-/// The application's table, written with its events.
-const THINGS_SQL: &str = "CREATE TABLE things (id TEXT PRIMARY KEY)";
+/// Where every test's clock starts (and so what the engine records).
+const START_MS: i64 = 1_800_000_000_000;
 
 fn made(id: &str) -> NewEvent {
     NewEvent::new("thing.made", format!("thing/{id}"), "tester", 1_000)
         .payload(&serde_json::json!({ "id": id }))
 }
 
-#[test]
-fn app_rows_and_events_commit_or_roll_back_together() {
-    // Invariant 2: together or not at all.
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// A place, its clock, and an engine on it with the workspace `app` and the
+/// application's table `things`, written with its events.
+fn setup<B: TestBackend>() -> (B::Place, ManualClock, Engine<B>) {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let engine = B::open(&place, &clock, "test");
+    engine.ensure_workspace("app", APP_TYPES).unwrap();
+    B::create_things(&engine);
+    (place, clock, engine)
+}
+
+/// Invariant 2: together or not at all — an error, a panic, or an append
+/// that fails in the closure leaves neither the rows nor the events, and
+/// takes no seq.
+fn app_rows_and_events_commit_or_roll_back_together<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
 
     engine
         .write(|tx| {
-            tx.execute("INSERT INTO things VALUES ('kept')", [])?;
+            B::insert_thing(tx, "kept")?;
             tx.append("app", &made("kept"))
         })
         .unwrap();
 
     let err = engine
         .write(|tx| {
-            tx.execute("INSERT INTO things VALUES ('failed')", [])?;
+            B::insert_thing(tx, "failed")?;
             tx.append("app", &made("failed"))?;
             Err::<(), _>(Error::Invalid {
                 field: "thing",
@@ -49,7 +78,7 @@ fn app_rows_and_events_commit_or_roll_back_together() {
 
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = engine.write(|tx| {
-            tx.execute("INSERT INTO things VALUES ('panicked')", [])?;
+            B::insert_thing(tx, "panicked")?;
             tx.append("app", &made("panicked"))?;
             panic!("the application panics mid-write");
             #[allow(unreachable_code)]
@@ -61,23 +90,25 @@ fn app_rows_and_events_commit_or_roll_back_together() {
     // An append that fails rolls back the rows written before it too.
     let err = engine
         .write(|tx| {
-            tx.execute("INSERT INTO things VALUES ('bad-append')", [])?;
+            B::insert_thing(tx, "bad-append")?;
             tx.append("app", &NewEvent::new("not.registered", "x", "tester", 1))
         })
         .unwrap_err();
     assert!(err.is_not_found());
 
-    assert_eq!(count(&engine, "SELECT count(*) FROM things"), 1);
+    assert_eq!(B::things(&engine), ["kept"]);
     let events = engine.read(&Query::new("app")).unwrap();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].subject, "thing/kept");
+    // Nothing was skipped: the next append takes the next seq.
+    let next = engine.append("app", &made("next")).unwrap();
+    assert_eq!(next.seq, events[0].seq + 1);
 }
 
-#[test]
-fn reappending_an_id_is_a_noop_that_reports_the_existing_seq() {
-    // Invariant 3: once per id, per workspace.
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// Invariant 3: once per id, per workspace — appending an id again is a
+/// no-op that reports the existing seq and takes no seq of its own.
+fn reappending_an_id_is_a_noop_that_reports_the_existing_seq<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     engine.ensure_workspace("other", &["thing.made"]).unwrap();
 
     let first = engine.append("app", &made("a").id("evt-1")).unwrap();
@@ -106,7 +137,7 @@ fn reappending_an_id_is_a_noop_that_reports_the_existing_seq() {
         .unwrap();
     assert_eq!((x.existing, y.existing, x.seq), (false, true, y.seq));
     assert_eq!(
-        count(
+        B::count(
             &engine,
             "SELECT count(*) FROM reflexr_events WHERE id = 'evt-2'"
         ),
@@ -129,10 +160,10 @@ fn reappending_an_id_is_a_noop_that_reports_the_existing_seq() {
     assert_eq!(engine.append("app", &made("d")).unwrap().seq, head + 1);
 }
 
-#[test]
-fn generated_ids_are_time_ordered_uuids() {
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// The ids of invariant 3 when the application gives none: the engine's
+/// are UUIDv7, and a later one sorts later.
+fn generated_ids_are_time_ordered_uuids<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     let ids: Vec<String> = (0..50)
         .map(|i| engine.append("app", &made(&i.to_string())).unwrap().id)
         .collect();
@@ -145,12 +176,11 @@ fn generated_ids_are_time_ordered_uuids() {
     assert_eq!(sorted, ids, "later ids sort later");
 }
 
-#[test]
-fn concurrent_appenders_get_gap_free_seqs_in_commit_order() {
-    // Invariant 1: a reader after cursor c sees every committed event after
-    // c in seq order, and nothing later appears below what it has seen.
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// Invariant 1: a reader after cursor c sees every committed event after c
+/// in seq order, and nothing later appears below what it has seen — while
+/// the threads of one engine append at once.
+fn concurrent_appenders_get_gap_free_seqs_in_commit_order<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     const THREADS: usize = 4;
     const EACH: usize = 300;
     let done = Arc::new(AtomicBool::new(false));
@@ -210,13 +240,10 @@ fn concurrent_appenders_get_gap_free_seqs_in_commit_order() {
 }
 
 /// The child's side of the cross-process test: appends through its own
-/// engine, printing each seq, until its stdin is closed.
-#[test]
-fn child_process_appender() {
-    if !is_child() {
-        return; // Only a child started by the test below does this work.
-    }
-    let engine = Engine::open(parent_file()).unwrap();
+/// engine on the parent's database, printing each seq, until its stdin is
+/// closed.
+fn child_process_appender<B: TestBackend>() {
+    let engine = parent_engine::<B>(&Opts::new(&later(0), "child"));
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -241,16 +268,14 @@ fn child_process_appender() {
     }
 }
 
-#[test]
-fn a_second_process_appends_at_the_same_time_without_busy_errors() {
-    // Invariant 1 across processes, and "no database is locked reaches the
-    // user": the child appends from before the parent's first append until
-    // after its last, every append of both succeeds, and the seqs of both
-    // are gap-free together.
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// Invariant 1 across processes, and "no database is locked reaches the
+/// user": the child appends from before the parent's first append until
+/// after its last, every append of both succeeds, and the seqs of both are
+/// gap-free together.
+fn a_second_process_appends_at_the_same_time_without_busy_errors<B: TestBackend>() {
+    let (place, _clock, engine) = setup::<B>();
     const N: usize = 300;
-    let mut child = s.child("child_process_appender", &[]);
+    let mut child = child::<B>(&place, "child_process_appender", &[]);
     let seq_of = |l: &str| l.strip_prefix("seq ").map(|s| s.parse::<i64>().unwrap());
     let mut theirs = vec![child.until(seq_of).expect("the child appends")];
     let mine: Vec<i64> = (0..N)
@@ -284,11 +309,11 @@ fn a_second_process_appends_at_the_same_time_without_busy_errors() {
     assert_eq!(ids.len() as i64, total);
 }
 
-#[test]
-fn unregistered_types_are_not_found_and_reserved_types_are_refused() {
-    // Invariant 10: typed errors, nothing committed changed.
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// Invariant 10: an unregistered type or workspace is `NotFound`, every
+/// reserved type is refused to appends and registrations alike, and nothing
+/// committed changes.
+fn unregistered_types_are_not_found_and_reserved_types_are_refused<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     engine.append("app", &made("before")).unwrap();
 
     let e = engine
@@ -333,11 +358,10 @@ fn unregistered_types_are_not_found_and_reserved_types_are_refused() {
     assert_eq!(engine.head_seq().unwrap(), 1);
 }
 
-#[test]
-fn malformed_events_get_typed_errors_and_change_nothing() {
-    // Invariant 10.
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// Invariant 10: each malformed field of an event is a typed error naming
+/// the field, and the log is as it was.
+fn malformed_events_get_typed_errors_and_change_nothing<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     engine.append("app", &made("before").id("keep")).unwrap();
     let long = "x".repeat(reflexr::MAX_ID_BYTES + 1);
     let cases: Vec<(NewEvent, &str)> = vec![
@@ -377,10 +401,11 @@ struct Made {
     id: String,
 }
 
-#[test]
-fn reads_page_by_seq_filter_by_type_and_decode_payloads() {
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// Invariant 1 for a reader: pages in seq order from after a cursor,
+/// filtered by type; an event's payload decodes, and one that does not fit
+/// the type asked for is a typed error (as is a bad query: invariant 10).
+fn reads_page_by_seq_filter_by_type_and_decode_payloads<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     for i in 0..10 {
         engine.append("app", &made(&i.to_string())).unwrap();
         if i % 3 == 0 {
@@ -416,10 +441,7 @@ fn reads_page_by_seq_filter_by_type_and_decode_payloads() {
     assert_eq!(e.payload::<Made>().unwrap(), Made { id: "0".into() });
     assert_eq!(e.payload_json(), r#"{"id":"0"}"#);
     assert_eq!((e.actor.as_str(), e.occurred_at), ("tester", 1_000));
-    assert_eq!(
-        e.recorded_at, 1_800_000_000_000,
-        "recorded by the engine's clock"
-    );
+    assert_eq!(e.recorded_at, START_MS, "recorded by the engine's clock");
     let err = e.payload::<Vec<u8>>().unwrap_err();
     assert!(matches!(err, Error::Decode { seq: Some(1), .. }), "{err}");
 
@@ -433,10 +455,11 @@ fn reads_page_by_seq_filter_by_type_and_decode_payloads() {
     }
 }
 
-#[test]
-fn depth_follows_the_causation_within_a_workspace() {
-    let s = Scene::new();
-    let engine = s.open("test").workspace("app", APP_TYPES).sql(THINGS_SQL);
+/// The causation chain that bounds rules triggering rules: an event's depth
+/// is one more than its cause's in the same workspace, and 0 for an unknown
+/// cause (so a bad causation id loses nothing: invariant 10).
+fn depth_follows_the_causation_within_a_workspace<B: TestBackend>() {
+    let (_place, _clock, engine) = setup::<B>();
     let root = engine.append("app", &made("root")).unwrap();
     let child = engine
         .append("app", &made("child").causation_id(root.id.clone()))

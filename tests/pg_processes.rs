@@ -5,8 +5,9 @@
 //! write present — its application row and its event together (invariant
 //! 2) — no id twice (3), and seqs dense in commit order (1); four
 //! processes executing one queue while one of them is SIGKILLed, its claims
-//! taken over once they lapse (5); and evaluators SIGKILLed mid-batch, over
-//! and over, with every decision made exactly once (4).
+//! taken over once they lapse (5). (Evaluators SIGKILLed mid-batch, the
+//! crash torture and four processes with moving evaluators run on both
+//! backends: `tests/rules.rs`, `tests/crash.rs`, `tests/multiprocess.rs`.)
 //! The long run: `PG_KILLS=300 cargo test --release --features postgres
 //! --test pg_processes -- --nocapture`.
 #![cfg(feature = "postgres")]
@@ -17,8 +18,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::backend::{PgSchema, TestBackend};
-use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired, slow_every_nth};
-use common::{Watched, is_child, later, spawn_child};
+use common::{Watched, is_child, spawn_child};
 use reflexr::postgres::{Client, IsolationLevel, NoTls};
 use reflexr::{Engine, Enqueue, ManualClock, NewEvent, Postgres, Query, RunState};
 
@@ -335,87 +335,4 @@ fn four_processes_execute_one_queue_and_a_killed_ones_claims_are_taken_over() {
          them; {retaken} runs claimed again after its claims lapsed",
         5 + killed_done
     );
-}
-
-/// The child of the evaluator test: evaluates slowly, in small batches,
-/// until killed (or done). Its clock stands `REFLEXR_HOURS` hours on, an
-/// hour after the last child's, so the lease a killed child held has lapsed
-/// for the next: no one waits for it.
-#[test]
-fn child_evaluates() {
-    if !is_child() {
-        return;
-    }
-    let config = std::env::var("REFLEXR_PG_CONFIG").expect("REFLEXR_PG_CONFIG");
-    let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
-    let e = Engine::builder_postgres(config)
-        .clock(later(hours))
-        .evaluate_batch(7)
-        .holder_id(format!("child-{}", std::process::id()))
-        .pool_size(2)
-        .open()
-        .unwrap();
-    e.register_action("noop", |_, _| Ok(())).unwrap();
-    let slow = slow_every_nth("tenth", 10);
-    e.register_rule(slow).unwrap();
-    println!("evaluating");
-    e.run_until_idle().unwrap();
-    println!("done");
-}
-
-/// Invariant 4 across processes on a server: a rule's state, cursor,
-/// `RuleFired` events and runs commit together, so evaluators SIGKILLed
-/// anywhere in a batch lose and repeat nothing; a last evaluator finishes,
-/// and the firings are exactly what a fold over the log predicts.
-#[test]
-fn every_decision_is_made_exactly_once_across_evaluators_killed_mid_batch() {
-    if is_child() {
-        return;
-    }
-    let place = PgSchema::new();
-    let setup = Postgres::open(&place, &later(0), "setup");
-    setup.ensure_workspace("app", APP_TYPES).unwrap();
-    append_rsvps(&setup, 5, 60);
-    let kills: usize = std::env::var("PG_RULE_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
-    let mut killed = 0;
-    for i in 0..kills * 3 {
-        let mut c = Watched::new(spawn_child(
-            "child_evaluates",
-            &[
-                ("REFLEXR_PG_CONFIG", place.config()),
-                ("REFLEXR_HOURS", (i + 1).to_string()),
-            ],
-        ));
-        assert!(c.past("evaluating"), "the child started evaluating");
-        // Kill at a varying moment inside the run: 1 to 25 ms in.
-        std::thread::sleep(Duration::from_millis(1 + (i as u64 * 7) % 25));
-        let ended = c.kill();
-        if ended.success && ended.rest.iter().any(|l| l.ends_with("done")) {
-            break;
-        }
-        killed += 1;
-        if killed >= kills {
-            break;
-        }
-    }
-    assert!(killed > 0, "a child was killed at least once");
-    let e = Postgres::open(&place, &later(1_000), "finisher");
-    e.register_action("noop", |_, _| Ok(())).unwrap();
-    e.register_rule(every_nth("tenth", 10)).unwrap();
-    e.run_until_idle().unwrap();
-    let want = expected(&e, "tenth", 10);
-    assert_eq!(want.len(), 30);
-    assert_eq!(fired(&e), want, "each firing once (killed {killed} times)");
-    assert_eq!(e.runs(None, 100).unwrap().len(), 30);
-    for s in 0..5 {
-        assert_eq!(
-            e.rule_state::<Count>("tenth", &s.to_string()).unwrap(),
-            Some(Count { n: 60 })
-        );
-    }
-    assert_eq!(e.rules().unwrap()[0].lag, 0);
-    println!("{killed} evaluators killed mid-batch; every decision made once");
 }
