@@ -1,6 +1,8 @@
 //! Faults, each with its documented behaviour: a clear error, nothing
 //! committed lost, and the work resumes when the fault ends (DESIGN.md,
-//! invariant 10).
+//! invariant 10). A slow handler and a jumping clock run on every backend
+//! (`on_backends!`); a full disk and a read-only file are SQLite's file's
+//! (PostgreSQL's server restart is `tests/pg_restart.rs`).
 
 mod common;
 
@@ -9,10 +11,16 @@ use std::process::Command;
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{Arrange, Scene, count};
+use common::backend::{Opts, TestBackend};
+use common::{Arrange, Scene, on_backends};
 use reflexr::{
     Decision, Engine, Error, ManualClock, NewEvent, Ordering, Query, RetryPolicy, Rule, RunState,
 };
+
+on_backends!(
+    a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs,
+    a_clock_that_jumps_forward_or_back_stops_nothing,
+);
 
 fn tick(i: usize) -> NewEvent {
     NewEvent::new("tick", format!("t/{i}"), "test", 0)
@@ -128,20 +136,21 @@ fn a_read_only_file_is_refused_clearly_and_unchanged_and_opens_again_once_writab
     e.append("app", &tick(2)).unwrap();
 }
 
-#[test]
-fn a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs() {
-    // The claim's lease is 3 s on the engine's clock; the handler works for
-    // 6 s of it. The renewer extends the claim every third of the TTL, so the
-    // run is neither taken by another executor nor run twice.
-    let s = Scene::new();
-    let e = s
-        .builder("test")
-        .lease_ttl(Duration::from_secs(3))
-        .executors(1)
-        .heartbeat(Duration::from_millis(5))
-        .open()
-        .unwrap()
-        .workspace("app", &["tick"]);
+/// Invariant 5 under a slow handler: the claim's lease is 3 s on the
+/// engine's clock; the handler works for 6 s of it. The renewer extends the
+/// claim every third of the TTL, so the run is neither taken by another
+/// executor nor run twice.
+fn a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let e = B::open_opts(
+        &place,
+        &Opts::new(&clock, "test")
+            .lease_ttl(Duration::from_secs(3))
+            .executors(1)
+            .heartbeat(Duration::from_millis(5)),
+    );
+    e.ensure_workspace("app", &["tick"]).unwrap();
     e.register_rule(
         Rule::new("slow", "app")
             .on(["tick"])
@@ -165,7 +174,7 @@ fn a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs() {
     let expiry = || e.run(&id).unwrap().unwrap().claim_expires_at.unwrap();
     for _ in 0..6 {
         let was = expiry();
-        s.clock.advance(Duration::from_secs(1));
+        clock.advance(Duration::from_secs(1));
         // Wait for the renewer (it runs every heartbeat) to extend the claim.
         let deadline = Instant::now() + Duration::from_secs(60);
         while expiry() <= was {
@@ -184,17 +193,17 @@ fn a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs() {
     assert_eq!(e.run(&id).unwrap().unwrap().attempt, 1, "run once");
 }
 
-#[test]
-fn a_clock_that_jumps_forward_or_back_stops_nothing() {
-    // Forward: leases the engine held have lapsed by its own clock; it takes
-    // them again (a new generation) and goes on. Back: recorded_at goes back
-    // with the clock (seq, not time, orders the log); leases keep their
-    // expiry (it only moves forward); runs come due by the clock as it is.
-    let s = Scene::new();
-    let e = s
-        .open("test")
-        .workspace("app", &["tick"])
-        .sql("CREATE TABLE IF NOT EXISTS done (id INTEGER PRIMARY KEY)");
+/// Invariants 7 and 1 under a jumping clock. Forward: leases the engine
+/// held have lapsed by its own clock; it takes them again (a new
+/// generation) and goes on. Back: recorded_at goes back with the clock
+/// (seq, not time, orders the log); leases keep their expiry (it only moves
+/// forward); runs come due by the clock as it is.
+fn a_clock_that_jumps_forward_or_back_stops_nothing<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let e = B::open(&place, &clock, "test");
+    e.ensure_workspace("app", &["tick"]).unwrap();
+    B::sql(&e, "CREATE TABLE IF NOT EXISTS done (run TEXT PRIMARY KEY)");
     e.register_rule(
         Rule::new("each", "app")
             .on(["tick"])
@@ -204,18 +213,15 @@ fn a_clock_that_jumps_forward_or_back_stops_nothing() {
             .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
     )
     .unwrap();
-    e.register_action("count", |_, ctx| {
-        ctx.complete(|tx| {
-            tx.execute("INSERT INTO done DEFAULT VALUES", [])?;
-            Ok(())
-        })?;
+    e.register_action("count", |run, ctx| {
+        ctx.complete(|tx| B::run_sql(tx, &format!("INSERT INTO done VALUES ('{}')", run.id)))?;
         Ok(())
     })
     .unwrap();
     e.append("app", &tick(1)).unwrap();
     assert_eq!(e.run_until_idle().unwrap().succeeded, 1);
 
-    s.clock.advance(Duration::from_secs(86_400));
+    clock.advance(Duration::from_secs(86_400));
     e.append("app", &tick(2)).unwrap();
     assert_eq!(
         e.run_until_idle().unwrap().succeeded,
@@ -231,14 +237,14 @@ fn a_clock_that_jumps_forward_or_back_stops_nothing() {
         .generation;
     assert_eq!(gen_after_forward, 2, "taken again, not assumed");
 
-    s.clock.set(clock_now(&s.clock) - 2 * 86_400_000);
+    clock.set(clock_now(&clock) - 2 * 86_400_000);
     e.append("app", &tick(3)).unwrap();
     assert_eq!(
         e.run_until_idle().unwrap().succeeded,
         1,
         "after a jump back"
     );
-    assert_eq!(count(&e, "SELECT count(*) FROM done"), 3);
+    assert_eq!(B::count(&e, "SELECT count(*) FROM done"), 3);
     let page = e.read(&Query::new("app").types(["tick"])).unwrap();
     assert!(
         page[2].recorded_at < page[1].recorded_at,

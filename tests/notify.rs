@@ -1,5 +1,8 @@
 //! Change notification: the nudge wakes this process's waiters at a commit;
 //! the heartbeat notices other connections' commits (DESIGN.md, "Threads").
+//! Each test runs on every backend (`on_backends!`) but the file watch,
+//! SQLite's (PostgreSQL's LISTEN/NOTIFY wakes a waiter without a heartbeat
+//! in `tests/backends.rs`).
 //!
 //! The waits below have long timeouts that only matter if the behaviour is
 //! broken: each test passes as soon as the waiter is woken, and the
@@ -11,8 +14,18 @@ mod common;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{Scene, is_child, parent_file};
-use reflexr::{Engine, NewEvent, Query};
+use common::backend::{Opts, TestBackend, child, parent_engine};
+use common::{children_on_backends, on_backends};
+use reflexr::{Engine, ManualClock, NewEvent, Query};
+
+on_backends!(
+    a_commit_that_appends_wakes_a_waiter_in_the_same_process_at_once,
+    a_waiter_returns_what_is_already_there_without_waiting,
+    a_commit_by_another_engine_is_noticed_by_the_heartbeat,
+    a_commit_by_another_process_is_noticed_by_the_heartbeat,
+);
+
+children_on_backends!(child_process_appends_on_cue);
 
 const NEVER: Duration = Duration::from_secs(3600);
 /// A heartbeat that notices other connections' commits at once.
@@ -23,12 +36,19 @@ fn tick(i: usize) -> NewEvent {
     NewEvent::new("tick", format!("t/{i}"), "clock", 0)
 }
 
-#[test]
-fn a_commit_that_appends_wakes_a_waiter_in_the_same_process_at_once() {
-    let s = Scene::new();
+/// An engine on the place with `heartbeat`, and the workspace `app`.
+fn open<B: TestBackend>(place: &B::Place, holder: &str, heartbeat: Duration) -> Engine<B> {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let e = B::open_opts(place, &Opts::new(&clock, holder).heartbeat(heartbeat));
+    e.ensure_workspace("app", &["tick"]).unwrap();
+    e
+}
+
+/// "Threads": a commit of this process wakes its waiters at once.
+fn a_commit_that_appends_wakes_a_waiter_in_the_same_process_at_once<B: TestBackend>() {
+    let place = B::place();
     // A heartbeat of an hour: only the nudge can wake the waiter in time.
-    let engine = s.builder("test").heartbeat(NEVER).open().unwrap();
-    engine.ensure_workspace("app", &["tick"]).unwrap();
+    let engine = open::<B>(&place, "test", NEVER);
 
     let (started_tx, started) = mpsc::channel();
     let waiter = {
@@ -49,11 +69,10 @@ fn a_commit_that_appends_wakes_a_waiter_in_the_same_process_at_once() {
     assert!(waited < PATIENCE, "woken by the nudge, not by the timeout");
 }
 
-#[test]
-fn a_waiter_returns_what_is_already_there_without_waiting() {
-    let s = Scene::new();
-    let engine = s.builder("test").heartbeat(NEVER).open().unwrap();
-    engine.ensure_workspace("app", &["tick"]).unwrap();
+/// "Threads": a wait returns what is there already, without waiting.
+fn a_waiter_returns_what_is_already_there_without_waiting<B: TestBackend>() {
+    let place = B::place();
+    let engine = open::<B>(&place, "test", NEVER);
     engine.append("app", &tick(1)).unwrap();
     let page = engine.wait_for_events(&Query::new("app"), NEVER).unwrap();
     assert_eq!(page.len(), 1);
@@ -64,14 +83,13 @@ fn a_waiter_returns_what_is_already_there_without_waiting() {
     assert!(page.is_empty());
 }
 
-#[test]
-fn a_commit_by_another_engine_is_noticed_by_the_heartbeat() {
-    // Two engines share no nudges: only PRAGMA data_version can tell the
-    // first about the second's commit.
-    let s = Scene::new();
-    let watcher = s.builder("watcher").heartbeat(QUICK).open().unwrap();
-    watcher.ensure_workspace("app", &["tick"]).unwrap();
-    let other = s.open("other");
+/// "Threads": two engines share no nudges; the heartbeat (SQLite's
+/// `PRAGMA data_version`, PostgreSQL's head row or its notification) tells
+/// the first about the second's commit.
+fn a_commit_by_another_engine_is_noticed_by_the_heartbeat<B: TestBackend>() {
+    let place = B::place();
+    let watcher = open::<B>(&place, "watcher", QUICK);
+    let other = open::<B>(&place, "other", QUICK);
 
     let (started_tx, started) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
@@ -86,24 +104,19 @@ fn a_commit_by_another_engine_is_noticed_by_the_heartbeat() {
 }
 
 /// The child's side of the cross-process test: appends one event when told.
-#[test]
-fn child_process_appends_on_cue() {
-    if !is_child() {
-        return; // Only a child started by the test below does this work.
-    }
-    let engine = Engine::open(parent_file()).unwrap();
+fn child_process_appends_on_cue<B: TestBackend>() {
+    let engine = parent_engine::<B>(&Opts::system("child"));
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
     let a = engine.append("app", &tick(99)).unwrap();
     println!("\nappended {}", a.seq);
 }
 
-#[test]
-fn a_commit_by_another_process_is_noticed_by_the_heartbeat() {
-    let s = Scene::new();
-    let engine = s.builder("test").heartbeat(QUICK).open().unwrap();
-    engine.ensure_workspace("app", &["tick"]).unwrap();
-    let mut child = s.child("child_process_appends_on_cue", &[]);
+/// "Threads": another process's commit is noticed by the heartbeat.
+fn a_commit_by_another_process_is_noticed_by_the_heartbeat<B: TestBackend>() {
+    let place = B::place();
+    let engine = open::<B>(&place, "test", QUICK);
+    let mut child = child::<B>(&place, "child_process_appends_on_cue", &[]);
     let waiter = {
         let engine = engine.clone();
         std::thread::spawn(move || {
@@ -132,10 +145,9 @@ fn a_commit_by_another_process_is_noticed_by_the_heartbeat() {
 fn a_commit_by_another_process_is_noticed_by_the_file_watch_without_a_heartbeat() {
     // Feature `watch`: the WAL's writes wake the waiter; the heartbeat is an
     // hour, so without the watch this would wait out its patience, empty.
-    let s = Scene::new();
-    let engine = s.builder("test").heartbeat(NEVER).open().unwrap();
-    engine.ensure_workspace("app", &["tick"]).unwrap();
-    let mut child = s.child("child_process_appends_on_cue", &[]);
+    let place = <reflexr::Sqlite as TestBackend>::place();
+    let engine = open::<reflexr::Sqlite>(&place, "test", NEVER);
+    let mut child = child::<reflexr::Sqlite>(&place, "child_process_appends_on_cue", &[]);
     let waiter = {
         let engine = engine.clone();
         std::thread::spawn(move || {
