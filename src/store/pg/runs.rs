@@ -592,13 +592,17 @@ impl RunsMore for PgConn {
         let attempts: Vec<i64> = claims.iter().map(|c| c.1).collect();
         // The rows are locked in id order first (as the renewer takes
         // them), so a settlement and a renewal of overlapping claims never
-        // wait for each other in a circle.
+        // wait for each other in a circle. Each row's attempt is looked up
+        // in the arrays (`array_position`), not joined with `unnest`: the
+        // planner, which thinks few runs are running, would rescan the
+        // unnested arrays once for every running run of every holder (a
+        // third of the settlement's time under four busy processes).
         let rows = self.query(
             "WITH locked AS ( \
                SELECT r.ord FROM reflexr_runs r \
-               JOIN unnest($2::text[], $3::bigint[]) AS c(id, attempt) \
-                 ON r.id = c.id AND r.attempt = c.attempt \
-               WHERE r.state = 'running' AND r.claimed_by = $1 \
+               WHERE r.id = ANY ($2::text[]) \
+                 AND r.attempt = ($3::bigint[])[array_position($2::text[], r.id)] \
+                 AND r.state = 'running' AND r.claimed_by = $1 \
                  AND r.cancel_requested_at IS NULL \
                ORDER BY r.id FOR UPDATE OF r) \
              UPDATE reflexr_runs r SET state = 'succeeded', finished_at = $4, updated_at = $4, \
