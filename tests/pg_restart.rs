@@ -2,7 +2,8 @@
 //! fast`, which cuts every connection as a crash or a failover would). The
 //! engine reconnects; a write cut before its commit is reported and left
 //! no trace; nothing acknowledged is lost or appended twice (invariants 1,
-//! 2 and 3). Its own test binary: the restart cuts every connection to the
+//! 2 and 3); rules and runs working through the restart decide each event
+//! once and complete each run once (4 and 5). Its own test binary: the restart cuts every connection to the
 //! server, so no other test may run beside it (`cargo test` runs test
 //! binaries one after another).
 #![cfg(feature = "postgres")]
@@ -12,8 +13,9 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::backend::{PgSchema, TestBackend};
-use reflexr::{Engine, Error, ManualClock, NewEvent, Postgres, Query};
+use common::backend::{Opts, PgSchema, TestBackend};
+use common::rules::{APP_TYPES, every_nth, expected, fired, rsvp};
+use reflexr::{Engine, Error, ManualClock, NewEvent, Postgres, Query, RunState};
 
 fn restart_server() {
     let dir = std::env::var("REFLEXR_PG_DIR")
@@ -29,16 +31,14 @@ fn made(id: &str) -> NewEvent {
     NewEvent::new("thing.made", format!("thing/{id}"), "tester", 1_000).id(id)
 }
 
-/// Appends `id`, retrying a write that met the restart: what an
-/// application does with [`Error::Io`].
-fn append_retrying(engine: &Engine<Postgres>, id: &str) -> (i64, usize) {
+/// `f` again until it succeeds, while it meets the restart (an I/O error,
+/// or a conflict with a transaction the restart cut): what an application
+/// does with [`Error::Io`]. Returns the value and the number of failures.
+fn retrying<T>(mut f: impl FnMut() -> reflexr::Result<T>) -> (T, usize) {
     let mut failures = 0;
     loop {
-        match engine.write(|tx| {
-            Postgres::insert_thing(tx, id)?;
-            tx.append("app", &made(id))
-        }) {
-            Ok(a) => return (a.seq, failures),
+        match f() {
+            Ok(v) => return (v, failures),
             Err(e) => {
                 assert!(
                     matches!(e, Error::Io { .. } | Error::Busy { .. }),
@@ -52,7 +52,51 @@ fn append_retrying(engine: &Engine<Postgres>, id: &str) -> (i64, usize) {
     }
 }
 
-/// Invariants 1, 2 and 3 across a server restart (see the module's notes).
+/// An engine on a schema of its own whose rule (every third RSVP of a
+/// session fires) and action (a row per completed run, once: its key is the
+/// run's id) work in its threads through the restart.
+fn worker(place: &PgSchema, clock: &ManualClock) -> Engine<Postgres> {
+    let e = Postgres::open_opts(place, &Opts::new(clock, "worker").executors(2));
+    e.ensure_workspace("app", APP_TYPES).unwrap();
+    Postgres::sql(&e, "CREATE TABLE done (run text PRIMARY KEY)");
+    e.register_rule(every_nth("third", 3)).unwrap();
+    e.register_action("noop", |run, ctx| {
+        std::thread::sleep(Duration::from_millis(5));
+        ctx.complete(|tx| {
+            Postgres::run_sql(tx, &format!("INSERT INTO done VALUES ('{}')", run.id))
+        })?;
+        Ok(())
+    })
+    .unwrap();
+    e
+}
+
+/// Appends `per_session` RSVPs to each of ten sessions, in one write.
+fn rsvps(e: &Engine<Postgres>, from: u32, per_session: u32) {
+    retrying(|| {
+        e.write(|tx| {
+            for g in from..from + per_session {
+                for s in 0..10 {
+                    tx.append("app", &rsvp(s, s * 10_000 + g))?;
+                }
+            }
+            Ok(())
+        })
+    });
+}
+
+/// Appends `id`, retrying a write that met the restart.
+fn append_retrying(engine: &Engine<Postgres>, id: &str) -> (i64, usize) {
+    let (a, failures) = retrying(|| {
+        engine.write(|tx| {
+            Postgres::insert_thing(tx, id)?;
+            tx.append("app", &made(id))
+        })
+    });
+    (a.seq, failures)
+}
+
+/// Invariants 1 to 5 across a server restart (see the module's notes).
 #[test]
 fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
     let place = PgSchema::new();
@@ -65,6 +109,20 @@ fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
     Postgres::create_things(&engine);
     for i in 0..10 {
         append_retrying(&engine, &format!("before-{i}"));
+    }
+    // Work in flight when the server goes: a backlog of decisions and runs.
+    let work_place = PgSchema::new();
+    let worker = worker(&work_place, &clock);
+    rsvps(&worker, 0, 30);
+    worker.start().unwrap();
+    // Restart once the worker is busy: some runs done, most to come.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while Postgres::count(&worker, "SELECT count(*) FROM done") < 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never got going"
+        );
+        std::thread::sleep(Duration::from_millis(5));
     }
 
     // A write whose connection is cut before it commits: an error, and no
@@ -98,9 +156,9 @@ fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
 
     let events = reader.read(&Query::new("app").limit(1_000)).unwrap();
     let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
-    let mut expected: Vec<String> = (0..10).map(|i| format!("before-{i}")).collect();
-    expected.extend((0..10).map(|i| format!("after-{i}")));
-    assert_eq!(ids, expected, "retried {retried} times");
+    let mut ids_in_order: Vec<String> = (0..10).map(|i| format!("before-{i}")).collect();
+    ids_in_order.extend((0..10).map(|i| format!("after-{i}")));
+    assert_eq!(ids, ids_in_order, "retried {retried} times");
     let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(
         seqs,
@@ -110,4 +168,32 @@ fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
     let things = Postgres::things(&engine);
     assert!(!things.contains(&"cut".to_string()));
     assert_eq!(things.len(), 20);
+
+    // The worker's threads went on after the restart; more work, then its
+    // end: a minute later (claims the restart cut have lapsed), the rest.
+    rsvps(&worker, 30, 30);
+    worker.shutdown();
+    println!(
+        "the restart cut {} of the worker's shared writes and failed {} attempts",
+        worker.writer_stats().aborts,
+        Postgres::count(
+            &worker,
+            "SELECT count(*) FROM reflexr_runs WHERE attempt > 1 OR last_error IS NOT NULL"
+        )
+    );
+    clock.advance(Duration::from_secs(60));
+    retrying(|| worker.run_until_idle());
+    let (fired_now, want) = (fired(&worker), expected(&worker, "third", 3));
+    assert_eq!(fired_now.len(), 200, "ten sessions of 60, every third");
+    assert_eq!(fired_now, want, "each (rule, event) decided once");
+    assert_eq!(
+        worker.run_counts().unwrap(),
+        [(RunState::Succeeded, 200)],
+        "every run completed"
+    );
+    assert_eq!(
+        Postgres::count(&worker, "SELECT count(*) FROM done"),
+        200,
+        "each run completed once"
+    );
 }

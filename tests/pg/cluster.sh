@@ -64,7 +64,7 @@ start)
   ;;
 restart)
   # Fast: every connection is cut, as a crash or a failover would.
-  as_owner "$bindir/pg_ctl" -D "$dir/data" -m fast -w restart >/dev/null
+  as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w restart >/dev/null
   ;;
 stop)
   if [ -n "$bindir" ] && [ -d "$dir/data" ]; then
