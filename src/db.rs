@@ -284,7 +284,11 @@ pub trait CoreDb<B: Store>: Send + Sync {
     /// (PostgreSQL: its own connection; the server merges concurrent
     /// commits' flushes itself). On SQLite, whose one writer runs one
     /// transaction at a time, the same as [`CoreDb::write_with`]. For the
-    /// executors' rounds: heavy, and appending nothing (or little).
+    /// executors' rounds (heavy, appending little), and for what must not
+    /// share a transaction that appends: lease updates and claim renewals
+    /// (on PostgreSQL the shared write holds the log's head from its BEGIN;
+    /// see `pgdb`). A closure here that appends takes the head first
+    /// (`Events::lock_head`).
     fn write_apart<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
         F: FnOnce(&mut Tx<'_, B>) -> std::result::Result<T, E> + Send,

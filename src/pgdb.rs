@@ -18,6 +18,14 @@
 //!   claim the next) takes a transaction of its own instead
 //!   (`CoreDb::write_apart`): rounds run side by side on their own
 //!   connections, and the server merges their commits' flushes itself.
+//! - **One lock order.** A transaction that may append takes the head's
+//!   lock before anything else: the shared write with its BEGIN
+//!   (`PgConn::begin_ordered`), a round that appends what its runs emitted
+//!   before it appends (`Events::lock_head`). Lease updates and claim
+//!   renewals append nothing and run apart. So no transaction waits for the
+//!   head while holding a row another waits for: processes never deadlock
+//!   over the head, whatever the members of a shared write do in what
+//!   order.
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
 //!   its commit; the notifier's listener and heartbeat (`crate::notify`)
 //!   wake this process's waiters. A missed notification costs a heartbeat,
