@@ -492,17 +492,14 @@ impl From<postgres::Error> for Error {
             {
                 Error::Busy { detail: message }
             }
-            // Text PostgreSQL cannot hold (a NUL byte, which SQLite stores):
-            // the caller's input, refused before anything was written.
-            Some(c)
-                if *c == SqlState::CHARACTER_NOT_IN_REPERTOIRE
-                    || *c == SqlState::UNTRANSLATABLE_CHARACTER =>
-            {
-                Error::Invalid {
-                    field: "text",
-                    reason: format!("PostgreSQL cannot store it ({message})"),
-                }
-            }
+            // A parameter PostgreSQL's text cannot hold (a NUL byte, which
+            // SQLite stores): the caller's input, refused before anything
+            // was written. (Not 22P05, untranslatable_character: that one
+            // also comes from stored data, a `\u0000` read as jsonb.)
+            Some(c) if *c == SqlState::CHARACTER_NOT_IN_REPERTOIRE => Error::Invalid {
+                field: "text",
+                reason: format!("PostgreSQL cannot store it ({message})"),
+            },
             Some(c) if *c == SqlState::DATA_CORRUPTED || *c == SqlState::INDEX_CORRUPTED => {
                 Error::Corrupt { detail: message }
             }

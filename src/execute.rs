@@ -219,10 +219,13 @@ pub(crate) fn execute<B: Database>(
                     }
                 }
             }
-            for (i, (run, outcome)) in ran.iter().zip(&outcomes).enumerate() {
-                if settled[i] {
-                    continue;
-                }
+            // One by one in id order, as the renewer locks claims (see
+            // `renew_claims`): the two never wait for each other in a
+            // circle where the database runs them side by side.
+            let mut rest_in_order: Vec<usize> = (0..ran.len()).filter(|i| !settled[*i]).collect();
+            rest_in_order.sort_by(|a, b| ran[*a].id.cmp(&ran[*b].id));
+            for i in rest_in_order {
+                let (run, outcome) = (ran[i], &outcomes[i]);
                 match settle_contained(tx, run, outcome) {
                     Ok(Settled::Cancelled) => round.cancelled += 1,
                     Ok(Settled::Succeeded) => round.succeeded += 1,

@@ -14,11 +14,14 @@ use common::backend::TestBackend;
 use common::inputs::{payload, text};
 use common::on_backends;
 use proptest::prelude::*;
-use reflexr::{ConsumerKind, Engine, Error, ManualClock, NewEvent, Query};
+use reflexr::{
+    ActionConfig, ConsumerKind, Engine, Enqueue, Error, ManualClock, NewEvent, Query, RunState,
+};
 
 on_backends!(
     a_payload_nested_deeper_than_the_parser_allows_is_refused_without_overflowing,
     a_nul_byte_in_an_id_or_a_name_is_a_typed_error_on_every_call,
+    an_input_the_database_cannot_read_as_json_is_refused_and_claims_go_on,
 );
 
 const START_MS: i64 = 1_800_000_000_000;
@@ -185,6 +188,35 @@ fn a_nul_byte_in_an_id_or_a_name_is_a_typed_error_on_every_call<B: TestBackend>(
     }
     assert_eq!(snapshot(&e), before);
     e.append("app", &NewEvent::new("ok", "s", "a", 1)).unwrap();
+}
+
+/// Invariant 10 for run inputs: an input holding U+0000 in a string (valid
+/// JSON) is stored and run by SQLite, and refused at enqueue on PostgreSQL,
+/// whose jsonb (as claims of a partitioned action read inputs) cannot hold
+/// it — where a stored one would fail every claim of its action. Either
+/// way the action's other runs are claimed and run. (Found by a review.)
+fn an_input_the_database_cannot_read_as_json_is_refused_and_claims_go_on<B: TestBackend>() {
+    let (_place, e) = setup::<B>();
+    e.configure_action(&ActionConfig::new("work").max_running(2).partition_by("who"))
+        .unwrap();
+    e.register_action("work", |_, _| Ok(())).unwrap();
+    let odd = e.enqueue(&Enqueue::new(
+        "work",
+        &serde_json::json!({ "who": "a\u{0}b" }),
+    ));
+    let fine = e
+        .enqueue(&Enqueue::new("work", &serde_json::json!({ "who": "ada" })))
+        .unwrap();
+    match (&odd, B::NAME) {
+        (Ok(_), "sqlite") => {}
+        (Err(err), "postgres") => assert!(err.is_bad_input(), "{err:?}"),
+        _ => panic!("{} answered {odd:?}", B::NAME),
+    }
+    e.run_until_idle().unwrap();
+    assert_eq!(e.run(&fine.id).unwrap().unwrap().state, RunState::Succeeded);
+    if let Ok(odd) = odd {
+        assert_eq!(e.run(&odd.id).unwrap().unwrap().state, RunState::Succeeded);
+    }
 }
 
 /// Invariant 10 inside a transaction: the application may carry on after a

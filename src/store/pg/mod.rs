@@ -128,7 +128,15 @@ impl PgConn {
     }
 
     fn begin_with(mut client: Pooled, begin: &str) -> Result<PgConn> {
-        client.batch_execute(begin)?;
+        if let Err(e) = client.batch_execute(begin) {
+            // A statement sent with the BEGIN failed (the head's lock met a
+            // `lock_timeout`, say): the transaction is open and aborted.
+            // End it, or the connection would go back to the pool in it
+            // and fail every BEGIN after (on a broken connection this
+            // fails too, and the pool drops it).
+            let _ = client.batch_execute("ROLLBACK");
+            return Err(e.into());
+        }
         Ok(PgConn {
             client: RefCell::new(client),
             open: std::cell::Cell::new(true),

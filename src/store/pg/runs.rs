@@ -14,7 +14,7 @@ use postgres::Row;
 use postgres::types::Type;
 
 use super::{PgConn, col};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::backend::{Runs, RunsMore};
 use crate::store::runs::{self, COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY};
 
@@ -178,6 +178,17 @@ impl PgConn {
 
 impl Runs for PgConn {
     fn insert(&self, r: &NewRun<'_>) -> Result<Inserted> {
+        // Claims of a partitioned action and the view's input filter read
+        // inputs as jsonb, which cannot hold a NUL character: one such
+        // input would fail every claim of its action. Refused here, before
+        // anything is sent (an enqueue's typed error; a rule's firing
+        // refused, as what the database cannot hold).
+        if holds_nul(r.input) {
+            return Err(Error::invalid(
+                "input",
+                "holds the character U+0000 (\\u0000), which PostgreSQL's jsonb cannot hold",
+            ));
+        }
         if let Some(u) = &r.unique {
             // Enqueues of one (action, key) take turns, so the holder read
             // below is the committed one (a period's key has no unique
@@ -590,9 +601,9 @@ impl RunsMore for PgConn {
     fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>> {
         let ids: Vec<&str> = claims.iter().map(|c| c.0).collect();
         let attempts: Vec<i64> = claims.iter().map(|c| c.1).collect();
-        // The rows are locked in id order first (as the renewer takes
-        // them), so a settlement and a renewal of overlapping claims never
-        // wait for each other in a circle. Each row's attempt is looked up
+        // The rows are locked in id order first (bytewise, as the renewer
+        // sorts them), so a settlement and a renewal of overlapping claims
+        // never wait for each other in a circle. Each row's attempt is looked up
         // in the arrays (`array_position`), not joined with `unnest`: the
         // planner, which thinks few runs are running, would rescan the
         // unnested arrays once for every running run of every holder (a
@@ -604,7 +615,7 @@ impl RunsMore for PgConn {
                  AND r.attempt = ($3::bigint[])[array_position($2::text[], r.id)] \
                  AND r.state = 'running' AND r.claimed_by = $1 \
                  AND r.cancel_requested_at IS NULL \
-               ORDER BY r.id FOR UPDATE OF r) \
+               ORDER BY r.id COLLATE \"C\" FOR UPDATE OF r) \
              UPDATE reflexr_runs r SET state = 'succeeded', finished_at = $4, updated_at = $4, \
                claimed_by = NULL, claim_expires_at = NULL \
              FROM locked WHERE r.ord = locked.ord AND r.state = 'running' \
@@ -782,4 +793,20 @@ impl RunsMore for PgConn {
         .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
         .collect()
     }
+}
+
+/// Whether a JSON text holds U+0000 in a string or a key (which SQLite
+/// stores and PostgreSQL's jsonb refuses). Parsed only when the escape
+/// appears in the text at all.
+fn holds_nul(json: &str) -> bool {
+    fn any_nul(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::String(s) => s.contains('\0'),
+            serde_json::Value::Array(a) => a.iter().any(any_nul),
+            serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || any_nul(v)),
+            _ => false,
+        }
+    }
+    json.contains("\\u0000")
+        && serde_json::from_str::<serde_json::Value>(json).is_ok_and(|v| any_nul(&v))
 }
