@@ -7,6 +7,7 @@
 //! ([`children_on_backends!`](crate::common::children_on_backends)).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reflexr::{
@@ -144,6 +145,15 @@ pub trait TestBackend: Backend + Sized {
     fn locator(place: &Self::Place) -> String;
     /// An engine on the database `locator` names, opened with `opts`.
     fn open_at(locator: &str, opts: &Opts) -> Engine<Self>;
+    /// `value` (an environment variable for a child) with the connections
+    /// it opens marked `tag`, when it is a locator of this backend's that
+    /// names a server; as it is otherwise.
+    fn tagged(value: &str, _tag: &str) -> String {
+        value.to_string()
+    }
+    /// Waits until no connection marked `tag` is left on the server (a
+    /// file's connections end with their process).
+    fn await_gone(_tag: &str) {}
     /// An engine on the place, with `clock` and `holder` as its holder id.
     fn open(place: &Self::Place, clock: &ManualClock, holder: &str) -> Engine<Self> {
         Self::open_opts(place, &Opts::new(clock, holder))
@@ -211,10 +221,22 @@ pub trait TestBackend: Backend + Sized {
 /// Starts the child side of `entry` (written with `children_on_backends!`)
 /// for the backend `B`, on the place; the child opens it with
 /// [`parent_engine`]. `vars` go into its environment besides.
+///
+/// Once it has exited ([`Watched::kill`], [`Watched::finish`]), its
+/// sessions on a server have ended too: a killed client's session may
+/// still finish the `COMMIT` it had received, and the test's next reads
+/// must not see that land between two of them.
 pub fn child<B: TestBackend>(place: &B::Place, entry: &str, vars: &[(&str, String)]) -> Watched {
-    let mut all = vec![("REFLEXR_DB", B::locator(place))];
-    all.extend(vars.iter().cloned());
+    static CHILDREN: AtomicUsize = AtomicUsize::new(0);
+    let tag = format!(
+        "reflexr_child_{}_{}",
+        std::process::id(),
+        CHILDREN.fetch_add(1, Ordering::Relaxed)
+    );
+    let mut all = vec![("REFLEXR_DB", B::tagged(&B::locator(place), &tag))];
+    all.extend(vars.iter().map(|(k, v)| (*k, B::tagged(v, &tag))));
     Watched::new(spawn_child(&format!("{entry}::{}", B::NAME), &all))
+        .on_gone(move || B::await_gone(&tag))
 }
 
 /// Inside a child started by [`child`]: an engine on the parent's place.
@@ -378,6 +400,36 @@ mod pg {
 
         fn locator(place: &PgSchema) -> String {
             place.config()
+        }
+
+        fn tagged(value: &str, tag: &str) -> String {
+            if value.starts_with(&url()) {
+                format!("{value} application_name={tag}")
+            } else {
+                value.to_string()
+            }
+        }
+
+        fn await_gone(tag: &str) {
+            let mut admin = Client::connect(&url(), NoTls).expect("the test server answers");
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                let left: i64 = admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                        &[&tag],
+                    )
+                    .expect("the server's sessions")
+                    .get(0);
+                if left == 0 {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{left} sessions of the child {tag} outlived it by two minutes"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
 
         fn open_at(locator: &str, opts: &Opts) -> Engine<Postgres> {

@@ -253,6 +253,9 @@ pub fn parent_file() -> PathBuf {
 pub struct Watched {
     child: Child,
     lines: Lines<BufReader<ChildStdout>>,
+    /// Waits, once the child has exited, until whatever it left running
+    /// elsewhere has ended too (its sessions on a database server).
+    gone: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// How a [`Watched`] child ended.
@@ -270,7 +273,18 @@ impl Watched {
         Watched {
             child,
             lines: BufReader::new(out).lines(),
+            gone: None,
         }
+    }
+
+    /// Makes [`Watched::kill`] and [`Watched::finish`] call `gone` after
+    /// the child has exited, before they return: a killed client's server
+    /// session may still finish the statement (a `COMMIT`) it had received,
+    /// and a check that reads the database in several statements must not
+    /// see it land halfway.
+    pub fn on_gone(mut self, gone: impl FnOnce() + Send + 'static) -> Watched {
+        self.gone = Some(Box::new(gone));
+        self
     }
 
     /// Reads lines until `find` returns something for one, and returns that;
@@ -312,6 +326,9 @@ impl Watched {
     pub fn finish(mut self) -> Ended {
         let rest = self.lines.by_ref().map_while(Result::ok).collect();
         let success = self.child.wait().expect("wait for the child").success();
+        if let Some(gone) = self.gone.take() {
+            gone();
+        }
         Ended { success, rest }
     }
 }
