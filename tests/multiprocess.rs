@@ -1,6 +1,7 @@
 //! Four processes on one database — an SQLite file, or with the feature a
 //! PostgreSQL schema (`on_backends!`) — for a bounded time, each appending
-//! and running the engine's threads; one is killed midway. Checked from
+//! and running the engine's threads; one is killed midway (after its
+//! hundredth append). Checked from
 //! what was written:
 //!
 //! - at most one evaluator per workspace at any moment (invariant 7): every
@@ -27,6 +28,9 @@ on_backends!(
 );
 
 children_on_backends!(child_process_node);
+
+/// How many appends node 0 makes before it is killed.
+const KILL_AFTER: usize = 100;
 
 const EVERY: i64 = 4;
 
@@ -130,7 +134,12 @@ fn four_processes_on_one_database_lose_nothing_duplicate_nothing_and_fence_their
     // over; the others release theirs as they exit one after another.
     let children: Vec<_> = (0..4)
         .map(|node| {
-            let ms = 1_000 + node * 400;
+            // Node 0 appends until it is killed (ten minutes at most).
+            let ms = if node == 0 {
+                600_000
+            } else {
+                1_000 + node * 400
+            };
             let child = child::<B>(
                 &place,
                 "child_process_node",
@@ -149,11 +158,13 @@ fn four_processes_on_one_database_lose_nothing_duplicate_nothing_and_fence_their
         readers.push(std::thread::spawn(move || {
             let mut ids = Vec::new();
             let ended = if node == 0 {
-                // Kill node 0 once it has appended for a while.
-                child.until(|l| {
+                // Kill node 0 once it has appended for a while (however
+                // long a loaded server takes to get there).
+                let got_there = child.until(|l| {
                     ids.extend(l.strip_prefix("appended ").map(str::to_string));
-                    (ids.len() == 200).then_some(())
+                    (ids.len() == KILL_AFTER).then_some(())
                 });
+                assert!(got_there.is_some(), "node 0 ended before it was killed");
                 child.kill()
             } else {
                 child.finish()
@@ -192,15 +203,20 @@ fn four_processes_on_one_database_lose_nothing_duplicate_nothing_and_fence_their
     for id in &appended {
         assert!(stored.contains(id), "appended {id} lost");
     }
-    // Every process did work, each for a second or more (a PostgreSQL
-    // server on this machine's two cores takes about 400 appends in all,
-    // an SQLite file over 1,000).
+    // Every process did work: node 0 until it was killed, the others each
+    // for a second or more. (How much is the server's speed, not an
+    // invariant: a PostgreSQL server on this machine's two cores takes
+    // about 400 appends a second in all, an SQLite file over 1,000, and
+    // far fewer while the rest of the suite runs.)
     for node in 0..4 {
         let n = appended
             .iter()
             .filter(|id| id.starts_with(&format!("n{node}-")))
             .count();
-        assert!(n >= 50, "node {node} appended {n} events");
+        assert!(n > 0, "node {node} appended nothing");
+        if node == 0 {
+            assert!(n >= KILL_AFTER, "node 0 appended {n} events");
+        }
     }
 
     // Fencing: the evaluator generation never goes down in commit order, and
