@@ -21,7 +21,8 @@
 -- version 3, the audit of operators' interventions; version 4, pauses,
 -- rate-limit starts, counters and dead letters; version 5, rules and their
 -- state; version 6, scheduled jobs; version 7, an index on event ids by
--- prefix; version 8, the followers' ledger.
+-- prefix; version 8, the followers' ledger; version 9, runs' changes stamped
+-- with their transaction (the feed of run changes in commit order).
 
 CREATE TABLE reflexr_schema_version (
     version    integer NOT NULL,

@@ -18,6 +18,7 @@ use crate::event::{Appended, Event, NewEvent, Query};
 use crate::follow::{self, Follow, FollowerInfo};
 use crate::inspect::{
     self, BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, RunDetail, RunFilter, RunPage,
+    RunsFeed,
 };
 use crate::lease::{self, Lease, LeaseInfo};
 use crate::names;
@@ -607,11 +608,22 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Runs whose state, claim or due time changed after `after` — the
-    /// `(updated_at, position)` of the last one seen — in the order they
-    /// changed: a feed of run changes (the admin stream's `runs` topic).
+    /// `(updated_at, position)` of the last one seen — in the order of
+    /// their change time. On PostgreSQL concurrent transactions may commit
+    /// out of that order, so a reader following this can pass over a
+    /// change committed late: follow [`Engine::runs_feed`] to miss none.
     pub fn runs_changed(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunInfo>> {
         self.db()
             .read_with(&mut |c| inspect::runs_changed(c, after, limit))
+    }
+
+    /// The next run changes of `feed`, at most `limit` (1 to
+    /// [`crate::MAX_PAGE`]), oldest first; moves `feed` past them (on an
+    /// error it stays). The admin stream's `runs` topic; see [`RunsFeed`]
+    /// for what it gives on each backend.
+    pub fn runs_feed(&self, feed: &mut RunsFeed, limit: usize) -> Result<Vec<RunInfo>> {
+        self.db()
+            .read_with(&mut |c| inspect::runs_feed(c, feed, limit))
     }
 
     /// Dead letters with an id after `after` (resolved ones too), oldest

@@ -15,6 +15,7 @@ use crate::names;
 use crate::run::{RunInfo, RunState};
 use crate::store::backend::{Events, Inspect, RunFind, Runs, Work, Workspaces};
 use crate::store::dead_letters;
+use crate::store::runs::FeedPos;
 
 /// How many items a page holds at most.
 pub const MAX_PAGE: usize = 1_000;
@@ -481,6 +482,85 @@ pub(crate) fn runs_changed<C: Work + ?Sized>(
         .into_iter()
         .map(RunInfo::from_row)
         .collect()
+}
+
+/// Where a feed of run changes stands: start one with
+/// [`RunsFeed::since`], read on with [`crate::Engine::runs_feed`], which
+/// moves it past what it returns.
+///
+/// The feed gives every run whose state, attempt or change time changed,
+/// in the order the changes became visible, once for each time it is read
+/// changed (a run changed twice between two reads comes once, as it is
+/// now). On SQLite it follows the runs' change time, which its one writer
+/// stamps in commit order. On PostgreSQL, where concurrent transactions
+/// commit in another order than they stamp, it follows the transactions
+/// that made the changes: a change comes once every transaction that began
+/// before it has ended, so one committed late is never passed over (a
+/// transaction held open holds the feed back until it ends).
+///
+/// [`RunsFeed::token`] writes the position down (a number, the millisecond
+/// it stands at, on SQLite; `"tx:<transaction>:<position>"` on PostgreSQL)
+/// and [`RunsFeed::from_token`] reads it back: how a subscription resumes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunsFeed(pub(crate) FeedPos);
+
+impl RunsFeed {
+    /// A feed of the changes made at or after `ms` on the engine's clock.
+    /// (On PostgreSQL its first read looks through the whole table for the
+    /// oldest transaction that changed a run at or after `ms`, and begins
+    /// there, so it may also give runs that transaction changed a moment
+    /// before.)
+    pub fn since(ms: i64) -> RunsFeed {
+        RunsFeed(FeedPos::Since(ms))
+    }
+
+    /// The position, written down to resume from with
+    /// [`RunsFeed::from_token`].
+    pub fn token(&self) -> String {
+        match &self.0 {
+            FeedPos::Since(ms) | FeedPos::Clock { at_ms: ms, .. } => ms.to_string(),
+            FeedPos::Xact { tx, ord } => format!("tx:{tx}:{ord}"),
+        }
+    }
+
+    /// A position [`RunsFeed::token`] wrote (a bare number is a
+    /// millisecond, as [`RunsFeed::since`]).
+    pub fn from_token(token: &str) -> Result<RunsFeed> {
+        let bad = || {
+            Error::invalid(
+                "after",
+                format!(
+                    "{token:?} is neither a millisecond nor a position a feed of run changes wrote"
+                ),
+            )
+        };
+        if let Ok(ms) = token.parse::<i64>() {
+            return Ok(RunsFeed::since(ms));
+        }
+        let rest = token.strip_prefix("tx:").ok_or_else(bad)?;
+        let (tx, ord) = rest.split_once(':').ok_or_else(bad)?;
+        Ok(RunsFeed(FeedPos::Xact {
+            tx: tx.parse().map_err(|_| bad())?,
+            ord: ord.parse().map_err(|_| bad())?,
+        }))
+    }
+}
+
+/// The next changes of `feed`, at most `limit` (1 to [`MAX_PAGE`]).
+pub(crate) fn runs_feed<C: Work + ?Sized>(
+    conn: &C,
+    feed: &mut RunsFeed,
+    limit: usize,
+) -> Result<Vec<RunInfo>> {
+    check_limit(limit)?;
+    let mut pos = feed.0.clone();
+    let rows = Inspect::runs_feed(conn, &mut pos, limit)?;
+    let runs = rows
+        .into_iter()
+        .map(RunInfo::from_row)
+        .collect::<Result<_>>()?;
+    feed.0 = pos;
+    Ok(runs)
 }
 
 /// Dead letters (open or not) with an id after `after`, oldest first.

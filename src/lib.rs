@@ -130,7 +130,7 @@ pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
 pub use inspect::{
     BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, MAX_PAGE, RunDetail, RunFilter,
-    RunPage, SCAN_WINDOW,
+    RunPage, RunsFeed, SCAN_WINDOW,
 };
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
 #[cfg(feature = "mcp")]

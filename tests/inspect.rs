@@ -9,8 +9,8 @@ mod common;
 use common::backend::TestBackend;
 use common::on_backends;
 use reflexr::{
-    DeadLetterFilter, DeadLetterKind, Decision, Engine, ManualClock, NewEvent, Query, RetryPolicy,
-    Rule, RunFilter, RunState, SCAN_WINDOW, Scope,
+    Clock, DeadLetterFilter, DeadLetterKind, Decision, Engine, Enqueue, ManualClock, NewEvent,
+    Query, RetryPolicy, Rule, RunFilter, RunState, RunsFeed, SCAN_WINDOW, Scope,
 };
 
 on_backends!(
@@ -19,6 +19,7 @@ on_backends!(
     runs_are_found_by_state_action_scope_and_a_value_in_their_input,
     a_bulk_retry_acts_on_exactly_the_ids_its_dry_run_found,
     dead_letters_are_found_by_kind_and_consumer_and_settled_in_bulk,
+    the_runs_feed_gives_each_change_once_and_resumes_from_its_token,
 );
 
 /// An engine on the place with the workspace `shop`.
@@ -288,4 +289,90 @@ fn dead_letters_are_found_by_kind_and_consumer_and_settled_in_bulk<B: TestBacken
     // A run that is not dead is a conflict, not bad input of the caller's.
     let err = ops.retry_run(&e.runs(None, 1).unwrap()[0].id).unwrap_err();
     assert!(err.is_conflict(), "{err}");
+}
+
+/// The feed of run changes (the admin stream's `runs` topic): every change
+/// comes, in order, once for each time it is read changed; a position
+/// written down and read back goes on without missing a change (on SQLite
+/// it may repeat the runs of the millisecond it stood at); a position that
+/// is neither kind is a typed error (invariant 10).
+fn the_runs_feed_gives_each_change_once_and_resumes_from_its_token<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let e = B::open(&place, &clock, "test");
+    e.register_action("work", |_, _| Ok(())).unwrap();
+    let mut feed = RunsFeed::since(clock.now_ms());
+    let enqueue = |n: i64| {
+        e.enqueue(&Enqueue::new("work", &serde_json::json!({ "n": n })))
+            .unwrap()
+            .id
+    };
+    let ids: Vec<String> = (0..3).map(enqueue).collect();
+    // Reads `n` changes, two at a time. (On PostgreSQL a change comes once
+    // every transaction older than it has ended, and the other tests on
+    // the server write too: it may take a moment.)
+    let take = |feed: &mut RunsFeed, n: usize| -> Vec<(String, RunState)> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut got = Vec::new();
+        while got.len() < n {
+            assert!(std::time::Instant::now() < deadline, "only {got:?}");
+            got.extend(
+                e.runs_feed(feed, 2)
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| (r.id, r.state)),
+            );
+        }
+        got
+    };
+    let read = |feed: &mut RunsFeed| -> Vec<(String, RunState)> {
+        e.runs_feed(feed, 100)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.id, r.state))
+            .collect()
+    };
+    let ready: Vec<(String, RunState)> =
+        ids.iter().map(|id| (id.clone(), RunState::Ready)).collect();
+    assert_eq!(take(&mut feed, 3), ready, "each new run once, in order");
+    assert!(read(&mut feed).is_empty(), "nothing changed since");
+
+    clock.advance(std::time::Duration::from_millis(5));
+    assert_eq!(e.run_until_idle().unwrap().succeeded, 3);
+    let done: Vec<(String, RunState)> = ids
+        .iter()
+        .map(|id| (id.clone(), RunState::Succeeded))
+        .collect();
+    assert_eq!(
+        take(&mut feed, 3),
+        done,
+        "claimed and settled: read once, as it is now"
+    );
+
+    let mut resumed = RunsFeed::from_token(&feed.token()).unwrap();
+    let again = read(&mut resumed);
+    match B::NAME {
+        "sqlite" => assert!(again.iter().all(|r| done.contains(r)), "{again:?}"),
+        _ => assert!(again.is_empty(), "{again:?}"),
+    }
+    clock.advance(std::time::Duration::from_millis(5));
+    let fourth = enqueue(3);
+    assert_eq!(take(&mut resumed, 1), [(fourth, RunState::Ready)]);
+    assert!(read(&mut resumed).is_empty());
+
+    for bad in ["", "soon", "tx:1", "tx:x:2", "tx:1:2:3"] {
+        let err = RunsFeed::from_token(bad).unwrap_err();
+        assert!(err.is_bad_input(), "{bad:?}: {err:?}");
+    }
+    let other_kind = match B::NAME {
+        "sqlite" => "tx:5:1",
+        _ => "1800000000000",
+    };
+    let mut other = RunsFeed::from_token(other_kind).unwrap();
+    match (B::NAME, e.runs_feed(&mut other, 10)) {
+        ("sqlite", Err(err)) => assert!(err.is_bad_input(), "{err:?}"),
+        ("postgres", Ok(_)) => {}
+        (name, got) => panic!("{name}: {got:?}"),
+    }
+    assert!(e.runs_feed(&mut feed, 0).unwrap_err().is_bad_input());
 }

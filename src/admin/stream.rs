@@ -20,7 +20,7 @@
 //! the quiet connection polls the file's `data_version` and reads the
 //! client's messages.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -34,8 +34,7 @@ use super::api::{ApiError, authorise, same_origin};
 use super::http::{Request, Response, write_response};
 use crate::counter::Counter;
 use crate::event::Query;
-use crate::inspect::DeadLetterFilter;
-use crate::run::RunState;
+use crate::inspect::{DeadLetterFilter, RunsFeed};
 use crate::runtime::Backend;
 
 /// How often a quiet connection is pinged, and how long a client may send
@@ -157,12 +156,8 @@ enum Topic {
         subject: Option<String>,
     },
     Runs {
-        /// The engine-clock millisecond it has caught up to.
-        at_ms: i64,
-        /// What it delivered of the runs changed at `at_ms` (position →
-        /// state and attempt): a run changed again within the same
-        /// millisecond is delivered again; one unchanged is not.
-        seen: HashMap<i64, (RunState, u32)>,
+        /// Where its feed of run changes stands.
+        feed: RunsFeed,
     },
     DeadLetters {
         after: i64,
@@ -189,11 +184,36 @@ struct Command {
     token: Option<String>,
     topic: Option<String>,
     workspace: Option<String>,
-    after: Option<i64>,
+    after: Option<After>,
     #[serde(default)]
     types: Vec<String>,
     subject: Option<String>,
     every_ms: Option<u64>,
+}
+
+/// Where a subscription starts: a number (a seq, a dead letter's id, a
+/// millisecond), or a position a `runs` feed wrote (`resume_after` of a
+/// `lagged` message on PostgreSQL).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum After {
+    Number(i64),
+    Token(String),
+}
+
+impl After {
+    /// The number a topic other than `runs` takes.
+    fn number(after: &Option<After>) -> Result<Option<i64>, ApiError> {
+        match after {
+            None => Ok(None),
+            Some(After::Number(n)) => Ok(Some(*n)),
+            Some(After::Token(_)) => Err(ApiError::new(
+                400,
+                "bad_request",
+                "after: a number for this topic",
+            )),
+        }
+    }
 }
 
 struct Session<'a, B: Backend> {
@@ -405,15 +425,16 @@ impl<B: Backend> Session<'_, B> {
         let e = &self.server.engine;
         let topic = match c.topic.as_deref() {
             Some("events") => {
+                let after = After::number(&c.after)?;
                 let workspace = c.workspace.ok_or_else(|| bad("events need a workspace"))?;
                 // Checked now, so a typo is an answer rather than silence.
                 let mut q = Query::new(&workspace)
-                    .after(c.after.unwrap_or(0))
+                    .after(after.unwrap_or(0))
                     .types(c.types.clone());
                 if let Some(s) = &c.subject {
                     q = q.subject(s);
                 }
-                if c.after.is_some_and(|a| a < 0) {
+                if after.is_some_and(|a| a < 0) {
                     return Err(bad("after: a seq is never negative"));
                 }
                 if !e.workspaces()?.iter().any(|w| w.name == workspace) {
@@ -425,18 +446,21 @@ impl<B: Backend> Session<'_, B> {
                 }
                 e.events_page(&q.limit(1))?;
                 Topic::Events {
-                    after: c.after.unwrap_or(0),
+                    after: after.unwrap_or(0),
                     workspace,
                     types: c.types,
                     subject: c.subject,
                 }
             }
             Some("runs") => Topic::Runs {
-                at_ms: c.after.unwrap_or_else(|| e.now_ms()),
-                seen: HashMap::new(),
+                feed: match &c.after {
+                    None => RunsFeed::since(e.now_ms()),
+                    Some(After::Number(ms)) => RunsFeed::since(*ms),
+                    Some(After::Token(t)) => RunsFeed::from_token(t)?,
+                },
             },
             Some("dead_letters") => {
-                let after = match c.after {
+                let after = match After::number(&c.after)? {
                     Some(a) => a,
                     None => e
                         .find_dead_letters(
@@ -561,7 +585,12 @@ enum Poll {
 fn resume(t: &Topic) -> Value {
     match t {
         Topic::Events { after, .. } => json!(after),
-        Topic::Runs { at_ms, .. } => json!(at_ms),
+        Topic::Runs { feed } => {
+            let token = feed.token();
+            token
+                .parse::<i64>()
+                .map_or_else(|_| json!(token), |ms| json!(ms))
+        }
         Topic::DeadLetters { after } => json!(after),
         Topic::Stats { .. } => Value::Null,
     }
@@ -609,38 +638,13 @@ fn poll<B: Backend>(
             }
             (got, full || (got == 0 && page.next_after.is_some()))
         }
-        Topic::Runs { at_ms, seen } => {
-            // From the start of the millisecond it stands at, paging on, and
-            // skipping what it delivered at that millisecond unchanged.
-            let (mut got, mut cursor) = (0, (*at_ms, i64::MIN));
-            let full = loop {
-                let page = e.runs_changed(cursor, PAGE)?;
-                let short = page.len() < PAGE;
-                for r in page {
-                    cursor = (r.updated_at, r.position);
-                    let print = (r.state, r.attempt);
-                    if r.updated_at == *at_ms && seen.get(&r.position) == Some(&print) {
-                        continue;
-                    }
-                    if r.updated_at > *at_ms {
-                        *at_ms = r.updated_at;
-                        seen.clear();
-                    }
-                    seen.insert(r.position, print);
-                    out.push(item("run", id, &r));
-                    got += 1;
-                    if got == n {
-                        break;
-                    }
-                }
-                if got == n {
-                    break true;
-                }
-                if short {
-                    break false;
-                }
-            };
-            (got, full)
+        Topic::Runs { feed } => {
+            let page = e.runs_feed(feed, n)?;
+            let got = page.len();
+            for r in page {
+                out.push(item("run", id, &r));
+            }
+            (got, got == n)
         }
         Topic::DeadLetters { after } => {
             let found = e.dead_letters_after(*after, n)?;

@@ -25,11 +25,11 @@
 //! inherent method of the connection type with the same name would win over
 //! the trait's in method-call syntax.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::counter::Counter;
 use crate::dead_letter::{DeadLetter, DeadLetterKind, Resolution};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::Event;
 
 use super::control::{ActionRow, PausedRow};
@@ -38,7 +38,7 @@ use super::events::NewRow;
 use super::followers::FollowerRow;
 use super::leases::LeaseRow;
 use super::rules::RuleRow;
-use super::runs::{NewRun, RunRow};
+use super::runs::{FeedPos, NewRun, RunRow};
 use super::schedules::ScheduleRow;
 use super::{
     audit, control, counters, cursors, dead_letters, events, followers, leases, rules, runs,
@@ -270,6 +270,56 @@ pub trait Inspect {
     fn find_runs(&self, f: &RunFind<'_>) -> Result<(Vec<RunRow>, Option<i64>)>;
     /// Runs changed after `(updated_at, position)`, in the order they changed.
     fn runs_changed_after(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunRow>>;
+    /// Runs changed since `pos`, at most `limit`, in the order their
+    /// changes became visible; moves `pos` past them. A run changed twice
+    /// before it is read comes once, as it is now.
+    ///
+    /// By default by change time, paging through
+    /// [`Inspect::runs_changed_after`]: right where changes commit in the
+    /// order they were stamped (SQLite's one writer). PostgreSQL's
+    /// transactions do not, and it follows transactions instead.
+    fn runs_feed(&self, pos: &mut FeedPos, limit: usize) -> Result<Vec<RunRow>> {
+        let (mut at_ms, mut seen) = match pos {
+            FeedPos::Since(ms) => (*ms, HashMap::new()),
+            FeedPos::Clock { at_ms, seen } => (*at_ms, seen.clone()),
+            FeedPos::Xact { .. } => {
+                return Err(Error::invalid(
+                    "after",
+                    "a position in PostgreSQL's feed of run changes, and this database is not one",
+                ));
+            }
+        };
+        // From the start of the millisecond it stands at, paging on, and
+        // skipping what it delivered at that millisecond unchanged. On an
+        // error, `pos` stays where it was.
+        let page_size = limit.clamp(1, 500);
+        let (mut out, mut cursor) = (Vec::new(), (at_ms, i64::MIN));
+        loop {
+            let page = self.runs_changed_after(cursor, page_size)?;
+            let short = page.len() < page_size;
+            for r in page {
+                cursor = (r.updated_at, r.ord);
+                let print = (r.state.clone(), r.attempt);
+                if r.updated_at == at_ms && seen.get(&r.ord) == Some(&print) {
+                    continue;
+                }
+                if r.updated_at > at_ms {
+                    at_ms = r.updated_at;
+                    seen.clear();
+                }
+                seen.insert(r.ord, print);
+                out.push(r);
+                if out.len() == limit {
+                    break;
+                }
+            }
+            if out.len() == limit || short {
+                break;
+            }
+        }
+        *pos = FeedPos::Clock { at_ms, seen };
+        Ok(out)
+    }
     /// The blocked lanes, most recently blocked first.
     fn blocked_lanes(&self, limit: usize) -> Result<Vec<runs::BlockedRow>>;
     /// One past the newest dead letter's id.

@@ -7,6 +7,8 @@
 //! done, and nobody else holds the run. Once another executor claims it, the
 //! attempt differs and the old claim settles nothing.
 
+use std::collections::HashMap;
+
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::Result;
@@ -213,6 +215,27 @@ pub struct RunRow {
     pub cancel_requested_at: Option<i64>,
     pub cancelled_by: Option<String>,
     pub cancel_reason: Option<String>,
+}
+
+/// Where a feed of run changes stands (`Inspect::runs_feed`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeedPos {
+    /// Not read yet: from the changes made at or after this engine-clock
+    /// millisecond.
+    Since(i64),
+    /// By change time (SQLite, where one writer at a time stamps its
+    /// changes and commits them): the millisecond caught up to, and what
+    /// was delivered of the runs changed in it (position → state and
+    /// attempt), so a run changed again within it comes again and one
+    /// unchanged does not.
+    Clock {
+        at_ms: i64,
+        seen: HashMap<i64, (String, i64)>,
+    },
+    /// By transaction (PostgreSQL, where transactions commit in another
+    /// order than they stamp): past this `(changed_tx, position)`, every
+    /// transaction below `changed_tx` having ended.
+    Xact { tx: i64, ord: i64 },
 }
 
 pub(crate) const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, \

@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::event::Event;
 use crate::store::backend::{Inspect, RunFind};
 use crate::store::dead_letters::Find;
-use crate::store::runs::{BlockedRow, COLUMNS, RunRow};
+use crate::store::runs::{BlockedRow, COLUMNS, FeedPos, RunRow};
 
 /// `text` with `%`, `_` and `\` escaped for `LIKE … ESCAPE '\'`.
 fn like_prefix(text: &str) -> String {
@@ -153,6 +153,8 @@ impl Inspect for PgConn {
         Ok((runs, next))
     }
 
+    /// Not indexed here (the feed by transaction took its index): it
+    /// reads the whole table.
     fn runs_changed_after(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunRow>> {
         let n = limit_of(limit);
         self.query(
@@ -169,6 +171,71 @@ impl Inspect for PgConn {
         .iter()
         .map(run_from)
         .collect()
+    }
+
+    /// By transaction: the runs whose `changed_tx` (the transaction that
+    /// changed them last, which every statement that changes a run stamps)
+    /// is below the oldest
+    /// transaction still running, after `pos`, in `(changed_tx, position)`
+    /// order. Every transaction below that bound has ended, so nothing can
+    /// still commit there: a change becomes visible to the feed once every
+    /// transaction that began before it has ended, and none is passed over
+    /// however late it commits. A run changed again later moves up to its
+    /// new transaction and comes again.
+    fn runs_feed(&self, pos: &mut FeedPos, limit: usize) -> Result<Vec<RunRow>> {
+        let n = limit_of(limit);
+        let (tx, ord) = match pos {
+            FeedPos::Xact { tx, ord } => (*tx, *ord),
+            // From a millisecond: from the oldest transaction that changed
+            // a run at or after it (what it changed before is not repeated
+            // unless that transaction changed it too), or from the oldest
+            // running one.
+            FeedPos::Since(ms) | FeedPos::Clock { at_ms: ms, .. } => {
+                let from = *ms;
+                let start = match self.query_opt(
+                    "SELECT coalesce((SELECT min(changed_tx) FROM reflexr_runs \
+                       WHERE updated_at >= $1), \
+                       pg_snapshot_xmin(pg_current_snapshot())::text::bigint)",
+                    &[(&from, Type::INT8)],
+                )? {
+                    Some(row) => col(&row, 0)?,
+                    None => 0,
+                };
+                (start, i64::MIN)
+            }
+        };
+        // One statement, so the bound and the rows come from one snapshot.
+        let rows = self.query(
+            &format!(
+                "WITH w AS MATERIALIZED \
+                   (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS bound) \
+                 SELECT r.*, w.bound FROM w LEFT JOIN LATERAL \
+                   (SELECT {COLUMNS}, changed_tx FROM reflexr_runs \
+                    WHERE changed_tx < w.bound AND (changed_tx, ord) > ($1, $2) \
+                    ORDER BY changed_tx, ord LIMIT $3) r ON true"
+            ),
+            &[(&tx, Type::INT8), (&ord, Type::INT8), (&n, Type::INT8)],
+        )?;
+        let at_tx = COLUMNS.split(',').count();
+        let mut out = Vec::with_capacity(rows.len());
+        let (mut next, mut bound) = ((tx, ord), tx);
+        for row in &rows {
+            bound = col(row, at_tx + 1)?;
+            if let Some(changed) = col::<Option<i64>>(row, at_tx)? {
+                let run = run_from(row)?;
+                next = (changed, run.ord);
+                out.push(run);
+            }
+        }
+        // A short page read everything below the bound: go on from it.
+        if out.len() < limit && bound > next.0 {
+            next = (bound, i64::MIN);
+        }
+        *pos = FeedPos::Xact {
+            tx: next.0,
+            ord: next.1,
+        };
+        Ok(out)
     }
 
     fn blocked_lanes(&self, limit: usize) -> Result<Vec<BlockedRow>> {

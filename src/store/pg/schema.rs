@@ -12,7 +12,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 8;
+pub(crate) const SCHEMA_VERSION: i32 = 9;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
@@ -27,10 +27,29 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (6, MIGRATE_TO_6),
     (7, MIGRATE_TO_7),
     (8, MIGRATE_TO_8),
+    (9, MIGRATE_TO_9),
 ];
 
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 9: each run's change stamped with the transaction that made it
+/// (`changed_tx`: `pg_current_xact_id()`, by default on insert and by every
+/// statement that changes a run's state, attempt or change time), for the
+/// feed of run changes in commit order (`Inspect::runs_feed`): concurrent
+/// transactions commit in another order than they stamp `updated_at`, and
+/// a feed by time would pass over a change committed late. Its index takes
+/// the place of the one by change time, which only that feed read (every
+/// change of a run writes each index of it, so an index more costs every
+/// claim and settlement). Runs changed before this version have no stamp
+/// (the feed starts after them).
+const MIGRATE_TO_9: &str = "
+ALTER TABLE reflexr_runs ADD COLUMN changed_tx bigint;
+ALTER TABLE reflexr_runs ALTER COLUMN changed_tx SET DEFAULT (pg_current_xact_id()::text::bigint);
+DROP INDEX reflexr_runs_by_change;
+CREATE INDEX reflexr_runs_by_tx ON reflexr_runs (changed_tx, ord);
+INSERT INTO reflexr_schema_version (version) VALUES (9);
+";
 
 /// Version 8: the followers' ledger, for followers that read a workspace
 /// of this database, as in `schema.sql`.
