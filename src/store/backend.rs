@@ -25,11 +25,11 @@
 //! inherent method of the connection type with the same name would win over
 //! the trait's in method-call syntax.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use crate::counter::Counter;
 use crate::dead_letter::{DeadLetter, DeadLetterKind, Resolution};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::event::Event;
 
 use super::control::{ActionRow, PausedRow};
@@ -279,46 +279,7 @@ pub trait Inspect {
     /// order they were stamped (SQLite's one writer). PostgreSQL's
     /// transactions do not, and it follows transactions instead.
     fn runs_feed(&self, pos: &mut FeedPos, limit: usize) -> Result<Vec<RunRow>> {
-        let (mut at_ms, mut seen) = match pos {
-            FeedPos::Since(ms) => (*ms, HashMap::new()),
-            FeedPos::Clock { at_ms, seen } => (*at_ms, seen.clone()),
-            FeedPos::Xact { .. } => {
-                return Err(Error::invalid(
-                    "after",
-                    "a position in PostgreSQL's feed of run changes, and this database is not one",
-                ));
-            }
-        };
-        // From the start of the millisecond it stands at, paging on, and
-        // skipping what it delivered at that millisecond unchanged. On an
-        // error, `pos` stays where it was.
-        let page_size = limit.clamp(1, 500);
-        let (mut out, mut cursor) = (Vec::new(), (at_ms, i64::MIN));
-        loop {
-            let page = self.runs_changed_after(cursor, page_size)?;
-            let short = page.len() < page_size;
-            for r in page {
-                cursor = (r.updated_at, r.ord);
-                let print = (r.state.clone(), r.attempt);
-                if r.updated_at == at_ms && seen.get(&r.ord) == Some(&print) {
-                    continue;
-                }
-                if r.updated_at > at_ms {
-                    at_ms = r.updated_at;
-                    seen.clear();
-                }
-                seen.insert(r.ord, print);
-                out.push(r);
-                if out.len() == limit {
-                    break;
-                }
-            }
-            if out.len() == limit || short {
-                break;
-            }
-        }
-        *pos = FeedPos::Clock { at_ms, seen };
-        Ok(out)
+        runs::feed_by_change_time(self, pos, limit)
     }
     /// The blocked lanes, most recently blocked first.
     fn blocked_lanes(&self, limit: usize) -> Result<Vec<runs::BlockedRow>>;

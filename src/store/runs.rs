@@ -11,8 +11,9 @@ use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
+use crate::store::backend::Inspect;
 
 pub(crate) fn ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -236,6 +237,56 @@ pub enum FeedPos {
     /// order than they stamp): past this `(changed_tx, position)`, every
     /// transaction below `changed_tx` having ended.
     Xact { tx: i64, ord: i64 },
+}
+
+/// The feed of run changes by change time (`Inspect::runs_feed`'s
+/// default): from the start of the millisecond `pos` stands at, paging
+/// through [`Inspect::runs_changed_after`], and skipping what it delivered
+/// at that millisecond unchanged. Right where changes commit in the order
+/// they were stamped (SQLite's one writer). On an error, `pos` stays where
+/// it was.
+pub(crate) fn feed_by_change_time<C: Inspect + ?Sized>(
+    conn: &C,
+    pos: &mut FeedPos,
+    limit: usize,
+) -> Result<Vec<RunRow>> {
+    let (mut at_ms, mut seen) = match pos {
+        FeedPos::Since(ms) => (*ms, HashMap::new()),
+        FeedPos::Clock { at_ms, seen } => (*at_ms, seen.clone()),
+        FeedPos::Xact { .. } => {
+            return Err(Error::invalid(
+                "after",
+                "a position in PostgreSQL's feed of run changes, and this database is not one",
+            ));
+        }
+    };
+    let page_size = limit.clamp(1, 500);
+    let (mut out, mut cursor) = (Vec::new(), (at_ms, i64::MIN));
+    loop {
+        let page = conn.runs_changed_after(cursor, page_size)?;
+        let short = page.len() < page_size;
+        for r in page {
+            cursor = (r.updated_at, r.ord);
+            let print = (r.state.clone(), r.attempt);
+            if r.updated_at == at_ms && seen.get(&r.ord) == Some(&print) {
+                continue;
+            }
+            if r.updated_at > at_ms {
+                at_ms = r.updated_at;
+                seen.clear();
+            }
+            seen.insert(r.ord, print);
+            out.push(r);
+            if out.len() == limit {
+                break;
+            }
+        }
+        if out.len() == limit || short {
+            break;
+        }
+    }
+    *pos = FeedPos::Clock { at_ms, seen };
+    Ok(out)
 }
 
 pub(crate) const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, \
