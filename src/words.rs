@@ -77,6 +77,9 @@ macro_rules! open_text_enum {
         }
 
         impl $name {
+            /// The values this version knows, in order.
+            pub const KNOWN: &'static [&'static str] = &[$($text,)+];
+
             /// The value as stored and shown.
             pub fn as_str(&self) -> &str {
                 match self {

@@ -225,6 +225,18 @@ fn errors_have_one_shape_and_a_status_a_client_can_act_on() {
         (st, &body["error"]["code"]),
         (405, &json!("method_not_allowed"))
     );
+    // A literal segment wins over a parameter, as OpenAPI reads paths: the
+    // bulk retry's path is not a read of a run named "retry".
+    let (st, text) = common::http::raw(
+        api.addr,
+        format!(
+            "GET /api/v1/runs/retry HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            api.addr
+        )
+        .as_bytes(),
+    );
+    assert_eq!(st, 405, "{text}");
+    assert!(text.contains("Allow: POST\r\n"), "{text}");
     for (path, body, status) in [
         (format!("/api/v1/runs/{ok_run}/retry"), who("not dead"), 409),
         ("/api/v1/runs/no-such/retry".into(), who("typo"), 404),
@@ -737,7 +749,7 @@ fn shutdown_does_not_wait_for_an_idle_keep_alive_client() {
     let mut conn = std::net::TcpStream::connect(api.addr).unwrap();
     conn.set_read_timeout(Some(common::http::PATIENCE)).unwrap();
     use std::io::{Read, Write};
-    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", api.addr).as_bytes())
         .unwrap();
     let mut buf = [0u8; 4096];
     let n = conn.read(&mut buf).unwrap();
@@ -745,4 +757,410 @@ fn shutdown_does_not_wait_for_an_idle_keep_alive_client() {
     server.shutdown();
     // The server closed its end: the next read sees the end of the stream.
     assert_eq!(conn.read(&mut buf).unwrap_or(0), 0);
+}
+
+/// The served document, read strictly: every object schema that lists its
+/// properties admits no other (the document itself lets servers add
+/// fields; this test holds the server to what it says today).
+fn strict(mut schema: Value) -> Value {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                if m.contains_key("properties") && !m.contains_key("additionalProperties") {
+                    m.insert("additionalProperties".into(), Value::Bool(false));
+                }
+                m.values_mut().for_each(walk);
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut schema);
+    schema
+}
+
+/// Asks `method path` and checks the answer against the document: its
+/// status is one the operation `template` documents, and its body is
+/// valid under that status's schema (read strictly). The answer's body.
+fn conform(
+    api: &Api,
+    doc: &Value,
+    method: &str,
+    template: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let (status, answer) = match &body {
+        None => api.get(path),
+        Some(b) => api.post(path, b.clone()),
+    };
+    let op = &doc["paths"][template][method.to_ascii_lowercase()];
+    assert!(op.is_object(), "{method} {template} is not documented");
+    let response = &op["responses"][status.to_string()];
+    assert!(
+        response.is_object(),
+        "{method} {path} answered {status}, which the document does not list: {answer}"
+    );
+    if let Some(schema) = response["content"]["application/json"].get("schema") {
+        let root = json!({ "allOf": [schema], "components": doc["components"] });
+        let validator = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(&root)
+            .unwrap_or_else(|e| panic!("the schema of {method} {template} {status}: {e}"));
+        let errors: Vec<String> = validator
+            .iter_errors(&answer)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{method} {path} ({status}) breaks its schema:\n{}\n{answer}",
+            errors.join("\n")
+        );
+    }
+    (status, answer)
+}
+
+#[test]
+fn every_answer_is_valid_under_the_served_document_read_strictly() {
+    // Surfaces: the document says what the server does. With the file
+    // holding runs in every state and of every kind, dead letters, a
+    // follower, a schedule, pauses, limits and an audit, every read
+    // route's answer, every change's, and errors of each shared check are
+    // valid under the document the server serves, with no property it
+    // does not list, and with statuses it documents.
+    let s = Scene::new();
+    let e = shop(&s);
+    let (server, api) = serve(&e, AdminConfig::new());
+    let doc = strict(api.get("/api/v1/openapi.json").1);
+    let seen_running = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&seen_running);
+    let inner = Api::new(server.local_addr(), None);
+    let inner_doc = doc.clone();
+    // A run reads the API while it is running (the only moment a run is).
+    e.register_action("inspect", move |run, _| {
+        let (_, page) = conform(
+            &inner,
+            &inner_doc,
+            "GET",
+            "/api/v1/runs",
+            "/api/v1/runs?state=running",
+            None,
+        );
+        let path = format!("/api/v1/runs/{}", run.id);
+        conform(&inner, &inner_doc, "GET", "/api/v1/runs/{id}", &path, None);
+        let me = page["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["id"] == run.id.as_str());
+        seen.lock().unwrap().push(me);
+        Ok(())
+    })
+    .unwrap();
+    e.register_channel("email", reflexr::ChannelPolicy::BestEffort, |_, _| {
+        Err("no mail today".into())
+    })
+    .unwrap();
+    e.register_job(reflexr::Job::every("tick", Duration::from_secs(60)).handler(|_, _| Ok(())))
+        .unwrap();
+    for (i, c) in ["ada", "bad-bob", "grace", "bad-bob"].iter().enumerate() {
+        e.append("shop", &order(c, i as i64)).unwrap();
+    }
+    e.enqueue(&reflexr::Enqueue::new("inspect", &json!({ "n": 1 })))
+        .unwrap();
+    let later = e
+        .enqueue(
+            &reflexr::Enqueue::new("inspect", &json!({ "n": 2 })).after(Duration::from_secs(3_600)),
+        )
+        .unwrap();
+    let cancelled = e
+        .enqueue(
+            &reflexr::Enqueue::new("inspect", &json!({ "n": 3 })).after(Duration::from_secs(7_200)),
+        )
+        .unwrap();
+    e.deliver(&reflexr::Delivery::new("email", "welcome").to("ada"))
+        .unwrap();
+    s.clock.advance(Duration::from_secs(61));
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        *seen_running.lock().unwrap(),
+        [true],
+        "the run saw itself running"
+    );
+    let ops = e.operator("ops@example", "the test");
+    ops.cancel_run(&cancelled.id).unwrap();
+    let dead: Vec<String> = e
+        .find_runs(&reflexr::RunFilter::new().state(RunState::Dead))
+        .unwrap()
+        .runs
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    let delivery = dead
+        .iter()
+        .find(|id| e.run(id).unwrap().unwrap().action == "delivery/email")
+        .unwrap()
+        .clone();
+    ops.discard_run(&delivery).unwrap();
+    ops.pause(&reflexr::Pausable::Channel("email".into()))
+        .unwrap();
+    ops.configure_action(
+        &reflexr::ActionConfig::new("charge")
+            .max_running(2)
+            .rate(10, Duration::from_secs(1))
+            .partition_by("customer"),
+    )
+    .unwrap();
+
+    let runs = conform(
+        &api,
+        &doc,
+        "GET",
+        "/api/v1/runs",
+        "/api/v1/runs?limit=1000",
+        None,
+    )
+    .1;
+    let runs = runs["runs"].as_array().unwrap().clone();
+    let states: std::collections::BTreeSet<String> = runs
+        .iter()
+        .map(|r| r["state"].as_str().unwrap().to_string())
+        .collect();
+    let kinds: std::collections::BTreeSet<String> = runs
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap().to_string())
+        .collect();
+    // Every state but running is in the file now (running was seen above).
+    for st in RunState::ALL.iter().filter(|s| **s != RunState::Running) {
+        assert!(states.contains(st.as_str()), "no {st} run: {states:?}");
+    }
+    for k in reflexr::RunKind::ALL {
+        assert!(kinds.contains(k.as_str()), "no {k} run: {kinds:?}");
+    }
+    assert!(
+        runs.iter()
+            .any(|r| r["id"] == later.id.as_str() && r["state"] == "ready")
+    );
+    for r in &runs {
+        let id = r["id"].as_str().unwrap();
+        conform(
+            &api,
+            &doc,
+            "GET",
+            "/api/v1/runs/{id}",
+            &format!("/api/v1/runs/{id}"),
+            None,
+        );
+    }
+    for st in RunState::ALL {
+        conform(
+            &api,
+            &doc,
+            "GET",
+            "/api/v1/runs",
+            &format!("/api/v1/runs?state={st}&input.customer=ada"),
+            None,
+        );
+    }
+    let events = conform(
+        &api,
+        &doc,
+        "GET",
+        "/api/v1/workspaces/{workspace}/events",
+        "/api/v1/workspaces/shop/events?limit=2",
+        None,
+    )
+    .1;
+    let first = events["events"][0]["id"].as_str().unwrap().to_string();
+    for (template, path) in [
+        ("/healthz", "/healthz".to_string()),
+        ("/api/v1/status", "/api/v1/status".into()),
+        ("/api/v1/stats", "/api/v1/stats".into()),
+        ("/api/v1/workspaces", "/api/v1/workspaces".into()),
+        (
+            "/api/v1/workspaces/{workspace}/events/{id}",
+            format!("/api/v1/workspaces/shop/events/{first}"),
+        ),
+        (
+            "/api/v1/workspaces/{workspace}/events/{id}",
+            "/api/v1/workspaces/shop/events/no-such".into(),
+        ),
+        (
+            "/api/v1/workspaces/{workspace}/events",
+            "/api/v1/workspaces/nowhere/events".into(),
+        ),
+        ("/api/v1/events/{seq}", "/api/v1/events/1".into()),
+        ("/api/v1/events/{seq}", "/api/v1/events/999999".into()),
+        (
+            "/api/v1/dead-letters",
+            "/api/v1/dead-letters?all=true".into(),
+        ),
+        (
+            "/api/v1/dead-letters",
+            "/api/v1/dead-letters?kind=nope".into(),
+        ),
+        ("/api/v1/lanes", "/api/v1/lanes".into()),
+        ("/api/v1/leases", "/api/v1/leases".into()),
+        ("/api/v1/rules", "/api/v1/rules".into()),
+        ("/api/v1/rules/{name}", "/api/v1/rules/charge".into()),
+        (
+            "/api/v1/rules/{name}/state/{scope}",
+            "/api/v1/rules/charge/state/ada".into(),
+        ),
+        ("/api/v1/reactions", "/api/v1/reactions".into()),
+        ("/api/v1/followers", "/api/v1/followers".into()),
+        ("/api/v1/schedules", "/api/v1/schedules".into()),
+        ("/api/v1/audit", "/api/v1/audit".into()),
+        ("/api/v1/actions", "/api/v1/actions".into()),
+        ("/api/v1/runs", "/api/v1/runs?limit=0".into()),
+        ("/api/v1/runs/{id}", "/api/v1/runs/no-such-run".into()),
+    ] {
+        conform(&api, &doc, "GET", template, &path, None);
+    }
+    // Changes, each answer checked, errors included.
+    let dead_letters = conform(
+        &api,
+        &doc,
+        "GET",
+        "/api/v1/dead-letters",
+        "/api/v1/dead-letters",
+        None,
+    )
+    .1;
+    let letter = dead_letters["dead_letters"][0]["id"].as_i64().unwrap();
+    let followers = conform(
+        &api,
+        &doc,
+        "GET",
+        "/api/v1/followers",
+        "/api/v1/followers",
+        None,
+    )
+    .1;
+    let follower = followers[0]["name"].as_str().unwrap().replace('>', "%3E");
+    let w = who("the test");
+    let with = |extra: Value| {
+        let mut b = who("the test");
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    for (template, path, body) in [
+        (
+            "/api/v1/runs/retry",
+            "/api/v1/runs/retry".to_string(),
+            with(json!({ "filter": { "state": "dead" } })),
+        ),
+        (
+            "/api/v1/runs/retry",
+            "/api/v1/runs/retry".into(),
+            with(json!({ "filter": { "action": "charge" }, "ids": [] })),
+        ),
+        (
+            "/api/v1/dead-letters/retry",
+            "/api/v1/dead-letters/retry".into(),
+            with(json!({ "filter": { "kind": "run" } })),
+        ),
+        (
+            "/api/v1/dead-letters/discard",
+            "/api/v1/dead-letters/discard".into(),
+            with(json!({ "ids": [letter, 999_999], "confirm": true })),
+        ),
+        (
+            "/api/v1/dead-letters/{id}/retry",
+            format!("/api/v1/dead-letters/{letter}/retry"),
+            w.clone(),
+        ),
+        (
+            "/api/v1/dead-letters/{id}/retry",
+            "/api/v1/dead-letters/999999/retry".into(),
+            w.clone(),
+        ),
+        (
+            "/api/v1/runs/{id}/cancel",
+            format!("/api/v1/runs/{}/cancel", later.id),
+            w.clone(),
+        ),
+        (
+            "/api/v1/runs/{id}/cancel",
+            format!("/api/v1/runs/{}/cancel", later.id),
+            w.clone(),
+        ),
+        (
+            "/api/v1/runs/{id}/retry",
+            "/api/v1/runs/no-such-run/retry".into(),
+            w.clone(),
+        ),
+        (
+            "/api/v1/runs/{id}/discard",
+            format!("/api/v1/runs/{}/discard", later.id),
+            w.clone(),
+        ),
+        (
+            "/api/v1/runs/discard",
+            "/api/v1/runs/discard".into(),
+            with(json!({ "ids": dead, "confirm": true })),
+        ),
+        (
+            "/api/v1/lanes/unblock",
+            "/api/v1/lanes/unblock".into(),
+            with(json!({ "rule": "charge", "scope": "bad-bob" })),
+        ),
+        (
+            "/api/v1/lanes/unblock",
+            "/api/v1/lanes/unblock".into(),
+            with(json!({ "rule": "charge", "scope": "nobody" })),
+        ),
+        (
+            "/api/v1/pause",
+            "/api/v1/pause".into(),
+            with(json!({ "kind": "rule", "name": "charge" })),
+        ),
+        (
+            "/api/v1/resume",
+            "/api/v1/resume".into(),
+            with(json!({ "kind": "rule", "name": "charge" })),
+        ),
+        (
+            "/api/v1/pause",
+            "/api/v1/pause".into(),
+            with(json!({ "kind": "thing", "name": "charge" })),
+        ),
+        (
+            "/api/v1/actions/configure",
+            "/api/v1/actions/configure".into(),
+            with(json!({ "action": "charge", "priority": 3 })),
+        ),
+        (
+            "/api/v1/actions/configure",
+            "/api/v1/actions/configure".into(),
+            with(json!({ "action": "charge", "rate_count": 3 })),
+        ),
+        (
+            "/api/v1/cursors/reset",
+            "/api/v1/cursors/reset".into(),
+            with(json!({ "workspace": "shop", "kind": "app", "name": "mailer", "to": 1 })),
+        ),
+        (
+            "/api/v1/followers/{name}/restart",
+            format!("/api/v1/followers/{follower}/restart"),
+            w.clone(),
+        ),
+        (
+            "/api/v1/followers/{name}/restart",
+            "/api/v1/followers/nobody/restart".into(),
+            w.clone(),
+        ),
+        (
+            "/api/v1/prune",
+            "/api/v1/prune".into(),
+            with(json!({ "events_older_than_ms": 0, "work_older_than_ms": 0 })),
+        ),
+        ("/api/v1/prune", "/api/v1/prune".into(), w.clone()),
+    ] {
+        conform(&api, &doc, "POST", template, &path, Some(body));
+    }
+    let (st, _) = conform(&api, &doc, "GET", "/api/v1/audit", "/api/v1/audit", None);
+    assert_eq!(st, 200);
 }

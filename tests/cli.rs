@@ -118,6 +118,54 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn a_reader_that_goes_away_ends_every_command_quietly() {
+    // Nothing lost to bad input (the CLI's share): `reflexr … | head` ends
+    // as a closed pipe ends any CLI, with no panic and no error, for every
+    // command that prints; and it changed nothing it was not asked to.
+    let s = Scene::new();
+    prepare(&s.path);
+    let reads: &[&[&str]] = &[
+        &["status"],
+        &["status", "--json"],
+        &["events", "--workspace", "shop"],
+        &["--json", "events", "--workspace", "shop"],
+        &["runs"],
+        &["--json", "runs"],
+        &["dead-letters"],
+        &["--json", "dead-letters"],
+        &["stats"],
+        &["limits"],
+        &[
+            "tail",
+            "--workspace",
+            "shop",
+            "--from-start",
+            "--count",
+            "3",
+        ],
+        &["--help"],
+        &["runs", "--help"],
+    ];
+    for args in reads {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+            .arg(&s.path)
+            .args(*args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader leaves before the first line.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+    let v = json(&cli(&s.path, &["--json", "runs"]));
+    assert_eq!(v.as_array().map(Vec::len), Some(3), "{v}");
+}
+
+#[test]
 fn status_shows_workspaces_consumers_leases_runs_and_dead_letters() {
     let s = Scene::new();
     prepare(&s.path);

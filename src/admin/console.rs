@@ -50,6 +50,11 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
                    form-action 'none'; frame-ancestors 'none'";
 
 /// The file `name` (`index.html` for `/`), or 404.
+/// The names of the console's files.
+pub(crate) fn names() -> Vec<&'static str> {
+    FILES.iter().map(|f| f.name).collect()
+}
+
 pub(crate) fn serve(req: &Request, name: &str) -> Result<Response, ApiError> {
     let file = FILES
         .iter()

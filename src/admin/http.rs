@@ -311,6 +311,7 @@ fn reason(status: u16) -> &'static str {
         411 => "Length Required",
         413 => "Content Too Large",
         415 => "Unsupported Media Type",
+        421 => "Misdirected Request",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         503 => "Service Unavailable",
@@ -321,7 +322,7 @@ fn reason(status: u16) -> &'static str {
 /// Writes `r` within `timeout`. Every response says `nosniff`; what it may
 /// cache, its content security policy and the rest come from its headers.
 pub(crate) fn write_response(
-    stream: &mut TcpStream,
+    mut stream: &TcpStream,
     r: &Response,
     keep_alive: bool,
     timeout: Duration,

@@ -11,24 +11,33 @@
 //! One acceptor thread, and one thread per open connection, up to
 //! [`AdminConfig::max_connections`] in all and
 //! [`AdminConfig::max_connections_per_peer`] from one address; a connection
-//! over either cap is answered `503` and closed at once. A request must
-//! arrive whole within its deadlines, so a slow client holds a thread for
-//! seconds at most, and only its own address's share of them.
+//! over the cap of its address is answered `503` and closed at once. A
+//! server at its cap in all makes room for a newcomer by shedding the
+//! connection that has waited longest for a request to arrive whole (told
+//! `503`); one being answered, or holding a stream, is never shed. A
+//! request must arrive whole within its deadlines, so a slow client holds
+//! a thread for seconds at most.
 //!
 //! # Security (the defaults)
 //!
 //! Loopback only (`127.0.0.1`) unless told otherwise, and a token required
-//! for any other address. With a token, every route but `/healthz` and the
-//! console's static files wants `Authorization: Bearer <token>`, compared
-//! in constant time. Mutations want a JSON body, refuse cross-site requests
-//! (`Sec-Fetch-Site`, `Origin` against `Host`), and are refused in read-only
-//! mode; every WebSocket upgrade has its `Origin` checked. TLS is a reverse
-//! proxy's job (see the README).
+//! for any other address. Every request's `Host` must name this server —
+//! its loopback names and addresses, the address it listens on, or a name
+//! given to [`AdminConfig::allow_host`] — or it is answered `421`: a page
+//! on a rebound name reaches nothing. With a token, every route but
+//! `/healthz` and the console's static files wants `Authorization: Bearer
+//! <token>` (the scheme in any case), compared in constant time. Changes
+//! want a JSON body, refuse cross-site requests (`Sec-Fetch-Site`, an
+//! `Origin` that is no page of this server's names), and are refused in
+//! read-only mode; every WebSocket upgrade has its `Origin` checked. TLS is
+//! a reverse proxy's job (see the README).
 
 mod api;
 mod console;
+mod hosts;
 mod http;
 mod metrics;
+mod openapi;
 mod stream;
 
 use std::collections::HashMap;
@@ -52,6 +61,7 @@ pub use http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
 /// | --- | --- |
 /// | [`listen`](AdminConfig::listen) | `127.0.0.1:7878` |
 /// | [`token`](AdminConfig::token) | none (allowed on loopback only) |
+/// | [`allow_host`](AdminConfig::allow_host) | none: the loopback names and the listening address, with its port |
 /// | [`read_only`](AdminConfig::read_only) | `false` |
 /// | [`max_connections`](AdminConfig::max_connections) | 128 |
 /// | [`max_connections_per_peer`](AdminConfig::max_connections_per_peer) | 32 |
@@ -66,6 +76,7 @@ pub use http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
 pub struct AdminConfig {
     pub(crate) listen: SocketAddr,
     pub(crate) token: Option<String>,
+    pub(crate) allowed_hosts: Vec<String>,
     pub(crate) read_only: bool,
     pub(crate) max_connections: usize,
     pub(crate) max_connections_per_peer: usize,
@@ -80,6 +91,7 @@ impl std::fmt::Debug for AdminConfig {
         f.debug_struct("AdminConfig")
             .field("listen", &self.listen)
             .field("token", &self.token.as_ref().map(|_| "(set)"))
+            .field("allowed_hosts", &self.allowed_hosts)
             .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
@@ -90,6 +102,7 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
             token: None,
+            allowed_hosts: Vec::new(),
             read_only: false,
             max_connections: 128,
             max_connections_per_peer: 32,
@@ -134,6 +147,22 @@ impl AdminConfig {
             return Err(Error::invalid("token file", "the file holds no token"));
         }
         Ok(self.token(token))
+    }
+
+    /// Also answer to requests whose `Host` is `name` — the name a reverse
+    /// proxy forwards, say — and to pages whose `Origin` is
+    /// `http://name` or `https://name`. `name` alone matches any port;
+    /// `name:port` only that port. May be given several times.
+    ///
+    /// Without it the server answers only to what names it on its own:
+    /// `localhost`, the loopback addresses and the address it listens on,
+    /// each with its port (any address literal when it listens on every
+    /// address). Any other `Host` gets `421` with the error code
+    /// `unknown_host`, on every route: a page on a name its author
+    /// controls, resolved to this machine (DNS rebinding), reaches nothing.
+    pub fn allow_host(mut self, name: impl Into<String>) -> AdminConfig {
+        self.allowed_hosts.push(name.into());
+        self
     }
 
     /// Serve reads only: every mutating route and stream command is
@@ -215,6 +244,7 @@ impl AdminConfig {
                 return Err(Error::invalid("timeout", "must be more than zero"));
             }
         }
+        hosts::Hosts::new(self.listen, &self.allowed_hosts)?;
         Ok(())
     }
 }
@@ -278,9 +308,12 @@ impl<B: Backend> Engine<B> {
         config.validate()?;
         let listener = TcpListener::bind(config.listen)?;
         let addr = listener.local_addr()?;
+        let routes = api::routes();
         let server = Arc::new(Server {
             engine: self.clone(),
-            routes: api::routes(),
+            openapi: openapi::written(&routes),
+            routes,
+            hosts: hosts::Hosts::new(addr, &config.allowed_hosts)?,
             config,
             addr,
             stop: AtomicBool::new(false),
@@ -302,18 +335,93 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The open connections: how many, from where, and their threads.
+/// The open connections: each one's address, a handle to close it with,
+/// and since when it waits for a request; their threads.
 #[derive(Default)]
 struct Conns {
-    open: usize,
+    open: HashMap<u64, Conn>,
     per_peer: HashMap<IpAddr, usize>,
     threads: Vec<JoinHandle<()>>,
+    next_id: u64,
+}
+
+struct Conn {
+    peer: IpAddr,
+    /// A second handle on the socket, to shut it when the connection is
+    /// shed (none if the system would not give one: never shed).
+    stream: Option<TcpStream>,
+    /// Since when it waits for a request to arrive whole (its next one,
+    /// on a kept-alive connection); `None` while it is being answered or
+    /// holds a stream.
+    waiting_since: Option<Instant>,
+}
+
+impl Conns {
+    /// Takes `peer`'s new connection in, if the caps allow it. A server
+    /// that is full makes room by shedding the connection that has waited
+    /// longest for a request to arrive whole (a slow or idle client); a
+    /// connection being answered, or holding a stream, is never shed.
+    fn admit(&mut self, peer: IpAddr, stream: &TcpStream, config: &AdminConfig) -> Option<u64> {
+        let from_peer = self.per_peer.get(&peer).copied().unwrap_or(0);
+        if from_peer >= config.max_connections_per_peer {
+            return None;
+        }
+        if self.open.len() >= config.max_connections {
+            let (&oldest, _) = self
+                .open
+                .iter()
+                .filter(|(_, c)| c.stream.is_some())
+                .filter_map(|(id, c)| c.waiting_since.map(|t| (id, t)))
+                .min_by_key(|(_, t)| *t)?;
+            self.shed(oldest);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.open.insert(
+            id,
+            Conn {
+                peer,
+                stream: stream.try_clone().ok(),
+                waiting_since: Some(Instant::now()),
+            },
+        );
+        *self.per_peer.entry(peer).or_default() += 1;
+        Some(id)
+    }
+
+    /// Closes connection `id` and gives its place back: its thread finds
+    /// its socket shut and ends.
+    fn shed(&mut self, id: u64) {
+        if let Some(conn) = self.release(id)
+            && let Some(stream) = conn.stream
+        {
+            log::debug!("admin: shedding a waiting connection from {}", conn.peer);
+            busy(&stream);
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Forgets connection `id` (if it was not shed already).
+    fn release(&mut self, id: u64) -> Option<Conn> {
+        let conn = self.open.remove(&id)?;
+        if let Some(n) = self.per_peer.get_mut(&conn.peer) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_peer.remove(&conn.peer);
+            }
+        }
+        Some(conn)
+    }
 }
 
 pub(crate) struct Server<B: Backend> {
     pub(crate) engine: Engine<B>,
     /// The routes, made once for the engine's backend.
     pub(crate) routes: Vec<api::Route<B>>,
+    /// The routes' OpenAPI document, as served.
+    pub(crate) openapi: String,
+    /// What names this server (`Host` and `Origin` are checked with it).
+    pub(crate) hosts: hosts::Hosts,
     pub(crate) config: AdminConfig,
     addr: SocketAddr,
     stop: AtomicBool,
@@ -356,47 +464,50 @@ impl<B: Backend> Server<B> {
             let admitted = {
                 let mut c = lock(&self.conns);
                 c.threads.retain(|t| !t.is_finished());
-                let from_peer = c.per_peer.get(&peer.ip()).copied().unwrap_or(0);
-                let ok = c.open < self.config.max_connections
-                    && from_peer < self.config.max_connections_per_peer;
-                if ok {
-                    c.open += 1;
-                    *c.per_peer.entry(peer.ip()).or_default() += 1;
-                }
-                ok
+                c.admit(peer.ip(), &stream, &self.config)
             };
-            if !admitted {
-                busy(stream);
+            let Some(id) = admitted else {
+                busy(&stream);
                 continue;
-            }
+            };
             let s = Arc::clone(&self);
             let spawned = std::thread::Builder::new()
                 .name("reflexr-admin-conn".into())
                 .spawn(move || {
-                    let _slot = Slot {
-                        server: &s,
-                        peer: peer.ip(),
-                    };
-                    s.serve(stream);
+                    let _slot = Slot { server: &s, id };
+                    s.serve(id, stream);
                 });
             match spawned {
                 Ok(t) => lock(&self.conns).threads.push(t),
                 Err(e) => {
                     log::error!("admin: cannot start a connection thread: {e}");
-                    let mut c = lock(&self.conns);
-                    c.open -= 1;
-                    release_peer(&mut c, peer.ip());
+                    lock(&self.conns).release(id);
                 }
             }
         }
     }
 
+    /// Marks connection `id` as waiting for a request (`true`) or being
+    /// answered; `false` if it was shed meanwhile.
+    fn waiting(&self, id: u64, waiting: bool) -> bool {
+        match lock(&self.conns).open.get_mut(&id) {
+            Some(c) => {
+                c.waiting_since = waiting.then(Instant::now);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// One connection: requests until it closes, goes idle, or the server
     /// stops; a WebSocket upgrade hands the connection to the stream.
-    fn serve(&self, mut stream: TcpStream) {
+    fn serve(&self, id: u64, mut stream: TcpStream) {
         let _ = stream.set_nodelay(true);
         let mut buf = Vec::new();
         loop {
+            if !self.waiting(id, true) {
+                return;
+            }
             let idle_until = Instant::now() + self.config.idle_timeout;
             let read = http::read_request(
                 &mut stream,
@@ -406,23 +517,29 @@ impl<B: Backend> Server<B> {
                 self.config.head_timeout,
                 self.config.io_timeout,
             );
+            if read.is_ok() && !self.waiting(id, false) {
+                return;
+            }
             let response = match read {
-                Ok(req) if stream::is_upgrade(&req) => {
-                    stream::serve(self, stream, &req);
-                    return;
-                }
-                Ok(req) => {
-                    let keep = req.keep_alive() && !self.stopping();
-                    let mut r = api::handle(self, &req);
-                    r.head_only = req.method == "HEAD";
-                    let keep = keep && !r.close;
-                    if http::write_response(&mut stream, &r, keep, self.config.io_timeout).is_err()
-                        || !keep
-                    {
+                Ok(req) => match api::check_host(self, &req) {
+                    Err(e) => e.response(),
+                    Ok(()) if stream::is_upgrade(&req) => {
+                        stream::serve(self, stream, &req);
                         return;
                     }
-                    continue;
-                }
+                    Ok(()) => {
+                        let keep = req.keep_alive() && !self.stopping();
+                        let mut r = api::handle(self, &req);
+                        r.head_only = req.method == "HEAD";
+                        let keep = keep && !r.close;
+                        if http::write_response(&stream, &r, keep, self.config.io_timeout).is_err()
+                            || !keep
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                },
                 Err(http::ReadError::Idle | http::ReadError::Io) => return,
                 Err(http::ReadError::Timeout) => {
                     http::Response::error(408, "timeout", "the request did not arrive in time")
@@ -446,7 +563,7 @@ impl<B: Backend> Server<B> {
                     http::Response::error(400, "bad_request", why)
                 }
             };
-            let _ = http::write_response(&mut stream, &response, false, self.config.io_timeout);
+            let _ = http::write_response(&stream, &response, false, self.config.io_timeout);
             return;
         }
     }
@@ -455,29 +572,18 @@ impl<B: Backend> Server<B> {
 /// A connection's place in the caps, given back when its thread ends.
 struct Slot<'a, B: Backend> {
     server: &'a Server<B>,
-    peer: IpAddr,
+    id: u64,
 }
 
 impl<B: Backend> Drop for Slot<'_, B> {
     fn drop(&mut self) {
-        let mut c = lock(&self.server.conns);
-        c.open -= 1;
-        release_peer(&mut c, self.peer);
-    }
-}
-
-fn release_peer(c: &mut Conns, peer: IpAddr) {
-    if let Some(n) = c.per_peer.get_mut(&peer) {
-        *n -= 1;
-        if *n == 0 {
-            c.per_peer.remove(&peer);
-        }
+        lock(&self.server.conns).release(self.id);
     }
 }
 
 /// Answers a connection over the caps with `503`, without waiting for it.
-fn busy(mut stream: TcpStream) {
+fn busy(stream: &TcpStream) {
     let r = http::Response::error(503, "busy", "too many connections; try again")
         .with_header("Retry-After", "1");
-    let _ = http::write_response(&mut stream, &r, false, Duration::from_millis(200));
+    let _ = http::write_response(stream, &r, false, Duration::from_millis(200));
 }

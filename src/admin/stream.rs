@@ -69,7 +69,7 @@ fn refuse<B: Backend>(server: &Server<B>, stream: &mut TcpStream, e: &ApiError) 
 pub(crate) fn serve<B: Backend>(server: &Server<B>, mut stream: TcpStream, req: &Request) {
     // Every upgrade's origin is checked: a page of another site must not
     // read the stream with the user's network position.
-    if let Err(e) = same_origin(req) {
+    if let Err(e) = same_origin(server, req) {
         return refuse(server, &mut stream, &e);
     }
     let authed = match (&server.config.token, req.header("authorization")) {

@@ -312,6 +312,11 @@ enum Command {
         /// Refuse every change (403); reads and streams only.
         #[arg(long)]
         read_only: bool,
+        /// Also answer to this Host (a reverse proxy's name; `name` for any
+        /// port, `name:port` for one). May be given several times. Without
+        /// it, only localhost and the server's own addresses are answered.
+        #[arg(long = "allow-host", value_name = "NAME")]
+        allow_hosts: Vec<String>,
     },
     /// Asks a stopped follower to start again at its cursor, whichever
     /// process runs it (after its configuration was mended).
@@ -328,6 +333,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if reader_left(e.as_ref()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -336,6 +342,37 @@ fn main() -> ExitCode {
 }
 
 type Fallible<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Writes a line on standard output, an error if it cannot: a reader that
+/// went away (`reflexr … | head`) ends the command, quietly (see
+/// [`reader_left`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    };
+}
+
+/// Whether `e` says standard output's reader went away: the end a closed
+/// pipe gives a C program by SIGPIPE, here met as an error and ended
+/// quietly, after the engine shut down.
+fn reader_left(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        let broken = match (
+            e.downcast_ref::<std::io::Error>(),
+            e.downcast_ref::<reflexr::Error>(),
+        ) {
+            (Some(io), _) => io.kind() == std::io::ErrorKind::BrokenPipe,
+            (_, Some(reflexr::Error::Io { kind, .. })) => *kind == std::io::ErrorKind::BrokenPipe,
+            _ => false,
+        };
+        if broken {
+            return true;
+        }
+        at = e.source();
+    }
+    false
+}
 
 /// Whether `db` names a PostgreSQL database rather than a file.
 fn is_postgres(db: &std::path::Path) -> bool {
@@ -444,11 +481,11 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             }
             let appended = engine.append(workspace, &ev)?;
             if cli.json {
-                println!("{}", serde_json::to_string_pretty(&appended)?);
+                outln!("{}", serde_json::to_string_pretty(&appended)?)?;
             } else if appended.existing {
-                println!("already appended: {} is seq {}", appended.id, appended.seq);
+                outln!("already appended: {} is seq {}", appended.id, appended.seq)?;
             } else {
-                println!("appended seq {} ({})", appended.seq, appended.id);
+                outln!("appended seq {} ({})", appended.seq, appended.id)?;
             }
             Ok(())
         }
@@ -487,11 +524,11 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             }
             let done = engine.enqueue(&e)?;
             if cli.json {
-                println!("{}", serde_json::to_string_pretty(&done)?);
+                outln!("{}", serde_json::to_string_pretty(&done)?)?;
             } else if done.deduplicated {
-                println!("deduplicated: {} holds the key", done.id);
+                outln!("deduplicated: {} holds the key", done.id)?;
             } else {
-                println!("enqueued {}", done.id);
+                outln!("enqueued {}", done.id)?;
             }
             Ok(())
         }
@@ -599,7 +636,14 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             listen,
             token_file,
             read_only,
-        } => serve(&engine, *listen, token_file.as_deref(), *read_only),
+            allow_hosts,
+        } => serve(
+            &engine,
+            *listen,
+            token_file.as_deref(),
+            *read_only,
+            allow_hosts,
+        ),
         Command::RestartFollower { name, who } => {
             who.on(&engine).restart_follower(name)?;
             done(cli.json, "restart requested")
@@ -607,7 +651,7 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
         Command::Stats => {
             let stats = engine.stats()?;
             if cli.json {
-                println!("{}", serde_json::to_string_pretty(&stats)?);
+                outln!("{}", serde_json::to_string_pretty(&stats)?)?;
             } else {
                 let mut t = table(&["counter", "value"]);
                 t.add_row(vec![
@@ -639,7 +683,7 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
                         c.lag.to_string(),
                     ]);
                 }
-                println!("{t}");
+                outln!("{t}")?;
             }
             Ok(())
         }
@@ -654,22 +698,26 @@ fn serve<B: Backend>(
     listen: std::net::SocketAddr,
     token_file: Option<&std::path::Path>,
     read_only: bool,
+    allow_hosts: &[String],
 ) -> Fallible {
     let mut config = reflexr::AdminConfig::new()
         .listen(listen)
         .read_only(read_only);
+    for name in allow_hosts {
+        config = config.allow_host(name);
+    }
     if let Some(path) = token_file {
         config = config.token_file(path)?;
     } else if let Ok(token) = std::env::var("REFLEXR_ADMIN_TOKEN") {
         config = config.token(token);
     }
     let server = engine.serve_admin(config)?;
-    println!(
+    outln!(
         "serving {} on http://{}{}",
         engine.location(),
         server.local_addr(),
         if read_only { " (read-only)" } else { "" }
-    );
+    )?;
     std::io::stdout().flush()?;
     let (tx, rx) = std::sync::mpsc::channel();
     ctrlc::set_handler(move || {
@@ -700,16 +748,16 @@ fn opt_time(ms: Option<i64>) -> String {
 
 fn done(json: bool, what: &str) -> Fallible {
     if json {
-        println!("{}", json!({ "ok": true, "action": what }));
+        outln!("{}", json!({ "ok": true, "action": what }))?;
     } else {
-        println!("{what}");
+        outln!("{what}")?;
     }
     Ok(())
 }
 
 /// Prints `value` as indented JSON.
 fn print_json(value: &impl serde::Serialize) -> Fallible {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }
 
@@ -728,7 +776,7 @@ fn print_events(events: &[Event], json: bool) -> Fallible {
             e.payload_json().to_string(),
         ]);
     }
-    println!("{t}");
+    outln!("{t}")?;
     Ok(())
 }
 
@@ -798,7 +846,7 @@ fn limits<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
     if json {
         return print_json(&json!({ "actions": configs, "paused": paused }));
     }
-    println!("actions");
+    outln!("actions")?;
     let mut t = table(&["action", "priority", "max running", "rate", "partition by"]);
     for c in &configs {
         t.add_row(vec![
@@ -814,9 +862,9 @@ fn limits<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
             c.partition_by.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
-    println!("{t}\n");
-    println!("paused");
-    println!("{}", paused_table(&paused));
+    outln!("{t}\n")?;
+    outln!("paused")?;
+    outln!("{}", paused_table(&paused))?;
     Ok(())
 }
 
@@ -845,13 +893,13 @@ fn status<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
             "paused": engine.paused()?,
         }));
     }
-    println!("workspaces");
+    outln!("workspaces")?;
     let mut t = table(&["name", "types"]);
     for w in &workspaces {
         t.add_row(vec![w.name.clone(), w.event_types.join(", ")]);
     }
-    println!("{t}\n");
-    println!("consumers");
+    outln!("{t}\n")?;
+    outln!("consumers")?;
     let mut t = table(&["workspace", "kind", "name", "cursor", "lag", "updated"]);
     for c in &cursors {
         t.add_row(vec![
@@ -863,10 +911,10 @@ fn status<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
             time(c.updated_at),
         ]);
     }
-    println!("{t}\n");
+    outln!("{t}\n")?;
     let stuck: Vec<_> = cursors.iter().filter(|c| c.is_stuck()).collect();
     if !stuck.is_empty() {
-        println!("stuck consumers (their commit keeps failing)");
+        outln!("stuck consumers (their commit keeps failing)")?;
         let mut t = table(&[
             "workspace",
             "kind",
@@ -885,9 +933,9 @@ fn status<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
                 c.last_error.clone().unwrap_or_default(),
             ]);
         }
-        println!("{t}\n");
+        outln!("{t}\n")?;
     }
-    println!("leases");
+    outln!("leases")?;
     let mut t = table(&["name", "holder", "generation", "expires", "state"]);
     for l in &leases {
         t.add_row(vec![
@@ -902,23 +950,23 @@ fn status<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
             lease_state(l.expires_at, now).to_string(),
         ]);
     }
-    println!("{t}\n");
-    println!("runs");
+    outln!("{t}\n")?;
+    outln!("runs")?;
     let mut t = table(&["state", "runs"]);
     for (s, n) in &runs {
         t.add_row(vec![s.as_str().to_string(), n.to_string()]);
     }
-    println!("{t}\n");
-    println!("dead letters (open)");
+    outln!("{t}\n")?;
+    outln!("dead letters (open)")?;
     let mut t = table(&["kind", "open"]);
     for (k, n) in &stats.dead_letters {
         t.add_row(vec![k.to_string(), n.to_string()]);
     }
-    println!("{t}");
+    outln!("{t}")?;
     let paused = engine.paused()?;
     if !paused.is_empty() {
-        println!("\npaused");
-        println!("{}", paused_table(&paused));
+        outln!("\npaused")?;
+        outln!("{}", paused_table(&paused))?;
     }
     Ok(())
 }
@@ -962,7 +1010,7 @@ fn runs<B: Backend>(
             r.last_error.clone().unwrap_or_default(),
         ]);
     }
-    println!("{t}");
+    outln!("{t}")?;
     Ok(())
 }
 
@@ -989,7 +1037,7 @@ fn dead_letters<B: Backend>(engine: &Engine<B>, all: bool, limit: usize, json: b
                 .unwrap_or_default(),
         ]);
     }
-    println!("{t}");
+    outln!("{t}")?;
     Ok(())
 }
 
@@ -1024,16 +1072,16 @@ fn reset_cursor<B: Backend>(
     }
     let reset = who.on(engine).reset_cursor(workspace, kind, name, to)?;
     if json {
-        println!(
+        outln!(
             "{}",
             json!({ "ok": true, "from": reset.from, "to": reset.to })
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "cursor moved from {} to {}",
             reset.from.map_or("(none)".to_string(), |p| p.to_string()),
             reset.to
-        );
+        )?;
     }
     Ok(())
 }
@@ -1068,15 +1116,17 @@ fn prune<B: Backend>(
     })?;
     bar.finish_and_clear();
     if json {
-        println!(
+        outln!(
             "{}",
             json!({ "events": pruned.events, "runs": pruned.runs, "dead_letters": pruned.dead_letters })
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "pruned {} events, {} finished runs, {} resolved dead letters",
-            pruned.events, pruned.runs, pruned.dead_letters
-        );
+            pruned.events,
+            pruned.runs,
+            pruned.dead_letters
+        )?;
     }
     Ok(())
 }

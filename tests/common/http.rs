@@ -97,6 +97,36 @@ pub fn raw(addr: SocketAddr, bytes: &[u8]) -> (u16, String) {
     (status_of(&text), text)
 }
 
+/// One request, as a browser on another name might send it: `method`,
+/// `path`, the headers given (`Host` among them) and a JSON body if any.
+/// The status and the answer's body as JSON (`Value::Null` if it is not).
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let typed = headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"));
+    if !body.is_empty() && !typed {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    let (status, text) = raw(addr, head.as_bytes());
+    let json = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    (status, json)
+}
+
 /// The status code of a response's text.
 pub fn status_of(text: &str) -> u16 {
     text.split(' ')
@@ -118,16 +148,27 @@ impl Stream {
         token: Option<&str>,
         origin: Option<&str>,
     ) -> Result<Stream, u16> {
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut headers = Vec::new();
+        if let Some(b) = &bearer {
+            headers.push(("Authorization", b.as_str()));
+        }
+        if let Some(o) = origin {
+            headers.push(("Origin", o));
+        }
+        Stream::connect_with(addr, &headers)
+    }
+
+    /// Connects to `/api/v1/stream` with headers of the test's own (a
+    /// `Host` among them replaces the address's).
+    pub fn connect_with(addr: SocketAddr, headers: &[(&str, &str)]) -> Result<Stream, u16> {
         use tungstenite::client::IntoClientRequest;
         let mut req = format!("ws://{addr}/api/v1/stream")
             .into_client_request()
             .unwrap();
-        if let Some(t) = token {
-            req.headers_mut()
-                .insert("Authorization", format!("Bearer {t}").parse().unwrap());
-        }
-        if let Some(o) = origin {
-            req.headers_mut().insert("Origin", o.parse().unwrap());
+        for (name, value) in headers {
+            let name = tungstenite::http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+            req.headers_mut().insert(name, value.parse().unwrap());
         }
         let tcp = TcpStream::connect(addr).expect("connect");
         tcp.set_read_timeout(Some(PATIENCE)).unwrap();
