@@ -56,7 +56,7 @@ fn run(hub_config: &str) -> Result<(), Box<dyn std::error::Error>> {
     let idle = edge.run_until_idle()?;
     println!("edge: follower {name} relayed {} envelopes", idle.followed);
     // Again from the start: the hub appends nothing twice.
-    edge.operator("example", "show that a replay appends nothing")
+    edge.operator("example", "show that a replay appends nothing")?
         .reset_cursor("devices", reflexr::ConsumerKind::Follower, &name, 0)?;
     edge.run_until_idle()?;
     println!(

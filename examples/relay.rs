@@ -59,7 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // A restart that reads everything again publishes nothing twice.
-    edge.operator("demo", "show that re-reading is harmless")
+    edge.operator("demo", "show that re-reading is harmless")?
         .reset_cursor("edge-log", reflexr::ConsumerKind::Follower, &name, 0)?;
     edge.run_until_idle()?;
 

@@ -28,6 +28,7 @@ use crate::prune::{Pruned, Retention};
 use crate::reaction::{self, Reaction};
 use crate::rule::Rule;
 use crate::run::{Run, RunContext, RunInfo, RunState};
+use crate::runtime::Service;
 use crate::runtime::{self, Backend, Context, Idle};
 use crate::schedule::{self, Job, ScheduleInfo};
 use crate::stats::{self, Stats};
@@ -692,10 +693,14 @@ impl<B: Backend> Engine<B> {
         B::prune_with(&self.cx, retention, &mut progress)
     }
 
-    /// Has `service` stop with the engine.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
-    pub(crate) fn add_service(&self, service: Arc<dyn crate::runtime::Service>) {
-        self.cx.add_service(&service);
+    /// Has `service` stop with the engine: [`Engine::shutdown`] (and the
+    /// last handle's drop) calls its [`Service::stop`] first, before the
+    /// engine's own threads stop. The engine keeps only a weak reference:
+    /// a service dropped before is simply forgotten. For what runs beside
+    /// the engine on threads of its own — the administration server of
+    /// `reflexr-admin` does this.
+    pub fn add_service(&self, service: &Arc<dyn Service>) {
+        self.cx.add_service(service);
     }
 
     /// The runtime context every handle shares.

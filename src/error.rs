@@ -308,7 +308,10 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+    /// [`Error::Invalid`]: `field` holds bad input, for `reason`. For code
+    /// built on the engine that checks input of its own (a surface's
+    /// settings) and reports it as the engine does.
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
         Error::Invalid {
             field,
             reason: reason.into(),

@@ -74,17 +74,22 @@ fn page_of<C: Work + ?Sized>(conn: &C, q: &Query) -> Result<EventPage> {
 /// word, `input` as one `{"<key or $.path>": <value>}` entry.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-#[cfg_attr(not(any(feature = "admin", feature = "mcp")), allow(dead_code))]
-pub(crate) struct RunFilterSpec {
+#[non_exhaustive]
+pub struct RunFilterSpec {
+    /// A [`RunState`]'s word.
     pub state: Option<String>,
+    /// The action.
     pub action: Option<String>,
+    /// The rule.
     pub rule: Option<String>,
+    /// The workspace.
     pub workspace: Option<String>,
+    /// The scope.
     pub scope: Option<String>,
+    /// One `{"<key or $.path>": <value>}` entry.
     pub input: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-#[cfg_attr(not(any(feature = "admin", feature = "mcp")), allow(dead_code))]
 impl RunFilterSpec {
     /// The filter it describes.
     ///

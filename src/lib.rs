@@ -104,14 +104,6 @@ mod runtime;
 mod builder;
 mod engine;
 mod operator;
-// Surfaces: adapters over the facade.
-#[cfg(feature = "admin")]
-pub mod admin;
-#[cfg(feature = "mcp")]
-pub mod mcp;
-
-#[cfg(feature = "admin")]
-pub use admin::{AdminConfig, AdminServer};
 pub use audit::{AuditAction, AuditEntry};
 pub use builder::EngineBuilder;
 #[cfg(feature = "postgres")]
@@ -130,11 +122,9 @@ pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
 pub use inspect::{
     BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, MAX_PAGE, RunDetail, RunFilter,
-    RunPage, RunsFeed, SCAN_WINDOW,
+    RunFilterSpec, RunPage, RunsFeed, SCAN_WINDOW,
 };
 pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
-#[cfg(feature = "mcp")]
-pub use mcp::{Mcp, McpConfig};
 pub use names::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 pub use operate::{Bulk, MAX_BULK, Matches, RuleInfo, RuleReset};
 pub use operator::Operator;
@@ -144,7 +134,7 @@ pub use retry::RetryPolicy;
 pub use rule::{Decision, OnDeadLetter, OnNewVersion, Ordering, Rule, Scope, ScopeFn, Start};
 pub use run::{ActionFn, Run, RunContext, RunInfo, RunKind, RunState};
 pub use runtime::Backend;
-pub use runtime::Idle;
+pub use runtime::{Idle, Service};
 pub use schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
 pub use stats::Stats;
 #[cfg(feature = "postgres")]

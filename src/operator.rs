@@ -19,7 +19,7 @@ use crate::store::backend::Sqlite;
 /// # fn main() -> reflexr::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
-/// let ops = engine.operator("ops@example", "the mail server is back");
+/// let ops = engine.operator("ops@example", "the mail server is back")?;
 /// for run in engine.runs(Some(reflexr::RunState::Dead), 100)? {
 ///     ops.retry_run(&run.id)?;
 /// }
@@ -27,28 +27,42 @@ use crate::store::backend::Sqlite;
 /// ```
 ///
 /// Every intervention works on every backend.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Operator<'e, B: Backend = Sqlite> {
     engine: &'e Engine<B>,
     operator: String,
     reason: String,
 }
 
+impl<B: Backend> std::fmt::Debug for Operator<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operator")
+            .field("operator", &self.operator)
+            .field("reason", &self.reason)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<B: Backend> Engine<B> {
     /// The operator view: interventions by `operator` (who, as they name
-    /// themselves), for `reason` (why), each checked and audited. The names
-    /// are checked when an intervention is made: 1 to 256 bytes for the
-    /// operator, up to 4 KiB for the reason, no control characters.
+    /// themselves), for `reason` (why), each checked and audited.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] unless the operator is 1 to 256 bytes and the
+    /// reason 1 to 4,096, neither with control characters: checked here,
+    /// once, so that every intervention of the view records who and why.
     pub fn operator(
         &self,
         operator: impl Into<String>,
         reason: impl Into<String>,
-    ) -> Operator<'_, B> {
-        Operator {
+    ) -> Result<Operator<'_, B>> {
+        let (operator, reason) = (operator.into(), reason.into());
+        operate::check_operator(&operator, &reason)?;
+        Ok(Operator {
             engine: self,
-            operator: operator.into(),
-            reason: reason.into(),
-        }
+            operator,
+            reason,
+        })
     }
 }
 

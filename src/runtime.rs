@@ -185,10 +185,12 @@ pub struct Context<B: Backend = Sqlite> {
     services: Mutex<Vec<Weak<dyn Service>>>,
 }
 
-/// Something that runs beside the engine on its own threads and stops with
-/// it (an administration server).
-pub(crate) trait Service: Send + Sync {
-    /// Stops it and joins its threads.
+/// Something that runs beside the engine on threads of its own and stops
+/// with it (an administration server): see [`crate::Engine::add_service`].
+pub trait Service: Send + Sync {
+    /// Stops it and joins its threads. Called once the engine shuts down;
+    /// must return (it holds the shutdown up until it does), and may be
+    /// called again, or after the service stopped on its own.
     fn stop(&self);
 }
 

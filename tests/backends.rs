@@ -4,7 +4,7 @@
 //! `bash .ci/run` runs against a throwaway server) — on PostgreSQL. Each
 //! names the DESIGN.md invariant it checks.
 
-mod common;
+use reflexr_testkit as common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -1382,7 +1382,7 @@ fn pausing_an_action_rule_or_reaction_stops_it_where_it_stands_until_resumed<B: 
             .decide(|_| Ok(Decision::fire(&json!({ "n": 2 })))),
     )
     .unwrap();
-    let ops = e.operator("ops", "maintenance");
+    let ops = e.operator("ops", "maintenance").unwrap();
     assert!(ops.pause(&Pausable::Action("work".into())).unwrap());
     assert!(
         !ops.pause(&Pausable::Action("work".into())).unwrap(),
@@ -1440,7 +1440,7 @@ fn an_operator_cancels_retries_and_discards_runs_and_their_dead_letters_on_the_r
     let a = e.enqueue(&task(1).retry(once)).unwrap().id;
     let b = e.enqueue(&task(2).retry(once)).unwrap().id;
     let c = e.enqueue(&task(3).at(START_MS + 3_600_000)).unwrap().id;
-    let ops = e.operator("ops", "cleaning up");
+    let ops = e.operator("ops", "cleaning up").unwrap();
     assert_eq!(ops.cancel_run(&c).unwrap(), RunState::Ready);
     assert_eq!(e.run_until_idle().unwrap().dead, 2);
     assert_eq!(e.dead_letters(false, 10).unwrap().len(), 2);
@@ -1499,6 +1499,7 @@ fn an_operator_replays_a_rule_and_nothing_is_made_twice<B: TestBackend>() {
     assert_eq!(e.run_until_idle().unwrap().fired, 4);
     let before = fired(&e);
     e.operator("ops", "replay after a fix")
+        .unwrap()
         .reset_rule("tenth", RuleReset::Replay(0))
         .unwrap();
     let idle = e.run_until_idle().unwrap();
@@ -1585,7 +1586,7 @@ fn an_operator_finds_runs_events_and_dead_letters_by_filter_and_acts_on_them_in_
     fail.store(false, std::sync::atomic::Ordering::SeqCst);
     let matches = e.matching_dead_runs(&RunFilter::new(), 10).unwrap();
     assert_eq!((matches.ids.len(), matches.more), (3, false));
-    let ops = e.operator("ops", "the carrier is back");
+    let ops = e.operator("ops", "the carrier is back").unwrap();
     let mut ids = matches.ids.clone();
     ids.push("no-such-run".into());
     let bulk = ops.retry_runs(&ids).unwrap();
@@ -1684,7 +1685,7 @@ fn a_follower_bridges_a_workspace_into_another_once_by_ids<B: TestBackend>() {
     assert_eq!(e.read(&Query::new("mirror")).unwrap().len(), 3);
     let info = &other.followed().unwrap()[0];
     assert_eq!((info.published, info.dead_letters, info.lag), (3, 1, 0));
-    let ops = other.operator("ops", "done with it");
+    let ops = other.operator("ops", "done with it").unwrap();
     ops.restart_follower(&name).unwrap();
     ops.unfollow(&name).unwrap();
     assert!(other.followed().unwrap().is_empty());
@@ -1960,9 +1961,11 @@ fn block_holds_the_scope_until_an_operator_unblocks_it<B: TestBackend>() {
     );
     assert_eq!(e.stats().unwrap().blocked_lanes, 2);
     e.operator("ops", "skip the poison message")
+        .unwrap()
         .unblock("jobs", "a")
         .unwrap();
     e.operator("ops", "not needed")
+        .unwrap()
         .discard_run(&scope_b_dead.id)
         .unwrap();
     e.run_until_idle().unwrap();
@@ -1972,7 +1975,11 @@ fn block_holds_the_scope_until_an_operator_unblocks_it<B: TestBackend>() {
     assert!(at(1) < at(2), "scope a resumed in order: {order:?}");
     assert!(at(4) > at(3), "scope b went on: {order:?}");
     assert!(e.blocked_lanes(10).unwrap().is_empty());
-    let err = e.operator("ops", "again").unblock("jobs", "a").unwrap_err();
+    let err = e
+        .operator("ops", "again")
+        .unwrap()
+        .unblock("jobs", "a")
+        .unwrap_err();
     assert!(err.is_not_found(), "no longer blocked: {err}");
     let actions: Vec<String> = e
         .audit_log(10)
@@ -2193,7 +2200,7 @@ fn a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_complet
         .enqueue(&task(1).after(Duration::from_secs(60)))
         .unwrap()
         .id;
-    let ops = e.operator("ops", "not needed");
+    let ops = e.operator("ops", "not needed").unwrap();
     assert_eq!(ops.cancel_run(&pending).unwrap(), RunState::Ready);
     let run = e.run(&pending).unwrap().unwrap();
     assert_eq!(

@@ -8,7 +8,7 @@
 //! backend, and runs on an SQLite temp file and — with the feature
 //! `postgres` — on a PostgreSQL schema of its own.
 
-mod common;
+use reflexr_testkit as common;
 
 use common::backend::TestBackend;
 use common::inputs::{payload, text};
@@ -131,14 +131,14 @@ fn names_everywhere_are_checked_before_anything_is_written<B: Intact>(
         e.save_cursor(&name, "app", seq),
         e.save_cursor("c", &name, 1),
         e.operator(&other, "test")
-            .reset_cursor("app", ConsumerKind::App, &name, seq)
+            .and_then(|ops| ops.reset_cursor("app", ConsumerKind::App, &name, seq))
             .map(|_| ()),
         e.acquire_lease(&name, None).map(|_| ()),
         e.read(&Query::new(&name).after(seq)).map(|_| ()),
-        e.operator(&other, "x").retry_run(&name),
-        e.operator("ops", "x").unblock(&name, &other),
-        e.operator("ops", "x").delete_rule(&name),
-        e.operator("ops", "x").restart_follower(&name),
+        e.operator(&other, "x").and_then(|ops| ops.retry_run(&name)),
+        e.operator("ops", "x").unwrap().unblock(&name, &other),
+        e.operator("ops", "x").unwrap().delete_rule(&name),
+        e.operator("ops", "x").unwrap().restart_follower(&name),
     ];
     for r in results {
         if let Err(err) = r {
@@ -168,7 +168,7 @@ fn a_nul_byte_in_an_id_or_a_name_is_a_typed_error_on_every_call<B: TestBackend>(
     let (_place, e) = setup::<B>();
     let before = snapshot(&e);
     let nul = "run\0id";
-    let ops = e.operator("ops", "a typo");
+    let ops = e.operator("ops", "a typo").unwrap();
     let results: Vec<(&str, reflexr::Result<()>)> = vec![
         ("retry_run", ops.retry_run(nul)),
         ("discard_run", ops.discard_run(nul)),

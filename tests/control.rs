@@ -6,7 +6,7 @@
 //! `tests/backends.rs` does; the child process of the cross-process limit
 //! test too.
 
-mod common;
+use reflexr_testkit as common;
 
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::{Arc, Mutex, mpsc};
@@ -306,6 +306,7 @@ fn a_run_going_back_to_pending_yields_its_key_to_the_run_that_took_it_and_claims
     let holder = e.enqueue(&dies(2).after(Duration::from_secs(600))).unwrap();
     assert!(!holder.deduplicated, "a dead run holds no key");
     e.operator("ops", "the service is back")
+        .unwrap()
         .retry_run(&dead)
         .unwrap();
     assert_eq!(e.run(&dead).unwrap().unwrap().state, RunState::Ready);
@@ -321,7 +322,7 @@ fn a_cancelled_run_whose_executor_died_ends_cancelled_and_its_scope_moves_on<B: 
     let first = e.enqueue(&task(1).scope("s")).unwrap().id;
     e.enqueue(&task(2).scope("s")).unwrap();
     held_by_a_dead_executor(&e, &first);
-    let ops = e.operator("ops", "stuck");
+    let ops = e.operator("ops", "stuck").unwrap();
     assert_eq!(ops.cancel_run(&first).unwrap(), RunState::Running);
     clock.advance(Duration::from_secs(2)); // the dead executor's claim lapses
     e.run_until_idle().unwrap();
@@ -489,7 +490,7 @@ fn a_claimed_run_cancelled_before_it_started_is_never_started_after_a_shutdown<B
     started.recv_timeout(PATIENCE).unwrap();
     // One claim took both: the second is claimed, not started.
     assert_eq!(e.run(&second).unwrap().unwrap().state, RunState::Running);
-    let ops = e.operator("ops", "not needed");
+    let ops = e.operator("ops", "not needed").unwrap();
     assert_eq!(ops.cancel_run(&second).unwrap(), RunState::Running);
     e.shutdown();
     assert_eq!(e.run(&second).unwrap().unwrap().state, RunState::Cancelled);
@@ -513,6 +514,7 @@ fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it<B: TestBackend
                 if f.swap(false, AtomicOrdering::SeqCst) {
                     // An operator pauses the rule while it decides.
                     e2.operator("ops", "maintenance")
+                        .unwrap()
                         .pause(&Pausable::Rule("fire".into()))
                         .unwrap();
                 }
@@ -537,6 +539,7 @@ fn a_rule_paused_while_its_batch_is_decided_commits_nothing_of_it<B: TestBackend
     };
     assert_eq!(cursor(&e), 0, "its cursor stays");
     e.operator("ops", "done")
+        .unwrap()
         .resume(&Pausable::Rule("fire".into()))
         .unwrap();
     e.run_until_idle().unwrap();

@@ -19,7 +19,7 @@
 //! `RELIABILITY_KILLS` sets the number of kills on each backend (default
 //! 50; 10,000 for the long run, in a fresh database every 500 kills).
 
-mod common;
+use reflexr_testkit as common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;

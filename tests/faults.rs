@@ -4,7 +4,7 @@
 //! (`on_backends!`); a full disk and a read-only file are SQLite's file's
 //! (PostgreSQL's server restart is `tests/pg_restart.rs`).
 
-mod common;
+use reflexr_testkit as common;
 
 use std::path::Path;
 use std::process::Command;

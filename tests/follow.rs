@@ -3,7 +3,7 @@
 //! on every backend (`on_backends!`): the hub is a second SQLite file, or a
 //! second schema on the PostgreSQL server, registered as a target.
 
-mod common;
+use reflexr_testkit as common;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -344,6 +344,7 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     let ops = B::open(&place, &clock, "ops");
     for _ in 0..2 {
         ops.operator("ops", "try again")
+            .unwrap()
             .restart_follower("edge-to-fleet")
             .unwrap();
         e.run_until_idle().unwrap();
@@ -363,6 +364,7 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
 
     e.register_types("fleet", &["alarm"]).unwrap();
     ops.operator("ops", "fixed")
+        .unwrap()
         .restart_follower("edge-to-fleet")
         .unwrap();
     e.run_until_idle().unwrap();
@@ -371,6 +373,7 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     assert_eq!(cursor(&e).failures, 0, "moving on clears the failures");
     assert!(
         ops.operator("ops", "typo")
+            .unwrap()
             .restart_follower("nobody")
             .unwrap_err()
             .is_not_found()
@@ -458,6 +461,7 @@ fn bad_envelopes_are_dead_lettered_once_per_seq_and_the_follower_moves_on<B: Tes
     // Read again from the start: nothing is dead-lettered twice, nothing
     // published twice.
     e.operator("ops", "replay")
+        .unwrap()
         .reset_cursor("edge", ConsumerKind::Follower, &name, 0)
         .unwrap();
     e.run_until_idle().unwrap();

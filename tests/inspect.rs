@@ -4,7 +4,7 @@
 //! (DESIGN.md invariant 10: bad input is a typed error; nothing changes).
 //! Each test runs on every backend (`on_backends!`).
 
-mod common;
+use reflexr_testkit as common;
 
 use common::backend::TestBackend;
 use common::on_backends;
@@ -228,7 +228,7 @@ fn a_bulk_retry_acts_on_exactly_the_ids_its_dry_run_found<B: TestBackend>() {
     );
 
     // One of them is discarded meanwhile: the bulk retry skips it.
-    let ops = e.operator("ops", "the card service is back");
+    let ops = e.operator("ops", "the card service is back").unwrap();
     ops.discard_run(&found.ids[0]).unwrap();
     let bulk = ops.retry_runs(&found.ids).unwrap();
     assert_eq!(bulk.done, found.ids[1..]);
@@ -275,7 +275,7 @@ fn dead_letters_are_found_by_kind_and_consumer_and_settled_in_bulk<B: TestBacken
         .matching_dead_letters(&DeadLetterFilter::new().consumer("charge"), 10)
         .unwrap();
     assert_eq!(found.ids.len(), 3);
-    let ops = e.operator("ops", "known declines");
+    let ops = e.operator("ops", "known declines").unwrap();
     let bulk = ops.discard_dead_letters(&found.ids[..2]).unwrap();
     assert_eq!(bulk.done.len(), 2);
     let again = ops.discard_dead_letters(&found.ids).unwrap();

@@ -4,7 +4,7 @@
 //! SQLite temp file and — with the feature `postgres` — on PostgreSQL
 //! (`name::sqlite`, `name::postgres`).
 
-mod common;
+use reflexr_testkit as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,8 @@
 //! The layers of docs/ARCHITECTURE.md hold: every module of `src/` is in its
 //! table, no `crate::` path goes from a module to one in a higher layer, and
-//! the modules' imports make no cycle. The CLI uses the public API only.
+//! the modules' imports make no cycle. The surfaces are crates of their
+//! own, so the compiler holds them to the public API; the library's own
+//! dependencies hold none of theirs.
 //!
 //! The imports are read from the source: every `crate::x` path and every
 //! `use crate::{x, y::z}` group outside comments and outside the unit tests
@@ -223,10 +225,37 @@ fn no_two_modules_need_each_other() {
 }
 
 #[test]
-fn the_cli_uses_the_public_api_only() {
-    // A surface is a thin adapter over what an application can call.
-    let text = std::fs::read_to_string(root().join("src/bin/reflexr.rs")).unwrap();
-    assert!(!code(&text).contains("crate::"));
+fn the_library_depends_on_none_of_the_surfaces_dependencies() {
+    // An application that embeds the engine compiles no CLI parser, no
+    // HTTP or WebSocket code: those are the surfaces' crates' (under
+    // crates/), which depend on the library, never the other way.
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let deps = manifest
+        .split("\n[dependencies]\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("a [dependencies] table");
+    for surface in [
+        "clap",
+        "comfy-table",
+        "ctrlc",
+        "env_logger",
+        "humantime",
+        "indicatif",
+        "httparse",
+        "tungstenite",
+        "subtle",
+        "form_urlencoded",
+        "percent-encoding",
+        "reflexr-admin",
+        "reflexr-mcp",
+    ] {
+        assert!(
+            !deps.lines().any(|l| l.starts_with(&format!("{surface} "))),
+            "the library depends on {surface}"
+        );
+    }
+    assert!(deps.contains("rusqlite"), "the table was read: {deps}");
 }
 
 #[test]

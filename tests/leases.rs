@@ -4,7 +4,7 @@
 //! it on an SQLite temp file and — with the feature `postgres` — on a
 //! PostgreSQL schema of its own, with two engines on it as two processes.
 
-mod common;
+use reflexr_testkit as common;
 
 use std::time::Duration;
 

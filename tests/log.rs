@@ -4,7 +4,7 @@
 //! an SQLite temp file and — with the feature `postgres` — on a PostgreSQL
 //! schema of its own; each names the DESIGN.md invariant it checks.
 
-mod common;
+use reflexr_testkit as common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

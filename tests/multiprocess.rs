@@ -14,7 +14,7 @@
 //! - nothing lost or duplicated: every append a process reported is there
 //!   once, every (rule, event) is decided once, every run completed once.
 
-mod common;
+use reflexr_testkit as common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};

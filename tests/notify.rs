@@ -9,7 +9,7 @@
 //! heartbeat is set so long where a test must prove a nudge (not a poll)
 //! woke it.
 
-mod common;
+use reflexr_testkit as common;
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! file that must be refused without being changed (DESIGN.md, "The file";
 //! invariant 10).
 
-mod common;
+use reflexr_testkit as common;
 
 use std::path::Path;
 

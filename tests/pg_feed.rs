@@ -5,7 +5,7 @@
 //! topic: a follower of the feed never passes over a committed change).
 #![cfg(feature = "postgres")]
 
-mod common;
+use reflexr_testkit as common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

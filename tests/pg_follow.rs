@@ -6,7 +6,7 @@
 //! server (`tests/pg/cluster.sh`).
 #![cfg(feature = "postgres")]
 
-mod common;
+use reflexr_testkit as common;
 
 use std::time::Duration;
 
@@ -69,6 +69,7 @@ fn an_edge_relays_into_a_hub_on_postgres_once_by_id_in_order() {
     // An operator sends the follower back to the start: everything is
     // published again, and the hub appends nothing twice.
     edge.operator("ops", "replay to the hub")
+        .unwrap()
         .reset_cursor("devices", reflexr::ConsumerKind::Follower, &name, 0)
         .unwrap();
     let head = hub.head_seq().unwrap();
@@ -175,6 +176,7 @@ fn a_type_the_hub_does_not_accept_stops_the_follower_until_restarted() {
 
     hub.register_types("fleet", &["alarm.raised"]).unwrap();
     edge.operator("ops", "the hub accepts alarms now")
+        .unwrap()
         .restart_follower(&info.name)
         .unwrap();
     edge.run_until_idle().unwrap();

@@ -6,7 +6,7 @@
 //! changed; a refused write leaves nothing behind).
 #![cfg(feature = "postgres")]
 
-mod common;
+use reflexr_testkit as common;
 
 use std::sync::{Mutex, mpsc};
 use std::time::Duration;

@@ -12,7 +12,7 @@
 //! --test pg_processes -- --nocapture`.
 #![cfg(feature = "postgres")]
 
-mod common;
+use reflexr_testkit as common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

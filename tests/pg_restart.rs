@@ -8,7 +8,7 @@
 //! binaries one after another).
 #![cfg(feature = "postgres")]
 
-mod common;
+use reflexr_testkit as common;
 
 use std::process::Command;
 use std::time::Duration;

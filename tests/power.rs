@@ -1,6 +1,6 @@
 //! Power-cut torture: the crash test's mixed workload runs in a child
 //! process whose every file goes through a VFS that keeps unsynced writes
-//! in memory, as an operating system's cache does (`tests/common/power.rs`
+//! in memory, as an operating system's cache does (`crates/reflexr-testkit/src/power.rs`
 //! says what it models). At a random moment the child "loses power": of the
 //! writes not yet synced, each 512-byte sector survives, is lost or is torn
 //! at random, never-synced new files may vanish, and the process ends.
@@ -15,7 +15,7 @@
 //!
 //! `POWER_CUTS` sets the number of cuts (default 16, half in each mode).
 
-mod common;
+use reflexr_testkit as common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! backend: `on_backends!` runs it on an SQLite temp file and — with the
 //! feature `postgres` — on PostgreSQL (`name::sqlite`, `name::postgres`).
 
-mod common;
+use reflexr_testkit as common;
 
 use std::time::Duration;
 
@@ -203,6 +203,7 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record<B: TestBackend>
     assert_eq!(e.run_until_idle().unwrap().fired, 2);
 
     e.operator("ops", "fixed the rule")
+        .unwrap()
         .reset_rule("tenth", RuleReset::Replay(0))
         .unwrap();
     assert_eq!(e.rule_state::<Count>("tenth", "0").unwrap(), None);
@@ -220,6 +221,7 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record<B: TestBackend>
     );
 
     e.operator("ops", "start counting again")
+        .unwrap()
         .reset_rule("tenth", RuleReset::State)
         .unwrap();
     append_rsvps(&e, 1, 10);
@@ -229,11 +231,13 @@ fn an_operator_replays_a_rule_and_resets_its_state_on_the_record<B: TestBackend>
     assert!(audit.iter().all(|a| a.action.as_str() == "reset_rule"));
     let err = e
         .operator("ops", "typo")
+        .unwrap()
         .reset_rule("tenth", RuleReset::Cursor(10_000))
         .unwrap_err();
     assert!(err.is_bad_input());
     let err = e
         .operator("ops", "typo")
+        .unwrap()
         .reset_rule("nope", RuleReset::State)
         .unwrap_err();
     assert!(err.is_not_found());
@@ -282,6 +286,7 @@ fn a_replay_from_zero_derives_the_same_firing_ids_and_makes_nothing_twice<B: Tes
     }
 
     e.operator("ops", "replay")
+        .unwrap()
         .reset_rule("tenth", RuleReset::Replay(0))
         .unwrap();
     let idle = e.run_until_idle().unwrap();
@@ -364,9 +369,11 @@ fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles
         assert_eq!(e.run_until_idle().unwrap().errored, 1);
         let dl = &e.dead_letters(false, 10).unwrap()[0];
         e.operator("ops", "looking into it")
+            .unwrap()
             .discard_dead_letter(dl.id)
             .unwrap();
         e.operator("ops", "again")
+            .unwrap()
             .reset_rule("picky", RuleReset::Replay(0))
             .unwrap();
         assert_eq!(e.run_until_idle().unwrap().errored, 1);
@@ -664,6 +671,7 @@ fn a_rule_gone_from_the_code_keeps_its_rows_until_deleted<B: TestBackend>() {
         Some(Count { n: 15 })
     );
     e.operator("ops", "the feature is gone")
+        .unwrap()
         .delete_rule("retired")
         .unwrap();
     assert!(e.rules().unwrap().is_empty());
@@ -696,6 +704,7 @@ fn a_state_reset_while_a_batch_is_being_decided_makes_it_decide_again<B: TestBac
                     // and its commit.
                     operator
                         .operator("ops", "start over")
+                        .unwrap()
                         .reset_rule("third", RuleReset::State)
                         .unwrap();
                 }

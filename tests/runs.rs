@@ -5,7 +5,7 @@
 //! `postgres` — on PostgreSQL (`on_backends!`), as `tests/backends.rs`
 //! does; the child process of the kill test too.
 
-mod common;
+use reflexr_testkit as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -130,6 +130,7 @@ fn exhausted_retries_dead_letter_the_run_with_the_error_text<B: TestBackend>() {
 
     // An operator retries it: a fresh set of attempts, on the record.
     e.operator("ops", "the mail server is back")
+        .unwrap()
         .retry_dead_letter(d.id)
         .unwrap();
     assert_eq!(only_run(&e).state, RunState::Ready);
@@ -312,17 +313,23 @@ fn operators_list_runs_by_state_and_only_dead_runs_are_retried_or_discarded<B: T
     let counts = e.run_counts().unwrap();
     assert_eq!(counts, [(RunState::Dead, 1), (RunState::Succeeded, 2)]);
     let ok = &e.runs(Some(RunState::Succeeded), 10).unwrap()[0];
-    let err = e.operator("ops", "why not").retry_run(&ok.id).unwrap_err();
+    let err = e
+        .operator("ops", "why not")
+        .unwrap()
+        .retry_run(&ok.id)
+        .unwrap_err();
     assert!(err.is_bad_input(), "{err}");
     let err = e
         .operator("ops", "typo")
+        .unwrap()
         .discard_run("no-such-run")
         .unwrap_err();
     assert!(err.is_not_found(), "{err}");
     let dead = &e.runs(Some(RunState::Dead), 10).unwrap()[0];
-    let err = e.operator("", "who?").discard_run(&dead.id).unwrap_err();
+    let err = e.operator("", "who?").unwrap_err();
     assert!(err.is_bad_input());
     e.operator("ops", "known bad input")
+        .unwrap()
         .discard_run(&dead.id)
         .unwrap();
     assert_eq!(e.run(&dead.id).unwrap().unwrap().state, RunState::Discarded);

@@ -2,7 +2,7 @@
 //! hand (DESIGN.md, "Threads"). Each test runs on every backend
 //! (`on_backends!`).
 
-mod common;
+use reflexr_testkit as common;
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Mutex, mpsc};

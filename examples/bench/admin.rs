@@ -4,7 +4,8 @@
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use reflexr::{AdminConfig, Engine, Query};
+use reflexr::{Engine, Query};
+use reflexr_admin::AdminConfig;
 use serde_json::{Value, json};
 use tungstenite::Message;
 
@@ -58,9 +59,11 @@ pub fn admin_events_page_rps(ctx: &Ctx) -> Vec<Figure> {
     let baseline = rate(pages, start.elapsed());
     assert_eq!(seen, pages * 100);
 
-    let server = engine
-        .serve_admin(AdminConfig::new().listen("127.0.0.1:0".parse().unwrap()))
-        .unwrap();
+    let server = reflexr_admin::AdminServer::start(
+        &engine,
+        AdminConfig::new().listen("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap();
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(30)))
         .build()
@@ -105,9 +108,11 @@ pub fn ws_tail_events_per_s(ctx: &Ctx) -> Vec<Figure> {
     drop(quiet);
 
     let engine = engine(ctx, "ws-tail");
-    let server = engine
-        .serve_admin(AdminConfig::new().listen("127.0.0.1:0".parse().unwrap()))
-        .unwrap();
+    let server = reflexr_admin::AdminServer::start(
+        &engine,
+        AdminConfig::new().listen("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap();
     let addr = server.local_addr();
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();

@@ -28,8 +28,8 @@ if [ ! -x "$venv/bin/st" ] || [ tests/openapi/requirements.txt -nt "$venv/bin/st
   touch "$venv/bin/st"
 fi
 
-echo "== cargo build --bin reflexr --example events_app"
-cargo build --bin reflexr --example events_app
+echo "== cargo build --workspace --bin reflexr --example events_app"
+cargo build --workspace --bin reflexr --example events_app
 
 work="$(mktemp -d)"
 server=""

@@ -1,0 +1,1135 @@
+//! `reflexr`: the operator's tool over a reflexr file.
+//!
+//! Read commands (`status`, `events`, `tail`, `runs`, `dead-letters`,
+//! `stats`) read through WAL snapshots and never block the application's
+//! writer. Write commands (`retry`, `discard`, `unblock`, `reset-cursor`,
+//! `prune`) go through the library's own checked, recorded operations, so
+//! they hold to the same claims and leases as the application.
+//!
+//! Tables by default; `--json` for scripts (`tail --json` prints one JSON
+//! object per line). Exit status: 0 on success, 1 when the operation failed or
+//! was refused, 2 for a usage error. The file must exist: the tool never
+//! creates one.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use comfy_table::{Table, presets};
+use reflexr::{Backend, ConsumerKind, Engine, Event, NewEvent, Query, Retention, RunState};
+use serde_json::json;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "reflexr",
+    version,
+    about = "Inspect and operate a reflexr file (its log, cursors, leases, runs, dead letters)"
+)]
+struct Cli {
+    /// The reflexr database file (it must exist); with the feature
+    /// `postgres`, a PostgreSQL database instead: a `postgresql://` URL or
+    /// a libpq string (`host=… dbname=…`).
+    db: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Who {
+    /// Who is acting, for the audit record (default: $USER).
+    #[arg(long)]
+    operator: Option<String>,
+    /// Why, for the audit record.
+    #[arg(long, default_value = "via the reflexr CLI")]
+    reason: String,
+}
+
+impl Who {
+    fn operator(&self) -> String {
+        self.operator
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "reflexr-cli".into())
+    }
+
+    /// The engine's operator view, as this operator, for this reason.
+    fn on<'e, B: Backend>(
+        &self,
+        engine: &'e Engine<B>,
+    ) -> reflexr::Result<reflexr::Operator<'e, B>> {
+        engine.operator(self.operator(), self.reason.clone())
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Workspaces, consumers with cursor and lag, leases, runs by state,
+    /// dead letters by kind.
+    Status,
+    /// A workspace's events after a seq.
+    Events {
+        /// The workspace.
+        #[arg(short, long)]
+        workspace: String,
+        /// Only events after this seq.
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        /// Only events of these types.
+        #[arg(short = 't', long = "type")]
+        types: Vec<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Follows new events of a workspace as they are committed (by any
+    /// process). Ctrl-C to stop.
+    Tail {
+        /// The workspace.
+        #[arg(short, long)]
+        workspace: String,
+        /// Only events of these types.
+        #[arg(short = 't', long = "type")]
+        types: Vec<String>,
+        /// Start from the beginning of the log instead of its head.
+        #[arg(long)]
+        from_start: bool,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+    /// Appends one event, as an application would (a correction, a
+    /// script, a test); prints its seq. An id already in the workspace
+    /// appends nothing and says so.
+    Append {
+        /// The workspace.
+        #[arg(short, long)]
+        workspace: String,
+        /// The event's type (registered for the workspace).
+        #[arg(short = 't', long = "type")]
+        event_type: String,
+        /// What it is about (e.g. session/42).
+        #[arg(long)]
+        subject: String,
+        /// Who made the change (default: $USER).
+        #[arg(long)]
+        actor: Option<String>,
+        /// The payload, as JSON.
+        #[arg(long, default_value = "{}")]
+        payload: String,
+        /// The event's id (default: a new one).
+        #[arg(long)]
+        id: Option<String>,
+        /// The id of the event that caused it.
+        #[arg(long)]
+        causation_id: Option<String>,
+        /// The id shared by its conversation or workflow.
+        #[arg(long)]
+        correlation_id: Option<String>,
+    },
+    /// Enqueues a run of an action (any process that registered the action
+    /// runs it); prints its id.
+    Enqueue {
+        /// The action.
+        action: String,
+        /// Its arguments, as JSON.
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// Not before this long from now (e.g. 10m).
+        #[arg(long = "in", value_parser = humantime::parse_duration)]
+        delay: Option<std::time::Duration>,
+        /// Its priority: higher is claimed first (default: the action's).
+        #[arg(long, allow_negative_numbers = true)]
+        priority: Option<i64>,
+        /// Runs of the action with the same scope run one at a time, in order.
+        #[arg(long)]
+        scope: Option<String>,
+        /// A uniqueness key: no second run of the action with it while it holds.
+        #[arg(long)]
+        unique: Option<String>,
+        /// How long the key holds: pending, active, or a period (e.g. 1h).
+        #[arg(long, default_value = "active", requires = "unique")]
+        unique_while: String,
+    },
+    /// Pauses an action, a channel, a scheduled job, a rule or a reaction,
+    /// in every process on the file (recorded).
+    Pause {
+        /// action, channel, job, rule or reaction.
+        kind: String,
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Resumes what was paused (recorded).
+    Resume {
+        /// action, channel, job, rule or reaction.
+        kind: String,
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Cancels a run: a pending one at once; a running one is asked to stop
+    /// and its completion refused (recorded).
+    Cancel {
+        /// The run id.
+        run: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Sets an action's priority and limits, kept in the file for every
+    /// process (recorded); without options, lists every action's settings
+    /// and what is paused.
+    Limits {
+        /// The action (none: list).
+        action: Option<String>,
+        /// Its runs' default priority.
+        #[arg(long, allow_negative_numbers = true, requires = "action")]
+        priority: Option<i64>,
+        /// At most this many running at once, across every process.
+        #[arg(long, requires = "action")]
+        max_running: Option<u32>,
+        /// At most N starts per period, as N/PERIOD (e.g. 100/1m).
+        #[arg(long, requires = "action")]
+        rate: Option<String>,
+        /// Each limit counts per value of this input field.
+        #[arg(long, requires = "action")]
+        partition_by: Option<String>,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Runs of the work queue, oldest first.
+    Runs {
+        /// Only runs in this state (waiting, ready, running, succeeded, dead, discarded).
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Dead letters not yet resolved (all with --all), oldest first.
+    DeadLetters {
+        /// Resolved ones too.
+        #[arg(long)]
+        all: bool,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Retries a dead run (or what a dead letter gave up on), recorded.
+    Retry {
+        /// The run id.
+        #[arg(required_unless_present = "dead_letter")]
+        run: Option<String>,
+        /// A dead letter's id instead.
+        #[arg(long, conflicts_with = "run")]
+        dead_letter: Option<i64>,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Discards a dead run (or resolves a dead letter without retrying), recorded.
+    Discard {
+        /// The run id.
+        #[arg(required_unless_present = "dead_letter")]
+        run: Option<String>,
+        /// A dead letter's id instead.
+        #[arg(long, conflicts_with = "run")]
+        dead_letter: Option<i64>,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Lets a rule's scope blocked behind a dead run go on, recorded.
+    Unblock {
+        /// The rule.
+        rule: String,
+        /// The scope.
+        scope: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Moves a consumer's cursor (backwards too), recorded. Asks first.
+    ResetCursor {
+        /// The workspace the cursor reads.
+        #[arg(short, long)]
+        workspace: String,
+        /// The consumer's kind: app, rule, reaction, follower.
+        #[arg(long, default_value = "app")]
+        kind: String,
+        /// The consumer.
+        #[arg(long)]
+        name: String,
+        /// The seq to move it to.
+        #[arg(long)]
+        to: i64,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Deletes events every cursor passed and finished work, older than given.
+    Prune {
+        /// Events recorded longer ago than this (e.g. 30d, 12h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        events_older_than: Option<Duration>,
+        /// Finished runs and resolved dead letters older than this.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        work_older_than: Option<Duration>,
+        /// Rows per transaction.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Counters and gauges (the same as Engine::stats).
+    Stats,
+    /// Serves MCP over stdio (newline-delimited JSON-RPC) for an AI
+    /// assistant: the operators' tools on this file. Nothing but protocol
+    /// messages on stdout; logs on stderr.
+    #[cfg(feature = "mcp")]
+    Mcp {
+        /// Leave out (and refuse) every tool that changes the file.
+        #[arg(long)]
+        read_only: bool,
+        /// Who the audit log says made the changes.
+        #[arg(long, default_value = "mcp")]
+        operator: String,
+    },
+    /// Serves the administration API — REST, WebSocket streams, Prometheus
+    /// metrics — on the file, beside the application, until interrupted.
+    #[cfg(feature = "admin")]
+    Serve {
+        /// Where to listen (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+        /// A file holding the bearer token (its first line); or set
+        /// REFLEXR_ADMIN_TOKEN. Required to listen off loopback.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Refuse every change (403); reads and streams only.
+        #[arg(long)]
+        read_only: bool,
+        /// Also answer to this Host (a reverse proxy's name; `name` for any
+        /// port, `name:port` for one). May be given several times. Without
+        /// it, only localhost and the server's own addresses are answered.
+        #[arg(long = "allow-host", value_name = "NAME")]
+        allow_hosts: Vec<String>,
+    },
+    /// Asks a stopped follower to start again at its cursor, whichever
+    /// process runs it (after its configuration was mended).
+    RestartFollower {
+        /// The follower's name.
+        name: String,
+        #[command(flatten)]
+        who: Who,
+    },
+}
+
+fn main() -> ExitCode {
+    env_logger::init();
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if reader_left(e.as_ref()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Fallible<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Writes a line on standard output, an error if it cannot: a reader that
+/// went away (`reflexr … | head`) ends the command, quietly (see
+/// [`reader_left`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    };
+}
+
+/// Whether `e` says standard output's reader went away: the end a closed
+/// pipe gives a C program by SIGPIPE, here met as an error and ended
+/// quietly, after the engine shut down.
+fn reader_left(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        let broken = match (
+            e.downcast_ref::<std::io::Error>(),
+            e.downcast_ref::<reflexr::Error>(),
+        ) {
+            (Some(io), _) => io.kind() == std::io::ErrorKind::BrokenPipe,
+            (_, Some(reflexr::Error::Io { kind, .. })) => *kind == std::io::ErrorKind::BrokenPipe,
+            _ => false,
+        };
+        if broken {
+            return true;
+        }
+        at = e.source();
+    }
+    false
+}
+
+/// Whether `db` names a PostgreSQL database rather than a file.
+fn is_postgres(db: &std::path::Path) -> bool {
+    let text = db.to_string_lossy();
+    text.starts_with("postgresql://") || text.starts_with("postgres://") || text.contains('=')
+}
+
+fn run(cli: &Cli) -> Fallible {
+    let holder = format!("reflexr-cli-{}", std::process::id());
+    if is_postgres(&cli.db) {
+        #[cfg(feature = "postgres")]
+        {
+            let engine = Engine::builder_postgres(cli.db.to_string_lossy())
+                .holder_id(holder)
+                .open()?;
+            return run_on(&engine, cli);
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err("a PostgreSQL database needs reflexr built with the feature postgres".into());
+    }
+    let engine = Engine::builder(&cli.db)
+        .create_if_missing(false)
+        .holder_id(holder)
+        .open()?;
+    run_on(&engine, cli)
+}
+
+fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
+    let engine = engine.clone();
+    match &cli.command {
+        Command::Status => status(&engine, cli.json),
+        Command::Events {
+            workspace,
+            after,
+            types,
+            limit,
+        } => {
+            let q = Query::new(workspace)
+                .after(*after)
+                .types(types)
+                .limit(*limit);
+            print_events(&engine.read(&q)?, cli.json)
+        }
+        Command::Tail {
+            workspace,
+            types,
+            from_start,
+            count,
+        } => tail(&engine, workspace, types, *from_start, *count, cli.json),
+        Command::Runs { state, limit } => {
+            let state = state.as_deref().map(str::parse::<RunState>).transpose()?;
+            runs(&engine, state, *limit, cli.json)
+        }
+        Command::DeadLetters { all, limit } => dead_letters(&engine, *all, *limit, cli.json),
+        Command::Retry {
+            run,
+            dead_letter,
+            who,
+        } => {
+            match (run, dead_letter) {
+                (Some(run), _) => who.on(&engine)?.retry_run(run)?,
+                (None, Some(id)) => who.on(&engine)?.retry_dead_letter(*id)?,
+                (None, None) => unreachable!("clap requires one"),
+            }
+            done(cli.json, "retried")
+        }
+        Command::Discard {
+            run,
+            dead_letter,
+            who,
+        } => {
+            match (run, dead_letter) {
+                (Some(run), _) => who.on(&engine)?.discard_run(run)?,
+                (None, Some(id)) => who.on(&engine)?.discard_dead_letter(*id)?,
+                (None, None) => unreachable!("clap requires one"),
+            }
+            done(cli.json, "discarded")
+        }
+        Command::Append {
+            workspace,
+            event_type,
+            subject,
+            actor,
+            payload,
+            id,
+            causation_id,
+            correlation_id,
+        } => {
+            let actor = actor
+                .clone()
+                .or_else(|| std::env::var("USER").ok())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "reflexr-cli".into());
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let mut ev = NewEvent::new(event_type, subject, actor, now).payload_json(payload);
+            if let Some(id) = id {
+                ev = ev.id(id);
+            }
+            if let Some(c) = causation_id {
+                ev = ev.causation_id(c);
+            }
+            if let Some(c) = correlation_id {
+                ev = ev.correlation_id(c);
+            }
+            let appended = engine.append(workspace, &ev)?;
+            if cli.json {
+                outln!("{}", serde_json::to_string_pretty(&appended)?)?;
+            } else if appended.existing {
+                outln!("already appended: {} is seq {}", appended.id, appended.seq)?;
+            } else {
+                outln!("appended seq {} ({})", appended.seq, appended.id)?;
+            }
+            Ok(())
+        }
+        Command::Enqueue {
+            action,
+            input,
+            delay,
+            priority,
+            scope,
+            unique,
+            unique_while,
+        } => {
+            let input: serde_json::Value =
+                serde_json::from_str(input).map_err(|e| format!("--input is not JSON: {e}"))?;
+            let mut e = reflexr::Enqueue::new(action.clone(), &input);
+            if let Some(d) = delay {
+                e = e.after(*d);
+            }
+            if let Some(p) = priority {
+                e = e.priority(*p);
+            }
+            if let Some(s) = scope {
+                e = e.scope(s.clone());
+            }
+            if let Some(key) = unique {
+                let how = match unique_while.as_str() {
+                    "pending" => reflexr::Unique::WhilePending,
+                    "active" => reflexr::Unique::WhileActive,
+                    period => {
+                        reflexr::Unique::For(humantime::parse_duration(period).map_err(|e| {
+                            format!("--unique-while {period:?}: pending, active or a period ({e})")
+                        })?)
+                    }
+                };
+                e = e.unique(key.clone(), how);
+            }
+            let done = engine.enqueue(&e)?;
+            if cli.json {
+                outln!("{}", serde_json::to_string_pretty(&done)?)?;
+            } else if done.deduplicated {
+                outln!("deduplicated: {} holds the key", done.id)?;
+            } else {
+                outln!("enqueued {}", done.id)?;
+            }
+            Ok(())
+        }
+        Command::Pause { kind, name, who } => {
+            let what = pausable(kind, name)?;
+            let fresh = who.on(&engine)?.pause(&what)?;
+            done(cli.json, if fresh { "paused" } else { "paused already" })
+        }
+        Command::Resume { kind, name, who } => {
+            who.on(&engine)?.resume(&pausable(kind, name)?)?;
+            done(cli.json, "resumed")
+        }
+        Command::Cancel { run, who } => {
+            let was = who.on(&engine)?.cancel_run(run)?;
+            done(
+                cli.json,
+                if was == RunState::Running {
+                    "asked to stop: its completion will be refused"
+                } else {
+                    "cancelled"
+                },
+            )
+        }
+        Command::Limits {
+            action,
+            priority,
+            max_running,
+            rate,
+            partition_by,
+            who,
+        } => match action {
+            None => limits(&engine, cli.json),
+            Some(action) => {
+                let mut c = engine
+                    .action_configs()?
+                    .into_iter()
+                    .find(|c| &c.action == action)
+                    .unwrap_or_else(|| reflexr::ActionConfig::new(action.clone()));
+                if let Some(p) = priority {
+                    c = c.priority(*p);
+                }
+                if let Some(n) = max_running {
+                    c = c.max_running(*n);
+                }
+                if let Some(r) = rate {
+                    let (n, period) = r
+                        .split_once('/')
+                        .ok_or_else(|| format!("--rate {r:?}: N/PERIOD, e.g. 100/1m"))?;
+                    let n: u32 = n
+                        .parse()
+                        .map_err(|_| format!("--rate {r:?}: N is a count"))?;
+                    let period = humantime::parse_duration(period)
+                        .map_err(|e| format!("--rate {r:?}: {e}"))?;
+                    c = c.rate(n, period);
+                }
+                if let Some(f) = partition_by {
+                    c = c.partition_by(f.clone());
+                }
+                who.on(&engine)?.configure_action(&c)?;
+                done(cli.json, "set")
+            }
+        },
+        Command::Unblock { rule, scope, who } => {
+            who.on(&engine)?.unblock(rule, scope)?;
+            done(cli.json, "unblocked")
+        }
+        Command::ResetCursor {
+            workspace,
+            kind,
+            name,
+            to,
+            yes,
+            who,
+        } => reset_cursor(&engine, workspace, kind, name, *to, *yes, who, cli.json),
+        Command::Prune {
+            events_older_than,
+            work_older_than,
+            batch,
+            who,
+        } => prune(
+            &engine,
+            *events_older_than,
+            *work_older_than,
+            *batch,
+            who,
+            cli.json,
+        ),
+        #[cfg(feature = "admin")]
+        #[cfg(feature = "mcp")]
+        Command::Mcp {
+            read_only,
+            operator,
+        } => {
+            let mcp = reflexr_mcp::Mcp::new(
+                engine.clone(),
+                reflexr_mcp::McpConfig::new()
+                    .read_only(*read_only)
+                    .operator(operator.clone()),
+            );
+            log::info!("serving MCP over stdio on {}", engine.location());
+            mcp.serve_stdio(std::io::stdin().lock(), std::io::stdout().lock())?;
+            Ok(())
+        }
+        Command::Serve {
+            listen,
+            token_file,
+            read_only,
+            allow_hosts,
+        } => serve(
+            &engine,
+            *listen,
+            token_file.as_deref(),
+            *read_only,
+            allow_hosts,
+        ),
+        Command::RestartFollower { name, who } => {
+            who.on(&engine)?.restart_follower(name)?;
+            done(cli.json, "restart requested")
+        }
+        Command::Stats => {
+            let stats = engine.stats()?;
+            if cli.json {
+                outln!("{}", serde_json::to_string_pretty(&stats)?)?;
+            } else {
+                let mut t = table(&["counter", "value"]);
+                t.add_row(vec![
+                    "events_appended".to_string(),
+                    stats.events_appended.to_string(),
+                ]);
+                for (k, v) in &stats.counters {
+                    t.add_row(vec![k.to_string(), v.to_string()]);
+                }
+                for (k, v) in &stats.runs {
+                    t.add_row(vec![format!("runs {k}"), v.to_string()]);
+                }
+                for (k, v) in &stats.dead_letters {
+                    t.add_row(vec![format!("dead letters open ({k})"), v.to_string()]);
+                }
+                for f in &stats.followers {
+                    t.add_row(vec![
+                        format!("follower {} stops", f.name),
+                        f.stops.to_string(),
+                    ]);
+                    t.add_row(vec![
+                        format!("follower {} dead letters", f.name),
+                        f.dead_letters.to_string(),
+                    ]);
+                }
+                for c in &stats.cursors {
+                    t.add_row(vec![
+                        format!("lag {}/{}@{}", c.kind, c.name, c.workspace),
+                        c.lag.to_string(),
+                    ]);
+                }
+                outln!("{t}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Serves until SIGINT or SIGTERM, then stops the server (its threads
+/// joined) and returns.
+#[cfg(feature = "admin")]
+fn serve<B: Backend>(
+    engine: &Engine<B>,
+    listen: std::net::SocketAddr,
+    token_file: Option<&std::path::Path>,
+    read_only: bool,
+    allow_hosts: &[String],
+) -> Fallible {
+    let mut config = reflexr_admin::AdminConfig::new()
+        .listen(listen)
+        .read_only(read_only);
+    for name in allow_hosts {
+        config = config.allow_host(name);
+    }
+    if let Some(path) = token_file {
+        config = config.token_file(path)?;
+    } else if let Ok(token) = std::env::var("REFLEXR_ADMIN_TOKEN") {
+        config = config.token(token);
+    }
+    let server = reflexr_admin::AdminServer::start(engine, config)?;
+    outln!(
+        "serving {} on http://{}{}",
+        engine.location(),
+        server.local_addr(),
+        if read_only { " (read-only)" } else { "" }
+    )?;
+    std::io::stdout().flush()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })?;
+    let _ = rx.recv();
+    eprintln!("stopping");
+    server.shutdown();
+    Ok(())
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_style(presets::NOTHING);
+    t.set_header(header.to_vec());
+    t
+}
+
+fn time(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
+fn opt_time(ms: Option<i64>) -> String {
+    ms.map(time).unwrap_or_default()
+}
+
+fn done(json: bool, what: &str) -> Fallible {
+    if json {
+        outln!("{}", json!({ "ok": true, "action": what }))?;
+    } else {
+        outln!("{what}")?;
+    }
+    Ok(())
+}
+
+/// Prints `value` as indented JSON.
+fn print_json(value: &impl serde::Serialize) -> Fallible {
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
+    Ok(())
+}
+
+fn print_events(events: &[Event], json: bool) -> Fallible {
+    if json {
+        return print_json(&events);
+    }
+    let mut t = table(&["seq", "type", "subject", "actor", "recorded", "payload"]);
+    for e in events {
+        t.add_row(vec![
+            e.seq.to_string(),
+            e.event_type.clone(),
+            e.subject.clone(),
+            e.actor.clone(),
+            time(e.recorded_at),
+            e.payload_json().to_string(),
+        ]);
+    }
+    outln!("{t}")?;
+    Ok(())
+}
+
+fn tail<B: Backend>(
+    engine: &Engine<B>,
+    workspace: &str,
+    types: &[String],
+    from_start: bool,
+    count: Option<usize>,
+    json: bool,
+) -> Fallible {
+    let mut after = if from_start { 0 } else { engine.head_seq()? };
+    let mut printed = 0;
+    let mut out = std::io::stdout().lock();
+    loop {
+        if count.is_some_and(|c| printed >= c) {
+            return Ok(());
+        }
+        let q = Query::new(workspace).after(after).types(types);
+        for e in engine.wait_for_events(&q, Duration::from_secs(1))? {
+            after = e.seq;
+            if json {
+                writeln!(out, "{}", serde_json::to_string(&e)?)?;
+            } else {
+                writeln!(
+                    out,
+                    "{:>8}  {}  {:<24} {:<24} {}",
+                    e.seq,
+                    time(e.recorded_at),
+                    e.event_type,
+                    e.subject,
+                    e.payload_json()
+                )?;
+            }
+            out.flush()?;
+            printed += 1;
+            if count.is_some_and(|c| printed >= c) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn pausable(kind: &str, name: &str) -> reflexr::Result<reflexr::Pausable> {
+    reflexr::Pausable::parse(kind, name)
+}
+
+/// What is paused, as a table.
+fn paused_table(paused: &[reflexr::PausedInfo]) -> Table {
+    let mut t = table(&["kind", "name", "since", "by", "why"]);
+    for p in paused {
+        t.add_row(vec![
+            p.kind.clone(),
+            p.name.clone(),
+            time(p.since),
+            p.operator.clone(),
+            p.reason.clone(),
+        ]);
+    }
+    t
+}
+
+/// Every action's settings and what is paused.
+fn limits<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
+    let configs = engine.action_configs()?;
+    let paused = engine.paused()?;
+    if json {
+        return print_json(&json!({ "actions": configs, "paused": paused }));
+    }
+    outln!("actions")?;
+    let mut t = table(&["action", "priority", "max running", "rate", "partition by"]);
+    for c in &configs {
+        t.add_row(vec![
+            c.action.clone(),
+            c.priority.to_string(),
+            c.max_running.map_or("-".into(), |n| n.to_string()),
+            c.rate.map_or("-".into(), |(n, ms)| {
+                format!(
+                    "{n}/{}",
+                    humantime::format_duration(std::time::Duration::from_millis(ms.max(0) as u64))
+                )
+            }),
+            c.partition_by.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    outln!("{t}\n")?;
+    outln!("paused")?;
+    outln!("{}", paused_table(&paused))?;
+    Ok(())
+}
+
+fn status<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
+    let workspaces = engine.workspaces()?;
+    let cursors = engine.cursors()?;
+    let leases = engine.leases()?;
+    let runs = engine.run_counts()?;
+    let stats = engine.stats()?;
+    let now = engine.now_ms();
+    if json {
+        let mut leases_json = Vec::new();
+        for l in &leases {
+            let mut v = serde_json::to_value(l)?;
+            v["state"] = json!(lease_state(l.expires_at, now));
+            leases_json.push(v);
+        }
+        return print_json(&json!({
+            "workspaces": workspaces,
+            "consumers": cursors,
+            "stuck": cursors.iter().filter(|c| c.is_stuck()).collect::<Vec<_>>(),
+            "leases": leases_json,
+            "runs": stats.runs,
+            "dead_letters": stats.dead_letters,
+            "blocked_lanes": stats.blocked_lanes,
+            "paused": engine.paused()?,
+        }));
+    }
+    outln!("workspaces")?;
+    let mut t = table(&["name", "types"]);
+    for w in &workspaces {
+        t.add_row(vec![w.name.clone(), w.event_types.join(", ")]);
+    }
+    outln!("{t}\n")?;
+    outln!("consumers")?;
+    let mut t = table(&["workspace", "kind", "name", "cursor", "lag", "updated"]);
+    for c in &cursors {
+        t.add_row(vec![
+            c.workspace.clone(),
+            c.kind.as_str().to_string(),
+            c.name.clone(),
+            c.position.to_string(),
+            c.lag.to_string(),
+            time(c.updated_at),
+        ]);
+    }
+    outln!("{t}\n")?;
+    let stuck: Vec<_> = cursors.iter().filter(|c| c.is_stuck()).collect();
+    if !stuck.is_empty() {
+        outln!("stuck consumers (their commit keeps failing)")?;
+        let mut t = table(&[
+            "workspace",
+            "kind",
+            "name",
+            "cursor",
+            "failures",
+            "last error",
+        ]);
+        for c in stuck {
+            t.add_row(vec![
+                c.workspace.clone(),
+                c.kind.as_str().to_string(),
+                c.name.clone(),
+                c.position.to_string(),
+                c.failures.to_string(),
+                c.last_error.clone().unwrap_or_default(),
+            ]);
+        }
+        outln!("{t}\n")?;
+    }
+    outln!("leases")?;
+    let mut t = table(&["name", "holder", "generation", "expires", "state"]);
+    for l in &leases {
+        t.add_row(vec![
+            l.name.clone(),
+            l.holder.clone(),
+            l.generation.to_string(),
+            if l.expires_at == 0 {
+                "-".into()
+            } else {
+                time(l.expires_at)
+            },
+            lease_state(l.expires_at, now).to_string(),
+        ]);
+    }
+    outln!("{t}\n")?;
+    outln!("runs")?;
+    let mut t = table(&["state", "runs"]);
+    for (s, n) in &runs {
+        t.add_row(vec![s.as_str().to_string(), n.to_string()]);
+    }
+    outln!("{t}\n")?;
+    outln!("dead letters (open)")?;
+    let mut t = table(&["kind", "open"]);
+    for (k, n) in &stats.dead_letters {
+        t.add_row(vec![k.to_string(), n.to_string()]);
+    }
+    outln!("{t}")?;
+    let paused = engine.paused()?;
+    if !paused.is_empty() {
+        outln!("\npaused")?;
+        outln!("{}", paused_table(&paused))?;
+    }
+    Ok(())
+}
+
+/// A lease is held until it expires; a released one expires at 0.
+fn lease_state(expires_at: i64, now: i64) -> &'static str {
+    match expires_at {
+        0 => "released",
+        t if t > now => "held",
+        _ => "lapsed",
+    }
+}
+
+fn runs<B: Backend>(
+    engine: &Engine<B>,
+    state: Option<RunState>,
+    limit: usize,
+    json: bool,
+) -> Fallible {
+    let runs = engine.runs(state, limit)?;
+    if json {
+        return print_json(&runs);
+    }
+    let mut t = table(&[
+        "id",
+        "action",
+        "scope",
+        "state",
+        "attempt",
+        "due",
+        "last error",
+    ]);
+    for r in &runs {
+        t.add_row(vec![
+            r.id.clone(),
+            r.action.clone(),
+            r.scope.clone().unwrap_or_default(),
+            r.state.as_str().to_string(),
+            format!("{}/{}", r.attempt, r.max_attempts),
+            time(r.due_at),
+            r.last_error.clone().unwrap_or_default(),
+        ]);
+    }
+    outln!("{t}")?;
+    Ok(())
+}
+
+fn dead_letters<B: Backend>(engine: &Engine<B>, all: bool, limit: usize, json: bool) -> Fallible {
+    let letters = engine.dead_letters(all, limit)?;
+    if json {
+        return print_json(&letters);
+    }
+    let mut t = table(&[
+        "id", "kind", "consumer", "seq", "run", "reason", "error", "when", "resolved",
+    ]);
+    for d in &letters {
+        t.add_row(vec![
+            d.id.to_string(),
+            d.kind.to_string(),
+            d.consumer.clone(),
+            d.event_seq.map(|s| s.to_string()).unwrap_or_default(),
+            d.run_id.clone().unwrap_or_default(),
+            d.reason.to_string(),
+            d.error.clone(),
+            time(d.created_at),
+            d.resolution
+                .map(|r| format!("{r} {}", opt_time(d.resolved_at)))
+                .unwrap_or_default(),
+        ]);
+    }
+    outln!("{t}")?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reset_cursor<B: Backend>(
+    engine: &Engine<B>,
+    workspace: &str,
+    kind: &str,
+    name: &str,
+    to: i64,
+    yes: bool,
+    who: &Who,
+    json: bool,
+) -> Fallible {
+    let kind: ConsumerKind = kind.parse()?;
+    let current = engine
+        .cursors()?
+        .into_iter()
+        .find(|c| c.workspace == workspace && c.kind == kind && c.name == name)
+        .map(|c| c.position);
+    if !yes {
+        eprint!(
+            "Move the {} cursor {name:?} on {workspace:?} from {} to {to}? [y/N] ",
+            kind.as_str(),
+            current.map_or("(none)".to_string(), |p| p.to_string())
+        );
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            return Err("not confirmed; nothing changed (pass --yes to skip the question)".into());
+        }
+    }
+    let reset = who.on(engine)?.reset_cursor(workspace, kind, name, to)?;
+    if json {
+        outln!(
+            "{}",
+            json!({ "ok": true, "from": reset.from, "to": reset.to })
+        )?;
+    } else {
+        outln!(
+            "cursor moved from {} to {}",
+            reset.from.map_or("(none)".to_string(), |p| p.to_string()),
+            reset.to
+        )?;
+    }
+    Ok(())
+}
+
+fn prune<B: Backend>(
+    engine: &Engine<B>,
+    events: Option<Duration>,
+    work: Option<Duration>,
+    batch: usize,
+    who: &Who,
+    json: bool,
+) -> Fallible {
+    if events.is_none() && work.is_none() {
+        return Err("say what to prune: --events-older-than and/or --work-older-than".into());
+    }
+    let retention = Retention {
+        events,
+        finished_work: work,
+        batch,
+    };
+    let bar = if std::io::stderr().is_terminal() && !json {
+        indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let pruned = who.on(engine)?.prune_with_progress(&retention, |p| {
+        bar.set_message(format!(
+            "deleted {} events, {} runs, {} dead letters",
+            p.events, p.runs, p.dead_letters
+        ));
+    })?;
+    bar.finish_and_clear();
+    if json {
+        outln!(
+            "{}",
+            json!({ "events": pruned.events, "runs": pruned.runs, "dead_letters": pruned.dead_letters })
+        )?;
+    } else {
+        outln!(
+            "pruned {} events, {} finished runs, {} resolved dead letters",
+            pruned.events,
+            pruned.runs,
+            pruned.dead_letters
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,725 @@
+//! The `reflexr` binary, run against temp files prepared with the library:
+//! each command, its `--json` form, and its errors and exit codes.
+
+use reflexr_testkit as common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use common::Scene;
+use reflexr::{Decision, Engine, NewEvent, OnDeadLetter, RetryPolicy, Rule, RunState, Scope};
+use serde_json::{Value, json};
+
+fn cli(db: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(db)
+        .args(args)
+        .output()
+        .expect("run reflexr")
+}
+
+fn cli_with_input(db: &Path, args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(db)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// A shop: orders over 100 fire a charge run per customer scope; the charge
+/// fails for customer "bad", which blocks that scope.
+fn prepare(path: &Path) -> Engine {
+    prepare_with(Engine::open(path).unwrap())
+}
+
+fn prepare_with(e: Engine) -> Engine {
+    e.ensure_workspace("shop", &["order.placed", "order.cancelled"])
+        .unwrap();
+    e.register_rule(
+        Rule::new("big-order", "shop")
+            .on(["order.placed"])
+            .scope(Scope::payload("customer"))
+            .action("charge")
+            .retry(RetryPolicy::never())
+            .on_dead_letter(OnDeadLetter::Block)
+            .decide(|ev| {
+                let p: Value = ev.payload()?;
+                Ok(if p["amount"].as_i64().unwrap_or(0) > 100 {
+                    Decision::Fire(p)
+                } else {
+                    Decision::Skip
+                })
+            }),
+    )
+    .unwrap();
+    e.register_action("charge", |run, _| {
+        let p: Value = run.input()?;
+        if p["customer"] == "bad" {
+            Err("card declined".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap();
+    for (customer, amount) in [("ada", 150), ("bad", 500), ("bad", 300), ("grace", 20)] {
+        e.append(
+            "shop",
+            &NewEvent::new("order.placed", format!("customer/{customer}"), customer, 0)
+                .payload(&serde_json::json!({ "customer": customer, "amount": amount })),
+        )
+        .unwrap();
+    }
+    e.save_cursor("mailer", "shop", 2).unwrap();
+    e.run_until_idle().unwrap();
+    e
+}
+
+#[test]
+fn a_missing_file_is_an_error_and_nothing_is_created() {
+    let s = Scene::new();
+    let out = cli(&s.path, &["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+    assert!(!s.path.exists());
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let s = Scene::new();
+    prepare(&s.path);
+    for args in [&["frobnicate"][..], &["events"], &["runs", "--limit", "x"]] {
+        let out = cli(&s.path, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_every_command_quietly() {
+    // Nothing lost to bad input (the CLI's share): `reflexr … | head` ends
+    // as a closed pipe ends any CLI, with no panic and no error, for every
+    // command that prints; and it changed nothing it was not asked to.
+    let s = Scene::new();
+    prepare(&s.path);
+    let reads: &[&[&str]] = &[
+        &["status"],
+        &["status", "--json"],
+        &["events", "--workspace", "shop"],
+        &["--json", "events", "--workspace", "shop"],
+        &["runs"],
+        &["--json", "runs"],
+        &["dead-letters"],
+        &["--json", "dead-letters"],
+        &["stats"],
+        &["limits"],
+        &[
+            "tail",
+            "--workspace",
+            "shop",
+            "--from-start",
+            "--count",
+            "3",
+        ],
+        &["--help"],
+        &["runs", "--help"],
+    ];
+    for args in reads {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+            .arg(&s.path)
+            .args(*args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader leaves before the first line.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+    let v = json(&cli(&s.path, &["--json", "runs"]));
+    assert_eq!(v.as_array().map(Vec::len), Some(3), "{v}");
+}
+
+#[test]
+fn status_shows_workspaces_consumers_leases_runs_and_dead_letters() {
+    let s = Scene::new();
+    prepare(&s.path);
+    let out = cli(&s.path, &["status"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for want in [
+        "workspaces",
+        "shop",
+        "consumers",
+        "mailer",
+        "big-order",
+        "leases",
+        "evaluator/shop",
+        "runs",
+        "dead",
+        "succeeded",
+        "dead letters (open)",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    let v = json(&cli(&s.path, &["status", "--json"]));
+    assert_eq!(v["workspaces"][0]["name"], "shop");
+    let mailer = v["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "mailer")
+        .unwrap();
+    // 4 orders and 3 RuleFired in the log; the mailer saw 2.
+    assert_eq!(
+        (mailer["position"].as_i64(), mailer["lag"].as_i64()),
+        (Some(2), Some(5))
+    );
+    assert_eq!(v["runs"]["dead"], 1);
+    assert_eq!(v["runs"]["waiting"], 1, "the blocked scope's second run");
+    assert_eq!(v["dead_letters"]["run"], 1);
+    assert_eq!(v["leases"][0]["name"], "evaluator/shop");
+}
+
+#[test]
+fn events_lists_a_workspace_after_a_seq_by_type() {
+    let s = Scene::new();
+    prepare(&s.path);
+    let v = json(&cli(
+        &s.path,
+        &[
+            "events",
+            "-w",
+            "shop",
+            "--after",
+            "1",
+            "-t",
+            "order.placed",
+            "--json",
+        ],
+    ));
+    let seqs: Vec<i64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, [2, 3, 4]);
+    assert_eq!(v[0]["payload"]["customer"], "bad");
+    let text = stdout(&cli(&s.path, &["events", "-w", "shop", "--limit", "1"]));
+    assert!(
+        text.contains("order.placed") && text.contains("customer/ada"),
+        "{text}"
+    );
+    let out = cli(&s.path, &["events", "-w", "nope nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("invalid workspace"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn tail_follows_events_committed_after_it_started() {
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let existing = e.read(&reflexr::Query::new("shop")).unwrap().len();
+    // It must wait for one more event than there is.
+    let count = (existing + 1).to_string();
+    let child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(&s.path)
+        .args([
+            "tail",
+            "-w",
+            "shop",
+            "--from-start",
+            "--count",
+            &count,
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    e.append(
+        "shop",
+        &NewEvent::new("order.cancelled", "customer/ada", "ada", 0),
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), existing + 1);
+    assert_eq!(lines.last().unwrap()["type"], "order.cancelled");
+}
+
+#[test]
+fn runs_and_dead_letters_list_by_state_and_retry_and_discard_are_recorded() {
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let dead = json(&cli(&s.path, &["runs", "--state", "dead", "--json"]));
+    assert_eq!(dead.as_array().unwrap().len(), 1);
+    let run_id = dead[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(dead[0]["last_error"], "card declined");
+    let text = stdout(&cli(&s.path, &["runs"]));
+    assert!(
+        text.contains("charge") && text.contains("card declined"),
+        "{text}"
+    );
+
+    let letters = json(&cli(&s.path, &["dead-letters", "--json"]));
+    assert_eq!(letters[0]["reason"], "attempts_exhausted");
+    assert_eq!(letters[0]["run_id"], run_id.as_str());
+    assert!(stdout(&cli(&s.path, &["dead-letters"])).contains("card declined"));
+
+    // Only a dead run can be retried: a succeeded one is refused, exit 1.
+    let ok = e.runs(Some(RunState::Succeeded), 1).unwrap()[0].id.clone();
+    let out = cli(&s.path, &["retry", &ok]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not dead"), "{}", stderr(&out));
+
+    let out = cli(
+        &s.path,
+        &[
+            "retry",
+            &run_id,
+            "--operator",
+            "ops",
+            "--reason",
+            "card updated",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(e.run(&run_id).unwrap().unwrap().state, RunState::Ready);
+    let audit = &e.audit_log(1).unwrap()[0];
+    assert_eq!(
+        (
+            audit.action.as_str(),
+            audit.operator.as_str(),
+            audit.reason.as_str()
+        ),
+        ("retry_run", "ops", "card updated")
+    );
+    // It fails again; discard it through its dead letter this time.
+    e.run_until_idle().unwrap();
+    let letter = json(&cli(&s.path, &["dead-letters", "--json"]))[0]["id"]
+        .as_i64()
+        .unwrap();
+    let v = json(&cli(
+        &s.path,
+        &["discard", "--dead-letter", &letter.to_string(), "--json"],
+    ));
+    assert_eq!(v["ok"], true);
+    assert_eq!(e.run(&run_id).unwrap().unwrap().state, RunState::Discarded);
+    assert!(
+        json(&cli(&s.path, &["dead-letters", "--json"]))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        json(&cli(&s.path, &["dead-letters", "--all", "--json"]))
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let out = cli(&s.path, &["retry", "no-such-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not found"));
+}
+
+#[test]
+fn append_adds_one_event_as_an_application_would_and_an_id_once() {
+    // Invariants 3 and 10 through the CLI: an id is appended once; a type
+    // the workspace does not have is a typed error that changes nothing.
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let head = e.head_seq().unwrap();
+    let args = [
+        "append",
+        "-w",
+        "shop",
+        "-t",
+        "order.cancelled",
+        "--subject",
+        "customer/ada",
+        "--actor",
+        "ops",
+        "--payload",
+        r#"{"why":"duplicate"}"#,
+        "--id",
+        "fix-1",
+    ];
+    let out = cli(&s.path, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("appended seq {} (fix-1)", head + 1)
+    );
+    let ev = e.event(head + 1).unwrap().unwrap();
+    assert_eq!((ev.id.as_str(), ev.actor.as_str()), ("fix-1", "ops"));
+    assert_eq!(ev.payload_value().unwrap()["why"], "duplicate");
+    let again = json(&cli(&s.path, &[&args[..], &["--json"]].concat()));
+    assert_eq!(again["existing"], true);
+    assert_eq!(again["seq"], head + 1);
+    let out = cli(
+        &s.path,
+        &["append", "-w", "shop", "-t", "nope", "--subject", "x"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("nope"), "{}", stderr(&out));
+    let out = cli(
+        &s.path,
+        &[
+            "append",
+            "-w",
+            "shop",
+            "-t",
+            "order.cancelled",
+            "--subject",
+            "x",
+            "--payload",
+            "{oops",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(e.head_seq().unwrap(), head + 1, "nothing else was appended");
+}
+
+#[test]
+fn unblock_lets_a_blocked_scope_go_on() {
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    assert_eq!(e.runs(Some(RunState::Waiting), 10).unwrap().len(), 1);
+    let out = cli(
+        &s.path,
+        &["unblock", "big-order", "bad", "--reason", "skip"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 1);
+    let out = cli(&s.path, &["unblock", "big-order", "bad"]);
+    assert_eq!(out.status.code(), Some(1), "not blocked any more");
+}
+
+#[test]
+fn reset_cursor_asks_first_unless_told_yes() {
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let args = [
+        "reset-cursor",
+        "-w",
+        "shop",
+        "--name",
+        "mailer",
+        "--to",
+        "0",
+    ];
+    let out = cli_with_input(&s.path, &args, "n\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("from 2 to 0?"), "{}", stderr(&out));
+    assert_eq!(e.cursor("mailer", "shop").unwrap(), 2, "unchanged");
+
+    let out = cli_with_input(&s.path, &args, "y\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(e.cursor("mailer", "shop").unwrap(), 0);
+
+    let mut yes = args.to_vec();
+    yes[6] = "1";
+    yes.extend(["--yes", "--json"]);
+    let v = json(&cli(&s.path, &yes));
+    assert_eq!((v["from"].as_i64(), v["to"].as_i64()), (Some(0), Some(1)));
+    let resets = e
+        .audit_log(10)
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action.as_str() == "reset_cursor")
+        .count();
+    assert_eq!(resets, 2);
+    let out = cli(
+        &s.path,
+        &[
+            "reset-cursor",
+            "-w",
+            "shop",
+            "--kind",
+            "nope",
+            "--name",
+            "x",
+            "--to",
+            "0",
+            "--yes",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn prune_reports_what_it_removed_and_refuses_to_guess() {
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    e.save_cursor("mailer", "shop", 4).unwrap();
+    let out = cli(&s.path, &["prune"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("say what to prune"));
+    // Nothing is old enough yet.
+    let v = json(&cli(
+        &s.path,
+        &["prune", "--events-older-than", "1h", "--json"],
+    ));
+    assert_eq!(v["events"], 0);
+    std::thread::sleep(std::time::Duration::from_millis(5)); // the CLI runs on the wall clock
+    let v = json(&cli(
+        &s.path,
+        &[
+            "prune",
+            "--events-older-than",
+            "1ms",
+            "--work-older-than",
+            "1ms",
+            "--json",
+        ],
+    ));
+    assert!(v["events"].as_u64().unwrap() >= 4, "{v}");
+    assert!(v["runs"].as_u64().unwrap() >= 1, "{v}");
+    let text = stdout(&cli(&s.path, &["prune", "--events-older-than", "1ms"]));
+    assert!(text.starts_with("pruned 0 events"), "{text}");
+}
+
+#[test]
+fn stats_reports_counters_and_gauges() {
+    let s = Scene::new();
+    prepare(&s.path);
+    let v = json(&cli(&s.path, &["stats", "--json"]));
+    assert!(v["events_appended"].as_i64().unwrap() >= 4);
+    assert_eq!(v["counters"]["decisions"], 4);
+    assert_eq!(v["counters"]["fired"], 3);
+    assert_eq!(v["counters"]["runs_succeeded"], 1);
+    assert_eq!(v["counters"]["runs_dead"], 1);
+    assert_eq!(v["runs"]["dead"], 1);
+    assert_eq!(v["dead_letters"]["run"], 1);
+    let text = stdout(&cli(&s.path, &["stats"]));
+    assert!(
+        text.contains("decisions") && text.contains("lag app/mailer@shop"),
+        "{text}"
+    );
+}
+
+#[test]
+fn restart_follower_asks_the_process_running_a_stopped_follower_to_go_on() {
+    // ADR-0015's stop, restarted from the operator's shell: the request is
+    // in the file, and the engine that stopped the follower picks it up.
+    let s = Scene::new();
+    let e = Engine::open(&s.path).unwrap();
+    e.ensure_workspace("edge", &["reading", "alarm"]).unwrap();
+    e.ensure_workspace("fleet", &["reading"]).unwrap();
+    e.follow(reflexr::Follow::new("edge", "fleet")).unwrap();
+    e.append("edge", &NewEvent::new("alarm", "s", "edge", 0))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    assert!(e.followed().unwrap()[0].stopped_here);
+
+    e.register_types("fleet", &["alarm"]).unwrap();
+    let out = json(&cli(
+        &s.path,
+        &["--json", "restart-follower", "edge-to-fleet"],
+    ));
+    assert_eq!(out["action"], "restart requested");
+    e.run_until_idle().unwrap();
+    let f = &e.followed().unwrap()[0];
+    assert_eq!((f.stopped_here, f.lag), (false, 0));
+
+    let out = cli(&s.path, &["restart-follower", "nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("follower not found"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[cfg(feature = "admin")]
+#[test]
+fn serve_answers_over_http_until_sigterm_and_refuses_changes_read_only() {
+    // Surfaces: `serve` prints where it listens, answers the API on the
+    // file beside the application, keeps a read-only promise, and stops
+    // cleanly (exit 0) on SIGTERM.
+    use common::http::Api;
+    use std::io::BufRead;
+    let s = Scene::new();
+    let _e = prepare(&s.path);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(&s.path)
+        .args(["serve", "--listen", "127.0.0.1:0", "--read-only"])
+        .env_remove("REFLEXR_ADMIN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_suffix(" (read-only)")
+        .and_then(|l| l.rsplit_once("http://"))
+        .map(|(_, a)| a.parse().unwrap())
+        .unwrap_or_else(|| panic!("where it listens: {first:?}"));
+    let api = Api::new(addr, None);
+    let (status, body) = api.get("/api/v1/status");
+    assert_eq!(status, 200);
+    assert!(body["workspaces"].to_string().contains("shop"), "{body}");
+    let (status, body) = api.post(
+        "/api/v1/lanes/unblock",
+        serde_json::json!({ "rule": "charge", "scope": "customer/bad", "operator": "ops", "reason": "test" }),
+    );
+    assert_eq!(status, 403, "{body}");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("stopping"));
+}
+
+#[cfg(feature = "admin")]
+#[test]
+fn serve_refuses_to_listen_off_loopback_without_a_token() {
+    // Surfaces, security defaults: no token, no listening beyond loopback.
+    let s = Scene::new();
+    let _e = prepare(&s.path);
+    let out = Command::new(env!("CARGO_BIN_EXE_reflexr"))
+        .arg(&s.path)
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env_remove("REFLEXR_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("token"), "{}", stderr(&out));
+}
+
+#[test]
+fn enqueue_pause_resume_cancel_and_limits_from_the_cli_are_recorded() {
+    // Control of the work through the CLI: each change lands in the file and
+    // the audit log; a uniqueness key deduplicates.
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let first = json(&cli(
+        &s.path,
+        &[
+            "enqueue",
+            "send-invoice",
+            "--input",
+            r#"{"invoice":42}"#,
+            "--unique",
+            "inv/42",
+            "--in",
+            "1h",
+            "--json",
+        ],
+    ));
+    assert_eq!(first["deduplicated"], false);
+    let again = json(&cli(
+        &s.path,
+        &[
+            "enqueue",
+            "send-invoice",
+            "--input",
+            r#"{"invoice":42}"#,
+            "--unique",
+            "inv/42",
+            "--json",
+        ],
+    ));
+    assert_eq!(
+        (again["deduplicated"].clone(), again["id"].clone()),
+        (json!(true), first["id"].clone())
+    );
+    let id = first["id"].as_str().unwrap();
+    assert!(
+        cli(
+            &s.path,
+            &[
+                "limits",
+                "send-invoice",
+                "--max-running",
+                "2",
+                "--rate",
+                "10/1m",
+                "--reason",
+                "provider"
+            ]
+        )
+        .status
+        .success()
+    );
+    assert!(
+        cli(
+            &s.path,
+            &["pause", "action", "send-invoice", "--reason", "maintenance"]
+        )
+        .status
+        .success()
+    );
+    let listed = json(&cli(&s.path, &["limits", "--json"]));
+    assert_eq!(listed["actions"][0]["max_running"], 2);
+    assert_eq!(listed["actions"][0]["rate"], json!([10, 60_000]));
+    assert_eq!(listed["paused"][0]["name"], "send-invoice");
+    assert!(
+        cli(&s.path, &["resume", "action", "send-invoice"])
+            .status
+            .success()
+    );
+    let out = cli(&s.path, &["resume", "action", "send-invoice"]);
+    assert_eq!(out.status.code(), Some(1), "not paused any more");
+    assert!(
+        cli(&s.path, &["cancel", id, "--reason", "withdrawn"])
+            .status
+            .success()
+    );
+    assert_eq!(e.run(id).unwrap().unwrap().state, RunState::Cancelled);
+    let out = cli(&s.path, &["pause", "gadget", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("action, channel, job, rule or reaction"));
+    let actions: Vec<String> = e
+        .audit_log(10)
+        .unwrap()
+        .iter()
+        .map(|a| a.action.to_string())
+        .collect();
+    for a in ["configure_action", "pause", "resume", "cancel"] {
+        assert!(actions.contains(&a.to_string()), "{a} in {actions:?}");
+    }
+}

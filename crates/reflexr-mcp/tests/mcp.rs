@@ -1,0 +1,645 @@
+//! MCP's protocol edges: both revisions' handshakes, version mismatch, each
+//! JSON-RPC error code, read-only mode, the HTTP transport with and without
+//! the token, and random input that must neither crash the server nor
+//! change the file (DESIGN.md "Surfaces"; invariant 10: bad input is a
+//! typed error and changes nothing).
+
+use reflexr_testkit as common;
+
+use common::http::Api;
+use common::{Arrange, Scene};
+use proptest::prelude::*;
+use reflexr::Engine;
+use reflexr_admin::AdminConfig;
+use reflexr_mcp::{Mcp, McpConfig};
+use serde_json::{Value, json};
+
+const MODERN: &str = "2026-07-28";
+
+/// A shop whose charge fails for customers named `bad*`: two dead runs,
+/// two dead letters, one blocked lane.
+fn shop(s: &Scene) -> Engine {
+    let e = s.open("test").workspace("shop", &["order"]);
+    common::shop::stock(&e);
+    e
+}
+
+fn ask(mcp: &Mcp, msg: Value) -> Value {
+    let line = mcp.handle_line(&msg.to_string()).expect("an answer");
+    serde_json::from_str(&line).unwrap()
+}
+
+fn request(id: i64, method: &str, params: Value) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params })
+}
+
+fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    })
+}
+
+fn code(answer: &Value) -> i64 {
+    answer["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("not an error: {answer}"))
+}
+
+/// What the file says, for "nothing changed".
+fn fingerprint(e: &Engine) -> Value {
+    json!({
+        "stats": e.stats().unwrap().counters,
+        "runs": e.runs(None, 1000).unwrap().iter().map(|r| (r.id.clone(), r.state.as_str())).collect::<Vec<_>>(),
+        "dead_letters": e.dead_letters(true, 1000).unwrap().iter().map(|d| (d.id, d.resolution.map(|r| r.as_str()))).collect::<Vec<_>>(),
+        "audit": e.audit_log(1000).unwrap().len(),
+        "cursors": e.cursors().unwrap().iter().map(|c| c.position).collect::<Vec<_>>(),
+        "blocked": e.blocked_lanes(100).unwrap().len(),
+    })
+}
+
+#[test]
+fn initialize_negotiates_the_clients_version_or_offers_the_newest_it_has() {
+    let s = Scene::new();
+    let mcp = Mcp::new(shop(&s), McpConfig::new());
+    for (asked, answered) in [
+        ("2025-11-25", "2025-11-25"),
+        ("2025-06-18", "2025-06-18"),
+        ("2024-11-05", "2024-11-05"),
+        ("1999-01-01", "2025-11-25"),
+    ] {
+        let a = ask(
+            &mcp,
+            request(
+                1,
+                "initialize",
+                json!({ "protocolVersion": asked, "capabilities": {}, "clientInfo": { "name": "t", "version": "1" } }),
+            ),
+        );
+        assert_eq!(a["result"]["protocolVersion"], answered, "{asked}");
+        assert_eq!(a["result"]["serverInfo"]["name"], "reflexr");
+        assert!(a["result"]["capabilities"]["tools"].is_object());
+        assert!(a["result"]["capabilities"]["resources"].is_object());
+        assert!(a["result"].get("resultType").is_none(), "the old shape");
+    }
+    // Notifications are never answered.
+    assert!(
+        mcp.handle_line(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+            .is_none()
+    );
+    assert_eq!(
+        ask(&mcp, request(2, "ping", json!({})))["result"],
+        json!({})
+    );
+}
+
+#[test]
+fn the_stateless_revision_discovers_and_answers_in_its_own_shape() {
+    let s = Scene::new();
+    let mcp = Mcp::new(shop(&s), McpConfig::new());
+    let d = ask(
+        &mcp,
+        request(1, "server/discover", json!({ "_meta": meta() })),
+    );
+    let r = &d["result"];
+    assert_eq!(r["resultType"], "complete");
+    assert_eq!(r["supportedVersions"][0], MODERN);
+    assert!(
+        r["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("2025-11-25"))
+    );
+    assert!(r["ttlMs"].is_u64() && r["cacheScope"].is_string());
+    assert_eq!(
+        r["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "reflexr"
+    );
+    // Without initialize: every request carries its version.
+    let list = ask(&mcp, request(2, "tools/list", json!({ "_meta": meta() })));
+    assert_eq!(list["result"]["resultType"], "complete");
+    assert!(list["result"]["ttlMs"].is_u64());
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 20);
+    let call = ask(
+        &mcp,
+        request(
+            3,
+            "tools/call",
+            json!({ "_meta": meta(), "name": "status", "arguments": {} }),
+        ),
+    );
+    assert_eq!(call["result"]["resultType"], "complete");
+    assert_eq!(call["result"]["structuredContent"]["runs"]["dead"], 2);
+    // Gone in this revision.
+    assert_eq!(
+        code(&ask(&mcp, request(4, "ping", json!({ "_meta": meta() })))),
+        -32601
+    );
+    // A resource that is not there: -32602 with the uri in this revision.
+    let missing = ask(
+        &mcp,
+        request(
+            5,
+            "resources/read",
+            json!({ "_meta": meta(), "uri": "reflexr://runs/nope" }),
+        ),
+    );
+    assert_eq!(code(&missing), -32602);
+    assert_eq!(missing["error"]["data"]["uri"], "reflexr://runs/nope");
+}
+
+#[test]
+fn an_unsupported_version_gets_the_supported_list_and_a_missing_meta_key_is_invalid_params() {
+    let s = Scene::new();
+    let mcp = Mcp::new(shop(&s), McpConfig::new());
+    let a = ask(
+        &mcp,
+        request(
+            1,
+            "tools/list",
+            json!({ "_meta": { "io.modelcontextprotocol/protocolVersion": "2030-01-01", "io.modelcontextprotocol/clientCapabilities": {} } }),
+        ),
+    );
+    assert_eq!(code(&a), -32022);
+    assert_eq!(a["error"]["data"]["requested"], "2030-01-01");
+    assert_eq!(a["error"]["data"]["supported"][0], MODERN);
+    let b = ask(
+        &mcp,
+        request(
+            2,
+            "tools/list",
+            json!({ "_meta": { "io.modelcontextprotocol/protocolVersion": MODERN } }),
+        ),
+    );
+    assert_eq!(code(&b), -32602, "clientCapabilities is required");
+}
+
+#[test]
+fn each_json_rpc_error_has_its_code() {
+    let s = Scene::new();
+    let mcp = Mcp::new(shop(&s), McpConfig::new());
+    let line =
+        |text: &str| -> Value { serde_json::from_str(&mcp.handle_line(text).unwrap()).unwrap() };
+    let parse = line("{not json");
+    assert_eq!((code(&parse), &parse["id"]), (-32700, &Value::Null));
+    assert_eq!(code(&line("[]")), -32600, "a batch");
+    assert_eq!(code(&line("42")), -32600);
+    assert_eq!(
+        code(&line(r#"{"id":1,"method":"ping"}"#)),
+        -32600,
+        "no jsonrpc"
+    );
+    assert_eq!(
+        code(&line(r#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#)),
+        -32600,
+        "an object id"
+    );
+    assert_eq!(
+        code(&line(r#"{"jsonrpc":"2.0","id":1,"method":7}"#)),
+        -32600
+    );
+    assert_eq!(
+        code(&line(r#"{"jsonrpc":"2.0","id":1,"method":"nope/nope"}"#)),
+        -32601
+    );
+    assert_eq!(
+        code(&line(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":[1]}"#
+        )),
+        -32602
+    );
+    assert_eq!(
+        code(&line(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":"x"}}"#
+        )),
+        -32602
+    );
+    let unknown = ask(
+        &mcp,
+        request(1, "tools/call", json!({ "name": "drop_tables" })),
+    );
+    assert_eq!(code(&unknown), -32602);
+    assert_eq!(
+        code(&ask(&mcp, request(1, "tools/call", json!({})))),
+        -32602
+    );
+    assert_eq!(
+        code(&ask(
+            &mcp,
+            request(1, "resources/read", json!({ "uri": "reflexr://nope" }))
+        )),
+        -32002
+    );
+    // A string id comes back as it went.
+    let a = ask(
+        &mcp,
+        json!({ "jsonrpc": "2.0", "id": "abc", "method": "ping" }),
+    );
+    assert_eq!(a["id"], "abc");
+    // A response (we never ask anything) is not answered.
+    assert!(
+        mcp.handle_line(r#"{"jsonrpc":"2.0","id":9,"result":{}}"#)
+            .is_none()
+    );
+}
+
+#[test]
+fn a_tool_that_fails_says_why_in_its_result_and_changes_nothing() {
+    let s = Scene::new();
+    let e = shop(&s);
+    let mcp = Mcp::new(e.clone(), McpConfig::new());
+    let before = fingerprint(&e);
+    let tool = |name: &str, args: Value| {
+        ask(
+            &mcp,
+            request(1, "tools/call", json!({ "name": name, "arguments": args })),
+        )
+    };
+    for (name, args, says) in [
+        ("get_run", json!({ "id": "nope" }), "no run"),
+        (
+            "list_events",
+            json!({ "workspace": "nowhere" }),
+            "workspace",
+        ),
+        (
+            "list_events",
+            json!({ "workspace": "shop", "limit": 0 }),
+            "limit",
+        ),
+        ("list_runs", json!({ "state": "sleepy" }), "state"),
+        ("list_runs", json!({ "colour": "red" }), "unknown field"),
+        ("retry", json!({ "target": "runs", "ids": ["x"] }), "reason"),
+        (
+            "retry",
+            json!({ "target": "runs", "ids": ["x"], "filter": {}, "reason": "r" }),
+            "either ids or a filter",
+        ),
+        (
+            "discard",
+            json!({ "target": "dead_letters", "ids": [1], "reason": "r" }),
+            "confirm: true",
+        ),
+        (
+            "reset_cursor",
+            json!({ "workspace": "shop", "kind": "rule", "name": "charge", "to": 0, "confirm": false, "reason": "r" }),
+            "confirm: true",
+        ),
+        (
+            "unblock",
+            json!({ "rule": "charge", "scope": "nobody", "reason": "r" }),
+            "not found",
+        ),
+    ] {
+        let a = tool(name, args);
+        assert_eq!(a["result"]["isError"], true, "{name}: {a}");
+        let text = a["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains(says), "{name}: {text:?} should say {says:?}");
+    }
+    assert_eq!(fingerprint(&e), before);
+}
+
+#[test]
+fn a_retry_is_a_dry_run_until_told_and_every_change_is_audited_with_the_reason() {
+    let s = Scene::new();
+    let e = shop(&s);
+    let mcp = Mcp::new(e.clone(), McpConfig::new().operator("assistant"));
+    let tool = |args: Value| {
+        ask(
+            &mcp,
+            request(
+                1,
+                "tools/call",
+                json!({ "name": "retry", "arguments": args }),
+            ),
+        )["result"]["structuredContent"]
+            .clone()
+    };
+    let before = fingerprint(&e);
+    let dry =
+        tool(json!({ "target": "runs", "filter": { "action": "charge" }, "reason": "card fixed" }));
+    assert_eq!(
+        (dry["dry_run"].clone(), dry["matched"].clone()),
+        (json!(true), json!(2))
+    );
+    assert_eq!(fingerprint(&e), before, "a dry run changes nothing");
+    let done = tool(
+        json!({ "target": "runs", "filter": { "action": "charge" }, "reason": "card fixed", "dry_run": false }),
+    );
+    assert_eq!(done["done"].as_array().unwrap().len(), 2);
+    assert!(
+        e.runs(Some(reflexr::RunState::Dead), 10)
+            .unwrap()
+            .is_empty()
+    );
+    let audit = e.audit_log(10).unwrap();
+    assert_eq!(audit.len(), 2);
+    assert!(
+        audit
+            .iter()
+            .all(|a| a.operator == "assistant" && a.reason == "card fixed")
+    );
+}
+
+#[test]
+fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
+    let s = Scene::new();
+    let e = shop(&s);
+    let mcp = Mcp::new(e.clone(), McpConfig::new().read_only(true));
+    let list = ask(&mcp, request(1, "tools/list", json!({})));
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 12);
+    for t in list["result"]["tools"].as_array().unwrap() {
+        assert_eq!(t["annotations"]["readOnlyHint"], true, "{}", t["name"]);
+    }
+    let before = fingerprint(&e);
+    for name in [
+        "retry",
+        "discard",
+        "unblock",
+        "reset_cursor",
+        "restart_follower",
+    ] {
+        assert!(!names.contains(&name));
+        let a = ask(
+            &mcp,
+            request(
+                1,
+                "tools/call",
+                json!({ "name": name, "arguments": { "target": "runs", "ids": [], "reason": "r", "confirm": true } }),
+            ),
+        );
+        assert_eq!(code(&a), -32602, "{name}");
+        assert!(
+            a["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("read-only")
+        );
+    }
+    assert_eq!(fingerprint(&e), before);
+}
+
+#[test]
+fn stdio_answers_line_by_line_and_survives_what_is_not_a_message() {
+    let s = Scene::new();
+    let mcp = Mcp::new(shop(&s), McpConfig::new());
+    let huge = "x".repeat(reflexr_mcp::MAX_LINE_BYTES + 10);
+    let input = format!(
+        "{}\n\n\u{1}\u{2}\n{huge}\n{}\r\n",
+        request(1, "ping", json!({})),
+        request(2, "tools/list", json!({})),
+    );
+    let mut bytes = input.into_bytes();
+    bytes.extend_from_slice(b"\xff\xfe\n");
+    let mut out = Vec::new();
+    mcp.serve_stdio(&bytes[..], &mut out).unwrap();
+    let answers: Vec<Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let codes: Vec<Option<i64>> = answers
+        .iter()
+        .map(|a| a["error"]["code"].as_i64())
+        .collect();
+    // ping, control bytes (not JSON), the huge line, tools/list, not UTF-8.
+    assert_eq!(
+        codes,
+        [None, Some(-32700), Some(-32600), None, Some(-32700)]
+    );
+    assert_eq!(answers[3]["id"], 2);
+}
+
+fn serve(e: &Engine, config: AdminConfig) -> (reflexr_admin::AdminServer, Api) {
+    let server =
+        reflexr_admin::AdminServer::start(e, config.listen("127.0.0.1:0".parse().unwrap()))
+            .unwrap();
+    let api = Api::new(server.local_addr(), Some(TOKEN));
+    (server, api)
+}
+
+const TOKEN: &str = "correct-horse-battery-staple";
+
+#[test]
+fn over_http_it_wants_the_token_checks_its_headers_and_answers_notifications_with_202() {
+    let s = Scene::new();
+    let e = shop(&s);
+    let (_server, api) = serve(&e, AdminConfig::new().token(TOKEN));
+    let json_headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let post = |body: &Value, extra: &[(&str, &str)]| {
+        let mut h = json_headers.to_vec();
+        h.extend_from_slice(extra);
+        api.post_with("/api/v1/mcp", &h, &body.to_string())
+    };
+    // Legacy: initialize, then a tool call.
+    let (st, init) = post(
+        &request(
+            1,
+            "initialize",
+            json!({ "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": { "name": "t", "version": "1" } }),
+        ),
+        &[],
+    );
+    assert_eq!(
+        (st, &init["result"]["protocolVersion"]),
+        (200, &json!("2025-11-25"))
+    );
+    let (st, _) = post(
+        &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }),
+        &[],
+    );
+    assert_eq!(st, 202);
+    let (st, status) = post(
+        &request(
+            2,
+            "tools/call",
+            json!({ "name": "status", "arguments": {} }),
+        ),
+        &[("MCP-Protocol-Version", "2025-11-25")],
+    );
+    assert_eq!(
+        (st, &status["result"]["structuredContent"]["runs"]["dead"]),
+        (200, &json!(2))
+    );
+    // Without the token.
+    let anonymous = Api::new(api.addr, None);
+    let (st, _) = anonymous.post_with(
+        "/api/v1/mcp",
+        &json_headers,
+        &request(3, "ping", json!({})).to_string(),
+    );
+    assert_eq!(st, 401);
+    // Another site's page.
+    let (st, _) = post(
+        &request(4, "ping", json!({})),
+        &[("Origin", "https://evil.example")],
+    );
+    assert_eq!(st, 403);
+    // Not JSON.
+    let (st, _) = api.post_with("/api/v1/mcp", &[("Content-Type", "text/plain")], "{}");
+    assert_eq!(st, 415);
+    let (st, bad) = post(&json!("[nonsense"), &[]);
+    assert_eq!((st, code(&bad)), (400, -32600));
+    // 2026-07-28: the headers must say what the body says.
+    let modern = request(
+        5,
+        "tools/call",
+        json!({ "_meta": meta(), "name": "status", "arguments": {} }),
+    );
+    let (st, ok) = post(
+        &modern,
+        &[
+            ("MCP-Protocol-Version", MODERN),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "status"),
+        ],
+    );
+    assert_eq!((st, &ok["result"]["resultType"]), (200, &json!("complete")));
+    let (st, mismatch) = post(
+        &modern,
+        &[
+            ("MCP-Protocol-Version", MODERN),
+            ("Mcp-Method", "tools/list"),
+            ("Mcp-Name", "status"),
+        ],
+    );
+    assert_eq!((st, code(&mismatch)), (400, -32020));
+    let (st, missing) = post(
+        &modern,
+        &[
+            ("MCP-Protocol-Version", MODERN),
+            ("Mcp-Method", "tools/call"),
+        ],
+    );
+    assert_eq!(
+        (st, code(&missing)),
+        (400, -32020),
+        "Mcp-Name is required for tools/call"
+    );
+    let (st, unknown) = post(
+        &request(6, "nope/nope", json!({ "_meta": meta() })),
+        &[
+            ("MCP-Protocol-Version", MODERN),
+            ("Mcp-Method", "nope/nope"),
+        ],
+    );
+    assert_eq!((st, code(&unknown)), (404, -32601));
+    let (st, unsupported) = post(
+        &request(7, "ping", json!({})),
+        &[("MCP-Protocol-Version", "1999-01-01")],
+    );
+    assert_eq!((st, code(&unsupported)), (400, -32022));
+    // No stream here: GET is 405.
+    let (st, _) = api.get("/api/v1/mcp");
+    assert_eq!(st, 405);
+}
+
+#[test]
+fn over_http_a_read_only_server_hides_the_mutating_tools() {
+    let s = Scene::new();
+    let e = shop(&s);
+    let (_server, api) = serve(&e, AdminConfig::new().token(TOKEN).read_only(true));
+    let h = [("Content-Type", "application/json")];
+    let (st, list) = api.post_with(
+        "/api/v1/mcp",
+        &h,
+        &request(1, "tools/list", json!({})).to_string(),
+    );
+    assert_eq!(st, 200);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 12);
+    let before = fingerprint(&e);
+    let (_, refused) = api.post_with(
+        "/api/v1/mcp",
+        &h,
+        &request(2, "tools/call", json!({ "name": "retry", "arguments": { "target": "runs", "ids": [], "reason": "r", "dry_run": false } })).to_string(),
+    );
+    assert_eq!(code(&refused), -32602);
+    assert_eq!(fingerprint(&e), before);
+}
+
+/// A JSON value of some depth, for random params.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        ".{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(
+                prop_oneof![
+                    Just("name".to_string()),
+                    Just("arguments".to_string()),
+                    Just("uri".to_string()),
+                    Just("target".to_string()),
+                    Just("ids".to_string()),
+                    Just("dry_run".to_string()),
+                    Just("_meta".to_string()),
+                    "[a-z_]{1,8}",
+                ],
+                inner,
+                0..4
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn method() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("initialize".to_string()),
+        Just("tools/list".to_string()),
+        Just("tools/call".to_string()),
+        Just("resources/read".to_string()),
+        Just("resources/list".to_string()),
+        Just("server/discover".to_string()),
+        Just("ping".to_string()),
+        ".{0,16}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_lines_neither_crash_the_server_nor_change_the_file(
+        lines in prop::collection::vec(prop_oneof![
+            any::<Vec<u8>>().prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+            (any::<i64>(), method(), any_json()).prop_map(|(id, m, p)| {
+                json!({ "jsonrpc": "2.0", "id": id, "method": m, "params": p }).to_string()
+            }),
+            (method(), any_json()).prop_map(|(m, args)| {
+                json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                        "params": { "name": m.replace('/', "_"), "arguments": args } }).to_string()
+            }),
+        ], 1..8)
+    ) {
+        // Invariant 10: whatever comes in, an answer (or none, for what is
+        // not a request) and the file as it was. The server is read-only so
+        // that a random call cannot be a valid, audited change.
+        let s = Scene::new();
+        let e = shop(&s);
+        let before = fingerprint(&e);
+        let mcp = Mcp::new(e.clone(), McpConfig::new().read_only(true));
+        let mut out = Vec::new();
+        let input = lines.join("\n");
+        mcp.serve_stdio(input.as_bytes(), &mut out).unwrap();
+        for answer in String::from_utf8(out).unwrap().lines() {
+            let v: Value = serde_json::from_str(answer).unwrap();
+            prop_assert_eq!(&v["jsonrpc"], "2.0");
+            prop_assert!(v.get("result").is_some() != v.get("error").is_some());
+        }
+        prop_assert_eq!(fingerprint(&e), before);
+    }
+}

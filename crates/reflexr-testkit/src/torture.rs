@@ -1,0 +1,387 @@
+//! The mixed workload and the invariant checker of the crash and power-cut
+//! tortures (`tests/crash.rs` on every backend, `tests/power.rs` on
+//! SQLite's files): appends with application rows, a stateful rule firing
+//! runs, executors with failing handlers, a follower, a reaction enqueueing
+//! deliveries; and a check of DESIGN.md's invariants from what the database
+//! holds.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use reflexr::rusqlite::Connection;
+use reflexr::{
+    ChannelPolicy, Clock, ConsumerKind, Decision, Delivery, Engine, EngineBuilder, Follow,
+    ManualClock, NewEvent, Query, RetryPolicy, Rule, Scope, Sqlite, SystemClock,
+};
+
+use super::backend::{Opts, TestBackend};
+
+/// The system clock moved `hours` ahead: each child runs an hour after the
+/// one killed before it, so the leases that one held have lapsed.
+pub struct Later(pub i64);
+
+impl Clock for Later {
+    fn now_ms(&self) -> i64 {
+        SystemClock.now_ms() + self.0 * 3_600_000
+    }
+}
+
+pub const EVERY: i64 = 3;
+
+/// What a child's engine is opened with: an hour after the one before it
+/// (`hours`), its own lease holder, two executors claiming small batches.
+pub fn child_opts(hours: i64) -> Opts {
+    Opts::new(&super::later(hours), &format!("child-{hours}"))
+        .executors(2)
+        .claim_batch(4)
+}
+
+/// A child's engine on the file `builder` opens, as [`child_opts`] says but
+/// on the system clock moved `hours` ahead, the workload registered: the
+/// power-cut torture's, whose builder has a VFS of its own.
+pub fn child_engine(builder: EngineBuilder, hours: i64) -> Engine {
+    let e = builder
+        .clock(Later(hours))
+        .holder_id(format!("child-{hours}"))
+        .executors(2)
+        .claim_batch(4)
+        .open()
+        .unwrap();
+    workload(&e);
+    e
+}
+
+/// Everything the workload registers, for the child and for the finisher.
+pub fn workload<B: TestBackend>(e: &Engine<B>) {
+    e.ensure_workspace("app", &["order"]).unwrap();
+    e.ensure_workspace("mirror", &["order"]).unwrap();
+    for table in [
+        "orders (id TEXT PRIMARY KEY, customer INTEGER NOT NULL)",
+        "charges (run TEXT PRIMARY KEY)",
+        "sent (delivery TEXT PRIMARY KEY)",
+    ] {
+        B::sql(e, &format!("CREATE TABLE IF NOT EXISTS {table}"));
+    }
+    #[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
+    struct Count {
+        n: i64,
+    }
+    e.register_rule(
+        Rule::new("every-third", "app")
+            .on(["order"])
+            .scope(Scope::payload("customer"))
+            .action("charge")
+            .retry(RetryPolicy::attempts(50).fixed(Duration::ZERO))
+            .decide_with_state(Count::default(), |_, c| {
+                c.n += 1;
+                Ok(if c.n % EVERY == 0 {
+                    Decision::Fire(serde_json::json!({ "n": c.n }))
+                } else {
+                    Decision::Skip
+                })
+            }),
+    )
+    .unwrap();
+    e.register_action("charge", |run, ctx| {
+        if fastrand::u8(..4) == 0 {
+            return Err("the payment service timed out".into());
+        }
+        ctx.complete(|tx| {
+            B::run_sql(
+                tx,
+                &format!("INSERT INTO charges (run) VALUES ('{}')", run.id),
+            )
+        })?;
+        Ok(())
+    })
+    .unwrap();
+    e.register_channel(
+        "email",
+        ChannelPolicy::Retried(RetryPolicy::attempts(50).fixed(Duration::ZERO)),
+        |msg, ctx| {
+            ctx.complete(|tx| {
+                B::run_sql(
+                    tx,
+                    &format!("INSERT INTO sent (delivery) VALUES ('{}')", msg.id),
+                )
+            })?;
+            Ok(())
+        },
+    )
+    .unwrap();
+    e.register_reaction(
+        B::reaction("receipts", "app")
+            .on(["order"])
+            .handle(|event, tx| {
+                tx.deliver(&Delivery::new("email", "receipt").caused_by(event))?;
+                Ok(())
+            }),
+    )
+    .unwrap();
+    e.follow(Follow::new("app", "mirror").name("mirror"))
+        .unwrap();
+}
+
+/// Appends one order with its application row, in one transaction; the
+/// caller prints `committed <id>` once it returns.
+pub fn append_order<B: TestBackend>(e: &Engine<B>, id: &str) {
+    e.write(|tx| {
+        let customer = fastrand::i64(0..5);
+        B::run_sql(
+            tx,
+            &format!("INSERT INTO orders (id, customer) VALUES ('{id}', {customer})"),
+        )?;
+        let at = tx.now_ms();
+        tx.append(
+            "app",
+            &NewEvent::new("order", format!("customer/{customer}"), "shop", at)
+                .id(id.to_string())
+                .payload(&serde_json::json!({ "customer": customer })),
+        )?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+pub fn strings(conn: &Connection, sql: &str) -> Vec<String> {
+    let mut stmt = conn.prepare(sql).unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+pub fn int(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+/// Checks every invariant on the file at `path`, with an engine of its own
+/// (see [`check`]).
+pub fn check_file(
+    path: &Path,
+    committed: &HashSet<String>,
+    before: &BTreeMap<String, i64>,
+) -> BTreeMap<String, i64> {
+    let e = Engine::builder(path).holder_id("checker").open().unwrap();
+    check::<Sqlite>(&e, committed, before)
+}
+
+/// Every event of `workspace` of one of `types`, in seq order.
+fn events<B: TestBackend>(e: &Engine<B>, workspace: &str, types: &[&str]) -> Vec<reflexr::Event> {
+    let mut all: Vec<reflexr::Event> = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |ev| ev.seq);
+        let page = e
+            .read(
+                &Query::new(workspace)
+                    .types(types.iter().copied())
+                    .after(after)
+                    .limit(1_000),
+            )
+            .unwrap();
+        if page.is_empty() {
+            return all;
+        }
+        all.extend(page);
+    }
+}
+
+/// Checks every invariant on what the database holds, read through `e` (an
+/// engine that runs nothing); returns the cursors' positions.
+pub fn check<B: TestBackend>(
+    e: &Engine<B>,
+    committed: &HashSet<String>,
+    before: &BTreeMap<String, i64>,
+) -> BTreeMap<String, i64> {
+    let orders_logged = events(e, "app", &["order"]);
+    // 2: every committed event is there, with its row, and no event without
+    // its row or row without its event.
+    let logged: HashSet<String> = orders_logged.iter().map(|ev| ev.id.clone()).collect();
+    let orders: HashSet<String> = B::strings(e, "SELECT id FROM orders").into_iter().collect();
+    for id in committed {
+        assert!(logged.contains(id), "committed event {id} lost");
+    }
+    assert_eq!(logged, orders, "events and their rows commit together");
+    // 3: ids unique per workspace.
+    assert_eq!(
+        B::count(e, "SELECT count(*) FROM reflexr_events"),
+        B::count(
+            e,
+            "SELECT count(*) FROM (SELECT DISTINCT workspace, id FROM reflexr_events) AS d"
+        )
+    );
+
+    // 8: no cursor moved back.
+    let mut cursors = BTreeMap::new();
+    for c in e.cursors().unwrap() {
+        let k = format!("{}/{}@{}", c.kind.as_str(), c.name, c.workspace);
+        if let Some(old) = before.get(&k) {
+            assert!(
+                c.position >= *old,
+                "cursor {k} moved back from {old} to {}",
+                c.position
+            );
+        }
+        cursors.insert(k, c.position);
+    }
+    let cursor = |kind: ConsumerKind, name: &str| {
+        cursors
+            .get(&format!("{}/{name}@app", kind.as_str()))
+            .copied()
+            .unwrap_or(0)
+    };
+
+    // 4: the rule's firings are exactly the fold's, up to its cursor.
+    let rule_cursor = cursor(ConsumerKind::Rule, "every-third");
+    let mut counts: HashMap<i64, i64> = HashMap::new();
+    let mut want = BTreeMap::new();
+    for ev in orders_logged.iter().take_while(|ev| ev.seq <= rule_cursor) {
+        let p: serde_json::Value = ev.payload().unwrap();
+        let c = counts.entry(p["customer"].as_i64().unwrap()).or_default();
+        *c += 1;
+        if *c % EVERY == 0 {
+            want.insert(ev.seq, 1);
+        }
+    }
+    let firings: Vec<serde_json::Value> = events(e, "app", &["RuleFired"])
+        .iter()
+        .map(|ev| ev.payload().unwrap())
+        .collect();
+    let mut got: BTreeMap<i64, i64> = BTreeMap::new();
+    for f in &firings {
+        *got.entry(f["event_seq"].as_i64().unwrap()).or_default() += 1;
+    }
+    assert_eq!(
+        got, want,
+        "each (rule, event) decided exactly once, up to the cursor"
+    );
+
+    // 5: every firing has its run; a run completed at most once, and its
+    // charge row exists exactly when it succeeded.
+    let fired: HashSet<String> = firings
+        .iter()
+        .map(|f| f["firing_id"].as_str().unwrap().to_string())
+        .collect();
+    let runs: HashSet<String> = B::strings(e, "SELECT id FROM reflexr_runs WHERE kind = 'rule'")
+        .into_iter()
+        .collect();
+    assert_eq!(
+        fired, runs,
+        "every firing has its run, and no run lacks a firing"
+    );
+    let succeeded: HashSet<String> = B::strings(
+        e,
+        "SELECT id FROM reflexr_runs WHERE kind = 'rule' AND state = 'succeeded'",
+    )
+    .into_iter()
+    .collect();
+    let charged: HashSet<String> = B::strings(e, "SELECT run FROM charges")
+        .into_iter()
+        .collect();
+    assert_eq!(
+        charged, succeeded,
+        "a charge exactly for each completed run"
+    );
+
+    // The reaction's deliveries: exactly one per order it passed.
+    let reaction = cursor(ConsumerKind::Reaction, "receipts");
+    assert_eq!(
+        B::count(
+            e,
+            &format!(
+                "SELECT count(*) FROM reflexr_runs WHERE kind = 'delivery' AND event_seq <= {reaction}"
+            )
+        ),
+        orders_logged.iter().filter(|ev| ev.seq <= reaction).count() as i64,
+        "one delivery per handled order"
+    );
+    assert_eq!(
+        B::count(
+            e,
+            "SELECT count(*) FROM reflexr_runs WHERE kind = 'delivery'"
+        ),
+        B::count(
+            e,
+            "SELECT count(DISTINCT event_seq) FROM reflexr_runs WHERE kind = 'delivery'"
+        ),
+        "no order's delivery enqueued twice"
+    );
+    let sent: HashSet<String> = B::strings(e, "SELECT delivery FROM sent")
+        .into_iter()
+        .collect();
+    let delivered: HashSet<String> = B::strings(
+        e,
+        "SELECT id FROM reflexr_runs WHERE kind = 'delivery' AND state = 'succeeded'",
+    )
+    .into_iter()
+    .collect();
+    assert_eq!(sent, delivered);
+
+    // The follower: the mirror holds exactly the orders up to its cursor.
+    let follower = cursor(ConsumerKind::Follower, "mirror");
+    let mirrored: Vec<String> = events(e, "mirror", &["order"])
+        .into_iter()
+        .map(|ev| ev.id)
+        .collect();
+    let mirrored_set: HashSet<String> = mirrored.iter().cloned().collect();
+    assert_eq!(
+        mirrored.len(),
+        mirrored_set.len(),
+        "nothing published twice"
+    );
+    let upto: HashSet<String> = orders_logged
+        .iter()
+        .filter(|ev| ev.seq <= follower)
+        .map(|ev| ev.id.clone())
+        .collect();
+    assert!(
+        upto.is_subset(&mirrored_set),
+        "every order up to the follower's cursor is mirrored"
+    );
+    assert!(mirrored_set.is_subset(&logged), "only orders are mirrored");
+    cursors
+}
+
+/// The child's endless work: appends an order a little after another and
+/// prints `committed <id>` for each acknowledged one, until it is killed or
+/// its power is cut.
+pub fn append_orders_until_stopped<B: TestBackend>(e: &Engine<B>, hours: i64) -> ! {
+    use std::io::Write;
+    for i in 0.. {
+        let id = format!("order-{hours}-{i}");
+        append_order(e, &id);
+        // The whole line in one write (a pipe takes up to 4 KiB at once):
+        // `println!` writes its parts one by one, and a process that ends
+        // between them (a power cut's exit, a kill) would leave half a line,
+        // an id cut short, for the parent to read.
+        let mut out = std::io::stdout().lock();
+        out.write_all(format!("\ncommitted {id}\n").as_bytes())
+            .unwrap();
+        out.flush().unwrap();
+        drop(out);
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    unreachable!("the loop ends with the process")
+}
+
+/// A new file at `path` with the workload's tables and registrations.
+pub fn prepare(path: &Path) {
+    let e = Engine::open(path).unwrap();
+    workload(&e);
+}
+
+/// A new database at `place` with the workload's tables and registrations.
+pub fn prepare_place<B: TestBackend>(place: &B::Place) {
+    let e = B::open(place, &ManualClock::new(0), "prepare");
+    workload(&e);
+}
+
+/// The number of rounds the environment variable `var` asks for (`default`
+/// when unset).
+pub fn rounds(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
