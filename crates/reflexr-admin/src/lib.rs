@@ -515,10 +515,10 @@ impl<B: Backend> Server<B> {
     fn serve(&self, id: u64, mut stream: TcpStream) {
         let _ = stream.set_nodelay(true);
         let mut buf = Vec::new();
+        // It waits for its first request since it was admitted (so the
+        // server sheds connections in the order they came), and for each
+        // next one since the last answer went out.
         loop {
-            if !self.waiting(id, true) {
-                return;
-            }
             let idle_until = Instant::now() + self.config.idle_timeout;
             let read = http::read_request(
                 &mut stream,
@@ -545,6 +545,7 @@ impl<B: Backend> Server<B> {
                         let keep = keep && !r.close;
                         if http::write_response(&stream, &r, keep, self.config.io_timeout).is_err()
                             || !keep
+                            || !self.waiting(id, true)
                         {
                             return;
                         }
