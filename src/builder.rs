@@ -4,17 +4,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
-use crate::db::{Db, Open};
+use crate::base::clock::{Clock, SystemClock};
+use crate::base::error::{Error, Result};
+use crate::base::event::Query;
+use crate::base::limits;
+use crate::core::db::{Db, Open};
+use crate::core::lease::{self, DEFAULT_LEASE_TTL};
+use crate::core::settings::{Limits, Settings};
 use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::event::Query;
-use crate::lease::{self, DEFAULT_LEASE_TTL};
-use crate::names;
-use crate::prune::Retention;
 use crate::runtime::{self, Context};
-use crate::settings::{Limits, Settings};
 use crate::store::conn::Synchronous;
+use crate::work::prune::Retention;
 
 /// Opens an [`Engine`] with settings other than the defaults.
 ///
@@ -233,7 +233,7 @@ impl EngineBuilder {
         }
         check_runtime(r)?;
         if let Some(vfs) = &self.open.vfs {
-            names::check_name("vfs", vfs)?;
+            limits::check_name("vfs", vfs)?;
         }
         let open = Open {
             create: self.open.create,
@@ -288,7 +288,7 @@ fn check_settings(s: &Settings) -> Result<()> {
         return Err(Error::invalid("heartbeat", "must be more than zero"));
     }
     lease::ttl_ms(s.lease_ttl)?;
-    names::check_text("holder_id", &s.holder_id, names::MAX_ID_BYTES)
+    limits::check_text("holder_id", &s.holder_id, limits::MAX_ID_BYTES)
 }
 
 /// Opens an [`Engine`] on PostgreSQL (feature `postgres`), from
@@ -453,7 +453,7 @@ impl PostgresBuilder {
         if let Some(retention) = &self.runtime.retention {
             retention.validate()?;
         }
-        let db = crate::pgdb::PgDb::open(
+        let db = crate::core::pgdb::PgDb::open(
             &self.config,
             self.pool_size,
             self.settings,

@@ -6,41 +6,42 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use crate::audit::AuditEntry;
-use crate::changelog;
-use crate::control::{self, ActionConfig, Enqueue, Enqueued, PausedInfo};
-use crate::cursor::{self, ConsumerKind, CursorInfo};
-use crate::db::CoreDb;
-use crate::dead_letter::DeadLetter;
-use crate::delivery::{self, ChannelPolicy, Delivery, Message};
-use crate::error::{Error, HandlerError, Result};
-use crate::event::{Appended, Event, NewEvent, Query};
-use crate::follow::{self, Follow, FollowerInfo};
-use crate::inspect::{
-    self, BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, RunDetail, RunFilter, RunPage,
-    RunsFeed,
-};
-use crate::lease::{self, Lease, LeaseInfo};
-use crate::names;
-use crate::notify::Subscription;
-use crate::operate::{self, MAX_BULK, Matches, RuleInfo};
-use crate::prune::{Pruned, Retention};
-use crate::reaction::{self, Reaction};
-use crate::rule::Rule;
-use crate::run::{Run, RunContext, RunInfo, RunState};
+use crate::base::audit::AuditEntry;
+use crate::base::dead_letter::DeadLetter;
+use crate::base::error::{Error, HandlerError, Result};
+use crate::base::event::{Appended, Event, NewEvent, Query};
+use crate::base::limits;
+use crate::core::changelog;
+use crate::core::cursor::{self, ConsumerKind, CursorInfo};
+use crate::core::db::CoreDb;
+use crate::core::lease::{self, Lease, LeaseInfo};
+use crate::core::tx::Tx;
+use crate::core::wake::Subscription;
+use crate::core::workspace::{self, WorkspaceInfo};
+use crate::core::writer::WriterStats;
 use crate::runtime::Service;
 use crate::runtime::{self, Backend, Context, Idle};
-use crate::schedule::{self, Job, ScheduleInfo};
-use crate::stats::{self, Stats};
 use crate::store::backend::DeadLetters;
 #[cfg(feature = "postgres")]
 use crate::store::backend::Postgres;
 use crate::store::backend::Sqlite;
 use crate::store::conn::Synchronous;
 use crate::store::{self, schema};
-use crate::tx::Tx;
-use crate::workspace::{self, WorkspaceInfo};
-use crate::writer::WriterStats;
+use crate::work::control::{self, ActionConfig, PausedInfo};
+use crate::work::delivery::{self, ChannelPolicy, Delivery, Message};
+use crate::work::follow::{self, Follow, FollowerInfo};
+use crate::work::inspect::{
+    self, BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, RunDetail, RunFilter, RunPage,
+    RunsFeed,
+};
+use crate::work::operate::{self, MAX_BULK, Matches, RuleInfo};
+use crate::work::prune::{Pruned, Retention};
+use crate::work::queue::enqueue::{Enqueue, Enqueued};
+use crate::work::queue::run::{Run, RunContext, RunInfo, RunState};
+use crate::work::reaction::{self, Reaction};
+use crate::work::rule::Rule;
+use crate::work::schedule::{self, Job, ScheduleInfo};
+use crate::work::stats::{self, Stats};
 
 /// The handle on one reflexr file.
 ///
@@ -501,7 +502,7 @@ impl<B: Backend> Engine<B> {
             + Sync
             + 'static,
     {
-        names::check_name("channel", channel)?;
+        limits::check_name("channel", channel)?;
         policy.retry().validate()?;
         self.db()
             .channels()
@@ -720,7 +721,7 @@ impl<B: Backend> Engine<B> {
             + Sync
             + 'static,
     {
-        names::check_name("projection", name)?;
+        limits::check_name("projection", name)?;
         self.cx
             .registry_mut()
             .projections
@@ -760,7 +761,7 @@ impl<B: Backend> Engine<B> {
     /// [`Error::Invalid`] for a bad name or a config that does not parse.
     #[cfg(feature = "postgres")]
     pub fn register_postgres_target(&self, name: &str, config: &str) -> Result<()> {
-        names::check_name("postgres target", name)?;
+        limits::check_name("postgres target", name)?;
         config
             .parse::<postgres::Config>()
             .map_err(|e| Error::invalid("postgres config", e.to_string()))?;
@@ -789,7 +790,7 @@ impl<B: Backend> Engine<B> {
             + Sync
             + 'static,
     {
-        names::check_name("action", name)?;
+        limits::check_name("action", name)?;
         self.cx.registry_mut().add_action(name, Arc::new(handler));
         Ok(())
     }

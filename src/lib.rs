@@ -54,97 +54,63 @@
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
-// Base: values and words, no I/O.
-mod audit;
-mod clock;
-mod counter;
-mod dead_letter;
-mod error;
-mod event;
-mod names;
-mod retry;
-mod words;
-// Store: every SQL statement, next to the table it touches.
-mod store;
-// Core: one open file, its writer and the operations every consumer uses.
-mod changelog;
-mod combiner;
-mod cursor;
-mod db;
-mod lease;
-#[cfg(all(test, feature = "postgres"))]
-mod matrix;
-mod notify;
-#[cfg(feature = "postgres")]
-mod pgdb;
-mod settings;
-mod tx;
-mod workspace;
-mod writer;
-// Consumers and work.
-mod claims;
-mod consumer;
-mod control;
-mod delivery;
-mod evaluate;
-mod execute;
-mod follow;
-mod inspect;
-mod operate;
-mod prune;
-mod reaction;
-mod rule;
-mod run;
-mod schedule;
-mod stats;
-// Runtime: threads, the drain, lease keeping.
-mod registry;
+// The layers, each a folder; imports flow down (docs/ARCHITECTURE.md).
+mod base;
+mod core;
 mod runtime;
-// Facade: what an application calls.
+mod store;
+mod work;
+// The facade: what an application calls.
 mod builder;
 mod engine;
+#[cfg(all(test, feature = "postgres"))]
+mod matrix;
 mod operator;
-pub use audit::{AuditAction, AuditEntry};
+
+pub use crate::core::changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
+pub use crate::core::cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
+pub use crate::core::lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
+pub use crate::core::tx::Tx;
+pub use crate::core::workspace::WorkspaceInfo;
+pub use crate::core::writer::WriterStats;
+pub use base::audit::{AuditAction, AuditEntry};
+pub use base::clock::{Clock, ManualClock, SystemClock};
+pub use base::counter::Counter;
+pub use base::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
+pub use base::error::{Error, HandlerError, Result};
+pub use base::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
+pub use base::limits::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
+pub use base::retry::RetryPolicy;
 pub use builder::EngineBuilder;
 #[cfg(feature = "postgres")]
 pub use builder::PostgresBuilder;
-pub use changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use control::{ActionConfig, Enqueue, Enqueued, Pausable, PausedInfo, Unique};
-pub use counter::Counter;
-pub use cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
-pub use dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
-pub use delivery::{ChannelPolicy, Delivery, Message, SenderFn};
 pub use engine::{Engine, Watch};
-pub use error::{Error, HandlerError, Result};
-pub use evaluate::firing_id;
-pub use event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
-pub use follow::{Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event};
-pub use inspect::{
-    BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, MAX_PAGE, RunDetail, RunFilter,
-    RunFilterSpec, RunPage, RunsFeed, SCAN_WINDOW,
-};
-pub use lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
-pub use names::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
-pub use operate::{Bulk, MAX_BULK, Matches, RuleInfo, RuleReset};
 pub use operator::Operator;
-pub use prune::{Pruned, Retention};
-pub use reaction::{Reaction, ReactionFn};
-pub use retry::RetryPolicy;
-pub use rule::{Decision, OnDeadLetter, OnNewVersion, Ordering, Rule, Scope, ScopeFn, Start};
-pub use run::{ActionFn, Run, RunContext, RunInfo, RunKind, RunState};
 pub use runtime::Backend;
 pub use runtime::{Idle, Service};
-pub use schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
-pub use stats::Stats;
 #[cfg(feature = "postgres")]
 pub use store::backend::Postgres;
 pub use store::backend::Sqlite;
 pub use store::conn::Synchronous;
 pub use store::schema::SCHEMA_VERSION;
-pub use tx::Tx;
-pub use workspace::WorkspaceInfo;
-pub use writer::WriterStats;
+pub use work::control::{ActionConfig, Pausable, PausedInfo};
+pub use work::delivery::{ChannelPolicy, Delivery, Message, SenderFn};
+pub use work::evaluate::firing_id;
+pub use work::follow::{
+    Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event,
+};
+pub use work::inspect::{
+    BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, MAX_PAGE, RunDetail, RunFilter,
+    RunFilterSpec, RunPage, RunsFeed, SCAN_WINDOW,
+};
+pub use work::operate::{Bulk, MAX_BULK, Matches, RuleInfo, RuleReset};
+pub use work::prune::{Pruned, Retention};
+pub use work::queue::enqueue::{Enqueue, Enqueued, Unique};
+pub use work::queue::run::{ActionFn, Run, RunContext, RunInfo, RunKind, RunState};
+pub use work::reaction::{Reaction, ReactionFn};
+pub use work::rule::{Decision, OnDeadLetter, OnNewVersion, Ordering, Rule, Scope, ScopeFn, Start};
+pub use work::schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
+pub use work::stats::Stats;
 
 /// The PostgreSQL client the engine's `Tx<'_, Postgres>` runs the
 /// application's SQL with (feature `postgres`): its `Row` and `types`.

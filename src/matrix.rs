@@ -11,18 +11,18 @@ use std::time::Duration;
 
 use postgres::{Client, NoTls};
 
-use crate::changelog::{self, Origin};
-use crate::cursor::{self, ConsumerKind};
-use crate::error::{Error, Result};
-use crate::event::{NewEvent, Query};
-use crate::lease;
-use crate::retry::RetryPolicy;
-use crate::settings::Limits;
+use crate::base::error::{Error, Result};
+use crate::base::event::{NewEvent, Query};
+use crate::base::retry::RetryPolicy;
+use crate::core::changelog::{self, Origin};
+use crate::core::cursor::{self, ConsumerKind};
+use crate::core::lease;
+use crate::core::settings::Limits;
+use crate::core::workspace;
 use crate::store::backend::{Cursors, Events, Leases, Runs, Workspaces};
 use crate::store::conn::Synchronous;
 use crate::store::pg::{self, PgConn};
 use crate::store::runs::{self, Inserted, NewRun, Uniq};
-use crate::workspace;
 
 /// Every table group the tests use.
 trait Core: Events + Workspaces + Cursors + Leases + Runs {}
@@ -157,7 +157,7 @@ fn event(event_type: &str, subject: &str) -> NewEvent {
     NewEvent::new(event_type, subject, "tester", NOW).payload_json(r#"{"n":1}"#)
 }
 
-fn append(c: &dyn Core, ws: &str, e: &NewEvent) -> Result<crate::event::Appended> {
+fn append(c: &dyn Core, ws: &str, e: &NewEvent) -> Result<crate::base::event::Appended> {
     changelog::append(c, NOW, LIMITS, ws, e, Origin::App)
 }
 

@@ -1,13 +1,13 @@
 //! [`Operator`]: what an operator does to the file, on the record.
 
-use crate::control::{self, ActionConfig, Pausable};
-use crate::cursor::{self, ConsumerKind, Reset};
+use crate::base::error::{Error, Result};
+use crate::core::cursor::{self, ConsumerKind, Reset};
 use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::operate::{self, Bulk, RuleReset};
-use crate::prune::{Pruned, Retention};
 use crate::runtime::Backend;
 use crate::store::backend::Sqlite;
+use crate::work::control::{self, ActionConfig, Pausable};
+use crate::work::operate::{self, Bulk, RuleReset};
+use crate::work::prune::{Pruned, Retention};
 
 /// An operator acting on the file, from [`Engine::operator`]: every
 /// intervention is checked (a typed error for what cannot be done: only a
@@ -116,7 +116,7 @@ impl<B: Backend> Operator<'_, B> {
     ///
     /// # Errors
     /// [`Error::NotFound`]; [`Error::Conflict`] for a run that has ended.
-    pub fn cancel_run(&self, id: &str) -> Result<crate::run::RunState> {
+    pub fn cancel_run(&self, id: &str) -> Result<crate::work::queue::run::RunState> {
         let (op, why) = self.who();
         let was = self
             .engine

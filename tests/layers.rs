@@ -1,31 +1,61 @@
-//! The layers of docs/ARCHITECTURE.md hold: every module of `src/` is in its
-//! table, no `crate::` path goes from a module to one in a higher layer, and
-//! the modules' imports make no cycle. The surfaces are crates of their
-//! own, so the compiler holds them to the public API; the library's own
-//! dependencies hold none of theirs.
+//! The layers of docs/ARCHITECTURE.md hold, and the tree shows them: every
+//! source file of `src/` is in the document's table, in the layer its
+//! folder is (`base/` 0, `store/` 1, `core/` 2, `work/` 3, `runtime/` 4,
+//! the facade's files at the top 5); no `crate::` path goes from a file to
+//! one in a higher layer; inside `store/`, a backend's folder uses no other
+//! backend's, and the seam's own files use none; and the files' imports
+//! make no cycle. The surfaces are crates of their own, so the compiler
+//! holds them to the public API; the library's own dependencies hold none
+//! of theirs.
 //!
-//! The imports are read from the source: every `crate::x` path and every
-//! `use crate::{x, y::z}` group outside comments and outside the unit tests
-//! at the end of a file (`#[cfg(test)]`), which may drive a module through
-//! the layers above it.
+//! The imports are read from the source: every `crate::…` path, use-trees
+//! (`use crate::{a::b, c::{d, e}}`) expanded, outside comments, string
+//! literals and the unit tests at the end of a file (`#[cfg(test)]`), which
+//! may drive a module through the layers above it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Module → (layer number, layer name), from the table in the document.
-fn layers() -> BTreeMap<String, (u32, String)> {
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The layer a folder of `src/` is, by its first component.
+fn layer_of(module: &str) -> (u32, &'static str) {
+    match module.split("::").next().unwrap() {
+        "base" => (0, "base"),
+        "store" => (1, "store"),
+        "core" => (2, "core"),
+        "work" => (3, "work"),
+        "runtime" => (4, "runtime"),
+        _ => (5, "facade"),
+    }
+}
+
+/// The backend folders inside `store/`, which only they and the facade name.
+const BACKENDS: &[&str] = &["store::sqlite", "store::postgres"];
+
+fn backend_of(module: &str) -> Option<&'static str> {
+    BACKENDS
+        .iter()
+        .find(|b| module == **b || module.starts_with(&format!("{b}::")))
+        .copied()
+}
+
+/// Module path → (layer number, layer name), from the table in the
+/// document: `| 2 core | `core/db` | its job |`.
+fn table() -> BTreeMap<String, (u32, String)> {
     let doc = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
     let mut out = BTreeMap::new();
     for line in doc.lines() {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        // | 2 core | `db` | its job |
         if cells.len() < 4 || !cells[2].starts_with('`') {
             continue;
         }
         let (number, name) = cells[1]
             .split_once(' ')
             .expect("`N name` in the layer column");
-        let module = cells[2].trim_matches('`').to_string();
+        let module = cells[2].trim_matches('`').replace('/', "::");
         let number: u32 = number.parse().expect("a layer number");
         assert!(
             out.insert(module.clone(), (number, name.to_string()))
@@ -37,21 +67,20 @@ fn layers() -> BTreeMap<String, (u32, String)> {
     out
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The module a source file belongs to: `src/db.rs` → `db`, every file under
-/// `src/store/` → `store`.
+/// The module a source file is: `src/core/db.rs` → `core::db`,
+/// `src/runtime/mod.rs` → `runtime`, `src/lib.rs` → `lib`.
 fn module_of(path: &Path) -> String {
     let rel = path.strip_prefix(root().join("src")).unwrap();
-    let first = rel
+    let mut parts: Vec<String> = rel
         .components()
-        .next()
-        .unwrap()
-        .as_os_str()
-        .to_string_lossy();
-    first.trim_end_matches(".rs").to_string()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop().unwrap();
+    match last.as_str() {
+        "mod.rs" => {}
+        other => parts.push(other.trim_end_matches(".rs").to_string()),
+    }
+    parts.join("::")
 }
 
 /// The source without comments, string literals' contents, or the unit
@@ -89,37 +118,62 @@ fn code(text: &str) -> String {
     out
 }
 
-fn ident(s: &str) -> &str {
-    let end = s
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .unwrap_or(s.len());
-    &s[..end]
-}
-
-/// The modules a file's code names through `crate::`.
-fn imports(code: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for (at, _) in code.match_indices("crate::") {
-        let rest = &code[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            // `use crate::{a, b::c, d::{e, f}}`: the top-level names.
-            let (mut depth, mut item_start) = (0, true);
-            for (i, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => item_start = true,
-                    c if item_start && (c.is_ascii_alphabetic() || c == '_') => {
-                        out.insert(ident(&group[i..]).to_string());
-                        item_start = false;
-                    }
-                    _ => {}
+/// The paths a use-tree after `crate::` names, expanded: `a::b` →
+/// [`a::b`]; `{a::b, c::{d, e}}` → [`a::b`, `c::d`, `c::e`].
+fn expand(tree: &str, prefix: &str, out: &mut Vec<String>) -> usize {
+    let mut path = prefix.to_string();
+    let mut i = 0;
+    let bytes: Vec<char> = tree.chars().collect();
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c.is_ascii_alphanumeric() || c == '_' {
+            path.push(c);
+            i += 1;
+        } else if c == ':' && bytes.get(i + 1) == Some(&':') {
+            path.push_str("::");
+            i += 2;
+        } else if c == '{' {
+            i += 1;
+            loop {
+                while i < bytes.len() && (bytes[i].is_whitespace() || bytes[i] == ',') {
+                    i += 1;
                 }
+                if i >= bytes.len() || bytes[i] == '}' {
+                    return i + 1;
+                }
+                let rest: String = bytes[i..].iter().collect();
+                i += expand(&rest, &path, out);
             }
         } else {
-            out.insert(ident(rest).to_string());
+            break;
         }
+        if i < bytes.len() && (bytes[i] == ',' || bytes[i] == '}') {
+            break;
+        }
+    }
+    let trimmed = path.trim_end_matches("::").to_string();
+    if !trimmed.is_empty() && trimmed != prefix.trim_end_matches("::") {
+        out.push(trimmed);
+    }
+    // Step over an `as` rename or what follows the path, to the item's end.
+    while i < bytes.len() && bytes[i] != ',' && bytes[i] != '}' {
+        if bytes[i] == ';' || bytes[i] == '\n' || bytes[i] == '(' || bytes[i] == '<' {
+            return i;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Every path a file's code names through `crate::`.
+fn crate_paths(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        let before = code[..at].chars().last().unwrap_or(' ');
+        if before.is_ascii_alphanumeric() || before == '_' || before == '$' {
+            continue;
+        }
+        expand(&code[at + "crate::".len()..], "", &mut out);
     }
     out
 }
@@ -135,19 +189,37 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// module → the modules it imports (the bin and re-exports left out).
+/// Every module of `src/`.
+fn modules() -> BTreeSet<String> {
+    let mut files = Vec::new();
+    sources(&root().join("src"), &mut files);
+    files.iter().map(|p| module_of(p)).collect()
+}
+
+/// The module a path lands in: its longest prefix that is a module.
+fn target(path: &str, modules: &BTreeSet<String>) -> Option<String> {
+    let segs: Vec<&str> = path.split("::").collect();
+    (1..=segs.len())
+        .rev()
+        .map(|n| segs[..n].join("::"))
+        .find(|m| modules.contains(m))
+}
+
+/// module → the modules it imports (`lib`'s re-exports left out).
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let modules = modules();
     let mut files = Vec::new();
     sources(&root().join("src"), &mut files);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for path in files {
         let module = module_of(&path);
-        if module == "bin" {
+        if module == "lib" {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
         let deps = graph.entry(module.clone()).or_default();
-        for dep in imports(&code(&text)) {
+        for p in crate_paths(&code(&text)) {
+            let dep = target(&p, &modules).unwrap_or_else(|| format!("?{p}"));
             if dep != module {
                 deps.insert(dep);
             }
@@ -156,34 +228,71 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     graph
 }
 
+/// Whether `dep` is a folder (`mod.rs`) that `module` sits in: a file may
+/// use what its own folder declares.
+fn is_ancestor(dep: &str, module: &str) -> bool {
+    module.starts_with(&format!("{dep}::"))
+}
+
 #[test]
-fn every_import_flows_down_the_layers_of_the_architecture_document() {
-    let layers = layers();
+fn every_file_is_in_the_layer_its_folder_is_and_in_the_document() {
+    let table = table();
+    let modules = modules();
+    let mut wrong = Vec::new();
+    for m in &modules {
+        if m == "lib" {
+            continue;
+        }
+        match table.get(m) {
+            None => wrong.push(format!("{m}: not in docs/ARCHITECTURE.md's table")),
+            Some((n, name)) if (*n, name.as_str()) != layer_of(m) => {
+                let (l, ln) = layer_of(m);
+                wrong.push(format!(
+                    "{m}: the table says {n} {name}, its folder {l} {ln}"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for m in table.keys() {
+        if !modules.contains(m) {
+            wrong.push(format!("{m} is in the table but not in src/"));
+        }
+    }
+    assert!(wrong.is_empty(), "\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_import_flows_down_the_layers_and_backends_keep_to_their_folders() {
     let graph = graph();
     let mut wrong = Vec::new();
     for (module, deps) in &graph {
-        let Some((layer, name)) = layers.get(module) else {
-            wrong.push(format!("{module}: not in docs/ARCHITECTURE.md's table"));
-            continue;
-        };
+        let (layer, name) = layer_of(module);
         for dep in deps {
-            match layers.get(dep) {
+            if let Some(p) = dep.strip_prefix('?') {
                 // `crate::Error` and friends go through lib's re-exports:
                 // below the facade, name the defining module.
-                None if dep.starts_with(char::is_uppercase) => wrong.push(format!(
-                    "{module} uses crate::{dep}: name its module (crate::<module>::{dep})"
-                )),
-                None => wrong.push(format!("{module} uses {dep}, which the table lacks")),
-                Some((l, n)) if l > layer => wrong.push(format!(
-                    "{module} ({layer} {name}) uses {dep} ({l} {n}): an import up the layers"
-                )),
-                Some(_) => {}
+                if layer < 5 {
+                    wrong.push(format!("{module} uses crate::{p}: name its module"));
+                }
+                continue;
             }
-        }
-    }
-    for module in layers.keys() {
-        if !graph.contains_key(module) {
-            wrong.push(format!("{module} is in the table but not in src/"));
+            if is_ancestor(dep, module) {
+                continue;
+            }
+            let (l, n) = layer_of(dep);
+            if l > layer {
+                wrong.push(format!(
+                    "{module} ({layer} {name}) uses {dep} ({l} {n}): an import up the layers"
+                ));
+            }
+            // Only a backend's own folder, and the facade, name a backend.
+            if let Some(b) = backend_of(dep)
+                && layer < 5
+                && backend_of(module) != Some(b)
+            {
+                wrong.push(format!("{module} uses {dep}: only {b}'s own files name it"));
+            }
         }
     }
     assert!(wrong.is_empty(), "\n{}", wrong.join("\n"));
@@ -209,6 +318,11 @@ fn no_two_modules_need_each_other() {
         }
         path.push(m.to_string());
         for dep in graph.get(m).into_iter().flatten() {
+            // A folder's `mod.rs` declares its files; a file naming its
+            // folder's items is no cycle.
+            if is_ancestor(dep, m) {
+                continue;
+            }
             if let Some(c) = visit(dep, graph, path, done) {
                 return Some(c);
             }
@@ -259,9 +373,11 @@ fn the_library_depends_on_none_of_the_surfaces_dependencies() {
 }
 
 #[test]
-fn the_reader_finds_imports_in_paths_and_groups_but_not_in_comments_or_strings() {
-    let src = "use crate::a::B;\nuse crate::{c, d::e, f::{g, h}};\nlet x = crate::i::j();\n\
-               // crate::k\nlet s = \"crate::l\";\n#[cfg(test)]\nmod tests { use crate::m; }\n";
-    let got: Vec<String> = imports(&code(src)).into_iter().collect();
-    assert_eq!(got, ["a", "c", "d", "f", "i"]);
+fn the_reader_expands_paths_and_use_trees_but_not_comments_or_strings() {
+    let src = "use crate::a::B;\nuse crate::{c, d::e, f::{g, h::I}};\nlet x = crate::i::j();\n\
+               // crate::k\nlet s = \"crate::l\";\n#[serde(with = \"x\")] y: $crate::m,\n\
+               #[cfg(test)]\nmod tests { use crate::n; }\n";
+    let mut got = crate_paths(&code(src));
+    got.sort();
+    assert_eq!(got, ["a::B", "c", "d::e", "f::g", "f::h::I", "i::j"]);
 }

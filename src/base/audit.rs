@@ -1,6 +1,6 @@
 //! What operators did: [`AuditEntry`], read back from `reflexr_audit`.
 
-use crate::words::open_text_enum;
+use crate::base::text::open_text_enum;
 
 open_text_enum! {
     /// What an operator (or the engine, on a rule's new version) did.
@@ -56,6 +56,6 @@ pub struct AuditEntry {
     pub reason: String,
     /// The particulars, as JSON text (e.g. `{"from":120,"to":0}`;
     /// serialised as the JSON it holds).
-    #[serde(serialize_with = "crate::words::raw_json")]
+    #[serde(serialize_with = "crate::base::text::raw_json")]
     pub detail: String,
 }

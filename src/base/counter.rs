@@ -1,6 +1,6 @@
 //! [`Counter`]: the totals the engine keeps in the file.
 
-use crate::words::text_enum;
+use crate::base::text::text_enum;
 
 text_enum! {
     /// A total kept in the file (`reflexr_counters`), bumped in the

@@ -5,7 +5,7 @@
 //! They are written by the consumer that gives up, in the transaction that
 //! moves its cursor or settles its run (`store::dead_letters::insert`).
 
-use crate::words::{open_text_enum, text_enum};
+use crate::base::text::{open_text_enum, text_enum};
 
 text_enum! {
     /// Whose dead letter it is.

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// The types only the engine appends. An application's append of one is
 /// refused with [`Error::ReservedType`].
@@ -40,7 +40,7 @@ pub struct Event {
     /// How many causes deep the event is in a chain: 0 for an application's
     /// own event, one more than its cause otherwise.
     pub depth: i64,
-    #[serde(serialize_with = "crate::words::raw_json")]
+    #[serde(serialize_with = "crate::base::text::raw_json")]
     pub(crate) payload: String,
     /// The payload parsed, once, by the first [`Event::json`].
     #[serde(skip)]
@@ -294,7 +294,7 @@ impl Query {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        crate::names::check_name("workspace", &self.workspace)?;
+        crate::base::limits::check_name("workspace", &self.workspace)?;
         if self.after < 0 {
             return Err(Error::invalid("after", "a seq is never negative"));
         }
@@ -305,10 +305,10 @@ impl Query {
             ));
         }
         for t in &self.types {
-            crate::names::check_name("event type", t)?;
+            crate::base::limits::check_name("event type", t)?;
         }
         if let Some(s) = &self.subject {
-            crate::names::check_text("subject", s, crate::names::MAX_SUBJECT_BYTES)?;
+            crate::base::limits::check_text("subject", s, crate::base::limits::MAX_SUBJECT_BYTES)?;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! What names, ids and texts reflexr accepts. Checked before anything is
 //! written, so bad input is a typed error and never a half-done write.
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Longest name (workspace, event type, consumer, lease), in bytes.
 pub const MAX_NAME_BYTES: usize = 128;

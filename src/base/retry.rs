@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// How a run is retried after a failed attempt.
 ///

@@ -31,12 +31,12 @@ macro_rules! text_enum {
         }
 
         impl std::str::FromStr for $name {
-            type Err = crate::error::Error;
+            type Err = crate::base::error::Error;
 
             fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
                 match s {
                     $( $text => Ok($name::$variant), )+
-                    other => Err(crate::error::Error::invalid(
+                    other => Err(crate::base::error::Error::invalid(
                         $what,
                         format!("{other:?}; one of {}", [$($text),+].join(", ")),
                     )),

@@ -2,10 +2,10 @@
 
 use serde::de::IgnoredAny;
 
-use crate::error::{Error, Result};
-use crate::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
-use crate::names::{self, MAX_ID_BYTES, MAX_SUBJECT_BYTES};
-use crate::settings::Limits;
+use crate::base::error::{Error, Result};
+use crate::base::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
+use crate::base::limits::{self, MAX_ID_BYTES, MAX_SUBJECT_BYTES};
+use crate::core::settings::Limits;
 use crate::store::backend::{Events, Inserted, Workspaces};
 use crate::store::events;
 
@@ -38,28 +38,28 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
     ev: &NewEvent,
     origin: Origin,
 ) -> Result<Appended> {
-    names::check_name("workspace", workspace)?;
-    names::check_name("event type", &ev.event_type)?;
+    limits::check_name("workspace", workspace)?;
+    limits::check_name("event type", &ev.event_type)?;
     if !matches!(origin, Origin::Engine { .. }) && RESERVED_TYPES.contains(&ev.event_type.as_str())
     {
         return Err(Error::ReservedType {
             event_type: ev.event_type.clone(),
         });
     }
-    names::check_text("subject", &ev.subject, MAX_SUBJECT_BYTES)?;
-    names::check_text("actor", &ev.actor, MAX_ID_BYTES)?;
+    limits::check_text("subject", &ev.subject, MAX_SUBJECT_BYTES)?;
+    limits::check_text("actor", &ev.actor, MAX_ID_BYTES)?;
     for (field, v) in [
         ("causation_id", &ev.causation_id),
         ("correlation_id", &ev.correlation_id),
     ] {
         if let Some(v) = v {
-            names::check_text(field, v, MAX_ID_BYTES)?;
+            limits::check_text(field, v, MAX_ID_BYTES)?;
         }
     }
     let payload = checked_payload(ev, limits.max_payload_bytes, origin)?;
     let id = match &ev.id {
         Some(id) => {
-            names::check_text("id", id, MAX_ID_BYTES)?;
+            limits::check_text("id", id, MAX_ID_BYTES)?;
             // Looked up first: an INSERT that conflicts would still take a
             // seq from AUTOINCREMENT (sqlite_sequence moves on), leaving a
             // gap and a head that counts an event never appended. A fresh
@@ -245,8 +245,8 @@ pub(crate) fn event_by_id<C: Events + ?Sized>(
     workspace: &str,
     id: &str,
 ) -> Result<Option<Event>> {
-    names::check_name("workspace", workspace)?;
-    names::check_text("id", id, MAX_ID_BYTES)?;
+    limits::check_name("workspace", workspace)?;
+    limits::check_text("id", id, MAX_ID_BYTES)?;
     Events::by_id(conn, workspace, id)
 }
 

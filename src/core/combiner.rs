@@ -35,9 +35,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use crate::error::Error;
+use crate::base::error::Error;
+use crate::core::tx::Tx;
 use crate::store::backend::{Sqlite, Store};
-use crate::tx::Tx;
 
 /// Most requests one batch (one transaction) holds.
 pub(crate) const MAX_BATCH: usize = 512;

@@ -4,12 +4,12 @@
 //! (DESIGN.md, invariant 8): saving an older position is an error. The one
 //! exception is an operator's reset, which is recorded in `reflexr_audit`.
 
-use crate::audit::AuditAction;
-use crate::error::{Error, Result};
-use crate::names::{self, MAX_ID_BYTES};
+use crate::base::audit::AuditAction;
+use crate::base::error::{Error, Result};
+use crate::base::limits::{self, MAX_ID_BYTES};
+use crate::base::text::text_enum;
 use crate::store::audit;
 use crate::store::backend::{Audit, Cursors, Events, Workspaces};
-use crate::words::text_enum;
 
 text_enum! {
     /// What kind of consumer a cursor belongs to. The kinds have separate
@@ -78,8 +78,8 @@ pub(crate) fn load<C: Cursors + ?Sized>(
     kind: ConsumerKind,
     name: &str,
 ) -> Result<i64> {
-    names::check_name("workspace", workspace)?;
-    names::check_name("consumer", name)?;
+    limits::check_name("workspace", workspace)?;
+    limits::check_name("consumer", name)?;
     Ok(Cursors::get(conn, workspace, kind.as_str(), name)?.unwrap_or(0))
 }
 
@@ -89,8 +89,8 @@ fn check_position<C: Events + Workspaces + ?Sized>(
     name: &str,
     position: i64,
 ) -> Result<()> {
-    names::check_name("workspace", workspace)?;
-    names::check_name("consumer", name)?;
+    limits::check_name("workspace", workspace)?;
+    limits::check_name("consumer", name)?;
     if position < 0 {
         return Err(Error::invalid("position", "a seq is never negative"));
     }
@@ -141,8 +141,8 @@ pub(crate) fn reset<C: Cursors + Events + Workspaces + Audit + ?Sized>(
 ) -> Result<Reset> {
     let (workspace, kind, name) = target;
     check_position(conn, workspace, name, position)?;
-    names::check_text("operator", operator, MAX_ID_BYTES)?;
-    names::check_text("reason", reason, 4096)?;
+    limits::check_text("operator", operator, MAX_ID_BYTES)?;
+    limits::check_text("reason", reason, 4096)?;
     let from = Cursors::set(conn, workspace, kind.as_str(), name, position, now)?;
     let detail = serde_json::json!({ "from": from, "to": position }).to_string();
     Audit::record(

@@ -12,15 +12,15 @@ use r2d2::Pool;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::Connection;
 
-use crate::clock::Clock;
-use crate::error::{Error, Result};
-use crate::notify::{FileWatch, Notifier, Subscription};
-use crate::settings::Settings;
+use crate::base::clock::Clock;
+use crate::base::error::{Error, Result};
+use crate::core::settings::Settings;
+use crate::core::tx::{Env, Tx};
+use crate::core::wake::{FileWatch, Notifier, Subscription};
+use crate::core::writer::{Writer, WriterStats};
 use crate::store::backend::{Sqlite, Store};
 use crate::store::conn::{self, Role};
 use crate::store::schema;
-use crate::tx::{Env, Tx};
-use crate::writer::{Writer, WriterStats};
 
 /// How to open a file, besides the settings.
 pub(crate) struct Open {
@@ -161,7 +161,7 @@ impl Db {
 
     /// The channels this process may enqueue deliveries on, with the retry
     /// policy each delivery is stored with.
-    pub(crate) fn channels(&self) -> &RwLock<BTreeMap<String, crate::retry::RetryPolicy>> {
+    pub(crate) fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>> {
         &self.env.channels
     }
 
@@ -176,7 +176,7 @@ impl Db {
     }
 
     /// Runs `f` in the process's shared write transaction (see
-    /// [`crate::writer`]) and returns its value once committed.
+    /// [`crate::core::writer`]) and returns its value once committed.
     pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
         F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
@@ -224,7 +224,7 @@ impl Db {
             heartbeat_set: true,
             lease_ttl: Duration::from_secs(30),
             holder_id: "test".into(),
-            limits: crate::settings::Limits {
+            limits: crate::core::settings::Limits {
                 max_payload_bytes: 1 << 20,
                 max_chain_depth: 8,
             },
@@ -235,7 +235,13 @@ impl Db {
             verify: false,
             vfs: None,
         };
-        Db::open(path, &open, settings, Arc::new(crate::clock::SystemClock)).expect("open")
+        Db::open(
+            path,
+            &open,
+            settings,
+            Arc::new(crate::base::clock::SystemClock),
+        )
+        .expect("open")
     }
 
     /// For the writer's own tests.
@@ -303,7 +309,7 @@ pub trait CoreDb<B: Store>: Send + Sync {
     fn writer_stats(&self) -> WriterStats;
     /// The channels this process may enqueue deliveries on, with the retry
     /// policy each delivery is stored with.
-    fn channels(&self) -> &RwLock<BTreeMap<String, crate::retry::RetryPolicy>>;
+    fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>>;
     /// Wakes every waiting thread of this process.
     fn nudge(&self);
     /// Counts a thread waiting for runs to end, while the guard lives.
@@ -343,7 +349,7 @@ impl CoreDb<Sqlite> for Db {
     fn writer_stats(&self) -> WriterStats {
         Db::writer_stats(self)
     }
-    fn channels(&self) -> &RwLock<BTreeMap<String, crate::retry::RetryPolicy>> {
+    fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>> {
         Db::channels(self)
     }
     fn nudge(&self) {

@@ -14,8 +14,8 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-use crate::names::{self, MAX_ID_BYTES};
+use crate::base::error::{Error, Result};
+use crate::base::limits::{self, MAX_ID_BYTES};
 use crate::store::backend::Leases;
 use crate::store::leases::LeaseRow;
 
@@ -116,8 +116,8 @@ pub(crate) fn ttl_ms(ttl: Duration) -> Result<i64> {
 }
 
 fn check(name: &str, holder: &str) -> Result<()> {
-    names::check_name("lease", name)?;
-    names::check_text("holder", holder, MAX_ID_BYTES)
+    limits::check_name("lease", name)?;
+    limits::check_text("holder", holder, MAX_ID_BYTES)
 }
 
 pub(crate) fn acquire<C: Leases + ?Sized>(

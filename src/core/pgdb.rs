@@ -1,5 +1,5 @@
 //! [`PgDb`]: one open PostgreSQL database (feature `postgres`) — the core
-//! the engine works through on a server, as [`crate::db::Db`] is on a file.
+//! the engine works through on a server, as [`crate::core::db::Db`] is on a file.
 //!
 //! - **Connections.** An r2d2 pool of the sync `postgres` client (its
 //!   private runtime never reaches the API). A connection that broke — the
@@ -27,7 +27,7 @@
 //!   over the head, whatever the members of a shared write do in what
 //!   order.
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
-//!   its commit; the notifier's listener and heartbeat (`crate::notify`)
+//!   its commit; the notifier's listener and heartbeat (`crate::core::wake`)
 //!   wake this process's waiters. A missed notification costs a heartbeat,
 //!   never an event; a burst of them wakes a waiter once.
 
@@ -38,16 +38,16 @@ use std::time::Duration;
 
 use postgres::NoTls;
 
-use crate::clock::Clock;
-use crate::combiner::{Batch, Combiner, Ended};
-use crate::db::{CoreDb, Database, RunWaiter};
-use crate::error::{Error, Result};
-use crate::notify::{Notifier, PgListen, Subscription};
-use crate::settings::Settings;
+use crate::base::clock::Clock;
+use crate::base::error::{Error, Result};
+use crate::core::combiner::{Batch, Combiner, Ended};
+use crate::core::db::{CoreDb, Database, RunWaiter};
+use crate::core::settings::Settings;
+use crate::core::tx::{Env, Tx};
+use crate::core::wake::{Notifier, PgListen, Subscription};
+use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
 use crate::store::backend::Postgres;
 use crate::store::pg::{self, PgConn, Pool, Pooled};
-use crate::tx::{Env, Tx};
-use crate::writer::{Inside, NEXT_WRITER_ID, WriterStats};
 
 /// The channel commits are announced on.
 pub(crate) const CHANNEL: &str = "reflexr";
@@ -412,7 +412,7 @@ impl CoreDb<Postgres> for PgDb {
             aborts: self.aborts.load(Ordering::Relaxed),
         }
     }
-    fn channels(&self) -> &RwLock<BTreeMap<String, crate::retry::RetryPolicy>> {
+    fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>> {
         &self.env.channels
     }
     fn nudge(&self) {

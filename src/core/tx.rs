@@ -5,14 +5,14 @@ use std::sync::{Arc, RwLock};
 
 use rusqlite::{Connection, Params};
 
-use crate::changelog::{self, Origin};
-use crate::clock::Clock;
-use crate::cursor::{self, ConsumerKind};
-use crate::error::Result;
-use crate::event::{Appended, Event, NewEvent, Query};
-use crate::lease::{self, Lease};
-use crate::retry::RetryPolicy;
-use crate::settings::{Limits, Settings};
+use crate::base::clock::Clock;
+use crate::base::error::Result;
+use crate::base::event::{Appended, Event, NewEvent, Query};
+use crate::base::retry::RetryPolicy;
+use crate::core::changelog::{self, Origin};
+use crate::core::cursor::{self, ConsumerKind};
+use crate::core::lease::{self, Lease};
+use crate::core::settings::{Limits, Settings};
 use crate::store::backend::{Sqlite, Store};
 
 /// What a write consults besides its connection: the engine's clock and
@@ -57,7 +57,7 @@ impl<'a, B: Store> Tx<'a, B> {
     /// fails, only its writes are rolled back (and on PostgreSQL, the seqs
     /// it took are given back, so the log stays dense). For the engine's
     /// batches that commit several independent units together.
-    pub(crate) fn nested<T, E: From<crate::error::Error>>(
+    pub(crate) fn nested<T, E: From<crate::base::error::Error>>(
         &mut self,
         f: impl FnOnce(&mut Tx<'a, B>) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
@@ -241,7 +241,7 @@ impl Tx<'_, crate::store::backend::Postgres> {
         match rows.len() {
             0 => Ok(None),
             1 => Ok(rows.pop()),
-            n => Err(crate::error::Error::invalid(
+            n => Err(crate::base::error::Error::invalid(
                 "query",
                 format!("returned {n} rows where at most one was expected"),
             )),

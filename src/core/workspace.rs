@@ -1,8 +1,8 @@
 //! Workspaces: named logs inside the file, and the event types each accepts.
 
-use crate::error::{Error, Result};
-use crate::event::RESERVED_TYPES;
-use crate::names;
+use crate::base::error::{Error, Result};
+use crate::base::event::RESERVED_TYPES;
+use crate::base::limits;
 use crate::store::backend::Workspaces;
 
 /// A workspace as listed by [`crate::Engine::workspaces`].
@@ -19,7 +19,7 @@ pub struct WorkspaceInfo {
 
 /// Creates the workspace with its reserved types; false when it existed.
 pub(crate) fn create<C: Workspaces + ?Sized>(conn: &C, now: i64, name: &str) -> Result<bool> {
-    names::check_name("workspace", name)?;
+    limits::check_name("workspace", name)?;
     let created = Workspaces::insert(conn, name, now)?;
     // Registered for every workspace, so the engine's RuleFired and
     // RuleErrored pass the (workspace, type) foreign key.
@@ -36,9 +36,9 @@ pub(crate) fn register_types<C: Workspaces + ?Sized>(
     workspace: &str,
     types: &[&str],
 ) -> Result<()> {
-    names::check_name("workspace", workspace)?;
+    limits::check_name("workspace", workspace)?;
     for t in types {
-        names::check_name("event type", t)?;
+        limits::check_name("event type", t)?;
         if RESERVED_TYPES.contains(t) {
             return Err(Error::ReservedType {
                 event_type: (*t).to_string(),

@@ -9,7 +9,7 @@
 //!
 //! # How
 //!
-//! Callers are combined ([`crate::combiner`]): the leader takes every caller
+//! Callers are combined ([`crate::core::combiner`]): the leader takes every caller
 //! queued as a batch, opens `BEGIN IMMEDIATE`, runs each closure in a
 //! savepoint of its own (`ROLLBACK TO` it when the closure fails or panics,
 //! so one caller's failure undoes only its own part), commits, and tells each
@@ -39,12 +39,12 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::combiner::{Batch, Combiner, Ended};
-use crate::error::{Error, Result};
-use crate::notify::Notifier;
+use crate::base::error::{Error, Result};
+use crate::core::combiner::{Batch, Combiner, Ended};
+use crate::core::tx::{Env, Tx};
+use crate::core::wake::Notifier;
 use crate::store::backend::Sqlite;
 use crate::store::conn::{Control, Guard, retry_busy};
-use crate::tx::{Env, Tx};
 
 pub(crate) static NEXT_WRITER_ID: AtomicUsize = AtomicUsize::new(1);
 
@@ -312,8 +312,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::faults::{self, Fault};
-    use crate::db::Db;
-    use crate::error::Error;
+    use crate::base::error::Error;
+    use crate::core::db::Db;
 
     /// The core of one file, with [`crate::Engine::write`]'s error type.
     #[derive(Clone)]
@@ -322,7 +322,7 @@ mod tests {
     impl Engine {
         fn write<T: Send>(
             &self,
-            f: impl FnOnce(&mut crate::tx::Tx<'_>) -> crate::Result<T> + Send,
+            f: impl FnOnce(&mut crate::core::tx::Tx<'_>) -> crate::Result<T> + Send,
         ) -> crate::Result<T> {
             self.0.write(f)
         }
@@ -604,7 +604,7 @@ mod tests {
             // The caller's thread panicked: its closure did, or its thread
             // led a batch and failed in the writer's own code.
             Err(panic) => {
-                let text = crate::error::panic_text(&**panic);
+                let text = crate::base::error::panic_text(&**panic);
                 ok && (text.contains("AfterCommit") || text.contains("AfterWake"))
             }
         }

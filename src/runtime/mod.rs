@@ -34,6 +34,8 @@
 //! [`run_until_idle`] runs the same steps in the caller's thread until
 //! nothing is ready, so tests need no threads and no sleeping.
 
+pub(crate) mod registry;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
@@ -42,17 +44,17 @@ use std::time::Instant;
 
 use crossbeam_channel::{Sender, bounded};
 
-use crate::claims::Claims;
-use crate::db::{CoreDb, Database, Db, Open};
-use crate::error::{Error, Result};
-use crate::evaluate::{self, Pass};
-use crate::execute::{self, Executed};
-use crate::lease::{self, Lease};
-use crate::prune::{self, Retention};
-use crate::registry::Registry;
+use crate::base::error::{Error, Result};
+use crate::core::db::{CoreDb, Database, Db, Open};
+use crate::core::lease::{self, Lease};
+use crate::runtime::registry::Registry;
 use crate::store::backend::Sqlite;
 use crate::store::conn::Synchronous;
-use crate::{follow, reaction, schedule};
+use crate::work::evaluate::{self, Pass};
+use crate::work::prune::{self, Retention};
+use crate::work::queue::claims::Claims;
+use crate::work::queue::execute::{self, Executed};
+use crate::{work::follow, work::reaction, work::schedule};
 
 /// The database an [`crate::Engine`] runs on: [`Sqlite`] (the default: one
 /// file) or, with the feature `postgres`, `Postgres` (a server several
@@ -118,7 +120,9 @@ impl Backend for crate::store::backend::Postgres {
 }
 
 /// The followers in the ledger, with their cursors and counters.
-pub(crate) fn followers<B: Backend>(cx: &Context<B>) -> Result<Vec<crate::follow::FollowerInfo>> {
+pub(crate) fn followers<B: Backend>(
+    cx: &Context<B>,
+) -> Result<Vec<crate::work::follow::FollowerInfo>> {
     let stopped = cx.stopped_followers();
     cx.db.read_with(&mut |c| follow::infos(c, &stopped))
 }
@@ -126,7 +130,7 @@ pub(crate) fn followers<B: Backend>(cx: &Context<B>) -> Result<Vec<crate::follow
 /// Removes a follower from the ledger, on the record.
 pub(crate) fn unfollow<B: Backend>(cx: &Context<B>, name: &str, op: &str, why: &str) -> Result<()> {
     cx.db
-        .write_with(|tx| crate::operate::unfollow(tx.core(), tx.now_ms(), name, op, why))
+        .write_with(|tx| crate::work::operate::unfollow(tx.core(), tx.now_ms(), name, op, why))
 }
 
 /// Asks a stopped follower to start again (whichever process runs it), on
@@ -137,8 +141,9 @@ pub(crate) fn restart_follower<B: Backend>(
     op: &str,
     why: &str,
 ) -> Result<()> {
-    cx.db
-        .write_with(|tx| crate::operate::restart_follower(tx.core(), tx.now_ms(), name, op, why))?;
+    cx.db.write_with(|tx| {
+        crate::work::operate::restart_follower(tx.core(), tx.now_ms(), name, op, why)
+    })?;
     cx.unstop_follower(name);
     cx.db.nudge();
     Ok(())
@@ -515,20 +520,20 @@ enum Target {
     Here,
     File(Arc<Db>),
     #[cfg(feature = "postgres")]
-    Postgres(Arc<crate::pgdb::PgDb>),
+    Postgres(Arc<crate::core::pgdb::PgDb>),
 }
 
 /// A PostgreSQL target this process registered.
 #[cfg(feature = "postgres")]
 struct PgTarget {
     config: String,
-    db: Option<Arc<crate::pgdb::PgDb>>,
+    db: Option<Arc<crate::core::pgdb::PgDb>>,
 }
 
 /// The PostgreSQL database a follower publishes into, connected once (its
 /// schema applied) and kept.
 #[cfg(feature = "postgres")]
-fn pg_target_db<B: Backend>(cx: &Context<B>, name: &str) -> Result<Arc<crate::pgdb::PgDb>> {
+fn pg_target_db<B: Backend>(cx: &Context<B>, name: &str) -> Result<Arc<crate::core::pgdb::PgDb>> {
     let config = {
         let targets = lock(&cx.pg_targets);
         let target = targets
@@ -541,7 +546,7 @@ fn pg_target_db<B: Backend>(cx: &Context<B>, name: &str) -> Result<Arc<crate::pg
     };
     // Connected outside the lock: a server out of reach holds up nobody
     // else.
-    let db = Arc::new(crate::pgdb::PgDb::open(
+    let db = Arc::new(crate::core::pgdb::PgDb::open(
         &config,
         2,
         cx.db.settings().clone(),
@@ -617,7 +622,7 @@ pub(crate) fn loop_step<B: Backend>(cx: &Context<B>) -> Result<LoopPass> {
         forget_lease(cx, LOOP_LEASE);
     };
     // Paused reactions handle nothing; their cursors stay where they are.
-    let paused = db.read_with(&mut |c| crate::control::paused_names(c, "reaction"))?;
+    let paused = db.read_with(&mut |c| crate::work::control::paused_names(c, "reaction"))?;
     for r in reactions.iter().filter(|r| !paused.contains(&r.name)) {
         match reaction::step(db, &lease, r) {
             Ok(n) => pass.reacted += n,

@@ -4,14 +4,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::db::Database;
-use crate::event::{Event, RESERVED_TYPES};
-use crate::follow::{ProjectionFn, same_event};
-use crate::reaction::Reaction;
-use crate::rule::Rule;
-use crate::run::{ActionFn, Actions};
-use crate::schedule::Job;
+use crate::base::event::{Event, RESERVED_TYPES};
+use crate::core::db::Database;
 use crate::store::backend::Sqlite;
+use crate::work::follow::{ProjectionFn, same_event};
+use crate::work::queue::run::{ActionFn, Actions};
+use crate::work::reaction::Reaction;
+use crate::work::rule::Rule;
+use crate::work::schedule::Job;
 
 /// The handlers of actions, reactions and jobs are the backend's (their
 /// reads and writes are); projections are SQLite's for now (followers

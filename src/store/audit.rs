@@ -2,8 +2,8 @@
 
 use rusqlite::{Connection, params};
 
-use crate::audit::{AuditAction, AuditEntry};
-use crate::error::Result;
+use crate::base::audit::{AuditAction, AuditEntry};
+use crate::base::error::Result;
 
 /// One operator action to record.
 pub struct Entry<'a> {

@@ -27,10 +27,10 @@
 
 use std::collections::HashSet;
 
-use crate::counter::Counter;
-use crate::dead_letter::{DeadLetter, DeadLetterKind, Resolution};
-use crate::error::Result;
-use crate::event::Event;
+use crate::base::counter::Counter;
+use crate::base::dead_letter::{DeadLetter, DeadLetterKind, Resolution};
+use crate::base::error::Result;
+use crate::base::event::Event;
 
 use super::control::{ActionRow, PausedRow};
 use super::dead_letters::NewDeadLetter;
@@ -320,7 +320,7 @@ pub trait Followers {
 pub trait Audit {
     fn record(&self, entry: &audit::Entry<'_>) -> Result<()>;
     /// The most recent `limit` entries, newest first.
-    fn recent(&self, limit: i64) -> Result<Vec<crate::audit::AuditEntry>>;
+    fn recent(&self, limit: i64) -> Result<Vec<crate::base::audit::AuditEntry>>;
 }
 
 /// `reflexr_leases`. Every statement that acts under a lease checks holder,
@@ -658,7 +658,7 @@ impl Store for Sqlite {
 /// the engine's (an I/O error, a full disk mid-statement), stop here.
 fn sqlite_in_transaction(conn: &rusqlite::Connection) -> Result<()> {
     if conn.is_autocommit() {
-        return Err(crate::error::Error::TransactionAborted {
+        return Err(crate::base::error::Error::TransactionAborted {
             detail: "SQLite rolled the transaction back (an I/O error, or a full disk \
                      mid-statement)"
                 .into(),
@@ -879,7 +879,7 @@ impl Audit for rusqlite::Connection {
     fn record(&self, entry: &audit::Entry<'_>) -> Result<()> {
         audit::record(self, entry)
     }
-    fn recent(&self, limit: i64) -> Result<Vec<crate::audit::AuditEntry>> {
+    fn recent(&self, limit: i64) -> Result<Vec<crate::base::audit::AuditEntry>> {
         audit::recent(self, limit)
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// How hard a commit waits for the disk. See [`crate::EngineBuilder::synchronous`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

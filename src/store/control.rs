@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::error::Result;
+use crate::base::error::Result;
 
 /// Pauses `(kind, name)`; false when it was paused already.
 pub(crate) fn pause(

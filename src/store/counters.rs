@@ -2,8 +2,8 @@
 
 use rusqlite::{Connection, params};
 
-use crate::counter::Counter;
-use crate::error::Result;
+use crate::base::counter::Counter;
+use crate::base::error::Result;
 
 /// Adds `by` to the counter `name` (created at 0), in the caller's
 /// transaction. Does nothing for 0.

@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::error::Result;
+use crate::base::error::Result;
 
 /// The cursor's position, if it was ever saved.
 pub(crate) fn get(
@@ -99,7 +99,7 @@ pub(crate) fn record_failure(
                 kind,
                 name,
                 position,
-                crate::names::clip_error(error),
+                crate::base::limits::clip_error(error),
                 now
             ],
             |r| r.get(0),

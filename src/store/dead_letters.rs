@@ -2,8 +2,8 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
-use crate::error::Result;
+use crate::base::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
+use crate::base::error::Result;
 
 /// A dead letter to record.
 pub struct NewDeadLetter<'a> {
@@ -46,7 +46,7 @@ pub(crate) fn insert(conn: &Connection, d: &NewDeadLetter<'_>) -> Result<bool> {
             d.event_id,
             d.run_id,
             d.reason.as_str(),
-            crate::names::clip_error(d.error),
+            crate::base::limits::clip_error(d.error),
             d.attempts,
             d.now
         ])?;

@@ -2,8 +2,8 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::error::Result;
-use crate::event::Event;
+use crate::base::error::Result;
+use crate::base::event::Event;
 
 /// One row to insert.
 pub struct NewRow<'a> {

@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::error::Result;
+use crate::base::error::Result;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FollowerRow {
@@ -127,7 +127,7 @@ pub(crate) fn stopped(conn: &Connection, name: &str, error: &str, now: i64) -> R
         "UPDATE reflexr_followers SET stops = stops + 1, last_error = ?2, stopped_at = ?3, \
            updated_at = ?3 WHERE name = ?1",
     )?
-    .execute(params![name, crate::names::clip_error(error), now])?;
+    .execute(params![name, crate::base::limits::clip_error(error), now])?;
     Ok(())
 }
 

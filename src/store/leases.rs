@@ -6,7 +6,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::error::Result;
+use crate::base::error::Result;
 
 /// A lease row.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::error::{Error, Result};
-use crate::retry::RetryPolicy;
+use crate::base::error::{Error, Result};
+use crate::base::retry::RetryPolicy;
 use crate::store::backend::Inspect;
 
 pub(crate) fn ms(d: std::time::Duration) -> i64 {
@@ -121,7 +121,7 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
         r.retry.factor,
         r.retry.jitter,
         r.due_at,
-        r.dead.map(crate::names::clip_error),
+        r.dead.map(crate::base::limits::clip_error),
         r.now,
         r.priority,
         unique_key,
@@ -644,7 +644,12 @@ pub(crate) fn cancel(
                    cancelled_by = ?3, cancel_reason = ?4 \
                  WHERE id = ?1 AND state IN ('waiting', 'ready')",
             )?
-            .execute(params![id, now, by, crate::names::clip_error(reason)])?;
+            .execute(params![
+                id,
+                now,
+                by,
+                crate::base::limits::clip_error(reason)
+            ])?;
             if row.state == "ready"
                 && let Some(lane) = &row.lane
             {
@@ -657,7 +662,12 @@ pub(crate) fn cancel(
                    updated_at = ?2, cancelled_by = ?3, cancel_reason = ?4 \
                  WHERE id = ?1 AND state = 'running'",
             )?
-            .execute(params![id, now, by, crate::names::clip_error(reason)])?;
+            .execute(params![
+                id,
+                now,
+                by,
+                crate::base::limits::clip_error(reason)
+            ])?;
         }
         _ => {}
     }
@@ -808,7 +818,7 @@ pub(crate) fn retry_later(
             attempt,
             now,
             due_at,
-            crate::names::clip_error(error)
+            crate::base::limits::clip_error(error)
         ])?
         == 1)
 }
@@ -834,7 +844,7 @@ pub(crate) fn kill(
             holder,
             attempt,
             now,
-            crate::names::clip_error(error)
+            crate::base::limits::clip_error(error)
         ])?
         == 1)
 }

@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::error::Result;
+use crate::base::error::Result;
 
 /// A schedule's row.
 #[derive(Debug, Clone, PartialEq, Eq)]

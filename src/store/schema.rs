@@ -10,7 +10,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use super::conn::{self, Role, Synchronous};
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// The schema of a new file, `schema.sql` at the repository root.
 pub(crate) const SCHEMA_SQL: &str = include_str!("../../schema.sql");

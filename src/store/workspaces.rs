@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::error::Result;
+use crate::base::error::Result;
 
 /// Inserts the workspace; false when it existed already.
 pub(crate) fn insert(conn: &Connection, name: &str, now: i64) -> Result<bool> {

@@ -1,5 +1,5 @@
-//! The one loop every consumer runs — rules ([`crate::evaluate`]),
-//! reactions ([`crate::reaction`]) and followers ([`crate::follow`]):
+//! The one loop every consumer runs — rules ([`crate::work::evaluate`]),
+//! reactions ([`crate::work::reaction`]) and followers ([`crate::work::follow`]):
 //!
 //! 1. [`read`] a page of the workspace after the consumer's cursor, with the
 //!    cursor's stamp;
@@ -13,14 +13,14 @@
 //! A commit that fails anyway is recorded against the cursor with
 //! [`failed`].
 
-use crate::counter::Counter;
-use crate::cursor::ConsumerKind;
-use crate::db::CoreDb;
-use crate::error::{Error, Result};
-use crate::event::Event;
-use crate::lease::{self, Lease};
+use crate::base::counter::Counter;
+use crate::base::error::{Error, Result};
+use crate::base::event::Event;
+use crate::core::cursor::ConsumerKind;
+use crate::core::db::CoreDb;
+use crate::core::lease::{self, Lease};
+use crate::core::tx::Tx;
 use crate::store::backend::{Control, Counters, Cursors, Events, Store};
-use crate::tx::Tx;
 
 /// Which consumer's cursor.
 #[derive(Debug, Clone, Copy)]

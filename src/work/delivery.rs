@@ -20,16 +20,16 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::counter::Counter;
-use crate::db::Database;
-use crate::error::{Error, HandlerError, Result};
-use crate::event::Event;
-use crate::names;
-use crate::retry::RetryPolicy;
-use crate::run::{Run, RunContext};
+use crate::base::counter::Counter;
+use crate::base::error::{Error, HandlerError, Result};
+use crate::base::event::Event;
+use crate::base::limits;
+use crate::base::retry::RetryPolicy;
+use crate::core::db::Database;
+use crate::core::tx::Tx;
 use crate::store::backend::{Counters, Runs, Sqlite, Store};
 use crate::store::runs::{self, NewRun};
-use crate::tx::Tx;
+use crate::work::queue::run::{Run, RunContext};
 
 /// What a channel does when a send fails.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -65,7 +65,7 @@ pub struct Delivery {
     pub(crate) props: std::result::Result<String, String>,
     pub(crate) id: Option<String>,
     pub(crate) cause: Option<(String, i64, String, i64)>,
-    pub(crate) unique: Option<(String, crate::control::Unique)>,
+    pub(crate) unique: Option<(String, crate::work::queue::enqueue::Unique)>,
 }
 
 impl Delivery {
@@ -85,7 +85,11 @@ impl Delivery {
     /// No second delivery on this channel with `key` while `unique` holds
     /// (e.g. one reminder per user and day): the enqueue returns the
     /// existing delivery's id, marked deduplicated.
-    pub fn unique(mut self, key: impl Into<String>, unique: crate::control::Unique) -> Delivery {
+    pub fn unique(
+        mut self,
+        key: impl Into<String>,
+        unique: crate::work::queue::enqueue::Unique,
+    ) -> Delivery {
         self.unique = Some((key.into(), unique));
         self
     }
@@ -180,11 +184,13 @@ pub type SenderFn<B = Sqlite> =
 
 /// The action name of a channel's deliveries.
 pub(crate) fn action_of(channel: &str) -> String {
-    names::channel_action(channel)
+    limits::channel_action(channel)
 }
 
 /// The action handler that decodes the message and calls the sender.
-pub(crate) fn action<B: Database>(sender: Arc<SenderFn<B>>) -> Arc<crate::run::ActionFn<B>> {
+pub(crate) fn action<B: Database>(
+    sender: Arc<SenderFn<B>>,
+) -> Arc<crate::work::queue::run::ActionFn<B>> {
     Arc::new(move |run: &Run, ctx: &mut RunContext<'_, B>| {
         let message = Message::from_run(run)?;
         sender(&message, ctx)
@@ -200,7 +206,10 @@ impl<B: Store> Tx<'_, B> {
     /// [`Error::NotFound`] for a channel this engine has not registered
     /// ([`crate::Engine::register_channel`]: its policy decides the retries);
     /// [`Error::Invalid`] / [`Error::Encode`] for bad fields.
-    pub fn deliver(&mut self, delivery: &Delivery) -> Result<crate::control::Enqueued> {
+    pub fn deliver(
+        &mut self,
+        delivery: &Delivery,
+    ) -> Result<crate::work::queue::enqueue::Enqueued> {
         let done = enqueue(self, delivery)?;
         if !done.deduplicated {
             self.mark_nudge();
@@ -210,11 +219,14 @@ impl<B: Store> Tx<'_, B> {
 }
 
 /// Inserts the delivery's run; returns its id (or the one holding its key).
-fn enqueue<B: Store>(tx: &Tx<'_, B>, d: &Delivery) -> Result<crate::control::Enqueued> {
-    names::check_name("channel", &d.channel)?;
-    names::check_name("template", &d.template)?;
+fn enqueue<B: Store>(
+    tx: &Tx<'_, B>,
+    d: &Delivery,
+) -> Result<crate::work::queue::enqueue::Enqueued> {
+    limits::check_name("channel", &d.channel)?;
+    limits::check_name("template", &d.template)?;
     if let Some(to) = &d.to {
-        names::check_text("recipient", to, names::MAX_SUBJECT_BYTES)?;
+        limits::check_text("recipient", to, limits::MAX_SUBJECT_BYTES)?;
     }
     let retry = tx
         .env()
@@ -232,15 +244,15 @@ fn enqueue<B: Store>(tx: &Tx<'_, B>, d: &Delivery) -> Result<crate::control::Enq
             });
         }
     };
-    crate::changelog::check_json("props", props, tx.limits().max_payload_bytes)?;
+    crate::core::changelog::check_json("props", props, tx.limits().max_payload_bytes)?;
     let props: serde_json::Value = serde_json::from_str(props)
         .map_err(|e| Error::invalid("props", format!("not JSON: {e}")))?;
     let id = match &d.id {
         Some(id) => {
-            names::check_text("delivery id", id, names::MAX_ID_BYTES)?;
+            limits::check_text("delivery id", id, limits::MAX_ID_BYTES)?;
             id.clone()
         }
-        None => crate::changelog::new_id(),
+        None => crate::core::changelog::new_id(),
     };
     let input = serde_json::json!({
         "channel": d.channel,
@@ -252,7 +264,7 @@ fn enqueue<B: Store>(tx: &Tx<'_, B>, d: &Delivery) -> Result<crate::control::Enq
     let now = tx.now_ms();
     let action = action_of(&d.channel);
     let unique = match &d.unique {
-        Some((key, u)) => Some(crate::control::uniq(key, *u)?),
+        Some((key, u)) => Some(crate::work::queue::enqueue::uniq(key, *u)?),
         None => None,
     };
     let cause = d.cause.as_ref();
@@ -285,15 +297,15 @@ fn enqueue<B: Store>(tx: &Tx<'_, B>, d: &Delivery) -> Result<crate::control::Enq
         usize::from(new == runs::Inserted::New),
     )?;
     Ok(match new {
-        runs::Inserted::New => crate::control::Enqueued {
+        runs::Inserted::New => crate::work::queue::enqueue::Enqueued {
             id,
             deduplicated: false,
         },
-        runs::Inserted::Existed => crate::control::Enqueued {
+        runs::Inserted::Existed => crate::work::queue::enqueue::Enqueued {
             id,
             deduplicated: true,
         },
-        runs::Inserted::Duplicate(other) => crate::control::Enqueued {
+        runs::Inserted::Duplicate(other) => crate::work::queue::enqueue::Enqueued {
             id: other,
             deduplicated: true,
         },

@@ -45,22 +45,22 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::changelog::{self, Origin};
-use crate::consumer::{self, Stand};
-use crate::counter::Counter;
-use crate::cursor::ConsumerKind;
-use crate::db::{CoreDb, Database};
-use crate::dead_letter::{DeadLetterKind, Reason};
-use crate::error::{Error, Result, panic_text};
-use crate::event::{Event, NewEvent};
-use crate::lease::Lease;
-use crate::names::MAX_SUBJECT_BYTES;
-use crate::rule::{Decision, Ordering, Rule};
-use crate::run::RunKind;
+use crate::base::counter::Counter;
+use crate::base::dead_letter::{DeadLetterKind, Reason};
+use crate::base::error::{Error, Result, panic_text};
+use crate::base::event::{Event, NewEvent};
+use crate::base::limits::MAX_SUBJECT_BYTES;
+use crate::core::changelog::{self, Origin};
+use crate::core::cursor::ConsumerKind;
+use crate::core::db::{CoreDb, Database};
+use crate::core::lease::Lease;
+use crate::core::tx::Tx;
 use crate::store::backend::{Counters, Cursors, DeadLetters, Events, Rules, Runs, Store};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::NewRun;
-use crate::tx::Tx;
+use crate::work::consumer::{self, Stand};
+use crate::work::queue::run::RunKind;
+use crate::work::rule::{Decision, Ordering, Rule};
 
 /// Longest a rule decides before its batch is committed.
 pub(crate) const DECIDE_BUDGET: Duration = Duration::from_millis(50);
@@ -187,7 +187,7 @@ pub(crate) fn pass<B: Database>(
         // Paused rules decide nothing; their cursors stay where they are
         // (a pause that commits while a batch is decided is seen by its
         // commit, `consumer::advance`, and the batch is read again here).
-        let paused = db.read_with(&mut |c| crate::control::paused_names(c, "rule"))?;
+        let paused = db.read_with(&mut |c| crate::work::control::paused_names(c, "rule"))?;
         pending.retain(|r| !paused.contains(&r.name));
         if pending.is_empty() {
             break;
@@ -385,7 +385,7 @@ fn decide<'r, B: Database>(
 /// a copy of it, and what came of it.
 #[allow(clippy::too_many_arguments)]
 fn decide_one(
-    decider: &dyn crate::rule::Decide,
+    decider: &dyn crate::work::rule::Decide,
     rule: &Rule,
     (i, event): (usize, &Event),
     scope: &std::result::Result<String, (Reason, String)>,
@@ -701,7 +701,7 @@ fn record_error<B: Store>(
 ) -> Result<()> {
     let now = tx.now_ms();
     let actor = format!("rule:{}", rule.name);
-    let error = crate::names::clip_error(&e.error);
+    let error = crate::base::limits::clip_error(&e.error);
     let errored = NewEvent::new("RuleErrored", &event.subject, &actor, event.occurred_at)
         .id(errored_id(&rule.name, event))
         .payload(&serde_json::json!({

@@ -49,20 +49,20 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 
-use crate::consumer::{self, Consumer};
-use crate::counter::Counter;
-use crate::cursor::ConsumerKind;
-use crate::db::Database;
-use crate::db::{CoreDb, Db};
-use crate::dead_letter::{DeadLetterKind, Reason};
-use crate::error::{Error, HandlerError, Result, panic_text};
-use crate::event::{Event, NewEvent};
-use crate::lease::Lease;
-use crate::names;
+use crate::base::counter::Counter;
+use crate::base::dead_letter::{DeadLetterKind, Reason};
+use crate::base::error::{Error, HandlerError, Result, panic_text};
+use crate::base::event::{Event, NewEvent};
+use crate::base::limits;
+use crate::core::cursor::ConsumerKind;
+use crate::core::db::Database;
+use crate::core::db::{CoreDb, Db};
+use crate::core::lease::Lease;
+use crate::core::tx::Tx;
 use crate::store::backend::{Counters, Cursors, DeadLetters, Events, Followers, Store, Work};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::followers::{self, FollowerRow};
-use crate::tx::Tx;
+use crate::work::consumer::{self, Consumer};
 
 /// A projection: what a follower publishes for one source envelope, or
 /// `None` to bridge nothing. The published event gets the envelope's id
@@ -210,10 +210,10 @@ pub(crate) fn lease_name(follower: &str) -> String {
 /// cursor at the start of the source.
 pub(crate) fn register<B: Store>(tx: &mut Tx<'_, B>, f: &Follow) -> Result<String> {
     let name = f.resolved_name();
-    names::check_name("follower", &name)?;
-    names::check_name("workspace", &f.source)?;
-    names::check_name("workspace", &f.target)?;
-    names::check_name("projection", &f.projection)?;
+    limits::check_name("follower", &name)?;
+    limits::check_name("workspace", &f.source)?;
+    limits::check_name("workspace", &f.target)?;
+    limits::check_name("projection", &f.projection)?;
     let conn = tx.core();
     let now = tx.now_ms();
     if !crate::store::backend::Workspaces::exists(conn, &f.source)? {
@@ -230,7 +230,7 @@ pub(crate) fn register<B: Store>(tx: &mut Tx<'_, B>, f: &Follow) -> Result<Strin
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned());
     if let Some(pg) = &f.target_postgres {
-        names::check_name("postgres target", pg)?;
+        limits::check_name("postgres target", pg)?;
     }
     let target = followers::Target {
         workspace: &f.target,
@@ -320,7 +320,7 @@ pub(crate) enum Elsewhere<'a> {
     File(&'a Db),
     /// A PostgreSQL database (feature `postgres`).
     #[cfg(feature = "postgres")]
-    Postgres(&'a crate::pgdb::PgDb),
+    Postgres(&'a crate::core::pgdb::PgDb),
 }
 
 /// Publishes the batch's events into `target` of another database, in one

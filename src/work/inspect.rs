@@ -8,14 +8,14 @@
 
 use serde::Serialize;
 
-use crate::dead_letter::{DeadLetter, DeadLetterKind};
-use crate::error::{Error, Result};
-use crate::event::{Event, Query};
-use crate::names;
-use crate::run::{RunInfo, RunState};
+use crate::base::dead_letter::{DeadLetter, DeadLetterKind};
+use crate::base::error::{Error, Result};
+use crate::base::event::{Event, Query};
+use crate::base::limits;
 use crate::store::backend::{Events, Inspect, RunFind, Runs, Work, Workspaces};
 use crate::store::dead_letters;
 use crate::store::runs::FeedPos;
+use crate::work::queue::run::{RunInfo, RunState};
 
 /// How many items a page holds at most.
 pub const MAX_PAGE: usize = 1_000;
@@ -224,7 +224,8 @@ pub struct RunPage {
 
 /// The path `json_extract` takes for a key or a `$` path.
 fn json_path(path: &str) -> Result<String> {
-    if path.is_empty() || path.len() > names::MAX_NAME_BYTES || path.chars().any(char::is_control) {
+    if path.is_empty() || path.len() > limits::MAX_NAME_BYTES || path.chars().any(char::is_control)
+    {
         return Err(Error::invalid(
             "input path",
             "a key or a $ path of 1 to 128 characters",
@@ -235,7 +236,7 @@ fn json_path(path: &str) -> Result<String> {
     } else {
         format!("$.\"{path}\"")
     };
-    names::check_json_path("input path", &full)?;
+    limits::check_json_path("input path", &full)?;
     Ok(full)
 }
 
@@ -257,7 +258,7 @@ pub(crate) fn find_runs<C: Work + ?Sized>(conn: &C, f: &RunFilter) -> Result<Run
         ("workspace", &f.workspace),
     ] {
         if let Some(v) = v {
-            names::check_name(field, v)?;
+            limits::check_name(field, v)?;
         }
     }
     let input = match &f.input {
@@ -446,13 +447,13 @@ pub(crate) fn find_dead_letters<C: Work + ?Sized>(
 ) -> Result<DeadLetterPage> {
     check_limit(f.limit)?;
     if let Some(c) = &f.consumer {
-        names::check_name("consumer", c)?;
+        limits::check_name("consumer", c)?;
     }
     if let Some(w) = &f.workspace {
-        names::check_name("workspace", w)?;
+        limits::check_name("workspace", w)?;
     }
     if let Some(r) = &f.reason {
-        names::check_name("reason", r)?;
+        limits::check_name("reason", r)?;
     }
     let before = match f.before {
         Some(b) => b,

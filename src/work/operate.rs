@@ -2,24 +2,24 @@
 //! checked (a typed error for what cannot be done) and recorded in
 //! `reflexr_audit`, in the same transaction as the change it makes.
 
-use crate::audit::AuditAction;
-use crate::cursor::ConsumerKind;
-use crate::dead_letter::{DeadLetter, Resolution};
-use crate::error::{Error, Result};
-use crate::names::{self, MAX_ID_BYTES};
-use crate::rule::{OnNewVersion, Rule, Start};
-use crate::run::{RunInfo, RunState};
+use crate::base::audit::AuditAction;
+use crate::base::dead_letter::{DeadLetter, Resolution};
+use crate::base::error::{Error, Result};
+use crate::base::limits::{self, MAX_ID_BYTES};
+use crate::core::cursor::ConsumerKind;
 use crate::store::audit;
 use crate::store::backend::{
     Audit, Cursors, DeadLetters, Events, Followers, Rules, Runs, RunsMore, Work, Workspaces,
 };
+use crate::work::queue::run::{RunInfo, RunState};
+use crate::work::rule::{OnNewVersion, Rule, Start};
 
 use crate::store::runs;
 
 /// Who did it and why, for the audit record.
 pub(crate) fn check_operator(operator: &str, reason: &str) -> Result<()> {
-    names::check_text("operator", operator, MAX_ID_BYTES)?;
-    names::check_text("reason", reason, 4096)
+    limits::check_text("operator", operator, MAX_ID_BYTES)?;
+    limits::check_text("reason", reason, 4096)
 }
 
 fn record<C: Audit + ?Sized>(
@@ -55,7 +55,7 @@ pub struct RuleInfo {
     /// Its version.
     pub version: i64,
     /// Its settings as registered, JSON (serialised as the JSON it holds).
-    #[serde(serialize_with = "crate::words::raw_json")]
+    #[serde(serialize_with = "crate::base::text::raw_json")]
     pub definition: String,
     /// Its cursor.
     pub cursor: i64,
@@ -518,7 +518,7 @@ pub const MAX_BULK: usize = 1_000;
 /// acted on (the error is the thing's, not the file's) is skipped and said
 /// why; the others go ahead, all in the caller's transaction.
 pub(crate) fn bulk<B: crate::store::backend::Store, I: ToString>(
-    tx: &mut crate::tx::Tx<'_, B>,
+    tx: &mut crate::core::tx::Tx<'_, B>,
     ids: &[I],
     mut one: impl FnMut(&B::Conn, i64, &I) -> Result<()>,
 ) -> Result<Bulk> {
@@ -557,7 +557,7 @@ const MATCH_PAGES: usize = 100;
 /// dead; its limit and cursor are the search's own).
 pub(crate) fn matching_dead_runs<C: Work + ?Sized>(
     conn: &C,
-    filter: &crate::inspect::RunFilter,
+    filter: &crate::work::inspect::RunFilter,
     max: usize,
 ) -> Result<Matches<String>> {
     if filter.state.is_some_and(|s| s != RunState::Dead) {
@@ -569,10 +569,10 @@ pub(crate) fn matching_dead_runs<C: Work + ?Sized>(
     let mut f = filter
         .clone()
         .state(RunState::Dead)
-        .limit(crate::inspect::MAX_PAGE);
+        .limit(crate::work::inspect::MAX_PAGE);
     let mut ids = Vec::new();
     for _ in 0..MATCH_PAGES {
-        let page = crate::inspect::find_runs(conn, &f)?;
+        let page = crate::work::inspect::find_runs(conn, &f)?;
         ids.extend(page.runs.into_iter().map(|r| r.id));
         match page.next {
             Some(next) if ids.len() <= max => f.before = Some(next),
@@ -587,16 +587,16 @@ pub(crate) fn matching_dead_runs<C: Work + ?Sized>(
 /// The open dead letters `filter` matches, at most `max`.
 pub(crate) fn matching_dead_letters<C: Work + ?Sized>(
     conn: &C,
-    filter: &crate::inspect::DeadLetterFilter,
+    filter: &crate::work::inspect::DeadLetterFilter,
     max: usize,
 ) -> Result<Matches<i64>> {
     let mut f = filter
         .clone()
         .include_resolved(false)
-        .limit(crate::inspect::MAX_PAGE);
+        .limit(crate::work::inspect::MAX_PAGE);
     let mut ids = Vec::new();
     for _ in 0..MATCH_PAGES {
-        let page = crate::inspect::find_dead_letters(conn, &f)?;
+        let page = crate::work::inspect::find_dead_letters(conn, &f)?;
         ids.extend(page.dead_letters.into_iter().map(|d| d.id));
         match page.next {
             Some(next) if ids.len() <= max => f.before = Some(next),
@@ -612,8 +612,8 @@ pub(crate) fn matching_dead_letters<C: Work + ?Sized>(
 pub(crate) fn record_prune<C: Audit + ?Sized>(
     conn: &C,
     now: i64,
-    retention: &crate::prune::Retention,
-    pruned: &crate::prune::Pruned,
+    retention: &crate::work::prune::Retention,
+    pruned: &crate::work::prune::Pruned,
     operator: &str,
     reason: &str,
 ) -> Result<()> {

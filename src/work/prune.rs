@@ -16,8 +16,8 @@
 
 use std::time::Duration;
 
-use crate::db::{CoreDb, Db};
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
+use crate::core::db::{CoreDb, Db};
 use crate::store::backend::{Cursors, Events, Runs, Store, Workspaces};
 use crate::store::{dead_letters, runs};
 
@@ -113,7 +113,7 @@ pub(crate) fn prune(
 /// pruned).
 #[cfg(feature = "postgres")]
 pub(crate) fn prune_postgres(
-    db: &crate::pgdb::PgDb,
+    db: &crate::core::pgdb::PgDb,
     retention: &Retention,
     progress: &mut dyn FnMut(Pruned),
 ) -> Result<Pruned> {

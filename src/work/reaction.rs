@@ -21,21 +21,21 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::consumer::{self, Consumer};
-use crate::counter::Counter;
-use crate::cursor::ConsumerKind;
-use crate::db::CoreDb;
-use crate::dead_letter::{DeadLetterKind, Reason};
-use crate::error::{Error, HandlerError, Result, panic_text};
-use crate::event::{Event, RESERVED_TYPES};
-use crate::lease::Lease;
-use crate::names;
-use crate::rule::Start;
+use crate::base::counter::Counter;
+use crate::base::dead_letter::{DeadLetterKind, Reason};
+use crate::base::error::{Error, HandlerError, Result, panic_text};
+use crate::base::event::{Event, RESERVED_TYPES};
+use crate::base::limits;
+use crate::core::cursor::ConsumerKind;
+use crate::core::db::CoreDb;
+use crate::core::lease::Lease;
+use crate::core::tx::Tx;
 use crate::store::backend::{
     Core, Counters, Cursors, DeadLetters, Events, Sqlite, Store, Workspaces,
 };
 use crate::store::dead_letters::NewDeadLetter;
-use crate::tx::Tx;
+use crate::work::consumer::{self, Consumer};
+use crate::work::rule::Start;
 
 /// A reaction's handler: one event, in the transaction that moves the
 /// reaction's cursor past it.
@@ -162,8 +162,8 @@ impl<B: Store> Reaction<B> {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        names::check_name("reaction", &self.name)?;
-        names::check_name("workspace", &self.workspace)?;
+        limits::check_name("reaction", &self.name)?;
+        limits::check_name("workspace", &self.workspace)?;
         if self.types.is_empty() {
             return Err(Error::invalid(
                 "reaction",
@@ -171,7 +171,7 @@ impl<B: Store> Reaction<B> {
             ));
         }
         for t in &self.types {
-            names::check_name("event type", t)?;
+            limits::check_name("event type", t)?;
             if RESERVED_TYPES.contains(&t.as_str()) {
                 return Err(Error::invalid(
                     "reaction",

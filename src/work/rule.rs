@@ -37,12 +37,12 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::consumer::Consumer;
-use crate::cursor::ConsumerKind;
-use crate::error::{Error, HandlerError, Result};
-use crate::event::{Event, RESERVED_TYPES};
-use crate::names;
-use crate::retry::RetryPolicy;
+use crate::base::error::{Error, HandlerError, Result};
+use crate::base::event::{Event, RESERVED_TYPES};
+use crate::base::limits;
+use crate::base::retry::RetryPolicy;
+use crate::core::cursor::ConsumerKind;
+use crate::work::consumer::Consumer;
 
 /// A decision's outcome.
 #[derive(Debug, Clone, PartialEq)]
@@ -415,8 +415,8 @@ impl Rule {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        names::check_name("rule", &self.name)?;
-        if self.name.starts_with(names::TASK_LANE_PREFIX) {
+        limits::check_name("rule", &self.name)?;
+        if self.name.starts_with(limits::TASK_LANE_PREFIX) {
             // A rule's lanes are `<rule> <scope>`: this one's could be an
             // enqueued action's scope lane.
             return Err(Error::invalid(
@@ -424,11 +424,11 @@ impl Rule {
                 format!(
                     "{}: names starting with {:?} are kept for the scope lanes of enqueued work",
                     self.name,
-                    names::TASK_LANE_PREFIX
+                    limits::TASK_LANE_PREFIX
                 ),
             ));
         }
-        names::check_name("workspace", &self.workspace)?;
+        limits::check_name("workspace", &self.workspace)?;
         if self.types.is_empty() {
             return Err(Error::invalid(
                 "rule",
@@ -436,7 +436,7 @@ impl Rule {
             ));
         }
         for t in &self.types {
-            names::check_name("event type", t)?;
+            limits::check_name("event type", t)?;
             if RESERVED_TYPES.contains(&t.as_str()) {
                 return Err(Error::invalid(
                     "rule",
@@ -445,7 +445,7 @@ impl Rule {
             }
         }
         match &self.action {
-            Some(a) => names::check_name("action", a)?,
+            Some(a) => limits::check_name("action", a)?,
             None => {
                 return Err(Error::invalid(
                     "rule",

@@ -24,17 +24,17 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::counter::Counter;
-use crate::db::{CoreDb, Database};
-use crate::error::{Error, HandlerError, Result};
-use crate::lease::{self, Lease};
-use crate::names;
-use crate::retry::RetryPolicy;
-use crate::run::{Run, RunContext};
+use crate::base::counter::Counter;
+use crate::base::error::{Error, HandlerError, Result};
+use crate::base::limits;
+use crate::base::retry::RetryPolicy;
+use crate::base::text::text_enum;
+use crate::core::db::{CoreDb, Database};
+use crate::core::lease::{self, Lease};
 use crate::store::backend::{Counters, Runs, Schedules, Sqlite};
 use crate::store::runs::{self, NewRun};
 use crate::store::schedules::ScheduleRow;
-use crate::words::text_enum;
+use crate::work::queue::run::{Run, RunContext};
 
 text_enum! {
     /// What a job promises about each occurrence.
@@ -232,7 +232,7 @@ impl<B: Database> Job<B> {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        names::check_name("job", &self.name)?;
+        limits::check_name("job", &self.name)?;
         if self.handler.is_none() {
             return Err(Error::invalid(
                 "job",
@@ -306,11 +306,11 @@ impl<B: Database> Job<B> {
 
 /// The action name of a job's occurrences.
 pub(crate) fn action_of(job: &str) -> String {
-    crate::names::job_action(job)
+    crate::base::limits::job_action(job)
 }
 
 /// The action handler that decodes the occurrence and calls the job.
-pub(crate) fn action<B: Database>(job: Arc<JobFn<B>>) -> Arc<crate::run::ActionFn<B>> {
+pub(crate) fn action<B: Database>(job: Arc<JobFn<B>>) -> Arc<crate::work::queue::run::ActionFn<B>> {
     Arc::new(move |run: &Run, ctx: &mut RunContext<'_, B>| {
         let input: serde_json::Value = run.input()?;
         let occurrence = Occurrence {

@@ -4,15 +4,15 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::counter::Counter;
-use crate::cursor::{self, CursorInfo};
-use crate::db::CoreDb;
-use crate::dead_letter::DeadLetterKind;
-use crate::error::Result;
-use crate::follow::FollowerInfo;
-use crate::run::RunState;
+use crate::base::counter::Counter;
+use crate::base::dead_letter::DeadLetterKind;
+use crate::base::error::Result;
+use crate::core::cursor::{self, CursorInfo};
+use crate::core::db::CoreDb;
+use crate::core::writer::WriterStats;
 use crate::store::backend::{Counters, DeadLetters, Events, RunsMore, Store};
-use crate::writer::WriterStats;
+use crate::work::follow::FollowerInfo;
+use crate::work::queue::run::RunState;
 
 /// A snapshot of what the file holds and what the engines did to it.
 ///

@@ -17,9 +17,9 @@ use postgres::Row;
 use postgres::types::Type;
 
 use super::{PgConn, col};
-use crate::counter::Counter;
-use crate::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
-use crate::error::{Error, Result};
+use crate::base::counter::Counter;
+use crate::base::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
+use crate::base::error::{Error, Result};
 use crate::store::backend::{ClaimPlan, Control, Counters, DeadLetters};
 use crate::store::control::{ActionRow, PausedRow};
 use crate::store::dead_letters::NewDeadLetter;
@@ -64,7 +64,7 @@ fn partition(param: &str) -> String {
 }
 
 /// A JSON path as the configuration accepts it (`$.a.b`, `$."a b"`,
-/// `$.list[0]`, `$.list[#-1]`; see `names::check_json_path`) as the path
+/// `$.list[0]`, `$.list[#-1]`; see `limits::check_json_path`) as the path
 /// elements of PostgreSQL's `#>`/`#>>`: keys as they are, `[N]` as `N`,
 /// `[#-N]` as `-N` (from the end). No jsonpath is cast on the server, so
 /// no path can make a statement fail there.
@@ -521,7 +521,7 @@ impl DeadLetters for PgConn {
                created_at = excluded.created_at, resolved_at = NULL, resolution = NULL \
              WHERE reflexr_dead_letters.resolved_at IS NOT NULL"
         };
-        let error = crate::names::clip_error(d.error);
+        let error = crate::base::limits::clip_error(d.error);
         let rows = self.query(
             &format!(
                 "INSERT INTO reflexr_dead_letters \

@@ -5,7 +5,7 @@ use postgres::Row;
 use postgres::types::Type;
 
 use super::{PgConn, col};
-use crate::error::Result;
+use crate::base::error::Result;
 use crate::store::backend::Followers;
 use crate::store::followers::{FollowerRow, Target};
 
@@ -110,7 +110,7 @@ impl Followers for PgConn {
     }
 
     fn follower_stopped(&self, name: &str, error: &str, now: i64) -> Result<()> {
-        let error = crate::names::clip_error(error);
+        let error = crate::base::limits::clip_error(error);
         self.query(
             "UPDATE reflexr_followers SET stops = stops + 1, last_error = $2, stopped_at = $3, \
                updated_at = $3 WHERE name = $1",

@@ -4,7 +4,7 @@
 //! replace the engine's transaction, touch the engine's savepoints, or
 //! change the pooled connection's session.
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// Refuses a statement that would end or replace the engine's transaction,
 /// touch its savepoints, or change the pooled connection's session for the

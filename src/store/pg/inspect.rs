@@ -13,9 +13,9 @@
 use postgres::types::Type;
 
 use super::{EVENT_COLUMNS, PgConn, col, events_from, limit_of, runs::run_from};
-use crate::dead_letter::DeadLetter;
-use crate::error::Result;
-use crate::event::Event;
+use crate::base::dead_letter::DeadLetter;
+use crate::base::error::Result;
+use crate::base::event::Event;
 use crate::store::backend::{Inspect, RunFind};
 use crate::store::dead_letters::Find;
 use crate::store::runs::{BlockedRow, COLUMNS, FeedPos, RunRow};

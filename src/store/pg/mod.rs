@@ -41,8 +41,8 @@ use postgres::types::{ToSql, Type};
 use super::backend::{Audit, Cursors, Events, Inserted, Leases, Workspaces};
 use super::events::NewRow;
 use super::leases::LeaseRow;
-use crate::error::{Error, Result};
-use crate::event::Event;
+use crate::base::error::{Error, Result};
+use crate::base::event::Event;
 
 /// The pool of connections an engine on PostgreSQL keeps.
 pub(crate) type Pool = r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>;
@@ -753,7 +753,7 @@ impl Cursors for PgConn {
         error: &str,
         now: i64,
     ) -> Result<Option<i64>> {
-        let error = crate::names::clip_error(error);
+        let error = crate::base::limits::clip_error(error);
         self.query_opt(
             "UPDATE reflexr_cursors SET failures = failures + 1, last_error = $5, failed_at = $6 \
              WHERE workspace = $1 AND kind = $2 AND name = $3 AND position = $4 \
@@ -953,7 +953,7 @@ impl Audit for PgConn {
         Ok(())
     }
 
-    fn recent(&self, limit: i64) -> Result<Vec<crate::audit::AuditEntry>> {
+    fn recent(&self, limit: i64) -> Result<Vec<crate::base::audit::AuditEntry>> {
         self.query(
             "SELECT at, operator, action, target, reason, detail FROM reflexr_audit \
              ORDER BY id DESC LIMIT $1",
@@ -961,10 +961,10 @@ impl Audit for PgConn {
         )?
         .iter()
         .map(|r| {
-            Ok(crate::audit::AuditEntry {
+            Ok(crate::base::audit::AuditEntry {
                 at: col(r, 0)?,
                 operator: col(r, 1)?,
-                action: crate::audit::AuditAction::from_stored(&col::<String>(r, 2)?),
+                action: crate::base::audit::AuditAction::from_stored(&col::<String>(r, 2)?),
                 target: col(r, 3)?,
                 reason: col(r, 4)?,
                 detail: col(r, 5)?,

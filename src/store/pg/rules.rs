@@ -5,7 +5,7 @@ use postgres::Row;
 use postgres::types::Type;
 
 use super::{PgConn, col};
-use crate::error::Result;
+use crate::base::error::Result;
 use crate::store::backend::Rules;
 use crate::store::rules::RuleRow;
 

@@ -14,7 +14,7 @@ use postgres::Row;
 use postgres::types::Type;
 
 use super::{PgConn, col};
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 use crate::store::backend::{Runs, RunsMore};
 use crate::store::runs::{self, COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY};
 
@@ -242,7 +242,7 @@ impl Runs for PgConn {
         let (unique_key, unique_mode) = r
             .unique
             .map_or((None, None), |u| (Some(u.key), Some(u.mode)));
-        let error = r.dead.map(crate::names::clip_error);
+        let error = r.dead.map(crate::base::limits::clip_error);
         let max_attempts = i64::from(r.retry.max_attempts);
         let (backoff_ms, backoff_max_ms) = (runs::ms(r.retry.initial), runs::ms(r.retry.max_delay));
         let inserted = self.query_opt(
@@ -373,7 +373,7 @@ impl Runs for PgConn {
         due_at: i64,
         error: &str,
     ) -> Result<bool> {
-        let error = crate::names::clip_error(error);
+        let error = crate::base::limits::clip_error(error);
         Ok(self
             .query_opt(
                 &format!(
@@ -395,7 +395,7 @@ impl Runs for PgConn {
     }
 
     fn kill(&self, id: &str, holder: &str, attempt: i64, now: i64, error: &str) -> Result<bool> {
-        let error = crate::names::clip_error(error);
+        let error = crate::base::limits::clip_error(error);
         Ok(self
             .query_opt(
                 "UPDATE reflexr_runs SET state = 'dead', last_error = $5, finished_at = $4, \
@@ -683,7 +683,7 @@ impl RunsMore for PgConn {
         let Some(row) = Runs::get(self, id)? else {
             return Ok(None);
         };
-        let reason = crate::names::clip_error(reason);
+        let reason = crate::base::limits::clip_error(reason);
         match row.state.as_str() {
             "waiting" | "ready" => {
                 let was: Option<String> = self

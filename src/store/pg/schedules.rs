@@ -4,7 +4,7 @@ use postgres::Row;
 use postgres::types::Type;
 
 use super::{PgConn, col};
-use crate::error::Result;
+use crate::base::error::Result;
 use crate::store::backend::Schedules;
 use crate::store::schedules::ScheduleRow;
 

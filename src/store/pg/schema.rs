@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use postgres::Client;
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// The schema of a new database, `schema.pg.sql` at the repository root.
 pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");

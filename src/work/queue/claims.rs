@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::run::Run;
+use crate::work::queue::run::Run;
 
 /// One claim held: its holder, attempt and expiry, and whether an operator
 /// asked the run to stop.

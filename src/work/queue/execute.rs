@@ -13,18 +13,17 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::claims::Claims;
-use crate::control;
-use crate::counter::Counter;
-use crate::db::{CoreDb, Database};
-use crate::dead_letter::{DeadLetterKind, Reason};
-use crate::error::{Error, Result, panic_text};
-use crate::run::{self, Actions, Emitted, Run, RunContext};
+use crate::base::counter::Counter;
+use crate::base::dead_letter::{DeadLetterKind, Reason};
+use crate::base::error::{Error, Result, panic_text};
+use crate::core::db::{CoreDb, Database};
+use crate::core::tx::Tx;
 use crate::store::backend::Store;
 use crate::store::backend::{Control, Counters, DeadLetters, Events, Runs, RunsMore};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::{Requeued, RunRow};
-use crate::tx::Tx;
+use crate::work::queue::claims::Claims;
+use crate::work::queue::run::{self, Actions, Emitted, Run, RunContext};
 
 /// What happened to the runs of one claim.
 #[derive(Debug, Default, Clone, Copy)]
@@ -82,7 +81,7 @@ pub(crate) fn execute<B: Database>(
     let names = &actions.names;
     // A cheap read first: an idle executor opens no write transaction.
     let now = db.now_ms();
-    if !db.read_with(&mut |c| control::work_due(c, now, names))? {
+    if !db.read_with(&mut |c| crate::work::queue::claim::work_due(c, now, names))? {
         return Ok(Executed::default());
     }
     let handlers = &actions.handlers;
@@ -125,7 +124,7 @@ pub(crate) fn execute<B: Database>(
             // Ready again: their priorities may be new to the plan.
             plan.priorities = Control::ready_priorities(tx.core())?;
         }
-        control::claim(tx.core(), plan, &holder, now, now + ttl, n, names)
+        crate::work::queue::claim::claim(tx.core(), plan, &holder, now, now + ttl, n, names)
     };
     let mut size = base;
     let mut fresh: Vec<RunRow> = db.write_apart(|tx| claim(tx, size))?;

@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::changelog::{self, Origin};
-use crate::db::{CoreDb, Database};
-use crate::error::{Error, HandlerError, Result};
-use crate::event::{Event, NewEvent, Query};
+use crate::base::error::{Error, HandlerError, Result};
+use crate::base::event::{Event, NewEvent, Query};
+use crate::base::text::text_enum;
+use crate::core::changelog::{self, Origin};
+use crate::core::db::{CoreDb, Database};
+use crate::core::tx::Tx;
 use crate::store::backend::{Runs, Sqlite, Store};
 use crate::store::runs::RunRow;
-use crate::tx::Tx;
-use crate::words::text_enum;
 
 /// A run as its handler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,11 +174,11 @@ pub struct RunInfo {
     /// The seq of the event that fired it.
     pub event_seq: Option<i64>,
     /// Its input, as JSON text (serialised as the JSON it holds).
-    #[serde(serialize_with = "crate::words::raw_json")]
+    #[serde(serialize_with = "crate::base::text::raw_json")]
     pub input: String,
     /// What its last attempt saved with [`RunContext::checkpoint`], as JSON
     /// text (serialised as the JSON it holds).
-    #[serde(serialize_with = "crate::words::raw_json_opt")]
+    #[serde(serialize_with = "crate::base::text::raw_json_opt")]
     pub checkpoint: Option<String>,
     /// Its priority: higher is claimed first.
     pub priority: i64,
@@ -347,8 +347,8 @@ impl<'a, B: Database> RunContext<'a, B> {
 
     /// [`RunContext::emit`] into another workspace.
     pub fn emit_to(&mut self, workspace: &str, key: &str, event: NewEvent) -> Result<()> {
-        crate::names::check_name("emit key", key)?;
-        crate::names::check_name("workspace", workspace)?;
+        crate::base::limits::check_name("emit key", key)?;
+        crate::base::limits::check_name("workspace", workspace)?;
         self.emitted.push(Emitted {
             workspace: workspace.into(),
             key: key.into(),

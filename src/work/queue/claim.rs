@@ -1,0 +1,274 @@
+//! The claim, the queue's hottest path: up to a batch of ready runs for an
+//! executor, skipping paused actions and respecting each action's limits
+//! (at most N running at once across every process, at most R starts per
+//! period, each optionally per value of an input field), higher priorities
+//! first whatever the action.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::base::error::Result;
+use crate::store::backend::{ClaimPlan, Control, Runs};
+use crate::store::runs::RunRow;
+use crate::work::control::{ActionConfig, paused_names};
+
+/// Claims for executors whose actions are `actions`: up to `limit` runs,
+/// skipping paused actions and respecting each action's limits, higher
+/// priorities first whatever the action. At each priority that ready runs
+/// have, each limited action takes up to its share of the batch (what its
+/// limits allow, at most), the unlimited ones the rest in one statement,
+/// and limited actions that took a full share whatever is still left. The
+/// batch comes back by priority, then due time.
+/// `plan` is what the claim read first ([`Control::claim_plan`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn claim<C: Runs + Control + ?Sized>(
+    conn: &C,
+    plan: ClaimPlan,
+    holder: &str,
+    now: i64,
+    expires_at: i64,
+    limit: usize,
+    actions: &[String],
+) -> Result<Vec<RunRow>> {
+    let paused = plan.paused;
+    let limited: BTreeMap<String, ActionConfig> = plan
+        .limited
+        .into_iter()
+        .map(|a| (a.action.clone(), ActionConfig::from(a)))
+        .collect();
+    let free: Vec<String> = actions
+        .iter()
+        .filter(|a| !paused.contains(*a) && !limited.contains_key(*a))
+        .cloned()
+        .collect();
+    let free = (!free.is_empty()).then_some(free);
+    let mut limits = Vec::new();
+    for (action, c) in &limited {
+        if !paused.contains(action) {
+            limits.push(Limited::load(conn, action, c, now)?);
+        }
+    }
+    if free.is_none() && limits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut rows = Vec::new();
+    for priority in plan.priorities {
+        if rows.len() >= limit {
+            break;
+        }
+        // Each limited action first takes up to its share of what is left
+        // (so one with a backlog does not crowd the rest of this priority
+        // out), then the unlimited ones in one statement, then the limited
+        // ones that took a full share whatever is still left.
+        let parts = limits.len() + usize::from(free.is_some());
+        let share = (limit - rows.len()).div_ceil(parts.max(1));
+        let mut hungry = Vec::new();
+        for (i, l) in limits.iter_mut().enumerate() {
+            let want = share.min(limit - rows.len());
+            if want == 0 {
+                break;
+            }
+            let got = l.claim(conn, holder, now, expires_at, priority, want)?;
+            if got.len() == want {
+                hungry.push(i);
+            }
+            rows.extend(got);
+        }
+        if let Some(names) = &free
+            && rows.len() < limit
+        {
+            let want = i64::try_from(limit - rows.len()).unwrap_or(i64::MAX);
+            rows.extend(Runs::claim_at(
+                conn, holder, now, expires_at, want, names, priority,
+            )?);
+        }
+        for i in hungry {
+            if rows.len() >= limit {
+                break;
+            }
+            let want = limit - rows.len();
+            rows.extend(limits[i].claim(conn, holder, now, expires_at, priority, want)?);
+        }
+    }
+    for l in &limits {
+        l.record_starts(conn, now)?;
+    }
+    rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.due_at, r.ord));
+    Ok(rows)
+}
+
+/// One limited action during a claim: what each partition may still start
+/// (running slots and rate tokens, the smaller), counted from the file.
+struct Limited<'a> {
+    action: &'a str,
+    config: &'a ActionConfig,
+    path: Option<String>,
+    running: HashMap<String, i64>,
+    started: HashMap<String, i64>,
+    /// Partition → what it may still start in this claim.
+    room: HashMap<String, i64>,
+    /// Partitions with no room left (a JSON array's items).
+    full: Vec<String>,
+    /// Partition → runs picked in this claim (the rate's starts).
+    picked: BTreeMap<String, i64>,
+}
+
+impl<'a> Limited<'a> {
+    /// A candidate page holds this many runs per run wanted (at least
+    /// [`Limited::MIN_PAGE`]), and a claim reads at most
+    /// [`Limited::MAX_PAGES`] pages of an action at one priority: each page
+    /// after the first skips the partitions the last one filled, so a
+    /// partition's backlog never hides another partition's runs for long.
+    const PAGE_FACTOR: usize = 4;
+    const MIN_PAGE: usize = 16;
+    const MAX_PAGES: usize = 8;
+
+    fn load<C: Control + ?Sized>(
+        conn: &C,
+        action: &'a str,
+        config: &'a ActionConfig,
+        now: i64,
+    ) -> Result<Self> {
+        let path = config.path();
+        Control::lock_limits(conn, action)?;
+        let running = Control::running_by(conn, action, path.as_deref())?
+            .into_iter()
+            .collect();
+        let started = match config.rate {
+            Some((_, period)) => Control::starts_since(conn, action, now.saturating_sub(period))?
+                .into_iter()
+                .collect(),
+            None => HashMap::new(),
+        };
+        Ok(Limited {
+            action,
+            config,
+            path,
+            running,
+            started,
+            room: HashMap::new(),
+            full: Vec::new(),
+            picked: BTreeMap::new(),
+        })
+    }
+
+    /// What `part` may start, before this claim's picks.
+    fn allowance(&self, part: &str) -> i64 {
+        let c = self.config;
+        let slots = c.max_running.map_or(i64::MAX, |m| {
+            i64::from(m) - self.running.get(part).copied().unwrap_or(0)
+        });
+        let tokens = c.rate.map_or(i64::MAX, |(n, _)| {
+            i64::from(n) - self.started.get(part).copied().unwrap_or(0)
+        });
+        slots.min(tokens)
+    }
+
+    /// Claims up to `want` ready, due runs at `priority` that the limits
+    /// allow, counted against them. Without a partition there is one: the
+    /// claim takes exactly what it may start, in one statement; with one,
+    /// candidates are picked partition by partition ([`Limited::pick`]).
+    fn claim<C: Runs + Control + ?Sized>(
+        &mut self,
+        conn: &C,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        priority: i64,
+        want: usize,
+    ) -> Result<Vec<RunRow>> {
+        if self.path.is_none() {
+            let allowance = self.allowance("");
+            let left = self.room.entry(String::new()).or_insert(allowance);
+            let n = usize::try_from((*left).max(0)).unwrap_or(0).min(want);
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let names = [self.action.to_string()];
+            let rows = Runs::claim_at(conn, holder, now, expires_at, n as i64, &names, priority)?;
+            *left -= rows.len() as i64;
+            *self.picked.entry(String::new()).or_default() += rows.len() as i64;
+            return Ok(rows);
+        }
+        let path = self.path.clone().unwrap_or_default();
+        let picked = self.pick(conn, now, priority, &path, want)?;
+        if picked.is_empty() {
+            return Ok(Vec::new());
+        }
+        Control::claim_ords(conn, holder, now, expires_at, &picked)
+    }
+
+    /// Up to `want` ready, due runs at `priority` that the limits of a
+    /// partitioned action allow (their positions), counted against them:
+    /// pages of candidates, each leaving out the partitions already full.
+    fn pick<C: Control + ?Sized>(
+        &mut self,
+        conn: &C,
+        now: i64,
+        priority: i64,
+        path: &str,
+        want: usize,
+    ) -> Result<Vec<i64>> {
+        let mut picked = Vec::new();
+        let page = want.saturating_mul(Self::PAGE_FACTOR).max(Self::MIN_PAGE);
+        let mut after = (i64::MIN, i64::MIN);
+        for _ in 0..Self::MAX_PAGES {
+            let found = Control::candidates(
+                conn,
+                self.action,
+                now,
+                priority,
+                path,
+                &self.full,
+                after,
+                page,
+            )?;
+            for (ord, due_at, part) in &found {
+                after = (*due_at, *ord);
+                if picked.len() >= want {
+                    break;
+                }
+                let allowance = self.allowance(part);
+                let left = self.room.entry(part.clone()).or_insert(allowance);
+                if *left > 0 {
+                    *left -= 1;
+                    picked.push(*ord);
+                    *self.picked.entry(part.clone()).or_default() += 1;
+                }
+                if *left <= 0 && !self.full.contains(part) {
+                    self.full.push(part.clone());
+                }
+            }
+            if picked.len() >= want || found.len() < page {
+                break;
+            }
+        }
+        Ok(picked)
+    }
+
+    /// Records this claim's starts for a rate-limited action: one row per
+    /// partition and claim, so the window's cost grows with claims, not runs.
+    fn record_starts<C: Control + ?Sized>(&self, conn: &C, now: i64) -> Result<()> {
+        if self.config.rate.is_none() {
+            return Ok(());
+        }
+        for (part, n) in &self.picked {
+            Control::record_starts(conn, self.action, part, now, *n)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `actions` have work an executor could claim now: a ready, due
+/// run of an action that is not paused (limits are the claim's to judge).
+pub(crate) fn work_due<C: Control + ?Sized>(
+    conn: &C,
+    now: i64,
+    actions: &[String],
+) -> Result<bool> {
+    let paused = paused_names(conn, "action")?;
+    let open: Vec<&String> = actions.iter().filter(|a| !paused.contains(*a)).collect();
+    if open.is_empty() {
+        return Control::lapsed_due(conn, now);
+    }
+    Control::work_due(conn, now, &open)
+}

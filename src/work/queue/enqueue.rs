@@ -1,0 +1,244 @@
+//! Enqueueing a run directly ([`Enqueue`], [`crate::Tx::enqueue`]): a run
+//! of an action with JSON arguments, now or at a time, in the caller's
+//! transaction, with a priority, a scope it keeps order in, and a
+//! uniqueness key ([`Unique`]: no second run with the key while one is
+//! pending, active, or within a period — partial unique indexes, and a
+//! keyed table for periods, hold it). The producer need not register the
+//! action: any process whose executors have it runs it.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::base::error::{Error, Result};
+use crate::base::limits;
+use crate::base::retry::RetryPolicy;
+use crate::core::tx::Tx;
+use crate::store::backend::{Runs, Store};
+use crate::store::runs::{Inserted, NewRun, Uniq};
+
+/// How long a uniqueness key holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unique {
+    /// While a run with the key waits (waiting or ready): a second is not
+    /// made; once it started, another may be enqueued.
+    WhilePending,
+    /// While a run with the key waits or runs.
+    WhileActive,
+    /// For this long after the first was enqueued, whatever became of it.
+    For(Duration),
+}
+
+impl Unique {
+    fn mode(self) -> &'static str {
+        match self {
+            Unique::WhilePending => "pending",
+            Unique::WhileActive => "active",
+            Unique::For(_) => "period",
+        }
+    }
+}
+
+/// A run to enqueue directly: an action and its arguments.
+///
+/// ```
+/// # use reflexr::{Enqueue, Unique};
+/// # use std::time::Duration;
+/// let job = Enqueue::new("send-invoice", &serde_json::json!({ "invoice": 42 }))
+///     .priority(5)
+///     .scope("customer/7")              // one at a time per customer, in order
+///     .unique("invoice/42", Unique::WhileActive)
+///     .after(Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Enqueue {
+    pub(crate) action: String,
+    pub(crate) input: std::result::Result<String, String>,
+    pub(crate) at: Option<i64>,
+    pub(crate) after: Option<Duration>,
+    pub(crate) priority: Option<i64>,
+    pub(crate) scope: Option<String>,
+    pub(crate) unique: Option<(String, Unique)>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) id: Option<String>,
+}
+
+impl Enqueue {
+    /// A run of `action` with `input` as its arguments (any JSON value).
+    pub fn new<T: Serialize + ?Sized>(action: impl Into<String>, input: &T) -> Enqueue {
+        Enqueue {
+            action: action.into(),
+            input: serde_json::to_string(input).map_err(|e| e.to_string()),
+            at: None,
+            after: None,
+            priority: None,
+            scope: None,
+            unique: None,
+            retry: RetryPolicy::default(),
+            id: None,
+        }
+    }
+
+    /// Not before this time (ms since the epoch, by the engine's clock).
+    pub fn at(mut self, ms: i64) -> Enqueue {
+        self.at = Some(ms);
+        self
+    }
+
+    /// Not before this long from now.
+    pub fn after(mut self, delay: Duration) -> Enqueue {
+        self.after = Some(delay);
+        self
+    }
+
+    /// Its priority: higher is claimed first (default: the action's, see
+    /// [`crate::ActionConfig::priority`], else 0).
+    pub fn priority(mut self, priority: i64) -> Enqueue {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// Runs of the action with the same scope run one at a time, in the
+    /// order they were enqueued.
+    pub fn scope(mut self, scope: impl Into<String>) -> Enqueue {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// No second run of the action with `key` while `unique` holds: the
+    /// enqueue returns the existing run's id, marked deduplicated.
+    pub fn unique(mut self, key: impl Into<String>, unique: Unique) -> Enqueue {
+        self.unique = Some((key.into(), unique));
+        self
+    }
+
+    /// How failed attempts are retried (default [`RetryPolicy::default`]).
+    pub fn retry(mut self, retry: RetryPolicy) -> Enqueue {
+        self.retry = retry;
+        self
+    }
+
+    /// The run's id (default: a new one); enqueueing an id that exists
+    /// enqueues nothing.
+    pub fn id(mut self, id: impl Into<String>) -> Enqueue {
+        self.id = Some(id.into());
+        self
+    }
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Enqueued {
+    /// The run's id: the new one, or the one that held the key (or the id).
+    pub id: String,
+    /// True when nothing new was made: the key was held, or the id existed.
+    pub deduplicated: bool,
+}
+
+/// A checked uniqueness key.
+pub(crate) fn uniq(key: &str, u: Unique) -> Result<Uniq<'_>> {
+    limits::check_text("unique key", key, limits::MAX_ID_BYTES)?;
+    let period_ms = match u {
+        Unique::For(d) if d.is_zero() => {
+            return Err(Error::invalid("unique", "a period must be more than zero"));
+        }
+        Unique::For(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        _ => 0,
+    };
+    Ok(Uniq {
+        key,
+        mode: u.mode(),
+        period_ms,
+    })
+}
+
+/// Inserts an enqueued run (or finds the one that holds its key).
+pub(crate) fn enqueue<B: Store>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueued> {
+    limits::check_name("action", &e.action)?;
+    let input = e
+        .input
+        .as_ref()
+        .map_err(|m| Error::Encode { message: m.clone() })?;
+    crate::core::changelog::check_json("input", input, tx.limits().max_payload_bytes)?;
+    e.retry.validate()?;
+    if let Some(s) = &e.scope {
+        limits::check_text("scope", s, limits::MAX_SUBJECT_BYTES)?;
+    }
+    let unique = match &e.unique {
+        Some((key, u)) => Some(uniq(key, *u)?),
+        None => None,
+    };
+    let id = match &e.id {
+        Some(id) => {
+            limits::check_text("id", id, limits::MAX_ID_BYTES)?;
+            id.clone()
+        }
+        None => crate::core::changelog::new_id(),
+    };
+    let now = tx.now_ms();
+    let due_at = match (e.at, e.after) {
+        (Some(at), _) => at,
+        (None, Some(d)) => now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        (None, None) => now,
+    };
+    let lane = e
+        .scope
+        .as_ref()
+        .map(|s| format!("{}{} {s}", limits::TASK_LANE_PREFIX, e.action));
+    let inserted = Runs::insert(
+        tx.core(),
+        &NewRun {
+            id: &id,
+            kind: "task",
+            action: &e.action,
+            workspace: None,
+            rule: None,
+            scope: e.scope.as_deref(),
+            lane: lane.as_deref(),
+            on_dead_letter: "continue",
+            input,
+            event_seq: None,
+            event_id: None,
+            depth: 0,
+            retry: &e.retry,
+            due_at,
+            now,
+            dead: None,
+            priority: e.priority,
+            unique,
+        },
+    )?;
+    Ok(match inserted {
+        Inserted::New => Enqueued {
+            id,
+            deduplicated: false,
+        },
+        Inserted::Existed => Enqueued {
+            id,
+            deduplicated: true,
+        },
+        Inserted::Duplicate(other) => Enqueued {
+            id: other,
+            deduplicated: true,
+        },
+    })
+}
+
+impl<B: Store> Tx<'_, B> {
+    /// Enqueues a run of an action ([`Enqueue`]) in this transaction: it
+    /// exists if and only if the transaction commits. No handler need be
+    /// registered here: the executors of any process that registered the
+    /// action run it.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] / [`Error::Encode`] for bad fields (nothing is
+    /// enqueued).
+    pub fn enqueue(&mut self, e: &Enqueue) -> Result<Enqueued> {
+        let done = enqueue(self, e)?;
+        if !done.deduplicated {
+            self.mark_nudge();
+        }
+        Ok(done)
+    }
+}
