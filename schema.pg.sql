@@ -5,7 +5,7 @@
 -- transaction under an advisory lock (so two processes opening a new
 -- database at once do not both apply it), to a database without
 -- reflexr_schema_version; older versions are migrated forward step by step
--- (src/store/pg/schema.rs); a newer one is refused. The tables go in the
+-- (src/store/postgres/schema.rs); a newer one is refused. The tables go in the
 -- first schema of the connection's search_path (`public` unless the
 -- connection's options say otherwise), beside the application's own.
 --
@@ -15,7 +15,7 @@
 -- cast to jsonb to query them).
 --
 -- What this file holds: the core — workspaces, the change log, cursors and
--- leases. The other tables come as migrations (src/store/pg/schema.rs),
+-- leases. The other tables come as migrations (src/store/postgres/schema.rs),
 -- applied after this file to a new database as to an old one: version 2,
 -- the work queue (runs, lanes, per-action settings, unique periods);
 -- version 3, the audit of operators' interventions; version 4, pauses,

@@ -5,15 +5,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::base::clock::{Clock, SystemClock};
+use crate::base::durability::Synchronous;
 use crate::base::error::{Error, Result};
 use crate::base::event::Query;
 use crate::base::limits;
-use crate::core::db::{Db, Open};
 use crate::core::lease::{self, DEFAULT_LEASE_TTL};
 use crate::core::settings::{Limits, Settings};
+use crate::core::sqlite::db::{Db, Open};
 use crate::engine::Engine;
 use crate::runtime::{self, Context};
-use crate::store::conn::Synchronous;
+use crate::work::follow;
 use crate::work::prune::Retention;
 
 /// Opens an [`Engine`] with settings other than the defaults.
@@ -87,6 +88,7 @@ impl EngineBuilder {
                 claim_batch: 16,
                 evaluate_batch: 2_000,
                 retention: None,
+                hubs: HUBS,
             },
         }
     }
@@ -324,7 +326,7 @@ pub struct PostgresBuilder {
 }
 
 #[cfg(feature = "postgres")]
-impl Engine<crate::store::backend::Postgres> {
+impl Engine<crate::store::Postgres> {
     /// Opens the engine on the PostgreSQL database `config` names, with the
     /// defaults of [`PostgresBuilder`]. `config` is a libpq connection
     /// string (`host=db.internal user=app dbname=app`) or a
@@ -337,7 +339,7 @@ impl Engine<crate::store::backend::Postgres> {
     /// [`Error::Io`] / [`Error::Storage`] when the server cannot be reached
     /// or refuses; [`Error::SchemaTooNew`] for a database a newer reflexr
     /// wrote.
-    pub fn open_postgres(config: &str) -> Result<Engine<crate::store::backend::Postgres>> {
+    pub fn open_postgres(config: &str) -> Result<Engine<crate::store::Postgres>> {
         Engine::builder_postgres(config).open()
     }
 
@@ -356,6 +358,7 @@ impl Engine<crate::store::backend::Postgres> {
                 claim_batch: 16,
                 evaluate_batch: 2_000,
                 retention: None,
+                hubs: HUBS,
             },
         }
     }
@@ -447,13 +450,13 @@ impl PostgresBuilder {
     ///
     /// # Errors
     /// See [`Engine::open_postgres`].
-    pub fn open(self) -> Result<Engine<crate::store::backend::Postgres>> {
+    pub fn open(self) -> Result<Engine<crate::store::Postgres>> {
         check_settings(&self.settings)?;
         check_runtime(&self.runtime)?;
         if let Some(retention) = &self.runtime.retention {
             retention.validate()?;
         }
-        let db = crate::core::pgdb::PgDb::open(
+        let db = crate::core::postgres::db::PgDb::open(
             &self.config,
             self.pool_size,
             self.settings,
@@ -462,4 +465,49 @@ impl PostgresBuilder {
         )?;
         Ok(Engine::from_context(Context::new(db, self.runtime)))
     }
+}
+
+/// How every engine opens the databases its followers publish into: the
+/// facade names the backends, the runtime calls these.
+const HUBS: runtime::Hubs = runtime::Hubs {
+    file: open_file_hub,
+    #[cfg(feature = "postgres")]
+    postgres: open_postgres_hub,
+};
+
+/// Opens the file a cross-file follower publishes into (which must exist:
+/// a typo must not create an empty hub). The publishes are synced before
+/// the source's cursor moves past them, whatever the source's own mode:
+/// under `Normal` a checkpoint of the source could make its cursor durable
+/// while the target's last commits, never synced, are lost to a power cut
+/// — and those events would never be relayed (tests/power.rs found it).
+fn open_file_hub(
+    like: &Settings,
+    clock: &Arc<dyn Clock>,
+    vfs: Option<&str>,
+    path: &str,
+) -> Result<Arc<follow::Publish>> {
+    let open = Open {
+        create: false,
+        pool_size: 2,
+        verify: false,
+        vfs: vfs.map(String::from),
+    };
+    let mut settings = like.clone();
+    settings.synchronous = Synchronous::Full;
+    let db = Db::open(Path::new(path), &open, settings, Arc::clone(clock))?;
+    Ok(follow::publisher::<crate::Sqlite>(Arc::new(db)))
+}
+
+/// Connects to the PostgreSQL database a follower publishes into (its
+/// schema applied).
+#[cfg(feature = "postgres")]
+fn open_postgres_hub(
+    like: &Settings,
+    clock: &Arc<dyn Clock>,
+    config: &str,
+) -> Result<Arc<follow::Publish>> {
+    let db =
+        crate::core::postgres::db::PgDb::open(config, 2, like.clone(), Arc::clone(clock), false)?;
+    Ok(follow::publisher::<crate::Postgres>(Arc::new(db)))
 }

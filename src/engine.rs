@@ -8,25 +8,26 @@ use rusqlite::Connection;
 
 use crate::base::audit::AuditEntry;
 use crate::base::dead_letter::DeadLetter;
+use crate::base::durability::Synchronous;
 use crate::base::error::{Error, HandlerError, Result};
 use crate::base::event::{Appended, Event, NewEvent, Query};
 use crate::base::limits;
 use crate::core::changelog;
 use crate::core::cursor::{self, ConsumerKind, CursorInfo};
+use crate::core::db::Backend;
 use crate::core::db::CoreDb;
+use crate::core::db::Tx;
 use crate::core::lease::{self, Lease, LeaseInfo};
-use crate::core::tx::Tx;
 use crate::core::wake::Subscription;
 use crate::core::workspace::{self, WorkspaceInfo};
 use crate::core::writer::WriterStats;
 use crate::runtime::Service;
-use crate::runtime::{self, Backend, Context, Idle};
-use crate::store::backend::DeadLetters;
+use crate::runtime::{self, Context, Idle};
+use crate::store::DeadLetters;
 #[cfg(feature = "postgres")]
-use crate::store::backend::Postgres;
-use crate::store::backend::Sqlite;
-use crate::store::conn::Synchronous;
-use crate::store::{self, schema};
+use crate::store::Postgres;
+use crate::store::Sqlite;
+use crate::store::{self, sqlite::schema};
 use crate::work::control::{self, ActionConfig, PausedInfo};
 use crate::work::delivery::{self, ChannelPolicy, Delivery, Message};
 use crate::work::follow::{self, Follow, FollowerInfo};
@@ -77,7 +78,7 @@ struct LastHandle<B: Backend>(Arc<Context<B>>);
 
 impl<B: Backend> Drop for LastHandle<B> {
     fn drop(&mut self) {
-        B::close(&self.0);
+        runtime::close(&self.0);
     }
 }
 
@@ -91,7 +92,7 @@ const _: fn() = || {
 impl<B: Backend> std::fmt::Debug for Engine<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("database", &B::describe(&self.cx))
+            .field("database", &self.cx.db.describe())
             .field("holder_id", &self.db().settings().holder_id)
             .finish_non_exhaustive()
     }
@@ -120,7 +121,7 @@ impl<B: Backend> Engine<B> {
     pub fn audit_log(&self, limit: usize) -> Result<Vec<AuditEntry>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.db()
-            .read_with(&mut |c| crate::store::backend::Audit::recent(c, limit))
+            .read_with(&mut |c| crate::store::Audit::recent(c, limit))
     }
 
     /// Every cursor, with its lag.
@@ -480,7 +481,7 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Option<S>> {
         let json = self
             .db()
-            .read_with(&mut |c| store::backend::Rules::state(c, rule, scope))?;
+            .read_with(&mut |c| store::Rules::state(c, rule, scope))?;
         json.map(|j| {
             serde_json::from_str(&j).map_err(|e| Error::Decode {
                 what: format!("state of rule {rule}, scope {scope}"),
@@ -556,7 +557,7 @@ impl<B: Backend> Engine<B> {
     /// Every scheduled job the database knows, with its next due time.
     pub fn schedules(&self) -> Result<Vec<ScheduleInfo>> {
         self.db().read_with(&mut |c| {
-            store::backend::Schedules::schedule_rows(c)?
+            store::Schedules::schedule_rows(c)?
                 .into_iter()
                 .map(ScheduleInfo::from_row)
                 .collect()
@@ -681,7 +682,7 @@ impl<B: Backend> Engine<B> {
     /// `retention` (see [`Retention`]), in short batches. Reports what it
     /// removed.
     pub fn prune(&self, retention: &Retention) -> Result<Pruned> {
-        B::prune_with(&self.cx, retention, &mut |_| {})
+        crate::work::prune::prune::<B>(&self.cx.db, retention, &mut |_| {})
     }
 
     /// [`Engine::prune`], calling `progress` with the running totals after
@@ -691,7 +692,7 @@ impl<B: Backend> Engine<B> {
         retention: &Retention,
         mut progress: impl FnMut(Pruned),
     ) -> Result<Pruned> {
-        B::prune_with(&self.cx, retention, &mut progress)
+        crate::work::prune::prune::<B>(&self.cx.db, retention, &mut progress)
     }
 
     /// Has `service` stop with the engine: [`Engine::shutdown`] (and the
@@ -773,7 +774,7 @@ impl<B: Backend> Engine<B> {
     /// Where the database is: the file's path, or the PostgreSQL server
     /// and database (`host:port/dbname`, never the password).
     pub fn location(&self) -> String {
-        B::describe(&self.cx)
+        self.cx.db.describe()
     }
 
     /// Registers the handler of an action: what runs when a rule with this

@@ -63,20 +63,20 @@ mod work;
 // The facade: what an application calls.
 mod builder;
 mod engine;
-#[cfg(all(test, feature = "postgres"))]
-mod matrix;
 mod operator;
 
 pub use crate::core::changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
 pub use crate::core::cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
+pub use crate::core::db::Backend;
+pub use crate::core::db::Tx;
 pub use crate::core::lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
-pub use crate::core::tx::Tx;
 pub use crate::core::workspace::WorkspaceInfo;
 pub use crate::core::writer::WriterStats;
 pub use base::audit::{AuditAction, AuditEntry};
 pub use base::clock::{Clock, ManualClock, SystemClock};
 pub use base::counter::Counter;
 pub use base::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
+pub use base::durability::Synchronous;
 pub use base::error::{Error, HandlerError, Result};
 pub use base::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 pub use base::limits::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
@@ -86,13 +86,11 @@ pub use builder::EngineBuilder;
 pub use builder::PostgresBuilder;
 pub use engine::{Engine, Watch};
 pub use operator::Operator;
-pub use runtime::Backend;
 pub use runtime::{Idle, Service};
 #[cfg(feature = "postgres")]
-pub use store::backend::Postgres;
-pub use store::backend::Sqlite;
-pub use store::conn::Synchronous;
-pub use store::schema::SCHEMA_VERSION;
+pub use store::Postgres;
+pub use store::Sqlite;
+pub use store::sqlite::schema::SCHEMA_VERSION;
 pub use work::control::{ActionConfig, Pausable, PausedInfo};
 pub use work::delivery::{ChannelPolicy, Delivery, Message, SenderFn};
 pub use work::evaluate::firing_id;

@@ -2,9 +2,9 @@
 
 use crate::base::error::{Error, Result};
 use crate::core::cursor::{self, ConsumerKind, Reset};
+use crate::core::db::Backend;
 use crate::engine::Engine;
-use crate::runtime::Backend;
-use crate::store::backend::Sqlite;
+use crate::store::Sqlite;
 use crate::work::control::{self, ActionConfig, Pausable};
 use crate::work::operate::{self, Bulk, RuleReset};
 use crate::work::prune::{Pruned, Retention};

@@ -2,9 +2,9 @@
 //! source file of `src/` is in the document's table, in the layer its
 //! folder is (`base/` 0, `store/` 1, `core/` 2, `work/` 3, `runtime/` 4,
 //! the facade's files at the top 5); no `crate::` path goes from a file to
-//! one in a higher layer; inside `store/`, a backend's folder uses no other
-//! backend's, and the seam's own files use none; and the files' imports
-//! make no cycle. The surfaces are crates of their own, so the compiler
+//! one in a higher layer; a backend's folders (`store/sqlite/`,
+//! `core/sqlite/`, …) are named only by that backend's own folders and the
+//! facade; and the files' imports make no cycle. The surfaces are crates of their own, so the compiler
 //! holds them to the public API; the library's own dependencies hold none
 //! of theirs.
 //!
@@ -32,14 +32,22 @@ fn layer_of(module: &str) -> (u32, &'static str) {
     }
 }
 
-/// The backend folders inside `store/`, which only they and the facade name.
-const BACKENDS: &[&str] = &["store::sqlite", "store::postgres"];
+/// The backends: each a folder of that name in the layers that differ by
+/// backend (`store/sqlite/` and `core/sqlite/`, …), which only they and the
+/// facade name — a vertical slice.
+const BACKENDS: &[&str] = &["sqlite", "postgres"];
 
 fn backend_of(module: &str) -> Option<&'static str> {
-    BACKENDS
-        .iter()
-        .find(|b| module == **b || module.starts_with(&format!("{b}::")))
-        .copied()
+    let mut segs = module.split("::");
+    segs.next();
+    let folder = segs.next()?;
+    BACKENDS.iter().find(|b| **b == folder).copied()
+}
+
+/// The conformance suite (tests only, `#[cfg(test)]`): it drives every
+/// backend, through the layers above the store as unit tests may.
+fn is_suite(module: &str) -> bool {
+    module == "store::conformance" || module.starts_with("store::conformance::")
 }
 
 /// Module path → (layer number, layer name), from the table in the
@@ -267,6 +275,9 @@ fn every_import_flows_down_the_layers_and_backends_keep_to_their_folders() {
     let graph = graph();
     let mut wrong = Vec::new();
     for (module, deps) in &graph {
+        if is_suite(module) {
+            continue;
+        }
         let (layer, name) = layer_of(module);
         for dep in deps {
             if let Some(p) = dep.strip_prefix('?') {
@@ -286,16 +297,46 @@ fn every_import_flows_down_the_layers_and_backends_keep_to_their_folders() {
                     "{module} ({layer} {name}) uses {dep} ({l} {n}): an import up the layers"
                 ));
             }
-            // Only a backend's own folder, and the facade, name a backend.
+            // Only a backend's own folders, and the facade, name a backend.
             if let Some(b) = backend_of(dep)
                 && layer < 5
                 && backend_of(module) != Some(b)
             {
-                wrong.push(format!("{module} uses {dep}: only {b}'s own files name it"));
+                wrong.push(format!(
+                    "{module} uses {dep}: only {b}'s own folders name it"
+                ));
             }
         }
     }
     assert!(wrong.is_empty(), "\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_backend_implements_every_table_group_in_a_file_of_its_name() {
+    // Backends are slices: `store/<backend>/` has a file for each table
+    // group of the seam (`store/<group>.rs`), so a third backend is a new
+    // folder with the same list, and nothing else in `store/` changes.
+    let names = |dir: &Path| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.unwrap().path();
+                (p.extension().is_some_and(|x| x == "rs") && p.file_stem().unwrap() != "mod")
+                    .then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
+            })
+            .collect()
+    };
+    let store = root().join("src/store");
+    let groups = names(&store);
+    assert!(
+        groups.contains("events") && groups.contains("runs"),
+        "{groups:?}"
+    );
+    for backend in BACKENDS {
+        let files = names(&store.join(backend));
+        let missing: Vec<_> = groups.difference(&files).collect();
+        assert!(missing.is_empty(), "store/{backend}/ lacks {missing:?}");
+    }
 }
 
 #[test]

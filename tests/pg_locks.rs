@@ -1,5 +1,5 @@
 //! Locks on PostgreSQL (feature `postgres`): a shared write takes the
-//! log's head with its BEGIN (the one lock order, see `pgdb`), and a
+//! log's head with its BEGIN (the one lock order, see `core::postgres::db`), and a
 //! server setting that makes lock waits fail (`lock_timeout`) fails that
 //! write alone, with a typed error, and leaves its pooled connection
 //! clean for the next (invariant 10: nothing committed is lost or

@@ -6,6 +6,7 @@ pub(crate) mod audit;
 pub(crate) mod clock;
 pub(crate) mod counter;
 pub(crate) mod dead_letter;
+pub(crate) mod durability;
 pub(crate) mod error;
 pub(crate) mod event;
 pub(crate) mod limits;

@@ -6,8 +6,8 @@ use crate::base::error::{Error, Result};
 use crate::base::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
 use crate::base::limits::{self, MAX_ID_BYTES, MAX_SUBJECT_BYTES};
 use crate::core::settings::Limits;
-use crate::store::backend::{Events, Inserted, Workspaces};
 use crate::store::events;
+use crate::store::{Events, Inserted, Workspaces};
 
 /// Who is appending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,8 +36,9 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::base::error::Error;
-use crate::core::tx::Tx;
-use crate::store::backend::{Sqlite, Store};
+use crate::core::db::Backend;
+use crate::core::db::Tx;
+use crate::store::Sqlite;
 
 /// Most requests one batch (one transaction) holds.
 pub(crate) const MAX_BATCH: usize = 512;
@@ -87,32 +88,32 @@ impl Signal {
 
 /// A queued request: the caller's work, lifetime erased (see the module's
 /// safety notes), and where the caller waits.
-struct Request<B: Store> {
+struct Request<B: Backend> {
     work: NonNull<Work<'static, B>>,
     signal: Arc<Signal>,
 }
 
 // SAFETY: `work` points at a `Send` closure; it is used by one thread at a
 // time (the leader) while its owner is blocked, and the signal is `Sync`.
-unsafe impl<B: Store> Send for Request<B> {}
+unsafe impl<B: Backend> Send for Request<B> {}
 
-struct Queue<B: Store> {
+struct Queue<B: Backend> {
     requests: VecDeque<Request<B>>,
     /// A caller is leading (running batches, or about to hand the lead on).
     leading: bool,
 }
 
 /// The queue of one writer.
-pub(crate) struct Combiner<B: Store = Sqlite> {
+pub(crate) struct Combiner<B: Backend = Sqlite> {
     queue: Mutex<Queue<B>>,
 }
 
 /// One request in the batch being run.
-pub(crate) struct Member<B: Store = Sqlite> {
+pub(crate) struct Member<B: Backend = Sqlite> {
     request: Request<B>,
 }
 
-impl<B: Store> Member<B> {
+impl<B: Backend> Member<B> {
     /// Runs the caller's work (the writer runs each member once).
     pub(crate) fn run(&mut self, tx: &mut Tx<'_, B>) -> Outcome {
         // SAFETY: the owner is blocked in `submit` until this member's batch
@@ -127,12 +128,12 @@ impl<B: Store> Member<B> {
 /// recorded how the transaction ended with [`Batch::end`], or while the
 /// leader unwinds before it could — tells every member its outcome: the one
 /// recorded, or [`Error::TransactionAborted`].
-pub(crate) struct Batch<B: Store = Sqlite> {
+pub(crate) struct Batch<B: Backend = Sqlite> {
     members: Vec<Member<B>>,
     ended: Option<Ended>,
 }
 
-impl<B: Store> Batch<B> {
+impl<B: Backend> Batch<B> {
     pub(crate) fn members(&mut self) -> &mut [Member<B>] {
         &mut self.members
     }
@@ -144,7 +145,7 @@ impl<B: Store> Batch<B> {
     }
 }
 
-impl<B: Store> Drop for Batch<B> {
+impl<B: Backend> Drop for Batch<B> {
     fn drop(&mut self) {
         let ended = self.ended.take().unwrap_or_else(|| {
             Err(Arc::new(Error::TransactionAborted {
@@ -159,7 +160,7 @@ impl<B: Store> Drop for Batch<B> {
     }
 }
 
-impl<B: Store> Combiner<B> {
+impl<B: Backend> Combiner<B> {
     pub(crate) fn new() -> Combiner<B> {
         Combiner {
             queue: Mutex::new(Queue {
@@ -321,12 +322,12 @@ impl<B: Store> Combiner<B> {
 
 /// Hands the lead to the first caller still queued (other than the leader
 /// itself, which only happens when the leader unwinds), or gives it up.
-struct LeadGuard<'a, B: Store> {
+struct LeadGuard<'a, B: Backend> {
     combiner: &'a Combiner<B>,
     mine: &'a Arc<Signal>,
 }
 
-impl<B: Store> Drop for LeadGuard<'_, B> {
+impl<B: Backend> Drop for LeadGuard<'_, B> {
     fn drop(&mut self) {
         let mut q = self.combiner.lock();
         match q
@@ -344,12 +345,12 @@ impl<B: Store> Drop for LeadGuard<'_, B> {
 /// the caller's request back out of the queue if nobody took it, and
 /// otherwise waits until its batch is dropped. Either way, nothing can reach
 /// the caller's closure once `submit` is left.
-struct Waiter<'a, B: Store> {
+struct Waiter<'a, B: Backend> {
     combiner: &'a Combiner<B>,
     signal: &'a Arc<Signal>,
 }
 
-impl<B: Store> Drop for Waiter<'_, B> {
+impl<B: Backend> Drop for Waiter<'_, B> {
     fn drop(&mut self) {
         {
             let mut q = self.combiner.lock();

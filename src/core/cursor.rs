@@ -9,7 +9,7 @@ use crate::base::error::{Error, Result};
 use crate::base::limits::{self, MAX_ID_BYTES};
 use crate::base::text::text_enum;
 use crate::store::audit;
-use crate::store::backend::{Audit, Cursors, Events, Workspaces};
+use crate::store::{Audit, Cursors, Events, Workspaces};
 
 text_enum! {
     /// What kind of consumer a cursor belongs to. The kinds have separate

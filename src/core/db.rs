@@ -1,51 +1,61 @@
-//! [`Db`]: one open reflexr file — the core every other part of the engine
-//! works through. It owns the writer (and so every [`Tx`]), the pool of read
-//! connections, the notifier, the clock and the settings; it knows nothing
-//! of rules, runs or threads.
+//! The one seam every layer above the store names a backend through:
+//! [`Backend`], a sealed trait whose associated types are the backend's
+//! connection inside a transaction (the table groups of `crate::store`
+//! implemented on it), what its writer guards that transaction with, and
+//! its open database ([`CoreDb`]: pool, writer, wake-ups, clock,
+//! settings). Each backend is a folder with the same file list at each
+//! layer — `store::sqlite` and `core::sqlite`, `store::postgres` and
+//! `core::postgres` (feature `postgres`) — and only those folders (and the
+//! facade) name it.
+//!
+//! And the caller's side of a write: [`Tx`], which a backend's writer hands
+//! each closure, and the environment it consults ([`Env`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
-
-use r2d2::Pool;
-use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::Connection;
 
 use crate::base::clock::Clock;
 use crate::base::error::{Error, Result};
-use crate::core::settings::Settings;
-use crate::core::tx::{Env, Tx};
-use crate::core::wake::{FileWatch, Notifier, Subscription};
-use crate::core::writer::{Writer, WriterStats};
-use crate::store::backend::{Sqlite, Store};
-use crate::store::conn::{self, Role};
-use crate::store::schema;
+use crate::base::event::{Appended, Event, NewEvent, Query};
+use crate::base::retry::RetryPolicy;
+use crate::core::changelog::{self, Origin};
+use crate::core::cursor::{self, ConsumerKind};
+use crate::core::lease::{self, Lease};
+use crate::core::settings::{Limits, Settings};
+use crate::core::wake::Subscription;
+use crate::core::writer::WriterStats;
+use crate::store::{Sqlite, Work};
 
-/// How to open a file, besides the settings.
-pub(crate) struct Open {
-    pub create: bool,
-    pub pool_size: u32,
-    pub verify: bool,
-    /// A VFS registered with SQLite to open the file through (None: the
-    /// default).
-    pub vfs: Option<String>,
+pub(crate) mod sealed {
+    /// Only this crate's backends are backends.
+    pub trait Sealed {}
 }
 
-/// One open reflexr file.
-pub struct Db {
-    path: PathBuf,
-    env: Env,
-    pool: Pool<SqliteConnectionManager>,
-    writer: Writer,
-    notifier: Arc<Notifier>,
-    /// The WAL watch (feature `watch`), ended with the file.
-    _watch: Option<FileWatch>,
-    /// The VFS the file was opened through, if not the default.
-    vfs: Option<String>,
-    /// Threads waiting for runs to end ([`Db::run_waiter`]): settlements
-    /// nudge only while there are some.
-    run_waiters: std::sync::atomic::AtomicUsize,
+/// A database the engine runs on: [`crate::Sqlite`] (the default) and,
+/// with the feature `postgres`, `Postgres`. Sealed: its items are the
+/// engine's, named here so that the engine, its handles and their handlers
+/// are generic over it (`Engine<B>`, `Tx<'_, B>`, `RunContext<'_, B>`).
+pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
+    /// A connection inside a transaction (what a [`crate::Tx`] holds).
+    #[doc(hidden)]
+    type Conn: Work;
+    /// What the writer keeps beside the connection to guard its
+    /// transaction (SQLite's authorizer and control statements).
+    #[doc(hidden)]
+    type Guard;
+    /// The open database.
+    #[doc(hidden)]
+    type Db: CoreDb<Self>;
+    /// Makes the engine's nested savepoint (see `Tx::nested`); returns
+    /// what [`Backend::rollback_nested`] needs to undo it.
+    #[doc(hidden)]
+    fn begin_nested(conn: &Self::Conn, guard: &Self::Guard) -> Result<i64>;
+    /// Rolls back to the nested savepoint made at `mark`.
+    #[doc(hidden)]
+    fn rollback_nested(conn: &Self::Conn, guard: &Self::Guard, mark: i64) -> Result<()>;
+    /// Releases the nested savepoint.
+    #[doc(hidden)]
+    fn release_nested(conn: &Self::Conn, guard: &Self::Guard) -> Result<()>;
 }
 
 /// A thread waiting for runs to end, counted while it lives.
@@ -65,208 +75,10 @@ impl Drop for RunWaiter<'_> {
     }
 }
 
-/// The default heartbeat while the WAL watch runs.
-const WATCHED_HEARTBEAT: Duration = Duration::from_millis(200);
-
-impl Db {
-    /// Opens (creating it if allowed) the file at `path`: recognised, its
-    /// schema applied or migrated, every connection configured and its
-    /// pragmas read back.
-    pub(crate) fn open(
-        path: &Path,
-        open: &Open,
-        settings: Settings,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Db> {
-        if !(1..=64).contains(&open.pool_size) {
-            return Err(Error::invalid("pool_size", "must be 1 to 64"));
-        }
-        let writer_conn = schema::open_writer(
-            path,
-            open.vfs.as_deref(),
-            open.create,
-            settings.synchronous,
-            open.verify,
-            settings.busy_timeout,
-        )?;
-
-        // One reader configured by hand first, so a pragma SQLite refuses is
-        // reported as such instead of as a pool that never fills.
-        let first = conn::open_raw(path, false, open.vfs.as_deref())?;
-        conn::retry_busy(settings.busy_timeout, || {
-            conn::configure(&first, settings.synchronous, Role::Reader)
-        })?;
-        let notifier = Arc::new(Notifier::new(first));
-
-        let sync = settings.synchronous;
-        let (target, flags) = conn::target(path, open.vfs.as_deref(), false)?;
-        let manager = SqliteConnectionManager::file(target)
-            .with_flags(flags)
-            .with_init(move |conn| {
-                conn::configure(conn, sync, Role::Reader)
-                    .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
-            });
-        let pool = Pool::builder()
-            .max_size(open.pool_size)
-            .min_idle(Some(1))
-            .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
-            .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
-            .build(manager)?;
-        let writer = Writer::new(writer_conn, settings.busy_timeout, Arc::clone(&notifier))?;
-        let watch = notifier.watch_file(path);
-        let mut settings = settings;
-        if watch.is_some() && !settings.heartbeat_set {
-            // Other processes' commits come through the watch: the
-            // heartbeat is the fallback, and the clock for what comes due.
-            settings.heartbeat = WATCHED_HEARTBEAT;
-        }
-        Ok(Db {
-            path: path.to_path_buf(),
-            env: Env {
-                clock,
-                settings,
-                channels: RwLock::new(BTreeMap::new()),
-            },
-            pool,
-            writer,
-            notifier,
-            _watch: watch,
-            vfs: open.vfs.clone(),
-            run_waiters: std::sync::atomic::AtomicUsize::new(0),
-        })
-    }
-
-    /// The VFS the file was opened through, if not the default.
-    pub(crate) fn vfs(&self) -> Option<&str> {
-        self.vfs.as_deref()
-    }
-
-    /// The file.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub(crate) fn settings(&self) -> &Settings {
-        &self.env.settings
-    }
-
-    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
-        &self.env.clock
-    }
-
-    /// The engine clock's time, in ms since the epoch.
-    pub(crate) fn now_ms(&self) -> i64 {
-        self.env.clock.now_ms()
-    }
-
-    /// The channels this process may enqueue deliveries on, with the retry
-    /// policy each delivery is stored with.
-    pub(crate) fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>> {
-        &self.env.channels
-    }
-
-    /// Runs `f` on a pooled read connection. Reads never block the writer (WAL)
-    /// and cannot write (`query_only`). A read that meets a busy file is
-    /// repeated until the busy timeout.
-    pub(crate) fn read<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
-        conn::retry_busy(self.env.settings.busy_timeout, || {
-            let c = self.pool.get()?;
-            f(&c)
-        })
-    }
-
-    /// Runs `f` in the process's shared write transaction (see
-    /// [`crate::core::writer`]) and returns its value once committed.
-    pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
-    where
-        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
-        T: Send,
-        E: From<Error> + Send,
-    {
-        self.writer.write(&self.env, f)
-    }
-
-    pub(crate) fn writer_stats(&self) -> WriterStats {
-        self.writer.stats()
-    }
-
-    /// Wakes every waiting thread of this process (a commit made through
-    /// another path, a registration, shutdown).
-    pub(crate) fn nudge(&self) {
-        self.notifier.nudge();
-    }
-
-    /// Counts a thread waiting for runs to end, while the guard lives.
-    pub(crate) fn run_waiter(&self) -> RunWaiter<'_> {
-        RunWaiter::new(&self.run_waiters)
-    }
-
-    /// Whether a thread of this process waits for runs to end.
-    pub(crate) fn has_run_waiters(&self) -> bool {
-        self.run_waiters.load(std::sync::atomic::Ordering::SeqCst) > 0
-    }
-
-    /// A subscription to commits: this process's at once (the nudge),
-    /// other processes' within a heartbeat. Subscribe before reading what
-    /// you will wait for.
-    pub(crate) fn subscribe(&self) -> Subscription {
-        self.notifier.subscribe()
-    }
-
-    /// For the core's own tests: a new file with the default settings and
-    /// the system clock.
-    #[cfg(test)]
-    pub(crate) fn open_for_test(path: &Path) -> Db {
-        let settings = Settings {
-            synchronous: conn::Synchronous::Full,
-            busy_timeout: Duration::from_secs(20),
-            heartbeat: Duration::from_millis(50),
-            heartbeat_set: true,
-            lease_ttl: Duration::from_secs(30),
-            holder_id: "test".into(),
-            limits: crate::core::settings::Limits {
-                max_payload_bytes: 1 << 20,
-                max_chain_depth: 8,
-            },
-        };
-        let open = Open {
-            create: true,
-            pool_size: 2,
-            verify: false,
-            vfs: None,
-        };
-        Db::open(
-            path,
-            &open,
-            settings,
-            Arc::new(crate::base::clock::SystemClock),
-        )
-        .expect("open")
-    }
-
-    /// For the writer's own tests.
-    #[cfg(test)]
-    pub(crate) fn writer(&self) -> &Writer {
-        &self.writer
-    }
-}
-
-/// A backend with the type of database it opens: SQLite's [`Db`], and
-/// PostgreSQL's `PgDb` (feature `postgres`). What the work layer (runs,
-/// executors) needs to name the database it works through.
-pub trait Database: Store {
-    #[doc(hidden)]
-    type Db: CoreDb<Self>;
-}
-
-impl Database for Sqlite {
-    type Db = Db;
-}
-
 /// What the facade's methods that work on every backend (workspaces,
 /// appends, reads, cursors, leases, waiting for commits) ask of an open
 /// database: SQLite's [`Db`], and PostgreSQL's `PgDb` (feature `postgres`).
-pub trait CoreDb<B: Store>: Send + Sync {
+pub trait CoreDb<B: Backend>: Send + Sync {
     fn settings(&self) -> &Settings;
     /// The engine's clock.
     fn clock(&self) -> &Arc<dyn Clock>;
@@ -293,7 +105,7 @@ pub trait CoreDb<B: Store>: Send + Sync {
     /// executors' rounds (heavy, appending little), and for what must not
     /// share a transaction that appends: lease updates and claim renewals
     /// (on PostgreSQL the shared write holds the log's head from its BEGIN;
-    /// see `pgdb`). A closure here that appends takes the head first
+    /// see `core::postgres::db`). A closure here that appends takes the head first
     /// (`Events::lock_head`).
     fn write_apart<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
@@ -317,48 +129,175 @@ pub trait CoreDb<B: Store>: Send + Sync {
     /// Whether a thread of this process waits for runs to end (settlements
     /// nudge only then).
     fn has_run_waiters(&self) -> bool;
+    /// What the database is, for logs and operators: SQLite's file path,
+    /// PostgreSQL's connection without its password.
+    fn describe(&self) -> String;
+    /// Ends what the open database keeps beside its connections once the
+    /// engine's threads stopped (PostgreSQL's listener); nothing on SQLite,
+    /// whose connections close when the last handle drops them.
+    fn close(&self) {}
 }
 
-impl CoreDb<Sqlite> for Db {
-    fn settings(&self) -> &Settings {
-        Db::settings(self)
+/// What a write consults besides its connection: the engine's clock and
+/// settings, and the delivery channels this process registered (with the
+/// retry policy each delivery is stored with).
+pub struct Env {
+    pub clock: Arc<dyn Clock>,
+    pub settings: Settings,
+    pub channels: RwLock<BTreeMap<String, RetryPolicy>>,
+}
+
+/// A write in progress, handed to the closure of [`crate::Engine::write`].
+///
+/// Everything done through it — the application's own SQL through
+/// [`Tx::conn`] or [`Tx::execute`], appends, cursor saves, fencing checks —
+/// commits together or not at all (DESIGN.md, invariant 2). If the closure
+/// returns an error or panics, all of its work is rolled back; other callers'
+/// work that shares the transaction is not affected.
+///
+/// The transaction belongs to the engine: `COMMIT`, `END`, `ROLLBACK`,
+/// `BEGIN`, the engine's `reflexr_*` savepoints, `ATTACH`/`DETACH` and
+/// setting the pragmas the engine relies on (`journal_mode`, `synchronous`,
+/// `foreign_keys`, …) are refused before they run, with
+/// [`crate::Error::StatementRefused`]. Savepoints of your own are fine.
+///
+/// `Tx` is [`Tx<'_, Sqlite>`](Sqlite) unless said otherwise; an engine on
+/// PostgreSQL (feature `postgres`) hands out `Tx<'_, Postgres>`, whose
+/// `execute` and `query` run the application's SQL on PostgreSQL. What the
+/// engine does through a `Tx` — appends, cursors, fencing — is the same on
+/// both.
+pub struct Tx<'a, B: Backend = Sqlite> {
+    conn: &'a B::Conn,
+    guard: &'a B::Guard,
+    env: &'a Env,
+    /// Set when the transaction created something to react to (events,
+    /// runs): its commit wakes this process's waiting threads.
+    nudge: bool,
+}
+
+impl<'a, B: Backend> Tx<'a, B> {
+    /// Runs `f` in a savepoint of its own inside this transaction: if `f`
+    /// fails, only its writes are rolled back (and on PostgreSQL, the seqs
+    /// it took are given back, so the log stays dense). For the engine's
+    /// batches that commit several independent units together.
+    pub(crate) fn nested<T, E: From<crate::base::error::Error>>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'a, B>) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let (conn, guard) = (self.conn, self.guard);
+        let mark = B::begin_nested(conn, guard)?;
+        let result = f(self);
+        if result.is_err() {
+            B::rollback_nested(conn, guard, mark)?;
+        }
+        B::release_nested(conn, guard)?;
+        result
     }
-    fn clock(&self) -> &Arc<dyn Clock> {
-        Db::clock(self)
+
+    pub(crate) fn new(conn: &'a B::Conn, guard: &'a B::Guard, env: &'a Env) -> Tx<'a, B> {
+        Tx {
+            conn,
+            guard,
+            env,
+            nudge: false,
+        }
     }
-    fn vfs(&self) -> Option<&str> {
-        Db::vfs(self)
+
+    /// The connection, as the core's table groups see it.
+    pub(crate) fn core(&self) -> &'a B::Conn {
+        self.conn
     }
-    fn now_ms(&self) -> i64 {
-        Db::now_ms(self)
+
+    pub(crate) fn wants_nudge(&self) -> bool {
+        self.nudge
     }
-    fn read_with<T>(&self, f: &mut dyn FnMut(&Connection) -> Result<T>) -> Result<T> {
-        self.read(f)
+
+    pub(crate) fn env(&self) -> &'a Env {
+        self.env
     }
-    fn write_with<T, E, F>(&self, f: F) -> std::result::Result<T, E>
-    where
-        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
-        T: Send,
-        E: From<Error> + Send,
-    {
-        self.write(f)
+
+    /// The limits on what the engine stores.
+    pub(crate) fn limits(&self) -> Limits {
+        self.env.settings.limits
     }
-    fn subscribe(&self) -> Subscription {
-        Db::subscribe(self)
+
+    /// Records that the engine created events or runs through this
+    /// transaction, so its commit nudges the waiting threads.
+    pub(crate) fn mark_nudge(&mut self) {
+        self.nudge = true;
     }
-    fn writer_stats(&self) -> WriterStats {
-        Db::writer_stats(self)
+
+    /// The engine clock's current time, in ms since the epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.env.clock.now_ms()
     }
-    fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>> {
-        Db::channels(self)
+
+    /// Appends `event` to `workspace`'s log.
+    ///
+    /// # Errors
+    /// - [`crate::Error::NotFound`]: the workspace does not exist, or has not
+    ///   registered the event's type.
+    /// - [`crate::Error::ReservedType`]: the type is one only the engine appends.
+    /// - [`crate::Error::Invalid`] / [`crate::Error::Encode`]: a malformed field
+    ///   or payload.
+    ///
+    /// Appending an id the workspace already has appends nothing and reports
+    /// the existing seq with `existing: true` (invariant 3).
+    pub fn append(&mut self, workspace: &str, event: &NewEvent) -> Result<Appended> {
+        self.append_as(workspace, event, Origin::App)
     }
-    fn nudge(&self) {
-        Db::nudge(self)
+
+    /// Appends as `origin` says (the engine's own events, a run's).
+    pub(crate) fn append_as(
+        &mut self,
+        workspace: &str,
+        event: &NewEvent,
+        origin: Origin,
+    ) -> Result<Appended> {
+        let now = self.now_ms();
+        let appended = changelog::append(self.conn, now, self.limits(), workspace, event, origin)?;
+        self.nudge |= !appended.existing;
+        Ok(appended)
     }
-    fn run_waiter(&self) -> RunWaiter<'_> {
-        Db::run_waiter(self)
+
+    /// Moves the application consumer `consumer`'s cursor on `workspace` to
+    /// `seq`, in this transaction: the rows the consumer wrote for the events
+    /// it handled commit with the cursor's advance.
+    ///
+    /// # Errors
+    /// [`crate::Error::CursorBackwards`] when `seq` is behind the saved position
+    /// (invariant 8), [`crate::Error::CursorAhead`] when it is past the last
+    /// seq ever assigned.
+    pub fn save_cursor(&mut self, consumer: &str, workspace: &str, seq: i64) -> Result<()> {
+        let now = self.now_ms();
+        cursor::save(
+            self.conn,
+            now,
+            (workspace, ConsumerKind::App, consumer),
+            seq,
+        )
     }
-    fn has_run_waiters(&self) -> bool {
-        Db::has_run_waiters(self)
+
+    /// Reads events as [`crate::Engine::read`] does, inside this
+    /// transaction: it sees what the transaction wrote so far (a reaction's
+    /// handler, say, reading the log before it enqueues).
+    pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
+        changelog::read(self.conn, query)
+    }
+
+    /// The application consumer's cursor as this transaction sees it.
+    pub fn cursor(&self, consumer: &str, workspace: &str) -> Result<i64> {
+        cursor::load(self.conn, workspace, ConsumerKind::App, consumer)
+    }
+
+    /// Checks, in this transaction, that `lease` is still held: same holder,
+    /// same generation, not expired by the engine's clock. Call it first in a
+    /// write made under a lease; if it fails, return the error and nothing of
+    /// the write commits (invariant 7).
+    ///
+    /// # Errors
+    /// [`crate::Error::LeaseLost`].
+    pub fn fence(&mut self, lease: &Lease) -> Result<()> {
+        lease::fence(self.conn, self.now_ms(), lease)
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::base::error::{Error, Result};
 use crate::base::limits::{self, MAX_ID_BYTES};
-use crate::store::backend::Leases;
+use crate::store::Leases;
 use crate::store::leases::LeaseRow;
 
 /// How long a lease lasts unless renewed, by default (ADR-0015).

@@ -8,9 +8,9 @@ pub(crate) mod cursor;
 pub(crate) mod db;
 pub(crate) mod lease;
 #[cfg(feature = "postgres")]
-pub(crate) mod pgdb;
+pub(crate) mod postgres;
 pub(crate) mod settings;
-pub(crate) mod tx;
+pub(crate) mod sqlite;
 pub(crate) mod wake;
 pub(crate) mod workspace;
 pub(crate) mod writer;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::store::conn::Synchronous;
+use crate::base::durability::Synchronous;
 
 /// How the core works on one open file.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 use crate::base::error::{Error, Result};
 use crate::base::event::RESERVED_TYPES;
 use crate::base::limits;
-use crate::store::backend::Workspaces;
+use crate::store::Workspaces;
 
 /// A workspace as listed by [`crate::Engine::workspaces`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

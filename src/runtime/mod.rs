@@ -44,79 +44,26 @@ use std::time::Instant;
 
 use crossbeam_channel::{Sender, bounded};
 
+use crate::base::clock::Clock;
 use crate::base::error::{Error, Result};
-use crate::core::db::{CoreDb, Database, Db, Open};
+use crate::core::db::Backend;
+use crate::core::db::CoreDb;
 use crate::core::lease::{self, Lease};
+use crate::core::settings::Settings;
 use crate::runtime::registry::Registry;
-use crate::store::backend::Sqlite;
-use crate::store::conn::Synchronous;
+use crate::store::Sqlite;
 use crate::work::evaluate::{self, Pass};
+use crate::work::follow::Publish;
 use crate::work::prune::{self, Retention};
 use crate::work::queue::claims::Claims;
 use crate::work::queue::execute::{self, Executed};
 use crate::{work::follow, work::reaction, work::schedule};
 
-/// The database an [`crate::Engine`] runs on: [`Sqlite`] (the default: one
-/// file) or, with the feature `postgres`, `Postgres` (a server several
-/// machines share). Sealed; its items are the engine's own.
-///
-/// Every backend has the methods of `impl<B: Backend> Engine<B>`
-/// (workspaces, writes with the application's own SQL, appends, reads,
-/// cursors, leases, waiting for commits, rules, actions and their runs,
-/// deliveries, reactions, scheduled jobs, followers, the threads that run
-/// them, the operators' view and interventions, stats, the administration
-/// server and MCP); the rest of [`crate::Engine`]'s methods (the file's
-/// own: its path, its synchronous mode, `quick_check`, a reader on its
-/// connection) are SQLite's.
-pub trait Backend: Database {
-    /// Ends the engine when its last handle goes: its threads stopped,
-    /// its leases released, its connections closed.
-    #[doc(hidden)]
-    fn close(cx: &Context<Self>);
-    #[doc(hidden)]
-    fn describe(cx: &Context<Self>) -> String;
-    /// Prunes what `retention` allows (see `Engine::prune`), calling
-    /// `progress` after every batch.
-    #[doc(hidden)]
-    fn prune_with(
-        cx: &Context<Self>,
-        retention: &Retention,
-        progress: &mut dyn FnMut(prune::Pruned),
-    ) -> Result<prune::Pruned>;
-}
-
-impl Backend for Sqlite {
-    fn close(cx: &Context) {
-        shutdown(cx);
-    }
-    fn describe(cx: &Context) -> String {
-        cx.db.path().display().to_string()
-    }
-    fn prune_with(
-        cx: &Context,
-        retention: &Retention,
-        progress: &mut dyn FnMut(prune::Pruned),
-    ) -> Result<prune::Pruned> {
-        prune::prune(&cx.db, retention, progress)
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Backend for crate::store::backend::Postgres {
-    fn close(cx: &Context<crate::store::backend::Postgres>) {
-        shutdown(cx);
-        cx.db.close();
-    }
-    fn describe(cx: &Context<crate::store::backend::Postgres>) -> String {
-        cx.db.what().to_string()
-    }
-    fn prune_with(
-        cx: &Context<crate::store::backend::Postgres>,
-        retention: &Retention,
-        progress: &mut dyn FnMut(prune::Pruned),
-    ) -> Result<prune::Pruned> {
-        prune::prune_postgres(&cx.db, retention, progress)
-    }
+/// Ends the engine when its last handle goes: its threads stopped, its
+/// leases released, then what its open database keeps besides.
+pub(crate) fn close<B: Backend>(cx: &Context<B>) {
+    shutdown(cx);
+    cx.db.close();
 }
 
 /// The followers in the ledger, with their cursors and counters.
@@ -156,6 +103,31 @@ pub(crate) struct Config {
     pub claim_batch: usize,
     pub evaluate_batch: usize,
     pub retention: Option<Retention>,
+    /// How this engine opens the databases its followers publish into.
+    pub hubs: Hubs,
+}
+
+/// Opens another reflexr file (which must exist) like the engine's own:
+/// these settings and clock, this VFS (None: the default); the file's path.
+pub(crate) type OpenFile =
+    fn(&Settings, &Arc<dyn Clock>, Option<&str>, &str) -> Result<Arc<Publish>>;
+
+/// Connects to a PostgreSQL database by its connection string, with these
+/// settings and clock.
+#[cfg(feature = "postgres")]
+pub(crate) type OpenPostgres = fn(&Settings, &Arc<dyn Clock>, &str) -> Result<Arc<Publish>>;
+
+/// How an engine opens the databases its followers publish into — another
+/// file, a PostgreSQL database — each kept open once opened. Given by the
+/// facade, which names the backends; the runtime only calls them.
+#[derive(Clone, Copy)]
+pub(crate) struct Hubs {
+    /// Opens another reflexr file (which must exist) with these settings
+    /// and clock, through this VFS (None: the default).
+    pub file: OpenFile,
+    /// Connects to a PostgreSQL database by its connection string.
+    #[cfg(feature = "postgres")]
+    pub postgres: OpenPostgres,
 }
 
 /// An open database with everything its runtime needs: what every clone of
@@ -181,7 +153,7 @@ pub struct Context<B: Backend = Sqlite> {
     /// When each follower that could not take its lease may try again.
     follower_retry: Mutex<HashMap<String, i64>>,
     /// The cross-file followers' target files, opened once, by path.
-    targets: Mutex<HashMap<String, Arc<Db>>>,
+    targets: Mutex<HashMap<String, Arc<Publish>>>,
     /// The PostgreSQL targets this process registered, by name: the
     /// connection string, and the database once opened.
     #[cfg(feature = "postgres")]
@@ -406,7 +378,7 @@ pub(crate) fn evaluate_step<B: Backend>(cx: &Context<B>, workspace: &str) -> Res
 /// moved past.
 pub(crate) fn follow_step<B: Backend>(cx: &Context<B>) -> Result<usize> {
     let db = &cx.db;
-    let rows = db.read_with(&mut |c| crate::store::backend::Followers::follower_rows(c))?;
+    let rows = db.read_with(&mut |c| crate::store::Followers::follower_rows(c))?;
     let mut moved = 0;
     for row in rows {
         {
@@ -443,12 +415,12 @@ pub(crate) fn follow_step<B: Backend>(cx: &Context<B>) -> Result<usize> {
         };
         let target = match (&row.target_file, &row.target_postgres) {
             (Some(path), _) => match target_db(cx, path) {
-                Ok(t) => Target::File(t),
+                Ok(t) => Some(t),
                 Err(e) => {
                     stop_follower(cx, &row.name, row.restart_requests, &e);
                     let detail = e.to_string();
                     db.write_with(|tx| {
-                        crate::store::backend::Followers::follower_stopped(
+                        crate::store::Followers::follower_stopped(
                             tx.core(),
                             &row.name,
                             &detail,
@@ -460,7 +432,7 @@ pub(crate) fn follow_step<B: Backend>(cx: &Context<B>) -> Result<usize> {
             },
             #[cfg(feature = "postgres")]
             (None, Some(pg)) => match pg_target_db(cx, pg) {
-                Ok(t) => Target::Postgres(t),
+                Ok(t) => Some(t),
                 Err(e) => {
                     // A hub out of reach is tried again: not a stop.
                     log::warn!("follower {}: its PostgreSQL target {pg}: {e}", row.name);
@@ -469,15 +441,9 @@ pub(crate) fn follow_step<B: Backend>(cx: &Context<B>) -> Result<usize> {
                     continue;
                 }
             },
-            _ => Target::Here,
+            _ => None,
         };
-        let elsewhere = match &target {
-            Target::Here => None,
-            Target::File(t) => Some(follow::Elsewhere::File(t)),
-            #[cfg(feature = "postgres")]
-            Target::Postgres(t) => Some(follow::Elsewhere::Postgres(t)),
-        };
-        match follow::step::<B>(db, &lease, &row, &*projection, elsewhere) {
+        match follow::step::<B>(db, &lease, &row, &*projection, target.as_deref()) {
             Ok(r) => {
                 moved += r.moved;
                 match r.stopped {
@@ -515,25 +481,23 @@ fn stop_follower<B: Backend>(cx: &Context<B>, name: &str, requests: i64, e: &Err
     lock(&cx.stopped_followers).insert(name.to_string(), requests);
 }
 
-/// Where a follower publishes.
-enum Target {
-    Here,
-    File(Arc<Db>),
-    #[cfg(feature = "postgres")]
-    Postgres(Arc<crate::core::pgdb::PgDb>),
+impl std::fmt::Debug for Hubs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hubs")
+    }
 }
 
 /// A PostgreSQL target this process registered.
 #[cfg(feature = "postgres")]
 struct PgTarget {
     config: String,
-    db: Option<Arc<crate::core::pgdb::PgDb>>,
+    db: Option<Arc<Publish>>,
 }
 
 /// The PostgreSQL database a follower publishes into, connected once (its
 /// schema applied) and kept.
 #[cfg(feature = "postgres")]
-fn pg_target_db<B: Backend>(cx: &Context<B>, name: &str) -> Result<Arc<crate::core::pgdb::PgDb>> {
+fn pg_target_db<B: Backend>(cx: &Context<B>, name: &str) -> Result<Arc<Publish>> {
     let config = {
         let targets = lock(&cx.pg_targets);
         let target = targets
@@ -546,13 +510,7 @@ fn pg_target_db<B: Backend>(cx: &Context<B>, name: &str) -> Result<Arc<crate::co
     };
     // Connected outside the lock: a server out of reach holds up nobody
     // else.
-    let db = Arc::new(crate::core::pgdb::PgDb::open(
-        &config,
-        2,
-        cx.db.settings().clone(),
-        Arc::clone(cx.db.clock()),
-        false,
-    )?);
+    let db = (cx.config.hubs.postgres)(cx.db.settings(), cx.db.clock(), &config)?;
     if let Some(t) = lock(&cx.pg_targets).get_mut(name) {
         t.db = Some(Arc::clone(&db));
     }
@@ -561,30 +519,12 @@ fn pg_target_db<B: Backend>(cx: &Context<B>, name: &str) -> Result<Arc<crate::co
 
 /// The file a cross-file follower publishes into, opened once. A missing
 /// file is an error (a typo must not create an empty hub).
-fn target_db<B: Backend>(cx: &Context<B>, path: &str) -> Result<Arc<Db>> {
+fn target_db<B: Backend>(cx: &Context<B>, path: &str) -> Result<Arc<Publish>> {
     let mut targets = lock(&cx.targets);
     if let Some(db) = targets.get(path) {
         return Ok(Arc::clone(db));
     }
-    let open = Open {
-        create: false,
-        pool_size: 2,
-        verify: false,
-        vfs: cx.db.vfs().map(String::from),
-    };
-    // The publishes are synced before the source's cursor moves past them,
-    // whatever the source's own mode: under `Normal` a checkpoint of the
-    // source could make its cursor durable while the target's last commits,
-    // never synced, are lost to a power cut — and those events would never
-    // be relayed (tests/power.rs found it).
-    let mut settings = cx.db.settings().clone();
-    settings.synchronous = Synchronous::Full;
-    let db = Arc::new(Db::open(
-        std::path::Path::new(path),
-        &open,
-        settings,
-        Arc::clone(cx.db.clock()),
-    )?);
+    let db = (cx.config.hubs.file)(cx.db.settings(), cx.db.clock(), cx.db.vfs(), path)?;
     targets.insert(path.to_string(), Arc::clone(&db));
     Ok(db)
 }
@@ -654,7 +594,7 @@ pub(crate) fn loop_step<B: Backend>(cx: &Context<B>) -> Result<LoopPass> {
             due
         };
         if due {
-            let pruned = B::prune_with(cx, &retention, &mut |_| {})?;
+            let pruned = prune::prune::<B>(&cx.db, &retention, &mut |_| {})?;
             if pruned != prune::Pruned::default() {
                 log::info!("pruned {pruned:?}");
             }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::base::event::{Event, RESERVED_TYPES};
-use crate::core::db::Database;
-use crate::store::backend::Sqlite;
+use crate::core::db::Backend;
+use crate::store::Sqlite;
 use crate::work::follow::{ProjectionFn, same_event};
 use crate::work::queue::run::{ActionFn, Actions};
 use crate::work::reaction::Reaction;
@@ -16,7 +16,7 @@ use crate::work::schedule::Job;
 /// The handlers of actions, reactions and jobs are the backend's (their
 /// reads and writes are); projections are SQLite's for now (followers
 /// relay from a file), and stay unused on another backend.
-pub(crate) struct Registry<B: Database = Sqlite> {
+pub(crate) struct Registry<B: Backend = Sqlite> {
     pub rules: BTreeMap<String, Arc<Rule>>,
     /// Every handler executors run (see [`Actions`]); replaced whole when
     /// one is added, so executors take it with one `Arc` clone.
@@ -26,7 +26,7 @@ pub(crate) struct Registry<B: Database = Sqlite> {
     pub projections: BTreeMap<String, Arc<ProjectionFn>>,
 }
 
-impl<B: Database> Default for Registry<B> {
+impl<B: Backend> Default for Registry<B> {
     fn default() -> Self {
         let mut projections: BTreeMap<String, Arc<ProjectionFn>> = BTreeMap::new();
         // Every application envelope as it is; reflexr's own RuleFired and
@@ -47,7 +47,7 @@ impl<B: Database> Default for Registry<B> {
     }
 }
 
-impl<B: Database> Registry<B> {
+impl<B: Backend> Registry<B> {
     /// The workspaces some registered rule reads, by name.
     pub fn workspaces_with_rules(&self) -> Vec<String> {
         let mut v: Vec<String> = self.rules.values().map(|r| r.workspace.clone()).collect();

@@ -1,32 +1,15 @@
-//! Statements on `reflexr_counters`.
-
-use rusqlite::{Connection, params};
+//! `reflexr_counters`, the totals every process reads the same.
+//!
+//! The table group every backend implements (`store::sqlite::counters`,
+//! `store::postgres::counters`), and the rows it speaks in.
 
 use crate::base::counter::Counter;
 use crate::base::error::Result;
 
-/// Adds `by` to the counter `name` (created at 0), in the caller's
-/// transaction. Does nothing for 0.
-pub(crate) fn bump(conn: &Connection, name: Counter, by: usize) -> Result<()> {
-    if by == 0 {
-        return Ok(());
-    }
-    conn.prepare_cached(
-        "INSERT INTO reflexr_counters (name, value) VALUES (?1, ?2) \
-         ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
-    )?
-    .execute(params![name.as_str(), by as i64])?;
-    Ok(())
-}
-
-/// Every counter this version knows (another version's are left out).
-pub(crate) fn all(conn: &Connection) -> Result<Vec<(Counter, i64)>> {
-    let mut stmt = conn.prepare_cached("SELECT name, value FROM reflexr_counters ORDER BY name")?;
-    let rows: Vec<(String, i64)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|(name, v)| Some((name.parse().ok()?, v)))
-        .collect())
+/// `reflexr_counters`, the totals every process reads the same.
+pub trait Counters {
+    /// Adds `by` to `name` in the caller's transaction (nothing for 0).
+    fn bump(&self, name: Counter, by: usize) -> Result<()>;
+    /// Every counter this version knows.
+    fn all(&self) -> Result<Vec<(Counter, i64)>>;
 }

@@ -1,10 +1,7 @@
-//! Statements on `reflexr_leases`.
+//! `reflexr_leases`: who holds what, with generations.
 //!
-//! Every statement that acts under a lease says `holder = ? AND generation = ?`
-//! and checks the expiry against the caller's clock, so a holder whose lease
-//! lapsed or was taken over changes nothing.
-
-use rusqlite::{Connection, OptionalExtension, Row, params};
+//! The table group every backend implements (`store::sqlite::leases`,
+//! `store::postgres::leases`), and the rows it speaks in.
 
 use crate::base::error::Result;
 
@@ -19,129 +16,25 @@ pub struct LeaseRow {
     pub expires_at: i64,
 }
 
-fn from_row(r: &Row<'_>) -> rusqlite::Result<LeaseRow> {
-    Ok(LeaseRow {
-        name: r.get(0)?,
-        holder: r.get(1)?,
-        generation: r.get(2)?,
-        acquired_at: r.get(3)?,
-        renewed_at: r.get(4)?,
-        expires_at: r.get(5)?,
-    })
-}
-
-const RETURNING: &str = "RETURNING name, holder, generation, acquired_at, renewed_at, expires_at";
-
-/// Takes the lease for `holder` until `now + ttl_ms` if it is free (never
-/// taken, released, or expired) or already `holder`'s. Taking an expired or
-/// released lease bumps the generation; extending one's own live lease keeps
-/// it. Returns `None` when someone else holds it.
-pub(crate) fn acquire(
-    conn: &Connection,
-    name: &str,
-    holder: &str,
-    now: i64,
-    ttl_ms: i64,
-) -> Result<Option<LeaseRow>> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "INSERT INTO reflexr_leases \
-               (name, holder, generation, acquired_at, renewed_at, expires_at) \
-             VALUES (?1, ?2, 1, ?3, ?3, ?3 + ?4) \
-             ON CONFLICT (name) DO UPDATE SET \
-               generation = CASE WHEN reflexr_leases.expires_at <= excluded.acquired_at \
-                            THEN reflexr_leases.generation + 1 \
-                            ELSE reflexr_leases.generation END, \
-               acquired_at = CASE WHEN reflexr_leases.expires_at <= excluded.acquired_at \
-                             THEN excluded.acquired_at \
-                             ELSE reflexr_leases.acquired_at END, \
-               holder = excluded.holder, \
-               renewed_at = excluded.renewed_at, \
-               expires_at = max(reflexr_leases.expires_at, excluded.expires_at) \
-             WHERE reflexr_leases.expires_at <= excluded.acquired_at \
-                OR reflexr_leases.holder = excluded.holder \
-             {RETURNING}"
-        ))?
-        .query_row(params![name, holder, now, ttl_ms], from_row)
-        .optional()?)
-}
-
-/// Extends a live lease held by `holder` at `generation`. The expiry only
-/// moves forward. `None` when the lease is no longer theirs or has expired.
-pub(crate) fn renew(
-    conn: &Connection,
-    name: &str,
-    holder: &str,
-    generation: i64,
-    now: i64,
-    ttl_ms: i64,
-) -> Result<Option<LeaseRow>> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "UPDATE reflexr_leases \
-             SET renewed_at = ?4, expires_at = max(expires_at, ?4 + ?5) \
-             WHERE name = ?1 AND holder = ?2 AND generation = ?3 AND expires_at > ?4 \
-             {RETURNING}"
-        ))?
-        .query_row(params![name, holder, generation, now, ttl_ms], from_row)
-        .optional()?)
-}
-
-/// Gives a live lease up at once, so the next taker need not wait for it to
-/// lapse. The row stays, so the generation is never reused. False when it was
-/// not the caller's to give.
-pub(crate) fn release(
-    conn: &Connection,
-    name: &str,
-    holder: &str,
-    generation: i64,
-    now: i64,
-) -> Result<bool> {
-    let n = conn
-        .prepare_cached(
-            "UPDATE reflexr_leases SET expires_at = 0, renewed_at = ?4 \
-             WHERE name = ?1 AND holder = ?2 AND generation = ?3 AND expires_at > ?4",
-        )?
-        .execute(params![name, holder, generation, now])?;
-    Ok(n == 1)
-}
-
-/// True when `holder` holds the lease at `generation` and it has not expired
-/// at `now`: the fencing check, run in the transaction of the fenced write.
-pub(crate) fn is_held(
-    conn: &Connection,
-    name: &str,
-    holder: &str,
-    generation: i64,
-    now: i64,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT 1 FROM reflexr_leases \
-             WHERE name = ?1 AND holder = ?2 AND generation = ?3 AND expires_at > ?4",
-        )?
-        .query_row(params![name, holder, generation, now], |_| Ok(()))
-        .optional()?
-        .is_some())
-}
-
-pub(crate) fn get(conn: &Connection, name: &str) -> Result<Option<LeaseRow>> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT name, holder, generation, acquired_at, renewed_at, expires_at \
-             FROM reflexr_leases WHERE name = ?1",
-        )?
-        .query_row([name], from_row)
-        .optional()?)
-}
-
-pub(crate) fn list(conn: &Connection) -> Result<Vec<LeaseRow>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT name, holder, generation, acquired_at, renewed_at, expires_at \
-         FROM reflexr_leases ORDER BY name",
-    )?;
-    let rows = stmt
-        .query_map([], from_row)?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(rows)
+/// `reflexr_leases`. Every statement that acts under a lease checks holder,
+/// generation and expiry (by the caller's clock) in the statement itself.
+pub trait Leases {
+    /// Takes the lease if it is free or already `holder`'s (see
+    /// `store::leases::acquire`); `None` when someone else holds it.
+    fn acquire(&self, name: &str, holder: &str, now: i64, ttl_ms: i64) -> Result<Option<LeaseRow>>;
+    /// Extends a live lease held at `generation`; `None` when it is not.
+    fn renew(
+        &self,
+        name: &str,
+        holder: &str,
+        generation: i64,
+        now: i64,
+        ttl_ms: i64,
+    ) -> Result<Option<LeaseRow>>;
+    /// Gives a live lease up at once; false when it was not the caller's.
+    fn release(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool>;
+    /// The fencing check, in the transaction of the fenced write.
+    fn is_held(&self, name: &str, holder: &str, generation: i64, now: i64) -> Result<bool>;
+    fn get(&self, name: &str) -> Result<Option<LeaseRow>>;
+    fn list(&self) -> Result<Vec<LeaseRow>>;
 }

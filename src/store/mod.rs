@@ -1,23 +1,95 @@
-//! The storage layer: every SQL statement reflexr runs lives here, with the
-//! table it touches. The engine above it decides; this layer reads and writes
-//! rows. `backend` is the seam the engine calls the tables through, so a
-//! second backend stands in: `pg` (feature `postgres`) holds PostgreSQL's
-//! statements and schema.
+//! Layer 1, the store: every SQL statement reflexr runs, with the table it
+//! touches, behind the seam between the engine and its database.
+//!
+//! The seam is one small trait per table group — [`Workspaces`],
+//! [`Events`], [`Cursors`], [`Leases`], [`Audit`] (what the core asks of a
+//! connection, [`Core`]), and [`Runs`], [`Lanes`], [`Control`],
+//! [`Counters`], [`DeadLetters`], [`Rules`], [`Schedules`], [`Inspect`],
+//! [`Followers`] (what the work layer asks, [`Work`]) — each in its own file
+//! with the rows it speaks in. A backend is a folder with the same file
+//! list, implementing each group in place on its connection:
+//! `store::sqlite` on [`rusqlite::Connection`], and `store::postgres`
+//! (feature `postgres`) on its own, beside its schema and migrations.
+//! Nothing is boxed: the SQLite path compiles to its statements' calls.
+//!
+//! A connection here is one inside a transaction, or a reader: the store
+//! never begins or ends a transaction itself. A function above states the
+//! groups it needs as bounds (`C: Events + Workspaces`), and a backend
+//! supports it when it implements those groups: the compiler, not a
+//! runtime check, says what runs where.
+//!
+//! Call the methods through the trait (`Events::page(conn, …)`): an
+//! inherent method of the connection type with the same name would win over
+//! the trait's in method-call syntax. The conformance suite
+//! (`store::conformance`) is the contract every backend signs.
 
 pub(crate) mod audit;
-pub(crate) mod backend;
-pub(crate) mod conn;
+#[cfg(test)]
+mod conformance;
 pub(crate) mod control;
 pub(crate) mod counters;
 pub(crate) mod cursors;
 pub(crate) mod dead_letters;
 pub(crate) mod events;
 pub(crate) mod followers;
+pub(crate) mod inspect;
 pub(crate) mod leases;
-#[cfg(feature = "postgres")]
-pub(crate) mod pg;
 pub(crate) mod rules;
 pub(crate) mod runs;
 pub(crate) mod schedules;
-pub(crate) mod schema;
 pub(crate) mod workspaces;
+
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
+
+pub use audit::Audit;
+pub use control::{ClaimPlan, Control};
+pub use counters::Counters;
+pub use cursors::Cursors;
+pub use dead_letters::DeadLetters;
+pub use events::{Events, Inserted};
+pub use followers::Followers;
+pub use inspect::{Inspect, RunFind};
+pub use leases::Leases;
+pub use rules::Rules;
+pub use runs::{Lanes, Runs};
+pub use schedules::Schedules;
+pub use workspaces::Workspaces;
+
+/// What the work layer (rules, runs, executors) asks of a connection.
+pub trait Work:
+    Core + Runs + Lanes + Control + Counters + DeadLetters + Rules + Schedules + Inspect + Followers
+{
+}
+impl<T> Work for T where
+    T: Core
+        + Runs
+        + Lanes
+        + Control
+        + Counters
+        + DeadLetters
+        + Rules
+        + Schedules
+        + Inspect
+        + Followers
+        + ?Sized
+{
+}
+
+/// Everything the core asks of a connection.
+pub trait Core: Events + Workspaces + Cursors + Leases + Audit {}
+impl<T: Events + Workspaces + Cursors + Leases + Audit + ?Sized> Core for T {}
+
+/// SQLite, the default backend: one file, one writer per file (see
+/// [`crate::Engine`]). Its statements are `store::sqlite`'s, its open
+/// database `core::sqlite`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sqlite {}
+
+/// PostgreSQL (feature `postgres`): a server database that processes on
+/// several machines share (see `Engine::builder_postgres`). Its statements
+/// are `store::postgres`'s, its open database `core::postgres`'s.
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Postgres {}

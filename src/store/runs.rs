@@ -1,23 +1,13 @@
-//! Statements on `reflexr_runs` (the work queue) and `reflexr_lanes`.
+//! `reflexr_runs` and `reflexr_lanes`: the work queue.
 //!
-//! A run's claim is `(claimed_by, attempt)`: every statement that completes,
-//! fails, checkpoints or renews a run says both, and reports whether a row
-//! changed, so an executor that lost its claim changes nothing. A claim that
-//! lapsed but that nobody took over yet may still complete: the work is
-//! done, and nobody else holds the run. Once another executor claims it, the
-//! attempt differs and the old claim settles nothing.
+//! The table group every backend implements (`store::sqlite::runs`,
+//! `store::postgres::runs`), and the rows it speaks in.
 
 use std::collections::HashMap;
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
-
 use crate::base::error::{Error, Result};
 use crate::base::retry::RetryPolicy;
-use crate::store::backend::Inspect;
-
-pub(crate) fn ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+use crate::store::Inspect;
 
 /// A run to create.
 pub struct NewRun<'a> {
@@ -66,116 +56,6 @@ pub enum Inserted {
     Existed,
     /// Another run holds the uniqueness key: its id.
     Duplicate(String),
-}
-
-/// Creates the run: the head of its lane and ready, behind an earlier run of
-/// the lane and waiting, or dead. A run id already present is a no-op, and
-/// so is a uniqueness key another run holds (that run's id is returned).
-pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
-    if exists(conn, r.id)? {
-        return Ok(Inserted::Existed);
-    }
-    if let Some(u) = &r.unique
-        && let Some(other) = holder_of_key(conn, r.action, u, r.now)?
-    {
-        return Ok(Inserted::Duplicate(other));
-    }
-    let state = if r.dead.is_some() {
-        "dead"
-    } else {
-        match r.lane {
-            Some(lane) if !enter_lane(conn, lane, r.id, r.now)? => "waiting",
-            _ => "ready",
-        }
-    };
-    let (unique_key, unique_mode) = r
-        .unique
-        .map_or((None, None), |u| (Some(u.key), Some(u.mode)));
-    conn.prepare_cached(
-        "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
-           on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
-           backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
-           created_at, updated_at, finished_at, priority, unique_key, unique_mode) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-           ?17, ?18, ?19, ?20, ?21, ?21, CASE WHEN ?13 = 'dead' THEN ?21 END, \
-           coalesce(?22, (SELECT priority FROM reflexr_actions WHERE action = ?3), 0), \
-           ?23, ?24)",
-    )?
-    .execute(params![
-        r.id,
-        r.kind,
-        r.action,
-        r.workspace,
-        r.rule,
-        r.scope,
-        r.dead.map_or(r.lane, |_| None),
-        r.on_dead_letter,
-        r.input,
-        r.event_seq,
-        r.event_id,
-        r.depth,
-        state,
-        i64::from(r.retry.max_attempts),
-        ms(r.retry.initial),
-        ms(r.retry.max_delay),
-        r.retry.factor,
-        r.retry.jitter,
-        r.due_at,
-        r.dead.map(crate::base::limits::clip_error),
-        r.now,
-        r.priority,
-        unique_key,
-        unique_mode,
-    ])?;
-    if let Some(u) = r.unique.filter(|u| u.mode == "period") {
-        conn.prepare_cached(
-            "INSERT INTO reflexr_unique_periods (action, key, until, run_id) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (action, key) DO UPDATE SET until = excluded.until, run_id = excluded.run_id",
-        )?
-        .execute(params![r.action, u.key, r.now.saturating_add(u.period_ms), r.id])?;
-    }
-    Ok(Inserted::New)
-}
-
-/// The run that holds `u`'s key for `action` now, if one does. The unique
-/// indexes (and the period table's key) are what enforce it; this finds
-/// the holder to name it, inside the same write transaction.
-fn holder_of_key(
-    conn: &Connection,
-    action: &str,
-    u: &Uniq<'_>,
-    now: i64,
-) -> Result<Option<String>> {
-    Ok(match u.mode {
-        "period" => conn
-            .prepare_cached(
-                "SELECT run_id FROM reflexr_unique_periods WHERE action = ?1 AND key = ?2 AND until > ?3",
-            )?
-            .query_row(params![action, u.key, now], |r| r.get(0))
-            .optional()?,
-        "pending" => conn
-            .prepare_cached(
-                "SELECT id FROM reflexr_runs WHERE action = ?1 AND unique_key = ?2 \
-                 AND unique_mode = 'pending' AND state IN ('waiting', 'ready')",
-            )?
-            .query_row(params![action, u.key], |r| r.get(0))
-            .optional()?,
-        _ => conn
-            .prepare_cached(
-                "SELECT id FROM reflexr_runs WHERE action = ?1 AND unique_key = ?2 \
-                 AND unique_mode = 'active' AND state IN ('waiting', 'ready', 'running')",
-            )?
-            .query_row(params![action, u.key], |r| r.get(0))
-            .optional()?,
-    })
-}
-
-fn exists(conn: &Connection, id: &str) -> Result<bool> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM reflexr_runs WHERE id = ?1")?
-        .query_row([id], |_| Ok(()))
-        .optional()?
-        .is_some())
 }
 
 /// Every column of a run.
@@ -239,6 +119,40 @@ pub enum FeedPos {
     Xact { tx: i64, ord: i64 },
 }
 
+/// What became of a lapsed or released claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeued {
+    /// Claimable again.
+    Ready,
+    /// Its cancellation had been asked for: it ended cancelled (its lane,
+    /// if any, must move on).
+    Cancelled,
+    /// Not changed (no longer this claim).
+    No,
+}
+
+impl Requeued {
+    /// From the state an `UPDATE … RETURNING state` left, if it changed a row.
+    pub(crate) fn from_state(state: Option<String>) -> Requeued {
+        match state.as_deref() {
+            None => Requeued::No,
+            Some("cancelled") => Requeued::Cancelled,
+            Some(_) => Requeued::Ready,
+        }
+    }
+}
+
+/// A blocked lane as the store reads it: the lane, its head run, the head's
+/// rule, scope and last error, and when the lane was blocked.
+pub type BlockedRow = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i64,
+);
+
 /// The feed of run changes by change time (`Inspect::runs_feed`'s
 /// default): from the start of the millisecond `pos` stands at, paging
 /// through [`Inspect::runs_changed_after`], and skipping what it delivered
@@ -289,90 +203,125 @@ pub(crate) fn feed_by_change_time<C: Inspect + ?Sized>(
     Ok(out)
 }
 
+/// `reflexr_runs`: the work queue's runs — inserted, claimed, settled,
+/// retried, renewed, cancelled, revived — as executors and operators use it.
+pub trait Runs {
+    /// Creates the run (see `store::runs::insert`): the head of its lane
+    /// and ready, waiting behind its lane's head, or dead; an id already
+    /// there, or a uniqueness key another run holds, creates nothing.
+    fn insert(&self, run: &NewRun<'_>) -> Result<Inserted>;
+    fn get(&self, id: &str) -> Result<Option<RunRow>>;
+    /// Claims up to `limit` ready, due runs of `actions` at `priority`,
+    /// oldest due first, for `holder` until `expires_at`. Concurrent
+    /// claimers never get the same run, and never wait for each other.
+    #[allow(clippy::too_many_arguments)]
+    fn claim_at(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        limit: i64,
+        actions: &[String],
+        priority: i64,
+    ) -> Result<Vec<RunRow>>;
+    /// Marks a claimed run succeeded; false when the claim no longer held.
+    fn succeed(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
+    /// Puts a claimed run back as ready at `due_at` after a failed attempt.
+    #[allow(clippy::too_many_arguments)]
+    fn retry_later(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        now: i64,
+        due_at: i64,
+        error: &str,
+    ) -> Result<bool>;
+    /// Gives a claimed run up: dead.
+    fn kill(&self, id: &str, holder: &str, attempt: i64, now: i64, error: &str) -> Result<bool>;
+    /// Extends a live claim; the expiry only moves forward.
+    fn renew(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<bool>;
+    /// Deletes up to `limit` runs that succeeded or were discarded before
+    /// `before`; how many it deleted.
+    fn delete_finished(&self, before: i64, limit: usize) -> Result<usize>;
+    /// Runs whose claim lapsed at `now` (the executor stopped renewing it).
+    fn lapsed(&self, now: i64, limit: i64) -> Result<Vec<RunRow>>;
+    /// Makes a lapsed claim claimable again at once, or ends it cancelled
+    /// if its cancellation was asked for.
+    fn requeue_lapsed(&self, ord: i64, now: i64) -> Result<Requeued>;
+    /// Gives a claimed run back without counting the attempt (see
+    /// `store::runs::release`).
+    fn release(&self, ord: i64, holder: &str, attempt: i64, now: i64) -> Result<Requeued>;
+    /// Saves a claimed run's checkpoint; false when the claim no longer
+    /// held.
+    #[allow(clippy::too_many_arguments)]
+    fn save_checkpoint(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        checkpoint: &str,
+        now: i64,
+    ) -> Result<bool>;
+    /// Marks many claimed runs (`(id, attempt)`, all `holder`'s) succeeded
+    /// in one statement: the ids of those whose claims still held (and no
+    /// cancellation was asked for); the others are left as they were.
+    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>>;
+    /// Ends a claimed run whose cancellation was asked for, cancelled;
+    /// false when the claim is not ours or no cancellation was asked.
+    fn end_cancelled(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
+    /// Of these runs, those asked to stop.
+    fn cancel_requested(&self, ids: &[&str]) -> Result<Vec<String>>;
+    /// Runs in `state`, oldest due first; or every run, in creation order.
+    fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>>;
+    /// How many runs there are in each state.
+    fn counts(&self) -> Result<Vec<(String, i64)>>;
+    /// Asks a running run to stop, or cancels a pending one outright; what
+    /// it was before (None: no such run). A run that ended is left alone.
+    fn cancel(&self, id: &str, now: i64, by: &str, reason: &str) -> Result<Option<String>>;
+    /// Makes a dead run ready again with fresh attempts (waiting behind
+    /// its lane's head if the lane moved on); false if it was not dead.
+    fn revive(&self, id: &str, lane: Option<&str>, now: i64) -> Result<bool>;
+    /// Marks a dead run discarded; false if it was not dead.
+    fn discard(&self, id: &str, now: i64) -> Result<bool>;
+    /// When the oldest ready run became due.
+    fn oldest_ready_due(&self) -> Result<Option<i64>>;
+}
+
+/// `reflexr_lanes`: the order of a rule's (or an enqueue's) scope — each
+/// lane's head, and whether a dead run blocks it (invariant 6).
+pub trait Lanes {
+    /// The lane's head run and whether the lane is blocked.
+    fn lane_head(&self, lane: &str) -> Result<Option<(String, bool)>>;
+    /// Blocks or unblocks the lane; false when there is no such lane.
+    fn set_blocked(&self, lane: &str, blocked: bool, now: i64) -> Result<bool>;
+    /// The run `finished` (the lane's head) ended: the lane's next waiting
+    /// run becomes its head and ready, or the lane goes (invariant 6).
+    fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()>;
+    /// How many lanes are blocked behind a dead run.
+    fn blocked_count(&self) -> Result<i64>;
+}
+
+// SQL both backends' statements share.
+
+/// A duration in whole milliseconds, as the runs table keeps them.
+pub(crate) fn ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The run's columns, in [`RunRow`]'s order.
 pub(crate) const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, \
     input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, \
     backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, \
     last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, \
     started_at, cancel_requested_at, cancelled_by, cancel_reason";
-
-fn from_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
-    Ok(RunRow {
-        ord: r.get(0)?,
-        id: r.get(1)?,
-        kind: r.get(2)?,
-        action: r.get(3)?,
-        workspace: r.get(4)?,
-        rule: r.get(5)?,
-        scope: r.get(6)?,
-        lane: r.get(7)?,
-        on_dead_letter: r.get(8)?,
-        input: r.get(9)?,
-        event_seq: r.get(10)?,
-        event_id: r.get(11)?,
-        depth: r.get(12)?,
-        state: r.get(13)?,
-        attempt: r.get(14)?,
-        max_attempts: r.get(15)?,
-        backoff_ms: r.get(16)?,
-        backoff_max_ms: r.get(17)?,
-        backoff_factor: r.get(18)?,
-        jitter: r.get(19)?,
-        due_at: r.get(20)?,
-        claimed_by: r.get(21)?,
-        claim_expires_at: r.get(22)?,
-        checkpoint: r.get(23)?,
-        last_error: r.get(24)?,
-        created_at: r.get(25)?,
-        updated_at: r.get(26)?,
-        finished_at: r.get(27)?,
-        priority: r.get(28)?,
-        unique_key: r.get(29)?,
-        unique_mode: r.get(30)?,
-        started_at: r.get(31)?,
-        cancel_requested_at: r.get(32)?,
-        cancelled_by: r.get(33)?,
-        cancel_reason: r.get(34)?,
-    })
-}
-
-pub(crate) fn get(conn: &Connection, id: &str) -> Result<Option<RunRow>> {
-    Ok(conn
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM reflexr_runs WHERE id = ?1"))?
-        .query_row([id], from_row)
-        .optional()?)
-}
-
-/// Runs in `state`, oldest due first, through the `(state, due_at)` index (a
-/// million finished runs cost a listing of dead ones nothing); or every run,
-/// in creation order.
-pub(crate) fn list(conn: &Connection, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>> {
-    let rows = match state {
-        Some(state) => conn
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM reflexr_runs WHERE state = ?1 \
-                 ORDER BY due_at, ord LIMIT {limit}"
-            ))?
-            .query_map([state], from_row)?
-            .collect::<rusqlite::Result<_>>()?,
-        None => conn
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM reflexr_runs ORDER BY ord LIMIT {limit}"
-            ))?
-            .query_map([], from_row)?
-            .collect::<rusqlite::Result<_>>()?,
-    };
-    Ok(rows)
-}
-
-/// How many runs there are in each state.
-pub(crate) fn counts(conn: &Connection) -> Result<Vec<(String, i64)>> {
-    let mut stmt = conn
-        .prepare_cached("SELECT state, count(*) FROM reflexr_runs GROUP BY state ORDER BY state")?;
-    let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(rows)
-}
 
 /// The `SET` term for a run going back to waiting or ready (a retry, a
 /// lapsed or released claim, an operator's revive): it gives its uniqueness
@@ -390,853 +339,3 @@ pub(crate) const YIELD_KEY: &str = "unique_key = CASE \
            AND o.unique_mode = 'active' AND o.state IN ('waiting', 'ready', 'running') \
            AND o.ord <> reflexr_runs.ord) THEN NULL \
        ELSE unique_key END";
-
-/// What became of a lapsed or released claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requeued {
-    /// Claimable again.
-    Ready,
-    /// Its cancellation had been asked for: it ended cancelled (its lane,
-    /// if any, must move on).
-    Cancelled,
-    /// Not changed (no longer this claim).
-    No,
-}
-
-impl Requeued {
-    /// From the state an `UPDATE … RETURNING state` left, if it changed a row.
-    pub(crate) fn from_state(state: Option<String>) -> Requeued {
-        match state.as_deref() {
-            None => Requeued::No,
-            Some("cancelled") => Requeued::Cancelled,
-            Some(_) => Requeued::Ready,
-        }
-    }
-}
-
-/// Runs whose claim lapsed (the executor stopped renewing it) at `now`.
-pub(crate) fn lapsed(conn: &Connection, now: i64, limit: i64) -> Result<Vec<RunRow>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
-         WHERE state = 'running' AND claim_expires_at <= ?1 \
-         ORDER BY claim_expires_at LIMIT {limit}"
-    ))?;
-    let rows = stmt
-        .query_map(params![now], from_row)?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(rows)
-}
-
-/// Makes a lapsed claim claimable again at once — or, if its cancellation
-/// was asked for, ends it cancelled.
-pub(crate) fn requeue_lapsed(conn: &Connection, ord: i64, now: i64) -> Result<Requeued> {
-    let changed = conn
-        .prepare_cached(&format!(
-            "UPDATE reflexr_runs SET \
-               state = CASE WHEN cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END, \
-               finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE ?2 END, \
-               due_at = ?2, claimed_by = NULL, \
-               claim_expires_at = NULL, updated_at = ?2, {YIELD_KEY}, \
-               last_error = 'the claim lapsed: its executor stopped renewing it' \
-             WHERE ord = ?1 AND state = 'running' AND claim_expires_at <= ?2 \
-             RETURNING state"
-        ))?
-        .query_row(params![ord, now], |r| r.get(0))
-        .optional()?;
-    Ok(Requeued::from_state(changed))
-}
-
-/// Claims up to `limit` ready runs at `priority` that are due and whose
-/// action is in `actions` (a JSON array), oldest due first: each becomes
-/// `running` under `holder` at its next attempt until `expires_at`. A range
-/// of the `(state, priority, due_at)` index: runs not due yet, waiting or
-/// blocked cost nothing. (`control::claim` walks the priorities that ready
-/// runs have, [`ready_priorities`], usually one.)
-pub(crate) fn claim_at(
-    conn: &Connection,
-    holder: &str,
-    now: i64,
-    expires_at: i64,
-    limit: i64,
-    actions: &str,
-    priority: i64,
-) -> Result<Vec<RunRow>> {
-    let mut stmt = conn.prepare_cached(&format!("{} RETURNING {COLUMNS}", claim_sql(limit)))?;
-    let rows = stmt
-        .query_map(
-            params![holder, now, expires_at, actions, priority],
-            from_row,
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// The priorities ready runs have, highest first: one index seek each.
-pub(crate) fn ready_priorities(conn: &Connection) -> Result<Vec<i64>> {
-    let mut stmt = conn.prepare_cached(READY_PRIORITIES)?;
-    let rows = stmt
-        .query_map([], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<i64>>>()?;
-    Ok(rows)
-}
-
-const READY_PRIORITIES: &str = "WITH RECURSIVE p(v) AS ( \
-       SELECT (SELECT priority FROM reflexr_runs INDEXED BY reflexr_runs_due \
-               WHERE state = 'ready' ORDER BY priority DESC LIMIT 1) \
-       UNION ALL \
-       SELECT (SELECT priority FROM reflexr_runs INDEXED BY reflexr_runs_due \
-               WHERE state = 'ready' AND priority < p.v ORDER BY priority DESC LIMIT 1) \
-       FROM p WHERE p.v IS NOT NULL) \
-     SELECT v FROM p WHERE v IS NOT NULL";
-
-/// One page of ready, due runs of `action` at `priority`, by due time, after
-/// the run `after` (`(due_at, ord)`): `(ord, due_at, partition)` — see
-/// [`partition`], with the JSON path `path` — leaving out the partitions in
-/// `full` (a JSON array), for a claim that must respect a partitioned
-/// action's limits.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn candidates(
-    conn: &Connection,
-    action: &str,
-    now: i64,
-    priority: i64,
-    path: &str,
-    full: &str,
-    after: (i64, i64),
-    limit: usize,
-) -> Result<Vec<(i64, i64, String)>> {
-    let key = partition("?6");
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT ord, due_at, {key} FROM reflexr_runs INDEXED BY reflexr_runs_due \
-         WHERE state = 'ready' AND priority = ?3 AND due_at <= ?2 AND action = ?1 \
-           AND (due_at, ord) > (?4, ?5) \
-           AND {key} NOT IN (SELECT value FROM json_each(?7)) \
-         ORDER BY due_at, ord LIMIT {limit}"
-    ))?;
-    let rows = stmt
-        .query_map(
-            params![action, now, priority, after.0, after.1, path, full],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// A run's partition for its action's limits: the input's value at the JSON
-/// path bound to `param`, as text; a missing (or null) value is the
-/// partition `""`.
-fn partition(param: &str) -> String {
-    format!("coalesce(CAST(json_extract(input, {param}) AS TEXT), '')")
-}
-
-/// Claims the runs at these positions (a JSON array), as [`claim_at`] does.
-pub(crate) fn claim_ords(
-    conn: &Connection,
-    holder: &str,
-    now: i64,
-    expires_at: i64,
-    ords: &str,
-) -> Result<Vec<RunRow>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
-           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2 \
-         WHERE ord IN (SELECT value FROM json_each(?4)) AND state = 'ready' \
-         RETURNING {COLUMNS}"
-    ))?;
-    let rows = stmt
-        .query_map(params![holder, now, expires_at, ords], from_row)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// How many runs of `action` run now, by partition ([`partition`]; one
-/// group, `""`, without a path).
-pub(crate) fn running_by(
-    conn: &Connection,
-    action: &str,
-    path: Option<&str>,
-) -> Result<Vec<(String, i64)>> {
-    let Some(path) = path else {
-        let n: i64 = conn
-            .prepare_cached(
-                "SELECT count(*) FROM reflexr_runs INDEXED BY reflexr_runs_running \
-                 WHERE state = 'running' AND action = ?1",
-            )?
-            .query_row([action], |r| r.get(0))?;
-        return Ok(vec![(String::new(), n)]);
-    };
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {}, count(*) FROM reflexr_runs \
-         INDEXED BY reflexr_runs_running WHERE state = 'running' AND action = ?1 GROUP BY 1",
-        partition("?2")
-    ))?;
-    let rows = stmt
-        .query_map(params![action, path], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// Starts of `action` in the window after `since`, by partition.
-pub(crate) fn starts_since(
-    conn: &Connection,
-    action: &str,
-    since: i64,
-) -> Result<Vec<(String, i64)>> {
-    conn.prepare_cached("DELETE FROM reflexr_starts WHERE action = ?1 AND at <= ?2")?
-        .execute(params![action, since])?;
-    let mut stmt = conn.prepare_cached(
-        "SELECT part, sum(n) FROM reflexr_starts WHERE action = ?1 AND at > ?2 GROUP BY part",
-    )?;
-    let rows = stmt
-        .query_map(params![action, since], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// Deletes what the control tables no longer need at `now`: uniqueness
-/// periods that ended, and starts outside their action's rate window (or
-/// of an action no longer rate-limited). How many rows went.
-pub(crate) fn sweep_control(conn: &Connection, now: i64) -> Result<usize> {
-    let periods = conn
-        .prepare_cached("DELETE FROM reflexr_unique_periods WHERE until <= ?1")?
-        .execute([now])?;
-    let starts = conn
-        .prepare_cached(
-            "DELETE FROM reflexr_starts WHERE NOT EXISTS (SELECT 1 FROM reflexr_actions a \
-               WHERE a.action = reflexr_starts.action AND a.rate_count IS NOT NULL \
-                 AND reflexr_starts.at > ?1 - a.rate_period_ms)",
-        )?
-        .execute([now])?;
-    Ok(periods + starts)
-}
-
-/// Records `n` starts of a rate-limited action's partition, at `at`.
-pub(crate) fn record_starts(
-    conn: &Connection,
-    action: &str,
-    part: &str,
-    at: i64,
-    n: i64,
-) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO reflexr_starts (action, part, at, n) VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![action, part, at, n])?;
-    Ok(())
-}
-
-/// Asks a running run to stop, or cancels a pending one outright: what it
-/// was before. A run that already ended is left as it is (None).
-pub(crate) fn cancel(
-    conn: &Connection,
-    id: &str,
-    now: i64,
-    by: &str,
-    reason: &str,
-) -> Result<Option<String>> {
-    let Some(row) = get(conn, id)? else {
-        return Ok(None);
-    };
-    match row.state.as_str() {
-        "waiting" | "ready" => {
-            conn.prepare_cached(
-                "UPDATE reflexr_runs SET state = 'cancelled', finished_at = ?2, updated_at = ?2, \
-                   cancelled_by = ?3, cancel_reason = ?4 \
-                 WHERE id = ?1 AND state IN ('waiting', 'ready')",
-            )?
-            .execute(params![
-                id,
-                now,
-                by,
-                crate::base::limits::clip_error(reason)
-            ])?;
-            if row.state == "ready"
-                && let Some(lane) = &row.lane
-            {
-                advance_lane(conn, lane, id, now)?;
-            }
-        }
-        "running" => {
-            conn.prepare_cached(
-                "UPDATE reflexr_runs SET cancel_requested_at = coalesce(cancel_requested_at, ?2), \
-                   updated_at = ?2, cancelled_by = ?3, cancel_reason = ?4 \
-                 WHERE id = ?1 AND state = 'running'",
-            )?
-            .execute(params![
-                id,
-                now,
-                by,
-                crate::base::limits::clip_error(reason)
-            ])?;
-        }
-        _ => {}
-    }
-    Ok(Some(row.state))
-}
-
-/// Ends a claimed run whose cancellation was asked for: cancelled, instead
-/// of what its handler said. False when the claim is not ours or no
-/// cancellation was asked.
-pub(crate) fn end_cancelled(
-    conn: &Connection,
-    id: &str,
-    holder: &str,
-    attempt: i64,
-    now: i64,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_runs SET state = 'cancelled', finished_at = ?4, updated_at = ?4, \
-               claimed_by = NULL, claim_expires_at = NULL \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-               AND cancel_requested_at IS NOT NULL",
-        )?
-        .execute(params![id, holder, attempt, now])?
-        == 1)
-}
-
-/// Of these run ids (a JSON array), those asked to stop.
-pub(crate) fn cancel_requested(conn: &Connection, ids: &str) -> Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id FROM reflexr_runs WHERE id IN (SELECT value FROM json_each(?1)) \
-         AND cancel_requested_at IS NOT NULL",
-    )?;
-    let rows = stmt
-        .query_map([ids], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// True when a run of these actions is ready and due, or a claim lapsed: the
-/// cheap read an idle executor makes before it opens a write transaction.
-pub(crate) fn work_due(conn: &Connection, now: i64, actions: &str) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(WORK_DUE)?
-        .query_row(params![now, actions], |r| r.get(0))?)
-}
-
-/// True when a claim lapsed (its executor stopped renewing it).
-pub(crate) fn lapsed_due(conn: &Connection, now: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
-                            WHERE state = 'running' AND claim_expires_at <= ?1)",
-        )?
-        .query_row([now], |r| r.get(0))?)
-}
-
-const WORK_DUE: &str = "WITH RECURSIVE p(v) AS ( \
-       SELECT (SELECT priority FROM reflexr_runs INDEXED BY reflexr_runs_due \
-               WHERE state = 'ready' ORDER BY priority DESC LIMIT 1) \
-       UNION ALL \
-       SELECT (SELECT priority FROM reflexr_runs INDEXED BY reflexr_runs_due \
-               WHERE state = 'ready' AND priority < p.v ORDER BY priority DESC LIMIT 1) \
-       FROM p WHERE p.v IS NOT NULL) \
-     SELECT EXISTS (SELECT 1 FROM p CROSS JOIN reflexr_runs r INDEXED BY reflexr_runs_due \
-                    WHERE p.v IS NOT NULL AND r.state = 'ready' AND r.priority = p.v \
-                      AND r.due_at <= ?1 AND r.action IN (SELECT value FROM json_each(?2))) \
-         OR EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
-                    WHERE state = 'running' AND claim_expires_at <= ?1)";
-
-/// The claim: ready runs by due time, through the `(state, due_at)` index, so
-/// waiting, blocked and finished runs cost it nothing. `{limit}` is written
-/// in (see [`crate::store::events::page`] on bound limits).
-fn claim_sql(limit: i64) -> String {
-    format!(
-        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
-           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2 \
-         WHERE ord IN (SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_due \
-                       WHERE state = 'ready' AND priority = ?5 AND due_at <= ?2 \
-                         AND action IN (SELECT value FROM json_each(?4)) \
-                       ORDER BY due_at LIMIT {limit})"
-    )
-}
-
-/// Marks a claimed run succeeded.
-pub(crate) fn succeed(
-    conn: &Connection,
-    id: &str,
-    holder: &str,
-    attempt: i64,
-    now: i64,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?4, updated_at = ?4, \
-               claimed_by = NULL, claim_expires_at = NULL \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-               AND cancel_requested_at IS NULL",
-        )?
-        .execute(params![id, holder, attempt, now])?
-        == 1)
-}
-
-/// Marks many claimed runs succeeded in one statement: `claims` is a JSON
-/// array of `[id, attempt]`, all held by `holder`. Returns the ids of those
-/// whose claims still held (and no cancellation was asked for): the others
-/// are left as they were.
-pub(crate) fn succeed_many(
-    conn: &Connection,
-    holder: &str,
-    claims: &str,
-    now: i64,
-) -> Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
-        "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?3, updated_at = ?3, \
-           claimed_by = NULL, claim_expires_at = NULL \
-         WHERE id IN (SELECT value ->> 0 FROM json_each(?2)) \
-           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2)) \
-           AND state = 'running' AND claimed_by = ?1 AND cancel_requested_at IS NULL \
-         RETURNING id",
-    )?;
-    let ids = stmt
-        .query_map(params![holder, claims, now], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<String>>>()?;
-    Ok(ids)
-}
-
-/// Puts a claimed run back as ready at `due_at`, after a failed attempt.
-pub(crate) fn retry_later(
-    conn: &Connection,
-    id: &str,
-    holder: &str,
-    attempt: i64,
-    now: i64,
-    due_at: i64,
-    error: &str,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "UPDATE reflexr_runs SET state = 'ready', due_at = ?5, last_error = ?6, \
-               updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-               AND cancel_requested_at IS NULL"
-        ))?
-        .execute(params![
-            id,
-            holder,
-            attempt,
-            now,
-            due_at,
-            crate::base::limits::clip_error(error)
-        ])?
-        == 1)
-}
-
-/// Gives a claimed run up: dead.
-pub(crate) fn kill(
-    conn: &Connection,
-    id: &str,
-    holder: &str,
-    attempt: i64,
-    now: i64,
-    error: &str,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_runs SET state = 'dead', last_error = ?5, finished_at = ?4, \
-               updated_at = ?4, claimed_by = NULL, claim_expires_at = NULL \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-               AND cancel_requested_at IS NULL",
-        )?
-        .execute(params![
-            id,
-            holder,
-            attempt,
-            now,
-            crate::base::limits::clip_error(error)
-        ])?
-        == 1)
-}
-
-/// Gives a claimed run back without counting the attempt (shutdown before
-/// it started) — or, if its cancellation was asked for meanwhile, ends it
-/// cancelled: it is never started again.
-pub(crate) fn release(
-    conn: &Connection,
-    ord: i64,
-    holder: &str,
-    attempt: i64,
-    now: i64,
-) -> Result<Requeued> {
-    let changed = conn
-        .prepare_cached(&format!(
-            "UPDATE reflexr_runs SET \
-               state = CASE WHEN cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END, \
-               finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE ?4 END, \
-               attempt = attempt - 1, updated_at = ?4, \
-               claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
-             WHERE ord = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-             RETURNING state"
-        ))?
-        .query_row(params![ord, holder, attempt, now], |r| r.get(0))
-        .optional()?;
-    Ok(Requeued::from_state(changed))
-}
-
-/// Extends a live claim; the expiry only moves forward.
-pub(crate) fn renew(
-    conn: &Connection,
-    id: &str,
-    holder: &str,
-    attempt: i64,
-    now: i64,
-    expires_at: i64,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_runs SET claim_expires_at = max(claim_expires_at, ?5) \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-               AND claim_expires_at > ?4",
-        )?
-        .execute(params![id, holder, attempt, now, expires_at])?
-        == 1)
-}
-
-pub(crate) fn save_checkpoint(
-    conn: &Connection,
-    id: &str,
-    holder: &str,
-    attempt: i64,
-    checkpoint: &str,
-    now: i64,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_runs SET checkpoint = ?4, updated_at = ?5 \
-             WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
-        )?
-        .execute(params![id, holder, attempt, checkpoint, now])?
-        == 1)
-}
-
-/// An operator's retry of a dead run: ready again with a fresh set of
-/// attempts (or waiting, if its lane moved on to another run meanwhile).
-pub(crate) fn revive(conn: &Connection, id: &str, lane: Option<&str>, now: i64) -> Result<bool> {
-    let state = match lane {
-        Some(lane) => match lane_head(conn, lane)? {
-            Some((head, _)) if head == id => {
-                set_blocked(conn, lane, false, now)?;
-                "ready"
-            }
-            Some(_) => "waiting",
-            None => {
-                enter_lane(conn, lane, id, now)?;
-                "ready"
-            }
-        },
-        None => "ready",
-    };
-    Ok(conn
-        .prepare_cached(&format!(
-            "UPDATE reflexr_runs SET state = ?2, attempt = 0, due_at = ?3, updated_at = ?3, \
-               finished_at = NULL, {YIELD_KEY} \
-             WHERE id = ?1 AND state = 'dead'"
-        ))?
-        .execute(params![id, state, now])?
-        == 1)
-}
-
-/// An operator's discard of a dead run.
-pub(crate) fn discard(conn: &Connection, id: &str, now: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_runs SET state = 'discarded', updated_at = ?2 \
-             WHERE id = ?1 AND state = 'dead'",
-        )?
-        .execute(params![id, now])?
-        == 1)
-}
-
-/// Deletes up to `limit` runs that ended well (succeeded or discarded) before
-/// `before`. Dead runs stay until an operator resolves them.
-pub(crate) fn delete_finished(conn: &Connection, before: i64, limit: usize) -> Result<usize> {
-    // due_at <= finished_at, so the range on due_at bounds the index scan to
-    // runs old enough to qualify.
-    Ok(conn
-        .prepare_cached(&format!(
-            "DELETE FROM reflexr_runs WHERE ord IN \
-               (SELECT ord FROM reflexr_runs \
-                WHERE state IN ('succeeded', 'discarded') AND due_at < ?1 \
-                  AND coalesce(finished_at, updated_at) < ?1 \
-                LIMIT {limit})"
-        ))?
-        .execute([before])?)
-}
-
-// ----- lanes ---------------------------------------------------------------
-
-/// Makes `id` the head of `lane` if the lane is empty; false if another run
-/// is at its head.
-fn enter_lane(conn: &Connection, lane: &str, id: &str, now: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) VALUES (?1, ?2, 0, ?3) \
-             ON CONFLICT (lane) DO NOTHING",
-        )?
-        .execute(params![lane, id, now])?
-        == 1)
-}
-
-/// The lane's head run and whether the lane is blocked.
-pub(crate) fn lane_head(conn: &Connection, lane: &str) -> Result<Option<(String, bool)>> {
-    Ok(conn
-        .prepare_cached("SELECT head, blocked FROM reflexr_lanes WHERE lane = ?1")?
-        .query_row([lane], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?)
-}
-
-pub(crate) fn set_blocked(conn: &Connection, lane: &str, blocked: bool, now: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached("UPDATE reflexr_lanes SET blocked = ?2, updated_at = ?3 WHERE lane = ?1")?
-        .execute(params![lane, blocked, now])?
-        == 1)
-}
-
-/// The run `finished` (the lane's head) ended: the lane's next waiting run
-/// becomes its head and ready, or the lane is removed when none waits.
-pub(crate) fn advance_lane(conn: &Connection, lane: &str, finished: &str, now: i64) -> Result<()> {
-    match lane_head(conn, lane)? {
-        Some((head, _)) if head == finished => {}
-        // Not the head (a run revived behind another): nothing to move.
-        _ => return Ok(()),
-    }
-    let next: Option<(i64, String)> = conn
-        .prepare_cached(
-            "SELECT ord, id FROM reflexr_runs WHERE lane = ?1 AND state = 'waiting' \
-             ORDER BY ord LIMIT 1",
-        )?
-        .query_row([lane], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    match next {
-        Some((ord, id)) => {
-            conn.prepare_cached(
-                "UPDATE reflexr_lanes SET head = ?2, blocked = 0, updated_at = ?3 WHERE lane = ?1",
-            )?
-            .execute(params![lane, id, now])?;
-            conn.prepare_cached(
-                "UPDATE reflexr_runs SET state = 'ready', due_at = max(due_at, ?2), \
-                   updated_at = ?2 WHERE ord = ?1",
-            )?
-            .execute(params![ord, now])?;
-        }
-        None => {
-            conn.prepare_cached("DELETE FROM reflexr_lanes WHERE lane = ?1")?
-                .execute([lane])?;
-        }
-    }
-    Ok(())
-}
-
-/// A blocked lane as the store reads it: the lane, its head run, the head's
-/// rule, scope and last error, and when the lane was blocked.
-pub type BlockedRow = (
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    i64,
-);
-
-/// The blocked lanes, most recently blocked first, at most `limit`.
-pub(crate) fn blocked_lanes(conn: &Connection, limit: usize) -> Result<Vec<BlockedRow>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT l.lane, l.head, r.rule, r.scope, r.last_error, l.updated_at \
-         FROM reflexr_lanes l INDEXED BY reflexr_lanes_blocked \
-         LEFT JOIN reflexr_runs r ON r.id = l.head \
-         WHERE l.blocked = 1 ORDER BY l.updated_at DESC LIMIT {limit}"
-    ))?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-            ))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(rows)
-}
-
-/// How many lanes are blocked.
-pub(crate) fn blocked_count(conn: &Connection) -> Result<i64> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT count(*) FROM reflexr_lanes INDEXED BY reflexr_lanes_blocked WHERE blocked = 1",
-        )?
-        .query_row([], |r| r.get(0))?)
-}
-
-/// What to look for among runs, as the store takes it.
-pub(crate) struct Find<'a> {
-    pub state: Option<&'a str>,
-    pub action: Option<&'a str>,
-    pub rule: Option<&'a str>,
-    pub workspace: Option<&'a str>,
-    pub scope: Option<&'a str>,
-    /// A JSON path of the input and the value it must hold.
-    pub input: Option<(&'a str, rusqlite::types::Value)>,
-    /// Only runs before this position in the queue (newest first).
-    pub before: i64,
-    pub limit: usize,
-    /// How many positions below `before` one call looks through.
-    pub window: i64,
-}
-
-/// Runs matching `f`, newest first, found among the `f.window` positions
-/// below `f.before`. Returns them and the position to go on below (None
-/// when the queue's start was reached).
-pub(crate) fn find(conn: &Connection, f: &Find<'_>) -> Result<(Vec<RunRow>, Option<i64>)> {
-    let floor = f.before.saturating_sub(f.window).max(0);
-    let (path, value) = match &f.input {
-        Some((path, value)) => (Some(*path), value.clone()),
-        None => (None, rusqlite::types::Value::Null),
-    };
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM reflexr_runs \
-         WHERE ord < ?1 AND ord >= ?2 \
-           AND (?3 IS NULL OR state = ?3) AND (?4 IS NULL OR action = ?4) \
-           AND (?5 IS NULL OR rule = ?5) AND (?6 IS NULL OR workspace = ?6) \
-           AND (?7 IS NULL OR scope = ?7) \
-           AND (?8 IS NULL OR json_extract(input, ?8) = ?9) \
-         ORDER BY ord DESC LIMIT {}",
-        f.limit
-    ))?;
-    let rows = stmt
-        .query_map(
-            params![
-                f.before,
-                floor,
-                f.state,
-                f.action,
-                f.rule,
-                f.workspace,
-                f.scope,
-                path,
-                value
-            ],
-            from_row,
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let next = match rows.last() {
-        Some(last) if rows.len() == f.limit => Some(last.ord),
-        _ => (floor > 0).then_some(floor),
-    };
-    Ok((rows, next))
-}
-
-/// How a JSON value compares with what `json_extract` returns.
-pub(crate) fn sql_value(v: &serde_json::Value) -> rusqlite::types::Value {
-    use rusqlite::types::Value;
-    match v {
-        serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Integer(i64::from(*b)),
-        serde_json::Value::Number(n) => match n.as_i64() {
-            Some(i) => Value::Integer(i),
-            None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        serde_json::Value::String(s) => Value::Text(s.clone()),
-        other => Value::Text(other.to_string()),
-    }
-}
-
-/// Runs changed after `(updated_at, ord)`, in that order: at most `limit`.
-pub(crate) fn changed_after(
-    conn: &Connection,
-    after: (i64, i64),
-    limit: usize,
-) -> Result<Vec<RunRow>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM reflexr_runs INDEXED BY reflexr_runs_by_change \
-         WHERE (updated_at, ord) > (?1, ?2) ORDER BY updated_at, ord LIMIT {limit}"
-    ))?;
-    let rows = stmt
-        .query_map(params![after.0, after.1], from_row)?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(rows)
-}
-
-/// One past the newest run's position.
-pub(crate) fn end(conn: &Connection) -> Result<i64> {
-    Ok(conn
-        .prepare_cached("SELECT coalesce(max(ord), 0) + 1 FROM reflexr_runs")?
-        .query_row([], |r| r.get(0))?)
-}
-
-/// When the oldest run that is ready became due (None: none is ready).
-pub(crate) fn oldest_ready_due(conn: &Connection) -> Result<Option<i64>> {
-    Ok(conn
-        .prepare_cached("SELECT min(due_at) FROM reflexr_runs WHERE state = 'ready'")?
-        .query_row([], |r| r.get(0))?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn plan(conn: &Connection, sql: &str) -> String {
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
-        let rows: Vec<String> = stmt
-            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
-            .unwrap()
-            .map(|r| r.unwrap())
-            .collect();
-        rows.join("\n")
-    }
-
-    #[test]
-    fn the_claim_reads_only_ready_runs_by_index_whatever_else_the_queue_holds() {
-        // The claim's cost must not grow with waiting, blocked, finished or
-        // not-yet-due runs: per priority that ready runs have (found by a
-        // seek each), it searches the (state, priority, due_at) index for
-        // due ready runs, in due order, without sorting; so does the idle
-        // executor's check.
-        let dir = tempfile::tempdir().unwrap();
-        let conn = Connection::open(dir.path().join("p.db")).unwrap();
-        conn.execute_batch(crate::store::schema::SCHEMA_SQL)
-            .unwrap();
-        let p = plan(&conn, &claim_sql(16));
-        assert!(
-            p.contains("USING INDEX reflexr_runs_due (state=? AND priority=? AND due_at<?)"),
-            "{p}"
-        );
-        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
-        assert!(!p.contains("TEMP B-TREE"), "{p}");
-        let p = plan(&conn, READY_PRIORITIES);
-        assert!(p.contains("reflexr_runs_due (state=?)"), "{p}");
-        assert!(
-            p.contains("reflexr_runs_due (state=? AND priority<?)"),
-            "{p}"
-        );
-        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
-        let p = plan(&conn, WORK_DUE);
-        assert!(
-            p.contains("reflexr_runs_due (state=? AND priority=? AND due_at<?)"),
-            "{p}"
-        );
-        assert!(
-            p.contains("reflexr_runs_lapsed (claim_expires_at<?)"),
-            "{p}"
-        );
-        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
-    }
-
-    #[test]
-    fn the_claim_is_not_prepared_again_on_every_call() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = Connection::open(dir.path().join("p.db")).unwrap();
-        conn.execute_batch(crate::store::schema::SCHEMA_SQL)
-            .unwrap();
-        for now in 0..5 {
-            claim_at(&conn, "h", now, now + 10, 16, "[\"a\"]", 0).unwrap();
-        }
-        let sql = format!("{} RETURNING {COLUMNS}", claim_sql(16));
-        let stmt = conn.prepare_cached(&sql).unwrap();
-        assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);
-    }
-}

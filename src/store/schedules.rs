@@ -1,6 +1,7 @@
-//! Statements on `reflexr_schedules`.
-
-use rusqlite::{Connection, OptionalExtension, Row, params};
+//! `reflexr_schedules`: the scheduled jobs, and when each is next due.
+//!
+//! The table group every backend implements (`store::sqlite::schedules`,
+//! `store::postgres::schedules`), and the rows it speaks in.
 
 use crate::base::error::Result;
 
@@ -16,77 +17,22 @@ pub struct ScheduleRow {
     pub updated_at: i64,
 }
 
-const COLUMNS: &str = "name, spec, guarantee, missed, next_due_at, last_due_at, updated_at";
-
-fn from_row(r: &Row<'_>) -> rusqlite::Result<ScheduleRow> {
-    Ok(ScheduleRow {
-        name: r.get(0)?,
-        spec: r.get(1)?,
-        guarantee: r.get(2)?,
-        missed: r.get(3)?,
-        next_due_at: r.get(4)?,
-        last_due_at: r.get(5)?,
-        updated_at: r.get(6)?,
-    })
-}
-
-pub(crate) fn get(conn: &Connection, name: &str) -> Result<Option<ScheduleRow>> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM reflexr_schedules WHERE name = ?1"
-        ))?
-        .query_row([name], from_row)
-        .optional()?)
-}
-
-pub(crate) fn list(conn: &Connection) -> Result<Vec<ScheduleRow>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM reflexr_schedules ORDER BY name"
-    ))?;
-    let rows = stmt
-        .query_map([], from_row)?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(rows)
-}
-
-/// Writes the schedule as registered; `next_due_at` as given.
-pub(crate) fn upsert(conn: &Connection, row: &ScheduleRow) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO reflexr_schedules \
-           (name, spec, guarantee, missed, next_due_at, last_due_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-         ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, \
-           guarantee = excluded.guarantee, missed = excluded.missed, \
-           next_due_at = excluded.next_due_at, updated_at = excluded.updated_at",
-    )?
-    .execute(params![
-        row.name,
-        row.spec,
-        row.guarantee,
-        row.missed,
-        row.next_due_at,
-        row.last_due_at,
-        row.updated_at
-    ])?;
-    Ok(())
-}
-
-/// Moves a schedule on from the occurrence due at `expected_next` (only if
-/// nobody moved it first); false if it had moved.
-pub(crate) fn advance(
-    conn: &Connection,
-    name: &str,
-    expected_next: i64,
-    next: Option<i64>,
-    last: Option<i64>,
-    now: i64,
-) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "UPDATE reflexr_schedules SET next_due_at = ?3, \
-               last_due_at = coalesce(?4, last_due_at), updated_at = ?5 \
-             WHERE name = ?1 AND next_due_at = ?2",
-        )?
-        .execute(params![name, expected_next, next, last, now])?
-        == 1)
+/// `reflexr_schedules`: the scheduled jobs a database knows, and when each
+/// is next due.
+pub trait Schedules {
+    fn schedule(&self, name: &str) -> Result<Option<ScheduleRow>>;
+    fn schedule_rows(&self) -> Result<Vec<ScheduleRow>>;
+    /// Writes the schedule as registered; `next_due_at` as given.
+    fn upsert_schedule(&self, row: &ScheduleRow) -> Result<()>;
+    /// Moves a schedule on from the occurrence due at `expected_next`
+    /// (only if nobody moved it first); false if it had moved.
+    #[allow(clippy::too_many_arguments)]
+    fn advance_schedule(
+        &self,
+        name: &str,
+        expected_next: i64,
+        next: Option<i64>,
+        last: Option<i64>,
+        now: i64,
+    ) -> Result<bool>;
 }

@@ -17,10 +17,11 @@ use crate::base::counter::Counter;
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
 use crate::core::cursor::ConsumerKind;
+use crate::core::db::Backend;
 use crate::core::db::CoreDb;
+use crate::core::db::Tx;
 use crate::core::lease::{self, Lease};
-use crate::core::tx::Tx;
-use crate::store::backend::{Control, Counters, Cursors, Events, Store};
+use crate::store::{Control, Counters, Cursors, Events};
 
 /// Which consumer's cursor.
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +48,7 @@ pub(crate) fn stand<C: Cursors + ?Sized>(conn: &C, c: Consumer<'_>) -> Result<St
 }
 
 /// Step 1: the consumer's stand and up to `limit` events after it.
-pub(crate) fn read<B: Store>(
+pub(crate) fn read<B: Backend>(
     db: &impl CoreDb<B>,
     c: Consumer<'_>,
     limit: usize,
@@ -77,7 +78,7 @@ impl<E: From<Error>> From<Error> for Halt<E> {
 /// cursor moves to — and moves the cursor there, all in one savepoint.
 /// `Ok(None)` when the cursor had moved (nothing written: read again); an
 /// error rolls the savepoint back.
-pub(crate) fn advance<B: Store, T, E: From<Error>>(
+pub(crate) fn advance<B: Backend, T, E: From<Error>>(
     tx: &mut Tx<'_, B>,
     c: Consumer<'_>,
     lease: &Lease,
@@ -117,7 +118,12 @@ pub(crate) fn advance<B: Store, T, E: From<Error>>(
 /// transaction of its own, so a consumer that keeps failing at one position
 /// shows as stuck ([`crate::CursorInfo::is_stuck`],
 /// `reflexr_stuck_consumers`) instead of only in a log line.
-pub(crate) fn failed<B: Store>(db: &impl CoreDb<B>, c: Consumer<'_>, position: i64, error: &Error) {
+pub(crate) fn failed<B: Backend>(
+    db: &impl CoreDb<B>,
+    c: Consumer<'_>,
+    position: i64,
+    error: &Error,
+) {
     let (kind, name) = (c.kind.as_str(), c.name);
     log::error!(
         "{kind} {name} at seq {position} of {}: {error}; it tries again",

@@ -26,8 +26,8 @@ use crate::base::audit::AuditAction;
 use crate::base::error::{Error, Result};
 use crate::base::limits;
 use crate::store::audit::Entry;
-use crate::store::backend::{Audit, Control, RunsMore, Work};
 use crate::store::control::ActionRow;
+use crate::store::{Audit, Control, Runs, Work};
 
 /// What can be paused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -339,8 +339,7 @@ pub(crate) fn cancel<C: Work + ?Sized>(
     op: &str,
     why: &str,
 ) -> Result<String> {
-    let was =
-        RunsMore::cancel(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
+    let was = Runs::cancel(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
     match was.as_str() {
         "waiting" | "ready" | "running" => {}
         other => {

@@ -25,10 +25,10 @@ use crate::base::error::{Error, HandlerError, Result};
 use crate::base::event::Event;
 use crate::base::limits;
 use crate::base::retry::RetryPolicy;
-use crate::core::db::Database;
-use crate::core::tx::Tx;
-use crate::store::backend::{Counters, Runs, Sqlite, Store};
+use crate::core::db::Backend;
+use crate::core::db::Tx;
 use crate::store::runs::{self, NewRun};
+use crate::store::{Counters, Runs, Sqlite};
 use crate::work::queue::run::{Run, RunContext};
 
 /// What a channel does when a send fails.
@@ -188,7 +188,7 @@ pub(crate) fn action_of(channel: &str) -> String {
 }
 
 /// The action handler that decodes the message and calls the sender.
-pub(crate) fn action<B: Database>(
+pub(crate) fn action<B: Backend>(
     sender: Arc<SenderFn<B>>,
 ) -> Arc<crate::work::queue::run::ActionFn<B>> {
     Arc::new(move |run: &Run, ctx: &mut RunContext<'_, B>| {
@@ -197,7 +197,7 @@ pub(crate) fn action<B: Database>(
     })
 }
 
-impl<B: Store> Tx<'_, B> {
+impl<B: Backend> Tx<'_, B> {
     /// Enqueues `delivery` on its channel, in this transaction: it is sent
     /// (at least once) only if the transaction commits. Returns the
     /// delivery's id. Enqueuing an id that exists already enqueues nothing.
@@ -219,7 +219,7 @@ impl<B: Store> Tx<'_, B> {
 }
 
 /// Inserts the delivery's run; returns its id (or the one holding its key).
-fn enqueue<B: Store>(
+fn enqueue<B: Backend>(
     tx: &Tx<'_, B>,
     d: &Delivery,
 ) -> Result<crate::work::queue::enqueue::Enqueued> {

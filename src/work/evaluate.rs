@@ -52,12 +52,13 @@ use crate::base::event::{Event, NewEvent};
 use crate::base::limits::MAX_SUBJECT_BYTES;
 use crate::core::changelog::{self, Origin};
 use crate::core::cursor::ConsumerKind;
-use crate::core::db::{CoreDb, Database};
+use crate::core::db::Backend;
+use crate::core::db::CoreDb;
+use crate::core::db::Tx;
 use crate::core::lease::Lease;
-use crate::core::tx::Tx;
-use crate::store::backend::{Counters, Cursors, DeadLetters, Events, Rules, Runs, Store};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::NewRun;
+use crate::store::{Counters, Cursors, DeadLetters, Events, Rules, Runs};
 use crate::work::consumer::{self, Stand};
 use crate::work::queue::run::RunKind;
 use crate::work::rule::{Decision, Ordering, Rule};
@@ -172,7 +173,7 @@ struct Committed {
 /// pass, without holding back the others. `lease` gives the workspace's
 /// evaluator lease (renewing it when due) before each group; `None` ends the
 /// pass.
-pub(crate) fn pass<B: Database>(
+pub(crate) fn pass<B: Backend>(
     db: &B::Db,
     rules: &[Arc<Rule>],
     batch: usize,
@@ -257,7 +258,7 @@ pub(crate) fn pass<B: Database>(
 
 /// Decides `rule` over `page` (which starts right after its cursor):
 /// scopes, states, decisions; writes nothing.
-fn decide<'r, B: Database>(
+fn decide<'r, B: Backend>(
     db: &B::Db,
     rule: &'r Rule,
     (stand, high_water): (Stand, i64),
@@ -489,7 +490,7 @@ impl From<Error> for CommitError {
 /// cursor moved meanwhile. Firings are recorded without a savepoint each; a
 /// firing the file refuses rolls the rule's savepoint back, and the batch
 /// is written again with that firing recorded as a `firing_refused` error.
-fn commit_rule<B: Store>(
+fn commit_rule<B: Backend>(
     tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
     page: &[Event],
@@ -514,7 +515,7 @@ fn commit_rule<B: Store>(
 /// Writes what one rule decided, inside [`consumer::advance`] (which checked
 /// the evaluator lease and the cursor, and moves the cursor after); the
 /// firings in `refused` are recorded as errors instead.
-fn commit<B: Store>(
+fn commit<B: Backend>(
     tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
     page: &[Event],
@@ -601,7 +602,7 @@ fn commit<B: Store>(
 
 /// Records one firing: its `RuleFired` event and its run (or, past the
 /// chain depth limit, its dead run and dead letter).
-fn record_firing<B: Store>(
+fn record_firing<B: Backend>(
     tx: &mut Tx<'_, B>,
     rule: &Rule,
     f: &Firing,
@@ -693,7 +694,7 @@ fn record_firing<B: Store>(
 /// Records an evaluation error: a `RuleErrored` event (its id derived from
 /// the rule and the event, so a replay that fails again appends nothing
 /// twice) and a dead letter (reopened if an operator had resolved it).
-fn record_error<B: Store>(
+fn record_error<B: Backend>(
     tx: &mut Tx<'_, B>,
     rule: &Rule,
     e: &Errored,

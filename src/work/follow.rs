@@ -48,6 +48,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::base::counter::Counter;
 use crate::base::dead_letter::{DeadLetterKind, Reason};
@@ -55,13 +56,13 @@ use crate::base::error::{Error, HandlerError, Result, panic_text};
 use crate::base::event::{Event, NewEvent};
 use crate::base::limits;
 use crate::core::cursor::ConsumerKind;
-use crate::core::db::Database;
-use crate::core::db::{CoreDb, Db};
+use crate::core::db::Backend;
+use crate::core::db::CoreDb;
+use crate::core::db::Tx;
 use crate::core::lease::Lease;
-use crate::core::tx::Tx;
-use crate::store::backend::{Counters, Cursors, DeadLetters, Events, Followers, Store, Work};
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::followers::{self, FollowerRow};
+use crate::store::{Counters, Cursors, DeadLetters, Events, Followers, Work};
 use crate::work::consumer::{self, Consumer};
 
 /// A projection: what a follower publishes for one source envelope, or
@@ -208,7 +209,7 @@ pub(crate) fn lease_name(follower: &str) -> String {
 
 /// Creates (or updates) the follower's ledger row and, for a new one, its
 /// cursor at the start of the source.
-pub(crate) fn register<B: Store>(tx: &mut Tx<'_, B>, f: &Follow) -> Result<String> {
+pub(crate) fn register<B: Backend>(tx: &mut Tx<'_, B>, f: &Follow) -> Result<String> {
     let name = f.resolved_name();
     limits::check_name("follower", &name)?;
     limits::check_name("workspace", &f.source)?;
@@ -216,7 +217,7 @@ pub(crate) fn register<B: Store>(tx: &mut Tx<'_, B>, f: &Follow) -> Result<Strin
     limits::check_name("projection", &f.projection)?;
     let conn = tx.core();
     let now = tx.now_ms();
-    if !crate::store::backend::Workspaces::exists(conn, &f.source)? {
+    if !crate::store::Workspaces::exists(conn, &f.source)? {
         return Err(Error::not_found("workspace", &f.source));
     }
     if f.target_file.is_none() && f.target_postgres.is_none() && f.target == f.source {
@@ -287,14 +288,14 @@ pub(crate) struct Relayed {
 }
 
 /// What the projection said of one envelope.
-enum Item {
+pub(crate) enum Item {
     Publish(NewEvent),
     Dead(Reason, String),
     Skip,
 }
 
 /// How a publish went.
-enum Published {
+pub(crate) enum Published {
     Ok,
     /// The envelope's fault: dead-letter it and move on.
     Dead(Reason, String),
@@ -302,7 +303,7 @@ enum Published {
     Stop(Error),
 }
 
-fn publish<B: Store>(tx: &mut Tx<'_, B>, target: &str, event: &NewEvent) -> Published {
+fn publish<B: Backend>(tx: &mut Tx<'_, B>, target: &str, event: &NewEvent) -> Published {
     match tx.append(target, event) {
         Ok(_) => Published::Ok,
         Err(e @ Error::ReservedType { .. }) => Published::Dead(Reason::ReservedType, e.to_string()),
@@ -313,19 +314,22 @@ fn publish<B: Store>(tx: &mut Tx<'_, B>, target: &str, event: &NewEvent) -> Publ
     }
 }
 
-/// Another database a follower publishes into.
-#[derive(Clone, Copy)]
-pub(crate) enum Elsewhere<'a> {
-    /// Another reflexr file.
-    File(&'a Db),
-    /// A PostgreSQL database (feature `postgres`).
-    #[cfg(feature = "postgres")]
-    Postgres(&'a crate::core::pgdb::PgDb),
+/// A follower's way into another database (another file, a PostgreSQL
+/// hub): the batch's events appended into the target workspace in one
+/// transaction of its, and what each publish did, in order, up to a stop.
+/// Made by [`publisher`] for the database's backend, whichever it is.
+pub(crate) type Publish = dyn Fn(&str, &[(&Event, Item)]) -> Vec<Option<Published>> + Send + Sync;
+
+/// [`Publish`] into `db`, an open database of any backend.
+pub(crate) fn publisher<B: Backend>(db: Arc<B::Db>) -> Arc<Publish> {
+    Arc::new(move |target: &str, items: &[(&Event, Item)]| {
+        publish_elsewhere::<B>(&*db, target, items)
+    })
 }
 
 /// Publishes the batch's events into `target` of another database, in one
 /// transaction of its: what each publish did, in order, up to a stop.
-fn publish_elsewhere<B: Store>(
+fn publish_elsewhere<B: Backend>(
     db: &impl CoreDb<B>,
     target: &str,
     items: &[(&Event, Item)],
@@ -363,12 +367,12 @@ fn publish_elsewhere<B: Store>(
 
 /// Relays one batch of `row`'s source under `lease`, into `target` (None:
 /// this file).
-pub(crate) fn step<B: Database>(
+pub(crate) fn step<B: Backend>(
     db: &B::Db,
     lease: &Lease,
     row: &FollowerRow,
     projection: &ProjectionFn,
-    target: Option<Elsewhere<'_>>,
+    target: Option<&Publish>,
 ) -> Result<Relayed> {
     let c = Consumer {
         workspace: &row.source,
@@ -401,9 +405,7 @@ pub(crate) fn step<B: Database>(
     // Across databases, publish first, in the target's own transaction.
     let mut outcomes: Vec<Option<Published>> = match target {
         None => Vec::new(),
-        Some(Elsewhere::File(t)) => publish_elsewhere(t, &row.target, &items),
-        #[cfg(feature = "postgres")]
-        Some(Elsewhere::Postgres(t)) => publish_elsewhere(t, &row.target, &items),
+        Some(p) => p(&row.target, &items),
     };
 
     let outcome = db.write_with(|tx| -> Result<Option<Relayed>> {

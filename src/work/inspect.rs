@@ -12,9 +12,9 @@ use crate::base::dead_letter::{DeadLetter, DeadLetterKind};
 use crate::base::error::{Error, Result};
 use crate::base::event::{Event, Query};
 use crate::base::limits;
-use crate::store::backend::{Events, Inspect, RunFind, Runs, Work, Workspaces};
 use crate::store::dead_letters;
 use crate::store::runs::FeedPos;
+use crate::store::{Events, Inspect, RunFind, Runs, Work, Workspaces};
 use crate::work::queue::run::{RunInfo, RunState};
 
 /// How many items a page holds at most.
@@ -576,5 +576,5 @@ pub(crate) fn dead_letters_after<C: Work + ?Sized>(
     limit: usize,
 ) -> Result<Vec<DeadLetter>> {
     check_limit(limit)?;
-    crate::store::backend::DeadLetters::list(conn, true, after, limit as i64)
+    crate::store::DeadLetters::list(conn, true, after, limit as i64)
 }

@@ -8,8 +8,8 @@ use crate::base::error::{Error, Result};
 use crate::base::limits::{self, MAX_ID_BYTES};
 use crate::core::cursor::ConsumerKind;
 use crate::store::audit;
-use crate::store::backend::{
-    Audit, Cursors, DeadLetters, Events, Followers, Rules, Runs, RunsMore, Work, Workspaces,
+use crate::store::{
+    Audit, Cursors, DeadLetters, Events, Followers, Lanes, Rules, Runs, Work, Workspaces,
 };
 use crate::work::queue::run::{RunInfo, RunState};
 use crate::work::rule::{OnNewVersion, Rule, Start};
@@ -289,7 +289,7 @@ pub(crate) fn retry_run<C: Work + ?Sized>(
 ) -> Result<()> {
     check_operator(operator, reason)?;
     let row = dead_run(conn, id)?;
-    RunsMore::revive(conn, id, row.lane.as_deref(), now)?;
+    Runs::revive(conn, id, row.lane.as_deref(), now)?;
     if let Some(d) = DeadLetters::open_for_run(conn, id)? {
         DeadLetters::resolve(conn, d.id, Resolution::Retried, now)?;
     }
@@ -313,9 +313,9 @@ pub(crate) fn discard_run<C: Work + ?Sized>(
 ) -> Result<()> {
     check_operator(operator, reason)?;
     let row = dead_run(conn, id)?;
-    RunsMore::discard(conn, id, now)?;
+    Runs::discard(conn, id, now)?;
     if let Some(lane) = &row.lane {
-        Runs::advance_lane(conn, lane, id, now)?;
+        Lanes::advance_lane(conn, lane, id, now)?;
     }
     if let Some(d) = DeadLetters::open_for_run(conn, id)? {
         DeadLetters::resolve(conn, d.id, Resolution::Discarded, now)?;
@@ -343,12 +343,12 @@ pub(crate) fn unblock<C: Work + ?Sized>(
 ) -> Result<()> {
     check_operator(operator, reason)?;
     let lane = format!("{rule} {scope}");
-    let (head, blocked) = Runs::lane_head(conn, &lane)?
+    let (head, blocked) = Lanes::lane_head(conn, &lane)?
         .filter(|(_, blocked)| *blocked)
         .ok_or_else(|| Error::not_found("blocked scope", &lane))?;
     debug_assert!(blocked);
-    Runs::set_blocked(conn, &lane, false, now)?;
-    Runs::advance_lane(conn, &lane, &head, now)?;
+    Lanes::set_blocked(conn, &lane, false, now)?;
+    Lanes::advance_lane(conn, &lane, &head, now)?;
     record(
         conn,
         now,
@@ -364,20 +364,20 @@ pub(crate) fn run_info<C: Runs + ?Sized>(conn: &C, id: &str) -> Result<Option<Ru
     Runs::get(conn, id)?.map(RunInfo::from_row).transpose()
 }
 
-pub(crate) fn list_runs<C: RunsMore + ?Sized>(
+pub(crate) fn list_runs<C: Runs + ?Sized>(
     conn: &C,
     state: Option<RunState>,
     limit: usize,
 ) -> Result<Vec<RunInfo>> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    RunsMore::list(conn, state.map(RunState::as_str), limit)?
+    Runs::list(conn, state.map(RunState::as_str), limit)?
         .into_iter()
         .map(RunInfo::from_row)
         .collect()
 }
 
-pub(crate) fn run_counts<C: RunsMore + ?Sized>(conn: &C) -> Result<Vec<(RunState, i64)>> {
-    RunsMore::counts(conn)?
+pub(crate) fn run_counts<C: Runs + ?Sized>(conn: &C) -> Result<Vec<(RunState, i64)>> {
+    Runs::counts(conn)?
         .into_iter()
         .map(|(s, n)| Ok((s.parse::<RunState>()?, n)))
         .collect()
@@ -517,8 +517,8 @@ pub const MAX_BULK: usize = 1_000;
 /// Runs `one` for each id in a savepoint of its own: an id that cannot be
 /// acted on (the error is the thing's, not the file's) is skipped and said
 /// why; the others go ahead, all in the caller's transaction.
-pub(crate) fn bulk<B: crate::store::backend::Store, I: ToString>(
-    tx: &mut crate::core::tx::Tx<'_, B>,
+pub(crate) fn bulk<B: crate::core::db::Backend, I: ToString>(
+    tx: &mut crate::core::db::Tx<'_, B>,
     ids: &[I],
     mut one: impl FnMut(&B::Conn, i64, &I) -> Result<()>,
 ) -> Result<Bulk> {

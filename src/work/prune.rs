@@ -17,9 +17,9 @@
 use std::time::Duration;
 
 use crate::base::error::{Error, Result};
-use crate::core::db::{CoreDb, Db};
-use crate::store::backend::{Cursors, Events, Runs, Store, Workspaces};
-use crate::store::{dead_letters, runs};
+use crate::core::db::Backend;
+use crate::core::db::CoreDb;
+use crate::store::{Control, Cursors, DeadLetters, Events, Runs, Workspaces};
 
 /// What to keep, and for how long. `None` keeps that kind for ever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,9 +79,9 @@ fn ms(d: Duration) -> i64 {
 }
 
 /// Prunes what `retention` allows; `progress` sees the running totals after
-/// every batch.
-pub(crate) fn prune(
-    db: &Db,
+/// every batch. The same on every backend.
+pub(crate) fn prune<B: Backend>(
+    db: &B::Db,
     retention: &Retention,
     progress: &mut dyn FnMut(Pruned),
 ) -> Result<Pruned> {
@@ -92,8 +92,9 @@ pub(crate) fn prune(
     if let Some(age) = retention.finished_work {
         let before = now.saturating_sub(ms(age));
         loop {
-            let n =
-                db.write(|tx| dead_letters::delete_resolved(tx.conn(), before, retention.batch))?;
+            let n = db.write_with(|tx| {
+                DeadLetters::delete_resolved(tx.core(), before, retention.batch)
+            })?;
             total.dead_letters += n as u64;
             progress(total);
             if n < retention.batch {
@@ -103,31 +104,13 @@ pub(crate) fn prune(
     }
     // The control tables' housekeeping: ended uniqueness periods, starts
     // outside every rate window.
-    db.write(|tx| runs::sweep_control(tx.conn(), now))?;
-    Ok(total)
-}
-
-/// Prunes a PostgreSQL database (feature `postgres`): its events, its
-/// finished runs and the control tables' ended rows, as [`prune`] does
-/// (its dead letters are not resolved by operators there yet, so none is
-/// pruned).
-#[cfg(feature = "postgres")]
-pub(crate) fn prune_postgres(
-    db: &crate::core::pgdb::PgDb,
-    retention: &Retention,
-    progress: &mut dyn FnMut(Pruned),
-) -> Result<Pruned> {
-    retention.validate()?;
-    let mut total = Pruned::default();
-    let now = CoreDb::now_ms(db);
-    prune_log(db, retention, now, &mut total, progress)?;
-    db.write_with(|tx| crate::store::backend::Control::sweep_control(tx.core(), now))?;
+    db.write_with(|tx| Control::sweep_control(tx.core(), now))?;
     Ok(total)
 }
 
 /// What every backend prunes: events every cursor passed and older than
 /// the retention, workspace by workspace, then finished runs.
-fn prune_log<B: Store, D: CoreDb<B>>(
+fn prune_log<B: Backend, D: CoreDb<B>>(
     db: &D,
     retention: &Retention,
     now: i64,

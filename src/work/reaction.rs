@@ -27,13 +27,12 @@ use crate::base::error::{Error, HandlerError, Result, panic_text};
 use crate::base::event::{Event, RESERVED_TYPES};
 use crate::base::limits;
 use crate::core::cursor::ConsumerKind;
+use crate::core::db::Backend;
 use crate::core::db::CoreDb;
+use crate::core::db::Tx;
 use crate::core::lease::Lease;
-use crate::core::tx::Tx;
-use crate::store::backend::{
-    Core, Counters, Cursors, DeadLetters, Events, Sqlite, Store, Workspaces,
-};
 use crate::store::dead_letters::NewDeadLetter;
+use crate::store::{Core, Counters, Cursors, DeadLetters, Events, Sqlite, Workspaces};
 use crate::work::consumer::{self, Consumer};
 use crate::work::rule::Start;
 
@@ -67,7 +66,7 @@ const BUDGET: Duration = Duration::from_millis(20);
 /// On PostgreSQL (feature `postgres`), turn it into one of PostgreSQL's with
 /// `Reaction::postgres` before giving it its handler (whose [`Tx`] is
 /// PostgreSQL's).
-pub struct Reaction<B: Store = Sqlite> {
+pub struct Reaction<B: Backend = Sqlite> {
     pub(crate) name: String,
     pub(crate) workspace: String,
     pub(crate) types: Vec<String>,
@@ -75,7 +74,7 @@ pub struct Reaction<B: Store = Sqlite> {
     pub(crate) handler: Option<Arc<ReactionFn<B>>>,
 }
 
-impl<B: Store> Clone for Reaction<B> {
+impl<B: Backend> Clone for Reaction<B> {
     fn clone(&self) -> Self {
         Reaction {
             name: self.name.clone(),
@@ -87,7 +86,7 @@ impl<B: Store> Clone for Reaction<B> {
     }
 }
 
-impl<B: Store> std::fmt::Debug for Reaction<B> {
+impl<B: Backend> std::fmt::Debug for Reaction<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reaction")
             .field("name", &self.name)
@@ -112,7 +111,7 @@ impl Reaction {
     /// The same reaction for an engine on PostgreSQL (feature `postgres`),
     /// to be given its handler after: a handler set before is dropped.
     #[cfg(feature = "postgres")]
-    pub fn postgres(self) -> Reaction<crate::store::backend::Postgres> {
+    pub fn postgres(self) -> Reaction<crate::store::Postgres> {
         Reaction {
             name: self.name,
             workspace: self.workspace,
@@ -123,7 +122,7 @@ impl Reaction {
     }
 }
 
-impl<B: Store> Reaction<B> {
+impl<B: Backend> Reaction<B> {
     /// The types it handles; it skips the others.
     pub fn on<I, S>(mut self, types: I) -> Self
     where
@@ -190,7 +189,7 @@ impl<B: Store> Reaction<B> {
 }
 
 /// Gives a reaction new to the file its cursor at its start position.
-pub(crate) fn register<B: Store, C: Core + ?Sized>(
+pub(crate) fn register<B: Backend, C: Core + ?Sized>(
     conn: &C,
     now: i64,
     r: &Reaction<B>,
@@ -226,7 +225,11 @@ impl From<Error> for Failure {
 
 /// Handles one batch of `r`'s events under the loop lease. Returns how many
 /// events the cursor moved past.
-pub(crate) fn step<B: Store>(db: &impl CoreDb<B>, lease: &Lease, r: &Reaction<B>) -> Result<usize> {
+pub(crate) fn step<B: Backend>(
+    db: &impl CoreDb<B>,
+    lease: &Lease,
+    r: &Reaction<B>,
+) -> Result<usize> {
     let c = r.consumer();
     let (stand, page) = consumer::read(db, c, BATCH)?;
     if page.is_empty() {

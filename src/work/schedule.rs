@@ -29,11 +29,12 @@ use crate::base::error::{Error, HandlerError, Result};
 use crate::base::limits;
 use crate::base::retry::RetryPolicy;
 use crate::base::text::text_enum;
-use crate::core::db::{CoreDb, Database};
+use crate::core::db::Backend;
+use crate::core::db::CoreDb;
 use crate::core::lease::{self, Lease};
-use crate::store::backend::{Counters, Runs, Schedules, Sqlite};
 use crate::store::runs::{self, NewRun};
 use crate::store::schedules::ScheduleRow;
+use crate::store::{Counters, Runs, Schedules, Sqlite};
 use crate::work::queue::run::{Run, RunContext};
 
 text_enum! {
@@ -114,7 +115,7 @@ pub type JobFn<B = Sqlite> = dyn Fn(&Occurrence, &mut RunContext<'_, B>) -> std:
 /// On PostgreSQL (feature `postgres`), make it with the same constructors
 /// and turn it into one of PostgreSQL's with `Job::postgres` before giving
 /// it its handler (whose [`RunContext`] is PostgreSQL's).
-pub struct Job<B: Database = Sqlite> {
+pub struct Job<B: Backend = Sqlite> {
     pub(crate) name: String,
     spec: Spec,
     pub(crate) guarantee: Guarantee,
@@ -123,7 +124,7 @@ pub struct Job<B: Database = Sqlite> {
     pub(crate) handler: Option<Arc<JobFn<B>>>,
 }
 
-impl<B: Database> Clone for Job<B> {
+impl<B: Backend> Clone for Job<B> {
     fn clone(&self) -> Self {
         Job {
             name: self.name.clone(),
@@ -136,7 +137,7 @@ impl<B: Database> Clone for Job<B> {
     }
 }
 
-impl<B: Database> fmt::Debug for Job<B> {
+impl<B: Backend> fmt::Debug for Job<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Job")
             .field("name", &self.name)
@@ -188,7 +189,7 @@ impl Job {
     /// The same job for an engine on PostgreSQL (feature `postgres`), to be
     /// given its handler after: a handler set before is dropped.
     #[cfg(feature = "postgres")]
-    pub fn postgres(self) -> Job<crate::store::backend::Postgres> {
+    pub fn postgres(self) -> Job<crate::store::Postgres> {
         Job {
             name: self.name,
             spec: self.spec,
@@ -200,7 +201,7 @@ impl Job {
     }
 }
 
-impl<B: Database> Job<B> {
+impl<B: Backend> Job<B> {
     /// At least once (the default) or at most once.
     pub fn guarantee(mut self, guarantee: Guarantee) -> Self {
         self.guarantee = guarantee;
@@ -310,7 +311,7 @@ pub(crate) fn action_of(job: &str) -> String {
 }
 
 /// The action handler that decodes the occurrence and calls the job.
-pub(crate) fn action<B: Database>(job: Arc<JobFn<B>>) -> Arc<crate::work::queue::run::ActionFn<B>> {
+pub(crate) fn action<B: Backend>(job: Arc<JobFn<B>>) -> Arc<crate::work::queue::run::ActionFn<B>> {
     Arc::new(move |run: &Run, ctx: &mut RunContext<'_, B>| {
         let input: serde_json::Value = run.input()?;
         let occurrence = Occurrence {
@@ -328,7 +329,7 @@ pub(crate) fn action<B: Database>(job: Arc<JobFn<B>>) -> Arc<crate::work::queue:
 /// schedule keeps its next due time (a restart neither repeats nor skips
 /// an occurrence); a new or changed job is next due from now; a job switched
 /// off has none.
-pub(crate) fn register<B: Database, C: Schedules + ?Sized>(
+pub(crate) fn register<B: Backend, C: Schedules + ?Sized>(
     conn: &C,
     now: i64,
     job: &Job<B>,
@@ -361,7 +362,7 @@ pub(crate) fn register<B: Database, C: Schedules + ?Sized>(
 
 /// Creates the job's due occurrence, if one is due, and moves its schedule
 /// on, in one transaction fenced by the loop lease. True if it did.
-pub(crate) fn step<B: Database>(db: &B::Db, lease: &Lease, job: &Job<B>) -> Result<bool> {
+pub(crate) fn step<B: Backend>(db: &B::Db, lease: &Lease, job: &Job<B>) -> Result<bool> {
     let now = db.now_ms();
     let Some(next) = db
         .read_with(&mut |c| Schedules::schedule(c, &job.name))?

@@ -8,9 +8,10 @@ use crate::base::counter::Counter;
 use crate::base::dead_letter::DeadLetterKind;
 use crate::base::error::Result;
 use crate::core::cursor::{self, CursorInfo};
+use crate::core::db::Backend;
 use crate::core::db::CoreDb;
 use crate::core::writer::WriterStats;
-use crate::store::backend::{Counters, DeadLetters, Events, RunsMore, Store};
+use crate::store::{Counters, DeadLetters, Events, Lanes, Runs};
 use crate::work::follow::FollowerInfo;
 use crate::work::queue::run::RunState;
 
@@ -53,12 +54,12 @@ impl Stats {
     }
 }
 
-pub(crate) fn collect<B: Store>(
+pub(crate) fn collect<B: Backend>(
     db: &impl CoreDb<B>,
     followers: Vec<FollowerInfo>,
 ) -> Result<Stats> {
     db.read_with(&mut |c| {
-        let runs = RunsMore::counts(c)?
+        let runs = Runs::counts(c)?
             .into_iter()
             .map(|(state, n)| Ok((state.parse()?, n)))
             .collect::<Result<_>>()?;
@@ -66,9 +67,9 @@ pub(crate) fn collect<B: Store>(
             events_appended: Events::head(c)?,
             counters: Counters::all(c)?.into_iter().collect(),
             runs,
-            oldest_ready_due_at: RunsMore::oldest_ready_due(c)?,
+            oldest_ready_due_at: Runs::oldest_ready_due(c)?,
             dead_letters: DeadLetters::open_counts(c)?.into_iter().collect(),
-            blocked_lanes: RunsMore::blocked_count(c)?,
+            blocked_lanes: Lanes::blocked_count(c)?,
             cursors: cursor::list(c)?,
             followers: followers.clone(),
             writer: db.writer_stats(),

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::base::error::Result;
-use crate::store::backend::{ClaimPlan, Control, Runs};
 use crate::store::runs::RunRow;
+use crate::store::{ClaimPlan, Control, Runs};
 use crate::work::control::{ActionConfig, paused_names};
 
 /// Claims for executors whose actions are `actions`: up to `limit` runs,

@@ -13,8 +13,9 @@ use serde::Serialize;
 use crate::base::error::{Error, Result};
 use crate::base::limits;
 use crate::base::retry::RetryPolicy;
-use crate::core::tx::Tx;
-use crate::store::backend::{Runs, Store};
+use crate::core::db::Backend;
+use crate::core::db::Tx;
+use crate::store::Runs;
 use crate::store::runs::{Inserted, NewRun, Uniq};
 
 /// How long a uniqueness key holds.
@@ -154,7 +155,7 @@ pub(crate) fn uniq(key: &str, u: Unique) -> Result<Uniq<'_>> {
 }
 
 /// Inserts an enqueued run (or finds the one that holds its key).
-pub(crate) fn enqueue<B: Store>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueued> {
+pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueued> {
     limits::check_name("action", &e.action)?;
     let input = e
         .input
@@ -225,7 +226,7 @@ pub(crate) fn enqueue<B: Store>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueued>
     })
 }
 
-impl<B: Store> Tx<'_, B> {
+impl<B: Backend> Tx<'_, B> {
     /// Enqueues a run of an action ([`Enqueue`]) in this transaction: it
     /// exists if and only if the transaction commits. No handler need be
     /// registered here: the executors of any process that registered the

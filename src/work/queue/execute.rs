@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::base::counter::Counter;
 use crate::base::dead_letter::{DeadLetterKind, Reason};
 use crate::base::error::{Error, Result, panic_text};
-use crate::core::db::{CoreDb, Database};
-use crate::core::tx::Tx;
-use crate::store::backend::Store;
-use crate::store::backend::{Control, Counters, DeadLetters, Events, Runs, RunsMore};
+use crate::core::db::Backend;
+use crate::core::db::CoreDb;
+use crate::core::db::Tx;
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::{Requeued, RunRow};
+use crate::store::{Control, Counters, DeadLetters, Events, Lanes, Runs};
 use crate::work::queue::claims::Claims;
 use crate::work::queue::run::{self, Actions, Emitted, Run, RunContext};
 
@@ -68,7 +68,7 @@ const BATCH_BUDGET: std::time::Duration = std::time::Duration::from_millis(50);
 /// does not returns to `limit`. Handlers stop taking runs of a batch after
 /// [`BATCH_BUDGET`]; the runs not started yet stay claimed and go first in
 /// the next round.
-pub(crate) fn execute<B: Database>(
+pub(crate) fn execute<B: Backend>(
     db: &B::Db,
     actions: &Actions<B>,
     claims: &Claims,
@@ -108,7 +108,7 @@ pub(crate) fn execute<B: Database>(
                 // next run of its scope may start.
                 Requeued::Cancelled => {
                     if let Some(lane) = &lapsed.lane {
-                        Runs::advance_lane(tx.core(), lane, &lapsed.id, now)?;
+                        Lanes::advance_lane(tx.core(), lane, &lapsed.id, now)?;
                     }
                     lapsed_cancelled.fetch_add(1, Ordering::Relaxed);
                     // It ended: threads waiting for it look again.
@@ -208,7 +208,7 @@ pub(crate) fn execute<B: Database>(
                     .collect();
                 let now = tx.now_ms();
                 let done: std::collections::HashSet<String> =
-                    RunsMore::succeed_many(tx.core(), &holder, &claims, now)?
+                    Runs::succeed_many(tx.core(), &holder, &claims, now)?
                         .into_iter()
                         .collect();
                 for i in &plain {
@@ -256,7 +256,7 @@ pub(crate) fn execute<B: Database>(
                     if given == Requeued::Cancelled {
                         round.cancelled += 1;
                         if let Some(lane) = &run.lane {
-                            Runs::advance_lane(tx.core(), lane, &run.id, now)?;
+                            Lanes::advance_lane(tx.core(), lane, &run.id, now)?;
                         }
                     }
                 }
@@ -307,7 +307,7 @@ pub(crate) fn execute<B: Database>(
     Ok(done)
 }
 
-fn call<B: Database>(
+fn call<B: Backend>(
     db: &B::Db,
     stop: &AtomicBool,
     claims: &Claims,
@@ -353,14 +353,18 @@ enum Settled {
 /// writes are rolled back and the attempt fails with the reason, retried or
 /// dead-lettered by its policy, while the other runs of the batch settle as
 /// their handlers said.
-fn settle_contained<B: Store>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) -> Result<Settled> {
+fn settle_contained<B: Backend>(
+    tx: &mut Tx<'_, B>,
+    run: &Run,
+    outcome: &Outcome,
+) -> Result<Settled> {
     match tx.nested(|tx| settle(tx, run, outcome)) {
         // Refused because an operator cancelled the run while it ran: it
         // ends cancelled, whatever its handler said.
         Err(e) if e.is_lease_lost() => {
             let cancelled = tx.nested(|tx| {
                 let now = tx.now_ms();
-                let done = RunsMore::end_cancelled(
+                let done = Runs::end_cancelled(
                     tx.core(),
                     &run.id,
                     &run.holder,
@@ -368,7 +372,7 @@ fn settle_contained<B: Store>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) 
                     now,
                 )?;
                 if done && let Some(lane) = &run.lane {
-                    Runs::advance_lane(tx.core(), lane, &run.id, now)?;
+                    Lanes::advance_lane(tx.core(), lane, &run.id, now)?;
                 }
                 Ok::<_, Error>(done)
             })?;
@@ -387,7 +391,7 @@ fn settle_contained<B: Store>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) 
     }
 }
 
-fn settle<B: Store>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) -> Result<Settled> {
+fn settle<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) -> Result<Settled> {
     match outcome {
         Outcome::AlreadyDone => Ok(Settled::Succeeded),
         Outcome::Succeeded(emitted) => {
@@ -400,7 +404,7 @@ fn settle<B: Store>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) -> Result<
 
 /// A failed attempt: ready again after its backoff, or dead once the policy
 /// is spent.
-fn fail<B: Store>(tx: &mut Tx<'_, B>, run: &Run, error: &str) -> Result<Settled> {
+fn fail<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, error: &str) -> Result<Settled> {
     let now = tx.now_ms();
     let conn = tx.core();
     let attempt = i64::from(run.attempt);
@@ -432,9 +436,9 @@ fn fail<B: Store>(tx: &mut Tx<'_, B>, run: &Run, error: &str) -> Result<Settled>
     )?;
     if let Some(lane) = &row.lane {
         if row.on_dead_letter == "block" {
-            Runs::set_blocked(conn, lane, true, now)?;
+            Lanes::set_blocked(conn, lane, true, now)?;
         } else {
-            Runs::advance_lane(conn, lane, &run.id, now)?;
+            Lanes::advance_lane(conn, lane, &run.id, now)?;
         }
     }
     Ok(Settled::Dead)
@@ -452,14 +456,14 @@ pub(crate) fn backoff_ms(row: &RunRow, attempt: u32) -> i64 {
 
 /// Renews every claim this engine holds whose renewal is due: the runs
 /// whose handlers are still working.
-pub(crate) fn renew_claims<B: Store>(db: &impl CoreDb<B>, claims: &Claims) -> Result<usize> {
+pub(crate) fn renew_claims<B: Backend>(db: &impl CoreDb<B>, claims: &Claims) -> Result<usize> {
     let ttl = db.settings().lease_ttl_ms();
     let now = db.now_ms();
     let mut due = claims.due(now, ttl);
     if due.is_empty() {
         return Ok(0);
     }
-    // In id order, as settlements lock them (see `RunsMore::succeed_many`);
+    // In id order, as settlements lock them (see `Runs::succeed_many`);
     // apart from the shared write, which holds the log's head on
     // PostgreSQL (a renewal appends nothing).
     due.sort();
@@ -474,7 +478,7 @@ pub(crate) fn renew_claims<B: Store>(db: &impl CoreDb<B>, claims: &Claims) -> Re
         // A renewal is where a handler in another process learns that an
         // operator cancelled its run.
         let ids: Vec<&str> = due.iter().map(|(id, _, _)| id.as_str()).collect();
-        let cancelled = RunsMore::cancel_requested(tx.core(), &ids)?;
+        let cancelled = Runs::cancel_requested(tx.core(), &ids)?;
         Ok::<_, Error>((renewed, cancelled))
     })?;
     claims.renewed(&renewed, now + ttl);

@@ -17,10 +17,11 @@ use crate::base::error::{Error, HandlerError, Result};
 use crate::base::event::{Event, NewEvent, Query};
 use crate::base::text::text_enum;
 use crate::core::changelog::{self, Origin};
-use crate::core::db::{CoreDb, Database};
-use crate::core::tx::Tx;
-use crate::store::backend::{Runs, Sqlite, Store};
+use crate::core::db::Backend;
+use crate::core::db::CoreDb;
+use crate::core::db::Tx;
 use crate::store::runs::RunRow;
+use crate::store::{Lanes, Runs, Sqlite};
 
 /// A run as its handler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,13 +248,13 @@ pub type ActionFn<B = Sqlite> =
 /// `delivery/<channel>` senders, `job/<name>` jobs — and their names as the
 /// claim takes them (a JSON array). Rebuilt whenever one is registered, so
 /// an executor takes the whole set with one `Arc` clone.
-pub(crate) struct Actions<B: Database = Sqlite> {
+pub(crate) struct Actions<B: Backend = Sqlite> {
     pub handlers: BTreeMap<String, Arc<ActionFn<B>>>,
     /// The names, for the claim.
     pub names: Vec<String>,
 }
 
-impl<B: Database> Default for Actions<B> {
+impl<B: Backend> Default for Actions<B> {
     fn default() -> Self {
         Actions {
             handlers: BTreeMap::new(),
@@ -262,7 +263,7 @@ impl<B: Database> Default for Actions<B> {
     }
 }
 
-impl<B: Database> Actions<B> {
+impl<B: Backend> Actions<B> {
     /// These actions and `name`'s handler.
     pub(crate) fn with(&self, name: &str, handler: Arc<ActionFn<B>>) -> Actions<B> {
         let mut handlers = self.handlers.clone();
@@ -280,7 +281,7 @@ pub(crate) struct Emitted {
 }
 
 /// What a handler can do besides its own work.
-pub struct RunContext<'a, B: Database = Sqlite> {
+pub struct RunContext<'a, B: Backend = Sqlite> {
     db: &'a B::Db,
     stopping: &'a AtomicBool,
     cancelled: std::sync::Arc<AtomicBool>,
@@ -289,7 +290,7 @@ pub struct RunContext<'a, B: Database = Sqlite> {
     pub(crate) completed: bool,
 }
 
-impl<'a, B: Database> RunContext<'a, B> {
+impl<'a, B: Backend> RunContext<'a, B> {
     /// `stopping` is the engine's shutdown flag; `cancelled` the run's own.
     pub(crate) fn new(
         db: &'a B::Db,
@@ -449,12 +450,12 @@ impl RunContext<'_, Sqlite> {
 }
 
 #[cfg(feature = "postgres")]
-impl RunContext<'_, crate::store::backend::Postgres> {
+impl RunContext<'_, crate::store::Postgres> {
     /// Runs `f` in a read-only transaction of its own, as
     /// `Engine::<Postgres>::with_reader`.
     pub fn with_reader<T>(
         &self,
-        f: impl FnMut(&Tx<'_, crate::store::backend::Postgres>) -> Result<T>,
+        f: impl FnMut(&Tx<'_, crate::store::Postgres>) -> Result<T>,
     ) -> Result<T> {
         self.db.with_reader(f)
     }
@@ -472,7 +473,7 @@ pub(crate) fn claim_lost(run: &Run) -> Error {
 /// claim), appends the emitted events and moves the run's lane on. If the
 /// claim is no longer ours, nothing is written and the error is
 /// [`Error::LeaseLost`].
-pub(crate) fn finish_success<B: Store>(
+pub(crate) fn finish_success<B: Backend>(
     tx: &mut Tx<'_, B>,
     run: &Run,
     emitted: &[Emitted],
@@ -498,7 +499,7 @@ pub(crate) fn finish_success<B: Store>(
         )?;
     }
     if let Some(lane) = &run.lane {
-        Runs::advance_lane(tx.core(), lane, &run.id, now)?;
+        Lanes::advance_lane(tx.core(), lane, &run.id, now)?;
     }
     Ok(())
 }

@@ -15,8 +15,8 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::base::error::{Error, Result};
-use crate::store::backend::{Runs, RunsMore};
-use crate::store::runs::{self, COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY};
+use crate::store::runs::{COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY, ms};
+use crate::store::{Lanes, Runs};
 
 pub(super) fn run_from(r: &Row) -> Result<RunRow> {
     Ok(RunRow {
@@ -244,7 +244,7 @@ impl Runs for PgConn {
             .map_or((None, None), |u| (Some(u.key), Some(u.mode)));
         let error = r.dead.map(crate::base::limits::clip_error);
         let max_attempts = i64::from(r.retry.max_attempts);
-        let (backoff_ms, backoff_max_ms) = (runs::ms(r.retry.initial), runs::ms(r.retry.max_delay));
+        let (backoff_ms, backoff_max_ms) = (ms(r.retry.initial), ms(r.retry.max_delay));
         let inserted = self.query_opt(
             "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
                on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
@@ -528,76 +528,6 @@ impl Runs for PgConn {
             .is_some())
     }
 
-    fn lane_head(&self, lane: &str) -> Result<Option<(String, bool)>> {
-        self.query_opt(
-            "SELECT head, blocked FROM reflexr_lanes WHERE lane = $1",
-            &[(&lane, Type::TEXT)],
-        )?
-        .map(|r| Ok((col(&r, 0)?, col(&r, 1)?)))
-        .transpose()
-    }
-
-    fn set_blocked(&self, lane: &str, blocked: bool, now: i64) -> Result<bool> {
-        Ok(self
-            .query_opt(
-                "UPDATE reflexr_lanes SET blocked = $2, updated_at = $3 WHERE lane = $1 \
-                 RETURNING 1",
-                &[
-                    (&lane, Type::TEXT),
-                    (&blocked, Type::BOOL),
-                    (&now, Type::INT8),
-                ],
-            )?
-            .is_some())
-    }
-
-    fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()> {
-        // The lane's row locked first: a run entering the lane behind its
-        // head (which locks the row too, see `insert`) commits before this
-        // looks for the next waiting run, or waits for this to end — so a
-        // waiting run is never left in a lane this deletes.
-        let head: Option<String> = self
-            .query_opt(
-                "SELECT head FROM reflexr_lanes WHERE lane = $1 FOR UPDATE",
-                &[(&lane, Type::TEXT)],
-            )?
-            .map(|r| col(&r, 0))
-            .transpose()?;
-        if head.as_deref() != Some(finished) {
-            // Not the head (a run revived behind another): nothing to move.
-            return Ok(());
-        }
-        let next = self.query_opt(
-            "SELECT ord, id FROM reflexr_runs WHERE lane = $1 AND state = 'waiting' \
-             ORDER BY ord LIMIT 1",
-            &[(&lane, Type::TEXT)],
-        )?;
-        match next {
-            Some(r) => {
-                let (ord, id): (i64, String) = (col(&r, 0)?, col(&r, 1)?);
-                self.query(
-                    "UPDATE reflexr_lanes SET head = $2, blocked = false, updated_at = $3 \
-                     WHERE lane = $1",
-                    &[(&lane, Type::TEXT), (&id, Type::TEXT), (&now, Type::INT8)],
-                )?;
-                self.query(
-                    "UPDATE reflexr_runs SET state = 'ready', due_at = greatest(due_at, $2), \
-                       updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint WHERE ord = $1",
-                    &[(&ord, Type::INT8), (&now, Type::INT8)],
-                )?;
-            }
-            None => {
-                self.query(
-                    "DELETE FROM reflexr_lanes WHERE lane = $1",
-                    &[(&lane, Type::TEXT)],
-                )?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl RunsMore for PgConn {
     fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>> {
         let ids: Vec<&str> = claims.iter().map(|c| c.0).collect();
         let attempts: Vec<i64> = claims.iter().map(|c| c.1).collect();
@@ -703,12 +633,12 @@ impl RunsMore for PgConn {
                     .transpose()?;
                 if was.is_none() {
                     // Claimed (or promoted) since it was read: as it is now.
-                    return RunsMore::cancel(self, id, now, by, &reason);
+                    return Runs::cancel(self, id, now, by, &reason);
                 }
                 if row.state == "ready"
                     && let Some(lane) = &row.lane
                 {
-                    Runs::advance_lane(self, lane, id, now)?;
+                    Lanes::advance_lane(self, lane, id, now)?;
                 }
             }
             "running" => {
@@ -732,9 +662,9 @@ impl RunsMore for PgConn {
 
     fn revive(&self, id: &str, lane: Option<&str>, now: i64) -> Result<bool> {
         let state = match lane {
-            Some(lane) => match Runs::lane_head(self, lane)? {
+            Some(lane) => match Lanes::lane_head(self, lane)? {
                 Some((head, _)) if head == id => {
-                    Runs::set_blocked(self, lane, false, now)?;
+                    Lanes::set_blocked(self, lane, false, now)?;
                     "ready"
                 }
                 Some(_) => "waiting",
@@ -784,11 +714,6 @@ impl RunsMore for PgConn {
         rows.first().map_or(Ok(None), |r| col(r, 0))
     }
 
-    fn blocked_count(&self) -> Result<i64> {
-        let rows = self.query("SELECT count(*) FROM reflexr_lanes WHERE blocked", &[])?;
-        rows.first().map_or(Ok(0), |r| col(r, 0))
-    }
-
     fn counts(&self) -> Result<Vec<(String, i64)>> {
         self.query(
             "SELECT state, count(*) FROM reflexr_runs GROUP BY state ORDER BY state",
@@ -797,6 +722,81 @@ impl RunsMore for PgConn {
         .iter()
         .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
         .collect()
+    }
+}
+
+impl Lanes for PgConn {
+    fn lane_head(&self, lane: &str) -> Result<Option<(String, bool)>> {
+        self.query_opt(
+            "SELECT head, blocked FROM reflexr_lanes WHERE lane = $1",
+            &[(&lane, Type::TEXT)],
+        )?
+        .map(|r| Ok((col(&r, 0)?, col(&r, 1)?)))
+        .transpose()
+    }
+
+    fn set_blocked(&self, lane: &str, blocked: bool, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_lanes SET blocked = $2, updated_at = $3 WHERE lane = $1 \
+                 RETURNING 1",
+                &[
+                    (&lane, Type::TEXT),
+                    (&blocked, Type::BOOL),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn advance_lane(&self, lane: &str, finished: &str, now: i64) -> Result<()> {
+        // The lane's row locked first: a run entering the lane behind its
+        // head (which locks the row too, see `insert`) commits before this
+        // looks for the next waiting run, or waits for this to end — so a
+        // waiting run is never left in a lane this deletes.
+        let head: Option<String> = self
+            .query_opt(
+                "SELECT head FROM reflexr_lanes WHERE lane = $1 FOR UPDATE",
+                &[(&lane, Type::TEXT)],
+            )?
+            .map(|r| col(&r, 0))
+            .transpose()?;
+        if head.as_deref() != Some(finished) {
+            // Not the head (a run revived behind another): nothing to move.
+            return Ok(());
+        }
+        let next = self.query_opt(
+            "SELECT ord, id FROM reflexr_runs WHERE lane = $1 AND state = 'waiting' \
+             ORDER BY ord LIMIT 1",
+            &[(&lane, Type::TEXT)],
+        )?;
+        match next {
+            Some(r) => {
+                let (ord, id): (i64, String) = (col(&r, 0)?, col(&r, 1)?);
+                self.query(
+                    "UPDATE reflexr_lanes SET head = $2, blocked = false, updated_at = $3 \
+                     WHERE lane = $1",
+                    &[(&lane, Type::TEXT), (&id, Type::TEXT), (&now, Type::INT8)],
+                )?;
+                self.query(
+                    "UPDATE reflexr_runs SET state = 'ready', due_at = greatest(due_at, $2), \
+                       updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint WHERE ord = $1",
+                    &[(&ord, Type::INT8), (&now, Type::INT8)],
+                )?;
+            }
+            None => {
+                self.query(
+                    "DELETE FROM reflexr_lanes WHERE lane = $1",
+                    &[(&lane, Type::TEXT)],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn blocked_count(&self) -> Result<i64> {
+        let rows = self.query("SELECT count(*) FROM reflexr_lanes WHERE blocked", &[])?;
+        rows.first().map_or(Ok(0), |r| col(r, 0))
     }
 }
 

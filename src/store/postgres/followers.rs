@@ -6,7 +6,7 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::base::error::Result;
-use crate::store::backend::Followers;
+use crate::store::Followers;
 use crate::store::followers::{FollowerRow, Target};
 
 const COLUMNS: &str = "name, source, target, target_file, projection, published, dead_letters, \

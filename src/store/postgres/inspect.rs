@@ -12,13 +12,14 @@
 
 use postgres::types::Type;
 
-use super::{EVENT_COLUMNS, PgConn, col, events_from, limit_of, runs::run_from};
+use super::events::{EVENT_COLUMNS, events_from};
+use super::{PgConn, col, limit_of, runs::run_from};
 use crate::base::dead_letter::DeadLetter;
 use crate::base::error::Result;
 use crate::base::event::Event;
-use crate::store::backend::{Inspect, RunFind};
 use crate::store::dead_letters::Find;
 use crate::store::runs::{BlockedRow, COLUMNS, FeedPos, RunRow};
+use crate::store::{Inspect, RunFind};
 
 /// `text` with `%`, `_` and `\` escaped for `LIKE … ESCAPE '\'`.
 fn like_prefix(text: &str) -> String {
@@ -280,7 +281,7 @@ impl Inspect for PgConn {
                    AND ($6::text IS NULL OR workspace = $6) \
                    AND ($7::text IS NULL OR reason = $7) \
                  ORDER BY id DESC LIMIT $8",
-                super::control::DEAD_LETTER_COLUMNS
+                super::dead_letters::DEAD_LETTER_COLUMNS
             ),
             &[
                 (&f.before, Type::INT8),
@@ -295,7 +296,7 @@ impl Inspect for PgConn {
         )?;
         let letters: Vec<DeadLetter> = rows
             .iter()
-            .map(super::control::dead_letter_from)
+            .map(super::dead_letters::dead_letter_from)
             .collect::<Result<_>>()?;
         let next = next_below(
             letters.last().map(|d| d.id),

@@ -1,5 +1,5 @@
 //! [`PgDb`]: one open PostgreSQL database (feature `postgres`) — the core
-//! the engine works through on a server, as [`crate::core::db::Db`] is on a file.
+//! the engine works through on a server, as [`crate::core::sqlite::db::Db`] is on a file.
 //!
 //! - **Connections.** An r2d2 pool of the sync `postgres` client (its
 //!   private runtime never reaches the API). A connection that broke — the
@@ -12,7 +12,7 @@
 //! - **Writes.** Concurrent writers of this process share transactions,
 //!   each in a savepoint of its own (group commit by flat combining, as on
 //!   SQLite): appends take their seqs one transaction at a time across
-//!   every process (see `store::pg`), so a commit that carries many
+//!   every process (see `store::postgres`), so a commit that carries many
 //!   callers' appends turns the head's lock once for all of them. Other
 //!   processes write beside this one. An executor's round (settle a batch,
 //!   claim the next) takes a transaction of its own instead
@@ -41,13 +41,14 @@ use postgres::NoTls;
 use crate::base::clock::Clock;
 use crate::base::error::{Error, Result};
 use crate::core::combiner::{Batch, Combiner, Ended};
-use crate::core::db::{CoreDb, Database, RunWaiter};
+use crate::core::db::{CoreDb, RunWaiter};
+use crate::core::db::{Env, Tx};
+use crate::core::postgres::listen::PgListen;
 use crate::core::settings::Settings;
-use crate::core::tx::{Env, Tx};
-use crate::core::wake::{Notifier, PgListen, Subscription};
+use crate::core::wake::{Notifier, Subscription};
 use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
-use crate::store::backend::Postgres;
-use crate::store::pg::{self, PgConn, Pool, Pooled};
+use crate::store::Postgres;
+use crate::store::postgres::{self as pg, PgConn, Pool, Pooled};
 
 /// The channel commits are announced on.
 pub(crate) const CHANNEL: &str = "reflexr";
@@ -131,11 +132,6 @@ impl PgDb {
             aborts: AtomicU64::new(0),
             run_waiters: std::sync::atomic::AtomicUsize::new(0),
         })
-    }
-
-    /// The server and database, as `host:port/dbname`.
-    pub(crate) fn what(&self) -> &str {
-        &self.what
     }
 
     /// Runs `f` on a pooled connection, in a READ ONLY transaction of its
@@ -369,11 +365,14 @@ fn describe(config: &postgres::Config) -> String {
     format!("postgresql {host}:{port}/{db}")
 }
 
-impl Database for Postgres {
-    type Db = PgDb;
-}
-
 impl CoreDb<Postgres> for PgDb {
+    /// The server and database, as `postgresql host:port/dbname`.
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+    fn close(&self) {
+        PgDb::close(self);
+    }
     fn settings(&self) -> &Settings {
         &self.env.settings
     }

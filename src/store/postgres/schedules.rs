@@ -5,7 +5,7 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::base::error::Result;
-use crate::store::backend::Schedules;
+use crate::store::Schedules;
 use crate::store::schedules::ScheduleRow;
 
 const SCHEDULE_COLUMNS: &str =

@@ -13,7 +13,7 @@ use super::conn::{self, Role, Synchronous};
 use crate::base::error::{Error, Result};
 
 /// The schema of a new file, `schema.sql` at the repository root.
-pub(crate) const SCHEMA_SQL: &str = include_str!("../../schema.sql");
+pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.

@@ -6,7 +6,7 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::base::error::Result;
-use crate::store::backend::Rules;
+use crate::store::Rules;
 use crate::store::rules::RuleRow;
 
 const COLUMNS: &str = "name, workspace, version, definition, registered_at, updated_at";

@@ -1,0 +1,31 @@
+//! PostgreSQL at the core (feature `postgres`): its open database
+//! ([`db::PgDb`]: a pool, group commit and transactions of their own), its
+//! wake-ups (`listen`), and the [`Backend`] impl that ties them to
+//! `store::postgres`.
+
+pub(crate) mod db;
+pub(crate) mod listen;
+mod tx;
+
+use crate::base::error::Result;
+use crate::core::db::{Backend, sealed::Sealed};
+use crate::store::Postgres;
+use crate::store::postgres::PgConn;
+
+impl Sealed for Postgres {}
+
+impl Backend for Postgres {
+    type Conn = PgConn;
+    type Guard = ();
+    type Db = db::PgDb;
+    fn begin_nested(conn: &PgConn, _: &()) -> Result<i64> {
+        conn.control("SAVEPOINT reflexr_nested")?;
+        Ok(conn.last_seq())
+    }
+    fn rollback_nested(conn: &PgConn, _: &(), mark: i64) -> Result<()> {
+        conn.rollback_to("reflexr_nested", mark)
+    }
+    fn release_nested(conn: &PgConn, _: &()) -> Result<()> {
+        conn.control("RELEASE SAVEPOINT reflexr_nested")
+    }
+}

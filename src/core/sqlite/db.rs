@@ -1,0 +1,285 @@
+//! SQLite's open database, [`Db`]: one open reflexr file — the core every other part of the engine
+//! works through. It owns the writer (and so every [`Tx`]), the pool of read
+//! connections, the notifier, the clock and the settings; it knows nothing
+//! of rules, runs or threads.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use r2d2::Pool;
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::Connection;
+
+use crate::base::clock::Clock;
+use crate::base::error::{Error, Result};
+use crate::core::db::{CoreDb, RunWaiter};
+use crate::core::db::{Env, Tx};
+use crate::core::settings::Settings;
+use crate::core::sqlite::watch::FileWatch;
+use crate::core::sqlite::writer::Writer;
+use crate::core::wake::{Notifier, Subscription};
+use crate::core::writer::WriterStats;
+use crate::store::Sqlite;
+use crate::store::sqlite::conn::{self, Role};
+use crate::store::sqlite::schema;
+
+/// How to open a file, besides the settings.
+pub(crate) struct Open {
+    pub create: bool,
+    pub pool_size: u32,
+    pub verify: bool,
+    /// A VFS registered with SQLite to open the file through (None: the
+    /// default).
+    pub vfs: Option<String>,
+}
+
+/// One open reflexr file.
+pub struct Db {
+    path: PathBuf,
+    env: Env,
+    pool: Pool<SqliteConnectionManager>,
+    writer: Writer,
+    notifier: Arc<Notifier>,
+    /// The WAL watch (feature `watch`), ended with the file.
+    _watch: Option<FileWatch>,
+    /// The VFS the file was opened through, if not the default.
+    vfs: Option<String>,
+    /// Threads waiting for runs to end ([`Db::run_waiter`]): settlements
+    /// nudge only while there are some.
+    run_waiters: std::sync::atomic::AtomicUsize,
+}
+
+/// The default heartbeat while the WAL watch runs.
+const WATCHED_HEARTBEAT: Duration = Duration::from_millis(200);
+
+impl Db {
+    /// Opens (creating it if allowed) the file at `path`: recognised, its
+    /// schema applied or migrated, every connection configured and its
+    /// pragmas read back.
+    pub(crate) fn open(
+        path: &Path,
+        open: &Open,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Db> {
+        if !(1..=64).contains(&open.pool_size) {
+            return Err(Error::invalid("pool_size", "must be 1 to 64"));
+        }
+        let writer_conn = schema::open_writer(
+            path,
+            open.vfs.as_deref(),
+            open.create,
+            settings.synchronous,
+            open.verify,
+            settings.busy_timeout,
+        )?;
+
+        // One reader configured by hand first, so a pragma SQLite refuses is
+        // reported as such instead of as a pool that never fills.
+        let first = conn::open_raw(path, false, open.vfs.as_deref())?;
+        conn::retry_busy(settings.busy_timeout, || {
+            conn::configure(&first, settings.synchronous, Role::Reader)
+        })?;
+        let notifier = Arc::new(Notifier::sqlite(first));
+
+        let sync = settings.synchronous;
+        let (target, flags) = conn::target(path, open.vfs.as_deref(), false)?;
+        let manager = SqliteConnectionManager::file(target)
+            .with_flags(flags)
+            .with_init(move |conn| {
+                conn::configure(conn, sync, Role::Reader)
+                    .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+            });
+        let pool = Pool::builder()
+            .max_size(open.pool_size)
+            .min_idle(Some(1))
+            .connection_timeout(settings.busy_timeout.max(Duration::from_secs(1)))
+            .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::new(1)))
+            .build(manager)?;
+        let writer = Writer::new(writer_conn, settings.busy_timeout, Arc::clone(&notifier))?;
+        let watch = notifier.watch_file(path);
+        let mut settings = settings;
+        if watch.is_some() && !settings.heartbeat_set {
+            // Other processes' commits come through the watch: the
+            // heartbeat is the fallback, and the clock for what comes due.
+            settings.heartbeat = WATCHED_HEARTBEAT;
+        }
+        Ok(Db {
+            path: path.to_path_buf(),
+            env: Env {
+                clock,
+                settings,
+                channels: RwLock::new(BTreeMap::new()),
+            },
+            pool,
+            writer,
+            notifier,
+            _watch: watch,
+            vfs: open.vfs.clone(),
+            run_waiters: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The VFS the file was opened through, if not the default.
+    pub(crate) fn vfs(&self) -> Option<&str> {
+        self.vfs.as_deref()
+    }
+
+    /// The file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.env.settings
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.env.clock
+    }
+
+    /// The engine clock's time, in ms since the epoch.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.env.clock.now_ms()
+    }
+
+    /// The channels this process may enqueue deliveries on, with the retry
+    /// policy each delivery is stored with.
+    pub(crate) fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>> {
+        &self.env.channels
+    }
+
+    /// Runs `f` on a pooled read connection. Reads never block the writer (WAL)
+    /// and cannot write (`query_only`). A read that meets a busy file is
+    /// repeated until the busy timeout.
+    pub(crate) fn read<T>(&self, mut f: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        conn::retry_busy(self.env.settings.busy_timeout, || {
+            let c = self.pool.get()?;
+            f(&c)
+        })
+    }
+
+    /// Runs `f` in the process's shared write transaction (see
+    /// [`crate::core::writer`]) and returns its value once committed.
+    pub(crate) fn write<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.writer.write(&self.env, f)
+    }
+
+    pub(crate) fn writer_stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+
+    /// Wakes every waiting thread of this process (a commit made through
+    /// another path, a registration, shutdown).
+    pub(crate) fn nudge(&self) {
+        self.notifier.nudge();
+    }
+
+    /// Counts a thread waiting for runs to end, while the guard lives.
+    pub(crate) fn run_waiter(&self) -> RunWaiter<'_> {
+        RunWaiter::new(&self.run_waiters)
+    }
+
+    /// Whether a thread of this process waits for runs to end.
+    pub(crate) fn has_run_waiters(&self) -> bool {
+        self.run_waiters.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    /// A subscription to commits: this process's at once (the nudge),
+    /// other processes' within a heartbeat. Subscribe before reading what
+    /// you will wait for.
+    pub(crate) fn subscribe(&self) -> Subscription {
+        self.notifier.subscribe()
+    }
+
+    /// For the core's own tests: a new file with the default settings and
+    /// the system clock.
+    #[cfg(test)]
+    pub(crate) fn open_for_test(path: &Path) -> Db {
+        let settings = Settings {
+            synchronous: conn::Synchronous::Full,
+            busy_timeout: Duration::from_secs(20),
+            heartbeat: Duration::from_millis(50),
+            heartbeat_set: true,
+            lease_ttl: Duration::from_secs(30),
+            holder_id: "test".into(),
+            limits: crate::core::settings::Limits {
+                max_payload_bytes: 1 << 20,
+                max_chain_depth: 8,
+            },
+        };
+        let open = Open {
+            create: true,
+            pool_size: 2,
+            verify: false,
+            vfs: None,
+        };
+        Db::open(
+            path,
+            &open,
+            settings,
+            Arc::new(crate::base::clock::SystemClock),
+        )
+        .expect("open")
+    }
+
+    /// For the writer's own tests.
+    #[cfg(test)]
+    pub(crate) fn writer(&self) -> &Writer {
+        &self.writer
+    }
+}
+
+impl CoreDb<Sqlite> for Db {
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+    fn settings(&self) -> &Settings {
+        Db::settings(self)
+    }
+    fn clock(&self) -> &Arc<dyn Clock> {
+        Db::clock(self)
+    }
+    fn vfs(&self) -> Option<&str> {
+        Db::vfs(self)
+    }
+    fn now_ms(&self) -> i64 {
+        Db::now_ms(self)
+    }
+    fn read_with<T>(&self, f: &mut dyn FnMut(&Connection) -> Result<T>) -> Result<T> {
+        self.read(f)
+    }
+    fn write_with<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.write(f)
+    }
+    fn subscribe(&self) -> Subscription {
+        Db::subscribe(self)
+    }
+    fn writer_stats(&self) -> WriterStats {
+        Db::writer_stats(self)
+    }
+    fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>> {
+        Db::channels(self)
+    }
+    fn nudge(&self) {
+        Db::nudge(self)
+    }
+    fn run_waiter(&self) -> RunWaiter<'_> {
+        Db::run_waiter(self)
+    }
+    fn has_run_waiters(&self) -> bool {
+        Db::has_run_waiters(self)
+    }
+}

@@ -1,0 +1,47 @@
+//! SQLite at the core: its open database ([`db::Db`]), its writer
+//! (`writer`: group commit on one connection), its wake-ups (`watch`), and
+//! the [`Backend`] impl that ties them to `store::sqlite`.
+
+pub(crate) mod db;
+mod tx;
+pub(crate) mod watch;
+pub(crate) mod writer;
+
+use crate::base::error::{Error, Result};
+use crate::core::db::{Backend, sealed::Sealed};
+use crate::store::Sqlite;
+use crate::store::sqlite::conn;
+
+impl Sealed for Sqlite {}
+
+impl Backend for Sqlite {
+    type Conn = rusqlite::Connection;
+    type Guard = conn::Guard;
+    type Db = db::Db;
+    fn begin_nested(c: &rusqlite::Connection, guard: &conn::Guard) -> Result<i64> {
+        in_transaction(c)?;
+        guard.control(c, conn::Control::Nested)?;
+        Ok(0)
+    }
+    fn rollback_nested(c: &rusqlite::Connection, guard: &conn::Guard, _mark: i64) -> Result<()> {
+        in_transaction(c)?;
+        guard.control(c, conn::Control::RollbackNested)
+    }
+    fn release_nested(c: &rusqlite::Connection, guard: &conn::Guard) -> Result<()> {
+        in_transaction(c)?;
+        guard.control(c, conn::Control::ReleaseNested)
+    }
+}
+
+/// A savepoint outside a transaction would begin a new one: if SQLite ended
+/// the engine's (an I/O error, a full disk mid-statement), stop here.
+fn in_transaction(c: &rusqlite::Connection) -> Result<()> {
+    if c.is_autocommit() {
+        return Err(Error::TransactionAborted {
+            detail: "SQLite rolled the transaction back (an I/O error, or a full disk \
+                     mid-statement)"
+                .into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,669 @@
+//! SQLite's writer: one connection per engine through which every write of the
+//! process goes, committing several callers' work in one transaction.
+//!
+//! # Why
+//!
+//! A durable commit costs one fsync (DESIGN.md, "Writes": ~6,100 commits/s
+//! here, against ~550,000 rows/s when a thousand rows share a commit). More
+//! connections do not help: SQLite has one writer. So callers share commits.
+//!
+//! # How
+//!
+//! Callers are combined ([`crate::core::combiner`]): the leader takes every caller
+//! queued as a batch, opens `BEGIN IMMEDIATE`, runs each closure in a
+//! savepoint of its own (`ROLLBACK TO` it when the closure fails or panics,
+//! so one caller's failure undoes only its own part), commits, and tells each
+//! caller the outcome. While it commits (the fsync), new callers queue and
+//! form the next batch. A caller is woken once, for its outcome (or to lead)
+//! — no caller waits its turn on the connection, which is where a
+//! caller-by-caller handoff spent its time on two cores.
+//!
+//! So a closure may run on another caller's thread: it must be `Send`. It
+//! may still borrow from its caller, which stays blocked until the leader is
+//! done with it. A panic in it is caught where it runs and re-raised in its
+//! caller's thread.
+//!
+//! A closure cannot end the transaction: the connection's guard
+//! ([`crate::store::sqlite::conn::Guard`], SQLite's authorizer) refuses `COMMIT`,
+//! `ROLLBACK`, `BEGIN`, the engine's savepoints and the pragmas the engine
+//! relies on before they run, with [`Error::StatementRefused`]. Should SQLite
+//! still roll the transaction back on its own (an I/O error), or the leader
+//! fail in the writer's own code, the whole batch is abandoned: the
+//! transaction is rolled back and every member is told
+//! [`Error::TransactionAborted`] (or the error) — what the file holds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use crate::base::error::{Error, Result};
+use crate::core::combiner::{Batch, Combiner, Ended};
+use crate::core::db::{Env, Tx};
+use crate::core::wake::Notifier;
+use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
+use crate::store::Sqlite;
+use crate::store::sqlite::conn::{Control, Guard, retry_busy};
+
+pub(crate) struct Writer {
+    id: usize,
+    commits: AtomicU64,
+    writes: AtomicU64,
+    aborts: AtomicU64,
+    combiner: Combiner,
+    /// Locked by the leader only.
+    conn: Mutex<Connection>,
+    guard: Guard,
+    busy_timeout: Duration,
+    notifier: Arc<Notifier>,
+}
+
+impl Writer {
+    /// The writer on `conn` (configured, schema current); it installs the
+    /// connection's guard. Commits that created work wake `notifier`.
+    pub(crate) fn new(
+        conn: Connection,
+        busy_timeout: Duration,
+        notifier: Arc<Notifier>,
+    ) -> Result<Writer> {
+        let guard = Guard::install(&conn)?;
+        Ok(Writer {
+            id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
+            commits: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            aborts: AtomicU64::new(0),
+            combiner: Combiner::new(),
+            conn: Mutex::new(conn),
+            guard,
+            busy_timeout,
+            notifier,
+        })
+    }
+
+    /// How many callers wait for a leader (for tests that build a batch).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.combiner.queued()
+    }
+
+    pub(crate) fn stats(&self) -> WriterStats {
+        WriterStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            aborts: self.aborts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs `f` inside the process's shared write transaction and returns its
+    /// value once the transaction has committed.
+    ///
+    /// # Panics
+    /// When called from inside a write closure of the same engine: the closure
+    /// holds the transaction the nested call would wait for. Use the [`Tx`]
+    /// you were given. A panic of `f` is re-raised here, after its work was
+    /// rolled back.
+    pub(crate) fn write<T, E, F>(&self, env: &Env, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        let _inside = Inside::enter(self.id);
+        self.combiner
+            .call(f, &|_| None, &mut |batch| self.run_batch(env, batch))
+    }
+
+    /// One transaction over the batch: each member in a savepoint, then the
+    /// commit; the batch, dropped on the way out, tells the members.
+    fn run_batch(&self, env: &Env, mut batch: Batch) {
+        let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut txn = Transaction {
+            conn: &conn,
+            guard: &self.guard,
+            open: false,
+        };
+        if let Err(e) = retry_busy(self.busy_timeout, || {
+            self.guard.control(&conn, Control::Begin)
+        }) {
+            return batch.end(Err(Arc::new(e)));
+        }
+        txn.open = true;
+        let (mut members, mut nudge) = (0u64, false);
+        let mut failed = None;
+        for member in batch.members() {
+            if let Err(e) = self.guard.control(&conn, Control::Call) {
+                failed = Some(e);
+                break;
+            }
+            let mut tx = Tx::<Sqlite>::new(&conn, &self.guard, env);
+            let outcome = member.run(&mut tx);
+            if let Err(e) = end_savepoint(&conn, &self.guard, outcome.ok) {
+                failed = Some(e);
+                break;
+            }
+            if outcome.ok {
+                members += 1;
+                nudge |= outcome.nudge;
+            }
+        }
+        if let Some(e) = failed {
+            return batch.end(self.abort(&mut txn, e));
+        }
+        #[cfg(test)]
+        faults::at(faults::Fault::BeforeCommit);
+        match self.guard.control(&conn, Control::Commit) {
+            Ok(()) => {
+                txn.open = false;
+                batch.end(Ok(()));
+                self.commits.fetch_add(1, Ordering::Relaxed);
+                self.writes.fetch_add(members, Ordering::Relaxed);
+            }
+            Err(e) => return batch.end(self.abort(&mut txn, e)),
+        }
+        #[cfg(test)]
+        faults::at(faults::Fault::AfterCommit);
+        drop(batch);
+        #[cfg(test)]
+        faults::at(faults::Fault::AfterWake);
+        if nudge {
+            self.notifier.nudge();
+        }
+    }
+
+    /// Rolls the open transaction back (if SQLite has not already) and
+    /// returns the error every member is told.
+    fn abort(&self, txn: &mut Transaction<'_>, e: Error) -> Ended {
+        self.aborts.fetch_add(1, Ordering::Relaxed);
+        txn.roll_back();
+        Err(Arc::new(e))
+    }
+}
+
+/// The batch's transaction: rolled back when left open, on every way out of
+/// [`Writer::run_batch`] — an unwind included.
+struct Transaction<'a> {
+    conn: &'a Connection,
+    guard: &'a Guard,
+    open: bool,
+}
+
+impl Transaction<'_> {
+    fn roll_back(&mut self) {
+        if self.open
+            && !self.conn.is_autocommit()
+            && let Err(e) = self.guard.control(self.conn, Control::Rollback)
+        {
+            log::error!("reflexr: rollback failed: {e}");
+        }
+        self.open = false;
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        self.roll_back();
+    }
+}
+
+/// Releases a caller's savepoint, rolling its work back first unless it
+/// succeeded. An error here, or a transaction SQLite already ended, dooms the
+/// batch.
+fn end_savepoint(conn: &Connection, guard: &Guard, keep: bool) -> Result<()> {
+    if conn.is_autocommit() {
+        return Err(Error::TransactionAborted {
+            detail: "SQLite rolled the transaction back during a write (an I/O error, \
+                     or a full disk mid-statement)"
+                .into(),
+        });
+    }
+    if !keep {
+        guard.control(conn, Control::RollbackCall)?;
+    }
+    guard.control(conn, Control::ReleaseCall)
+}
+
+/// Points in the leader's own code where a test can make it panic, to prove
+/// that a leader failing anywhere leaves every caller with its true outcome
+/// and the writer usable.
+#[cfg(test)]
+pub(crate) mod faults {
+    use std::cell::Cell;
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub(crate) enum Fault {
+        BeforeCommit,
+        AfterCommit,
+        AfterWake,
+    }
+
+    thread_local! {
+        static ARMED: Cell<Option<Fault>> = const { Cell::new(None) };
+    }
+
+    /// Makes this thread's leader panic once at `fault` (arm it from a write
+    /// closure: closures run on the leader's thread).
+    pub(crate) fn arm(fault: Fault) {
+        ARMED.with(|a| a.set(Some(fault)));
+    }
+
+    pub(crate) fn at(fault: Fault) {
+        if ARMED.with(|a| a.get()) == Some(fault) {
+            ARMED.with(|a| a.set(None));
+            panic!("the leader fails at {fault:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Group commit, driven deterministically: a first caller's closure holds
+    //! the lead until the others are queued behind it (waiting on the queue's
+    //! length, not on time), so the others share the next transaction.
+
+    use std::sync::Arc;
+
+    use super::faults::{self, Fault};
+    use crate::base::error::Error;
+    use crate::core::sqlite::db::Db;
+
+    /// The core of one file, with [`crate::Engine::write`]'s error type.
+    #[derive(Clone)]
+    struct Engine(Arc<Db>);
+
+    impl Engine {
+        fn write<T: Send>(
+            &self,
+            f: impl FnOnce(&mut crate::core::db::Tx<'_>) -> crate::Result<T> + Send,
+        ) -> crate::Result<T> {
+            self.0.write(f)
+        }
+
+        fn read<T>(
+            &self,
+            f: impl FnMut(&rusqlite::Connection) -> crate::Result<T>,
+        ) -> crate::Result<T> {
+            self.0.read(f)
+        }
+
+        fn writer_stats(&self) -> super::WriterStats {
+            self.0.writer_stats()
+        }
+
+        fn writer(&self) -> &super::Writer {
+            self.0.writer()
+        }
+    }
+
+    fn engine() -> (tempfile::TempDir, Engine) {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine(Arc::new(Db::open_for_test(&dir.path().join("w.db"))));
+        engine
+            .write(|tx| tx.execute("CREATE TABLE t (name TEXT PRIMARY KEY)", []))
+            .unwrap();
+        (dir, engine)
+    }
+
+    fn names(engine: &Engine) -> Vec<String> {
+        engine
+            .read(|c| {
+                let mut s = c.prepare("SELECT name FROM t ORDER BY name")?;
+                let v = s
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<Vec<String>>>()?;
+                Ok(v)
+            })
+            .unwrap()
+    }
+
+    /// Holds the lead in a write until `others.len()` more callers are
+    /// queued, so that they all share the transaction after it.
+    fn batch_of<R: Send + 'static>(
+        engine: &Engine,
+        others: Vec<Box<dyn FnOnce(Engine) -> R + Send>>,
+    ) -> Vec<std::thread::Result<R>> {
+        let n = others.len();
+        let gate = Arc::new(std::sync::Barrier::new(n + 1));
+        let handles: Vec<_> = others
+            .into_iter()
+            .map(|f| {
+                let e = engine.clone();
+                let g = Arc::clone(&gate);
+                std::thread::spawn(move || {
+                    g.wait();
+                    f(e)
+                })
+            })
+            .collect();
+        let writer = engine.writer();
+        engine
+            .write(|_| {
+                gate.wait();
+                while writer.queued() < n {
+                    std::thread::yield_now();
+                }
+                Ok(())
+            })
+            .unwrap();
+        handles.into_iter().map(|h| h.join()).collect()
+    }
+
+    #[test]
+    fn one_callers_failure_rolls_back_only_its_own_part() {
+        // Invariant 2, within a shared batch: each caller's work commits or
+        // rolls back as a unit, whatever its neighbours in the batch do.
+        let (_dir, engine) = engine();
+        let before = engine.writer_stats();
+        let rest = batch_of(
+            &engine,
+            vec![
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('a')", []).map(|_| ()))
+                }),
+                Box::new(|e: Engine| {
+                    e.write(|tx| {
+                        tx.execute("INSERT INTO t VALUES ('b')", [])?;
+                        Err::<(), _>(Error::invalid("b", "refused"))
+                    })
+                    .map(|_| ())
+                }),
+                Box::new(|e: Engine| {
+                    e.write(|tx| {
+                        tx.execute("INSERT INTO t VALUES ('c')", [])?;
+                        panic!("c panics after its insert");
+                    })
+                }),
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('d')", []).map(|_| ()))
+                }),
+            ],
+        );
+        rest[0].as_ref().unwrap().as_ref().unwrap();
+        assert!(
+            rest[1].as_ref().unwrap().is_err(),
+            "b's own error reaches b"
+        );
+        assert!(rest[2].is_err(), "c's panic reaches c's thread");
+        rest[3].as_ref().unwrap().as_ref().unwrap();
+        assert_eq!(names(&engine), ["a", "d"]);
+        let after = engine.writer_stats();
+        assert_eq!(
+            after.commits - before.commits,
+            2,
+            "the holder's commit, then one for all four"
+        );
+        assert_eq!(after.writes - before.writes, 3, "the holder, a and d");
+    }
+
+    /// Inserts `name`, then tries `sql` (ignoring its refusal), then ends as
+    /// `ok` says: what a closure that ends the transaction itself does.
+    fn insert_then(
+        e: &Engine,
+        name: &'static str,
+        sql: &'static str,
+        ok: bool,
+    ) -> crate::Result<()> {
+        e.write(move |tx| {
+            tx.execute("INSERT INTO t VALUES (?1)", [name])?;
+            let refused = tx.conn().execute_batch(sql).unwrap_err();
+            assert!(
+                matches!(Error::from(refused), Error::StatementRefused { .. }),
+                "{sql} is refused"
+            );
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::invalid("closure", "fails after its statement"))
+            }
+        })
+    }
+
+    #[test]
+    fn a_closure_cannot_commit_or_roll_back_the_engines_transaction() {
+        // Invariant 2: a COMMIT then an error, or a ROLLBACK then more
+        // writes, would half-apply a write reported as failed (or the
+        // reverse). Both are refused before they run, so the caller's
+        // outcome is what the file holds.
+        let (_dir, engine) = engine();
+        insert_then(&engine, "committed-then-failed", "COMMIT", false).unwrap_err();
+        insert_then(&engine, "rolled-back-then-ok", "ROLLBACK", true).unwrap();
+        insert_then(&engine, "end", "END", false).unwrap_err();
+        insert_then(&engine, "begin", "BEGIN", true).unwrap();
+        insert_then(&engine, "release", "RELEASE reflexr_call", false).unwrap_err();
+        insert_then(&engine, "rollback-to", "ROLLBACK TO reflexr_call", true).unwrap();
+        insert_then(&engine, "sync-off", "PRAGMA synchronous = OFF", true).unwrap();
+        insert_then(&engine, "attach", "ATTACH ':memory:' AS other", true).unwrap();
+        assert_eq!(
+            names(&engine),
+            [
+                "attach",
+                "begin",
+                "rollback-to",
+                "rolled-back-then-ok",
+                "sync-off"
+            ]
+        );
+        // What a closure may do: its own savepoints, reading pragmas.
+        let sync = engine
+            .write(|tx| {
+                tx.conn().execute_batch(
+                    "SAVEPOINT mine; INSERT INTO t VALUES ('undone'); ROLLBACK TO mine; \
+                     INSERT INTO t VALUES ('kept'); RELEASE mine;",
+                )?;
+                Ok(tx
+                    .conn()
+                    .pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))?)
+            })
+            .unwrap();
+        assert_eq!(sync, 2, "the writer is still synchronous=FULL");
+        assert!(names(&engine).contains(&"kept".to_string()));
+        // The writer's own control statements are cached, but not under
+        // their plain text: a closure preparing them is refused all the same.
+        engine
+            .write(|tx| {
+                for sql in ["RELEASE reflexr_call", "COMMIT", "SAVEPOINT reflexr_nested"] {
+                    let refused = tx.conn().prepare_cached(sql).map(|_| ()).unwrap_err();
+                    assert!(
+                        matches!(Error::from(refused), Error::StatementRefused { .. }),
+                        "{sql}"
+                    );
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(!names(&engine).contains(&"undone".to_string()));
+        assert_eq!(
+            engine.writer_stats().aborts,
+            0,
+            "no transaction was abandoned"
+        );
+    }
+
+    #[test]
+    fn in_a_shared_batch_a_closure_ending_the_transaction_fails_only_itself() {
+        // Invariant 2 within a batch: each caller's outcome matches the file,
+        // whatever its neighbours try.
+        let (_dir, engine) = engine();
+        let rest = batch_of(
+            &engine,
+            vec![
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('a')", []).map(|_| ()))
+                }),
+                Box::new(|e: Engine| insert_then(&e, "b", "COMMIT", false)),
+                Box::new(|e: Engine| insert_then(&e, "c", "ROLLBACK", true)),
+                Box::new(|e: Engine| {
+                    e.write(|tx| {
+                        tx.execute("INSERT INTO t VALUES ('d')", [])?;
+                        tx.conn().execute_batch("END")?;
+                        Ok(())
+                    })
+                }),
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('e')", []).map(|_| ()))
+                }),
+            ],
+        );
+        let outcomes: Vec<bool> = rest.into_iter().map(|r| r.unwrap().is_ok()).collect();
+        assert_eq!(outcomes, [true, false, true, false, true]);
+        assert_eq!(names(&engine), ["a", "c", "e"]);
+        assert_eq!(engine.writer_stats().aborts, 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "from inside a write closure")]
+    fn a_nested_write_on_the_same_engine_is_a_programmer_error() {
+        let (_dir, engine) = engine();
+        let inner = engine.clone();
+        let _ = engine.write(|_| inner.write(|_| Ok(())));
+    }
+
+    #[test]
+    fn many_threads_share_commits_and_each_gets_its_own_value() {
+        let (_dir, engine) = engine();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let e = engine.clone();
+                std::thread::spawn(move || {
+                    (0..50)
+                        .map(|i| {
+                            let name = format!("{t}-{i}");
+                            e.write(|tx| {
+                                tx.execute("INSERT INTO t VALUES (?1)", [&name])?;
+                                Ok(name.clone())
+                            })
+                            .unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<String> = threads
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        all.sort();
+        assert_eq!(all, names(&engine));
+        assert_eq!(all.len(), 400);
+    }
+
+    /// The name a caller wrote if its write was committed, from how its
+    /// call ended: `ok` is what its closure meant to return.
+    fn expected_in_file(result: &std::thread::Result<crate::Result<()>>, ok: bool) -> bool {
+        match result {
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => false,
+            // The caller's thread panicked: its closure did, or its thread
+            // led a batch and failed in the writer's own code.
+            Err(panic) => {
+                let text = crate::base::error::panic_text(&**panic);
+                ok && (text.contains("AfterCommit") || text.contains("AfterWake"))
+            }
+        }
+    }
+
+    #[test]
+    fn a_leader_that_fails_at_any_step_leaves_every_caller_with_its_true_outcome() {
+        // Invariant 2 through the writer's own failures: the batch's
+        // transaction rolls back unless it committed, every member is told
+        // what the file holds, the lead passes on, and the writer goes on.
+        for fault in [Fault::BeforeCommit, Fault::AfterCommit, Fault::AfterWake] {
+            let (_dir, engine) = engine();
+            let insert = |name: &'static str,
+                          arm: bool|
+             -> Box<dyn FnOnce(Engine) -> crate::Result<()> + Send> {
+                Box::new(move |e: Engine| {
+                    e.write(move |tx| {
+                        if arm {
+                            faults::arm(fault);
+                        }
+                        tx.execute("INSERT INTO t VALUES (?1)", [name]).map(|_| ())
+                    })
+                })
+            };
+            let rest = batch_of(
+                &engine,
+                vec![
+                    insert("a", false),
+                    insert("b", true),
+                    insert("c", false),
+                    insert("d", false),
+                ],
+            );
+            let committed = fault != Fault::BeforeCommit;
+            let panicked = rest.iter().filter(|r| r.is_err()).count();
+            assert_eq!(
+                panicked, 1,
+                "{fault:?}: the batch's leader, and only it, panics"
+            );
+            let mut want = Vec::new();
+            for (r, name) in rest.iter().zip(["a", "b", "c", "d"]) {
+                assert_eq!(expected_in_file(r, true), committed, "{fault:?} {name}");
+                if committed {
+                    want.push(name.to_string());
+                }
+            }
+            assert_eq!(names(&engine), want, "{fault:?}");
+            assert_eq!(engine.writer().queued(), 0);
+            engine
+                .write(|tx| tx.execute("INSERT INTO t VALUES ('after')", []).map(|_| ()))
+                .unwrap();
+            assert!(names(&engine).contains(&"after".to_string()), "{fault:?}");
+        }
+    }
+
+    #[test]
+    fn many_callers_with_random_failures_and_panics_each_get_the_outcome_the_file_holds() {
+        // Invariant 2 under stress: closures that fail or panic, leaders that
+        // fail in the writer's own code at random steps; every caller's
+        // outcome is what the file holds, and nothing hangs.
+        let (_dir, engine) = engine();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let e = engine.clone();
+                std::thread::spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(t);
+                    let mut out = Vec::new();
+                    for i in 0..150 {
+                        let name = format!("{t}-{i}");
+                        let (kind, fault) = (rng.u8(..10), rng.u8(..3));
+                        let n = name.clone();
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            e.write(move |tx| {
+                                tx.execute("INSERT INTO t VALUES (?1)", [&n])?;
+                                match kind {
+                                    0 => Err(Error::invalid("x", "refused")),
+                                    1 => panic!("the closure panics"),
+                                    2 => {
+                                        faults::arm(
+                                            [
+                                                Fault::BeforeCommit,
+                                                Fault::AfterCommit,
+                                                Fault::AfterWake,
+                                            ][usize::from(fault)],
+                                        );
+                                        Ok(())
+                                    }
+                                    _ => Ok(()),
+                                }
+                            })
+                        }));
+                        out.push((name, kind != 0 && kind != 1, result));
+                    }
+                    out
+                })
+            })
+            .collect();
+        let mut want: Vec<String> = Vec::new();
+        for t in threads {
+            for (name, ok, result) in t.join().unwrap() {
+                if expected_in_file(&result, ok) {
+                    want.push(name);
+                }
+            }
+        }
+        want.sort();
+        assert_eq!(names(&engine), want);
+        assert_eq!(engine.writer().queued(), 0);
+    }
+}

@@ -1,0 +1,303 @@
+//! The conformance suite for runs and lanes: claims settled by their holder at their attempt, lanes in order, unique keys, lapsed claims.
+
+use super::*;
+
+/// A task run to create: ready now unless `lane` or `unique` say otherwise.
+fn task<'a>(id: &'a str, lane: Option<&'a str>, unique: Option<Uniq<'a>>) -> NewRun<'a> {
+    static RETRY: std::sync::LazyLock<RetryPolicy> = std::sync::LazyLock::new(RetryPolicy::default);
+    NewRun {
+        id,
+        kind: "task",
+        action: "send",
+        workspace: None,
+        rule: None,
+        scope: None,
+        lane,
+        on_dead_letter: "continue",
+        input: r#"{"to":"a@example.com"}"#,
+        event_seq: None,
+        event_id: None,
+        depth: 0,
+        retry: &RETRY,
+        due_at: NOW,
+        now: NOW,
+        dead: None,
+        priority: None,
+        unique,
+    }
+}
+
+fn send() -> Vec<String> {
+    vec!["send".to_string()]
+}
+
+/// Invariant 5 (a run's claim is its holder's at its attempt): only the claim
+/// that holds settles a run; a retry is claimed again at the next attempt, and
+/// the old claim settles nothing.
+#[test]
+fn a_claim_is_settled_only_by_its_holder_at_its_attempt() {
+    on_every_backend(|db| {
+        db.tx(|c| {
+            for id in ["r1", "r2", "r3"] {
+                assert_eq!(Runs::insert(c, &task(id, None, None))?, Inserted::New);
+            }
+            assert_eq!(Runs::insert(c, &task("r1", None, None))?, Inserted::Existed);
+            Ok(())
+        })
+        .unwrap();
+        let claimed = db
+            .tx(|c| Runs::claim_at(c, "a", NOW, NOW + 30_000, 2, &send(), 0))
+            .unwrap();
+        assert_eq!(claimed.len(), 2, "{}", db.name());
+        assert!(
+            claimed
+                .iter()
+                .all(|r| r.attempt == 1 && r.state == "running")
+        );
+        let (first, second) = (&claimed[0].id, &claimed[1].id);
+        db.tx(|c| {
+            assert!(!Runs::succeed(c, first, "b", 1, NOW)?, "another holder");
+            assert!(!Runs::succeed(c, first, "a", 2, NOW)?, "another attempt");
+            assert!(Runs::succeed(c, first, "a", 1, NOW)?);
+            assert!(!Runs::succeed(c, first, "a", 1, NOW)?, "settled once");
+            assert!(Runs::renew(c, second, "a", 1, NOW + 1, NOW + 40_000)?);
+            assert!(Runs::retry_later(
+                c,
+                second,
+                "a",
+                1,
+                NOW + 2,
+                NOW + 5_000,
+                "timeout"
+            )?);
+            Ok(())
+        })
+        .unwrap();
+        // Not due yet: only the third run is claimable now.
+        let now_claimed = db
+            .tx(|c| Runs::claim_at(c, "b", NOW + 3, NOW + 30_000, 10, &send(), 0))
+            .unwrap();
+        assert_eq!(now_claimed.len(), 1);
+        assert_eq!(now_claimed[0].id, "r3");
+        let again = db
+            .tx(|c| Runs::claim_at(c, "b", NOW + 5_000, NOW + 35_000, 10, &send(), 0))
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            (again[0].id.as_str(), again[0].attempt),
+            (second.as_str(), 2)
+        );
+        db.tx(|c| {
+            assert!(!Runs::kill(c, second, "a", 1, NOW + 5_001, "stale")?);
+            assert!(Runs::kill(c, second, "b", 2, NOW + 5_001, "gave up")?);
+            let row = Runs::get(c, second)?.expect("the run");
+            assert_eq!(row.state, "dead");
+            assert_eq!(row.last_error.as_deref(), Some("gave up"));
+            assert_eq!(
+                Runs::get(c, first)?.map(|r| r.state),
+                Some("succeeded".into())
+            );
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 6 (scope order) and uniqueness, as runs are created: the first run
+/// of a lane is ready and the next waits; a key another pending run holds
+/// creates nothing and names that run.
+#[test]
+fn a_lane_runs_one_at_a_time_and_a_unique_key_is_held_once() {
+    on_every_backend(|db| {
+        let pending = Uniq {
+            key: "shard/3",
+            mode: "pending",
+            period_ms: 0,
+        };
+        db.tx(|c| {
+            assert_eq!(
+                Runs::insert(c, &task("l1", Some("lane/a"), None))?,
+                Inserted::New
+            );
+            assert_eq!(
+                Runs::insert(c, &task("l2", Some("lane/a"), None))?,
+                Inserted::New
+            );
+            assert_eq!(
+                Runs::insert(c, &task("u1", None, Some(pending)))?,
+                Inserted::New
+            );
+            assert_eq!(
+                Runs::insert(c, &task("u2", None, Some(pending)))?,
+                Inserted::Duplicate("u1".into())
+            );
+            assert_eq!(Runs::get(c, "l1")?.map(|r| r.state), Some("ready".into()));
+            assert_eq!(Runs::get(c, "l2")?.map(|r| r.state), Some("waiting".into()));
+            assert!(Runs::get(c, "u2")?.is_none());
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 5: claims on PostgreSQL: four claimers at once over 2,000 runs,
+/// each claiming batches in transactions of its own and settling them. Every
+/// run is claimed exactly once; and a claimer never waits for another's
+/// uncommitted claim (`SKIP LOCKED`: with a lock timeout of a second, a wait
+/// would be an error).
+#[test]
+#[cfg(feature = "postgres")]
+fn concurrent_claimers_never_share_a_run_and_never_wait_for_each_other() {
+    const RUNS: usize = 2_000;
+    let schema = Arc::new(PgSchema::new());
+    let mut db = Db::Pg(schema.pool(1), Arc::clone(&schema));
+    let ids: Vec<String> = (0..RUNS).map(|i| format!("run-{i:05}")).collect();
+    db.tx(|c| {
+        for id in &ids {
+            Runs::insert(c, &task(id, None, None))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+
+    // One claimer holds its claim open; another claims beside it at once.
+    let holding = schema.begin();
+    let held = Runs::claim_at(&holding, "slow", NOW, NOW + 30_000, 10, &send(), 0).unwrap();
+    let beside = schema.begin();
+    beside
+        .execute_untyped("SET LOCAL lock_timeout = '1s'", &[])
+        .unwrap();
+    let other = Runs::claim_at(&beside, "quick", NOW, NOW + 30_000, 10, &send(), 0).unwrap();
+    assert_eq!((held.len(), other.len()), (10, 10));
+    assert!(held.iter().all(|h| other.iter().all(|o| o.id != h.id)));
+    drop(beside); // rolled back: its runs are ready again
+    drop(holding);
+
+    let claimers: Vec<_> = (0..4)
+        .map(|w| {
+            let schema = Arc::clone(&schema);
+            std::thread::spawn(move || {
+                let pool = schema.pool(1);
+                let holder = format!("claimer-{w}");
+                let mut mine = Vec::new();
+                loop {
+                    let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
+                    conn.execute_untyped("SET LOCAL lock_timeout = '1s'", &[])
+                        .unwrap();
+                    let batch =
+                        Runs::claim_at(&conn, &holder, NOW, NOW + 30_000, 25, &send(), 0).unwrap();
+                    if batch.is_empty() {
+                        break;
+                    }
+                    for r in &batch {
+                        assert!(Runs::succeed(&conn, &r.id, &holder, r.attempt, NOW).unwrap());
+                        mine.push(r.id.clone());
+                    }
+                    conn.commit().unwrap();
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut claimed: Vec<String> = claimers
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    claimed.sort();
+    assert_eq!(claimed, ids, "every run claimed exactly once");
+}
+
+/// Invariant 6 (scope order): a lane runs one run at a time, in order — when
+/// its head ends, the next waiting run becomes head and ready; a blocked lane
+/// says so; a lane with nothing left goes.
+#[test]
+fn a_lane_hands_on_to_its_next_run_when_its_head_ends() {
+    on_every_backend(|db| {
+        db.tx(|c| {
+            for id in ["l1", "l2", "l3"] {
+                Runs::insert(c, &task(id, Some("lane/a"), None))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let claimed = db
+            .tx(|c| Runs::claim_at(c, "a", NOW, NOW + 30_000, 10, &send(), 0))
+            .unwrap();
+        let ids: Vec<&str> = claimed.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["l1"], "{}: only the head is ready", db.name());
+        db.tx(|c| {
+            assert!(Runs::succeed(c, "l1", "a", 1, NOW + 1)?);
+            // Not the head: nothing moves.
+            Lanes::advance_lane(c, "lane/a", "l3", NOW + 1)?;
+            assert_eq!(Lanes::lane_head(c, "lane/a")?, Some(("l1".into(), false)));
+            Lanes::advance_lane(c, "lane/a", "l1", NOW + 1)?;
+            assert_eq!(Lanes::lane_head(c, "lane/a")?, Some(("l2".into(), false)));
+            assert_eq!(Runs::get(c, "l2")?.map(|r| r.state), Some("ready".into()));
+            assert_eq!(Runs::get(c, "l3")?.map(|r| r.state), Some("waiting".into()));
+            assert!(Lanes::set_blocked(c, "lane/a", true, NOW + 2)?);
+            assert_eq!(Lanes::lane_head(c, "lane/a")?, Some(("l2".into(), true)));
+            assert!(!Lanes::set_blocked(c, "lane/none", true, NOW + 2)?);
+            Lanes::advance_lane(c, "lane/a", "l2", NOW + 3)?;
+            Lanes::advance_lane(c, "lane/a", "l3", NOW + 3)?;
+            assert_eq!(Lanes::lane_head(c, "lane/a")?, None, "an empty lane goes");
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 5 (at least once): a claim whose executor stopped renewing it
+/// lapses and is claimable again at the next attempt; a claim given back at
+/// shutdown does not count as an attempt; a checkpoint is saved only by the
+/// claim that holds.
+#[test]
+fn a_lapsed_claim_is_claimed_again_and_a_released_one_keeps_its_attempt() {
+    on_every_backend(|db| {
+        db.tx(|c| Runs::insert(c, &task("r1", None, None)).map(|_| ()))
+            .unwrap();
+        let first = db
+            .tx(|c| Runs::claim_at(c, "a", NOW, NOW + 10, 1, &send(), 0))
+            .unwrap();
+        let ord = first[0].ord;
+        let name = db.name();
+        db.tx(|c| {
+            assert!(Runs::save_checkpoint(
+                c,
+                "r1",
+                "a",
+                1,
+                r#"{"page":2}"#,
+                NOW + 1
+            )?);
+            assert!(!Runs::save_checkpoint(c, "r1", "b", 1, "{}", NOW + 1)?);
+            assert!(Runs::lapsed(c, NOW + 9, 10)?.is_empty(), "not yet");
+            let lapsed = Runs::lapsed(c, NOW + 10, 10)?;
+            assert_eq!(lapsed.len(), 1, "{name}");
+            assert_eq!(Runs::requeue_lapsed(c, ord, NOW + 10)?, Requeued::Ready);
+            assert_eq!(Runs::requeue_lapsed(c, ord, NOW + 10)?, Requeued::No);
+            Ok(())
+        })
+        .unwrap();
+        let second = db
+            .tx(|c| Runs::claim_at(c, "b", NOW + 11, NOW + 40, 1, &send(), 0))
+            .unwrap();
+        assert_eq!(
+            (second[0].attempt, second[0].checkpoint.as_deref()),
+            (2, Some(r#"{"page":2}"#))
+        );
+        db.tx(|c| {
+            assert!(
+                !Runs::succeed(c, "r1", "a", 1, NOW + 12)?,
+                "the lapsed claim settles nothing"
+            );
+            assert_eq!(Runs::release(c, ord, "a", 1, NOW + 12)?, Requeued::No);
+            assert_eq!(Runs::release(c, ord, "b", 2, NOW + 12)?, Requeued::Ready);
+            assert_eq!(
+                Runs::get(c, "r1")?.map(|r| (r.state, r.attempt)),
+                Some(("ready".into(), 1))
+            );
+            Ok(())
+        })
+        .unwrap();
+    });
+}

@@ -1,0 +1,294 @@
+//! The store on PostgreSQL (feature `postgres`): the statements of every
+//! table group of the seam ([`crate::store`]) in PostgreSQL's dialect, one
+//! file per group as in `store::sqlite`, beside its schema file
+//! `schema.pg.sql` and the migrations in [`schema`]. This file: the
+//! connection inside a transaction ([`PgConn`]) every group's statements
+//! run on.
+//!
+//! Where PostgreSQL differs from SQLite, and what this module does about it:
+//!
+//! - **Seqs in commit order.** Many transactions write at once, and a
+//!   sequence's numbers become visible in another order than they were
+//!   handed out. An append locks the one row of `reflexr_head` instead
+//!   (and its transaction's commit moves it to its last seq), so appending
+//!   transactions take their seqs one at a time, from their first append
+//!   to their commit: the seqs a reader
+//!   sees only ever grow, and a cursor never skips an event that commits
+//!   later (`store::conformance::events::a_reader_never_skips_an_event_committed_late`). The
+//!   cost: appends serialise across processes the way SQLite's one writer
+//!   does; transactions that append nothing are not held up.
+//! - **A failed statement aborts the transaction.** SQLite carries on after
+//!   a constraint failure; PostgreSQL refuses every later statement of the
+//!   transaction. So nothing here relies on a statement failing: an append
+//!   checks the type's registration in the statement that takes the seq,
+//!   and an id already there is found, not collided with.
+//! - **One round trip per statement.** Statements go with their parameter
+//!   types (`query_typed`), which PostgreSQL parses, binds and runs in one
+//!   exchange instead of a prepare and an execute.
+
+mod audit;
+mod control;
+mod counters;
+mod cursors;
+mod dead_letters;
+mod events;
+mod followers;
+mod guard;
+mod inspect;
+mod leases;
+mod rules;
+mod runs;
+mod schedules;
+pub(crate) mod schema;
+mod workspaces;
+
+use std::cell::RefCell;
+
+use postgres::Row;
+use postgres::types::{ToSql, Type};
+
+use crate::base::error::{Error, Result};
+
+/// The pool of connections an engine on PostgreSQL keeps.
+pub(crate) type Pool = r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>;
+/// One of the pool's connections.
+pub(crate) type Pooled =
+    r2d2::PooledConnection<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>;
+
+/// The head seq as last committed, on a connection outside any
+/// transaction of the engine's: what the heartbeat compares.
+pub(crate) fn committed_head(client: &mut postgres::Client) -> Result<i64> {
+    Ok(client
+        .query_one("SELECT seq FROM reflexr_head", &[])?
+        .try_get(0)?)
+}
+
+/// Has `client` listen on `channel` (a name of the engine's own).
+pub(crate) fn listen(client: &mut postgres::Client, channel: &str) -> Result<()> {
+    debug_assert!(
+        channel
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    );
+    Ok(client.batch_execute(&format!("LISTEN {channel}"))?)
+}
+
+/// One pooled connection inside a transaction, as the core's table groups
+/// see it: `BEGIN` when made, `COMMIT` by [`PgConn::commit`], `ROLLBACK`
+/// when dropped uncommitted (the connection goes back to the pool clean).
+///
+/// The core's methods take `&self` (SQLite's connection does); the
+/// PostgreSQL client needs `&mut` for every statement, so it sits in a
+/// `RefCell`. No method holds the borrow across a call into another, so it
+/// is never borrowed twice.
+pub struct PgConn {
+    client: RefCell<Pooled>,
+    open: std::cell::Cell<bool>,
+    /// A statement failed on the server: PostgreSQL has aborted the
+    /// transaction (or the savepoint's part of it), and refuses every
+    /// statement until a rollback. Its `COMMIT` would roll back and report
+    /// success, so [`PgConn::finish`] refuses to send it.
+    aborted: std::cell::Cell<bool>,
+    /// The highest seq this transaction appended (0: none): the head
+    /// row is set to it at commit.
+    last_seq: std::cell::Cell<i64>,
+}
+
+type Param<'p> = (&'p (dyn ToSql + Sync), Type);
+
+impl PgConn {
+    /// Begins a transaction on `client`: READ COMMITTED whatever the
+    /// server's, database's or role's default (an append waits for the
+    /// head's lock and reads the head its holder committed; under REPEATABLE
+    /// READ it would fail instead), and READ ONLY if `read_only` (a write
+    /// in it fails with [`Error::ReadOnly`]), else READ WRITE.
+    pub(crate) fn begin_as(client: Pooled, read_only: bool) -> Result<PgConn> {
+        PgConn::begin_with(
+            client,
+            if read_only {
+                "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY"
+            } else {
+                "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE"
+            },
+        )
+    }
+
+    /// Begins a write transaction that holds the head row's lock from its
+    /// first statement, sent with the BEGIN (no round trip of its own).
+    ///
+    /// The order of locks: a transaction that appends takes the head row
+    /// before any other. Every append locks the head, and holds it to the
+    /// commit; one that took a lane, a run or a lease row first and then
+    /// waited for the head, while the head's holder waited for that row,
+    /// would deadlock — which a shared write (one member appending, the
+    /// next settling a run, say) or an application's write (an append,
+    /// then an enqueue) would otherwise do now and then. With the head
+    /// first, a transaction waiting for it holds nothing anyone waits for.
+    pub(crate) fn begin_ordered(client: Pooled) -> Result<PgConn> {
+        PgConn::begin_with(
+            client,
+            "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; \
+             SELECT 1 FROM reflexr_head FOR UPDATE",
+        )
+    }
+
+    fn begin_with(mut client: Pooled, begin: &str) -> Result<PgConn> {
+        if let Err(e) = client.batch_execute(begin) {
+            // A statement sent with the BEGIN failed (the head's lock met a
+            // `lock_timeout`, say): the transaction is open and aborted.
+            // End it, or the connection would go back to the pool in it
+            // and fail every BEGIN after (on a broken connection this
+            // fails too, and the pool drops it).
+            let _ = client.batch_execute("ROLLBACK");
+            return Err(e.into());
+        }
+        Ok(PgConn {
+            client: RefCell::new(client),
+            open: std::cell::Cell::new(true),
+            aborted: std::cell::Cell::new(false),
+            last_seq: std::cell::Cell::new(0),
+        })
+    }
+
+    /// Whether a statement failed on the server since the transaction (or
+    /// the last rollback to a savepoint) began: nothing more can commit.
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.get()
+    }
+
+    /// Passes a statement's result on, noting a failure on the server (it
+    /// aborts the transaction). A failure on the client's side (a value
+    /// that does not convert) sent nothing.
+    fn note<T>(&self, r: std::result::Result<T, postgres::Error>) -> Result<T> {
+        if let Err(e) = &r
+            && e.as_db_error().is_some()
+        {
+            self.aborted.set(true);
+        }
+        Ok(r?)
+    }
+
+    /// Commits the transaction.
+    pub(crate) fn commit(self) -> Result<()> {
+        self.finish(None)
+    }
+
+    /// Commits the transaction with a notification on `channel` (a name
+    /// of the engine's own, not the caller's), delivered to listeners with
+    /// the commit.
+    pub(crate) fn commit_notifying(self, channel: &'static str) -> Result<()> {
+        debug_assert!(
+            channel
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        );
+        self.finish(Some(channel))
+    }
+
+    /// The commit, in one round trip: the head row moved to the last seq
+    /// appended (if any), the notification (if any), `COMMIT`. If a
+    /// statement fails, the rest are not run, and dropping the connection
+    /// rolls back.
+    fn finish(self, notify: Option<&'static str>) -> Result<()> {
+        if self.aborted.get() {
+            // Dropping `self` rolls back.
+            return Err(Error::TransactionAborted {
+                detail: "a statement of this write failed on the server, which aborted the \
+                         transaction; nothing of it was committed"
+                    .into(),
+            });
+        }
+        let mut sql = String::new();
+        let last = self.last_seq.get();
+        if last > 0 {
+            sql.push_str(&format!(
+                "UPDATE reflexr_head SET seq = greatest(seq, {last}); "
+            ));
+        }
+        if let Some(channel) = notify {
+            sql.push_str(&format!("NOTIFY {channel}; "));
+        }
+        sql.push_str("COMMIT");
+        self.client.borrow_mut().batch_execute(&sql)?;
+        self.open.set(false);
+        Ok(())
+    }
+
+    /// The highest seq this transaction appended so far (0: none).
+    pub(crate) fn last_seq(&self) -> i64 {
+        self.last_seq.get()
+    }
+
+    /// Runs the engine's own transaction-control statements (savepoints),
+    /// in one round trip.
+    pub(crate) fn control(&self, sql: &str) -> Result<()> {
+        let r = self.client.borrow_mut().batch_execute(sql);
+        self.note(r)
+    }
+
+    /// Rolls back to the engine's savepoint `name`, and forgets the seqs
+    /// taken since (`mark`: [`PgConn::last_seq`] when it was made), so the
+    /// next append does not leave a gap.
+    pub(crate) fn rollback_to(&self, name: &str, mark: i64) -> Result<()> {
+        self.control(&format!("ROLLBACK TO SAVEPOINT {name}"))?;
+        self.last_seq.set(mark);
+        self.aborted.set(false);
+        Ok(())
+    }
+
+    /// Runs one statement of the caller's own, with its parameters'
+    /// types left to the server: the application's SQL (or a test's),
+    /// refused first if it would end or replace the engine's transaction
+    /// (see `guard`).
+    pub(crate) fn query_untyped(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        guard::refuse_transaction_control(sql)?;
+        let r = self.client.borrow_mut().query(sql, params);
+        self.note(r)
+    }
+
+    /// [`PgConn::query_untyped`] for a statement whose rows are not wanted:
+    /// the number of rows it changed.
+    pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        guard::refuse_transaction_control(sql)?;
+        let r = self.client.borrow_mut().execute(sql, params);
+        self.note(r)
+    }
+
+    fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
+        let r = self.client.borrow_mut().query_typed(sql, params);
+        self.note(r)
+    }
+
+    fn query_opt(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<Row>> {
+        let mut rows = self.query(sql, params)?;
+        Ok(if rows.is_empty() {
+            None
+        } else {
+            Some(rows.swap_remove(0))
+        })
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        if self.open.get() {
+            // Best effort: a connection that cannot roll back is broken,
+            // and the pool drops broken connections.
+            let _ = self.client.get_mut().batch_execute("ROLLBACK");
+        }
+    }
+}
+
+/// A column of a row, its decoding failure a typed error.
+pub(super) fn col<'r, T: postgres::types::FromSql<'r>>(row: &'r Row, i: usize) -> Result<T> {
+    row.try_get(i).map_err(Error::from)
+}
+
+/// A page size as PostgreSQL's LIMIT takes it.
+pub(super) fn limit_of(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}

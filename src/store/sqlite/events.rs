@@ -1,0 +1,267 @@
+//! Statements on `reflexr_events`, the change log.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::base::error::Result;
+use crate::base::event::Event;
+
+use crate::store::Events;
+use crate::store::events::*;
+
+/// Inserts the row and returns its seq, or `None` when the workspace already
+/// has an event with this id (nothing is inserted then).
+pub(crate) fn insert(conn: &Connection, row: &NewRow<'_>) -> rusqlite::Result<Option<i64>> {
+    // Not `RETURNING seq`: SQLite runs a RETURNING statement through a
+    // statement journal and a temporary table, which halved the append rate.
+    // The row count and the last rowid say the same.
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO reflexr_events (workspace, id, type, subject, actor, occurred_at, \
+             recorded_at, payload, causation_id, correlation_id, depth) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             ON CONFLICT (workspace, id) DO NOTHING",
+        )?
+        .execute(params![
+            row.workspace,
+            row.id,
+            row.event_type,
+            row.subject,
+            row.actor,
+            row.occurred_at,
+            row.recorded_at,
+            row.payload,
+            row.causation_id,
+            row.correlation_id,
+            row.depth,
+        ])?;
+    Ok((inserted == 1).then(|| conn.last_insert_rowid()))
+}
+
+pub(super) const COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
+                       causation_id, correlation_id, depth, payload";
+
+pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<Event> {
+    Ok(Event {
+        seq: r.get(0)?,
+        id: r.get(1)?,
+        workspace: r.get(2)?,
+        event_type: r.get(3)?,
+        subject: r.get(4)?,
+        actor: r.get(5)?,
+        occurred_at: r.get(6)?,
+        recorded_at: r.get(7)?,
+        causation_id: r.get(8)?,
+        correlation_id: r.get(9)?,
+        depth: r.get(10)?,
+        payload: r.get(11)?,
+        parsed: Default::default(),
+    })
+}
+
+/// The workspace's events after `after` that match `types` (any, if empty)
+/// and `subject`, in seq order: at most `limit` of them, found among at most
+/// `window` of the workspace's events after `after`. Returns them and the
+/// seq the window reached (to go on from), or None when it reached the end
+/// of the log.
+pub(crate) fn scan(
+    conn: &Connection,
+    workspace: &str,
+    after: i64,
+    types: &[String],
+    subject: Option<&str>,
+    limit: usize,
+    window: usize,
+) -> Result<(Vec<Event>, Option<i64>)> {
+    // The window's last seq: an index-only walk of `window` entries (none
+    // for an unbounded window).
+    let bound: Option<i64> = match i64::try_from(window) {
+        Ok(w) if w < i64::MAX => conn
+            .prepare_cached(&format!(
+                "SELECT seq FROM reflexr_events WHERE workspace = ?1 AND seq > ?2 \
+                 ORDER BY seq LIMIT 1 OFFSET {}",
+                w.saturating_sub(1)
+            ))?
+            .query_row(params![workspace, after], |r| r.get(0))
+            .optional()?,
+        _ => None,
+    };
+    let types_json = serde_json::to_string(types).expect("a list of strings encodes");
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM reflexr_events \
+         WHERE workspace = ?1 AND seq > ?2 AND seq <= ?3 \
+           AND (?4 = '[]' OR type IN (SELECT value FROM json_each(?4))) \
+           AND (?5 IS NULL OR subject = ?5) \
+         ORDER BY seq LIMIT {limit}"
+    ))?;
+    let events = stmt
+        .query_map(
+            params![
+                workspace,
+                after,
+                bound.unwrap_or(i64::MAX),
+                types_json,
+                subject
+            ],
+            from_row,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let reached = match events.last() {
+        Some(last) if events.len() == limit => Some(last.seq),
+        _ => bound,
+    };
+    Ok((events, reached))
+}
+
+impl Events for Connection {
+    fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
+        match insert(self, row) {
+            Ok(Some(seq)) => Ok(Inserted::At(seq)),
+            Ok(None) => Ok(Inserted::Existing),
+            // The only foreign key is (workspace, type).
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY =>
+            {
+                Ok(Inserted::Unregistered)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The seq of the workspace's event with this id.
+    fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached("SELECT seq FROM reflexr_events WHERE workspace = ?1 AND id = ?2")?
+            .query_row(params![workspace, id], |r| r.get(0))
+            .optional()?)
+    }
+
+    /// The depth of the workspace's event with this id.
+    fn depth_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached("SELECT depth FROM reflexr_events WHERE workspace = ?1 AND id = ?2")?
+            .query_row(params![workspace, id], |r| r.get(0))
+            .optional()?)
+    }
+
+    /// Up to `limit` of the workspace's events after `after`, in seq order; only
+    /// those whose type is in `types` unless it is empty.
+    fn page(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let conn = self;
+        // The limit is written into the statement, not bound: this SQLite build
+        // (STAT4) prepares a statement again every time a bound LIMIT changes its
+        // value, which cost the claim a recompilation per call. Callers use a few
+        // fixed page sizes, so the statement cache still hits.
+        let events = if types.is_empty() {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM reflexr_events \
+                 WHERE workspace = ?1 AND seq > ?2 ORDER BY seq LIMIT {limit}"
+            ))?;
+            stmt.query_map(params![workspace, after], from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?
+        } else {
+            // One statement for any number of types: they travel as a JSON array.
+            let types = serde_json::to_string(types).expect("a list of strings encodes");
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM reflexr_events \
+                 WHERE workspace = ?1 AND seq > ?2 \
+                   AND type IN (SELECT value FROM json_each(?3)) \
+                 ORDER BY seq LIMIT {limit}"
+            ))?;
+            stmt.query_map(params![workspace, after, types], from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?
+        };
+        Ok(events)
+    }
+
+    fn by_subject(
+        &self,
+        workspace: &str,
+        after: i64,
+        types: &[String],
+        subject: &str,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let (events, _) = scan(
+            self,
+            workspace,
+            after,
+            types,
+            Some(subject),
+            limit,
+            usize::MAX,
+        )?;
+        Ok(events)
+    }
+
+    /// One event by seq.
+    fn get(&self, seq: i64) -> Result<Option<Event>> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM reflexr_events WHERE seq = ?1"
+            ))?
+            .query_row([seq], from_row)
+            .optional()?)
+    }
+
+    /// The workspace's event with this id.
+    fn by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM reflexr_events WHERE workspace = ?1 AND id = ?2"
+            ))?
+            .query_row(params![workspace, id], from_row)
+            .optional()?)
+    }
+
+    /// The highest seq ever assigned in the file (0 before the first append).
+    /// Read from `sqlite_sequence`, so pruning does not lower it.
+    fn head(&self) -> Result<i64> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached("SELECT seq FROM sqlite_sequence WHERE name = 'reflexr_events'")?
+            .query_row([], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0))
+    }
+
+    /// How many of the workspace's events are after `position`.
+    fn count_after(&self, workspace: &str, position: i64) -> Result<i64> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached(
+                "SELECT count(*) FROM reflexr_events WHERE workspace = ?1 AND seq > ?2",
+            )?
+            .query_row(params![workspace, position], |r| r.get(0))?)
+    }
+
+    /// Deletes up to `limit` of the workspace's oldest events that are at or
+    /// before `up_to` and were recorded before `recorded_before`. Returns how
+    /// many were deleted.
+    fn delete_old(
+        &self,
+        workspace: &str,
+        up_to: i64,
+        recorded_before: i64,
+        limit: usize,
+    ) -> Result<usize> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached(&format!(
+                "DELETE FROM reflexr_events WHERE seq IN \
+                   (SELECT seq FROM reflexr_events \
+                    WHERE workspace = ?1 AND seq <= ?2 AND recorded_at < ?3 \
+                    ORDER BY seq LIMIT {limit})"
+            ))?
+            .execute(params![workspace, up_to, recorded_before])?)
+    }
+}

@@ -1,0 +1,124 @@
+//! Statements on `reflexr_rules` and `reflexr_rule_state`.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::base::error::Result;
+
+use crate::store::Rules;
+use crate::store::rules::*;
+
+const COLUMNS: &str = "name, workspace, version, definition, registered_at, updated_at";
+
+fn from_row(r: &Row<'_>) -> rusqlite::Result<RuleRow> {
+    Ok(RuleRow {
+        name: r.get(0)?,
+        workspace: r.get(1)?,
+        version: r.get(2)?,
+        definition: r.get(3)?,
+        registered_at: r.get(4)?,
+        updated_at: r.get(5)?,
+    })
+}
+
+pub(crate) fn upsert(
+    conn: &Connection,
+    name: &str,
+    workspace: &str,
+    version: i64,
+    definition: &str,
+    now: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO reflexr_rules (name, workspace, version, definition, registered_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5) \
+         ON CONFLICT (name) DO UPDATE SET workspace = excluded.workspace, \
+           version = excluded.version, definition = excluded.definition, \
+           updated_at = excluded.updated_at",
+    )?
+    .execute(params![name, workspace, version, definition, now])?;
+    Ok(())
+}
+
+impl Rules for Connection {
+    fn rule(&self, name: &str) -> Result<Option<RuleRow>> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM reflexr_rules WHERE name = ?1"
+            ))?
+            .query_row([name], from_row)
+            .optional()?)
+    }
+
+    fn rule_rows(&self) -> Result<Vec<RuleRow>> {
+        let conn = self;
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_rules ORDER BY name"
+        ))?;
+        let rows = stmt
+            .query_map([], from_row)?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    fn upsert_rule(
+        &self,
+        name: &str,
+        workspace: &str,
+        version: i64,
+        definition: &str,
+        now: i64,
+    ) -> Result<()> {
+        upsert(self, name, workspace, version, definition, now)
+    }
+
+    /// The stored states of `scopes` (those that have one).
+    fn states(&self, rule: &str, scopes: &[&str]) -> Result<Vec<(String, String)>> {
+        let conn = self;
+        let scopes = serde_json::to_string(scopes).expect("strings encode");
+        let mut stmt = conn.prepare_cached(
+            "SELECT scope, state FROM reflexr_rule_state \
+             WHERE rule = ?1 AND scope IN (SELECT value FROM json_each(?2))",
+        )?;
+        let rows = stmt
+            .query_map(params![rule, scopes], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    fn state(&self, rule: &str, scope: &str) -> Result<Option<String>> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached("SELECT state FROM reflexr_rule_state WHERE rule = ?1 AND scope = ?2")?
+            .query_row([rule, scope], |r| r.get(0))
+            .optional()?)
+    }
+
+    fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()> {
+        let conn = self;
+        conn.prepare_cached(
+            "INSERT INTO reflexr_rule_state (rule, scope, state, updated_seq, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (rule, scope) DO UPDATE SET state = excluded.state, \
+               updated_seq = excluded.updated_seq, updated_at = excluded.updated_at",
+        )?
+        .execute(params![rule, scope, state, seq, now])?;
+        Ok(())
+    }
+
+    /// Forgets every scope's state; returns how many there were.
+    fn clear_states(&self, rule: &str) -> Result<usize> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached("DELETE FROM reflexr_rule_state WHERE rule = ?1")?
+            .execute([rule])?)
+    }
+
+    fn delete_rule(&self, name: &str) -> Result<bool> {
+        let conn = self;
+        Ok(conn
+            .prepare_cached("DELETE FROM reflexr_rules WHERE name = ?1")?
+            .execute([name])?
+            == 1)
+    }
+}
