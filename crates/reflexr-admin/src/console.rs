@@ -1,8 +1,10 @@
 //! The web console: static files embedded in the binary and served at `/`
 //! (the README's "The web console").
 //!
-//! The page is plain HTML, CSS and one JavaScript module, with no build
-//! step and nothing fetched from elsewhere: it works on an air-gapped box.
+//! The page is plain HTML, CSS and JavaScript modules (`app.js` the entry,
+//! importing the helpers, the API and stream clients and one module per
+//! page, all flat in `console/`), with no build step and nothing fetched
+//! from elsewhere: it works on an air-gapped box.
 //! It talks to the same REST routes and stream as any client, with the
 //! token the operator types in (kept in the tab's `sessionStorage`, sent
 //! as a header). The files are public — they hold no data — and are served
@@ -32,6 +34,81 @@ const FILES: &[File] = &[
         body: include_bytes!("console/app.js"),
     },
     File {
+        name: "dom.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/dom.js"),
+    },
+    File {
+        name: "session.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/session.js"),
+    },
+    File {
+        name: "api.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/api.js"),
+    },
+    File {
+        name: "dialogs.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/dialogs.js"),
+    },
+    File {
+        name: "stream.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/stream.js"),
+    },
+    File {
+        name: "chart.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/chart.js"),
+    },
+    File {
+        name: "overview.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/overview.js"),
+    },
+    File {
+        name: "events.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/events.js"),
+    },
+    File {
+        name: "runs.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/runs.js"),
+    },
+    File {
+        name: "dead_letters.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/dead_letters.js"),
+    },
+    File {
+        name: "rules.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/rules.js"),
+    },
+    File {
+        name: "reactions.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/reactions.js"),
+    },
+    File {
+        name: "followers.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/followers.js"),
+    },
+    File {
+        name: "schedules.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/schedules.js"),
+    },
+    File {
+        name: "audit.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("console/audit.js"),
+    },
+    File {
         name: "style.css",
         content_type: "text/css; charset=utf-8",
         body: include_bytes!("console/style.css"),
@@ -49,12 +126,12 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
                    img-src 'self' data:; connect-src 'self'; base-uri 'none'; \
                    form-action 'none'; frame-ancestors 'none'";
 
-/// The file `name` (`index.html` for `/`), or 404.
 /// The names of the console's files.
 pub(crate) fn names() -> Vec<&'static str> {
     FILES.iter().map(|f| f.name).collect()
 }
 
+/// The file `name` (`index.html` for `/`), or 404.
 pub(crate) fn serve(req: &Request, name: &str) -> Result<Response, ApiError> {
     let file = FILES
         .iter()
@@ -108,5 +185,23 @@ mod tests {
         assert!(!html.contains("style="));
         assert!(html.contains(r#"src="/console/app.js""#));
         assert!(!html.contains("http://") && !html.contains("https://"));
+    }
+
+    #[test]
+    fn every_module_a_script_imports_is_served() {
+        // A module missing from FILES would be a 404 only the browser sees.
+        for f in FILES.iter().filter(|f| f.name.ends_with(".js")) {
+            let js = std::str::from_utf8(f.body).unwrap();
+            for line in js.lines().filter(|l| l.starts_with("import ")) {
+                let from = line.split(" from './").nth(1);
+                let name = from.and_then(|s| s.strip_suffix("';"));
+                let name = name.unwrap_or_else(|| panic!("{}: {line:?}", f.name));
+                assert!(
+                    FILES.iter().any(|g| g.name == name),
+                    "{} imports {name}, which is not served",
+                    f.name
+                );
+            }
+        }
     }
 }

@@ -263,7 +263,7 @@ fn operations() -> Vec<Operation> {
             "/console/{file}",
             &[404],
             json!({
-                "summary": "The console's script, style sheet and icon (public: they hold no data).",
+                "summary": "The console's scripts (ES modules), style sheet and icon (public: they hold no data).",
                 "security": [],
                 "parameters": [path_param("file", "the file", one_of(super::console::names()))],
                 "responses": {

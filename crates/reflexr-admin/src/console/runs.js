@@ -1,0 +1,182 @@
+// Runs: the list by filter, with bulk retry and discard of dead ones, and
+// one run's page.
+
+import { api, change, vocabulary } from './api.js';
+import { act } from './dialogs.js';
+import { enc, h, kv, pre, table, when } from './dom.js';
+import { eventLink } from './events.js';
+import { canChange, notify, session, showError } from './session.js';
+
+function stateCell(state) {
+  return h('span', { class: `state-${state}` }, state);
+}
+
+export function runLink(id) {
+  return id ? h('a', { href: `#/run/${enc(id)}`, class: 'mono' }, id) : '–';
+}
+
+function runFilterFrom(query) {
+  const f = {};
+  for (const k of ['state', 'action', 'rule', 'workspace', 'scope']) {
+    if (query.get(k)) f[k] = query.get(k);
+  }
+  const path = query.get('input_path');
+  if (path) {
+    const raw = query.get('input_value') ?? '';
+    let value;
+    try { value = JSON.parse(raw); } catch { value = raw; }
+    f.input = { [path]: value };
+  }
+  return f;
+}
+
+/** Runs by filter, newest first, a page at a time; bulk retry/discard of dead ones. */
+export async function runs(main, query) {
+  const filter = runFilterFrom(query);
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(filter)) if (k !== 'input') q.set(k, v);
+  if (filter.input) {
+    const [[p, v]] = Object.entries(filter.input);
+    q.set(`input.${p}`, typeof v === 'string' ? v : JSON.stringify(v));
+  }
+  if (query.get('before')) q.set('before', query.get('before'));
+  const page = await api(`/api/v1/runs?${q}`);
+  const input = (name, label, attrs = {}) => h('label', {}, label, h('input', { name, value: query.get(name) ?? '', ...attrs }));
+  const form = h('form', { class: 'filters', role: 'search' },
+    h('label', {}, 'State', h('select', { name: 'state' },
+      h('option', { value: '' }, 'any'),
+      vocabulary.runStates.map((st) => h('option', { value: st, selected: st === filter.state }, st)))),
+    input('action', 'Action'),
+    input('rule', 'Rule'),
+    input('scope', 'Scope'),
+    input('input_path', 'Input key or $.path', { placeholder: 'session' }),
+    input('input_value', 'holds (JSON or text)', { placeholder: '42' }),
+    h('button', { type: 'submit', class: 'primary' }, 'Search'));
+  form.addEventListener('submit', (e) => {
+    e.preventDefault();
+    const next = new URLSearchParams();
+    for (const el of form.elements) if (el.name && el.value.trim()) next.set(el.name, el.value.trim());
+    location.hash = `#/runs?${next}`;
+  });
+  main.append(h('h1', {}, 'Runs'), form);
+  if (filter.state === 'dead' && canChange()) {
+    main.append(h('div', { class: 'toolbar' },
+      bulkButton('Retry all matching…', '/api/v1/runs/retry', { ...filter }, 'dead runs', 'retry'),
+      bulkButton('Discard all matching…', '/api/v1/runs/discard', { ...filter }, 'dead runs', 'discard')));
+  }
+  main.append(table('Runs, newest first', [
+    { label: 'id', cell: (r) => runLink(r.id) },
+    { label: 'state', cell: (r) => stateCell(r.state) },
+    { label: 'kind', cell: (r) => r.kind },
+    { label: 'action', cell: (r) => r.action },
+    { label: 'rule', cell: (r) => r.rule ?? '–' },
+    { label: 'scope', cell: (r) => r.scope ?? '–' },
+    { label: 'attempt', cell: (r) => `${r.attempt} of ${r.max_attempts}`, class: 'num' },
+    { label: 'last error', cell: (r) => r.last_error ?? '', class: 'wrap' },
+    { label: 'updated', cell: (r) => when(r.updated_at) },
+  ], page.runs, { empty: 'No run matches.' }));
+  if (page.next !== null) {
+    const older = new URLSearchParams(query);
+    older.set('before', page.next);
+    main.append(h('p', {}, h('a', { href: `#/runs?${older}` }, 'Older runs')));
+  }
+  return undefined;
+}
+
+/**
+ * "… all matching": asks the server what the filter matches (a dry run),
+ * states how many, and acts on exactly those ids once confirmed.
+ */
+export function bulkButton(label, path, filter, what, verb) {
+  return h('button', {
+    type: 'button',
+    class: verb === 'discard' ? 'danger' : undefined,
+    onclick: async () => {
+      let dry;
+      try {
+        dry = await api(path, { method: 'POST', body: { filter, operator: session.operator || 'console', reason: 'dry run' } });
+      } catch (e) {
+        showError(e);
+        return;
+      }
+      if (!dry.matched) {
+        notify(`No ${what} match the filter: nothing to ${verb}.`, 'info');
+        return;
+      }
+      await act({
+        title: `${verb === 'retry' ? 'Retry' : 'Discard'} ${dry.matched} ${what}?`,
+        text: `The filter matches ${dry.matched} ${what}${dry.more ? ' (and more beyond them)' : ''}. Exactly these will be ${verb === 'retry' ? 'retried' : 'discarded'}:`,
+        items: dry.ids.map(String),
+        more: dry.more,
+        action: `${verb === 'retry' ? 'Retry' : 'Discard'} ${dry.matched}`,
+      }, (who) => change(path, who, { ids: dry.ids, confirm: true }),
+      (r) => `${verb === 'retry' ? 'Retried' : 'Discarded'} ${r.done.length}`
+        + `${r.skipped.length ? `; ${r.skipped.length} had moved on and were left as they were` : ''}.`);
+    },
+  }, label);
+}
+
+/** A run: its fields, input, checkpoint, the event that fired it, what it emitted. */
+export async function runPage(main, query, [id]) {
+  const d = await api(`/api/v1/runs/${enc(id)}`);
+  const r = d.run;
+  main.append(
+    h('h1', {}, `Run ${r.action}`),
+    kv([
+      ['id', h('span', { class: 'mono' }, r.id)],
+      ['state', stateCell(r.state)],
+      ['kind', r.kind],
+      ['rule', r.rule ?? '–'],
+      ['scope', r.scope ?? '–'],
+      ['workspace', r.workspace ?? '–'],
+      ['attempt', `${r.attempt} of ${r.max_attempts}`],
+      ['priority', String(r.priority)],
+      r.unique_key ? ['unique', `${r.unique_key} (${r.unique_mode})`] : null,
+      r.cancelled_by ? ['cancelled by', `${r.cancelled_by}: ${r.cancel_reason ?? ''}`] : null,
+      ['last error', r.last_error ?? '–'],
+      ['due', when(r.due_at)],
+      ['claimed by', r.claimed_by ?? '–'],
+      ['created', when(r.created_at)],
+      ['updated', when(r.updated_at)],
+      ['finished', when(r.finished_at)],
+    ]));
+  if (['waiting', 'ready', 'running'].includes(r.state) && canChange()) {
+    main.append(h('div', { class: 'toolbar' },
+      h('button', {
+        type: 'button',
+        class: 'danger',
+        id: 'cancel-run',
+        onclick: () => act({
+          title: 'Cancel this run',
+          text: r.state === 'running'
+            ? 'It is running: its handler is asked to stop, and its completion will be refused.'
+            : 'It will never start.',
+          action: 'Cancel the run',
+        }, (who) => change(`/api/v1/runs/${enc(r.id)}/cancel`, who), () => 'The run was cancelled.'),
+      }, 'Cancel…')));
+  }
+  if (r.state === 'dead' && canChange()) {
+    main.append(h('div', { class: 'toolbar' },
+      h('button', {
+        type: 'button',
+        class: 'primary',
+        onclick: () => act({ title: 'Retry this run', text: 'It gets a fresh set of attempts.', action: 'Retry' },
+          (who) => change(`/api/v1/runs/${enc(r.id)}/retry`, who), () => 'The run will be retried.'),
+      }, 'Retry…'),
+      h('button', {
+        type: 'button',
+        class: 'danger',
+        onclick: () => act({ title: 'Discard this run', text: 'It will not run again; its scope goes on.', action: 'Discard' },
+          (who) => change(`/api/v1/runs/${enc(r.id)}/discard`, who), () => 'The run was discarded.'),
+      }, 'Discard…')));
+  }
+  main.append(h('h2', {}, 'Input'), pre(r.input));
+  main.append(h('h2', {}, 'Checkpoint'), r.checkpoint === null ? h('p', { class: 'empty' }, 'None saved.') : pre(r.checkpoint));
+  main.append(h('h2', {}, 'Fired by'), d.event
+    ? h('div', {}, h('p', {}, eventLink(d.event.workspace, d.event.id, `#${d.event.seq} ${d.event.type} (${d.event.subject})`)), pre(d.event.payload))
+    : h('p', { class: 'empty' }, 'No event (a delivery or a scheduled job, or the event was pruned).'));
+  main.append(h('h2', {}, 'Emitted'), d.emitted.length
+    ? h('ul', {}, d.emitted.map((e) => h('li', {}, eventLink(e.workspace, e.id, `#${e.seq} ${e.type} (${e.subject})`))))
+    : h('p', { class: 'empty' }, 'Nothing.'));
+  return undefined;
+}
