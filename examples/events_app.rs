@@ -287,7 +287,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         count(RunState::Succeeded),
         count(RunState::Dead),
         runs.iter()
-            .filter(|r| r.kind == reflexr::RunKind::Delivery && r.attempt > 1)
+            .filter(|r| r.kind == reflexr::inspect::RunKind::Delivery && r.attempt > 1)
             .count(),
         engine.dead_letters(false, 100)?.len()
     );

@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if event.event_type != "reading" {
             return Ok(None); // bridge nothing
         }
-        let mut out = reflexr::same_event(event);
+        let mut out = reflexr::inspect::same_event(event);
         let reading: serde_json::Value = event.payload()?;
         out = out.payload(&json!({ "device": "edge-7", "reading": reading }));
         Ok(Some(out))
@@ -78,7 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         assert!(edge_ids.contains(&e.id), "the same ids");
     }
-    let f = &edge.followed()?[0];
+    let f = &edge.followers()?[0];
     println!(
         "ledger: {} {} -> {} ({}), cursor {}, published {} (the re-read included), dead letters {}, stops {}",
         f.name,

@@ -1,4 +1,5 @@
-//! [`EngineBuilder`]: how an [`Engine`] is opened, and its settings' defaults.
+//! [`Builder`]: how an [`Engine`] is opened, on any backend, and its
+//! settings' defaults.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,79 +10,77 @@ use crate::base::durability::Synchronous;
 use crate::base::error::{Error, Result};
 use crate::base::event::Query;
 use crate::base::limits;
+use crate::core::db::Backend;
 use crate::core::lease::{self, DEFAULT_LEASE_TTL};
 use crate::core::settings::{Limits, Settings};
 use crate::core::sqlite::db::{Db, Open};
 use crate::engine::Engine;
 use crate::runtime::{self, Context};
+use crate::store::Sqlite;
 use crate::work::follow;
 use crate::work::prune::Retention;
 
-/// Opens an [`Engine`] with settings other than the defaults.
+/// Opens an [`Engine`] with settings other than the defaults:
+/// [`Engine::builder`] for a file, `Engine::builder_postgres` (feature
+/// `postgres`) for a PostgreSQL database. Every backend takes the settings
+/// of `impl<B> Builder<B>`; a file takes those of `impl Builder<Sqlite>`
+/// besides, a PostgreSQL database those of `impl Builder<Postgres>`.
 ///
 /// # Defaults
 ///
 /// | setting | default |
 /// | --- | --- |
-/// | [`synchronous`](EngineBuilder::synchronous) | [`Synchronous::Full`] |
-/// | [`clock`](EngineBuilder::clock) | [`SystemClock`] |
-/// | [`create_if_missing`](EngineBuilder::create_if_missing) | `true` |
-/// | [`pool_size`](EngineBuilder::pool_size) | 4 read connections |
-/// | [`busy_timeout`](EngineBuilder::busy_timeout) | 30 s |
-/// | [`heartbeat`](EngineBuilder::heartbeat) | 50 ms; 200 ms with the WAL watch (feature `watch`) |
-/// | [`lease_ttl`](EngineBuilder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
-/// | [`max_payload_bytes`](EngineBuilder::max_payload_bytes) | 1 MiB |
-/// | [`holder_id`](EngineBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
-/// | [`verify_on_open`](EngineBuilder::verify_on_open) | `false` |
-/// | [`vfs`](EngineBuilder::vfs) | SQLite's default VFS |
-/// | [`executors`](EngineBuilder::executors) | 2 threads |
-/// | [`claim_batch`](EngineBuilder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
-/// | [`evaluate_batch`](EngineBuilder::evaluate_batch) | 2,000 events per rule and batch |
-/// | [`max_chain_depth`](EngineBuilder::max_chain_depth) | 8 |
-/// | [`retention`](EngineBuilder::retention) | none: nothing is pruned automatically |
+/// | [`clock`](Builder::clock) | [`SystemClock`] |
+/// | [`busy_timeout`](Builder::busy_timeout) | 30 s |
+/// | [`heartbeat`](Builder::heartbeat) | SQLite: 50 ms, 200 ms with the WAL watch (feature `watch`); PostgreSQL: 200 ms (other processes' commits arrive by `LISTEN` first) |
+/// | [`lease_ttl`](Builder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
+/// | [`max_payload_bytes`](Builder::max_payload_bytes) | 1 MiB |
+/// | [`max_chain_depth`](Builder::max_chain_depth) | 8 |
+/// | [`holder_id`](Builder::holder_id) | `pid<pid>-<8 random hex digits>` |
+/// | [`executors`](Builder::executors) | 2 threads |
+/// | [`claim_batch`](Builder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
+/// | [`evaluate_batch`](Builder::evaluate_batch) | 2,000 events per rule and batch |
+/// | [`retention`](Builder::retention) | none: nothing is pruned automatically |
+/// | `pool_size` | SQLite: 4 read connections; PostgreSQL: 8 connections (reads and writes) |
+/// | SQLite's [`synchronous`](Builder::synchronous) | [`Synchronous::Full`] |
+/// | SQLite's [`create_if_missing`](Builder::create_if_missing) | `true` |
+/// | SQLite's [`verify_on_open`](Builder::verify_on_open) | `false` |
+/// | SQLite's [`vfs`](Builder::vfs) | SQLite's default VFS |
+///
+/// On PostgreSQL durability is the server's (`synchronous_commit`,
+/// replication), not the engine's.
 #[derive(Clone)]
-pub struct EngineBuilder {
-    path: PathBuf,
+pub struct Builder<B: Backend = Sqlite> {
+    options: B::Options,
     clock: Arc<dyn Clock>,
-    open: OpenOptions,
     settings: Settings,
     runtime: runtime::Config,
 }
 
-/// [`Open`], cloneable for the builder.
-#[derive(Clone)]
-struct OpenOptions {
-    create: bool,
-    pool_size: u32,
-    verify: bool,
-    vfs: Option<String>,
-}
-
 impl Engine {
     /// Opens (creating it if missing) the reflexr file at `path` with the
-    /// defaults of [`EngineBuilder`].
+    /// defaults of [`Builder`].
     pub fn open(path: impl AsRef<Path>) -> Result<Engine> {
         Engine::builder(path).open()
     }
 
     /// A builder for opening `path` with other settings.
-    pub fn builder(path: impl AsRef<Path>) -> EngineBuilder {
-        EngineBuilder::new(path)
+    pub fn builder(path: impl AsRef<Path>) -> Builder {
+        Builder::with(Open {
+            path: path.as_ref().to_path_buf(),
+            create: true,
+            pool_size: 4,
+            verify: false,
+            vfs: None,
+        })
     }
 }
 
-impl EngineBuilder {
-    /// A builder for opening `path` with other settings.
-    pub(crate) fn new(path: impl AsRef<Path>) -> EngineBuilder {
-        EngineBuilder {
-            path: path.as_ref().to_path_buf(),
+impl<B: Backend> Builder<B> {
+    fn with(options: B::Options) -> Builder<B> {
+        Builder {
+            options,
             clock: Arc::new(SystemClock),
-            open: OpenOptions {
-                create: true,
-                pool_size: 4,
-                verify: false,
-                vfs: None,
-            },
             settings: default_settings(),
             runtime: runtime::Config {
                 executors: 2,
@@ -93,14 +92,6 @@ impl EngineBuilder {
         }
     }
 
-    /// How hard a commit waits for the disk. Default [`Synchronous::Full`]: a
-    /// committed event survives power loss. [`Synchronous::Normal`] is an
-    /// opt-in that keeps commits safe from a process crash only.
-    pub fn synchronous(mut self, s: Synchronous) -> Self {
-        self.settings.synchronous = s;
-        self
-    }
-
     /// Where time comes from. Default [`SystemClock`]; tests pass a
     /// [`crate::ManualClock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -108,31 +99,20 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether a missing file is created. Default `true`. With `false`, a
-    /// missing file is [`Error::Missing`] (the CLI opens this way).
-    pub fn create_if_missing(mut self, create: bool) -> Self {
-        self.open.create = create;
-        self
-    }
-
-    /// How many read connections the pool keeps (1 to 64). Default 4.
-    pub fn pool_size(mut self, n: u32) -> Self {
-        self.open.pool_size = n;
-        self
-    }
-
-    /// How long a write waits for another process's lock, and a read for a
-    /// busy file, before failing with [`Error::Busy`]. Default 30 s.
+    /// How long a write waits for another process's lock (SQLite) or a
+    /// pooled connection (PostgreSQL), and a read for a busy file, before
+    /// failing with [`Error::Busy`]. Default 30 s.
     pub fn busy_timeout(mut self, t: Duration) -> Self {
         self.settings.busy_timeout = t;
         self
     }
 
-    /// How often a waiting thread checks for commits made by other processes
-    /// (`PRAGMA data_version`) and for retries and schedules coming due.
-    /// Commits made through this engine wake waiters at once regardless, and
-    /// so do other processes' when the WAL watch runs (feature `watch`).
-    /// Default 50 ms; 200 ms when the watch runs.
+    /// How often a waiting thread checks for commits made by other
+    /// processes (SQLite's `PRAGMA data_version`, PostgreSQL's head seq)
+    /// and for retries and schedules coming due. Commits made through this
+    /// engine wake waiters at once regardless, and so do other processes'
+    /// when the WAL watch runs (feature `watch`) or PostgreSQL's `LISTEN`
+    /// hears them. Default: see the table above.
     pub fn heartbeat(mut self, t: Duration) -> Self {
         self.settings.heartbeat = t;
         self.settings.heartbeat_set = true;
@@ -157,23 +137,6 @@ impl EngineBuilder {
     /// unique per open. Two engines must never share one.
     pub fn holder_id(mut self, id: impl Into<String>) -> Self {
         self.settings.holder_id = id.into();
-        self
-    }
-
-    /// Runs `PRAGMA quick_check` before opening, so a damaged file is refused
-    /// at once rather than when the damaged part is read. It reads the whole
-    /// file. Default `false`.
-    pub fn verify_on_open(mut self, verify: bool) -> Self {
-        self.open.verify = verify;
-        self
-    }
-
-    /// Opens the file through a VFS registered with SQLite under `name`
-    /// (e.g. one that encrypts, or the test suite's power-cut simulator)
-    /// instead of the default one; every connection of the engine uses it.
-    /// Default: the default VFS.
-    pub fn vfs(mut self, name: impl Into<String>) -> Self {
-        self.open.vfs = Some(name.into());
         self
     }
 
@@ -218,37 +181,72 @@ impl EngineBuilder {
         self
     }
 
-    /// Opens the file.
+    /// Opens the database.
     ///
     /// # Errors
-    /// - [`Error::NotADatabase`], [`Error::Corrupt`], [`Error::SchemaTooNew`],
-    ///   [`Error::ForeignDatabase`]: the file was refused and left unchanged.
-    /// - [`Error::Missing`]: no file, and `create_if_missing(false)`.
-    /// - [`Error::Pragma`]: SQLite did not take a setting (e.g. WAL on a
-    ///   file system that cannot share memory).
-    /// - [`Error::Invalid`]: a setting out of range.
-    pub fn open(self) -> Result<Engine> {
-        let r = &self.runtime;
+    /// - [`Error::Invalid`]: a setting out of range, or (PostgreSQL) a
+    ///   connection string that does not parse.
+    /// - A file: [`Error::NotADatabase`], [`Error::Corrupt`],
+    ///   [`Error::SchemaTooNew`], [`Error::ForeignDatabase`] (the file was
+    ///   refused and left unchanged); [`Error::Missing`] (no file, and
+    ///   `create_if_missing(false)`); [`Error::Pragma`] (SQLite did not
+    ///   take a setting, e.g. WAL on a file system that cannot share
+    ///   memory).
+    /// - PostgreSQL: [`Error::Io`] / [`Error::Storage`] when the server
+    ///   cannot be reached or refuses; [`Error::SchemaTooNew`] for a
+    ///   database a newer reflexr wrote.
+    pub fn open(self) -> Result<Engine<B>> {
         check_settings(&self.settings)?;
-        if let Some(retention) = &r.retention {
+        if let Some(retention) = &self.runtime.retention {
             retention.validate()?;
         }
-        check_runtime(r)?;
-        if let Some(vfs) = &self.open.vfs {
-            limits::check_name("vfs", vfs)?;
-        }
-        let open = Open {
-            create: self.open.create,
-            pool_size: self.open.pool_size,
-            verify: self.open.verify,
-            vfs: self.open.vfs.clone(),
-        };
-        let db = Db::open(&self.path, &open, self.settings, self.clock)?;
+        check_runtime(&self.runtime)?;
+        let db = B::open_db(&self.options, self.settings, self.clock)?;
         Ok(Engine::from_context(Context::new(db, self.runtime)))
     }
 }
 
-/// The settings' defaults (see [`EngineBuilder`]).
+impl Builder<Sqlite> {
+    /// How hard a commit waits for the disk. Default [`Synchronous::Full`]: a
+    /// committed event survives power loss. [`Synchronous::Normal`] is an
+    /// opt-in that keeps commits safe from a process crash only.
+    pub fn synchronous(mut self, s: Synchronous) -> Self {
+        self.settings.synchronous = s;
+        self
+    }
+
+    /// Whether a missing file is created. Default `true`. With `false`, a
+    /// missing file is [`Error::Missing`] (the CLI opens this way).
+    pub fn create_if_missing(mut self, create: bool) -> Self {
+        self.options.create = create;
+        self
+    }
+
+    /// How many read connections the pool keeps (1 to 64). Default 4.
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.options.pool_size = n;
+        self
+    }
+
+    /// Runs `PRAGMA quick_check` before opening, so a damaged file is refused
+    /// at once rather than when the damaged part is read. It reads the whole
+    /// file. Default `false`.
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.options.verify = verify;
+        self
+    }
+
+    /// Opens the file through a VFS registered with SQLite under `name`
+    /// (e.g. one that encrypts, or the test suite's power-cut simulator)
+    /// instead of the default one; every connection of the engine uses it.
+    /// Default: the default VFS.
+    pub fn vfs(mut self, name: impl Into<String>) -> Self {
+        self.options.vfs = Some(name.into());
+        self
+    }
+}
+
+/// The settings' defaults (see [`Builder`]).
 fn default_settings() -> Settings {
     Settings {
         synchronous: Synchronous::Full,
@@ -293,177 +291,40 @@ fn check_settings(s: &Settings) -> Result<()> {
     limits::check_text("holder_id", &s.holder_id, limits::MAX_ID_BYTES)
 }
 
-/// Opens an [`Engine`] on PostgreSQL (feature `postgres`), from
-/// [`Engine::builder_postgres`].
-///
-/// # Defaults
-///
-/// | setting | default |
-/// | --- | --- |
-/// | [`clock`](PostgresBuilder::clock) | [`SystemClock`] |
-/// | [`pool_size`](PostgresBuilder::pool_size) | 8 connections (reads and writes) |
-/// | [`busy_timeout`](PostgresBuilder::busy_timeout) | 30 s: how long a write waits for a pooled connection |
-/// | [`heartbeat`](PostgresBuilder::heartbeat) | 200 ms (commits of other processes arrive by `LISTEN` first) |
-/// | [`lease_ttl`](PostgresBuilder::lease_ttl) | 30 s ([`DEFAULT_LEASE_TTL`]) |
-/// | [`max_payload_bytes`](PostgresBuilder::max_payload_bytes) | 1 MiB |
-/// | [`max_chain_depth`](PostgresBuilder::max_chain_depth) | 8 |
-/// | [`holder_id`](PostgresBuilder::holder_id) | `pid<pid>-<8 random hex digits>` |
-/// | [`executors`](PostgresBuilder::executors) | 2 threads |
-/// | [`claim_batch`](PostgresBuilder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
-/// | [`evaluate_batch`](PostgresBuilder::evaluate_batch) | 2,000 events per rule and batch |
-/// | [`retention`](PostgresBuilder::retention) | none: nothing is pruned automatically |
-///
-/// Durability is the server's (`synchronous_commit`, replication), not the
-/// engine's.
-#[cfg(feature = "postgres")]
-#[derive(Clone)]
-pub struct PostgresBuilder {
-    config: String,
-    clock: Arc<dyn Clock>,
-    pool_size: u32,
-    settings: Settings,
-    runtime: runtime::Config,
-}
-
 #[cfg(feature = "postgres")]
 impl Engine<crate::store::Postgres> {
     /// Opens the engine on the PostgreSQL database `config` names, with the
-    /// defaults of [`PostgresBuilder`]. `config` is a libpq connection
-    /// string (`host=db.internal user=app dbname=app`) or a
-    /// `postgresql://` URL. The engine's tables (`reflexr_*`, from
-    /// `schema.pg.sql`) are created on first open, in the first schema of
-    /// the connection's `search_path`.
+    /// defaults of [`Builder`]. `config` is a libpq connection string
+    /// (`host=db.internal user=app dbname=app`) or a `postgresql://` URL.
+    /// The engine's tables (`reflexr_*`, from `schema.pg.sql`) are created
+    /// on first open, in the first schema of the connection's
+    /// `search_path`.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a config that does not parse;
-    /// [`Error::Io`] / [`Error::Storage`] when the server cannot be reached
-    /// or refuses; [`Error::SchemaTooNew`] for a database a newer reflexr
-    /// wrote.
+    /// As [`Builder::open`].
     pub fn open_postgres(config: &str) -> Result<Engine<crate::store::Postgres>> {
         Engine::builder_postgres(config).open()
     }
 
-    /// A builder for opening the database `config` names with other
-    /// settings.
-    pub fn builder_postgres(config: impl Into<String>) -> PostgresBuilder {
-        let mut settings = default_settings();
-        settings.heartbeat = Duration::from_millis(200);
-        PostgresBuilder {
+    /// A builder for opening the PostgreSQL database `config` names with
+    /// other settings.
+    pub fn builder_postgres(config: impl Into<String>) -> Builder<crate::store::Postgres> {
+        let mut b = Builder::with(crate::core::postgres::db::PgOpen {
             config: config.into(),
-            clock: Arc::new(SystemClock),
             pool_size: 8,
-            settings,
-            runtime: runtime::Config {
-                executors: 2,
-                claim_batch: 16,
-                evaluate_batch: 2_000,
-                retention: None,
-                hubs: HUBS,
-            },
-        }
+        });
+        b.settings.heartbeat = Duration::from_millis(200);
+        b
     }
 }
 
 #[cfg(feature = "postgres")]
-impl PostgresBuilder {
-    /// The clock the engine reads: times it records, lease expiries.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// How many connections the engine keeps to the server (1 to 64).
+impl Builder<crate::store::Postgres> {
+    /// How many connections the pool keeps, for reads and writes (1 to
+    /// 64). Default 8.
     pub fn pool_size(mut self, n: u32) -> Self {
-        self.pool_size = n;
+        self.options.pool_size = n;
         self
-    }
-
-    /// How long a read or write waits for a pooled connection.
-    pub fn busy_timeout(mut self, t: Duration) -> Self {
-        self.settings.busy_timeout = t;
-        self
-    }
-
-    /// How often a waiting thread checks for other processes' commits when
-    /// no notification came.
-    pub fn heartbeat(mut self, t: Duration) -> Self {
-        self.settings.heartbeat = t;
-        self.settings.heartbeat_set = true;
-        self
-    }
-
-    /// The default time to live of a lease.
-    pub fn lease_ttl(mut self, t: Duration) -> Self {
-        self.settings.lease_ttl = t;
-        self
-    }
-
-    /// The largest payload an append accepts, in bytes.
-    pub fn max_payload_bytes(mut self, n: usize) -> Self {
-        self.settings.limits.max_payload_bytes = n;
-        self
-    }
-
-    /// How deep a chain of events and runs may go (see
-    /// [`EngineBuilder::max_chain_depth`]). Default 8.
-    pub fn max_chain_depth(mut self, n: u32) -> Self {
-        self.settings.limits.max_chain_depth = i64::from(n);
-        self
-    }
-
-    /// The name this engine holds leases under.
-    pub fn holder_id(mut self, id: impl Into<String>) -> Self {
-        self.settings.holder_id = id.into();
-        self
-    }
-
-    /// How many executor threads `Engine::start` spawns (0 to 64). Default
-    /// 2. Every process's executors claim runs from the same queue; with 0
-    /// this process leaves its runs to the others.
-    pub fn executors(mut self, n: usize) -> Self {
-        self.runtime.executors = n;
-        self
-    }
-
-    /// How many runs an executor claims in one transaction (1 to 1,000);
-    /// see [`EngineBuilder::claim_batch`]. Default 16.
-    pub fn claim_batch(mut self, n: usize) -> Self {
-        self.runtime.claim_batch = n;
-        self
-    }
-
-    /// How many events a rule reads per batch (1 to 10,000). Default 2,000.
-    pub fn evaluate_batch(mut self, n: usize) -> Self {
-        self.runtime.evaluate_batch = n;
-        self
-    }
-
-    /// Prunes what `retention` allows every ten minutes, from the loop (one
-    /// process at a time, under the loop lease), as `Engine::prune` does.
-    /// Default: none.
-    pub fn retention(mut self, retention: Retention) -> Self {
-        self.runtime.retention = Some(retention);
-        self
-    }
-
-    /// Connects, applies or migrates the schema, and starts the listener.
-    ///
-    /// # Errors
-    /// See [`Engine::open_postgres`].
-    pub fn open(self) -> Result<Engine<crate::store::Postgres>> {
-        check_settings(&self.settings)?;
-        check_runtime(&self.runtime)?;
-        if let Some(retention) = &self.runtime.retention {
-            retention.validate()?;
-        }
-        let db = crate::core::postgres::db::PgDb::open(
-            &self.config,
-            self.pool_size,
-            self.settings,
-            self.clock,
-            true,
-        )?;
-        Ok(Engine::from_context(Context::new(db, self.runtime)))
     }
 }
 
@@ -488,6 +349,7 @@ fn open_file_hub(
     path: &str,
 ) -> Result<Arc<follow::Publish>> {
     let open = Open {
+        path: PathBuf::from(path),
         create: false,
         pool_size: 2,
         verify: false,
@@ -495,7 +357,7 @@ fn open_file_hub(
     };
     let mut settings = like.clone();
     settings.synchronous = Synchronous::Full;
-    let db = Db::open(Path::new(path), &open, settings, Arc::clone(clock))?;
+    let db = Db::open(&open, settings, Arc::clone(clock))?;
     Ok(follow::publisher::<crate::Sqlite>(Arc::new(db)))
 }
 

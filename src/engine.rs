@@ -22,7 +22,7 @@ use crate::core::wake::Subscription;
 use crate::core::workspace::{self, WorkspaceInfo};
 use crate::core::writer::WriterStats;
 use crate::runtime::Service;
-use crate::runtime::{self, Context, Idle};
+use crate::runtime::{self, Context, Drained};
 use crate::store::DeadLetters;
 #[cfg(feature = "postgres")]
 use crate::store::Postgres;
@@ -35,7 +35,7 @@ use crate::work::inspect::{
     self, BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, RunDetail, RunFilter, RunPage,
     RunsFeed,
 };
-use crate::work::operate::{self, MAX_BULK, Matches, RuleInfo};
+use crate::work::operate::{self, RuleInfo};
 use crate::work::prune::{Pruned, Retention};
 use crate::work::queue::enqueue::{Enqueue, Enqueued};
 use crate::work::queue::run::{Run, RunContext, RunInfo, RunState};
@@ -113,7 +113,7 @@ impl Engine<Postgres> {
 /// What every backend does: workspaces, writes with the application's own
 /// SQL, appends, reads, cursors, leases, waiting for commits.
 impl<B: Backend> Engine<B> {
-    fn db(&self) -> &B::Db {
+    pub(crate) fn db(&self) -> &B::Db {
         &self.cx.db
     }
 
@@ -594,7 +594,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// A page of the events `query` asks for — its types and its subject —
-    /// looked for among at most [`crate::SCAN_WINDOW`] events of its
+    /// looked for among at most [`crate::limits::SCAN_WINDOW`] events of its
     /// workspace after its `after`, so a rare subject in a long log costs a
     /// bounded read per page. Go on from the page's `next_after`.
     ///
@@ -605,26 +605,16 @@ impl<B: Backend> Engine<B> {
     }
 
     /// A page of the runs `filter` matches, newest first, looked for among
-    /// at most [`crate::SCAN_WINDOW`] runs (go on from the page's `next`).
+    /// at most [`crate::limits::SCAN_WINDOW`] runs (go on from the page's `next`).
     pub fn find_runs(&self, filter: &RunFilter) -> Result<RunPage> {
         self.db().read_with(&mut |c| inspect::find_runs(c, filter))
     }
 
-    /// Runs whose state, claim or due time changed after `after` — the
-    /// `(updated_at, position)` of the last one seen — in the order of
-    /// their change time. On PostgreSQL concurrent transactions may commit
-    /// out of that order, so a reader following this can pass over a
-    /// change committed late: follow [`Engine::runs_feed`] to miss none.
-    pub fn runs_changed(&self, after: (i64, i64), limit: usize) -> Result<Vec<RunInfo>> {
-        self.db()
-            .read_with(&mut |c| inspect::runs_changed(c, after, limit))
-    }
-
     /// The next run changes of `feed`, at most `limit` (1 to
-    /// [`crate::MAX_PAGE`]), oldest first; moves `feed` past them (on an
+    /// [`crate::limits::MAX_PAGE`]), oldest first; moves `feed` past them (on an
     /// error it stays). The admin stream's `runs` topic; see [`RunsFeed`]
     /// for what it gives on each backend.
-    pub fn runs_feed(&self, feed: &mut RunsFeed, limit: usize) -> Result<Vec<RunInfo>> {
+    pub fn runs_feed(&self, feed: &mut RunsFeed<B>, limit: usize) -> Result<Vec<RunInfo>> {
         self.db()
             .read_with(&mut |c| inspect::runs_feed(c, feed, limit))
     }
@@ -642,7 +632,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The scopes held behind a dead run, most recently blocked first, at
-    /// most `limit` (1 to [`crate::MAX_PAGE`]).
+    /// most `limit` (1 to [`crate::limits::MAX_PAGE`]).
     pub fn blocked_lanes(&self, limit: usize) -> Result<Vec<BlockedLane>> {
         self.db()
             .read_with(&mut |c| inspect::blocked_lanes(c, limit))
@@ -654,27 +644,9 @@ impl<B: Backend> Engine<B> {
             .read_with(&mut |c| inspect::find_dead_letters(c, filter))
     }
 
-    /// The dead runs `filter` matches, at most `max`: what a bulk retry or
-    /// discard ([`crate::Operator::retry_runs`]) would act on — its dry run.
-    pub fn matching_dead_runs(&self, filter: &RunFilter, max: usize) -> Result<Matches<String>> {
-        self.db()
-            .read_with(&mut |c| operate::matching_dead_runs(c, filter, max.min(MAX_BULK)))
-    }
-
-    /// The open dead letters `filter` matches, at most `max`: what
-    /// [`crate::Operator::retry_dead_letters`] would act on.
-    pub fn matching_dead_letters(
-        &self,
-        filter: &DeadLetterFilter,
-        max: usize,
-    ) -> Result<Matches<i64>> {
-        self.db()
-            .read_with(&mut |c| operate::matching_dead_letters(c, filter, max.min(MAX_BULK)))
-    }
-
     /// The followers in the ledger, with their cursors and counters
     /// (published, dead letters, stops).
-    pub fn followed(&self) -> Result<Vec<FollowerInfo>> {
+    pub fn followers(&self) -> Result<Vec<FollowerInfo>> {
         runtime::followers(&self.cx)
     }
 
@@ -826,7 +798,7 @@ impl<B: Backend> Engine<B> {
     /// events and events fire runs. Runs waiting for a retry's backoff are not
     /// due until the clock passes it: move a [`crate::ManualClock`] and call
     /// again.
-    pub fn run_until_idle(&self) -> Result<Idle> {
+    pub fn run_until_idle(&self) -> Result<Drained> {
         runtime::run_until_idle(&self.cx)
     }
 
@@ -840,11 +812,6 @@ impl<B: Backend> Engine<B> {
     /// One run.
     pub fn run(&self, id: &str) -> Result<Option<RunInfo>> {
         self.db().read_with(&mut |c| operate::run_info(c, id))
-    }
-
-    /// How many runs are in each state.
-    pub fn run_counts(&self) -> Result<Vec<(RunState, i64)>> {
-        self.db().read_with(&mut |c| operate::run_counts(c))
     }
 
     /// Dead letters, oldest first: the open ones, or all with

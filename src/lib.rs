@@ -65,50 +65,75 @@ mod builder;
 mod engine;
 mod operator;
 
-pub use crate::core::changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
-pub use crate::core::cursor::{ConsumerKind, CursorInfo, Reset, STUCK_AFTER_FAILURES};
-pub use crate::core::db::Backend;
-pub use crate::core::db::Tx;
-pub use crate::core::lease::{DEFAULT_LEASE_TTL, Lease, LeaseInfo};
-pub use crate::core::workspace::WorkspaceInfo;
-pub use crate::core::writer::WriterStats;
-pub use base::audit::{AuditAction, AuditEntry};
+// What an application calls: the engine, its builder and its operators'
+// view, the writes and what they take, the work it registers.
+pub use crate::core::cursor::ConsumerKind;
+pub use crate::core::db::{Backend, Tx};
+pub use crate::core::lease::Lease;
 pub use base::clock::{Clock, ManualClock, SystemClock};
-pub use base::counter::Counter;
-pub use base::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
 pub use base::durability::Synchronous;
 pub use base::error::{Error, HandlerError, Result};
-pub use base::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
-pub use base::limits::{MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
+pub use base::event::{Appended, Event, NewEvent, Query};
 pub use base::retry::RetryPolicy;
-pub use builder::EngineBuilder;
-#[cfg(feature = "postgres")]
-pub use builder::PostgresBuilder;
+pub use builder::Builder;
 pub use engine::{Engine, Watch};
 pub use operator::Operator;
-pub use runtime::{Idle, Service};
+pub use runtime::{Drained, Service};
 #[cfg(feature = "postgres")]
 pub use store::Postgres;
 pub use store::Sqlite;
-pub use store::sqlite::schema::SCHEMA_VERSION;
-pub use work::control::{ActionConfig, Pausable, PausedInfo};
-pub use work::delivery::{ChannelPolicy, Delivery, Message, SenderFn};
-pub use work::evaluate::firing_id;
-pub use work::follow::{
-    Follow, FollowerInfo, PUBLISH_BATCH, ProjectionFn, SKIP_SAVE_EVERY, same_event,
-};
-pub use work::inspect::{
-    BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, MAX_PAGE, RunDetail, RunFilter,
-    RunFilterSpec, RunPage, RunsFeed, SCAN_WINDOW,
-};
-pub use work::operate::{Bulk, MAX_BULK, Matches, RuleInfo, RuleReset};
-pub use work::prune::{Pruned, Retention};
+pub use work::control::{ActionConfig, Pausable};
+pub use work::delivery::{ChannelPolicy, Delivery, Message};
+pub use work::follow::Follow;
+pub use work::operate::RuleReset;
+pub use work::prune::Retention;
 pub use work::queue::enqueue::{Enqueue, Enqueued, Unique};
-pub use work::queue::run::{ActionFn, Run, RunContext, RunInfo, RunKind, RunState};
-pub use work::reaction::{Reaction, ReactionFn};
-pub use work::rule::{Decision, OnDeadLetter, OnNewVersion, Ordering, Rule, Scope, ScopeFn, Start};
-pub use work::schedule::{Guarantee, Job, JobFn, Missed, Occurrence, ScheduleInfo};
-pub use work::stats::Stats;
+pub use work::queue::run::{Run, RunContext, RunState};
+pub use work::reaction::Reaction;
+pub use work::rule::{Decision, OnDeadLetter, OnNewVersion, Rule, RunOrder, Scope, Start};
+pub use work::schedule::{Guarantee, Job, Missed, Occurrence};
+
+/// What operators (and applications that show their work) read back: the
+/// records, filters, pages and feeds of [`Engine`]'s and [`Operator`]'s
+/// reads, and the counters of [`Engine::stats`].
+pub mod inspect {
+    pub use crate::base::audit::{AuditAction, AuditEntry};
+    pub use crate::base::counter::Counter;
+    pub use crate::base::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
+    pub use crate::core::cursor::{CursorInfo, CursorReset};
+    pub use crate::core::lease::LeaseInfo;
+    pub use crate::core::workspace::WorkspaceInfo;
+    pub use crate::core::writer::WriterStats;
+    pub use crate::work::control::PausedInfo;
+    pub use crate::work::evaluate::firing_id;
+    pub use crate::work::follow::{FollowerInfo, same_event};
+    pub use crate::work::inspect::{
+        BlockedLane, DeadLetterFilter, DeadLetterPage, EventPage, RunDetail, RunFilter,
+        RunFilterSpec, RunPage, RunsFeed,
+    };
+    pub use crate::work::operate::{Bulk, Matches, RuleInfo};
+    pub use crate::work::prune::Pruned;
+    pub use crate::work::queue::run::{RunInfo, RunKind};
+    pub use crate::work::schedule::ScheduleInfo;
+    pub use crate::work::stats::Stats;
+}
+
+/// The engine's limits and tuning constants: how long names and texts may
+/// be, how large a page or a bulk change, how often a follower saves, and
+/// the schema version this library writes.
+pub mod limits {
+    pub use crate::base::event::RESERVED_TYPES;
+    pub use crate::base::limits::{
+        MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES,
+    };
+    pub use crate::core::changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
+    pub use crate::core::cursor::STUCK_AFTER_FAILURES;
+    pub use crate::core::lease::DEFAULT_LEASE_TTL;
+    pub use crate::store::sqlite::schema::SCHEMA_VERSION;
+    pub use crate::work::follow::{PUBLISH_BATCH, SKIP_SAVE_EVERY};
+    pub use crate::work::inspect::{MAX_PAGE, SCAN_WINDOW};
+    pub use crate::work::operate::MAX_BULK;
+}
 
 /// The PostgreSQL client the engine's `Tx<'_, Postgres>` runs the
 /// application's SQL with (feature `postgres`): its `Row` and `types`.

@@ -1,12 +1,14 @@
 //! [`Operator`]: what an operator does to the file, on the record.
 
 use crate::base::error::{Error, Result};
-use crate::core::cursor::{self, ConsumerKind, Reset};
+use crate::core::cursor::{self, ConsumerKind, CursorReset};
 use crate::core::db::Backend;
+use crate::core::db::CoreDb;
 use crate::engine::Engine;
 use crate::store::Sqlite;
 use crate::work::control::{self, ActionConfig, Pausable};
-use crate::work::operate::{self, Bulk, RuleReset};
+use crate::work::inspect::{DeadLetterFilter, RunFilter};
+use crate::work::operate::{self, Bulk, MAX_BULK, Matches, RuleReset};
 use crate::work::prune::{Pruned, Retention};
 
 /// An operator acting on the file, from [`Engine::operator`]: every
@@ -67,6 +69,26 @@ impl<B: Backend> Engine<B> {
 }
 
 impl<B: Backend> Operator<'_, B> {
+    /// The dead runs `filter` matches, at most `max`: what a bulk retry or
+    /// discard ([`crate::Operator::retry_runs`]) would act on — its dry run.
+    pub fn matching_dead_runs(&self, filter: &RunFilter, max: usize) -> Result<Matches<String>> {
+        self.engine
+            .db()
+            .read_with(&mut |c| operate::matching_dead_runs(c, filter, max.min(MAX_BULK)))
+    }
+
+    /// The open dead letters `filter` matches, at most `max`: what
+    /// [`Operator::retry_dead_letters`] would act on (the dry run).
+    pub fn matching_dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        max: usize,
+    ) -> Result<Matches<i64>> {
+        self.engine
+            .db()
+            .read_with(&mut |c| operate::matching_dead_letters(c, filter, max.min(MAX_BULK)))
+    }
+
     fn who(&self) -> (&str, &str) {
         (&self.operator, &self.reason)
     }
@@ -79,7 +101,7 @@ impl<B: Backend> Operator<'_, B> {
         kind: ConsumerKind,
         name: &str,
         position: i64,
-    ) -> Result<Reset> {
+    ) -> Result<CursorReset> {
         let (op, why) = self.who();
         self.engine.write(|tx| {
             let now = tx.now_ms();
@@ -204,10 +226,10 @@ impl<B: Backend> Operator<'_, B> {
 
     /// Retries these dead runs, each as [`Operator::retry_run`], in one
     /// transaction; an id that is not a dead run is skipped and said why.
-    /// Find them with [`Engine::matching_dead_runs`] (the dry run).
+    /// Find them with [`Operator::matching_dead_runs`] (the dry run).
     ///
     /// # Errors
-    /// [`Error::Invalid`] for more than [`crate::MAX_BULK`] ids.
+    /// [`Error::Invalid`] for more than [`crate::limits::MAX_BULK`] ids.
     pub fn retry_runs(&self, ids: &[String]) -> Result<Bulk> {
         let (op, why) = self.who();
         self.engine.write(|tx| {
@@ -230,7 +252,7 @@ impl<B: Backend> Operator<'_, B> {
     /// Retries what these open dead letters gave up on, each as
     /// [`Operator::retry_dead_letter`], in one transaction; one that cannot
     /// be retried is skipped and said why. Find them with
-    /// [`Engine::matching_dead_letters`].
+    /// [`Operator::matching_dead_letters`].
     pub fn retry_dead_letters(&self, ids: &[i64]) -> Result<Bulk> {
         let (op, why) = self.who();
         self.engine.write(|tx| {

@@ -16,10 +16,11 @@ use common::on_backends;
 use common::rules::{
     APP_TYPES, Count, JOB_TYPES, append_rsvps, every_nth, expected, fired, job, on_job,
 };
+use reflexr::inspect::{Counter, DeadLetterFilter, RunFilter, RunKind};
 use reflexr::{
-    ActionConfig, ChannelPolicy, Counter, DeadLetterFilter, Decision, Delivery, Engine, Enqueue,
-    Error, Follow, Job, ManualClock, Missed, NewEvent, OnDeadLetter, Pausable, Query, RetryPolicy,
-    Rule, RuleReset, RunFilter, RunKind, RunState, Scope, Start, Unique,
+    ActionConfig, ChannelPolicy, Decision, Delivery, Engine, Enqueue, Error, Follow, Job,
+    ManualClock, Missed, NewEvent, OnDeadLetter, Pausable, Query, RetryPolicy, Rule, RuleReset,
+    RunState, Scope, Start, Unique,
 };
 use serde_json::{Value, json};
 
@@ -718,7 +719,7 @@ fn a_failing_run_is_retried_after_its_backoff_and_dead_lettered_once_spent<B: Te
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].run_id.as_deref(), Some(id.as_str()));
     assert_eq!(letters[0].attempts, 3);
-    let counts = engine.run_counts().unwrap();
+    let counts: Vec<_> = engine.stats().unwrap().runs.into_iter().collect();
     assert_eq!(counts, [(RunState::Dead, 1)]);
 }
 
@@ -1580,11 +1581,16 @@ fn an_operator_finds_runs_events_and_dead_letters_by_filter_and_acts_on_them_in_
         .find_dead_letters(&DeadLetterFilter::new().consumer("shipper"))
         .unwrap();
     assert_eq!(letters.dead_letters.len(), 3);
-    assert_eq!(e.runs_changed((0, 0), 100).unwrap().len(), 4);
+    let mut feed = reflexr::inspect::RunsFeed::<B>::since(0);
+    assert_eq!(e.runs_feed(&mut feed, 100).unwrap().len(), 4);
     assert_eq!(e.dead_letters_after(0, 100).unwrap().len(), 3);
 
     fail.store(false, std::sync::atomic::Ordering::SeqCst);
-    let matches = e.matching_dead_runs(&RunFilter::new(), 10).unwrap();
+    let matches = e
+        .operator("ops", "a dry run")
+        .unwrap()
+        .matching_dead_runs(&RunFilter::new(), 10)
+        .unwrap();
     assert_eq!((matches.ids.len(), matches.more), (3, false));
     let ops = e.operator("ops", "the carrier is back").unwrap();
     let mut ids = matches.ids.clone();
@@ -1654,7 +1660,7 @@ fn a_follower_bridges_a_workspace_into_another_once_by_ids<B: TestBackend>() {
         if ev.subject == "thing/bad" {
             return Err("cannot project it".into());
         }
-        Ok(Some(reflexr::same_event(ev)))
+        Ok(Some(reflexr::inspect::same_event(ev)))
     })
     .unwrap();
     let name = e
@@ -1677,18 +1683,18 @@ fn a_follower_bridges_a_workspace_into_another_once_by_ids<B: TestBackend>() {
     let other = B::open(&place, &clock, "other");
     other
         .register_projection("picky", |ev: &reflexr::Event| {
-            Ok(Some(reflexr::same_event(ev)))
+            Ok(Some(reflexr::inspect::same_event(ev)))
         })
         .unwrap();
     clock.advance(Duration::from_secs(31));
     assert_eq!(other.run_until_idle().unwrap().followed, 1);
     assert_eq!(e.read(&Query::new("mirror")).unwrap().len(), 3);
-    let info = &other.followed().unwrap()[0];
+    let info = &other.followers().unwrap()[0];
     assert_eq!((info.published, info.dead_letters, info.lag), (3, 1, 0));
     let ops = other.operator("ops", "done with it").unwrap();
     ops.restart_follower(&name).unwrap();
     ops.unfollow(&name).unwrap();
-    assert!(other.followed().unwrap().is_empty());
+    assert!(other.followers().unwrap().is_empty());
     assert!(ops.unfollow(&name).unwrap_err().is_not_found());
 }
 
@@ -1840,7 +1846,7 @@ fn one_runs_refused_output_fails_only_that_run_and_the_rest_of_its_batch_settles
                 .collect()
         })
         .unwrap();
-    let long_id = "d".repeat(reflexr::MAX_ID_BYTES - 2);
+    let long_id = "d".repeat(reflexr::limits::MAX_ID_BYTES - 2);
     e.deliver(&Delivery::new("sms", "hello").id(&long_id))
         .unwrap();
     let idle = e.run_until_idle().unwrap();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::backend::{Opts, TestBackend};
 use common::{Arrange, Scene, on_backends};
 use reflexr::{
-    Decision, Engine, Error, ManualClock, NewEvent, Ordering, Query, RetryPolicy, Rule, RunState,
+    Decision, Engine, Error, ManualClock, NewEvent, Query, RetryPolicy, Rule, RunOrder, RunState,
 };
 
 on_backends!(
@@ -154,7 +154,7 @@ fn a_handler_slower_than_its_lease_keeps_its_claim_while_the_renewer_runs<B: Tes
     e.register_rule(
         Rule::new("slow", "app")
             .on(["tick"])
-            .ordering(Ordering::None)
+            .ordering(RunOrder::None)
             .action("slow")
             .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
     )
@@ -207,7 +207,7 @@ fn a_clock_that_jumps_forward_or_back_stops_nothing<B: TestBackend>() {
     e.register_rule(
         Rule::new("each", "app")
             .on(["tick"])
-            .ordering(Ordering::None)
+            .ordering(RunOrder::None)
             .action("count")
             .retry(RetryPolicy::attempts(3).fixed(Duration::from_secs(60)))
             .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),

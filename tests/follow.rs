@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use common::backend::{Opts, TestBackend, child, parent_engine};
 use common::{children_on_backends, later, on_backends};
-use reflexr::{
-    ConsumerKind, Engine, Follow, FollowerInfo, ManualClock, NewEvent, Query, same_event,
-};
+use reflexr::inspect::{FollowerInfo, same_event};
+use reflexr::{ConsumerKind, Engine, Follow, ManualClock, NewEvent, Query};
 
 on_backends!(
     a_follower_publishes_what_its_projection_selects_with_the_same_ids,
@@ -143,7 +142,7 @@ fn a_follower_publishes_what_its_projection_selects_with_the_same_ids<B: TestBac
     }
     e.run_until_idle().unwrap();
     assert_eq!(ids(&e, "fleet"), want);
-    let f = &e.followed().unwrap()[0];
+    let f = &e.followers().unwrap()[0];
     assert_eq!((f.published, f.cursor, f.lag), (6, 15, 0));
 }
 
@@ -161,7 +160,7 @@ fn a_follower_relays_an_edge_database_into_a_hub<B: Hub>() {
     append(&e, "debug", 10);
     e.run_until_idle().unwrap();
     assert_eq!(ids(&h, "fleet"), want);
-    let f = &e.followed().unwrap()[0];
+    let f = &e.followers().unwrap()[0];
     let named = B::target(f).unwrap();
     assert!(
         named == B::locator(&hub_place) || named == "hub",
@@ -186,7 +185,7 @@ fn a_follower_killed_between_publish_and_cursor_save_publishes_no_duplicate<B: H
         h.append("fleet", &same_event(&ev).id(ev.id.clone()))
             .unwrap();
     }
-    assert_eq!(e.followed().unwrap()[0].cursor, 0);
+    assert_eq!(e.followers().unwrap()[0].cursor, 0);
     e.run_until_idle().unwrap();
     assert_eq!(ids(&h, "fleet"), want, "each once, in order");
 }
@@ -267,7 +266,7 @@ fn kills_at_any_moment_publish_nothing_twice_and_a_restart_rereads_at_most_a_bat
     // and a kill costs at most one page of envelopes read again.
     let reread = seen.values().filter(|n| **n > 1).count();
     assert!(
-        reread <= kills * reflexr::SKIP_SAVE_EVERY,
+        reread <= kills * reflexr::limits::SKIP_SAVE_EVERY,
         "{reread} envelopes read again after {kills} kills"
     );
 }
@@ -327,7 +326,7 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     want.extend(append(&e, "reading", 3));
     e.run_until_idle().unwrap();
     assert_eq!(ids(&e, "fleet"), want[..3], "relayed up to the alarm");
-    let f = &e.followed().unwrap()[0];
+    let f = &e.followers().unwrap()[0];
     assert_eq!((f.stops, f.cursor, f.stopped_here), (1, 3, true));
     assert!(f.last_error.as_deref().unwrap().contains("alarm"), "{f:?}");
     assert!(
@@ -360,7 +359,7 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
     assert!(stuck.is_stuck(), "{stuck:?}");
     assert_eq!((stuck.position, stuck.failures), (3, 3));
     assert!(stuck.last_error.as_deref().unwrap().contains("alarm"));
-    assert_eq!(e.followed().unwrap()[0].stops, 3);
+    assert_eq!(e.followers().unwrap()[0].stops, 3);
 
     e.register_types("fleet", &["alarm"]).unwrap();
     ops.operator("ops", "fixed")
@@ -369,7 +368,7 @@ fn a_type_the_target_does_not_accept_stops_the_follower_until_the_configuration_
         .unwrap();
     e.run_until_idle().unwrap();
     assert_eq!(ids(&e, "fleet"), want, "then all arrive, in order");
-    assert!(!e.followed().unwrap()[0].stopped_here);
+    assert!(!e.followers().unwrap()[0].stopped_here);
     assert_eq!(cursor(&e).failures, 0, "moving on clears the failures");
     assert!(
         ops.operator("ops", "typo")
@@ -416,7 +415,7 @@ fn the_same_projection_bridges_the_applications_events_and_skips_the_engines_own
         .filter(|d| d.kind.as_str() == "follower")
         .collect();
     assert!(dead.is_empty(), "{dead:?}");
-    let f = &e.followed().unwrap()[0];
+    let f = &e.followers().unwrap()[0];
     assert_eq!((f.lag, f.dead_letters, f.stops), (0, 0, 0));
 }
 
@@ -467,7 +466,7 @@ fn bad_envelopes_are_dead_lettered_once_per_seq_and_the_follower_moves_on<B: Tes
     e.run_until_idle().unwrap();
     assert_eq!(e.dead_letters(false, 10).unwrap().len(), 4);
     assert_eq!(ids(&e, "fleet").len(), 2);
-    let f = &e.followed().unwrap()[0];
+    let f = &e.followers().unwrap()[0];
     assert_eq!(
         (f.dead_letters, f.stops),
         (4, 0),
@@ -509,9 +508,9 @@ fn the_cursor_is_saved_at_least_every_500_envelopes_that_bridge_nothing<B: TestB
         .expect("the child read 800 envelopes");
     child.kill();
     let e = B::open(&place, &clock, "after");
-    let cursor = e.followed().unwrap()[0].cursor;
+    let cursor = e.followers().unwrap()[0].cursor;
     assert!(
-        read - cursor <= reflexr::SKIP_SAVE_EVERY as i64 && cursor <= read,
+        read - cursor <= reflexr::limits::SKIP_SAVE_EVERY as i64 && cursor <= read,
         "read {read}, cursor saved at {cursor}"
     );
 }
@@ -537,7 +536,7 @@ fn the_ledger_lists_followers_and_an_engine_resumes_every_one_at_start<B: Hub>()
     // targets) and starts; the ledger tells it what to follow.
     let e = B::open(&place, &clock, "second-run");
     readings_only(&e);
-    let listed = e.followed().unwrap();
+    let listed = e.followers().unwrap();
     assert_eq!(listed.len(), 2);
     B::again(&e, &B::locator(&hub_place));
     let want = append(&e, "reading", 4);

@@ -340,7 +340,7 @@ fn unregistered_types_are_not_found_and_reserved_types_are_refused<B: TestBacken
         ),
         "{e}"
     );
-    for reserved in reflexr::RESERVED_TYPES {
+    for reserved in reflexr::limits::RESERVED_TYPES {
         let e = engine
             .append("app", &NewEvent::new(reserved, "x", "tester", 1))
             .unwrap_err();
@@ -363,7 +363,7 @@ fn unregistered_types_are_not_found_and_reserved_types_are_refused<B: TestBacken
 fn malformed_events_get_typed_errors_and_change_nothing<B: TestBackend>() {
     let (_place, _clock, engine) = setup::<B>();
     engine.append("app", &made("before").id("keep")).unwrap();
-    let long = "x".repeat(reflexr::MAX_ID_BYTES + 1);
+    let long = "x".repeat(reflexr::limits::MAX_ID_BYTES + 1);
     let cases: Vec<(NewEvent, &str)> = vec![
         (made("a").id(""), "id"),
         (made("a").id(long.clone()), "id"),

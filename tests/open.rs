@@ -7,7 +7,8 @@ use reflexr_testkit as common;
 use std::path::Path;
 
 use common::{Scene, bytes};
-use reflexr::{Engine, Error, NewEvent, Query, RunState, SCHEMA_VERSION, Synchronous};
+use reflexr::limits::SCHEMA_VERSION;
+use reflexr::{Engine, Error, NewEvent, Query, RunState, Synchronous};
 use rusqlite::Connection;
 
 fn pragma_i64(conn: &Connection, name: &str) -> i64 {
@@ -308,7 +309,7 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
     let engine = Engine::open(&old).unwrap();
     assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
     assert_eq!(engine.read(&Query::new("app")).unwrap().len(), 1);
-    assert_eq!(engine.followed().unwrap().len(), 1);
+    assert_eq!(engine.followers().unwrap().len(), 1);
     // The runs table was rebuilt (version 5): its rows came along.
     let run = engine
         .run("r1")

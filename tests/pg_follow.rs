@@ -81,7 +81,7 @@ fn an_edge_relays_into_a_hub_on_postgres_once_by_id_in_order() {
     );
     assert_eq!(hub_ids(&hub), appended);
 
-    let info = &edge.followed().unwrap()[0];
+    let info = &edge.followers().unwrap()[0];
     assert_eq!(info.target_postgres.as_deref(), Some("hub"));
     assert_eq!(info.lag, 0);
     assert_eq!(info.published, 2_400);
@@ -121,7 +121,7 @@ fn a_hub_out_of_reach_delays_the_relay_and_never_stops_it() {
         .unwrap();
     let id = edge.append("devices", &reading(1)).unwrap().id;
     edge.run_until_idle().unwrap();
-    let info = &edge.followed().unwrap()[0];
+    let info = &edge.followers().unwrap()[0];
     assert_eq!((info.cursor, info.lag), (0, 1), "the cursor waits");
     assert!(!info.stopped_here, "out of reach is not a stop");
 
@@ -132,7 +132,7 @@ fn a_hub_out_of_reach_delays_the_relay_and_never_stops_it() {
     s.clock.advance(Duration::from_secs(11));
     edge.run_until_idle().unwrap();
     assert_eq!(hub_ids(&hub), [id]);
-    assert_eq!(edge.followed().unwrap()[0].lag, 0);
+    assert_eq!(edge.followers().unwrap()[0].lag, 0);
 }
 
 /// Invariant 3 and 8: a configuration error stops the follower at its cursor;
@@ -158,7 +158,7 @@ fn a_type_the_hub_does_not_accept_stops_the_follower_until_restarted() {
         .unwrap()
         .id;
     edge.run_until_idle().unwrap();
-    let info = &edge.followed().unwrap()[0];
+    let info = &edge.followers().unwrap()[0];
     assert!(info.stopped_here, "a configuration error stops it");
     assert_eq!(info.stops, 1);
     assert!(
@@ -181,5 +181,5 @@ fn a_type_the_hub_does_not_accept_stops_the_follower_until_restarted() {
         .unwrap();
     edge.run_until_idle().unwrap();
     assert_eq!(hub_ids(&hub), [first, alarm]);
-    assert!(!edge.followed().unwrap()[0].stopped_here);
+    assert!(!edge.followers().unwrap()[0].stopped_here);
 }

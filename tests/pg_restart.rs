@@ -187,7 +187,7 @@ fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
     assert_eq!(fired_now.len(), 200, "ten sessions of 60, every third");
     assert_eq!(fired_now, want, "each (rule, event) decided once");
     assert_eq!(
-        worker.run_counts().unwrap(),
+        worker.stats().unwrap().runs.into_iter().collect::<Vec<_>>(),
         [(RunState::Succeeded, 200)],
         "every run completed"
     );

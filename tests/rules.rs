@@ -265,7 +265,7 @@ fn firing_and_run_ids<B: TestBackend>(e: &Engine<B>) -> (Vec<String>, Vec<String
     (fired, runs)
 }
 
-fn counter<B: TestBackend>(e: &Engine<B>, c: reflexr::Counter) -> i64 {
+fn counter<B: TestBackend>(e: &Engine<B>, c: reflexr::inspect::Counter) -> i64 {
     e.stats().unwrap().counter(c)
 }
 
@@ -282,7 +282,11 @@ fn a_replay_from_zero_derives_the_same_firing_ids_and_makes_nothing_twice<B: Tes
     assert_eq!(before.0, before.1, "firing id = run id");
     for run in e.runs(None, 100).unwrap() {
         let event = e.event(run.event_seq.unwrap()).unwrap().unwrap();
-        assert_eq!(run.id, reflexr::firing_id("tenth", &event, 0), "derived");
+        assert_eq!(
+            run.id,
+            reflexr::inspect::firing_id("tenth", &event, 0),
+            "derived"
+        );
     }
 
     e.operator("ops", "replay")
@@ -296,7 +300,7 @@ fn a_replay_from_zero_derives_the_same_firing_ids_and_makes_nothing_twice<B: Tes
         before,
         "the same N firings, the same ids"
     );
-    assert_eq!(counter(&e, reflexr::Counter::ReplayExisting), 12);
+    assert_eq!(counter(&e, reflexr::inspect::Counter::ReplayExisting), 12);
     assert_eq!(fired(&e), expected(&e, "tenth", 10), "each once");
 }
 
@@ -324,9 +328,13 @@ fn a_replay_after_a_fix_that_fires_more_adds_only_the_new_firings_and_keeps_the_
         .unwrap();
     let idle = e.run_until_idle().unwrap();
     assert_eq!((idle.decided, idle.fired), (30, 6), "only the new ones");
-    assert_eq!(counter(&e, reflexr::Counter::ReplayExisting), 1, "the 20th");
     assert_eq!(
-        counter(&e, reflexr::Counter::ReplayKept),
+        counter(&e, reflexr::inspect::Counter::ReplayExisting),
+        1,
+        "the 20th"
+    );
+    assert_eq!(
+        counter(&e, reflexr::inspect::Counter::ReplayKept),
         2,
         "the 10th and the 30th"
     );
@@ -391,7 +399,10 @@ fn a_replay_that_fails_again_records_nothing_twice_and_one_that_succeeds_settles
         "decided without error now: the dead letter is settled"
     );
     let all = e.dead_letters(true, 10).unwrap();
-    assert_eq!(all[0].resolution, Some(reflexr::Resolution::Retried));
+    assert_eq!(
+        all[0].resolution,
+        Some(reflexr::inspect::Resolution::Retried)
+    );
 }
 
 /// Invariant 4 and "nothing wedges a rule": the input counts against the
@@ -491,7 +502,7 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on<B: Tes
         .into_iter()
         .map(|d| {
             assert!(
-                d.error.len() <= reflexr::MAX_ERROR_BYTES,
+                d.error.len() <= reflexr::limits::MAX_ERROR_BYTES,
                 "{}",
                 d.error.len()
             );
@@ -545,7 +556,7 @@ fn a_firing_the_file_refuses_is_an_evaluation_error_and_the_others_are_recorded<
     assert_eq!(dead.len(), 2);
     assert!(
         dead.iter()
-            .all(|d| d.reason == reflexr::Reason::FiringRefused
+            .all(|d| d.reason == reflexr::inspect::Reason::FiringRefused
                 && d.error.contains("no runs for session 1")),
         "{dead:?}"
     );
@@ -600,7 +611,7 @@ fn a_rule_whose_commit_keeps_failing_shows_as_stuck_until_it_moves<B: TestBacken
     assert_eq!(
         e.stats()
             .unwrap()
-            .counter(reflexr::Counter::ConsumerFailures),
+            .counter(reflexr::inspect::Counter::ConsumerFailures),
         3
     );
 

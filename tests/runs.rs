@@ -15,7 +15,7 @@ use common::backend::{Opts, TestBackend, child, parent_engine};
 use common::rules::{JOB_TYPES, job, on_job};
 use common::{children_on_backends, on_backends};
 use proptest::prelude::*;
-use reflexr::{Clock, Engine, ManualClock, NewEvent, Ordering, RetryPolicy, RunState};
+use reflexr::{Clock, Engine, ManualClock, NewEvent, RetryPolicy, RunOrder, RunState};
 
 on_backends!(
     a_handler_that_fails_twice_then_succeeds_runs_three_times_and_completes_once,
@@ -46,7 +46,7 @@ fn app_engine<B: TestBackend>(place: &B::Place, clock: &ManualClock, holder: &st
     e
 }
 
-fn only_run<B: TestBackend>(e: &Engine<B>) -> reflexr::RunInfo {
+fn only_run<B: TestBackend>(e: &Engine<B>) -> reflexr::inspect::RunInfo {
     let runs = e.runs(None, 10).unwrap();
     assert_eq!(runs.len(), 1);
     runs.into_iter().next().unwrap()
@@ -295,7 +295,7 @@ fn operators_list_runs_by_state_and_only_dead_runs_are_retried_or_discarded<B: T
     let place = B::place();
     let clock = ManualClock::new(START_MS);
     let e = app_engine::<B>(&place, &clock, "test");
-    e.register_rule(on_job(RetryPolicy::never()).ordering(Ordering::None))
+    e.register_rule(on_job(RetryPolicy::never()).ordering(RunOrder::None))
         .unwrap();
     e.register_action("work", |run, _| {
         let input: serde_json::Value = run.input()?;
@@ -310,8 +310,8 @@ fn operators_list_runs_by_state_and_only_dead_runs_are_retried_or_discarded<B: T
         e.append("app", &job("a", i)).unwrap();
     }
     e.run_until_idle().unwrap();
-    let counts = e.run_counts().unwrap();
-    assert_eq!(counts, [(RunState::Dead, 1), (RunState::Succeeded, 2)]);
+    let counts: Vec<_> = e.stats().unwrap().runs.into_iter().collect();
+    assert_eq!(counts, [(RunState::Succeeded, 2), (RunState::Dead, 1)]);
     let ok = &e.runs(Some(RunState::Succeeded), 10).unwrap()[0];
     let err = e
         .operator("ops", "why not")

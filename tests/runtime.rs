@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::backend::{Opts, TestBackend};
 use common::on_backends;
-use reflexr::{Decision, Engine, ManualClock, NewEvent, Ordering, RetryPolicy, Rule, RunState};
+use reflexr::{Decision, Engine, ManualClock, NewEvent, RetryPolicy, Rule, RunOrder, RunState};
 
 on_backends!(
     shutdown_finishes_the_handler_in_hand_and_gives_back_runs_not_started,
@@ -33,7 +33,7 @@ fn opts(holder: &str) -> Opts {
 fn on_job() -> Rule {
     Rule::new("jobs", "app")
         .on(["job"])
-        .ordering(Ordering::None)
+        .ordering(RunOrder::None)
         .action("work")
         .retry(RetryPolicy::attempts(3))
         .decide(|_| Ok(Decision::Fire(serde_json::Value::Null)))

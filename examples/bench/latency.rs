@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use reflexr::{Decision, Engine, NewEvent, Ordering, Rule};
+use reflexr::{Decision, Engine, NewEvent, Rule, RunOrder};
 
 use super::{Ctx, Figure, raw};
 
@@ -36,7 +36,7 @@ fn reacting_engine(ctx: &Ctx, name: &str) -> (Engine, mpsc::Receiver<(i64, i64)>
     e.register_rule(
         Rule::new("every", "bench")
             .on(["tick"])
-            .ordering(Ordering::None)
+            .ordering(RunOrder::None)
             .action("mark")
             .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
     )

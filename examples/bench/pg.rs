@@ -298,11 +298,12 @@ fn runs_4processes(url: &str, ctx: &Ctx) -> Vec<Figure> {
     }
     let value = rate(n, start.elapsed());
     let succeeded = engine
-        .run_counts()
+        .stats()
         .unwrap()
-        .into_iter()
-        .find(|(state, _)| *state == RunState::Succeeded);
-    assert_eq!(succeeded, Some((RunState::Succeeded, n as i64)));
+        .runs
+        .get(&RunState::Succeeded)
+        .copied();
+    assert_eq!(succeeded, Some(n as i64));
     for mut c in children {
         drop(c.stdin.take()); // end of input: shut down
         assert!(c.wait().unwrap().success());

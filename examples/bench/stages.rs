@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use reflexr::{Decision, Engine, NewEvent, Ordering, Rule, Scope, Start};
+use reflexr::{Decision, Engine, NewEvent, Rule, RunOrder, Scope, Start};
 
 use super::{Ctx, Figure, rate, raw};
 
@@ -261,7 +261,7 @@ pub(crate) fn run_rate(
             Rule::new("every", "bench")
                 .on(["tick"])
                 .start(Start::Head)
-                .ordering(Ordering::None)
+                .ordering(RunOrder::None)
                 .action("noop")
                 .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
         )

@@ -1,6 +1,6 @@
 //! How durable a commit is: [`Synchronous`].
 
-/// How hard a commit waits for the disk. See [`crate::EngineBuilder::synchronous`].
+/// How hard a commit waits for the disk. See [`crate::Builder::synchronous`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Synchronous {
     /// `PRAGMA synchronous=FULL`: a commit returns after its WAL frames are

@@ -65,7 +65,7 @@ pub const STUCK_AFTER_FAILURES: i64 = 3;
 /// What an operator's reset did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
-pub struct Reset {
+pub struct CursorReset {
     /// Where the cursor was (None: it had never been saved).
     pub from: Option<i64>,
     /// Where it is now.
@@ -138,7 +138,7 @@ pub(crate) fn reset<C: Cursors + Events + Workspaces + Audit + ?Sized>(
     position: i64,
     operator: &str,
     reason: &str,
-) -> Result<Reset> {
+) -> Result<CursorReset> {
     let (workspace, kind, name) = target;
     check_position(conn, workspace, name, position)?;
     limits::check_text("operator", operator, MAX_ID_BYTES)?;
@@ -156,7 +156,7 @@ pub(crate) fn reset<C: Cursors + Events + Workspaces + Audit + ?Sized>(
             detail: &detail,
         },
     )?;
-    Ok(Reset { from, to: position })
+    Ok(CursorReset { from, to: position })
 }
 
 pub(crate) fn list<C: Cursors + ?Sized>(conn: &C) -> Result<Vec<CursorInfo>> {

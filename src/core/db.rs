@@ -46,6 +46,21 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// The open database.
     #[doc(hidden)]
     type Db: CoreDb<Self>;
+    /// Whether its feed of run changes follows transactions (a
+    /// `"tx:…"` position) rather than change times.
+    #[doc(hidden)]
+    const FEEDS_BY_TRANSACTION: bool;
+    /// Where and how to open it (a file's path and pool; a connection
+    /// string), as a [`crate::Builder`] holds it.
+    #[doc(hidden)]
+    type Options: Clone + Send + Sync;
+    /// Opens the database.
+    #[doc(hidden)]
+    fn open_db(
+        options: &Self::Options,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self::Db>;
     /// Makes the engine's nested savepoint (see `Tx::nested`); returns
     /// what [`Backend::rollback_nested`] needs to undo it.
     #[doc(hidden)]

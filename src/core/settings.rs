@@ -1,7 +1,7 @@
 //! The settings fixed when a file is opened that the core's operations
 //! consult: durability, waiting, leases, and the limits on what is stored.
 //! The builder's documentation gives their defaults
-//! ([`crate::EngineBuilder`]).
+//! ([`crate::Builder`]).
 
 use std::time::Duration;
 

@@ -266,7 +266,7 @@ impl<B: Backend> Context<B> {
 /// What [`crate::Engine::run_until_idle`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
-pub struct Idle {
+pub struct Drained {
     /// Events the rules moved past.
     pub events: usize,
     /// Decisions made (events of a watched type).
@@ -292,7 +292,7 @@ pub struct Idle {
     pub followed: usize,
 }
 
-impl Idle {
+impl Drained {
     fn add_pass(&mut self, p: Pass) {
         self.events += p.events;
         self.decided += p.decided;
@@ -615,8 +615,8 @@ fn execute_step<B: Backend>(cx: &Context<B>) -> Result<Executed> {
     )
 }
 
-pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Idle> {
-    let mut total = Idle::default();
+pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Drained> {
+    let mut total = Drained::default();
     let workspaces = cx.registry().workspaces_with_rules();
     loop {
         let mut progress = false;

@@ -116,7 +116,7 @@ pub(crate) fn advance<B: Backend, T, E: From<Error>>(
 /// A consumer's commit failed while its cursor stood at `position`:
 /// logged, counted (`consumer_failures`) and recorded on the cursor, in a
 /// transaction of its own, so a consumer that keeps failing at one position
-/// shows as stuck ([`crate::CursorInfo::is_stuck`],
+/// shows as stuck ([`crate::inspect::CursorInfo::is_stuck`],
 /// `reflexr_stuck_consumers`) instead of only in a log line.
 pub(crate) fn failed<B: Backend>(
     db: &impl CoreDb<B>,

@@ -37,7 +37,7 @@
 //! a `RuleErrored` and a dead letter for that (rule, event), and the rule
 //! moves on. A commit that still fails is recorded against the rule's cursor
 //! (`reflexr_stuck_consumers` once it failed
-//! [`crate::STUCK_AFTER_FAILURES`] times at one position) and tried again.
+//! [`crate::limits::STUCK_AFTER_FAILURES`] times at one position) and tried again.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -61,7 +61,7 @@ use crate::store::runs::NewRun;
 use crate::store::{Counters, Cursors, DeadLetters, Events, Rules, Runs};
 use crate::work::consumer::{self, Stand};
 use crate::work::queue::run::RunKind;
-use crate::work::rule::{Decision, Ordering, Rule};
+use crate::work::rule::{Decision, Rule, RunOrder};
 
 /// Longest a rule decides before its batch is committed.
 pub(crate) const DECIDE_BUDGET: Duration = Duration::from_millis(50);
@@ -647,7 +647,7 @@ fn record_firing<B: Backend>(
             event.depth
         )
     });
-    let lane = (rule.ordering == Ordering::Scope).then(|| format!("{} {}", rule.name, f.scope));
+    let lane = (rule.ordering == RunOrder::Scope).then(|| format!("{} {}", rule.name, f.scope));
     Runs::insert(
         conn,
         &NewRun {

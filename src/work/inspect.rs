@@ -6,12 +6,16 @@
 //! stretch. A page may hold fewer items than asked, or none, and still have
 //! a `next`: the stretch it looked through held no more matches.
 
+use std::marker::PhantomData;
+
 use serde::Serialize;
 
 use crate::base::dead_letter::{DeadLetter, DeadLetterKind};
 use crate::base::error::{Error, Result};
 use crate::base::event::{Event, Query};
 use crate::base::limits;
+use crate::core::db::Backend;
+use crate::store::Sqlite;
 use crate::store::dead_letters;
 use crate::store::runs::FeedPos;
 use crate::store::{Events, Inspect, RunFind, Runs, Work, Workspaces};
@@ -123,7 +127,8 @@ impl RunFilterSpec {
 /// match. Newest first.
 ///
 /// ```
-/// # use reflexr::{RunFilter, RunState};
+/// # use reflexr::RunState;
+/// # use reflexr::inspect::RunFilter;
 /// let f = RunFilter::new()
 ///     .state(RunState::Dead)
 ///     .action("notify-organiser")
@@ -475,21 +480,6 @@ pub(crate) fn find_dead_letters<C: Work + ?Sized>(
     Ok(DeadLetterPage { dead_letters, next })
 }
 
-/// Runs whose state (or claim, or due time) changed after `after` — an
-/// `(updated_at, position)` pair — in the order they changed, at most
-/// `limit`: a feed of run changes.
-pub(crate) fn runs_changed<C: Work + ?Sized>(
-    conn: &C,
-    after: (i64, i64),
-    limit: usize,
-) -> Result<Vec<RunInfo>> {
-    check_limit(limit)?;
-    Inspect::runs_changed_after(conn, after, limit)?
-        .into_iter()
-        .map(RunInfo::from_row)
-        .collect()
-}
-
 /// Where a feed of run changes stands: start one with
 /// [`RunsFeed::since`], read on with [`crate::Engine::runs_feed`], which
 /// moves it past what it returns.
@@ -507,17 +497,38 @@ pub(crate) fn runs_changed<C: Work + ?Sized>(
 /// [`RunsFeed::token`] writes the position down (a number, the millisecond
 /// it stands at, on SQLite; `"tx:<transaction>:<position>"` on PostgreSQL)
 /// and [`RunsFeed::from_token`] reads it back: how a subscription resumes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunsFeed(pub(crate) FeedPos);
+///
+/// A feed is its backend's (`RunsFeed<Sqlite>`, `RunsFeed<Postgres>`): an
+/// engine reads only its own backend's, and a token another backend wrote
+/// is refused.
+pub struct RunsFeed<B: Backend = Sqlite>(pub(crate) FeedPos, PhantomData<fn() -> B>);
 
-impl RunsFeed {
+impl<B: Backend> std::fmt::Debug for RunsFeed<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RunsFeed").field(&self.0).finish()
+    }
+}
+
+impl<B: Backend> Clone for RunsFeed<B> {
+    fn clone(&self) -> Self {
+        RunsFeed(self.0.clone(), PhantomData)
+    }
+}
+
+impl<B: Backend> PartialEq for RunsFeed<B> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl<B: Backend> RunsFeed<B> {
     /// A feed of the changes made at or after `ms` on the engine's clock.
     /// (On PostgreSQL its first read looks through the whole table for the
     /// oldest transaction that changed a run at or after `ms`, and begins
     /// there, so it may also give runs that transaction changed a moment
     /// before.)
-    pub fn since(ms: i64) -> RunsFeed {
-        RunsFeed(FeedPos::Since(ms))
+    pub fn since(ms: i64) -> RunsFeed<B> {
+        RunsFeed(FeedPos::Since(ms), PhantomData)
     }
 
     /// The position, written down to resume from with
@@ -531,7 +542,11 @@ impl RunsFeed {
 
     /// A position [`RunsFeed::token`] wrote (a bare number is a
     /// millisecond, as [`RunsFeed::since`]).
-    pub fn from_token(token: &str) -> Result<RunsFeed> {
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for text no feed wrote, or a transaction's
+    /// position on a backend whose feed follows change times (SQLite).
+    pub fn from_token(token: &str) -> Result<RunsFeed<B>> {
         let bad = || {
             Error::invalid(
                 "after",
@@ -544,18 +559,24 @@ impl RunsFeed {
             return Ok(RunsFeed::since(ms));
         }
         let rest = token.strip_prefix("tx:").ok_or_else(bad)?;
+        if !B::FEEDS_BY_TRANSACTION {
+            return Err(bad());
+        }
         let (tx, ord) = rest.split_once(':').ok_or_else(bad)?;
-        Ok(RunsFeed(FeedPos::Xact {
-            tx: tx.parse().map_err(|_| bad())?,
-            ord: ord.parse().map_err(|_| bad())?,
-        }))
+        Ok(RunsFeed(
+            FeedPos::Xact {
+                tx: tx.parse().map_err(|_| bad())?,
+                ord: ord.parse().map_err(|_| bad())?,
+            },
+            PhantomData,
+        ))
     }
 }
 
 /// The next changes of `feed`, at most `limit` (1 to [`MAX_PAGE`]).
-pub(crate) fn runs_feed<C: Work + ?Sized>(
+pub(crate) fn runs_feed<B: Backend, C: Work + ?Sized>(
     conn: &C,
-    feed: &mut RunsFeed,
+    feed: &mut RunsFeed<B>,
     limit: usize,
 ) -> Result<Vec<RunInfo>> {
     check_limit(limit)?;

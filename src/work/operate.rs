@@ -376,13 +376,6 @@ pub(crate) fn list_runs<C: Runs + ?Sized>(
         .collect()
 }
 
-pub(crate) fn run_counts<C: Runs + ?Sized>(conn: &C) -> Result<Vec<(RunState, i64)>> {
-    Runs::counts(conn)?
-        .into_iter()
-        .map(|(s, n)| Ok((s.parse::<RunState>()?, n)))
-        .collect()
-}
-
 // ----- dead letters ----------------------------------------------------------
 
 /// The dead letter `id`, still open (an operator resolves it once).

@@ -148,7 +148,7 @@ impl fmt::Debug for Scope {
 
 /// Whether a rule's runs of one scope wait for each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Ordering {
+pub enum RunOrder {
     /// Runs of one rule and scope start in firing order, each after the
     /// previous one ended; a run waiting to retry holds back only its own
     /// scope. The default.
@@ -159,7 +159,7 @@ pub enum Ordering {
 }
 
 /// What happens to the later runs of a scope after one is dead-lettered
-/// (with [`Ordering::Scope`]).
+/// (with [`RunOrder::Scope`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnDeadLetter {
     /// The next run of the scope starts. The default.
@@ -267,7 +267,7 @@ where
 ///
 /// # Defaults
 ///
-/// Scope [`Scope::Subject`]; [`Ordering::Scope`]; [`OnDeadLetter::Continue`];
+/// Scope [`Scope::Subject`]; [`RunOrder::Scope`]; [`OnDeadLetter::Continue`];
 /// [`RetryPolicy::default`]; [`Start::Beginning`]; version 1 with
 /// [`OnNewVersion::Continue`]. The types, the action and the decision have no
 /// default.
@@ -279,7 +279,7 @@ pub struct Rule {
     pub(crate) scope: Scope,
     pub(crate) action: Option<String>,
     pub(crate) retry: RetryPolicy,
-    pub(crate) ordering: Ordering,
+    pub(crate) ordering: RunOrder,
     pub(crate) on_dead_letter: OnDeadLetter,
     pub(crate) start: Start,
     pub(crate) version: u32,
@@ -310,7 +310,7 @@ impl Rule {
             scope: Scope::Subject,
             action: None,
             retry: RetryPolicy::default(),
-            ordering: Ordering::Scope,
+            ordering: RunOrder::Scope,
             on_dead_letter: OnDeadLetter::Continue,
             start: Start::Beginning,
             version: 1,
@@ -349,7 +349,7 @@ impl Rule {
     }
 
     /// Whether the runs of one scope wait for each other.
-    pub fn ordering(mut self, ordering: Ordering) -> Rule {
+    pub fn ordering(mut self, ordering: RunOrder) -> Rule {
         self.ordering = ordering;
         self
     }
@@ -476,7 +476,7 @@ impl Rule {
             "types": self.types,
             "scope": self.scope.describe(),
             "action": self.action,
-            "ordering": match self.ordering { Ordering::Scope => "scope", Ordering::None => "none" },
+            "ordering": match self.ordering { RunOrder::Scope => "scope", RunOrder::None => "none" },
             "on_dead_letter": self.on_dead_letter.as_str(),
             "retry": {
                 "max_attempts": self.retry.max_attempts,

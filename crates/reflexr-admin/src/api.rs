@@ -12,13 +12,14 @@ use super::Server;
 use super::http::{Request, Response};
 use reflexr::Backend;
 use reflexr::ConsumerKind;
-use reflexr::DeadLetterKind;
 use reflexr::Engine;
 use reflexr::Error;
 use reflexr::Query;
 use reflexr::Retention;
 use reflexr::RunState;
-use reflexr::{DeadLetterFilter, MAX_PAGE, RunFilter, RunFilterSpec};
+use reflexr::inspect::DeadLetterKind;
+use reflexr::inspect::{DeadLetterFilter, RunFilter, RunFilterSpec};
+use reflexr::limits::MAX_PAGE;
 
 /// An answer that is not a success.
 #[derive(Debug)]
@@ -707,7 +708,7 @@ fn reactions<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
 
 fn followers<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
-    ok(&ctx.engine().followed()?)
+    ok(&ctx.engine().followers()?)
 }
 
 fn schedules<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
@@ -843,22 +844,22 @@ struct BulkRuns {
 
 fn bulk_max(max: Option<usize>) -> Result<usize, ApiError> {
     match max {
-        None => Ok(reflexr::MAX_BULK),
-        Some(n) if (1..=reflexr::MAX_BULK).contains(&n) => Ok(n),
+        None => Ok(reflexr::limits::MAX_BULK),
+        Some(n) if (1..=reflexr::limits::MAX_BULK).contains(&n) => Ok(n),
         Some(n) => Err(ApiError::bad(format!(
             "max={n}: 1 to {}",
-            reflexr::MAX_BULK
+            reflexr::limits::MAX_BULK
         ))),
     }
 }
 
 /// Ids given to act on: as many as one bulk change takes, dry run or not.
 fn bulk_ids<T>(ids: Vec<T>) -> Result<Vec<T>, ApiError> {
-    if ids.len() > reflexr::MAX_BULK {
+    if ids.len() > reflexr::limits::MAX_BULK {
         return Err(ApiError::bad(format!(
             "{} ids; at most {} at once",
             ids.len(),
-            reflexr::MAX_BULK
+            reflexr::limits::MAX_BULK
         )));
     }
     Ok(ids)
@@ -869,12 +870,11 @@ fn bulk_runs<B: Backend>(ctx: &Ctx<'_, B>, discard: bool) -> Outcome {
     // A dry run changes nothing, but who asks is checked all the same: the
     // confirmed call with the same body must not fail on it.
     let ops = ctx.engine().operator(b.operator, b.reason)?;
-    let e = ctx.engine();
     let max = bulk_max(b.max)?;
     let (ids, more) = match (b.ids, b.filter) {
         (Some(ids), None) => (bulk_ids(ids)?, false),
         (None, Some(f)) => {
-            let m = e.matching_dead_runs(&f.filter()?, max)?;
+            let m = ops.matching_dead_runs(&f.filter()?, max)?;
             (m.ids, m.more)
         }
         _ => return Err(ApiError::bad("give either a filter or ids")),
@@ -924,7 +924,6 @@ fn bulk_dead_letters<B: Backend>(ctx: &Ctx<'_, B>, discard: bool) -> Outcome {
     // A dry run changes nothing, but who asks is checked all the same: the
     // confirmed call with the same body must not fail on it.
     let ops = ctx.engine().operator(b.operator, b.reason)?;
-    let e = ctx.engine();
     let max = bulk_max(b.max)?;
     let (ids, more) = match (b.ids, b.filter) {
         (Some(ids), None) => (bulk_ids(ids)?, false),
@@ -934,7 +933,7 @@ fn bulk_dead_letters<B: Backend>(ctx: &Ctx<'_, B>, discard: bool) -> Outcome {
             filter.consumer = f.consumer;
             filter.workspace = f.workspace;
             filter.reason = f.reason;
-            let m = e.matching_dead_letters(&filter, max)?;
+            let m = ops.matching_dead_letters(&filter, max)?;
             (m.ids, m.more)
         }
         _ => return Err(ApiError::bad("give either a filter or ids")),

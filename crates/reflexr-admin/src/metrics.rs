@@ -5,11 +5,11 @@
 
 use std::fmt::Write;
 
-use reflexr::Counter;
-use reflexr::DeadLetterKind;
 use reflexr::Engine;
 use reflexr::Result;
 use reflexr::RunState;
+use reflexr::inspect::Counter;
+use reflexr::inspect::DeadLetterKind;
 
 /// A counter's metric name and help.
 fn counter_metric(c: Counter) -> (&'static str, &'static str) {

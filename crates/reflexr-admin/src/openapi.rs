@@ -11,14 +11,15 @@
 use serde_json::{Map, Value, json};
 
 use super::api::Route;
-use reflexr::AuditAction;
 use reflexr::Backend;
 use reflexr::ConsumerKind;
-use reflexr::MAX_PAGE;
-use reflexr::{DeadLetterKind, Resolution};
+use reflexr::RunState;
+use reflexr::inspect::AuditAction;
+use reflexr::inspect::RunKind;
+use reflexr::inspect::{DeadLetterKind, Resolution};
+use reflexr::limits::MAX_PAGE;
+use reflexr::limits::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 use reflexr::{Guarantee, Missed};
-use reflexr::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
-use reflexr::{RunKind, RunState};
 
 /// The longest reason an operator may give, in bytes.
 const MAX_REASON_BYTES: usize = 4096;
@@ -156,9 +157,9 @@ fn bulk_body(filter: &str, id: Value) -> Value {
         "a filter or ids, one of the two",
         json!({
             "filter": or_null(reference(filter)),
-            "ids": or_null(json!({ "type": "array", "items": id, "maxItems": reflexr::MAX_BULK })),
+            "ids": or_null(json!({ "type": "array", "items": id, "maxItems": reflexr::limits::MAX_BULK })),
             "confirm": { "type": "boolean", "description": "act (default: a dry run that says what it would act on)" },
-            "max": or_null(json!({ "type": "integer", "minimum": 1, "maximum": reflexr::MAX_BULK, "description": "a dry run's most ids (default 1000)" })),
+            "max": or_null(json!({ "type": "integer", "minimum": 1, "maximum": reflexr::limits::MAX_BULK, "description": "a dry run's most ids (default 1000)" })),
         }),
         &["filter", "ids", "confirm", "max"],
     );

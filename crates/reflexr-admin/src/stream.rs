@@ -33,9 +33,9 @@ use super::Server;
 use super::api::{ApiError, authorise, same_origin};
 use super::http::{Request, Response, write_response};
 use reflexr::Backend;
-use reflexr::Counter;
 use reflexr::Query;
-use reflexr::{DeadLetterFilter, RunsFeed};
+use reflexr::inspect::Counter;
+use reflexr::inspect::{DeadLetterFilter, RunsFeed};
 
 /// How often a quiet connection is pinged, and how long a client may send
 /// nothing (pongs included) before it is closed.
@@ -147,8 +147,7 @@ fn write_upgrade(stream: &mut TcpStream, r: &Response, timeout: Duration) -> std
 }
 
 /// What a subscription follows, and where it stands.
-#[derive(Clone)]
-enum Topic {
+enum Topic<B: Backend> {
     Events {
         workspace: String,
         after: i64,
@@ -157,7 +156,7 @@ enum Topic {
     },
     Runs {
         /// Where its feed of run changes stands.
-        feed: RunsFeed,
+        feed: RunsFeed<B>,
     },
     DeadLetters {
         after: i64,
@@ -169,10 +168,44 @@ enum Topic {
     },
 }
 
-#[derive(Clone)]
-struct Sub {
+struct Sub<B: Backend> {
     id: String,
-    topic: Topic,
+    topic: Topic<B>,
+}
+
+// By hand: a derive would ask the backend's marker to be Clone.
+impl<B: Backend> Clone for Topic<B> {
+    fn clone(&self) -> Self {
+        match self {
+            Topic::Events {
+                workspace,
+                after,
+                types,
+                subject,
+            } => Topic::Events {
+                workspace: workspace.clone(),
+                after: *after,
+                types: types.clone(),
+                subject: subject.clone(),
+            },
+            Topic::Runs { feed } => Topic::Runs { feed: feed.clone() },
+            Topic::DeadLetters { after } => Topic::DeadLetters { after: *after },
+            Topic::Stats { every, next, last } => Topic::Stats {
+                every: *every,
+                next: *next,
+                last: *last,
+            },
+        }
+    }
+}
+
+impl<B: Backend> Clone for Sub<B> {
+    fn clone(&self) -> Self {
+        Sub {
+            id: self.id.clone(),
+            topic: self.topic.clone(),
+        }
+    }
 }
 
 /// A client's message.
@@ -222,7 +255,7 @@ struct Session<'a, B: Backend> {
     /// Messages waiting for the client to take them (a frame the socket's
     /// buffer gave back goes to the front, as it came back).
     out: VecDeque<Message>,
-    subs: Vec<Sub>,
+    subs: Vec<Sub<B>>,
     authed: bool,
     opened: Instant,
     /// When the client last sent anything.
@@ -582,7 +615,7 @@ enum Poll {
 }
 
 /// Where a lagged subscription resumes: its last position.
-fn resume(t: &Topic) -> Value {
+fn resume<B: Backend>(t: &Topic<B>) -> Value {
     match t {
         Topic::Events { after, .. } => json!(after),
         Topic::Runs { feed } => {
@@ -607,7 +640,7 @@ fn item(kind: &str, sub: &str, body: &impl serde::Serialize) -> String {
 /// Reads up to `n` of `sub`'s next items into `out`, advancing it.
 fn poll<B: Backend>(
     e: &reflexr::Engine<B>,
-    sub: &mut Sub,
+    sub: &mut Sub<B>,
     n: usize,
     out: &mut Vec<String>,
 ) -> Result<Poll, ApiError> {

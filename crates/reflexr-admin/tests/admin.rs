@@ -890,7 +890,7 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
     let ops = e.operator("ops@example", "the test").unwrap();
     ops.cancel_run(&cancelled.id).unwrap();
     let dead: Vec<String> = e
-        .find_runs(&reflexr::RunFilter::new().state(RunState::Dead))
+        .find_runs(&reflexr::inspect::RunFilter::new().state(RunState::Dead))
         .unwrap()
         .runs
         .into_iter()
@@ -934,7 +934,7 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
     for st in RunState::ALL.iter().filter(|s| **s != RunState::Running) {
         assert!(states.contains(st.as_str()), "no {st} run: {states:?}");
     }
-    for k in reflexr::RunKind::ALL {
+    for k in reflexr::inspect::RunKind::ALL {
         assert!(kinds.contains(k.as_str()), "no {k} run: {kinds:?}");
     }
     assert!(

@@ -828,7 +828,7 @@ fn pausable(kind: &str, name: &str) -> reflexr::Result<reflexr::Pausable> {
 }
 
 /// What is paused, as a table.
-fn paused_table(paused: &[reflexr::PausedInfo]) -> Table {
+fn paused_table(paused: &[reflexr::inspect::PausedInfo]) -> Table {
     let mut t = table(&["kind", "name", "since", "by", "why"]);
     for p in paused {
         t.add_row(vec![
@@ -875,7 +875,6 @@ fn status<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
     let workspaces = engine.workspaces()?;
     let cursors = engine.cursors()?;
     let leases = engine.leases()?;
-    let runs = engine.run_counts()?;
     let stats = engine.stats()?;
     let now = engine.now_ms();
     if json {
@@ -956,7 +955,7 @@ fn status<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
     outln!("{t}\n")?;
     outln!("runs")?;
     let mut t = table(&["state", "runs"]);
-    for (s, n) in &runs {
+    for (s, n) in &stats.runs {
         t.add_row(vec![s.as_str().to_string(), n.to_string()]);
     }
     outln!("{t}\n")?;

@@ -546,7 +546,7 @@ fn restart_follower_asks_the_process_running_a_stopped_follower_to_go_on() {
     e.append("edge", &NewEvent::new("alarm", "s", "edge", 0))
         .unwrap();
     e.run_until_idle().unwrap();
-    assert!(e.followed().unwrap()[0].stopped_here);
+    assert!(e.followers().unwrap()[0].stopped_here);
 
     e.register_types("fleet", &["alarm"]).unwrap();
     let out = json(&cli(
@@ -555,7 +555,7 @@ fn restart_follower_asks_the_process_running_a_stopped_follower_to_go_on() {
     ));
     assert_eq!(out["action"], "restart requested");
     e.run_until_idle().unwrap();
-    let f = &e.followed().unwrap()[0];
+    let f = &e.followers().unwrap()[0];
     assert_eq!((f.stopped_here, f.lag), (false, 0));
 
     let out = cli(&s.path, &["restart-follower", "nobody"]);

@@ -9,11 +9,12 @@ use serde_json::{Map, Value, json};
 use super::{Era, Mcp, RpcError, code};
 use reflexr::Backend;
 use reflexr::ConsumerKind;
-use reflexr::DeadLetterKind;
-use reflexr::MAX_BULK;
 use reflexr::Query;
 use reflexr::RunState;
-use reflexr::{DeadLetterFilter, MAX_PAGE, RunFilterSpec};
+use reflexr::inspect::DeadLetterKind;
+use reflexr::inspect::{DeadLetterFilter, RunFilterSpec};
+use reflexr::limits::MAX_BULK;
+use reflexr::limits::MAX_PAGE;
 
 /// What a tool call gives back: its structured result, or why it failed.
 type Answer = Result<Value, String>;
@@ -522,7 +523,7 @@ fn list_consumers<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
 
 fn list_followers<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let Nothing {} = args(a)?;
-    Ok(json!({ "followers": mcp.engine().followed().map_err(fail)? }))
+    Ok(json!({ "followers": mcp.engine().followers().map_err(fail)? }))
 }
 
 fn list_schedules<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
@@ -663,7 +664,12 @@ fn bulk_ids<B: Backend>(mcp: &Mcp<B>, b: &Bulk) -> Result<(Ids, bool), String> {
         Some(n) if (1..=MAX_BULK).contains(&n) => n,
         Some(n) => return Err(format!("max {n}: 1 to {MAX_BULK}")),
     };
-    let e = mcp.engine();
+    // The dry run is the operator's too: who asks and why are checked as
+    // for the change it previews.
+    let ops = mcp
+        .engine()
+        .operator(mcp.config().operator.clone(), b.reason.clone())
+        .map_err(fail)?;
     match (&b.ids, &b.filter, b.target) {
         (Some(ids), None, Target::Runs) => {
             let ids: Vec<String> = ids
@@ -687,14 +693,14 @@ fn bulk_ids<B: Backend>(mcp: &Mcp<B>, b: &Bulk) -> Result<(Ids, bool), String> {
                 return Err("only dead runs are retried or discarded: leave state out".into());
             }
             filter.state = None;
-            let m = e
+            let m = ops
                 .matching_dead_runs(&filter.filter().map_err(fail)?, max)
                 .map_err(fail)?;
             Ok((Ids::Runs(m.ids), m.more))
         }
         (None, Some(f), Target::DeadLetters) => {
             let filter: DeadLetterFilterArgs = args(Value::Object(f.clone()))?;
-            let m = e
+            let m = ops
                 .matching_dead_letters(&filter.filter()?, max)
                 .map_err(fail)?;
             Ok((Ids::Letters(m.ids), m.more))

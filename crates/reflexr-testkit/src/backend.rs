@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reflexr::{
-    Backend, Clock, Engine, Job, ManualClock, Pruned, Reaction, Retention, Sqlite, SystemClock, Tx,
+    Backend, Clock, Engine, Job, ManualClock, Reaction, Retention, Sqlite, SystemClock, Tx,
 };
+
+use reflexr::inspect::Pruned;
 
 use super::{Watched, spawn_child};
 

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use reflexr::{Engine, EngineBuilder, ManualClock, NewEvent};
+use reflexr::{Builder, Engine, ManualClock, NewEvent};
 
 /// Runs each generic test — `fn name<B: TestBackend>()` — on SQLite and,
 /// with the feature `postgres`, on PostgreSQL: the tests `name::sqlite` and
@@ -118,7 +118,7 @@ impl Scene {
     /// than [`Scene::open`] gives: the scene's clock, `holder` as the lease
     /// holder id, and a busy timeout of 20 s, short enough that a bug shows
     /// as an error rather than a long hang.
-    pub fn builder(&self, holder: &str) -> EngineBuilder {
+    pub fn builder(&self, holder: &str) -> Builder {
         self.builder_at(&self.path, holder)
     }
 
@@ -133,7 +133,7 @@ impl Scene {
         self.builder_at(path, holder).open().expect("open engine")
     }
 
-    fn builder_at(&self, path: &Path, holder: &str) -> EngineBuilder {
+    fn builder_at(&self, path: &Path, holder: &str) -> Builder {
         Engine::builder(path)
             .clock(self.clock.clone())
             .holder_id(holder)

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use reflexr::rusqlite::Connection;
 use reflexr::{
-    ChannelPolicy, Clock, ConsumerKind, Decision, Delivery, Engine, EngineBuilder, Follow,
-    ManualClock, NewEvent, Query, RetryPolicy, Rule, Scope, Sqlite, SystemClock,
+    Builder, ChannelPolicy, Clock, ConsumerKind, Decision, Delivery, Engine, Follow, ManualClock,
+    NewEvent, Query, RetryPolicy, Rule, Scope, Sqlite, SystemClock,
 };
 
 use super::backend::{Opts, TestBackend};
@@ -40,7 +40,7 @@ pub fn child_opts(hours: i64) -> Opts {
 /// A child's engine on the file `builder` opens, as [`child_opts`] says but
 /// on the system clock moved `hours` ahead, the workload registered: the
 /// power-cut torture's, whose builder has a VFS of its own.
-pub fn child_engine(builder: EngineBuilder, hours: i64) -> Engine {
+pub fn child_engine(builder: Builder, hours: i64) -> Engine {
     let e = builder
         .clock(Later(hours))
         .holder_id(format!("child-{hours}"))

@@ -53,6 +53,15 @@ use crate::store::postgres::{self as pg, PgConn, Pool, Pooled};
 /// The channel commits are announced on.
 pub(crate) const CHANNEL: &str = "reflexr";
 
+/// Where a PostgreSQL database is, and how many connections to keep, as a
+/// [`crate::Builder`] holds them.
+#[derive(Clone)]
+pub struct PgOpen {
+    /// A libpq connection string or a `postgresql://` URL.
+    pub(crate) config: String,
+    pub(crate) pool_size: u32,
+}
+
 /// One open PostgreSQL database.
 pub struct PgDb {
     /// The server and database, for messages (never the password).

@@ -7,8 +7,12 @@ pub(crate) mod db;
 pub(crate) mod listen;
 mod tx;
 
+use std::sync::Arc;
+
+use crate::base::clock::Clock;
 use crate::base::error::Result;
 use crate::core::db::{Backend, sealed::Sealed};
+use crate::core::settings::Settings;
 use crate::store::Postgres;
 use crate::store::postgres::PgConn;
 
@@ -18,6 +22,15 @@ impl Backend for Postgres {
     type Conn = PgConn;
     type Guard = ();
     type Db = db::PgDb;
+    const FEEDS_BY_TRANSACTION: bool = true;
+    type Options = db::PgOpen;
+    fn open_db(
+        options: &db::PgOpen,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<db::PgDb> {
+        db::PgDb::open(&options.config, options.pool_size, settings, clock, true)
+    }
     fn begin_nested(conn: &PgConn, _: &()) -> Result<i64> {
         conn.control("SAVEPOINT reflexr_nested")?;
         Ok(conn.last_seq())

@@ -26,13 +26,16 @@ use crate::store::sqlite::conn::{self, Role};
 use crate::store::sqlite::schema;
 
 /// How to open a file, besides the settings.
-pub(crate) struct Open {
-    pub create: bool,
-    pub pool_size: u32,
-    pub verify: bool,
+#[derive(Clone)]
+pub struct Open {
+    /// The file.
+    pub(crate) path: PathBuf,
+    pub(crate) create: bool,
+    pub(crate) pool_size: u32,
+    pub(crate) verify: bool,
     /// A VFS registered with SQLite to open the file through (None: the
     /// default).
-    pub vfs: Option<String>,
+    pub(crate) vfs: Option<String>,
 }
 
 /// One open reflexr file.
@@ -58,12 +61,11 @@ impl Db {
     /// Opens (creating it if allowed) the file at `path`: recognised, its
     /// schema applied or migrated, every connection configured and its
     /// pragmas read back.
-    pub(crate) fn open(
-        path: &Path,
-        open: &Open,
-        settings: Settings,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Db> {
+    pub(crate) fn open(open: &Open, settings: Settings, clock: Arc<dyn Clock>) -> Result<Db> {
+        if let Some(vfs) = &open.vfs {
+            crate::base::limits::check_name("vfs", vfs)?;
+        }
+        let path = open.path.as_path();
         if !(1..=64).contains(&open.pool_size) {
             return Err(Error::invalid("pool_size", "must be 1 to 64"));
         }
@@ -216,18 +218,13 @@ impl Db {
             },
         };
         let open = Open {
+            path: path.to_path_buf(),
             create: true,
             pool_size: 2,
             verify: false,
             vfs: None,
         };
-        Db::open(
-            path,
-            &open,
-            settings,
-            Arc::new(crate::base::clock::SystemClock),
-        )
-        .expect("open")
+        Db::open(&open, settings, Arc::new(crate::base::clock::SystemClock)).expect("open")
     }
 
     /// For the writer's own tests.

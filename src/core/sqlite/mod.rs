@@ -7,8 +7,12 @@ mod tx;
 pub(crate) mod watch;
 pub(crate) mod writer;
 
+use std::sync::Arc;
+
+use crate::base::clock::Clock;
 use crate::base::error::{Error, Result};
 use crate::core::db::{Backend, sealed::Sealed};
+use crate::core::settings::Settings;
 use crate::store::Sqlite;
 use crate::store::sqlite::conn;
 
@@ -18,6 +22,11 @@ impl Backend for Sqlite {
     type Conn = rusqlite::Connection;
     type Guard = conn::Guard;
     type Db = db::Db;
+    const FEEDS_BY_TRANSACTION: bool = false;
+    type Options = db::Open;
+    fn open_db(options: &db::Open, settings: Settings, clock: Arc<dyn Clock>) -> Result<db::Db> {
+        db::Db::open(options, settings, clock)
+    }
     fn begin_nested(c: &rusqlite::Connection, guard: &conn::Guard) -> Result<i64> {
         in_transaction(c)?;
         guard.control(c, conn::Control::Nested)?;

@@ -181,7 +181,7 @@ impl Cursors for Connection {
 
     /// Records that the consumer's commit failed while its cursor stood at
     /// `position` (nothing happens if it has moved since). A consumer with
-    /// [`STUCK_AFTER_FAILURES`](crate::STUCK_AFTER_FAILURES) failures at one
+    /// [`STUCK_AFTER_FAILURES`](crate::limits::STUCK_AFTER_FAILURES) failures at one
     /// position shows in `reflexr_stuck_consumers`. Returns the failures so far.
     fn record_failure(
         &self,

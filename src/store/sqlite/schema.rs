@@ -308,7 +308,7 @@ fn check_probe(p: &Probe, path: &Path, supported: i64) -> Result<()> {
 }
 
 /// `PRAGMA quick_check`: reads every page, so it costs time in proportion to
-/// the file. Only on request ([`crate::EngineBuilder::verify_on_open`]) and
+/// the file. Only on request ([`crate::Builder::verify_on_open`]) and
 /// from [`crate::Engine::check_integrity`].
 pub(crate) fn quick_check(conn: &Connection) -> Result<()> {
     let mut stmt = conn.prepare("PRAGMA quick_check")?;

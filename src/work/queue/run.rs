@@ -145,7 +145,7 @@ text_enum! {
 pub struct RunInfo {
     /// The run id.
     pub id: String,
-    /// Its place in the queue, in creation order (a [`crate::RunFilter`]
+    /// Its place in the queue, in creation order (a [`crate::inspect::RunFilter`]
     /// cursor).
     pub position: i64,
     /// What made it.
@@ -364,8 +364,8 @@ impl<'a, B: Backend> RunContext<'a, B> {
     /// # Errors
     /// [`Error::LeaseLost`] if the claim lapsed and another executor took the
     /// run: stop working on it. [`Error::Invalid`] for a value over the
-    /// payload limit ([`crate::EngineBuilder::max_payload_bytes`]) or nested
-    /// deeper than [`crate::MAX_JSON_DEPTH`] (nothing is saved).
+    /// payload limit ([`crate::Builder::max_payload_bytes`]) or nested
+    /// deeper than [`crate::limits::MAX_JSON_DEPTH`] (nothing is saved).
     pub fn checkpoint<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
         let json = serde_json::to_string(value).map_err(|e| Error::Encode {
             message: e.to_string(),
