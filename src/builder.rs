@@ -341,7 +341,7 @@ const HUBS: runtime::Hubs = runtime::Hubs {
 /// the source's cursor moves past them, whatever the source's own mode:
 /// under `Normal` a checkpoint of the source could make its cursor durable
 /// while the target's last commits, never synced, are lost to a power cut
-/// — and those events would never be relayed (tests/power.rs found it).
+/// — and those events would never be relayed (tests/it/power.rs found it).
 fn open_file_hub(
     like: &Settings,
     clock: &Arc<dyn Clock>,

@@ -30,7 +30,7 @@
 //!   page: each envelope is read once) and publishes nothing twice. The target is written with `synchronous=FULL`
 //!   whatever the source's mode, so its publishes are on the disk before the
 //!   cursor can be: a power cut never leaves the cursor past what the target
-//!   lost (`tests/power.rs`).
+//!   lost (`tests/it/power.rs`).
 //! - **Dead letters, once per seq** — when the projection errors or panics,
 //!   returns an invalid event, or returns one of the engine's own types
 //!   (which reflexr refuses to anyone): the envelope is dead-lettered and the

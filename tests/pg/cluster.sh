@@ -60,7 +60,6 @@ start)
   as_owner "$bindir/createdb" -h 127.0.0.1 -p "$port" -U reflexr reflexr_test
   echo "$port" >"$dir/port"
   echo "export REFLEXR_PG_URL='host=127.0.0.1 port=$port user=reflexr dbname=reflexr_test'"
-  echo "export REFLEXR_PG_DIR='$dir'"
   ;;
 restart)
   # Fast: every connection is cut, as a crash or a failover would.

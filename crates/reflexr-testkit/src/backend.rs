@@ -343,13 +343,16 @@ impl TestBackend for Sqlite {
     }
 }
 
-// Used by the tests that run on PostgreSQL alone (tests/pg_restart.rs).
+// Used by the tests that run on PostgreSQL alone (tests/it/pg/).
 #[cfg(feature = "postgres")]
 #[allow(unused_imports)]
-pub use pg::PgSchema;
+pub use pg::{PgSchema, PgServer};
 
 #[cfg(feature = "postgres")]
 mod pg {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
     use super::*;
     use reflexr::Postgres;
     use reflexr::postgres::{Client, NoTls};
@@ -366,6 +369,7 @@ mod pg {
     /// side without seeing each other's rows; dropped with everything in it.
     pub struct PgSchema {
         pub name: String,
+        url: String,
     }
 
     impl Default for PgSchema {
@@ -375,27 +379,101 @@ mod pg {
     }
 
     impl PgSchema {
+        /// A schema on the test server (`REFLEXR_PG_URL`).
         pub fn new() -> PgSchema {
+            PgSchema::on(&url())
+        }
+
+        /// A schema on the server at `url` (a [`PgServer`] of the test's own).
+        pub fn on(url: &str) -> PgSchema {
             let name = format!("t_{}", uuid::Uuid::now_v7().simple());
-            let mut admin = Client::connect(&url(), NoTls).expect("the test server answers");
+            let mut admin = Client::connect(url, NoTls).expect("the test server answers");
             admin
                 .batch_execute(&format!("CREATE SCHEMA {name}"))
                 .expect("a schema of its own");
-            PgSchema { name }
+            PgSchema {
+                name,
+                url: url.to_string(),
+            }
         }
 
         /// The connection string for this schema.
         pub fn config(&self) -> String {
-            format!("{} options='-c search_path={}'", url(), self.name)
+            format!("{} options='-c search_path={}'", self.url, self.name)
         }
     }
 
     impl Drop for PgSchema {
         fn drop(&mut self) {
-            if let Ok(mut admin) = Client::connect(&url(), NoTls) {
+            if let Ok(mut admin) = Client::connect(&self.url, NoTls) {
                 let _ = admin.batch_execute(&format!("DROP SCHEMA {} CASCADE", self.name));
             }
         }
+    }
+
+    /// A PostgreSQL server of one test's own, started by
+    /// `tests/pg/cluster.sh` in a temporary directory and stopped when
+    /// dropped: for a test that restarts its server, which would cut every
+    /// other test's connections on the shared one.
+    pub struct PgServer {
+        dir: tempfile::TempDir,
+        /// Its connection string (`host=… port=… user=… dbname=…`).
+        pub url: String,
+    }
+
+    impl PgServer {
+        pub fn start() -> PgServer {
+            let dir = tempfile::Builder::new()
+                .prefix("reflexr-pg-")
+                .tempdir()
+                .expect("a directory for the server");
+            let out = Command::new("bash")
+                .arg(cluster_script())
+                .arg("start")
+                .arg(dir.path())
+                .output()
+                .expect("run tests/pg/cluster.sh");
+            assert!(
+                out.status.success(),
+                "the server started: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let text = String::from_utf8_lossy(&out.stdout);
+            let url = text
+                .lines()
+                .find_map(|l| l.strip_prefix("export REFLEXR_PG_URL='"))
+                .and_then(|l| l.strip_suffix('\''))
+                .expect("cluster.sh prints the server's URL")
+                .to_string();
+            PgServer { dir, url }
+        }
+
+        /// Restarts the server fast: every connection is cut, as a crash or
+        /// a failover would.
+        pub fn restart(&self) {
+            let status = Command::new("bash")
+                .arg(cluster_script())
+                .arg("restart")
+                .arg(self.dir.path())
+                .status()
+                .expect("run tests/pg/cluster.sh");
+            assert!(status.success(), "the server restarted");
+        }
+    }
+
+    impl Drop for PgServer {
+        fn drop(&mut self) {
+            let _ = Command::new("bash")
+                .arg(cluster_script())
+                .arg("stop")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+
+    /// `tests/pg/cluster.sh` of the workspace this crate is in.
+    fn cluster_script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/pg/cluster.sh")
     }
 
     impl TestBackend for Postgres {

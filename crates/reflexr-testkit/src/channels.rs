@@ -1,5 +1,5 @@
-//! A delivery channel the loop tests share (`tests/jobs.rs`,
-//! `tests/backends.rs`), generic over the backend.
+//! A delivery channel the loop tests share (`tests/it/jobs.rs`), generic
+//! over the backend.
 
 use std::sync::{Arc, Mutex};
 

@@ -1,5 +1,5 @@
-//! Random input for the property tests (`tests/bad_input.rs`,
-//! `tests/backends.rs`): names, ids, types, subjects and payloads that are
+//! Random input for the property tests (`tests/it/bad_input.rs`,
+//! `tests/it/log.rs`): names, ids, types, subjects and payloads that are
 //! sometimes fine and often not.
 
 use proptest::prelude::*;

@@ -15,6 +15,7 @@ pub mod torture;
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use reflexr::{Builder, Engine, ManualClock, NewEvent};
@@ -218,10 +219,16 @@ pub fn count(engine: &Engine, sql: &str) -> i64 {
 /// Starts this test binary again as a child process that runs only the test
 /// `entry`, with `vars` in its environment. The entry test does its child's
 /// work when it finds `REFLEXR_CHILD` set, and nothing otherwise.
+///
+/// `entry` is the test's name within its module (`child_appends`, or
+/// `child_appends::sqlite` for one written with `children_on_backends!`):
+/// the binary holds every module's tests, so the one test whose full name
+/// ends with it is found in the binary's list, and run alone (`--exact`).
 pub fn spawn_child(entry: &str, vars: &[(&str, String)]) -> Child {
     let exe = std::env::current_exe().expect("test binary path");
+    let name = full_test_name(&exe, entry);
     let mut cmd = Command::new(exe);
-    cmd.args([entry, "--exact", "--nocapture", "--test-threads=1"])
+    cmd.args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         .env("REFLEXR_CHILD", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -230,6 +237,34 @@ pub fn spawn_child(entry: &str, vars: &[(&str, String)]) -> Child {
         cmd.env(k, v);
     }
     cmd.spawn().expect("spawn child test process")
+}
+
+/// The full name of the one test in the binary `exe` named `entry` within
+/// its module. Panics when none or several are.
+fn full_test_name(exe: &Path, entry: &str) -> String {
+    static LIST: OnceLock<Vec<String>> = OnceLock::new();
+    let list = LIST.get_or_init(|| {
+        let out = Command::new(exe)
+            .args(["--list", "--format", "terse"])
+            .env_remove("REFLEXR_CHILD")
+            .output()
+            .expect("list the test binary's tests");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .map(str::to_owned)
+            .collect()
+    });
+    let suffix = format!("::{entry}");
+    let found: Vec<&String> = list
+        .iter()
+        .filter(|n| *n == entry || n.ends_with(&suffix))
+        .collect();
+    match found.as_slice() {
+        [one] => (*one).clone(),
+        [] => panic!("no test named {entry} in {}", exe.display()),
+        many => panic!("several tests named {entry}: {many:?}"),
+    }
 }
 
 /// True inside a child started by [`spawn_child`].

@@ -1,5 +1,5 @@
 //! A test-only SQLite VFS that simulates a power cut (the disk model of
-//! `tests/power.rs`). It wraps the default VFS and keeps, per file, the
+//! `tests/it/power.rs`). It wraps the default VFS and keeps, per file, the
 //! writes made since that file's last sync in memory — the operating
 //! system's page cache — while the file on disk holds only what was synced:
 //! what a disk holds after the power goes.

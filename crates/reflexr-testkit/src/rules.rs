@@ -1,5 +1,5 @@
-//! The stateful rule the rule tests share (`tests/rules.rs`,
-//! `tests/backends.rs`), with what it must fire computed from the log
+//! The stateful rule the rule tests share (`tests/it/rules.rs`,
+//! `tests/it/inspect.rs`, `tests/it/runs.rs`), with what it must fire computed from the log
 //! alone: generic over the backend.
 
 use std::collections::{BTreeMap, HashMap};

@@ -1,5 +1,5 @@
 //! The mixed workload and the invariant checker of the crash and power-cut
-//! tortures (`tests/crash.rs` on every backend, `tests/power.rs` on
+//! tortures (`tests/it/crash.rs` on every backend, `tests/it/power.rs` on
 //! SQLite's files): appends with application rows, a stateful rule firing
 //! runs, executors with failing handlers, a follower, a reaction enqueueing
 //! deliveries; and a check of DESIGN.md's invariants from what the database

@@ -1,4 +1,4 @@
-//! The conformance suite for the schema: applied once, migrated forward, a newer one refused (PostgreSQL's; SQLite's are `tests/open.rs`).
+//! The conformance suite for the schema: applied once, migrated forward, a newer one refused (PostgreSQL's; SQLite's are `tests/it/open.rs`).
 
 use super::*;
 

@@ -476,3 +476,406 @@ fn depth_follows_the_causation_within_a_workspace<B: TestBackend>() {
         [0, 1, 2, 0]
     );
 }
+
+/// The tests of this concern written once for every backend (each names
+/// the invariant it checks; `on_backends!` runs it on SQLite and
+/// PostgreSQL).
+mod every_backend {
+    use crate::shared::*;
+    use common::backend::TestBackend;
+    use common::on_backends;
+    use reflexr::{Error, NewEvent, Query};
+    use reflexr_testkit as common;
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    on_backends!(
+        an_id_is_appended_once_and_seqs_are_dense,
+        a_refused_append_is_a_typed_error_and_the_write_goes_on,
+        a_write_cannot_end_the_engines_transaction,
+        engines_appending_at_once_are_read_once_in_seq_order,
+        writers_sharing_a_transaction_fail_alone,
+        a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds,
+        random_appends_are_typed_errors_or_appends,
+        pruning_deletes_only_what_every_cursor_passed_and_the_retention_allows,
+    );
+
+    /// Invariants 1 and 3: seqs are dense and increasing; an id is appended once,
+    /// and appending it again reports the first seq.
+    fn an_id_is_appended_once_and_seqs_are_dense<B: TestBackend>() {
+        let (_place, _clock, engine) = setup::<B>();
+        let first = engine.append("app", &made("a").id("id-a")).unwrap();
+        let second = engine.append("app", &made("b")).unwrap();
+        let again = engine.append("app", &made("a").id("id-a")).unwrap();
+        assert_eq!((first.seq, second.seq), (1, 2));
+        assert!(again.existing);
+        assert_eq!(again.seq, 1);
+        let in_one = engine
+            .write(|tx| {
+                let c = tx.append("app", &made("c").id("id-c"))?;
+                let c_again = tx.append("app", &made("c").id("id-c"))?;
+                Ok((c.seq, c_again.seq, c_again.existing))
+            })
+            .unwrap();
+        assert_eq!(in_one, (3, 3, true));
+        assert_eq!(engine.head_seq().unwrap(), 3);
+        let seqs: Vec<i64> = all(&engine).iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2, 3]);
+        assert_eq!(engine.event(2).unwrap().unwrap().subject, "thing/b");
+        assert_eq!(
+            engine.event_by_id("app", "id-c").unwrap().map(|e| e.seq),
+            Some(3)
+        );
+        let b_only = engine.read(&Query::new("app").subject("thing/b")).unwrap();
+        assert_eq!(b_only.len(), 1);
+        assert_eq!(
+            engine
+                .read(&Query::new("app").types(["thing.gone"]))
+                .unwrap()
+                .len(),
+            0
+        );
+    }
+
+    /// Invariant 10: bad input: each refused append is a typed error, takes no seq,
+    /// and the write that made it goes on (on PostgreSQL a failed statement would
+    /// abort the transaction, so the engine must not run one).
+    fn a_refused_append_is_a_typed_error_and_the_write_goes_on<B: TestBackend>() {
+        let (_place, _clock, engine) = setup::<B>();
+        let seq = engine
+            .write(|tx| {
+                let e = tx.append("nowhere", &made("x")).unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        Error::NotFound {
+                            kind: "workspace",
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+                let e = tx
+                    .append("app", &NewEvent::new("thing.sold", "s", "a", 0))
+                    .unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        Error::NotFound {
+                            kind: "event type",
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+                let e = tx
+                    .append("app", &NewEvent::new("RuleFired", "s", "a", 0))
+                    .unwrap_err();
+                assert!(matches!(e, Error::ReservedType { .. }), "{e}");
+                let e = tx
+                    .append(
+                        "app",
+                        &NewEvent::new("thing.made", "s", "a", 0).payload_json("{not json"),
+                    )
+                    .unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        Error::Invalid {
+                            field: "payload",
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+                let e = tx
+                    .append("app", &made("x").id("i".repeat(1_000)))
+                    .unwrap_err();
+                assert!(matches!(e, Error::Invalid { field: "id", .. }), "{e}");
+                B::insert_thing(tx, "kept")?;
+                Ok(tx.append("app", &made("kept"))?.seq)
+            })
+            .unwrap();
+        assert_eq!(seq, 1);
+        assert_eq!(B::things(&engine), ["kept"]);
+        let e = engine.register_types("app", &["RuleErrored"]).unwrap_err();
+        assert!(matches!(e, Error::ReservedType { .. }));
+        let e = engine.create_workspace("app").unwrap_err();
+        assert!(matches!(e, Error::AlreadyExists { .. }));
+    }
+
+    /// Invariant 2, guarded: the application's SQL cannot commit or roll back the
+    /// engine's transaction halfway; the statement is refused before it runs and
+    /// the write is rolled back as a whole.
+    fn a_write_cannot_end_the_engines_transaction<B: TestBackend>() {
+        let (_place, _clock, engine) = setup::<B>();
+        for sql in [
+            "COMMIT",
+            "rollback",
+            "  /* c */ END",
+            "BEGIN",
+            "RELEASE SAVEPOINT reflexr_call",
+        ] {
+            let e = engine
+                .write(|tx| {
+                    B::insert_thing(tx, sql.trim())?;
+                    tx.append("app", &made("x"))?;
+                    B::run_sql(tx, sql)
+                })
+                .unwrap_err();
+            assert!(matches!(e, Error::StatementRefused { .. }), "{sql}: {e}");
+        }
+        assert!(B::things(&engine).is_empty());
+        assert!(all(&engine).is_empty());
+        // Savepoints of the application's own are fine.
+        engine
+            .write(|tx| {
+                B::run_sql(tx, "SAVEPOINT mine")?;
+                B::insert_thing(tx, "undone")?;
+                B::run_sql(tx, "ROLLBACK TO SAVEPOINT mine")?;
+                B::insert_thing(tx, "kept")
+            })
+            .unwrap();
+        assert_eq!(B::things(&engine), ["kept"]);
+    }
+
+    /// Invariants 1 and 3 across engines: four engines (each its own connections,
+    /// as four processes would have) append at once while a fifth follows with a
+    /// cursor; it reads every event once, in dense seq order.
+    fn engines_appending_at_once_are_read_once_in_seq_order<B: TestBackend>() {
+        const WRITERS: usize = 4;
+        const EACH: usize = 40;
+        let (place, clock, follower) = setup::<B>();
+        let place = Arc::new(place);
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let engine = B::open(&place, &clock, &format!("writer-{w}"));
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        let id = format!("w{w}-{i}");
+                        engine
+                            .write(|tx| {
+                                B::insert_thing(tx, &id)?;
+                                tx.append("app", &made(&id).id(&id))
+                            })
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut seen: Vec<(i64, String)> = Vec::new();
+        let mut cursor = 0;
+        while seen.len() < WRITERS * EACH {
+            let page = follower
+                .wait_for_events(&Query::new("app").after(cursor), Duration::from_secs(60))
+                .unwrap();
+            assert!(!page.is_empty(), "a wait of a minute ended with nothing");
+            for e in page {
+                assert!(e.seq > cursor, "seq order");
+                cursor = e.seq;
+                seen.push((e.seq, e.id));
+            }
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        let seqs: Vec<i64> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(seqs, (1..=(WRITERS * EACH) as i64).collect::<Vec<_>>());
+        let ids: BTreeSet<String> = seen.into_iter().map(|s| s.1).collect();
+        assert_eq!(ids.len(), WRITERS * EACH);
+        assert_eq!(B::things(&follower).len(), WRITERS * EACH);
+        assert!(all(&follower).len() == WRITERS * EACH);
+    }
+
+    /// Invariant 2 under group commit: writers of one engine that arrive together
+    /// share a transaction, each in a savepoint of its own. A writer that fails or
+    /// panics rolls back alone; every caller's outcome is what the database holds,
+    /// and the log stays dense.
+    fn writers_sharing_a_transaction_fail_alone<B: TestBackend>() {
+        const THREADS: usize = 8;
+        const EACH: usize = 30;
+        let (_place, _clock, engine) = setup::<B>();
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let engine = engine.clone();
+                std::thread::spawn(move || {
+                    let mut kept = Vec::new();
+                    for i in 0..EACH {
+                        let id = format!("t{t}-{i}");
+                        let fate = (t * 7 + i * 3) % 10;
+                        let outcome =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                engine.write(|tx| {
+                                    B::insert_thing(tx, &id)?;
+                                    tx.append("app", &made(&id).id(&id))?;
+                                    match fate {
+                                        0..=1 => Err(Error::Invalid {
+                                            field: "test",
+                                            reason: "this caller gives up".into(),
+                                        }),
+                                        2 => panic!("this caller falls over"),
+                                        _ => Ok(()),
+                                    }
+                                })
+                            }));
+                        if let Ok(Ok(())) = outcome {
+                            kept.push(id);
+                        }
+                    }
+                    kept
+                })
+            })
+            .collect();
+        let mut kept: Vec<String> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        kept.sort();
+        assert_eq!(kept.len(), THREADS * EACH * 7 / 10);
+        assert_eq!(
+            B::things(&engine),
+            kept,
+            "the rows of the callers told Ok, only"
+        );
+        let events = all(&engine);
+        let mut ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+        ids.sort();
+        assert_eq!(ids, kept, "the events of the callers told Ok, only");
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=kept.len() as i64).collect::<Vec<_>>(), "dense");
+        // Eight threads writing at once shared transactions (else this test
+        // did not test what it says).
+        let stats = engine.writer_stats();
+        assert!(stats.writes > stats.commits, "no batch of two: {stats:?}");
+    }
+
+    /// Invariant 2 when the application catches its own statement's error and goes
+    /// on: on SQLite the transaction goes on and commits; on PostgreSQL the failed
+    /// statement aborted it, so the caller is told `TransactionAborted` — never Ok
+    /// for work that did not commit.
+    fn a_write_that_swallows_a_failed_statement_is_told_what_the_database_holds<B: TestBackend>() {
+        let (_place, _clock, engine) = setup::<B>();
+        engine.write(|tx| B::insert_thing(tx, "first")).unwrap();
+        let outcome = engine.write(|tx| {
+            B::insert_thing(tx, "second")?;
+            tx.append("app", &made("second"))?;
+            // A duplicate key: the statement fails; the closure ignores it and
+            // returns Ok.
+            assert!(B::insert_thing(tx, "first").is_err());
+            Ok(())
+        });
+        let rows = B::things(&engine);
+        let events = all(&engine);
+        match outcome {
+            Ok(_) => {
+                assert_eq!(rows, ["first", "second"]);
+                assert_eq!(events.len(), 1);
+            }
+            Err(e) => {
+                assert!(matches!(e, Error::TransactionAborted { .. }), "{e}");
+                assert_eq!(rows, ["first"], "nothing of the aborted write");
+                assert!(events.is_empty());
+            }
+        }
+        // And the engine goes on.
+        engine.append("app", &made("after")).unwrap();
+    }
+
+    /// Invariant 10 on every backend: random names, ids, types, subjects and
+    /// payloads — empty, huge, deeply nested, control characters, not JSON —
+    /// appended in a transaction beside a good append. Each is appended or a typed
+    /// error; a refused one changes nothing, and the good append in the same
+    /// transaction commits (on PostgreSQL, nothing the engine runs for a refused
+    /// append may fail on the server, or the transaction would be lost).
+    fn random_appends_are_typed_errors_or_appends<B: TestBackend>() {
+        use common::inputs::{payload, text};
+        use proptest::test_runner::{Config, TestRunner};
+        let (_place, _clock, engine) = setup::<B>();
+        let mut runner = TestRunner::new(Config {
+            cases: 48,
+            ..Config::default()
+        });
+        runner
+            .run(
+                &(text(), text(), text(), text(), text(), payload()),
+                |(workspace, event_type, id, subject, actor, body): (
+                    String,
+                    String,
+                    String,
+                    String,
+                    String,
+                    String,
+                )| {
+                    let before = engine.head_seq().unwrap();
+                    let ev = NewEvent::new(&event_type, &subject, &actor, 0)
+                        .id(&id)
+                        .payload_json(&body);
+                    let (good, tried) = engine
+                        .write(|tx| {
+                            let good = tx.append("app", &made(&format!("good-{before}")))?;
+                            Ok((good, tx.append(&workspace, &ev)))
+                        })
+                        .unwrap();
+                    let stored = engine.event(good.seq).unwrap();
+                    assert!(stored.is_some(), "the good append committed");
+                    match tried {
+                        Ok(a) => {
+                            assert_eq!(
+                                (workspace.as_str(), event_type.as_str()),
+                                ("app", "thing.made")
+                            );
+                            let e = engine.event(a.seq).unwrap().unwrap();
+                            assert_eq!(e.id, id);
+                            assert_eq!(e.payload_json(), body.as_str());
+                        }
+                        Err(err) => {
+                            assert!(
+                                err.is_bad_input()
+                                    || matches!(err, Error::NotFound { .. } | Error::Encode { .. }),
+                                "untyped: {err:?}"
+                            );
+                            assert_eq!(
+                                engine.head_seq().unwrap(),
+                                good.seq,
+                                "nothing else appended"
+                            );
+                        }
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+    }
+
+    /// Invariant 9: pruning deletes an event only once every cursor on its
+    /// workspace passed it and it is older than the retention; a workspace without
+    /// cursors goes by age alone; a pruned seq never comes back.
+    fn pruning_deletes_only_what_every_cursor_passed_and_the_retention_allows<B: TestBackend>() {
+        let (_place, clock, engine) = setup::<B>();
+        engine.ensure_workspace("quiet", TYPES).unwrap();
+        for i in 0..10 {
+            engine.append("app", &made(&format!("a{i}"))).unwrap();
+            engine.append("quiet", &made(&format!("q{i}"))).unwrap();
+        }
+        // Seq 7 is app's fourth event (app has the odd seqs).
+        engine.save_cursor("mailer", "app", 7).unwrap();
+        engine.save_cursor("audit", "app", 19).unwrap();
+        let head = engine.head_seq().unwrap();
+        let retention = reflexr::Retention::older_than(Duration::from_secs(3_600));
+        let young = B::prune(&engine, &retention).unwrap();
+        assert_eq!(young.events, 0, "nothing is older than the retention yet");
+        clock.advance(Duration::from_secs(7_200));
+        let pruned = B::prune(&engine, &retention).unwrap();
+        assert_eq!(
+            pruned.events,
+            4 + 10,
+            "app up to the lowest cursor; quiet by age"
+        );
+        let left: Vec<i64> = all(&engine).iter().map(|e| e.seq).collect();
+        assert_eq!(left, [9, 11, 13, 15, 17, 19]);
+        assert!(engine.read(&Query::new("quiet")).unwrap().is_empty());
+        assert_eq!(engine.head_seq().unwrap(), head, "the head is not lowered");
+        assert_eq!(engine.append("app", &made("next")).unwrap().seq, head + 1);
+    }
+}

@@ -2,7 +2,7 @@
 //! the heartbeat notices other connections' commits (DESIGN.md, "Threads").
 //! Each test runs on every backend (`on_backends!`) but the file watch,
 //! SQLite's (PostgreSQL's LISTEN/NOTIFY wakes a waiter without a heartbeat
-//! in `tests/backends.rs`).
+//! in `every_backend` below).
 //!
 //! The waits below have long timeouts that only matter if the behaviour is
 //! broken: each test passes as soon as the waiter is woken, and the
@@ -161,4 +161,43 @@ fn a_commit_by_another_process_is_noticed_by_the_file_watch_without_a_heartbeat(
     assert_eq!(page.len(), 1, "woken by the watch, with the event");
     let ended = child.finish();
     assert!(ended.success);
+}
+
+/// The tests of this concern written once for every backend (each names
+/// the invariant it checks; `on_backends!` runs it on SQLite and
+/// PostgreSQL).
+mod every_backend {
+    use crate::shared::*;
+    use common::backend::TestBackend;
+    use common::on_backends;
+    use reflexr::Query;
+    use reflexr_testkit as common;
+    use std::time::Duration;
+
+    on_backends!(a_wait_wakes_on_another_engines_commit,);
+
+    /// Invariant 1, live: a reader waiting on its watch is woken by a commit of
+    /// another engine on the same database (another process, as far as either
+    /// knows) — by a notification (LISTEN/NOTIFY; on SQLite the WAL watch of the
+    /// default feature `watch`), not by polling: the reader's heartbeat is an hour,
+    /// so a wake-up that depended on it would fail the minute's wait.
+    fn a_wait_wakes_on_another_engines_commit<B: TestBackend>() {
+        let (place, clock, _engine) = setup::<B>();
+        let reader = B::open_with(&place, &clock, "reader", Some(Duration::from_secs(3_600)));
+        let writer = B::open(&place, &clock, "writer");
+        // Subscribed before the commit, so the commit cannot come first unseen.
+        let watch = reader.watch();
+        assert!(reader.read(&Query::new("app")).unwrap().is_empty());
+        writer.append("app", &made("late")).unwrap();
+        let mut got = Vec::new();
+        while got.is_empty() {
+            assert!(
+                watch.wait(Duration::from_secs(60)),
+                "no wake-up within a minute"
+            );
+            got = reader.read(&Query::new("app")).unwrap();
+        }
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].subject, "thing/late");
+    }
 }

@@ -2,9 +2,8 @@
 //! database, priorities, pauses, cancels, and concurrency limits across
 //! processes (DESIGN.md invariants 2, 5 and 6; 10 for bad input). Every
 //! test here is written once, generic over the backend, and runs on SQLite
-//! and — with the feature `postgres` — on PostgreSQL (`on_backends!`), as
-//! `tests/backends.rs` does; the child process of the cross-process limit
-//! test too.
+//! and — with the feature `postgres` — on PostgreSQL (`on_backends!`); the child
+//! process of the cross-process limit test too.
 
 use reflexr_testkit as common;
 
@@ -584,4 +583,390 @@ fn at_one_priority_a_limited_actions_backlog_leaves_the_others_their_share<B: Te
         2,
         "the first claim shared: {first:?}"
     );
+}
+
+/// The tests of this concern written once for every backend (each names
+/// the invariant it checks; `on_backends!` runs it on SQLite and
+/// PostgreSQL).
+mod every_backend {
+    use crate::shared::*;
+    use common::backend::TestBackend;
+    use common::on_backends;
+    use reflexr::{
+        ActionConfig, Decision, Engine, Enqueue, Error, Pausable, Rule, RunState, Unique,
+    };
+    use reflexr_testkit as common;
+    use serde_json::json;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    on_backends!(
+        a_scope_runs_in_order_and_higher_priorities_go_first,
+        a_unique_key_gives_the_holders_id_while_it_is_pending,
+        a_rate_limit_holds_in_every_window_of_its_period,
+        a_concurrency_limit_partitioned_by_an_input_field_counts_each_value,
+        pausing_an_action_rule_or_reaction_stops_it_where_it_stands_until_resumed,
+        the_executors_of_four_engines_never_exceed_a_concurrency_limit,
+        a_unique_key_holds_while_pending_while_active_or_for_a_period,
+        a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_completion,
+    );
+
+    /// Invariant 6: the runs of one scope run one at a time in the order they
+    /// were made; between scopes, a higher priority is claimed first.
+    fn a_scope_runs_in_order_and_higher_priorities_go_first<B: TestBackend>() {
+        let (_place, _clock, engine) = setup::<B>();
+        let seen = recording(&engine);
+        for n in 1..=4 {
+            engine.enqueue(&task(n).scope("cart-7")).unwrap();
+        }
+        engine.enqueue(&task(100).priority(10)).unwrap();
+        engine.enqueue(&task(50).priority(5)).unwrap();
+        let idle = engine.run_until_idle().unwrap();
+        assert_eq!(idle.succeeded, 6);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(&seen[..2], [100, 50], "priorities first");
+        let scoped: Vec<i64> = seen.iter().copied().filter(|n| *n < 50).collect();
+        assert_eq!(scoped, [1, 2, 3, 4], "a scope in its order");
+    }
+
+    /// A uniqueness key held while its run is pending: a second enqueue gets
+    /// the holder's id, marked deduplicated; once the run started, the key is
+    /// free again.
+    fn a_unique_key_gives_the_holders_id_while_it_is_pending<B: TestBackend>() {
+        let (_place, _clock, engine) = setup::<B>();
+        let seen = recording(&engine);
+        let keyed = |n| task(n).unique("rebuild/3", Unique::WhilePending);
+        let first = engine.enqueue(&keyed(1)).unwrap();
+        let again = engine.enqueue(&keyed(2)).unwrap();
+        assert!(again.deduplicated);
+        assert_eq!(again.id, first.id);
+        engine.run_until_idle().unwrap();
+        let later = engine.enqueue(&keyed(3)).unwrap();
+        assert!(!later.deduplicated);
+        engine.run_until_idle().unwrap();
+        assert_eq!(*seen.lock().unwrap(), [1, 3]);
+    }
+
+    /// Control of the work: at most 3 starts in any 1,000 ms, over a long run
+    /// on a manual clock, counted in the database.
+    fn a_rate_limit_holds_in_every_window_of_its_period<B: TestBackend>() {
+        let (_place, clock, engine) = setup::<B>();
+        let seen = recording(&engine);
+        engine
+            .configure_action(&ActionConfig::new("work").rate(3, Duration::from_millis(1_000)))
+            .unwrap();
+        assert_eq!(engine.action_configs().unwrap().len(), 1);
+        for n in 0..20 {
+            engine.enqueue(&task(n)).unwrap();
+        }
+        for _ in 0..40 {
+            engine.run_until_idle().unwrap();
+            clock.advance(Duration::from_millis(250));
+        }
+        assert_eq!(seen.lock().unwrap().len(), 20, "all ran, in time");
+        let mut starts: Vec<i64> = engine
+            .runs(None, 100)
+            .unwrap()
+            .iter()
+            .map(|r| r.started_at.unwrap())
+            .collect();
+        starts.sort_unstable();
+        for (i, t) in starts.iter().enumerate() {
+            let in_window = starts[i..].iter().take_while(|u| **u < t + 1_000).count();
+            assert!(
+                in_window <= 3,
+                "{in_window} starts in the 1,000 ms from {t}"
+            );
+        }
+    }
+
+    /// Control of the work: a concurrency limit partitioned by an input field
+    /// lets one run per value start in a claim.
+    fn a_concurrency_limit_partitioned_by_an_input_field_counts_each_value<B: TestBackend>() {
+        let (_place, _clock, engine) = setup::<B>();
+        let seen = recording(&engine);
+        engine
+            .configure_action(
+                &ActionConfig::new("work")
+                    .max_running(1)
+                    .partition_by("customer"),
+            )
+            .unwrap();
+        for (n, customer) in [(1, "a"), (2, "a"), (3, "b"), (4, "b"), (5, "c")] {
+            engine
+                .enqueue(&Enqueue::new(
+                    "work",
+                    &json!({ "n": n, "customer": customer }),
+                ))
+                .unwrap();
+        }
+        let idle = engine.run_until_idle().unwrap();
+        assert_eq!(idle.succeeded, 5);
+        let first_batch: Vec<i64> = seen.lock().unwrap().iter().take(3).copied().collect();
+        assert_eq!(first_batch, [1, 3, 5], "a, b, c: one each, then the rest");
+    }
+
+    /// Control of the work: a paused action, rule or reaction stops where it
+    /// stands (a run is not claimed, an event not decided or handled, its cursor
+    /// stays) until resumed, in every engine on the database; each pause and
+    /// resume is on the record.
+    fn pausing_an_action_rule_or_reaction_stops_it_where_it_stands_until_resumed<B: TestBackend>() {
+        let (_place, _clock, e) = setup::<B>();
+        let seen = recording(&e);
+        let reacted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = Arc::clone(&reacted);
+        e.register_reaction(B::reaction("counter", "app").on(["thing.made"]).handle(
+            move |_, _| {
+                r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            },
+        ))
+        .unwrap();
+        e.register_rule(
+            Rule::new("fire", "app")
+                .on(["thing.made"])
+                .action("work")
+                .decide(|_| Ok(Decision::fire(&json!({ "n": 2 })))),
+        )
+        .unwrap();
+        let ops = e.operator("ops", "maintenance").unwrap();
+        assert!(ops.pause(&Pausable::Action("work".into())).unwrap());
+        assert!(
+            !ops.pause(&Pausable::Action("work".into())).unwrap(),
+            "paused already"
+        );
+        ops.pause(&Pausable::Rule("fire".into())).unwrap();
+        ops.pause(&Pausable::Reaction("counter".into())).unwrap();
+        e.enqueue(&task(1)).unwrap();
+        e.append("app", &made("t-1")).unwrap();
+        let idle = e.run_until_idle().unwrap();
+        assert_eq!((idle.claimed, idle.decided, idle.reacted), (0, 0, 0));
+        assert_eq!(e.paused().unwrap().len(), 3);
+        ops.resume(&Pausable::Rule("fire".into())).unwrap();
+        ops.resume(&Pausable::Reaction("counter".into())).unwrap();
+        let idle = e.run_until_idle().unwrap();
+        assert_eq!((idle.decided, idle.claimed), (1, 0), "work still paused");
+        assert_eq!(reacted.load(std::sync::atomic::Ordering::SeqCst), 1);
+        ops.resume(&Pausable::Action("work".into())).unwrap();
+        assert_eq!(e.run_until_idle().unwrap().succeeded, 2);
+        let mut ns = seen.lock().unwrap().clone();
+        ns.sort_unstable();
+        assert_eq!(ns, [1, 2]);
+        let e2 = ops.resume(&Pausable::Rule("fire".into())).unwrap_err();
+        assert!(e2.is_not_found(), "{e2}");
+        let actions: Vec<String> = e
+            .audit_log(20)
+            .unwrap()
+            .iter()
+            .map(|a| a.action.to_string())
+            .collect();
+        assert_eq!(actions.iter().filter(|a| *a == "pause").count(), 3);
+        assert_eq!(actions.iter().filter(|a| *a == "resume").count(), 3);
+    }
+
+    /// Control of the work across engines: the executor threads of four
+    /// engines (each claiming in transactions of its own) never run more of a
+    /// limited action at once than its `max_running`, counted in the database.
+    fn the_executors_of_four_engines_never_exceed_a_concurrency_limit<B: TestBackend>() {
+        let (place, clock, first) = setup::<B>();
+        first
+            .configure_action(&ActionConfig::new("work").max_running(2))
+            .unwrap();
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let engines: Vec<Engine<B>> = (0..4)
+            .map(|i| B::open(&place, &clock, &format!("executor-{i}")))
+            .collect();
+        for e in &engines {
+            let (r, m) = (Arc::clone(&running), Arc::clone(&most));
+            e.register_action("work", move |_, _| {
+                let now = r.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                m.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(Duration::from_micros(500));
+                r.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            })
+            .unwrap();
+            e.start().unwrap();
+        }
+        let ids: Vec<String> = first
+            .write(|tx| (0..200).map(|n| Ok(tx.enqueue(&task(n))?.id)).collect())
+            .unwrap();
+        for id in &ids {
+            let run = first.wait_for_run(id, Duration::from_secs(120)).unwrap();
+            assert_eq!(run.state, RunState::Succeeded, "{id}");
+        }
+        for e in &engines {
+            e.shutdown();
+        }
+        let most = most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((1..=2).contains(&most), "{most} ran at once");
+    }
+
+    /// Control of the work: the database refuses a second run with a held key
+    /// (the enqueue gets the holder's id, marked deduplicated) while the first
+    /// is pending, while it is active, or for a period after it was made.
+    fn a_unique_key_holds_while_pending_while_active_or_for_a_period<B: TestBackend>() {
+        let (place, clock, e) = setup::<B>();
+        let seen = recording(&e);
+        let a = e
+            .enqueue(&task(1).unique("k", Unique::WhilePending))
+            .unwrap();
+        let b = e
+            .enqueue(&task(2).unique("k", Unique::WhilePending))
+            .unwrap();
+        assert!(b.deduplicated && b.id == a.id);
+        e.run_until_idle().unwrap();
+        let c = e
+            .enqueue(&task(3).unique("k", Unique::WhilePending))
+            .unwrap();
+        assert!(!c.deduplicated, "the first ended: the key is free");
+        // The unique index itself: a second pending run with the key is
+        // refused by the database, whoever writes it.
+        let forged = e.write(|tx| {
+            B::run_sql(
+                tx,
+                &format!(
+                    "UPDATE reflexr_runs SET unique_key = 'k', unique_mode = 'pending' \
+                     WHERE id = '{}'",
+                    a.id
+                ),
+            )?;
+            B::run_sql(
+                tx,
+                &format!(
+                    "UPDATE reflexr_runs SET state = 'ready' WHERE id = '{}'",
+                    a.id
+                ),
+            )
+        });
+        assert!(forged.is_err(), "the partial unique index holds");
+        e.run_until_idle().unwrap();
+
+        let d = e
+            .enqueue(&task(4).unique("j", Unique::WhileActive))
+            .unwrap();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go_tx, go) = std::sync::mpsc::channel::<()>();
+        let go = std::sync::Mutex::new(go);
+        let worker_engine = B::open(&place, &clock, "worker");
+        worker_engine
+            .register_action("work", move |_, _| {
+                started_tx.send(()).unwrap();
+                go.lock().unwrap().recv().unwrap();
+                Ok(())
+            })
+            .unwrap();
+        let worker = std::thread::spawn(move || worker_engine.run_until_idle().unwrap());
+        started.recv().unwrap();
+        let f = e
+            .enqueue(&task(5).unique("j", Unique::WhileActive))
+            .unwrap();
+        assert!(
+            f.deduplicated && f.id == d.id,
+            "still running: the key holds"
+        );
+        go_tx.send(()).unwrap();
+        worker.join().unwrap();
+        let again = e
+            .enqueue(&task(6).unique("j", Unique::WhileActive))
+            .unwrap();
+        assert!(!again.deduplicated);
+        e.run_until_idle().unwrap();
+
+        let period = || Unique::For(Duration::from_secs(60));
+        let g = e.enqueue(&task(7).unique("p", period())).unwrap();
+        e.run_until_idle().unwrap();
+        let h = e.enqueue(&task(8).unique("p", period())).unwrap();
+        assert!(
+            h.deduplicated && h.id == g.id,
+            "within the period, though it ended"
+        );
+        clock.advance(Duration::from_secs(61));
+        assert!(
+            !e.enqueue(&task(9).unique("p", period()))
+                .unwrap()
+                .deduplicated
+        );
+        e.run_until_idle().unwrap();
+        let mut ns = seen.lock().unwrap().clone();
+        ns.sort_unstable();
+        // 4 ran in the other worker; no deduplicated one (2, 5, 8) ran at all.
+        assert_eq!(ns, [1, 3, 6, 7, 9]);
+        assert_eq!(e.run(&d.id).unwrap().unwrap().state, RunState::Succeeded);
+        assert_eq!(
+            e.runs(None, 20).unwrap().len(),
+            6,
+            "one run per enqueue kept"
+        );
+    }
+
+    /// Invariants 5 and 7: a cancelled pending run never starts; a running
+    /// one's handler sees the cancel at once in this process and its
+    /// completion is refused: it ends cancelled; an ended run cannot be
+    /// cancelled; each cancel is on the record.
+    fn a_pending_run_cancelled_never_starts_and_a_running_one_is_refused_its_completion<
+        B: TestBackend,
+    >() {
+        let (_place, clock, e) = setup::<B>();
+        let pending = e
+            .enqueue(&task(1).after(Duration::from_secs(60)))
+            .unwrap()
+            .id;
+        let ops = e.operator("ops", "not needed").unwrap();
+        assert_eq!(ops.cancel_run(&pending).unwrap(), RunState::Ready);
+        let run = e.run(&pending).unwrap().unwrap();
+        assert_eq!(
+            (run.state, run.cancelled_by.as_deref()),
+            (RunState::Cancelled, Some("ops"))
+        );
+
+        let running = e.enqueue(&task(2)).unwrap().id;
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go_tx, go) = std::sync::mpsc::channel::<()>();
+        let go = std::sync::Mutex::new(go);
+        let saw_cancel = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let saw = Arc::clone(&saw_cancel);
+        e.register_action("work", move |_, ctx| {
+            started_tx.send(()).unwrap();
+            go.lock().unwrap().recv().unwrap();
+            if ctx.is_cancelled() {
+                saw.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(()) // says it succeeded: refused
+        })
+        .unwrap();
+        clock.advance(Duration::from_secs(61)); // the cancelled one would be due
+        let worker = {
+            let e = e.clone();
+            std::thread::spawn(move || e.run_until_idle().unwrap())
+        };
+        started.recv().unwrap();
+        assert_eq!(ops.cancel_run(&running).unwrap(), RunState::Running);
+        go_tx.send(()).unwrap();
+        let idle = worker.join().unwrap();
+        assert_eq!(
+            (idle.claimed, idle.succeeded),
+            (1, 0),
+            "only the running one was claimed"
+        );
+        assert_eq!(
+            saw_cancel.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "seen at once"
+        );
+        let run = e.run(&running).unwrap().unwrap();
+        assert_eq!(run.state, RunState::Cancelled);
+        assert!(run.cancel_requested_at.is_some());
+        let err = ops.cancel_run(&running).unwrap_err();
+        assert!(matches!(err, Error::Conflict { .. }), "{err}");
+        assert!(ops.cancel_run("nope").unwrap_err().is_not_found());
+        let cancels = e
+            .audit_log(10)
+            .unwrap()
+            .iter()
+            .filter(|a| a.action.to_string() == "cancel")
+            .count();
+        assert_eq!(cancels, 2);
+    }
 }

@@ -161,3 +161,70 @@ fn an_operator_reset_moves_a_cursor_back_and_is_recorded<B: TestBackend>() {
     assert_eq!(engine.audit_log(10).unwrap().len(), 1);
     assert_eq!(engine.cursor("mailer", "app").unwrap(), 3);
 }
+
+/// The tests of this concern written once for every backend (each names
+/// the invariant it checks; `on_backends!` runs it on SQLite and
+/// PostgreSQL).
+mod every_backend {
+    use crate::shared::*;
+    use common::backend::TestBackend;
+    use common::on_backends;
+    use reflexr::Error;
+    use reflexr_testkit as common;
+
+    on_backends!(a_cursor_moves_only_forward_and_saves_with_the_consumers_rows,);
+
+    /// Invariant 8: a cursor only moves forward, never past the head, and saves in
+    /// the transaction of the consumer's own rows.
+    fn a_cursor_moves_only_forward_and_saves_with_the_consumers_rows<B: TestBackend>() {
+        let (_place, _clock, engine) = setup::<B>();
+        for i in 0..3 {
+            engine.append("app", &made(&i.to_string())).unwrap();
+        }
+        assert_eq!(engine.cursor("mailer", "app").unwrap(), 0);
+        engine
+            .write(|tx| {
+                B::insert_thing(tx, "mailed-1")?;
+                tx.save_cursor("mailer", "app", 1)
+            })
+            .unwrap();
+        let failed: reflexr::Result<()> = engine.write(|tx| {
+            B::insert_thing(tx, "mailed-2")?;
+            tx.save_cursor("mailer", "app", 2)?;
+            Err(Error::Invalid {
+                field: "test",
+                reason: "the mail server said no".into(),
+            })
+        });
+        assert!(failed.is_err());
+        assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
+        assert_eq!(B::things(&engine), ["mailed-1"]);
+        engine.save_cursor("mailer", "app", 3).unwrap();
+        let back = engine.save_cursor("mailer", "app", 2).unwrap_err();
+        assert!(
+            matches!(
+                back,
+                Error::CursorBackwards {
+                    current: 3,
+                    requested: 2,
+                    ..
+                }
+            ),
+            "{back}"
+        );
+        let ahead = engine.save_cursor("mailer", "app", 4).unwrap_err();
+        assert!(
+            matches!(ahead, Error::CursorAhead { head: 3, .. }),
+            "{ahead}"
+        );
+        let in_tx = engine.write(|tx| tx.cursor("mailer", "app")).unwrap();
+        assert_eq!(in_tx, 3);
+        engine.append("app", &made("later")).unwrap();
+        let listed = engine.cursors().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].name.as_str(), listed[0].position, listed[0].lag),
+            ("mailer", 3, 1)
+        );
+    }
+}

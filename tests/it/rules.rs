@@ -751,3 +751,406 @@ fn a_state_reset_while_a_batch_is_being_decided_makes_it_decide_again<B: TestBac
         "the 5th RSVP, counted from the reset"
     );
 }
+
+/// The tests of this concern written once for every backend (each names
+/// the invariant it checks; `on_backends!` runs it on SQLite and
+/// PostgreSQL).
+mod every_backend {
+    use crate::shared::*;
+    use common::backend::TestBackend;
+    use common::on_backends;
+    use common::rules::{Count, append_rsvps, every_nth, expected, fired, job, on_job};
+    use reflexr::{
+        Decision, ManualClock, NewEvent, OnDeadLetter, Query, RetryPolicy, Rule, RunState, Scope,
+        Start,
+    };
+    use reflexr_testkit as common;
+    use serde_json::{Value, json};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    on_backends!(
+        a_stateful_rule_fires_exactly_what_an_independent_fold_predicts,
+        a_rule_added_later_catches_up_and_one_starting_at_the_head_does_not,
+        a_failing_rule_does_not_hold_back_another,
+        only_the_lease_holder_evaluates_and_another_takes_over_when_renewal_stops,
+        a_rule_fires_a_run_whose_events_another_rule_decides,
+        a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter,
+        block_holds_the_scope_until_an_operator_unblocks_it,
+        continue_lets_the_scope_go_on_after_a_dead_run,
+        a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope,
+    );
+
+    /// Invariant 4: a stateful rule fires exactly what an independent fold
+    /// over the log predicts, its state per scope saved with its cursor, and
+    /// each firing's id is its run's.
+    fn a_stateful_rule_fires_exactly_what_an_independent_fold_predicts<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let e = rules_engine::<B>(&place, &clock, "test");
+        e.register_rule(every_nth("tenth", 10)).unwrap();
+        append_rsvps(&e, 3, 35);
+        let idle = e.run_until_idle().unwrap();
+        assert_eq!(idle.decided, 105);
+        assert_eq!(idle.fired, 9);
+        assert_eq!(idle.succeeded, 9, "every firing's run ran");
+        assert_eq!(fired(&e), expected(&e, "tenth", 10));
+        assert_eq!(
+            e.rule_state::<Count>("tenth", "1").unwrap(),
+            Some(Count { n: 35 })
+        );
+        let runs = e.runs(None, 100).unwrap();
+        assert_eq!(runs.len(), 9);
+        for ev in e.read(&Query::new("app").types(["RuleFired"])).unwrap() {
+            let p: Value = ev.payload().unwrap();
+            let id = p["firing_id"].as_str().unwrap();
+            assert_eq!(ev.id, format!("{id}:fired"));
+            assert!(runs.iter().any(|r| r.id == id));
+        }
+        assert_eq!(e.run_until_idle().unwrap().decided, 0, "nothing twice");
+        let rules = e.rules().unwrap();
+        assert_eq!((rules.len(), rules[0].lag), (1, 0));
+    }
+
+    /// Invariant 8: a rule registered later starts at the beginning and
+    /// catches up; one that starts at the head decides only what comes after.
+    fn a_rule_added_later_catches_up_and_one_starting_at_the_head_does_not<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let e = rules_engine::<B>(&place, &clock, "test");
+        e.register_rule(every_nth("early", 10)).unwrap();
+        append_rsvps(&e, 2, 20);
+        e.run_until_idle().unwrap();
+        drop(e);
+
+        let e = rules_engine::<B>(&place, &clock, "test");
+        e.register_rule(every_nth("early", 10)).unwrap();
+        e.register_rule(every_nth("late", 10)).unwrap();
+        e.register_rule(every_nth("from-now", 10).start(Start::Head))
+            .unwrap();
+        append_rsvps(&e, 2, 10);
+        e.run_until_idle().unwrap();
+        let f = fired(&e);
+        let of = |rule: &str| f.keys().filter(|(r, _)| r == rule).count();
+        assert_eq!(of("early"), 6);
+        assert_eq!(of("late"), 6, "caught up on all 60 events");
+        assert_eq!(of("from-now"), 2, "only the 20 events after it");
+    }
+
+    /// Errors are contained per rule: a decision that fails or panics, or an
+    /// event without a scope, is a `RuleErrored` event and a dead letter, and
+    /// the rule moves on; the other rules are not held back.
+    fn a_failing_rule_does_not_hold_back_another<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let e = rules_engine::<B>(&place, &clock, "test");
+        e.register_rule(every_nth("healthy", 5)).unwrap();
+        e.register_rule(
+            Rule::new("broken", "app")
+                .on(["rsvp"])
+                .scope(Scope::payload("session"))
+                .action("noop")
+                .decide(|ev| {
+                    let p: Value = ev.payload()?;
+                    match p["guest"].as_u64().unwrap() % 3 {
+                        0 => Err("the guest list is unreachable".into()),
+                        1 => panic!("a bug in the rule"),
+                        _ => Ok(Decision::Skip),
+                    }
+                }),
+        )
+        .unwrap();
+        e.register_rule(
+            Rule::new("scopeless", "app")
+                .on(["rsvp"])
+                .scope(Scope::payload("no_such_field"))
+                .action("noop")
+                .decide(|_| Ok(Decision::Skip)),
+        )
+        .unwrap();
+        append_rsvps(&e, 1, 9);
+        let idle = e.run_until_idle().unwrap();
+        assert_eq!(idle.fired, 1, "the healthy rule fired on its 5th event");
+        assert_eq!(idle.errored, 6 + 9);
+        let letters = e.dead_letters(false, 100).unwrap();
+        let reasons = |consumer: &str| {
+            let mut v: Vec<String> = letters
+                .iter()
+                .filter(|d| d.consumer == consumer)
+                .map(|d| d.reason.to_string())
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        assert_eq!(reasons("broken"), ["decision_error", "decision_panic"]);
+        assert_eq!(reasons("scopeless"), ["missing_scope"]);
+        let errored = e.read(&Query::new("app").types(["RuleErrored"])).unwrap();
+        assert_eq!(errored.len(), 15);
+        for rule in e.rules().unwrap() {
+            assert_eq!(rule.lag, 0, "{} moved on", rule.name);
+        }
+        // Decided again (nothing new): no error recorded twice.
+        assert_eq!(e.run_until_idle().unwrap().errored, 0);
+        assert_eq!(e.dead_letters(false, 100).unwrap().len(), letters.len());
+    }
+
+    /// Invariants 7 (fencing) and 4 (exactly once) across two engines: only
+    /// the holder of the workspace's evaluator lease decides; when it stops
+    /// renewing, the other takes over at the next generation, and the one that
+    /// comes back decides nothing.
+    fn only_the_lease_holder_evaluates_and_another_takes_over_when_renewal_stops<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let a = rules_engine::<B>(&place, &clock, "engine-a");
+        let b = rules_engine::<B>(&place, &clock, "engine-b");
+        for e in [&a, &b] {
+            e.register_rule(every_nth("tenth", 10)).unwrap();
+        }
+        append_rsvps(&a, 1, 10);
+        assert_eq!(a.run_until_idle().unwrap().fired, 1);
+        append_rsvps(&a, 1, 10);
+        assert_eq!(
+            b.run_until_idle().unwrap().decided,
+            0,
+            "b does not hold the lease"
+        );
+        assert_eq!(a.run_until_idle().unwrap().fired, 1);
+        append_rsvps(&a, 1, 10);
+        clock.advance(Duration::from_secs(31));
+        let idle = b.run_until_idle().unwrap();
+        assert_eq!((idle.decided, idle.fired), (10, 1));
+        let lease = b
+            .leases()
+            .unwrap()
+            .into_iter()
+            .find(|l| l.name == "evaluator/app")
+            .unwrap();
+        assert_eq!((lease.holder.as_str(), lease.generation), ("engine-b", 2));
+        append_rsvps(&a, 1, 10);
+        assert_eq!(a.run_until_idle().unwrap().decided, 0);
+        assert_eq!(b.run_until_idle().unwrap().fired, 1);
+        assert_eq!(fired(&a), expected(&a, "tenth", 10));
+    }
+
+    /// The loop of the design: an event fires a rule; its run emits an event
+    /// (its id derived from the run's, its causation the firing event); a
+    /// second rule decides that one and fires a run of its own — all from one
+    /// drain, each exactly once.
+    fn a_rule_fires_a_run_whose_events_another_rule_decides<B: TestBackend>() {
+        let (_place, _clock, e) = setup::<B>();
+        e.register_action("make-gone", |run, ctx| {
+            let p: Value = run.input()?;
+            let id = p["id"].as_str().unwrap().to_string();
+            ctx.emit(
+                "gone",
+                NewEvent::new("thing.gone", format!("thing/{id}"), "mover", 2_000),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = Arc::clone(&seen);
+        e.register_action("note", move |run, _| {
+            s.lock().unwrap().push(run.event_id.clone().unwrap());
+            Ok(())
+        })
+        .unwrap();
+        e.register_rule(
+            Rule::new("mover", "app")
+                .on(["thing.made"])
+                .action("make-gone")
+                .decide(|ev| Ok(Decision::fire(&ev.payload::<Value>()?))),
+        )
+        .unwrap();
+        e.register_rule(
+            Rule::new("noter", "app")
+                .on(["thing.gone"])
+                .action("note")
+                .decide(|_| Ok(Decision::fire(&json!({})))),
+        )
+        .unwrap();
+        e.append("app", &made("t-1")).unwrap();
+        let idle = e.run_until_idle().unwrap();
+        assert_eq!((idle.fired, idle.succeeded), (2, 2));
+        let gone = e.read(&Query::new("app").types(["thing.gone"])).unwrap();
+        assert_eq!(gone.len(), 1);
+        assert!(gone[0].id.ends_with("/gone"));
+        assert_eq!(*seen.lock().unwrap(), [gone[0].id.clone()]);
+        assert_eq!(e.run_until_idle().unwrap().fired, 0);
+    }
+
+    /// Rules that trigger each other stop at the chain depth limit: the firing
+    /// whose run would go deeper is a dead run with a `depth_limit` dead
+    /// letter instead of a run.
+    fn a_chain_of_rules_stops_at_the_depth_limit_with_a_dead_letter<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let e = B::open_limited(&place, &clock, 1 << 20, 3);
+        e.ensure_workspace("app", &["ping"]).unwrap();
+        e.register_rule(
+            Rule::new("echo", "app")
+                .on(["ping"])
+                .scope(Scope::Global)
+                .action("pong")
+                .decide(|_| Ok(Decision::Fire(Value::Null))),
+        )
+        .unwrap();
+        e.register_action("pong", |_, ctx| {
+            ctx.emit("ping", NewEvent::new("ping", "loop", "echo", ctx.now_ms()))?;
+            Ok(())
+        })
+        .unwrap();
+        e.append("app", &NewEvent::new("ping", "loop", "app", 0))
+            .unwrap();
+        let idle = e.run_until_idle().unwrap();
+        assert_eq!((idle.fired, idle.succeeded), (4, 3));
+        let pings = e.read(&Query::new("app").types(["ping"])).unwrap();
+        let depths: Vec<i64> = pings.iter().map(|p| p.depth).collect();
+        assert_eq!(depths, [0, 1, 2, 3]);
+        let letters = e.dead_letters(false, 10).unwrap();
+        assert_eq!(letters.len(), 1);
+        assert_eq!(letters[0].reason.as_str(), "depth_limit");
+        assert_eq!(letters[0].event_seq, Some(pings[3].seq));
+    }
+
+    /// Invariant 6 with `on_dead_letter = block`: a scope stops at its dead
+    /// run until an operator unblocks it (or discards the run); operators find
+    /// what is held; the scope then resumes in order, on the record.
+    fn block_holds_the_scope_until_an_operator_unblocks_it<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let e = jobs_engine::<B>(&place, &clock);
+        e.register_rule(on_job(RetryPolicy::never()).on_dead_letter(OnDeadLetter::Block))
+            .unwrap();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let o = Arc::clone(&order);
+        e.register_action("work", move |run, _| {
+            let input: Value = run.input()?;
+            let idx = input["idx"].as_u64().unwrap();
+            o.lock().unwrap().push(idx);
+            if idx == 0 || idx == 3 {
+                return Err("poison".into());
+            }
+            Ok(())
+        })
+        .unwrap();
+        for (i, scope) in ["a", "a", "a", "b", "b"].iter().enumerate() {
+            e.append("app", &job(scope, i)).unwrap();
+        }
+        e.run_until_idle().unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            [0, 3],
+            "both scopes stop at their dead run"
+        );
+        assert_eq!(e.runs(Some(RunState::Waiting), 10).unwrap().len(), 3);
+        let scope_b_dead = e
+            .runs(Some(RunState::Dead), 10)
+            .unwrap()
+            .into_iter()
+            .find(|r| r.scope.as_deref() == Some("b"))
+            .unwrap();
+        let blocked = e.blocked_lanes(10).unwrap();
+        let mut held: Vec<(String, String)> = blocked
+            .iter()
+            .map(|l| (l.scope.clone(), l.last_error.clone().unwrap_or_default()))
+            .collect();
+        held.sort();
+        assert_eq!(
+            held,
+            [("a".into(), "poison".into()), ("b".into(), "poison".into())]
+        );
+        assert_eq!(e.stats().unwrap().blocked_lanes, 2);
+        e.operator("ops", "skip the poison message")
+            .unwrap()
+            .unblock("jobs", "a")
+            .unwrap();
+        e.operator("ops", "not needed")
+            .unwrap()
+            .discard_run(&scope_b_dead.id)
+            .unwrap();
+        e.run_until_idle().unwrap();
+        let order = order.lock().unwrap().clone();
+        assert_eq!(order.len(), 5);
+        let at = |idx| order.iter().position(|&i| i == idx).unwrap();
+        assert!(at(1) < at(2), "scope a resumed in order: {order:?}");
+        assert!(at(4) > at(3), "scope b went on: {order:?}");
+        assert!(e.blocked_lanes(10).unwrap().is_empty());
+        let err = e
+            .operator("ops", "again")
+            .unwrap()
+            .unblock("jobs", "a")
+            .unwrap_err();
+        assert!(err.is_not_found(), "no longer blocked: {err}");
+        let actions: Vec<String> = e
+            .audit_log(10)
+            .unwrap()
+            .into_iter()
+            .map(|a| a.action.to_string())
+            .collect();
+        assert_eq!(actions, ["discard_run", "unblock"]);
+    }
+
+    /// Invariant 6 with `on_dead_letter = continue` (the default): a scope goes
+    /// on past its dead run.
+    fn continue_lets_the_scope_go_on_after_a_dead_run<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let e = jobs_engine::<B>(&place, &clock);
+        e.register_rule(on_job(RetryPolicy::never())).unwrap();
+        e.register_action("work", |run, _| {
+            let input: Value = run.input()?;
+            if input["idx"] == 0 {
+                Err("poison".into())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap();
+        for i in 0..3 {
+            e.append("app", &job("a", i)).unwrap();
+        }
+        let idle = e.run_until_idle().unwrap();
+        assert_eq!((idle.dead, idle.succeeded), (1, 2));
+    }
+
+    /// Invariant 6: a run waiting for its retry's backoff holds back its own
+    /// scope, and no other.
+    fn a_retry_waiting_for_its_backoff_holds_back_only_its_own_scope<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let e = jobs_engine::<B>(&place, &clock);
+        e.register_rule(on_job(RetryPolicy::attempts(3).fixed(BACKOFF)))
+            .unwrap();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let o = Arc::clone(&order);
+        e.register_action("work", move |run, _| {
+            let input: Value = run.input()?;
+            let idx = input["idx"].as_u64().unwrap();
+            o.lock().unwrap().push((idx, run.attempt));
+            if idx == 0 && run.attempt == 1 {
+                Err("busy".into())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap();
+        for (i, scope) in ["a", "a", "b", "b"].iter().enumerate() {
+            e.append("app", &job(scope, i)).unwrap();
+        }
+        e.run_until_idle().unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            [(0, 1), (2, 1), (3, 1)],
+            "b went on; a waits"
+        );
+        clock.advance(BACKOFF);
+        e.run_until_idle().unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            [(0, 1), (2, 1), (3, 1), (0, 2), (1, 1)],
+            "then a, in order"
+        );
+    }
+}

@@ -228,3 +228,56 @@ fn bad_lease_arguments_are_typed_errors<B: TestBackend>() {
     }
     assert!(a.leases().unwrap().is_empty());
 }
+
+/// The tests of this concern written once for every backend (each names
+/// the invariant it checks; `on_backends!` runs it on SQLite and
+/// PostgreSQL).
+mod every_backend {
+    use crate::shared::*;
+    use common::backend::TestBackend;
+    use common::on_backends;
+    use reflexr::Error;
+    use reflexr_testkit as common;
+    use std::time::Duration;
+
+    on_backends!(a_lapsed_lease_fences_its_old_holder_out,);
+
+    /// Invariant 7: a lease has one live holder; once it lapses another takes it
+    /// with a new generation, and a write the old holder fences commits nothing.
+    fn a_lapsed_lease_fences_its_old_holder_out<B: TestBackend>() {
+        let (place, clock, a) = setup::<B>();
+        let b = B::open(&place, &clock, "other");
+        let ttl = Some(Duration::from_secs(30));
+        let held = a.acquire_lease("projector", ttl).unwrap();
+        assert_eq!(held.generation, 1);
+        let e = b.acquire_lease("projector", ttl).unwrap_err();
+        assert!(
+            matches!(&e, Error::LeaseHeld { holder, .. } if holder == "test"),
+            "{e}"
+        );
+        clock.advance(Duration::from_secs(10));
+        let held = a.renew_lease(&held).unwrap();
+        clock.advance(Duration::from_secs(31));
+        let taken = b.acquire_lease("projector", ttl).unwrap();
+        assert_eq!(taken.generation, 2);
+        let fenced = a
+            .write(|tx| {
+                tx.fence(&held)?;
+                B::insert_thing(tx, "stale")?;
+                tx.append("app", &made("stale"))
+            })
+            .unwrap_err();
+        assert!(
+            matches!(fenced, Error::LeaseLost { generation: 1, .. }),
+            "{fenced}"
+        );
+        assert!(B::things(&a).is_empty());
+        assert!(all(&a).is_empty());
+        assert!(a.renew_lease(&held).is_err());
+        assert!(!a.release_lease(&held).unwrap());
+        assert!(b.release_lease(&taken).unwrap());
+        let leases = a.leases().unwrap();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0].generation, 2);
+    }
+}

@@ -7,9 +7,9 @@
 //! processes executing one queue while one of them is SIGKILLed, its claims
 //! taken over once they lapse (5). (Evaluators SIGKILLed mid-batch, the
 //! crash torture and four processes with moving evaluators run on both
-//! backends: `tests/rules.rs`, `tests/crash.rs`, `tests/multiprocess.rs`.)
+//! backends: `tests/it/rules.rs`, `tests/it/crash.rs`, `tests/it/multiprocess.rs`.)
 //! The long run: `PG_KILLS=300 cargo test --release --features postgres
-//! --test pg_processes -- --nocapture`.
+//! --test it pg::processes -- --nocapture`.
 #![cfg(feature = "postgres")]
 
 use reflexr_testkit as common;

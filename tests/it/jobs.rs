@@ -527,3 +527,241 @@ fn an_occurrence_whose_executor_stopped_mid_run_is_lost_if_at_most_once_and_reru
         assert_eq!(run.state, expected, "{guarantee:?}: {run:?}");
     }
 }
+
+/// The tests of this concern written once for every backend (each names
+/// the invariant it checks; `on_backends!` runs it on SQLite and
+/// PostgreSQL).
+mod every_backend {
+    use crate::shared::*;
+    use common::backend::TestBackend;
+    use common::channels::email_channel;
+    use common::on_backends;
+    use reflexr::inspect::RunKind;
+    use reflexr::{
+        ChannelPolicy, Delivery, Error, ManualClock, Missed, NewEvent, RetryPolicy, RunState,
+    };
+    use reflexr_testkit as common;
+    use serde_json::Value;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    on_backends!(
+        a_reaction_delivers_once_its_write_commits_and_nothing_when_it_rolls_back,
+        a_reaction_skips_unknown_types_and_dead_letters_a_failing_event_then_moves_on,
+        the_best_effort_channel_never_retries_and_the_retried_one_gives_up_after_its_policy,
+        a_scheduled_occurrence_runs_once_with_two_engines_on_one_database,
+        missed_occurrences_run_once_or_are_skipped_as_the_job_says,
+    );
+
+    /// Invariants 2 and 5 through the loop: a reaction enqueues one delivery
+    /// per recipient in the transaction that moves its cursor; the channel
+    /// sends each, all in one drain. A write that rolls back leaves no event,
+    /// so nothing is sent for it.
+    fn a_reaction_delivers_once_its_write_commits_and_nothing_when_it_rolls_back<B: TestBackend>() {
+        let (_place, _clock, e) = setup::<B>();
+        let sent = email_channel(&e, ChannelPolicy::Retried(RetryPolicy::default()));
+        e.register_reaction(B::reaction("notifier", "app").on(["thing.made"]).handle(
+            |event, tx| {
+                let p: Value = event.payload()?;
+                for to in p["tell"].as_array().unwrap() {
+                    let to = to.as_str().unwrap();
+                    tx.deliver(&Delivery::new("email", "made").to(to).caused_by(event))?;
+                }
+                Ok(())
+            },
+        ))
+        .unwrap();
+        let failed: reflexr::Result<()> = e.write(|tx| {
+            B::insert_thing(tx, "t-0")?;
+            tx.append("app", &made_for("t-0", &["nobody@x"]))?;
+            Err(Error::Invalid {
+                field: "thing",
+                reason: "refused".into(),
+            })
+        });
+        assert!(failed.is_err());
+        e.write(|tx| {
+            B::insert_thing(tx, "t-1")?;
+            tx.append("app", &made_for("t-1", &["ada@x", "grace@x", "alan@x"]))
+        })
+        .unwrap();
+        let idle = e.run_until_idle().unwrap();
+        assert_eq!((idle.reacted, idle.succeeded), (1, 3));
+        let mut sent = sent.lock().unwrap().clone();
+        sent.sort();
+        assert_eq!(sent, ["ada@x", "alan@x", "grace@x"]);
+        let deliveries = e.runs(None, 10).unwrap();
+        assert!(
+            deliveries
+                .iter()
+                .all(|r| r.kind == RunKind::Delivery && r.event_seq == Some(1))
+        );
+        assert_eq!(e.run_until_idle().unwrap().reacted, 0, "handled once");
+    }
+
+    /// A reaction handles only its types; an event whose handler fails or
+    /// panics is dead-lettered with its writes rolled back (the deliveries it
+    /// enqueued too), and the reaction moves on.
+    fn a_reaction_skips_unknown_types_and_dead_letters_a_failing_event_then_moves_on<
+        B: TestBackend,
+    >() {
+        let (_place, _clock, e) = setup::<B>();
+        email_channel(&e, ChannelPolicy::BestEffort);
+        let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let h = Arc::clone(&handled);
+        e.register_reaction(B::reaction("picky", "app").on(["thing.made"]).handle(
+            move |event, tx| {
+                h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tx.deliver(&Delivery::new("email", "x").caused_by(event))?;
+                let p: Value = event.payload()?;
+                match p["id"].as_str() {
+                    Some("bad") => Err("no such thing".into()),
+                    Some("worse") => panic!("a bug in the reaction"),
+                    _ => Ok(()),
+                }
+            },
+        ))
+        .unwrap();
+        for id in ["b", "bad", "c", "worse", "d"] {
+            e.append("app", &made(id)).unwrap();
+            e.append(
+                "app",
+                &NewEvent::new("thing.gone", format!("thing/{id}"), "t", 0),
+            )
+            .unwrap();
+        }
+        e.run_until_idle().unwrap();
+        let handled = handled.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(handled, 5, "only its own type");
+        assert_eq!(
+            e.runs(None, 10).unwrap().len(),
+            3,
+            "the failed ones' rolled back"
+        );
+        let letters = e.dead_letters(false, 10).unwrap();
+        let mut reasons: Vec<(&str, &str)> = letters
+            .iter()
+            .map(|d| (d.kind.as_str(), d.reason.as_str()))
+            .collect();
+        reasons.sort();
+        assert_eq!(
+            reasons,
+            [("reaction", "handler_error"), ("reaction", "handler_panic")]
+        );
+        assert_eq!(letters[0].event_seq, Some(3));
+        assert_eq!(e.cursors().unwrap()[0].lag, 0);
+    }
+
+    /// Invariant 5 per channel: a best-effort channel sends once; a retried one
+    /// as its policy says, then dead-letters; a channel this engine did not
+    /// register is refused.
+    fn the_best_effort_channel_never_retries_and_the_retried_one_gives_up_after_its_policy<
+        B: TestBackend,
+    >() {
+        let (_place, clock, e) = setup::<B>();
+        let tries = Arc::new(std::sync::Mutex::new(Vec::new()));
+        for (channel, policy) in [
+            ("push", ChannelPolicy::BestEffort),
+            (
+                "email",
+                ChannelPolicy::Retried(RetryPolicy::attempts(3).fixed(MINUTE)),
+            ),
+        ] {
+            let t = Arc::clone(&tries);
+            e.register_channel(channel, policy, move |msg, _| {
+                t.lock().unwrap().push((msg.channel.clone(), msg.attempt));
+                Err("the service is down".into())
+            })
+            .unwrap();
+        }
+        e.deliver(&Delivery::new("push", "ping").to("device-1"))
+            .unwrap();
+        e.deliver(&Delivery::new("email", "ping").to("ada@x"))
+            .unwrap();
+        for _ in 0..5 {
+            e.run_until_idle().unwrap();
+            clock.advance(MINUTE);
+        }
+        let tries = tries.lock().unwrap();
+        let of = |c: &str| tries.iter().filter(|(ch, _)| ch == c).count();
+        assert_eq!(of("push"), 1, "best effort: once");
+        assert_eq!(of("email"), 3, "retried: as its policy says, then given up");
+        let runs = e.runs(None, 10).unwrap();
+        assert!(runs.iter().all(|r| r.state == RunState::Dead));
+        let letters = e.dead_letters(false, 10).unwrap();
+        assert_eq!(letters.len(), 2);
+        assert!(letters.iter().all(|d| d.error == "the service is down"));
+        let err = e.deliver(&Delivery::new("fax", "ping")).unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+    }
+
+    /// Invariant 5 for scheduled work: each due occurrence runs once, whatever
+    /// the number of engines: the loop lease keeps one scheduler at a time, and
+    /// the occurrence's id (`<job>@<due>`) keeps a second from making it again.
+    fn a_scheduled_occurrence_runs_once_with_two_engines_on_one_database<B: TestBackend>() {
+        let place = B::place();
+        let clock = ManualClock::new(START_MS);
+        let a = B::open(&place, &clock, "engine-a");
+        let b = B::open(&place, &clock, "engine-b");
+        let every = Duration::from_secs(20);
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = || runs.load(std::sync::atomic::Ordering::SeqCst);
+        a.register_job(counting_job::<B>("reminders", every, &runs))
+            .unwrap();
+        b.register_job(counting_job::<B>("reminders", every, &runs))
+            .unwrap();
+        a.run_until_idle().unwrap(); // a takes the loop lease (30 s)
+        assert_eq!(count(), 0, "first due an interval after registering");
+        clock.advance(every);
+        b.run_until_idle().unwrap();
+        assert_eq!(count(), 0, "b cannot schedule while a holds the loop");
+        a.run_until_idle().unwrap();
+        b.run_until_idle().unwrap();
+        assert_eq!(count(), 1);
+        clock.advance(Duration::from_secs(31));
+        b.run_until_idle().unwrap();
+        a.run_until_idle().unwrap();
+        assert_eq!(count(), 2);
+        let ids: Vec<String> = a
+            .runs(None, 10)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                format!("reminders@{}", START_MS + 20_000),
+                format!("reminders@{}", START_MS + 40_000)
+            ]
+        );
+        assert_eq!(
+            a.schedules().unwrap()[0].next_due_at,
+            Some(START_MS + 60_000)
+        );
+    }
+
+    /// Occurrences missed while no loop ran: one run for them all, or none, as
+    /// the job says; then both carry on.
+    fn missed_occurrences_run_once_or_are_skipped_as_the_job_says<B: TestBackend>() {
+        let (_place, clock, e) = setup::<B>();
+        let once = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let skip = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let n =
+            |c: &Arc<std::sync::atomic::AtomicUsize>| c.load(std::sync::atomic::Ordering::SeqCst);
+        e.register_job(counting_job::<B>("catch-up", MINUTE, &once).missed(Missed::RunOnce))
+            .unwrap();
+        e.register_job(counting_job::<B>("skip", MINUTE, &skip).missed(Missed::Skip))
+            .unwrap();
+        clock.advance(MINUTE * 60);
+        e.run_until_idle().unwrap();
+        assert_eq!(n(&once), 1, "one run for 60 missed");
+        assert_eq!(n(&skip), 0, "skipped");
+        let catch_up = &e.runs(None, 10).unwrap()[0];
+        let input: Value = serde_json::from_str(&catch_up.input).unwrap();
+        assert_eq!(input["missed"], 59);
+        clock.advance(MINUTE);
+        e.run_until_idle().unwrap();
+        assert_eq!((n(&once), n(&skip)), (2, 1));
+    }
+}

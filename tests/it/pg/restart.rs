@@ -3,29 +3,18 @@
 //! engine reconnects; a write cut before its commit is reported and left
 //! no trace; nothing acknowledged is lost or appended twice (invariants 1,
 //! 2 and 3); rules and runs working through the restart decide each event
-//! once and complete each run once (4 and 5). Its own test binary: the restart cuts every connection to the
-//! server, so no other test may run beside it (`cargo test` runs test
-//! binaries one after another).
+//! once and complete each run once (4 and 5). The restart cuts every connection to
+//! its server, so the test starts a server of its own (`PgServer`) and
+//! the other tests go on beside it on the shared one.
 #![cfg(feature = "postgres")]
 
 use reflexr_testkit as common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::backend::{Opts, PgSchema, TestBackend};
+use common::backend::{Opts, PgSchema, PgServer, TestBackend};
 use common::rules::{APP_TYPES, every_nth, expected, fired, rsvp};
 use reflexr::{Engine, Error, ManualClock, NewEvent, Postgres, Query, RunState};
-
-fn restart_server() {
-    let dir = std::env::var("REFLEXR_PG_DIR")
-        .expect("REFLEXR_PG_DIR: the cluster tests/pg/cluster.sh started");
-    let status = Command::new("bash")
-        .args(["tests/pg/cluster.sh", "restart", &dir])
-        .status()
-        .expect("run cluster.sh");
-    assert!(status.success(), "the server restarted");
-}
 
 fn made(id: &str) -> NewEvent {
     NewEvent::new("thing.made", format!("thing/{id}"), "tester", 1_000).id(id)
@@ -99,7 +88,8 @@ fn append_retrying(engine: &Engine<Postgres>, id: &str) -> (i64, usize) {
 /// Invariants 1 to 5 across a server restart (see the module's notes).
 #[test]
 fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
-    let place = PgSchema::new();
+    let server = PgServer::start();
+    let place = PgSchema::on(&server.url);
     let clock = ManualClock::new(1_800_000_000_000);
     let engine = Postgres::open(&place, &clock, "writer");
     // The reader's heartbeat is an hour: after the restart, only its
@@ -111,7 +101,7 @@ fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
         append_retrying(&engine, &format!("before-{i}"));
     }
     // Work in flight when the server goes: a backlog of decisions and runs.
-    let work_place = PgSchema::new();
+    let work_place = PgSchema::on(&server.url);
     let worker = worker(&work_place, &clock);
     rsvps(&worker, 0, 30);
     worker.start().unwrap();
@@ -130,7 +120,7 @@ fn a_server_restart_loses_nothing_acknowledged_and_decides_nothing_twice() {
     let cut = engine.write(|tx| {
         Postgres::insert_thing(tx, "cut")?;
         tx.append("app", &made("cut"))?;
-        restart_server();
+        server.restart();
         Ok(())
     });
     let e = cut.unwrap_err();

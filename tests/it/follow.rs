@@ -561,3 +561,66 @@ fn wait_for<B: TestBackend>(e: &Engine<B>, workspace: &str, n: usize) {
         after = page.last().unwrap().seq;
     }
 }
+
+/// The tests of this concern written once for every backend (each names
+/// the invariant it checks; `on_backends!` runs it on SQLite and
+/// PostgreSQL).
+mod every_backend {
+    use crate::shared::*;
+    use common::backend::TestBackend;
+    use common::on_backends;
+    use reflexr::{Follow, Query};
+    use reflexr_testkit as common;
+    use std::time::Duration;
+
+    on_backends!(a_follower_bridges_a_workspace_into_another_once_by_ids,);
+
+    /// Followers: a workspace bridged into another of the same database with
+    /// the same ids, exactly once (invariant 3), across a second engine taking
+    /// over; a projection that fails dead-letters its envelope and the
+    /// follower moves on; an operator's restart and unfollow are on the record.
+    fn a_follower_bridges_a_workspace_into_another_once_by_ids<B: TestBackend>() {
+        let (place, clock, e) = setup::<B>();
+        e.ensure_workspace("mirror", TYPES).unwrap();
+        e.register_projection("picky", |ev: &reflexr::Event| {
+            if ev.subject == "thing/bad" {
+                return Err("cannot project it".into());
+            }
+            Ok(Some(reflexr::inspect::same_event(ev)))
+        })
+        .unwrap();
+        let name = e
+            .follow(Follow::new("app", "mirror").projection("picky"))
+            .unwrap();
+        for id in ["a", "bad", "b"] {
+            e.append("app", &made(id)).unwrap();
+        }
+        assert_eq!(e.run_until_idle().unwrap().followed, 3);
+        let mirrored = e.read(&Query::new("mirror")).unwrap();
+        let source = e.read(&Query::new("app")).unwrap();
+        let ids = |v: &[reflexr::Event]| v.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&mirrored), [source[0].id.clone(), source[2].id.clone()]);
+        let letters = e.dead_letters(false, 10).unwrap();
+        assert_eq!(letters.len(), 1);
+        assert_eq!(letters[0].reason.as_str(), "projection_error");
+        // Another engine with the projection takes over once the lease lapses,
+        // from the cursor: nothing twice.
+        e.append("app", &made("c")).unwrap();
+        let other = B::open(&place, &clock, "other");
+        other
+            .register_projection("picky", |ev: &reflexr::Event| {
+                Ok(Some(reflexr::inspect::same_event(ev)))
+            })
+            .unwrap();
+        clock.advance(Duration::from_secs(31));
+        assert_eq!(other.run_until_idle().unwrap().followed, 1);
+        assert_eq!(e.read(&Query::new("mirror")).unwrap().len(), 3);
+        let info = &other.followers().unwrap()[0];
+        assert_eq!((info.published, info.dead_letters, info.lag), (3, 1, 0));
+        let ops = other.operator("ops", "done with it").unwrap();
+        ops.restart_follower(&name).unwrap();
+        ops.unfollow(&name).unwrap();
+        assert!(other.followers().unwrap().is_empty());
+        assert!(ops.unfollow(&name).unwrap_err().is_not_found());
+    }
+}

@@ -2,7 +2,7 @@
 //! committed lost, and the work resumes when the fault ends (DESIGN.md,
 //! invariant 10). A slow handler and a jumping clock run on every backend
 //! (`on_backends!`); a full disk and a read-only file are SQLite's file's
-//! (PostgreSQL's server restart is `tests/pg_restart.rs`).
+//! (PostgreSQL's server restart is `tests/it/pg/restart.rs`).
 
 use reflexr_testkit as common;
 
