@@ -50,7 +50,7 @@ trait Hub: TestBackend {
 }
 
 impl Hub for reflexr::Sqlite {
-    fn to(_: &Engine, hub: &tempfile::TempDir, follow: Follow) -> Follow {
+    fn to(_: &Engine, hub: &common::Scene, follow: Follow) -> Follow {
         follow.to_file(Self::locator(hub))
     }
     fn again(_: &Engine, _: &str) {}

@@ -16,7 +16,7 @@ use reflexr::{
 
 use reflexr::inspect::Pruned;
 
-use super::{Watched, spawn_child};
+use super::{Scene, Watched, spawn_child};
 
 /// What an engine of a test is opened with besides its database: the
 /// test's clock, a holder id, and the settings a test may change. The busy
@@ -249,14 +249,17 @@ pub fn parent_engine<B: TestBackend>(opts: &Opts) -> Engine<B> {
 
 impl TestBackend for Sqlite {
     const NAME: &'static str = "sqlite";
-    type Place = tempfile::TempDir;
+    /// SQLite's place is a [`Scene`]: the temp directory and its
+    /// `test.db` that the SQLite-only tests (a file's own faults, opening
+    /// files, the power cuts, the surfaces) use too.
+    type Place = Scene;
 
-    fn place() -> tempfile::TempDir {
-        tempfile::tempdir().expect("temp dir")
+    fn place() -> Scene {
+        Scene::new()
     }
 
-    fn locator(place: &tempfile::TempDir) -> String {
-        place.path().join("test.db").to_string_lossy().into_owned()
+    fn locator(place: &Scene) -> String {
+        place.path.to_string_lossy().into_owned()
     }
 
     fn open_at(locator: &str, opts: &Opts) -> Engine {

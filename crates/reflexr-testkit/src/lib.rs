@@ -1,7 +1,13 @@
 //! The environment the integration tests of every crate in the workspace
-//! share (not published): a [`Scene`] (a test's own
-//! file and clock), the [`Arrange`] steps that put an engine in the state a
-//! test starts from, and child processes ([`Scene::child`], [`Watched`]).
+//! share (not published). One environment, generic over the backend:
+//! [`backend::TestBackend`] gives each backend a place of the test's own
+//! (`Place`) and the application's SQL in its dialect, and the
+//! `on_backends!` tests run on each. SQLite's place is a [`Scene`] (a temp
+//! directory, its `test.db` and a manual clock), which the tests of what
+//! only a file has — opening and migrating files, power cuts, the surfaces
+//! — use directly. Besides: the [`Arrange`] steps that put an engine in the
+//! state a test starts from, and child processes ([`Scene::child`],
+//! [`backend::child`], [`Watched`]).
 
 pub mod backend;
 pub mod channels;
