@@ -10,7 +10,7 @@
 //!
 //! - **The ledger** — a row per follower in `reflexr_followers`; its cursor
 //!   (kind `follower`, on the source), its lease (`follower/<name>`) and its
-//!   dead letters (kind `follower`) in the engine's tables. [`crate::Engine::followed`]
+//!   dead letters (kind `follower`) in the engine's tables. [`crate::Engine::followers`]
 //!   lists them, and an engine resumes every follower whose projection it has
 //!   registered.
 //! - **Exactly once comes from ids**, not from the lease: a re-read envelope
