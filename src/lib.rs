@@ -7,49 +7,85 @@
 //! retries and backoff. [`Reaction`]s, scheduled [`Job`]s and [`Delivery`]s
 //! run in one loop per file; [`Follow`]ers bridge one workspace's log into
 //! another with the same ids. Synchronous and thread-based: no async runtime.
-//! [`Engine::start`] runs the engine's threads; tests drive the same work in
-//! their own thread with [`Engine::run_until_idle`] and a [`ManualClock`].
+//!
+//! An application row and its event in one transaction, a rule that decides
+//! on it, the run it fires, and a consumer reading the log after its cursor:
 //!
 //! ```
-//! use reflexr::{Engine, NewEvent, Query};
+//! use reflexr::{Decision, Engine, NewEvent, Query, Rule};
+//! use serde_json::json;
 //!
-//! # fn main() -> reflexr::Result<()> {
-//! let dir = tempfile::tempdir().unwrap();
-//! let engine = Engine::open(dir.path().join("app.db"))?;
-//! engine.ensure_workspace("events-app", &["session.changed"])?;
-//! engine.write(|tx| tx.execute("CREATE TABLE sessions (id INTEGER PRIMARY KEY, title TEXT)", []))?;
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let dir = tempfile::tempdir()?;
+//!     let engine = Engine::open(dir.path().join("shop.db"))?; // WAL, synchronous=FULL
+//!     engine.ensure_workspace("shop", &["order.placed"])?;
+//!     engine.write(|tx| tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)", []))?;
 //!
-//! // The application's row and the event commit together, or not at all.
-//! engine.write(|tx| {
-//!     tx.execute("INSERT INTO sessions (id, title) VALUES (42, 'Rust in anger')", [])?;
-//!     let at = tx.now_ms();
-//!     let ev = NewEvent::new("session.changed", "session/42", "admin", at)
-//!         .payload(&serde_json::json!({ "after": { "title": "Rust in anger" } }));
-//!     tx.append("events-app", &ev)
-//! })?;
+//!     // A rule decides exactly once per event; its action runs at least once.
+//!     engine.register_rule(Rule::new("big-orders", "shop").on(["order.placed"]).action("alert").decide(
+//!         |event| match event.json()?["total"].as_i64() {
+//!             Some(total) if total >= 100 => Ok(Decision::fire(&json!({ "total": total }))),
+//!             _ => Ok(Decision::Skip),
+//!         },
+//!     ))?;
+//!     engine.register_action("alert", |run, _ctx| {
+//!         println!("run {}: a big order of {}", run.id, run.input::<serde_json::Value>()?["total"]);
+//!         Ok(()) // an error or a panic fails the attempt: retried with backoff
+//!     })?;
 //!
-//! // A consumer reads after its cursor and moves it forward.
-//! let after = engine.cursor("mailer", "events-app")?;
-//! let page = engine.read(&Query::new("events-app").after(after))?;
-//! assert_eq!(page.len(), 1);
-//! engine.save_cursor("mailer", "events-app", page[0].seq)?;
-//! # Ok(()) }
+//!     // The application's row and its event commit together, or not at all.
+//!     engine.write(|tx| {
+//!         tx.execute("INSERT INTO orders (id, total) VALUES ('o-1', 250)", [])?;
+//!         let placed = NewEvent::new("order.placed", "order/o-1", "web", tx.now_ms());
+//!         tx.append("shop", &placed.payload(&json!({ "total": 250 })))
+//!     })?;
+//!     engine.run_until_idle()?; // decides and runs in this thread; engine.start() runs threads
+//!
+//!     // A consumer reads after its durable cursor and moves it forward.
+//!     let after = engine.cursor("mailer", "shop")?;
+//!     for event in engine.read(&Query::new("shop").after(after))? {
+//!         println!("mailer sees #{} {} {}", event.seq, event.event_type, event.subject);
+//!         engine.save_cursor("mailer", "shop", event.seq)?;
+//!     }
+//!     Ok(())
+//! }
 //! ```
 //!
-//! With the feature `postgres`, the same engine opens on a PostgreSQL
-//! database — `Engine::open_postgres`, an `Engine<Postgres>` — for
-//! processes on several machines, with the methods every [`Backend`] has
-//! (workspaces, writes with the application's own SQL, appends, reads,
-//! cursors, leases, rules, actions and runs, reactions, deliveries,
-//! scheduled jobs, the threads and the drain, operators, stats, the
-//! administration server and MCP), and as the hub an edge's followers relay
-//! into (`Follow::to_postgres`). The README's "Scaling out" says what is
-//! there and what is not yet.
+//! [`Engine::start`] runs the same work on the engine's own threads; tests
+//! drive it in their own thread with [`Engine::run_until_idle`] and a
+//! [`ManualClock`]. With the feature `postgres` the same engine opens on a
+//! PostgreSQL database (`Engine::open_postgres`, an `Engine<Postgres>`), for
+//! processes on several machines and as the hub an edge's followers relay
+//! into.
 //!
-//! The README describes the design, its guarantees and the tests that prove
-//! them; `docs/ARCHITECTURE.md` the layers the modules stand in; the schema
-//! is `schema.sql` (and `schema.pg.sql` on PostgreSQL), readable with any
-//! `sqlite3` shell.
+//! # Guides
+//!
+//! The manual, a chapter a page (each Rust block in them is a doctest):
+//!
+//! - [The change log and cursors](guide::log) — workspaces, events, appends
+//!   with the application's rows, reads, leases, the writer, settings
+//! - [Rules and runs](guide::rules) — deciding exactly once, acting at least
+//!   once, retries, scopes, replays, threads and tests
+//! - [The jobs loop](guide::jobs) — reactions, deliveries on channels,
+//!   scheduled jobs, pruning
+//! - [Control of the work](guide::control) — enqueue, pause, cancel, unique
+//!   runs, priorities, limits, operators' interventions
+//! - [Followers](guide::followers) — one workspace into another, of this file
+//!   or another, with the same ids
+//! - [Operating](guide::operating) — the `reflexr` CLI, the administration
+//!   server, the web console, MCP
+//! - [PostgreSQL and scaling out](guide::postgres) — the same engine on a
+//!   server database; an edge relaying into a hub
+//! - [The file and its schema](guide::file) — pragmas, what opening refuses,
+//!   the views for `sqlite3`
+//! - [Performance](guide::performance) — the bench, its ratios, what
+//!   profiling changed
+//! - [Guarantees and how they are tested](guide::guarantees) — the
+//!   invariants, the tortures, the faults
+//!
+//! The schema is `schema.sql` (and `schema.pg.sql` on PostgreSQL), readable
+//! with any `sqlite3` shell; `docs/ARCHITECTURE.md` in the repository draws
+//! the layers the modules stand in.
 
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
@@ -64,6 +100,8 @@ mod work;
 mod builder;
 mod engine;
 mod operator;
+
+pub mod guide;
 
 // What an application calls: the engine, its builder and its operators'
 // view, the writes and what they take, the work it registers.

@@ -1,7 +1,7 @@
 //! The stages on PostgreSQL (`--backend postgres`, feature `postgres`):
 //! what the engine does on a server, each beside raw PostgreSQL doing the
 //! same work through the same client (`INSERT` into a plain table with a
-//! bigint key, no ids to check, no seq to serialise) — and, in the README,
+//! bigint key, no ids to check, no seq to serialise) — and, in the PostgreSQL guide,
 //! beside the SQLite stage of the same name.
 //!
 //! The server is the one `--postgres` (or `REFLEXR_PG_URL`) names; each

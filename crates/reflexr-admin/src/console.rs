@@ -1,5 +1,5 @@
 //! The web console: static files embedded in the binary and served at `/`
-//! (the README's "The web console").
+//! (the operating guide, `docs/guide/operating.md`, "The web console").
 //!
 //! The page is plain HTML, CSS and JavaScript modules (`app.js` the entry,
 //! importing the helpers, the API and stream clients and one module per

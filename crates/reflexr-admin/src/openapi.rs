@@ -296,7 +296,7 @@ fn operations() -> Vec<Operation> {
             "/api/v1/stream",
             &[],
             json!({
-                "summary": "Live updates over a WebSocket (upgrade required; a GET without one is 400): subscribe to events, runs, dead_letters, stats. See the README's stream protocol.",
+                "summary": "Live updates over a WebSocket (upgrade required; a GET without one is 400): subscribe to events, runs, dead_letters, stats. The operating guide (docs/guide/operating.md) gives the stream protocol.",
                 "responses": { "101": { "description": "Switching Protocols" } },
             }),
         ),
@@ -707,7 +707,7 @@ fn operations() -> Vec<Operation> {
             "/api/v1/mcp",
             &[403, 404, 406, 415],
             json!({
-                "summary": "MCP (Streamable HTTP, JSON responses): one JSON-RPC message; revisions 2025-11-25 (and older, by initialize) and 2026-07-28 (stateless, _meta per request). A notification gets 202. Read-only mode hides the tools that change things. See the README's MCP section.",
+                "summary": "MCP (Streamable HTTP, JSON responses): one JSON-RPC message; revisions 2025-11-25 (and older, by initialize) and 2026-07-28 (stateless, _meta per request). A notification gets 202. Read-only mode hides the tools that change things. The operating guide (docs/guide/operating.md) gives its tools.",
                 "requestBody": { "required": true, "content": { "application/json": { "schema": {
                 "type": "object",
                 "description": "a JSON-RPC 2.0 request, notification or response",

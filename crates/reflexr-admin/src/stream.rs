@@ -2,7 +2,7 @@
 //! one thread per client).
 //!
 //! A client subscribes to topics with JSON text messages and gets JSON text
-//! messages back (the README gives the protocol):
+//! messages back (the operating guide, `docs/guide/operating.md`, gives the protocol):
 //!
 //! - `events`: a workspace's events after a seq, in order (resumable: give
 //!   the last seq seen, and nothing is missed or repeated);
