@@ -12,7 +12,7 @@
 //! | [`followers`] | followers: one workspace into another, of this file or another, with the same ids |
 //! | [`operating`] | operating: the `reflexr` CLI, the administration server over HTTP, the web console, MCP |
 //! | [`postgres`] | PostgreSQL and scaling out: the same engine on a server database, an edge relaying into a hub |
-//! | [`file`] | the file and its schema: pragmas, what opening refuses, the views to read it with `sqlite3` |
+//! | [`file`](mod@file) | the file and its schema: pragmas, what opening refuses, the views to read it with `sqlite3` |
 //! | [`performance`] | performance: the bench, its stages and ratios, what profiling changed |
 //! | [`guarantees`] | guarantees and the tests that prove them; failures and what each leaves |
 
@@ -24,7 +24,7 @@ macro_rules! guide {
         #[doc = "[log]: crate::guide::log\n[rules]: crate::guide::rules\n\
                  [jobs]: crate::guide::jobs\n[control]: crate::guide::control\n\
                  [followers]: crate::guide::followers\n[operating]: crate::guide::operating\n\
-                 [postgres]: crate::guide::postgres\n[file]: crate::guide::file\n\
+                 [postgres]: crate::guide::postgres\n[file]: mod@crate::guide::file\n\
                  [performance]: crate::guide::performance\n[guarantees]: crate::guide::guarantees\n"]
         #[doc = include_str!(concat!("../docs/guide/", $file))]
         $(#[$meta])*
