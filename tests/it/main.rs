@@ -9,6 +9,7 @@ mod bad_input;
 mod control;
 mod crash;
 mod cursors;
+mod docs;
 mod faults;
 mod follow;
 mod inspect;
