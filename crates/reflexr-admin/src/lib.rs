@@ -41,6 +41,11 @@
 //! `Origin` that is no page of this server's names), and are refused in
 //! read-only mode; every WebSocket upgrade has its `Origin` checked. TLS is
 //! a reverse proxy's job (see the README).
+//!
+//! # Cargo features
+//!
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod api;
 mod console;

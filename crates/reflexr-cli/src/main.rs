@@ -10,6 +10,11 @@
 //! object per line). Exit status: 0 on success, 1 when the operation failed or
 //! was refused, 2 for a usage error. The file must exist: the tool never
 //! creates one.
+//!
+//! # Cargo features
+//!
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;

@@ -30,6 +30,11 @@
 //! mutating tool requires. `retry` is a dry run unless told otherwise;
 //! `discard` and `reset_cursor` need `confirm: true`. In read-only mode
 //! the mutating tools are not listed, and calling one is refused.
+//!
+//! # Cargo features
+//!
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod http;
 mod tools;
