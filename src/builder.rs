@@ -292,6 +292,7 @@ fn check_settings(s: &Settings) -> Result<()> {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Engine<crate::store::Postgres> {
     /// Opens the engine on the PostgreSQL database `config` names, with the
     /// defaults of [`Builder`]. `config` is a libpq connection string
@@ -319,6 +320,7 @@ impl Engine<crate::store::Postgres> {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Builder<crate::store::Postgres> {
     /// How many connections the pool keeps, for reads and writes (1 to
     /// 64). Default 8.

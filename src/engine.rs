@@ -100,6 +100,7 @@ impl<B: Backend> std::fmt::Debug for Engine<B> {
 
 /// What PostgreSQL does besides (feature `postgres`).
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Engine<Postgres> {
     /// Runs `f` on a read-only transaction of its own, for the
     /// application's own queries (`Tx::query`) and the engine's reads
@@ -733,6 +734,7 @@ impl<B: Backend> Engine<B> {
     /// # Errors
     /// [`Error::Invalid`] for a bad name or a config that does not parse.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn register_postgres_target(&self, name: &str, config: &str) -> Result<()> {
         limits::check_name("postgres target", name)?;
         config

@@ -473,6 +473,7 @@ impl From<rusqlite::Error> for Error {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl From<postgres::Error> for Error {
     fn from(e: postgres::Error) -> Self {
         use postgres::error::SqlState;

@@ -91,5 +91,6 @@ pub enum Sqlite {}
 /// several machines share (see `Engine::builder_postgres`). Its statements
 /// are `store::postgres`'s, its open database `core::postgres`'s.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Postgres {}

@@ -151,6 +151,7 @@ impl Follow {
     /// relays for the follower when it registered the target (and the
     /// projection).
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn to_postgres(mut self, name: impl Into<String>) -> Follow {
         self.target_postgres = Some(name.into());
         self.target_file = None;

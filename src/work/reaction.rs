@@ -111,6 +111,7 @@ impl Reaction {
     /// The same reaction for an engine on PostgreSQL (feature `postgres`),
     /// to be given its handler after: a handler set before is dropped.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres(self) -> Reaction<crate::store::Postgres> {
         Reaction {
             name: self.name,

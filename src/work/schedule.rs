@@ -189,6 +189,7 @@ impl Job {
     /// The same job for an engine on PostgreSQL (feature `postgres`), to be
     /// given its handler after: a handler set before is dropped.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres(self) -> Job<crate::store::Postgres> {
         Job {
             name: self.name,

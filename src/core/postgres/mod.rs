@@ -18,6 +18,7 @@ use crate::store::postgres::PgConn;
 
 impl Sealed for Postgres {}
 
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Backend for Postgres {
     type Conn = PgConn;
     type Guard = ();

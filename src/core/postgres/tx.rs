@@ -20,6 +20,7 @@ use crate::core::db::Tx;
 /// closure that catches the error and returns Ok anyway is told
 /// [`crate::Error::TransactionAborted`], and nothing of it commits.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Tx<'_, crate::store::Postgres> {
     /// Runs one statement and returns the number of rows it changed.
     pub fn execute(

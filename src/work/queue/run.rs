@@ -450,6 +450,7 @@ impl RunContext<'_, Sqlite> {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl RunContext<'_, crate::store::Postgres> {
     /// Runs `f` in a read-only transaction of its own, as
     /// `Engine::<Postgres>::with_reader`.
