@@ -86,7 +86,11 @@
 //! The schema is `schema.sql` (and `schema.pg.sql` on PostgreSQL), readable
 //! with any `sqlite3` shell; `docs/ARCHITECTURE.md` in the repository draws
 //! the layers the modules stand in.
-
+//!
+//! # Cargo features
+//!
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
@@ -118,6 +122,7 @@ pub use engine::{Engine, Watch};
 pub use operator::Operator;
 pub use runtime::{Drained, Service};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::Postgres;
 pub use store::Sqlite;
 pub use work::control::{ActionConfig, Pausable};
@@ -176,6 +181,7 @@ pub mod limits {
 /// The PostgreSQL client the engine's `Tx<'_, Postgres>` runs the
 /// application's SQL with (feature `postgres`): its `Row` and `types`.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres;
 /// The rusqlite this crate is built with, for the application's own SQL inside
 /// a [`Tx`] (`tx.conn()` is a [`rusqlite::Connection`]).

@@ -40,7 +40,7 @@
 //! want a JSON body, refuse cross-site requests (`Sec-Fetch-Site`, an
 //! `Origin` that is no page of this server's names), and are refused in
 //! read-only mode; every WebSocket upgrade has its `Origin` checked. TLS is
-//! a reverse proxy's job (see the README).
+//! a reverse proxy's job (the operating guide, `docs/guide/operating.md`, says how).
 //!
 //! # Cargo features
 //!
