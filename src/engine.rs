@@ -580,6 +580,11 @@ impl<B: Backend> Engine<B> {
         self.db().nudge();
     }
 
+    /// Tells this process's executors that something was paused.
+    pub(crate) fn tell_paused(&self) {
+        self.cx.claims().paused();
+    }
+
     /// Tells a handler working here that its run was cancelled.
     pub(crate) fn tell_cancelled(&self, id: &str) {
         self.cx.claims().cancel(&[id.to_string()]);

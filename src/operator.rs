@@ -114,8 +114,12 @@ impl<B: Backend> Operator<'_, B> {
     /// paused already.
     pub fn pause(&self, what: &Pausable) -> Result<bool> {
         let (op, why) = self.who();
-        self.engine
-            .write(|tx| control::pause(tx.core(), what, tx.now_ms(), op, why))
+        let paused = self
+            .engine
+            .write(|tx| control::pause(tx.core(), what, tx.now_ms(), op, why))?;
+        // This process's executors start nothing more of it from now on.
+        self.engine.tell_paused();
+        Ok(paused)
     }
 
     /// Resumes what was paused: it goes on from where it stood.

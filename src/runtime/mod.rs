@@ -57,6 +57,7 @@ use crate::work::follow::Publish;
 use crate::work::prune::{self, Retention};
 use crate::work::queue::claims::Claims;
 use crate::work::queue::execute::{self, Executed};
+use crate::work::queue::pace::Pace;
 use crate::{work::follow, work::reaction, work::schedule};
 
 /// Ends the engine when its last handle goes: its threads stopped, its
@@ -138,6 +139,8 @@ pub struct Context<B: Backend = Sqlite> {
     registry: RwLock<Registry<B>>,
     /// Claims on runs whose handlers are working, for the renewer.
     claims: Claims,
+    /// Each action's recent handler duration here: what a claim takes.
+    pace: Pace,
     /// The leases this engine holds (the loop's, the evaluators', the
     /// followers'), by name.
     leases: Mutex<HashMap<String, Lease>>,
@@ -189,6 +192,7 @@ impl<B: Backend> Context<B> {
             config,
             registry: RwLock::new(Registry::default()),
             claims: Claims::default(),
+            pace: Pace::default(),
             leases: Mutex::new(HashMap::new()),
             threads: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -610,6 +614,7 @@ fn execute_step<B: Backend>(cx: &Context<B>) -> Result<Executed> {
         &cx.db,
         &actions,
         &cx.claims,
+        &cx.pace,
         &cx.stop,
         cx.config.claim_batch,
     )

@@ -20,6 +20,7 @@ mod log;
 mod multiprocess;
 mod notify;
 mod open;
+mod pacing;
 #[cfg(feature = "postgres")]
 mod pg;
 mod power;

@@ -10,6 +10,7 @@ use crate::base::error::Result;
 use crate::store::runs::RunRow;
 use crate::store::{ClaimPlan, Control, Runs};
 use crate::work::control::{ActionConfig, paused_names};
+use crate::work::queue::pace::Caps;
 
 /// Claims for executors whose actions are `actions`: up to `limit` runs,
 /// skipping paused actions and respecting each action's limits, higher
@@ -18,7 +19,10 @@ use crate::work::control::{ActionConfig, paused_names};
 /// limits allow, at most), the unlimited ones the rest in one statement,
 /// and limited actions that took a full share whatever is still left. The
 /// batch comes back by priority, then due time.
-/// `plan` is what the claim read first ([`Control::claim_plan`]).
+/// `plan` is what the claim read first ([`Control::claim_plan`]); `caps`
+/// the most runs of each action this claim may take, whatever `limit`
+/// allows ([`crate::work::queue::pace`]): an action under its cap is
+/// claimed in a statement of its own.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn claim<C: Runs + Control + ?Sized>(
     conn: &C,
@@ -28,6 +32,7 @@ pub(crate) fn claim<C: Runs + Control + ?Sized>(
     expires_at: i64,
     limit: usize,
     actions: &[String],
+    caps: &Caps,
 ) -> Result<Vec<RunRow>> {
     let paused = plan.paused;
     let limited: BTreeMap<String, ActionConfig> = plan
@@ -35,21 +40,35 @@ pub(crate) fn claim<C: Runs + Control + ?Sized>(
         .into_iter()
         .map(|a| (a.action.clone(), ActionConfig::from(a)))
         .collect();
-    let free: Vec<String> = actions
+    let open: Vec<&String> = actions
         .iter()
         .filter(|a| !paused.contains(*a) && !limited.contains_key(*a))
-        .cloned()
         .collect();
-    let free = (!free.is_empty()).then_some(free);
+    // The unlimited actions whose caps the batch cannot reach go in one
+    // statement; the others one by one, each up to its cap.
+    let wide: Vec<String> = open
+        .iter()
+        .filter(|a| caps.of(a) >= limit)
+        .map(|a| (*a).clone())
+        .collect();
+    let narrow: Vec<String> = open
+        .iter()
+        .filter(|a| caps.of(a) < limit)
+        .map(|a| (*a).clone())
+        .collect();
     let mut limits = Vec::new();
     for (action, c) in &limited {
         if !paused.contains(action) {
             limits.push(Limited::load(conn, action, c, now)?);
         }
     }
-    if free.is_none() && limits.is_empty() {
+    if open.is_empty() && limits.is_empty() {
         return Ok(Vec::new());
     }
+    // What each action may still take in this claim, across priorities.
+    let mut left: HashMap<String, usize> =
+        actions.iter().map(|a| (a.clone(), caps.of(a))).collect();
+    let left_of = |left: &HashMap<String, usize>, a: &str| left.get(a).copied().unwrap_or(0);
     let mut rows = Vec::new();
     for priority in plan.priorities {
         if rows.len() >= limit {
@@ -57,36 +76,62 @@ pub(crate) fn claim<C: Runs + Control + ?Sized>(
         }
         // Each limited action first takes up to its share of what is left
         // (so one with a backlog does not crowd the rest of this priority
-        // out), then the unlimited ones in one statement, then the limited
-        // ones that took a full share whatever is still left.
-        let parts = limits.len() + usize::from(free.is_some());
+        // out), then the unlimited ones, then the limited ones that took a
+        // full share whatever is still left.
+        let parts = limits.len() + narrow.len() + usize::from(!wide.is_empty());
         let share = (limit - rows.len()).div_ceil(parts.max(1));
         let mut hungry = Vec::new();
         for (i, l) in limits.iter_mut().enumerate() {
-            let want = share.min(limit - rows.len());
+            let room = share.min(limit - rows.len());
+            let want = room.min(left_of(&left, l.action));
             if want == 0 {
-                break;
+                continue;
             }
             let got = l.claim(conn, holder, now, expires_at, priority, want)?;
-            if got.len() == want {
+            if got.len() == room {
                 hungry.push(i);
+            }
+            if let Some(n) = left.get_mut(l.action) {
+                *n -= got.len();
             }
             rows.extend(got);
         }
-        if let Some(names) = &free
-            && rows.len() < limit
-        {
+        for action in &narrow {
+            let want = left_of(&left, action).min(limit - rows.len());
+            if want == 0 {
+                continue;
+            }
+            let got = Runs::claim_at(
+                conn,
+                holder,
+                now,
+                expires_at,
+                want as i64,
+                std::slice::from_ref(action),
+                priority,
+            )?;
+            if let Some(n) = left.get_mut(action) {
+                *n -= got.len();
+            }
+            rows.extend(got);
+        }
+        if !wide.is_empty() && rows.len() < limit {
             let want = i64::try_from(limit - rows.len()).unwrap_or(i64::MAX);
             rows.extend(Runs::claim_at(
-                conn, holder, now, expires_at, want, names, priority,
+                conn, holder, now, expires_at, want, &wide, priority,
             )?);
         }
         for i in hungry {
-            if rows.len() >= limit {
-                break;
+            let l = &mut limits[i];
+            let want = (limit - rows.len()).min(left_of(&left, l.action));
+            if want == 0 {
+                continue;
             }
-            let want = limit - rows.len();
-            rows.extend(limits[i].claim(conn, holder, now, expires_at, priority, want)?);
+            let got = l.claim(conn, holder, now, expires_at, priority, want)?;
+            if let Some(n) = left.get_mut(l.action) {
+                *n -= got.len();
+            }
+            rows.extend(got);
         }
     }
     for l in &limits {

@@ -1,25 +1,39 @@
-//! The claims this engine holds on runs whose handlers are working, so the
-//! renewer can extend them every third of their TTL.
+//! The claims this engine holds on runs, so the renewer can extend them
+//! every third of their TTL while their handlers work — and give back, at
+//! that point, a run claimed but still not started.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::work::queue::run::Run;
 
-/// One claim held: its holder, attempt and expiry, and whether an operator
-/// asked the run to stop.
+/// One claim held: its holder, attempt and expiry, whether an operator
+/// asked the run to stop, and whether its handler started (or the renewer
+/// gave it back unstarted).
 struct Held {
     holder: String,
     attempt: i64,
     expires_at: i64,
     cancelled: Arc<AtomicBool>,
+    ord: i64,
+    lane: Option<String>,
+    started: bool,
+    given_back: bool,
 }
+
+/// A claimed run the renewer gives back unstarted: its id, position,
+/// holder, attempt and lane.
+pub(crate) type Overdue = (String, i64, String, i64, Option<String>);
 
 #[derive(Default)]
 pub(crate) struct Claims {
     /// run id → its claim.
     held: Mutex<HashMap<String, Held>>,
+    /// Bumped by every pause or cancel made in this process once it has
+    /// committed: an executor that sees it move looks at the file before it
+    /// starts another run.
+    epoch: AtomicU64,
 }
 
 impl Claims {
@@ -37,6 +51,10 @@ impl Claims {
                     attempt: i64::from(r.attempt),
                     expires_at: r.claim_expires_at,
                     cancelled: Arc::new(AtomicBool::new(false)),
+                    ord: r.ord,
+                    lane: r.lane.clone(),
+                    started: false,
+                    given_back: false,
                 },
             );
         }
@@ -52,14 +70,35 @@ impl Claims {
     }
 
     /// Tells these runs' handlers, if they work here, that they are asked
-    /// to stop.
+    /// to stop, and the executors holding them unstarted not to start them.
     pub fn cancel(&self, ids: &[String]) {
-        let held = self.lock();
-        for id in ids {
-            if let Some(h) = held.get(id) {
-                h.cancelled.store(true, Ordering::SeqCst);
+        {
+            let held = self.lock();
+            for id in ids {
+                if let Some(h) = held.get(id) {
+                    h.cancelled.store(true, Ordering::SeqCst);
+                }
             }
         }
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Whether a run held here was asked to stop.
+    pub fn is_cancelled(&self, id: &str) -> bool {
+        self.lock()
+            .get(id)
+            .is_some_and(|h| h.cancelled.load(Ordering::SeqCst))
+    }
+
+    /// Tells the executors that something was paused: they look at the file
+    /// before they start another run.
+    pub fn paused(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Moves with every pause and cancel made here (see [`Claims::paused`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
     }
 
     pub fn untrack(&self, runs: &[Run]) {
@@ -69,12 +108,68 @@ impl Claims {
         }
     }
 
-    /// The claims with less than two thirds of `ttl` left at `now`.
+    /// Marks a run's handler started; false when the renewer gave the run
+    /// back first (it must not start).
+    pub fn start(&self, id: &str) -> bool {
+        match self.lock().get_mut(id) {
+            Some(h) if h.given_back => false,
+            Some(h) => {
+                h.started = true;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Marks runs of a batch that did not start as given back by their
+    /// executor, and returns those it is to release: the ones the renewer
+    /// had not given back already (each is released once, by one of them,
+    /// while it is still this engine's).
+    pub fn take_back(&self, ids: &[&str]) -> HashSet<String> {
+        let mut held = self.lock();
+        let mut mine = HashSet::new();
+        for id in ids {
+            match held.get_mut(*id) {
+                Some(h) if h.given_back => {}
+                Some(h) => {
+                    h.given_back = true;
+                    mine.insert((*id).to_string());
+                }
+                None => {
+                    mine.insert((*id).to_string());
+                }
+            }
+        }
+        mine
+    }
+
+    /// The claims with less than two thirds of `ttl` left at `now` whose
+    /// handlers work: the ones to renew.
     pub fn due(&self, now: i64, ttl: i64) -> Vec<(String, String, i64)> {
         self.lock()
             .iter()
-            .filter(|(_, h)| h.expires_at - now <= ttl * 2 / 3)
+            .filter(|(_, h)| h.started && !h.given_back && h.expires_at - now <= ttl * 2 / 3)
             .map(|(id, h)| (id.clone(), h.holder.clone(), h.attempt))
+            .collect()
+    }
+
+    /// The claims due for renewal whose handlers have not started — held a
+    /// third of the TTL behind other handlers — marked given back: their
+    /// executor will not start them.
+    pub fn overdue(&self, now: i64, ttl: i64) -> Vec<Overdue> {
+        let mut held = self.lock();
+        held.iter_mut()
+            .filter(|(_, h)| !h.started && !h.given_back && h.expires_at - now <= ttl * 2 / 3)
+            .map(|(id, h)| {
+                h.given_back = true;
+                (
+                    id.clone(),
+                    h.ord,
+                    h.holder.clone(),
+                    h.attempt,
+                    h.lane.clone(),
+                )
+            })
             .collect()
     }
 

@@ -9,9 +9,11 @@
 //! savepoint of its own, and every settlement checks the claim: an executor
 //! whose claim lapsed and was taken over settles nothing.
 
+use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use crate::base::counter::Counter;
 use crate::base::dead_letter::{DeadLetterKind, Reason};
@@ -23,6 +25,7 @@ use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::{Requeued, RunRow};
 use crate::store::{Control, Counters, DeadLetters, Events, Lanes, Runs};
 use crate::work::queue::claims::Claims;
+use crate::work::queue::pace::{BATCH_BUDGET, Pace};
 use crate::work::queue::run::{self, Actions, Emitted, Run, RunContext};
 
 /// What happened to the runs of one claim.
@@ -52,26 +55,30 @@ const MAX_ROUNDS: usize = 64;
 /// The most runs one claim takes when batches grow (see [`execute`]).
 const MAX_CLAIM: usize = 256;
 
-/// How long one batch's handlers may work before what they finished is
-/// settled: a batch of slow handlers does not hold its settlements (and
-/// the scopes waiting on them) for long.
-const BATCH_BUDGET: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Claims up to `limit` runs of `actions`, runs them in this thread, and
-/// settles them in the same transaction that claims the next batch: one
-/// durable commit per batch after the first. Goes on while there is work, up
-/// to [`MAX_ROUNDS`] batches, and takes no new run once `stop` is set.
-/// `claims` tracks the claims whose handlers work, for the renewer.
+/// Claims runs of `actions`, runs them in this thread, and settles them in
+/// the same transaction that claims the next batch: one durable commit per
+/// batch after the first. Goes on while there is work, up to
+/// [`MAX_ROUNDS`] batches, and takes no new run once `stop` is set.
+/// `claims` tracks the claims whose handlers work, for the renewer, and
+/// carries this process's pauses and cancels to the executors at once.
 ///
-/// Batches grow with the backlog: a claim that comes back full doubles the
-/// next one, up to [`MAX_CLAIM`] (or `limit` when that is larger); one that
-/// does not returns to `limit`. Handlers stop taking runs of a batch after
-/// [`BATCH_BUDGET`]; the runs not started yet stay claimed and go first in
-/// the next round.
+/// What a claim holds ([`crate::work::queue::pace`]): up to `limit` runs,
+/// doubled after a full claim up to [`MAX_CLAIM`] (or `limit` when that is
+/// larger), but of each action no more than fit in [`BATCH_BUDGET`] at the
+/// pace its handlers ran here lately (one, before the first), of an action
+/// with a concurrency limit no more than one plus what fits in a
+/// millisecond, and cut where the batch's expected duration passes the
+/// budget (the cut runs go back at once). Handlers stop taking runs of a
+/// batch after [`BATCH_BUDGET`]; before each start, a pause or a cancel made
+/// in this process since the claim, or any made in another process when a
+/// heartbeat has passed since the batch last looked, holds its runs back.
+/// Every run of a batch that did not start is given back, without an
+/// attempt, in the commit that settles the batch.
 pub(crate) fn execute<B: Backend>(
     db: &B::Db,
     actions: &Actions<B>,
     claims: &Claims,
+    pace: &Pace,
     stop: &AtomicBool,
     limit: usize,
 ) -> Result<Executed> {
@@ -88,6 +95,7 @@ pub(crate) fn execute<B: Backend>(
     let stopping = || stop.load(Ordering::SeqCst);
     let holder = db.settings().holder_id.clone();
     let ttl = db.settings().lease_ttl_ms();
+    let recheck_every = db.settings().heartbeat;
     let base = limit.max(1);
     let most = MAX_CLAIM.max(base);
     // Runs that ended cancelled when their lapsed claim was found.
@@ -124,15 +132,44 @@ pub(crate) fn execute<B: Backend>(
             // Ready again: their priorities may be new to the plan.
             plan.priorities = Control::ready_priorities(tx.core())?;
         }
-        crate::work::queue::claim::claim(tx.core(), plan, &holder, now, now + ttl, n, names)
+        let held_to_one = |a: &str| {
+            plan.limited
+                .iter()
+                .any(|l| l.action == a && l.max_running.is_some())
+        };
+        let caps = pace.caps(names, &held_to_one);
+        let mut rows = crate::work::queue::claim::claim(
+            tx.core(),
+            plan,
+            &holder,
+            now,
+            now + ttl,
+            n,
+            names,
+            &caps,
+        )?;
+        // What the batch will not start within the budget goes back now.
+        let keep = pace.fitting(rows.iter().map(|r| r.action.as_str()));
+        for row in rows.split_off(keep) {
+            give_back(
+                tx,
+                &row.id,
+                row.ord,
+                &holder,
+                row.attempt,
+                row.lane.as_deref(),
+            )?;
+        }
+        Ok(rows)
     };
+    // Pauses and cancels made in this process after this are seen by the
+    // batch this claim makes.
+    let mut seen = claims.epoch();
     let mut size = base;
     let mut fresh: Vec<RunRow> = db.write_apart(|tx| claim(tx, size))?;
-    // Claimed in an earlier round, not started yet (still ours, tracked).
-    let mut carried: Vec<(RunRow, Run)> = Vec::new();
     let mut done = Executed::default();
     let mut rounds = 0;
-    while !fresh.is_empty() || !carried.is_empty() {
+    while !fresh.is_empty() {
         rounds += 1;
         // The next claim's size: doubled after a full one, back to the base
         // after one that found less.
@@ -142,18 +179,35 @@ pub(crate) fn execute<B: Backend>(
             base
         };
         done.claimed += fresh.len();
-        let new_runs: Vec<Run> = fresh.iter().map(Run::from_row).collect();
-        claims.track(&new_runs);
-        let batch: Vec<(RunRow, Run)> = carried
-            .drain(..)
-            .chain(fresh.into_iter().zip(new_runs))
+        let batch: Vec<(RunRow, Run)> = fresh
+            .into_iter()
+            .map(|row| {
+                let run = Run::from_row(&row);
+                (row, run)
+            })
             .collect();
+        let runs: Vec<Run> = batch.iter().map(|(_, r)| r.clone()).collect();
+        claims.track(&runs);
 
-        let started = std::time::Instant::now();
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for (row, run) in &batch {
-            if stopping() || (!outcomes.is_empty() && started.elapsed() > BATCH_BUDGET) {
+        let started = Instant::now();
+        let mut looked = started;
+        let mut held: HashSet<String> = HashSet::new();
+        let mut outcomes: Vec<Option<Outcome>> = (0..batch.len()).map(|_| None).collect();
+        for (i, (row, run)) in batch.iter().enumerate() {
+            let any_started = outcomes.iter().any(Option::is_some);
+            if stopping() || (any_started && started.elapsed() > BATCH_BUDGET) {
                 break;
+            }
+            // A pause or cancel of this process since the claim, or of any
+            // process once a heartbeat has passed: look at the file again.
+            while claims.epoch() != seen || looked.elapsed() >= recheck_every {
+                seen = claims.epoch();
+                looked = Instant::now();
+                let rest: Vec<&Run> = batch[i..].iter().map(|(_, r)| r).collect();
+                held = held_back::<B>(db, &rest)?;
+            }
+            if held.contains(&run.id) || claims.is_cancelled(&run.id) || !claims.start(&run.id) {
+                continue;
             }
             let outcome = if run.attempt > run.max_attempts {
                 Outcome::Failed(
@@ -163,27 +217,45 @@ pub(crate) fn execute<B: Backend>(
                 )
             } else {
                 match handlers.get(&run.action) {
-                    Some(h) => call::<B>(db, stop, claims, h, run),
+                    Some(h) => {
+                        let t = Instant::now();
+                        let outcome = call::<B>(db, stop, claims, h, run);
+                        pace.record(&run.action, t.elapsed());
+                        outcome
+                    }
                     None => Outcome::Failed(format!("no handler for action {}", run.action)),
                 }
             };
-            outcomes.push(outcome);
+            outcomes[i] = Some(outcome);
         }
-        let (ran, rest) = batch.split_at(outcomes.len());
-        let ran: Vec<&Run> = ran.iter().map(|(_, r)| r).collect();
-        // Runs claimed but not started: back without an attempt when
-        // stopping, kept for the next round otherwise.
-        let releasing = stopping();
-        let more = rounds < MAX_ROUNDS && !releasing;
-        let keep = if more { rest.len() } else { 0 };
-        let want = size.saturating_sub(keep);
+        let ran: Vec<(&Run, &Outcome)> = batch
+            .iter()
+            .zip(&outcomes)
+            .filter_map(|((_, run), o)| o.as_ref().map(|o| (run, o)))
+            .collect();
+        // Claimed but not started: back without an attempt.
+        let rest: Vec<&(RunRow, Run)> = batch
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| o.is_none())
+            .map(|(b, _)| b)
+            .collect();
+        let more = rounds < MAX_ROUNDS && !stopping();
+        seen = claims.epoch();
+        // What the renewer gave back already is not released again.
+        let ids: Vec<&str> = rest.iter().map(|(_, r)| r.id.as_str()).collect();
+        let mine = claims.take_back(&ids);
+        let rest: Vec<&(RunRow, Run)> = rest
+            .into_iter()
+            .filter(|(_, r)| mine.contains(&r.id))
+            .collect();
 
         let next = db.write_apart(|tx| {
             // A round that appends (what its runs emitted) takes the head
             // first, as every appending transaction does.
-            if outcomes
+            if ran
                 .iter()
-                .any(|o| matches!(o, Outcome::Succeeded(e) if !e.is_empty()))
+                .any(|(_, o)| matches!(o, Outcome::Succeeded(e) if !e.is_empty()))
             {
                 Events::lock_head(tx.core())?;
             }
@@ -192,11 +264,11 @@ pub(crate) fn execute<B: Backend>(
             // one statement, which succeeds those whose claims still hold and
             // says which; the rest (a claim lost, a cancellation asked for)
             // and the other outcomes settle one by one.
-            let plain: Vec<usize> = outcomes
+            let plain: Vec<usize> = ran
                 .iter()
                 .enumerate()
-                .filter(|(i, o)| {
-                    matches!(o, Outcome::Succeeded(e) if e.is_empty()) && ran[*i].lane.is_none()
+                .filter(|(_, (run, o))| {
+                    matches!(o, Outcome::Succeeded(e) if e.is_empty()) && run.lane.is_none()
                 })
                 .map(|(i, _)| i)
                 .collect();
@@ -204,7 +276,7 @@ pub(crate) fn execute<B: Backend>(
             if plain.len() > 1 {
                 let claims: Vec<(&str, i64)> = plain
                     .iter()
-                    .map(|i| (ran[*i].id.as_str(), i64::from(ran[*i].attempt)))
+                    .map(|i| (ran[*i].0.id.as_str(), i64::from(ran[*i].0.attempt)))
                     .collect();
                 let now = tx.now_ms();
                 let done: std::collections::HashSet<String> =
@@ -212,7 +284,7 @@ pub(crate) fn execute<B: Backend>(
                         .into_iter()
                         .collect();
                 for i in &plain {
-                    if done.contains(&ran[*i].id) {
+                    if done.contains(&ran[*i].0.id) {
                         settled[*i] = true;
                         round.succeeded += 1;
                     }
@@ -222,9 +294,9 @@ pub(crate) fn execute<B: Backend>(
             // `renew_claims`): the two never wait for each other in a
             // circle where the database runs them side by side.
             let mut rest_in_order: Vec<usize> = (0..ran.len()).filter(|i| !settled[*i]).collect();
-            rest_in_order.sort_by(|a, b| ran[*a].id.cmp(&ran[*b].id));
+            rest_in_order.sort_by(|a, b| ran[*a].0.id.cmp(&ran[*b].0.id));
             for i in rest_in_order {
-                let (run, outcome) = (ran[i], &outcomes[i]);
+                let (run, outcome) = ran[i];
                 match settle_contained(tx, run, outcome) {
                     Ok(Settled::Cancelled) => round.cancelled += 1,
                     Ok(Settled::Succeeded) => round.succeeded += 1,
@@ -243,68 +315,81 @@ pub(crate) fn execute<B: Backend>(
                     Err(e) => return Err(e),
                 }
             }
-            if !more {
-                for (row, run) in rest {
-                    let now = tx.now_ms();
-                    let given = Runs::release(
-                        tx.core(),
-                        row.ord,
-                        &run.holder,
-                        i64::from(run.attempt),
-                        now,
-                    )?;
-                    if given == Requeued::Cancelled {
-                        round.cancelled += 1;
-                        if let Some(lane) = &run.lane {
-                            Lanes::advance_lane(tx.core(), lane, &run.id, now)?;
-                        }
-                    }
+            for (row, run) in &rest {
+                if give_back(
+                    tx,
+                    &run.id,
+                    row.ord,
+                    &run.holder,
+                    i64::from(run.attempt),
+                    run.lane.as_deref(),
+                )? {
+                    round.cancelled += 1;
                 }
             }
             Counters::bump(tx.core(), Counter::RunsSucceeded, round.succeeded)?;
-            // Runs ended: threads waiting for them look again.
-            if db.has_run_waiters() {
+            // Runs ended or went back: threads waiting for them, and
+            // executors that may take them, look again.
+            if db.has_run_waiters() || !rest.is_empty() {
                 tx.mark_nudge();
             }
             Counters::bump(tx.core(), Counter::RunsRetried, round.retried)?;
             Counters::bump(tx.core(), Counter::RunsDead, round.dead)?;
             // The next batch, in the same commit (it may include runs this
-            // settlement just made ready).
-            let next = if more && want > 0 {
-                claim(tx, want)?
-            } else {
-                Vec::new()
-            };
+            // settlement just made ready or gave back).
+            let next = if more { claim(tx, size)? } else { Vec::new() };
             Ok((round, next))
         });
-        let settled: Vec<Run> = ran.iter().map(|r| (*r).clone()).collect();
-        claims.untrack(&settled);
-        if !more {
-            let released: Vec<Run> = rest.iter().map(|(_, r)| r.clone()).collect();
-            claims.untrack(&released);
-        }
-        let (round, next) = match next {
-            Ok(n) => n,
-            Err(e) => {
-                // Nothing of the round committed: the rest stay claimed
-                // until their claims lapse, and are claimed again then.
-                let rest: Vec<Run> = rest.iter().map(|(_, r)| r.clone()).collect();
-                claims.untrack(&rest);
-                return Err(e);
-            }
-        };
+        // Every run of the batch is settled or given back, or (if the
+        // commit failed) left to its claim's expiry: none is tracked now.
+        claims.untrack(&runs);
+        let (round, next) = next?;
         done.succeeded += round.succeeded;
         done.retried += round.retried;
         done.dead += round.dead;
         done.lost += round.lost;
         done.cancelled += round.cancelled;
-        if more {
-            carried = rest.to_vec();
-        }
         fresh = next;
     }
     done.cancelled += lapsed_cancelled.load(Ordering::Relaxed);
     Ok(done)
+}
+
+/// Gives a claimed run back, unstarted and without an attempt; true when
+/// its cancellation had been asked for, so it ended cancelled instead (and
+/// its scope moves on).
+fn give_back<B: Backend>(
+    tx: &mut Tx<'_, B>,
+    id: &str,
+    ord: i64,
+    holder: &str,
+    attempt: i64,
+    lane: Option<&str>,
+) -> Result<bool> {
+    let now = tx.now_ms();
+    if Runs::release(tx.core(), ord, holder, attempt, now)? == Requeued::Cancelled {
+        if let Some(lane) = lane {
+            Lanes::advance_lane(tx.core(), lane, id, now)?;
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// The runs of `rest` not to start: those of a paused action, and those
+/// whose cancellation was asked for (in any process).
+fn held_back<B: Backend>(db: &B::Db, rest: &[&Run]) -> Result<HashSet<String>> {
+    db.read_with(&mut |c| {
+        let paused = crate::work::control::paused_names(c, "action")?;
+        let mut held = HashSet::new();
+        for run in rest {
+            let cancelled = Runs::get(c, &run.id)?.is_none_or(|r| r.cancel_requested_at.is_some());
+            if paused.contains(&run.action) || cancelled {
+                held.insert(run.id.clone());
+            }
+        }
+        Ok(held)
+    })
 }
 
 fn call<B: Backend>(
@@ -460,9 +545,11 @@ pub(crate) fn renew_claims<B: Backend>(db: &impl CoreDb<B>, claims: &Claims) -> 
     let ttl = db.settings().lease_ttl_ms();
     let now = db.now_ms();
     let mut due = claims.due(now, ttl);
-    if due.is_empty() {
+    let mut overdue = claims.overdue(now, ttl);
+    if due.is_empty() && overdue.is_empty() {
         return Ok(0);
     }
+    overdue.sort();
     // In id order, as settlements lock them (see `Runs::succeed_many`);
     // apart from the shared write, which holds the log's head on
     // PostgreSQL (a renewal appends nothing).
@@ -474,6 +561,14 @@ pub(crate) fn renew_claims<B: Backend>(db: &impl CoreDb<B>, claims: &Claims) -> 
             if Runs::renew(tx.core(), id, holder, *attempt, now, now + ttl)? {
                 renewed.push(id.clone());
             }
+        }
+        // Claimed a third of the TTL ago and still not started (behind a
+        // handler that takes long): back to the queue, for another executor.
+        for (id, ord, holder, attempt, lane) in &overdue {
+            give_back(tx, id, *ord, holder, *attempt, lane.as_deref())?;
+        }
+        if !overdue.is_empty() {
+            tx.mark_nudge();
         }
         // A renewal is where a handler in another process learns that an
         // operator cancelled its run.

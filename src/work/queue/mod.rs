@@ -1,9 +1,11 @@
 //! The work queue: enqueueing, what a run is and what its handler gets,
-//! claiming, executing and settling runs, the claims whose handlers are
+//! claiming (as much as the handlers' pace says an executor will start
+//! soon), executing and settling runs, the claims whose handlers are
 //! working.
 
 pub(crate) mod claim;
 pub(crate) mod claims;
 pub(crate) mod enqueue;
 pub(crate) mod execute;
+pub(crate) mod pace;
 pub(crate) mod run;

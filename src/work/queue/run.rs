@@ -52,6 +52,8 @@ pub struct Run {
     pub(crate) holder: String,
     pub(crate) claim_expires_at: i64,
     pub(crate) lane: Option<String>,
+    /// Its position in the queue (`reflexr_runs.ord`).
+    pub(crate) ord: i64,
 }
 
 impl Run {
@@ -72,6 +74,7 @@ impl Run {
             holder: r.claimed_by.clone().unwrap_or_default(),
             claim_expires_at: r.claim_expires_at.unwrap_or(0),
             lane: r.lane.clone(),
+            ord: r.ord,
         }
     }
 

@@ -1,0 +1,172 @@
+//! How much an executor claims: what its handlers' recent durations say it
+//! can start soon, so a claim never hoards runs it will not start.
+//!
+//! Each process keeps, per action, a moving average of its handlers'
+//! durations. A claim takes, of each action, no more runs than fit in
+//! [`BATCH_BUDGET`] at that pace (no cap for an action not timed yet), and of
+//! an action with a concurrency limit no more than one plus what fits in
+//! [`LIMITED_SLACK`] — so a limit of N means N handlers running at once, not
+//! N claims held by one executor that runs them one after another. After the
+//! claim, the batch is cut where its expected duration passes the budget
+//! (keeping at least one run), and the cut runs are given back at once.
+//! Handlers that take microseconds still claim in batches of hundreds.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// How long one batch's handlers may work before the rest of the batch is
+/// given back: a run claimed but not started waits at most this long, plus
+/// what the handlers before it overran their actions' recent durations.
+pub(crate) const BATCH_BUDGET: Duration = Duration::from_millis(50);
+
+/// What an executor may hold, beyond the one it runs, of an action with a
+/// concurrency limit: the runs that fit in this much of its pace. Slots of a
+/// limit held by runs waiting behind another handler run nothing.
+pub(crate) const LIMITED_SLACK: Duration = Duration::from_millis(1);
+
+/// The weight of the newest duration in the moving average.
+const WEIGHT: f64 = 0.25;
+
+/// Each action's recent handler duration in this process.
+#[derive(Default)]
+pub(crate) struct Pace {
+    /// Action → moving average of its handlers' durations, in nanoseconds.
+    recent: Mutex<HashMap<String, f64>>,
+}
+
+impl Pace {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, f64>> {
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records one handler's duration.
+    pub fn record(&self, action: &str, took: Duration) {
+        let ns = took.as_nanos() as f64;
+        let mut recent = self.lock();
+        match recent.get_mut(action) {
+            Some(avg) => *avg += WEIGHT * (ns - *avg),
+            None => {
+                recent.insert(action.to_string(), ns);
+            }
+        }
+    }
+
+    /// An action's recent handler duration; `None` before its first.
+    pub fn estimate(&self, action: &str) -> Option<Duration> {
+        self.lock()
+            .get(action)
+            .map(|ns| Duration::from_nanos(*ns as u64))
+    }
+
+    /// The most runs of `action` one claim may take: what fits in the
+    /// budget at its pace, and for a limited action at most one more than
+    /// fits in [`LIMITED_SLACK`]. Before it is timed here, no cap: the
+    /// first batch's handlers still stop at the budget, and the renewer
+    /// gives back what a long first handler held (see `renew_claims`).
+    pub fn cap(&self, action: &str, limited: bool) -> usize {
+        let Some(d) = self.estimate(action) else {
+            return usize::MAX;
+        };
+        let fits = |within: Duration| {
+            let ns = d.as_nanos().max(1);
+            usize::try_from(within.as_nanos() / ns).unwrap_or(usize::MAX)
+        };
+        let cap = fits(BATCH_BUDGET).max(1);
+        if limited {
+            cap.min(fits(LIMITED_SLACK).saturating_add(1))
+        } else {
+            cap
+        }
+    }
+
+    /// The caps of `actions` (see [`Pace::cap`]); `limited` names those
+    /// with a concurrency limit.
+    pub fn caps(&self, actions: &[String], limited: &dyn Fn(&str) -> bool) -> Caps {
+        Caps(
+            actions
+                .iter()
+                .map(|a| (a.clone(), self.cap(a, limited(a))))
+                .collect(),
+        )
+    }
+
+    /// How many of a batch, in order, start within the budget at their
+    /// actions' pace: at least one; a run of an action not timed yet counts
+    /// as nothing.
+    pub fn fitting<'a>(&self, actions: impl IntoIterator<Item = &'a str>) -> usize {
+        let recent = self.lock();
+        let mut total = Duration::ZERO;
+        let mut n = 0;
+        for action in actions {
+            let d = recent
+                .get(action)
+                .map_or(Duration::ZERO, |ns| Duration::from_nanos(*ns as u64));
+            total += d;
+            if n > 0 && total > BATCH_BUDGET {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+}
+
+/// The most runs of each action one claim takes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Caps(HashMap<String, usize>);
+
+impl Caps {
+    /// `action`'s cap; unbounded for an action it does not name.
+    pub fn of(&self, action: &str) -> usize {
+        self.0.get(action).copied().unwrap_or(usize::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_slow_action_is_claimed_a_run_or_two_at_a_time_and_a_fast_one_by_the_thousand() {
+        let pace = Pace::default();
+        assert_eq!(pace.cap("new", false), usize::MAX, "not timed yet: no cap");
+        for _ in 0..10 {
+            pace.record("fast", Duration::from_micros(10));
+        }
+        assert_eq!(pace.cap("fast", false), 5_000);
+        assert_eq!(pace.cap("fast", true), 101);
+        for _ in 0..10 {
+            pace.record("slow", 20 * MS);
+        }
+        assert_eq!(pace.cap("slow", false), 2);
+        assert_eq!(pace.cap("slow", true), 1, "a limit's slots are not hoarded");
+    }
+
+    #[test]
+    fn the_average_follows_recent_durations() {
+        let pace = Pace::default();
+        pace.record("a", 100 * MS);
+        for _ in 0..40 {
+            pace.record("a", MS);
+        }
+        let d = pace.estimate("a").unwrap();
+        assert!(d < 2 * MS, "{d:?}");
+    }
+
+    #[test]
+    fn a_batch_is_cut_where_it_passes_the_budget_but_keeps_its_first_run() {
+        let pace = Pace::default();
+        for _ in 0..5 {
+            pace.record("slow", 30 * MS);
+            pace.record("fast", MS);
+        }
+        assert_eq!(pace.fitting(["slow", "slow", "slow"]), 1);
+        assert_eq!(pace.fitting(["fast", "slow", "fast", "slow"]), 3);
+        assert_eq!(pace.fitting(["unknown", "fast", "slow", "slow"]), 3);
+        assert_eq!(pace.fitting(["fast"; 80]), 50);
+        assert_eq!(pace.fitting([]), 0);
+    }
+}
