@@ -16,6 +16,7 @@ mod latency;
 mod pg;
 mod raw;
 mod relay;
+mod slow;
 mod stages;
 
 use std::path::PathBuf;
@@ -52,6 +53,10 @@ struct Args {
     /// (Internal) the child process of the cross-process latency stage.
     #[arg(long, hide = true)]
     child_append: Option<PathBuf>,
+    /// (Internal) the second process of the slow-handler stages: the file
+    /// whose runs it works.
+    #[arg(long, hide = true)]
+    child_slow_runs: Option<PathBuf>,
     /// (Internal) a child process of `pg_runs_4processes`: the PostgreSQL
     /// config of the schema whose runs it executes.
     #[arg(long, hide = true)]
@@ -176,6 +181,10 @@ fn main() {
     let args = Args::parse();
     if let Some(db) = &args.child_append {
         latency::child_append(db);
+        return;
+    }
+    if let Some(db) = &args.child_slow_runs {
+        slow::child_slow_runs(db);
         return;
     }
     #[cfg(feature = "postgres")]

@@ -21,6 +21,11 @@ pub const ALL: &[(&str, Stage)] = &[
     ("runs_4executors", runs_4executors),
     ("runs_4executors_blocked10k", runs_4executors_blocked10k),
     ("runs_4executors_limited", runs_4executors_limited),
+    (
+        "runs_slow_handlers_8executors",
+        super::slow::runs_slow_handlers_8executors,
+    ),
+    ("runs_limited_slow", super::slow::runs_limited_slow),
     ("enqueue_single", enqueue_single),
     ("relay_same_file", super::relay::relay_same_file),
     ("relay_cross_file", super::relay::relay_cross_file),
