@@ -204,7 +204,12 @@ pub(crate) fn execute<B: Backend>(
                 seen = claims.epoch();
                 looked = Instant::now();
                 let rest: Vec<&Run> = batch[i..].iter().map(|(_, r)| r).collect();
-                held = held_back::<B>(db, &rest)?;
+                held = held_back::<B>(db, &rest).unwrap_or_else(|e| {
+                    // Unsure what was paused: start none of them; they go
+                    // back with the batch's settlement.
+                    log::warn!("looking for pauses and cancels: {e}");
+                    rest.iter().map(|r| r.id.clone()).collect()
+                });
             }
             if held.contains(&run.id) || claims.is_cancelled(&run.id) || !claims.start(&run.id) {
                 continue;
