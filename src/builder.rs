@@ -151,7 +151,12 @@ impl<B: Backend> Builder<B> {
     /// Default 16. A claim that comes back full doubles the next one, up to
     /// 256 (or this, when larger), and one that finds less goes back to it:
     /// a backlog is worked in large batches (more runs per commit), a
-    /// trickle in small ones spread across executors.
+    /// trickle in small ones spread across executors. Whatever this allows,
+    /// a claim takes of each action no more runs than its handlers' recent
+    /// pace in this process lets start within 50 ms (of an action with a
+    /// concurrency limit, one more than fits in 1 ms), and what a batch did
+    /// not start goes back when it is settled: slow handlers claim a run or
+    /// two at a time (the control guide's "What a claim holds").
     pub fn claim_batch(mut self, n: usize) -> Self {
         self.runtime.claim_batch = n;
         self

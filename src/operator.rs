@@ -111,7 +111,9 @@ impl<B: Backend> Operator<'_, B> {
 
     /// Pauses an action, a channel, a scheduled job, a rule or a reaction
     /// (see [`Pausable`]), in every process on the file. False when it was
-    /// paused already.
+    /// paused already. Once this returns, no handler of a paused action
+    /// starts in this process, nor later than a heartbeat after in another;
+    /// its runs claimed and not started go back to ready, unattempted.
     pub fn pause(&self, what: &Pausable) -> Result<bool> {
         let (op, why) = self.who();
         let paused = self
@@ -135,7 +137,9 @@ impl<B: Backend> Operator<'_, B> {
     }
 
     /// Cancels a run: a pending one ends `cancelled` at once (it never
-    /// starts); a running one is asked to stop — its handler sees
+    /// starts, nor does one an executor claimed and had not started: here
+    /// from when this returns, in another process within a heartbeat); a
+    /// running one is asked to stop — its handler sees
     /// [`crate::RunContext::is_cancelled`] (at once in this process, at its
     /// next claim renewal in another) and its completion is refused: it ends
     /// `cancelled`. Returns the state it was in.
