@@ -83,13 +83,6 @@ impl Claims {
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Whether a run held here was asked to stop.
-    pub fn is_cancelled(&self, id: &str) -> bool {
-        self.lock()
-            .get(id)
-            .is_some_and(|h| h.cancelled.load(Ordering::SeqCst))
-    }
-
     /// Tells the executors that something was paused: they look at the file
     /// before they start another run.
     pub fn paused(&self) {
@@ -109,10 +102,11 @@ impl Claims {
     }
 
     /// Marks a run's handler started; false when the renewer gave the run
-    /// back first (it must not start).
+    /// back first, or its cancellation was asked for here (it must not
+    /// start).
     pub fn start(&self, id: &str) -> bool {
         match self.lock().get_mut(id) {
-            Some(h) if h.given_back => false,
+            Some(h) if h.given_back || h.cancelled.load(Ordering::SeqCst) => false,
             Some(h) => {
                 h.started = true;
                 true

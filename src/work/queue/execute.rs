@@ -193,6 +193,8 @@ pub(crate) fn execute<B: Backend>(
         let mut looked = started;
         let mut held: HashSet<String> = HashSet::new();
         let mut outcomes: Vec<Option<Outcome>> = (0..batch.len()).map(|_| None).collect();
+        // The handlers' durations, for the pace of the claims to come.
+        let mut took: Vec<(&str, std::time::Duration)> = Vec::with_capacity(batch.len());
         for (i, (row, run)) in batch.iter().enumerate() {
             let any_started = outcomes.iter().any(Option::is_some);
             if stopping() || (any_started && started.elapsed() > BATCH_BUDGET) {
@@ -211,7 +213,7 @@ pub(crate) fn execute<B: Backend>(
                     rest.iter().map(|r| r.id.clone()).collect()
                 });
             }
-            if held.contains(&run.id) || claims.is_cancelled(&run.id) || !claims.start(&run.id) {
+            if held.contains(&run.id) || !claims.start(&run.id) {
                 continue;
             }
             let outcome = if run.attempt > run.max_attempts {
@@ -225,7 +227,7 @@ pub(crate) fn execute<B: Backend>(
                     Some(h) => {
                         let t = Instant::now();
                         let outcome = call::<B>(db, stop, claims, h, run);
-                        pace.record(&run.action, t.elapsed());
+                        took.push((run.action.as_str(), t.elapsed()));
                         outcome
                     }
                     None => Outcome::Failed(format!("no handler for action {}", run.action)),
@@ -233,6 +235,7 @@ pub(crate) fn execute<B: Backend>(
             };
             outcomes[i] = Some(outcome);
         }
+        pace.record_all(took);
         let ran: Vec<(&Run, &Outcome)> = batch
             .iter()
             .zip(&outcomes)

@@ -41,13 +41,22 @@ impl Pace {
     }
 
     /// Records one handler's duration.
+    #[cfg(test)]
     pub fn record(&self, action: &str, took: Duration) {
-        let ns = took.as_nanos() as f64;
+        self.record_all([(action, took)]);
+    }
+
+    /// Records handlers' durations, in the order they ran (a batch's, under
+    /// one lock).
+    pub fn record_all<'a>(&self, took: impl IntoIterator<Item = (&'a str, Duration)>) {
         let mut recent = self.lock();
-        match recent.get_mut(action) {
-            Some(avg) => *avg += WEIGHT * (ns - *avg),
-            None => {
-                recent.insert(action.to_string(), ns);
+        for (action, took) in took {
+            let ns = took.as_nanos() as f64;
+            match recent.get_mut(action) {
+                Some(avg) => *avg += WEIGHT * (ns - *avg),
+                None => {
+                    recent.insert(action.to_string(), ns);
+                }
             }
         }
     }
