@@ -5,7 +5,7 @@
 //! budget; a limit of N runs N handlers side by side; a pause or a cancel
 //! holds at once in its own process and within a heartbeat in another, and
 //! what it held back goes back unattempted; a higher-priority run starts
-//! behind at most a run per executor; both processes work a backlog.
+//! behind only what the executors hold; both processes work a backlog.
 //! Every measure is the handlers' own start and end times (the system
 //! clock, which two processes on one machine share). Written once for
 //! every backend (`on_backends!`), the child process too.
@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 on_backends!(
     a_limit_of_n_runs_n_handlers_side_by_side_across_processes,
     a_pause_holds_at_once_here_and_within_a_heartbeat_in_another_process,
-    a_higher_priority_run_starts_behind_at_most_a_run_per_executor,
+    a_higher_priority_run_starts_behind_only_what_the_executors_hold,
     two_processes_with_a_backlog_both_run_handlers,
     a_claimed_run_paused_or_cancelled_before_it_started_goes_back_unattempted,
     a_run_held_behind_a_long_first_handler_is_given_back_at_its_renewal,
@@ -293,9 +293,9 @@ fn a_pause_holds_at_once_here_and_within_a_heartbeat_in_another_process<B: TestB
 }
 
 /// A higher-priority run enqueued behind a backlog of slow runs starts
-/// once the executors at work finish what they hold: behind at most one
-/// more start per executor, not behind their batches.
-fn a_higher_priority_run_starts_behind_at_most_a_run_per_executor<B: TestBackend>() {
+/// once the executors at work finish what they hold: behind at most the
+/// run or two each executor's batch holds, not behind whole batches.
+fn a_higher_priority_run_starts_behind_only_what_the_executors_hold<B: TestBackend>() {
     let place = B::place();
     let (e, ran, child) = two_processes::<B>(&place);
     for n in 0..300 {
@@ -325,8 +325,10 @@ fn a_higher_priority_run_starts_behind_at_most_a_run_per_executor<B: TestBackend
         B::NAME,
         (urgent_start - enqueued_at) as f64 / 1000.0
     );
+    // Each of the two processes' executors may start what its batch holds:
+    // a run or two of 20–50 ms within the 50 ms budget.
     assert!(
-        before <= 2 * EXECUTORS,
+        before <= 2 * 2 * EXECUTORS,
         "{before} slow runs started after the urgent one was enqueued and before it"
     );
 }
