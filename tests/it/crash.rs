@@ -110,13 +110,30 @@ fn kill_again_and_again<B: TestBackend>(kills: u64) -> usize {
         c.len()
     );
     check(&e, &c, &cursors);
-    assert_eq!(
-        B::count(
-            &e,
-            "SELECT count(*) FROM reflexr_runs WHERE state NOT IN ('succeeded')"
-        ),
-        0,
-        "every run ended well"
+    let unfinished: Vec<String> = e
+        .runs(None, 100_000)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.state != reflexr::RunState::Succeeded)
+        .map(|r| {
+            format!(
+                "{} {} {:?} attempt {}/{} scope {:?} claimed by {:?} until {:?} due {} error {:?}",
+                r.id,
+                r.action,
+                r.state,
+                r.attempt,
+                r.max_attempts,
+                r.scope,
+                r.claimed_by,
+                r.claim_expires_at,
+                r.due_at,
+                r.last_error
+            )
+        })
+        .collect();
+    assert!(
+        unfinished.is_empty(),
+        "every run ended well: {unfinished:#?}"
     );
     assert_eq!(
         B::count(
