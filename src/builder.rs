@@ -155,8 +155,8 @@ impl<B: Backend> Builder<B> {
     /// a claim takes of each action no more runs than its handlers' recent
     /// pace in this process lets start within 50 ms (of an action with a
     /// concurrency limit, one more than fits in 1 ms), and what a batch did
-    /// not start goes back when it is settled: slow handlers claim a run or
-    /// two at a time (the control guide's "What a claim holds").
+    /// not start goes first in the next: slow handlers claim a run or two
+    /// at a time (the control guide's "What a claim holds").
     pub fn claim_batch(mut self, n: usize) -> Self {
         self.runtime.claim_batch = n;
         self

@@ -83,6 +83,14 @@ impl Claims {
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Whether a run held here must not start: given back by the renewer,
+    /// or its cancellation asked for here.
+    pub fn is_stopped(&self, id: &str) -> bool {
+        self.lock()
+            .get(id)
+            .is_some_and(|h| h.given_back || h.cancelled.load(Ordering::SeqCst))
+    }
+
     /// Tells the executors that something was paused: they look at the file
     /// before they start another run.
     pub fn paused(&self) {

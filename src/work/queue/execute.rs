@@ -65,15 +65,18 @@ const MAX_CLAIM: usize = 256;
 /// What a claim holds ([`crate::work::queue::pace`]): up to `limit` runs,
 /// doubled after a full claim up to [`MAX_CLAIM`] (or `limit` when that is
 /// larger), but of each action no more than fit in [`BATCH_BUDGET`] at the
-/// pace its handlers ran here lately (one, before the first), of an action
+/// pace its handlers ran here lately (no cap before the first), of an action
 /// with a concurrency limit no more than one plus what fits in a
 /// millisecond, and cut where the batch's expected duration passes the
 /// budget (the cut runs go back at once). Handlers stop taking runs of a
 /// batch after [`BATCH_BUDGET`]; before each start, a pause or a cancel made
 /// in this process since the claim, or any made in another process when a
 /// heartbeat has passed since the batch last looked, holds its runs back.
-/// Every run of a batch that did not start is given back, without an
-/// attempt, in the commit that settles the batch.
+/// A run of a batch that did not start goes first (within its priority) in
+/// the next batch, still claimed, and the next claim takes only what fits
+/// behind it; it is given back, without an attempt, in the commit that
+/// settles the batch when its action was paused, its cancellation asked
+/// for, or this is the last round.
 pub(crate) fn execute<B: Backend>(
     db: &B::Db,
     actions: &Actions<B>,
@@ -100,7 +103,7 @@ pub(crate) fn execute<B: Backend>(
     let most = MAX_CLAIM.max(base);
     // Runs that ended cancelled when their lapsed claim was found.
     let lapsed_cancelled = std::sync::atomic::AtomicUsize::new(0);
-    let claim = |tx: &mut Tx<'_, B>, n: usize| -> Result<Vec<RunRow>> {
+    let claim = |tx: &mut Tx<'_, B>, n: usize, ahead: &[&str]| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         let mut plan = Control::claim_plan(tx.core(), now, names)?;
         let mut rescued = 0;
@@ -148,8 +151,9 @@ pub(crate) fn execute<B: Backend>(
             names,
             &caps,
         )?;
-        // What the batch will not start within the budget goes back now.
-        let keep = pace.fitting(rows.iter().map(|r| r.action.as_str()));
+        // What the batch (behind the runs carried ahead of it) will not
+        // start within the budget goes back now.
+        let keep = pace.fitting_after(ahead, rows.iter().map(|r| r.action.as_str()));
         for row in rows.split_off(keep) {
             give_back(
                 tx,
@@ -166,28 +170,35 @@ pub(crate) fn execute<B: Backend>(
     // batch this claim makes.
     let mut seen = claims.epoch();
     let mut size = base;
-    let mut fresh: Vec<RunRow> = db.write_apart(|tx| claim(tx, size))?;
+    let mut fresh: Vec<RunRow> = db.write_apart(|tx| claim(tx, size, &[]))?;
+    // Claimed in an earlier round and not started within its budget: still
+    // ours, tracked, and first in the next round (within their priority).
+    let mut carried: Vec<(RunRow, Run)> = Vec::new();
     let mut done = Executed::default();
     let mut rounds = 0;
-    while !fresh.is_empty() {
+    while !fresh.is_empty() || !carried.is_empty() {
         rounds += 1;
         // The next claim's size: doubled after a full one, back to the base
         // after one that found less.
-        size = if fresh.len() >= size {
+        size = if fresh.len() + carried.len() >= size {
             (size * 2).min(most)
         } else {
             base
         };
         done.claimed += fresh.len();
-        let batch: Vec<(RunRow, Run)> = fresh
+        let fresh_runs: Vec<(RunRow, Run)> = fresh
             .into_iter()
             .map(|row| {
                 let run = Run::from_row(&row);
                 (row, run)
             })
             .collect();
+        let new_runs: Vec<Run> = fresh_runs.iter().map(|(_, r)| r.clone()).collect();
+        claims.track(&new_runs);
+        // Higher priorities first; within one, what was carried first.
+        let mut batch: Vec<(RunRow, Run)> = carried.drain(..).chain(fresh_runs).collect();
+        batch.sort_by_key(|(row, _)| std::cmp::Reverse(row.priority));
         let runs: Vec<Run> = batch.iter().map(|(_, r)| r.clone()).collect();
-        claims.track(&runs);
 
         let started = Instant::now();
         let mut looked = started;
@@ -241,14 +252,16 @@ pub(crate) fn execute<B: Backend>(
             .zip(&outcomes)
             .filter_map(|((_, run), o)| o.as_ref().map(|o| (run, o)))
             .collect();
-        // Claimed but not started: back without an attempt.
-        let rest: Vec<&(RunRow, Run)> = batch
+        // Claimed but not started: carried into the next round, first, when
+        // there is one; back without an attempt when its action was paused,
+        // its cancellation asked for, or this executor stops.
+        let more = rounds < MAX_ROUNDS && !stopping();
+        let (carry, rest): (Vec<&Claimed>, Vec<&Claimed>) = batch
             .iter()
             .zip(&outcomes)
             .filter(|(_, o)| o.is_none())
             .map(|(b, _)| b)
-            .collect();
-        let more = rounds < MAX_ROUNDS && !stopping();
+            .partition(|(_, r)| more && !held.contains(&r.id) && !claims.is_stopped(&r.id));
         seen = claims.epoch();
         // What the renewer gave back already is not released again.
         let ids: Vec<&str> = rest.iter().map(|(_, r)| r.id.as_str()).collect();
@@ -257,6 +270,8 @@ pub(crate) fn execute<B: Backend>(
             .into_iter()
             .filter(|(_, r)| mine.contains(&r.id))
             .collect();
+        let ahead: Vec<&str> = carry.iter().map(|(_, r)| r.action.as_str()).collect();
+        let want = size.saturating_sub(carry.len());
 
         let next = db.write_apart(|tx| {
             // A round that appends (what its runs emitted) takes the head
@@ -345,13 +360,25 @@ pub(crate) fn execute<B: Backend>(
             Counters::bump(tx.core(), Counter::RunsDead, round.dead)?;
             // The next batch, in the same commit (it may include runs this
             // settlement just made ready or gave back).
-            let next = if more { claim(tx, size)? } else { Vec::new() };
+            let next = if more && want > 0 {
+                claim(tx, want, &ahead)?
+            } else {
+                Vec::new()
+            };
             Ok((round, next))
         });
-        // Every run of the batch is settled or given back, or (if the
-        // commit failed) left to its claim's expiry: none is tracked now.
-        claims.untrack(&runs);
+        // Every run of the batch is settled, given back or carried, or (if
+        // the commit failed) left to its claim's expiry: only the carried
+        // are tracked now.
+        let carried_ids: HashSet<&str> = carry.iter().map(|(_, r)| r.id.as_str()).collect();
+        let done_with: Vec<Run> = runs
+            .iter()
+            .filter(|r| next.is_err() || !carried_ids.contains(r.id.as_str()))
+            .cloned()
+            .collect();
+        claims.untrack(&done_with);
         let (round, next) = next?;
+        carried = carry.into_iter().cloned().collect();
         done.succeeded += round.succeeded;
         done.retried += round.retried;
         done.dead += round.dead;
@@ -362,6 +389,9 @@ pub(crate) fn execute<B: Backend>(
     done.cancelled += lapsed_cancelled.load(Ordering::Relaxed);
     Ok(done)
 }
+
+/// A claimed run: its row and what its handler gets.
+type Claimed = (RunRow, Run);
 
 /// Gives a claimed run back, unstarted and without an attempt; true when
 /// its cancellation had been asked for, so it ended cancelled instead (and

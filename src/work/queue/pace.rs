@@ -7,17 +7,19 @@
 //! an action with a concurrency limit no more than one plus what fits in
 //! [`LIMITED_SLACK`] — so a limit of N means N handlers running at once, not
 //! N claims held by one executor that runs them one after another. After the
-//! claim, the batch is cut where its expected duration passes the budget
-//! (keeping at least one run), and the cut runs are given back at once.
+//! claim, the batch is cut where its expected duration — behind the runs
+//! carried from the last batch — passes the budget (keeping at least one
+//! run), and the cut runs are given back at once.
 //! Handlers that take microseconds still claim in batches of hundreds.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-/// How long one batch's handlers may work before the rest of the batch is
-/// given back: a run claimed but not started waits at most this long, plus
-/// what the handlers before it overran their actions' recent durations.
+/// How long one batch's handlers may start runs: what did not start goes
+/// first in the next batch, so a run claimed but not started waits about
+/// two of these, plus what the handlers before it overran their actions'
+/// recent durations.
 pub(crate) const BATCH_BUDGET: Duration = Duration::from_millis(50);
 
 /// What an executor may hold, beyond the one it runs, of an action with a
@@ -103,16 +105,30 @@ impl Pace {
     /// How many of a batch, in order, start within the budget at their
     /// actions' pace: at least one; a run of an action not timed yet counts
     /// as nothing.
+    #[cfg(test)]
     pub fn fitting<'a>(&self, actions: impl IntoIterator<Item = &'a str>) -> usize {
+        self.fitting_after(&[], actions)
+    }
+
+    /// [`Pace::fitting`] for a batch that runs after `ahead` (the runs
+    /// carried from the last one): how many of `actions` still start within
+    /// the budget; at least one when nothing is ahead.
+    pub fn fitting_after<'a>(
+        &self,
+        ahead: &[&str],
+        actions: impl IntoIterator<Item = &'a str>,
+    ) -> usize {
         let recent = self.lock();
-        let mut total = Duration::ZERO;
+        let pace = |a: &str| {
+            recent
+                .get(a)
+                .map_or(Duration::ZERO, |ns| Duration::from_nanos(*ns as u64))
+        };
+        let mut total: Duration = ahead.iter().map(|a| pace(a)).sum();
         let mut n = 0;
         for action in actions {
-            let d = recent
-                .get(action)
-                .map_or(Duration::ZERO, |ns| Duration::from_nanos(*ns as u64));
-            total += d;
-            if n > 0 && total > BATCH_BUDGET {
+            total += pace(action);
+            if (n > 0 || !ahead.is_empty()) && total > BATCH_BUDGET {
                 break;
             }
             n += 1;
