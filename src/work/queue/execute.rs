@@ -174,6 +174,9 @@ pub(crate) fn execute<B: Backend>(
     // Claimed in an earlier round and not started within its budget: still
     // ours, tracked, and first in the next round (within their priority).
     let mut carried: Vec<(RunRow, Run)> = Vec::new();
+    // When the batches last looked at the file for other processes' pauses
+    // and cancels (a claim reads them too).
+    let mut looked = Instant::now();
     let mut done = Executed::default();
     let mut rounds = 0;
     while !fresh.is_empty() || !carried.is_empty() {
@@ -201,7 +204,6 @@ pub(crate) fn execute<B: Backend>(
         let runs: Vec<Run> = batch.iter().map(|(_, r)| r.clone()).collect();
 
         let started = Instant::now();
-        let mut looked = started;
         let mut held: HashSet<String> = HashSet::new();
         let mut outcomes: Vec<Option<Outcome>> = (0..batch.len()).map(|_| None).collect();
         // The handlers' durations, for the pace of the claims to come.
