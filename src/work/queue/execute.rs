@@ -264,7 +264,12 @@ pub(crate) fn execute<B: Backend>(
             .filter(|(_, o)| o.is_none())
             .map(|(b, _)| b)
             .partition(|(_, r)| more && !held.contains(&r.id) && !claims.is_stopped(&r.id));
-        seen = claims.epoch();
+        // The next claim reads the pauses itself; what is carried was looked
+        // at only up to `seen`, so a pause or cancel since then still makes
+        // the next batch look again.
+        if carry.is_empty() {
+            seen = claims.epoch();
+        }
         // What the renewer gave back already is not released again.
         let ids: Vec<&str> = rest.iter().map(|(_, r)| r.id.as_str()).collect();
         let mine = claims.take_back(&ids);
