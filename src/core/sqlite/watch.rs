@@ -4,8 +4,10 @@
 //! WAL was written.
 
 use std::sync::Arc;
+#[cfg(feature = "watch")]
 use std::time::Duration;
 
+#[cfg(feature = "watch")]
 use crossbeam_channel::{RecvTimeoutError, bounded};
 use rusqlite::Connection;
 
