@@ -20,9 +20,9 @@ const HANDLER: Duration = Duration::from_millis(20);
 /// Executors per process (two processes).
 const EXECUTORS: usize = 4;
 
-fn open(path: &Path, ctx_sync: reflexr::Synchronous) -> Engine {
+fn open(path: &Path, sync: reflexr::Synchronous) -> Engine {
     let e = Engine::builder(path)
-        .synchronous(ctx_sync)
+        .synchronous(sync)
         .executors(EXECUTORS)
         .open()
         .unwrap();
@@ -34,9 +34,14 @@ fn open(path: &Path, ctx_sync: reflexr::Synchronous) -> Engine {
     e
 }
 
-/// The second process: works the file's runs until its stdin closes.
+/// The second process: works the file's runs, in the durability mode the
+/// parent names (`REFLEXR_BENCH_SYNC`), until its stdin closes.
 pub fn child_slow_runs(db: &Path) {
-    let e = open(db, reflexr::Synchronous::Full);
+    let sync = match std::env::var("REFLEXR_BENCH_SYNC").as_deref() {
+        Ok("NORMAL") => reflexr::Synchronous::Normal,
+        _ => reflexr::Synchronous::Full,
+    };
+    let e = open(db, sync);
     e.start().unwrap();
     println!("started");
     std::io::stdout().flush().unwrap();
@@ -66,6 +71,7 @@ fn two_processes(ctx: &Ctx, name: &str, n: usize, limit: Option<u32>) -> f64 {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .arg("--child-slow-runs")
         .arg(&path)
+        .env("REFLEXR_BENCH_SYNC", ctx.sync.as_str())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

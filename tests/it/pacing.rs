@@ -157,6 +157,14 @@ fn count<B: TestBackend>(e: &Engine<B>, sql: &str) -> i64 {
     B::count(e, sql)
 }
 
+/// How many runs are in `state`.
+fn in_state<B: TestBackend>(e: &Engine<B>, state: &str) -> i64 {
+    count(
+        e,
+        &format!("SELECT count(*) FROM reflexr_runs WHERE state = '{state}'"),
+    )
+}
+
 /// How many handlers ran at once, at most and on average over the busy
 /// period (from the first start to the last end).
 fn side_by_side(ran: &[&Ran]) -> (usize, f64) {
@@ -189,12 +197,7 @@ fn a_limit_of_n_runs_n_handlers_side_by_side_across_processes<B: TestBackend>() 
     for n in 0..120 {
         e.enqueue(&slow("limited", n)).unwrap();
     }
-    wait_until(&e, "120 limited runs", || {
-        count(
-            &e,
-            "SELECT count(*) FROM reflexr_runs WHERE state = 'succeeded'",
-        ) == 120
-    });
+    wait_until(&e, "120 limited runs", || in_state(&e, "succeeded") == 120);
     let all = stop_both(&e, &ran, child);
     let limited: Vec<&Ran> = all.iter().filter(|r| r.action == "limited").collect();
     assert_eq!(limited.len(), 120);
@@ -225,20 +228,12 @@ fn a_pause_holds_at_once_here_and_within_a_heartbeat_in_another_process<B: TestB
     for n in 0..300 {
         e.enqueue(&slow("slow", n)).unwrap();
     }
-    wait_until(&e, "40 runs done", || {
-        count(
-            &e,
-            "SELECT count(*) FROM reflexr_runs WHERE state = 'succeeded'",
-        ) >= 40
-    });
+    wait_until(&e, "40 runs done", || in_state(&e, "succeeded") >= 40);
     let ops = e.operator("ops", "the provider is down").unwrap();
     ops.pause(&Pausable::Action("slow".into())).unwrap();
     let paused_at = now_us();
     wait_until(&e, "the handlers at work to end", || {
-        count(
-            &e,
-            "SELECT count(*) FROM reflexr_runs WHERE state = 'running'",
-        ) == 0
+        in_state(&e, "running") == 0
     });
     let all = stop_both(&e, &ran, child);
     let heartbeat = HEARTBEAT.as_micros() as i64;
@@ -276,10 +271,7 @@ fn a_pause_holds_at_once_here_and_within_a_heartbeat_in_another_process<B: TestB
         late_there.is_empty(),
         "started in the other process a heartbeat after the pause: {late_there:?}"
     );
-    let succeeded = count(
-        &e,
-        "SELECT count(*) FROM reflexr_runs WHERE state = 'succeeded'",
-    );
+    let succeeded = in_state(&e, "succeeded");
     assert_eq!(
         succeeded as usize,
         all.len(),
@@ -301,12 +293,7 @@ fn a_higher_priority_run_starts_behind_only_what_the_executors_hold<B: TestBacke
     for n in 0..300 {
         e.enqueue(&slow("slow", n)).unwrap();
     }
-    wait_until(&e, "30 runs done", || {
-        count(
-            &e,
-            "SELECT count(*) FROM reflexr_runs WHERE state = 'succeeded'",
-        ) >= 30
-    });
+    wait_until(&e, "30 runs done", || in_state(&e, "succeeded") >= 30);
     let enqueued_at = now_us();
     let urgent = e
         .enqueue(&Enqueue::new("urgent", &json!({ "ms": 1 })).priority(10))
@@ -341,12 +328,7 @@ fn two_processes_with_a_backlog_both_run_handlers<B: TestBackend>() {
     for n in 0..200 {
         e.enqueue(&slow("slow", n)).unwrap();
     }
-    wait_until(&e, "200 runs", || {
-        count(
-            &e,
-            "SELECT count(*) FROM reflexr_runs WHERE state = 'succeeded'",
-        ) == 200
-    });
+    wait_until(&e, "200 runs", || in_state(&e, "succeeded") == 200);
     let all = stop_both(&e, &ran, child);
     assert_eq!(all.len(), 200);
     let parent = all.iter().filter(|r| r.who == "parent").count();
@@ -408,10 +390,7 @@ fn a_claimed_run_paused_or_cancelled_before_it_started_goes_back_unattempted<B: 
     };
     at.recv().unwrap();
     assert_eq!(
-        count(
-            &e,
-            "SELECT count(*) FROM reflexr_runs WHERE state = 'running'"
-        ),
+        in_state(&e, "running"),
         4,
         "the batch holds the first run and three not started"
     );
@@ -483,10 +462,7 @@ fn a_run_held_behind_a_long_first_handler_is_given_back_at_its_renewal<B: TestBa
     one.start().unwrap();
     at.recv().unwrap();
     assert_eq!(
-        count(
-            &one,
-            "SELECT count(*) FROM reflexr_runs WHERE state = 'running'"
-        ),
+        in_state(&one, "running"),
         3,
         "one claim took the three; the first handler works"
     );

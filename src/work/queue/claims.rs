@@ -41,7 +41,7 @@ impl Claims {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn track(&self, runs: &[Run]) {
+    pub fn track<'a>(&self, runs: impl IntoIterator<Item = &'a Run>) {
         let mut held = self.lock();
         for r in runs {
             held.insert(
@@ -102,10 +102,10 @@ impl Claims {
         self.epoch.load(Ordering::SeqCst)
     }
 
-    pub fn untrack(&self, runs: &[Run]) {
+    pub fn untrack<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
         let mut held = self.lock();
-        for r in runs {
-            held.remove(&r.id);
+        for id in ids {
+            held.remove(id);
         }
     }
 

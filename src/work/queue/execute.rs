@@ -196,12 +196,10 @@ pub(crate) fn execute<B: Backend>(
                 (row, run)
             })
             .collect();
-        let new_runs: Vec<Run> = fresh_runs.iter().map(|(_, r)| r.clone()).collect();
-        claims.track(&new_runs);
+        claims.track(fresh_runs.iter().map(|(_, r)| r));
         // Higher priorities first; within one, what was carried first.
         let mut batch: Vec<(RunRow, Run)> = carried.drain(..).chain(fresh_runs).collect();
         batch.sort_by_key(|(row, _)| std::cmp::Reverse(row.priority));
-        let runs: Vec<Run> = batch.iter().map(|(_, r)| r.clone()).collect();
 
         let started = Instant::now();
         let mut held: HashSet<String> = HashSet::new();
@@ -378,12 +376,12 @@ pub(crate) fn execute<B: Backend>(
         // the commit failed) left to its claim's expiry: only the carried
         // are tracked now.
         let carried_ids: HashSet<&str> = carry.iter().map(|(_, r)| r.id.as_str()).collect();
-        let done_with: Vec<Run> = runs
-            .iter()
-            .filter(|r| next.is_err() || !carried_ids.contains(r.id.as_str()))
-            .cloned()
-            .collect();
-        claims.untrack(&done_with);
+        claims.untrack(
+            batch
+                .iter()
+                .map(|(_, r)| r.id.as_str())
+                .filter(|id| next.is_err() || !carried_ids.contains(id)),
+        );
         let (round, next) = next?;
         carried = carry.into_iter().cloned().collect();
         done.succeeded += round.succeeded;

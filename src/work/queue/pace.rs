@@ -64,6 +64,7 @@ impl Pace {
     }
 
     /// An action's recent handler duration; `None` before its first.
+    #[cfg(test)]
     pub fn estimate(&self, action: &str) -> Option<Duration> {
         self.lock()
             .get(action)
@@ -75,29 +76,22 @@ impl Pace {
     /// fits in [`LIMITED_SLACK`]. Before it is timed here, no cap: the
     /// first batch's handlers still stop at the budget, and the renewer
     /// gives back what a long first handler held (see `renew_claims`).
+    #[cfg(test)]
     pub fn cap(&self, action: &str, limited: bool) -> usize {
-        let Some(d) = self.estimate(action) else {
-            return usize::MAX;
-        };
-        let fits = |within: Duration| {
-            let ns = d.as_nanos().max(1);
-            usize::try_from(within.as_nanos() / ns).unwrap_or(usize::MAX)
-        };
-        let cap = fits(BATCH_BUDGET).max(1);
-        if limited {
-            cap.min(fits(LIMITED_SLACK).saturating_add(1))
-        } else {
-            cap
-        }
+        cap_at(self.estimate(action), limited)
     }
 
-    /// The caps of `actions` (see [`Pace::cap`]); `limited` names those
-    /// with a concurrency limit.
+    /// The caps of `actions` (see [`Pace::cap`]), under one lock; `limited`
+    /// names those with a concurrency limit.
     pub fn caps(&self, actions: &[String], limited: &dyn Fn(&str) -> bool) -> Caps {
+        let recent = self.lock();
         Caps(
             actions
                 .iter()
-                .map(|a| (a.clone(), self.cap(a, limited(a))))
+                .map(|a| {
+                    let pace = recent.get(a).map(|ns| Duration::from_nanos(*ns as u64));
+                    (a.clone(), cap_at(pace, limited(a)))
+                })
                 .collect(),
         )
     }
@@ -134,6 +128,23 @@ impl Pace {
             n += 1;
         }
         n
+    }
+}
+
+/// [`Pace::cap`] for an action whose recent duration is `pace`.
+fn cap_at(pace: Option<Duration>, limited: bool) -> usize {
+    let Some(d) = pace else {
+        return usize::MAX;
+    };
+    let fits = |within: Duration| {
+        let ns = d.as_nanos().max(1);
+        usize::try_from(within.as_nanos() / ns).unwrap_or(usize::MAX)
+    };
+    let cap = fits(BATCH_BUDGET).max(1);
+    if limited {
+        cap.min(fits(LIMITED_SLACK).saturating_add(1))
+    } else {
+        cap
     }
 }
 
