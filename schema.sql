@@ -172,7 +172,9 @@ CREATE TABLE reflexr_runs (
     started_at       INTEGER,
     cancel_requested_at INTEGER,
     cancelled_by     TEXT,
-    cancel_reason    TEXT
+    cancel_reason    TEXT,
+    output           TEXT CHECK (output IS NULL OR json_valid(output)),
+    parent           TEXT
 ) STRICT;
 
 -- Claims: the ready runs by priority, then due time. Runs that wait behind
@@ -196,6 +198,11 @@ CREATE UNIQUE INDEX reflexr_runs_unique_pending ON reflexr_runs (action, unique_
     WHERE unique_mode = 'pending' AND state IN ('waiting', 'ready');
 CREATE UNIQUE INDEX reflexr_runs_unique_active ON reflexr_runs (action, unique_key)
     WHERE unique_mode = 'active' AND state IN ('waiting', 'ready', 'running');
+
+-- A workflow's children: the runs it spawned (id `<parent>/<step>`), for the
+-- cascade of a cancel and a parent's join.
+CREATE INDEX reflexr_runs_by_parent ON reflexr_runs (parent) WHERE parent IS NOT NULL;
+
 
 -- Lanes with ordering = scope: the run at the head of each (rule, scope),
 -- and whether the lane is blocked behind a dead run (on_dead_letter = block)
@@ -335,6 +342,67 @@ CREATE TABLE reflexr_unique_periods (
 ) STRICT, WITHOUT ROWID;
 
 
+-- A workflow's steps: what each step of a run recorded, once. A handler
+-- re-runs from the top on every attempt, and a step found here returns its
+-- output instead of running again. position is the order the run reached
+-- its steps in (0: where the run began, with the log's head then); a name
+-- reached at another position is refused. kind: begin, step (a closure's
+-- output), tx (written in the transaction of the application's rows), sleep,
+-- wait (an event of the log), spawn (a child run), join (children ended),
+-- patch (a code path taken). state: done, or waiting (a sleep, a wait or a
+-- join not over yet; wake_at is when it times out). detail: what it waits
+-- for, as JSON. Kept until the run is pruned; an operator's reset to a step
+-- deletes the rows from its position on.
+CREATE TABLE reflexr_steps (
+    run         TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    position    INTEGER NOT NULL CHECK (position >= 0),
+    kind        TEXT NOT NULL
+                CHECK (kind IN ('begin', 'step', 'tx', 'sleep', 'wait', 'spawn', 'join', 'patch')),
+    state       TEXT NOT NULL CHECK (state IN ('done', 'waiting')),
+    attempt     INTEGER NOT NULL,
+    output      TEXT CHECK (output IS NULL OR json_valid(output)),
+    detail      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(detail)),
+    wake_at     INTEGER,
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (run, name)
+) STRICT, WITHOUT ROWID;
+CREATE UNIQUE INDEX reflexr_steps_by_position ON reflexr_steps (run, position);
+
+-- Runs suspended until an event of the log: a wait matches the first event
+-- of workspace and type after after_seq whose subject (by = 'subject'), or
+-- payload field (by = its path, '$.a.b', key its JSON), is key; by = ''
+-- matches any event of the type. Matched by what it waits for, so an append
+-- costs nothing more however many runs wait.
+CREATE TABLE reflexr_event_waits (
+    run       TEXT NOT NULL,
+    step      TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    type      TEXT NOT NULL,
+    by        TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    after_seq INTEGER NOT NULL,
+    PRIMARY KEY (run, step)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX reflexr_event_waits_by_match ON reflexr_event_waits (workspace, type, by, key);
+
+-- How far the waits of each workspace have been matched: the seq up to
+-- which every event was looked at.
+CREATE TABLE reflexr_wait_positions (
+    workspace TEXT PRIMARY KEY,
+    position  INTEGER NOT NULL CHECK (position >= 0)
+) STRICT, WITHOUT ROWID;
+
+-- Runs suspended until other runs end (a join): the run and step that wait
+-- for child.
+CREATE TABLE reflexr_run_waits (
+    child TEXT NOT NULL,
+    run   TEXT NOT NULL,
+    step  TEXT NOT NULL,
+    PRIMARY KEY (child, run, step)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX reflexr_run_waits_by_run ON reflexr_run_waits (run);
+
 CREATE VIEW reflexr_event_log AS
 SELECT seq,
        workspace,
@@ -423,4 +491,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 6;
+PRAGMA user_version = 7;

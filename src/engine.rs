@@ -428,6 +428,39 @@ impl<B: Backend> Engine<B> {
         }
     }
 
+    /// A run's output ([`crate::RunContext::set_output`]), decoded: none
+    /// until it succeeded with one.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a run the database does not have;
+    /// [`Error::Decode`] for an output that does not fit `T`.
+    pub fn run_output<T: serde::de::DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
+        let run = self.run(id)?.ok_or_else(|| Error::not_found("run", id))?;
+        run.output
+            .as_deref()
+            .map(|o| {
+                serde_json::from_str(o).map_err(|e| Error::Decode {
+                    what: format!("output of run {id}"),
+                    seq: None,
+                    message: e.to_string(),
+                })
+            })
+            .transpose()
+    }
+
+    /// A workflow run's timeline: the steps it recorded, in the order its
+    /// handler reached them — where it began, each step with its attempt,
+    /// time and output, and what a waiting step waits for (a sleep's time,
+    /// a wait's event and timeout, a join's runs). Empty for a run that is
+    /// not a workflow.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a run the database does not have.
+    pub fn run_steps(&self, id: &str) -> Result<Vec<crate::inspect::StepInfo>> {
+        self.db()
+            .read_with(&mut |c| crate::work::queue::workflow::timeline(c, id))
+    }
+
     /// Sets an action's default priority and limits, kept in the file so
     /// every process obeys them (see [`ActionConfig`]); replaces what was
     /// set before. An operator's change goes through

@@ -117,6 +117,7 @@ pub use base::durability::Synchronous;
 pub use base::error::{Error, HandlerError, Result};
 pub use base::event::{Appended, Event, NewEvent, Query};
 pub use base::retry::RetryPolicy;
+pub use base::step::{EventMatch, StepName};
 pub use builder::Builder;
 pub use engine::{Engine, Watch};
 pub use operator::Operator;
@@ -132,6 +133,7 @@ pub use work::operate::RuleReset;
 pub use work::prune::Retention;
 pub use work::queue::enqueue::{Enqueue, Enqueued, Unique};
 pub use work::queue::run::{Run, RunContext, RunState};
+pub use work::queue::workflow::{RunEnd, Step};
 pub use work::reaction::Reaction;
 pub use work::rule::{Decision, OnDeadLetter, OnNewVersion, Rule, RunOrder, Scope, Start};
 pub use work::schedule::{Guarantee, Job, Missed, Occurrence};
@@ -143,6 +145,7 @@ pub mod inspect {
     pub use crate::base::audit::{AuditAction, AuditEntry};
     pub use crate::base::counter::Counter;
     pub use crate::base::dead_letter::{DeadLetter, DeadLetterKind, Reason, Resolution};
+    pub use crate::base::step::{StepInfo, StepKind, StepState};
     pub use crate::core::cursor::{CursorInfo, CursorReset};
     pub use crate::core::lease::LeaseInfo;
     pub use crate::core::workspace::WorkspaceInfo;
@@ -169,6 +172,7 @@ pub mod limits {
     pub use crate::base::limits::{
         MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES,
     };
+    pub use crate::base::step::MAX_STEPS_PER_RUN;
     pub use crate::core::changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};
     pub use crate::core::cursor::STUCK_AFTER_FAILURES;
     pub use crate::core::lease::DEFAULT_LEASE_TTL;
@@ -176,6 +180,7 @@ pub mod limits {
     pub use crate::work::follow::{PUBLISH_BATCH, SKIP_SAVE_EVERY};
     pub use crate::work::inspect::{MAX_PAGE, SCAN_WINDOW};
     pub use crate::work::operate::MAX_BULK;
+    pub use crate::work::queue::workflow::NEVER;
 }
 
 /// The PostgreSQL client the engine's `Tx<'_, Postgres>` runs the

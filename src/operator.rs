@@ -144,15 +144,69 @@ impl<B: Backend> Operator<'_, B> {
     /// next claim renewal in another) and its completion is refused: it ends
     /// `cancelled`. Returns the state it was in.
     ///
+    /// A suspended workflow (sleeping, waiting for an event or for its
+    /// children) is pending: it ends at once. The cancel cascades: the
+    /// runs it spawned ([`crate::RunContext::spawn`]) that have not ended
+    /// are cancelled with it, and theirs, each as above (the audit entry
+    /// lists them). A parent that waits for a cancelled child is woken, and
+    /// its join returns the child's end (`cancelled`).
+    ///
     /// # Errors
     /// [`Error::NotFound`]; [`Error::Conflict`] for a run that has ended.
     pub fn cancel_run(&self, id: &str) -> Result<crate::work::queue::run::RunState> {
         let (op, why) = self.who();
-        let was = self
+        let (was, children) = self
             .engine
             .write(|tx| control::cancel(tx.core(), id, tx.now_ms(), op, why))?;
         self.engine.tell_cancelled(id);
+        for child in &children {
+            self.engine.tell_cancelled(child);
+        }
         was.parse()
+    }
+
+    /// Resets a workflow run to one of its steps: `step` and every step the
+    /// run recorded after it are forgotten, and the run is ready now with
+    /// fresh attempts, so its handler runs them again from there (the
+    /// steps before it return what they recorded). For a run that ended —
+    /// succeeded, dead (its dead letter is resolved `retried`), discarded,
+    /// cancelled — or one suspended. Audited, with how many steps were
+    /// forgotten.
+    ///
+    /// **What the forgotten steps did outside the file may happen again**:
+    /// a charge, a mail. Their `step_tx` rows stay as they are (the
+    /// application's tables are its own), and run again too.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for no such run, or no such step of it;
+    /// [`Error::Conflict`] for a running run (cancel it, or wait until it
+    /// ends or suspends), one waiting behind its scope, or a run of an
+    /// ordered scope (`Enqueue::scope`, a rule's order), whose scope moved
+    /// on.
+    pub fn reset_run_to_step(&self, id: &str, step: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine.write(|tx| {
+            crate::work::operate::check_operator(op, why)?;
+            let now = tx.now_ms();
+            let (was, forgotten) =
+                crate::work::queue::workflow::reset_to_step(tx.core(), now, id, step)?;
+            crate::store::Audit::record(
+                tx.core(),
+                &crate::store::audit::Entry {
+                    at: now,
+                    operator: op,
+                    action: crate::base::audit::AuditAction::ResetRunToStep,
+                    target: &format!("run {id}"),
+                    reason: why,
+                    detail: &serde_json::json!({
+                        "step": step, "was": was, "forgotten": forgotten
+                    })
+                    .to_string(),
+                },
+            )?;
+            tx.mark_nudge();
+            Ok(())
+        })
     }
 
     /// Sets an action's priority and limits (as

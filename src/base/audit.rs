@@ -37,6 +37,8 @@ open_text_enum! {
         Cancel = "cancel",
         /// Changed an action's priority or limits.
         ConfigureAction = "configure_action",
+        /// A workflow run reset to one of its steps.
+        ResetRunToStep = "reset_run_to_step",
     }
 }
 

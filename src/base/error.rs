@@ -118,6 +118,42 @@ pub enum Error {
         /// The generation the caller held.
         generation: i64,
     },
+    /// A workflow's run suspended: a sleep, a wait for an event or a join
+    /// that is not over yet ([`crate::RunContext::sleep`],
+    /// [`crate::RunContext::wait_for_event`], [`crate::RunContext::join`]).
+    /// The suspension is recorded already; return this error from the
+    /// handler (`?` does) and the run continues, from the top, when it
+    /// wakes. Not a failure: no attempt is counted, nothing is retried.
+    Suspended {
+        /// The run.
+        run: String,
+        /// The step it waits at.
+        step: String,
+    },
+    /// A workflow step's closure failed ([`crate::RunContext::step`]): the
+    /// attempt fails, and the run's retry policy applies. The steps
+    /// recorded before it stay recorded.
+    StepFailed {
+        /// The step.
+        step: String,
+        /// The closure's error, in words.
+        message: String,
+    },
+    /// A workflow reached a step somewhere else than where its run recorded
+    /// it: a step name reached twice in one attempt, a recorded name met at
+    /// another position or as another kind of step, or a new step where the
+    /// run recorded a different one. The workflow's code changed under a
+    /// run that had passed there (keep such runs on the old path with
+    /// [`crate::RunContext::patched`]), or a loop reuses a name (name its
+    /// steps by turn: `("send", i)`). Nothing was recorded.
+    StepMoved {
+        /// The run.
+        run: String,
+        /// The step reached.
+        step: String,
+        /// What was recorded instead, in words.
+        reason: String,
+    },
     /// Stored JSON (an event's payload, a run's input or checkpoint, a
     /// delivery's props, a rule's state) could not be decoded into the
     /// requested type. What is stored is fine and stays readable as JSON.
@@ -250,6 +286,12 @@ impl Error {
     /// it (a run that is not dead cannot be retried).
     pub fn is_conflict(&self) -> bool {
         matches!(self, Error::Conflict { .. })
+    }
+
+    /// True for [`Error::Suspended`]: a workflow's run suspended; the
+    /// handler returns it and the run continues when it wakes.
+    pub fn is_suspended(&self) -> bool {
+        matches!(self, Error::Suspended { .. })
     }
 
     /// True for [`Error::Busy`]: another process kept the file locked past the
@@ -430,6 +472,15 @@ impl fmt::Display for Error {
                 None => write!(f, "SQLite error: {message}"),
             },
             Error::Io { message, .. } => write!(f, "I/O error: {message}"),
+            Error::Suspended { run, step } => write!(
+                f,
+                "run {run} suspended at step {step:?}: return this from the handler; the run \
+                 continues when it wakes"
+            ),
+            Error::StepFailed { step, message } => write!(f, "step {step:?} failed: {message}"),
+            Error::StepMoved { run, step, reason } => {
+                write!(f, "run {run}: step {step:?} reached out of place: {reason}")
+            }
         }
     }
 }

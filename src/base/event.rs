@@ -80,6 +80,43 @@ impl Event {
         })
     }
 
+    /// An event as [`Event`]'s serialisation wrote it (a workflow's wait
+    /// records the event it received so).
+    pub(crate) fn from_json(json: &str) -> Result<Event> {
+        let v: serde_json::Value = serde_json::from_str(json).map_err(|e| Error::Decode {
+            what: "a recorded event".into(),
+            seq: None,
+            message: e.to_string(),
+        })?;
+        let bad = |field: &str| Error::Decode {
+            what: "a recorded event".into(),
+            seq: v["seq"].as_i64(),
+            message: format!("no {field}"),
+        };
+        let text = |field: &str| -> Result<String> {
+            v[field]
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad(field))
+        };
+        let int = |field: &str| v[field].as_i64().ok_or_else(|| bad(field));
+        Ok(Event {
+            seq: int("seq")?,
+            id: text("id")?,
+            workspace: text("workspace")?,
+            event_type: text("type")?,
+            subject: text("subject")?,
+            actor: text("actor")?,
+            occurred_at: int("occurred_at")?,
+            recorded_at: int("recorded_at")?,
+            causation_id: v["causation_id"].as_str().map(str::to_string),
+            correlation_id: v["correlation_id"].as_str().map(str::to_string),
+            depth: int("depth")?,
+            payload: v["payload"].to_string(),
+            parsed: Parsed::default(),
+        })
+    }
+
     /// The payload as JSON text, exactly as stored.
     pub fn payload_json(&self) -> &str {
         &self.payload

@@ -11,4 +11,5 @@ pub(crate) mod error;
 pub(crate) mod event;
 pub(crate) mod limits;
 pub(crate) mod retry;
+pub(crate) mod step;
 pub(crate) mod text;

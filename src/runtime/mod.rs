@@ -288,6 +288,9 @@ pub struct Drained {
     pub retried: usize,
     /// Runs dead-lettered.
     pub dead: usize,
+    /// Workflow runs that suspended (a durable sleep, a wait for an event
+    /// or for children).
+    pub suspended: usize,
     /// Events reactions moved past.
     pub reacted: usize,
     /// Scheduled occurrences created (or skipped as missed).
@@ -309,6 +312,7 @@ impl Drained {
         self.succeeded += e.succeeded;
         self.retried += e.retried;
         self.dead += e.dead;
+        self.suspended += e.suspended;
     }
 }
 

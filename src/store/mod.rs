@@ -5,7 +5,7 @@
 //! [`Events`], [`Cursors`], [`Leases`], [`Audit`] (what the core asks of a
 //! connection, [`Core`]), and [`Runs`], [`Lanes`], [`Control`],
 //! [`Counters`], [`DeadLetters`], [`Rules`], [`Schedules`], [`Inspect`],
-//! [`Followers`] (what the work layer asks, [`Work`]) — each in its own file
+//! [`Followers`], [`Steps`] (what the work layer asks, [`Work`]) — each in its own file
 //! with the rows it speaks in. A backend is a folder with the same file
 //! list, implementing each group in place on its connection:
 //! `store::sqlite` on [`rusqlite::Connection`], and `store::postgres`
@@ -37,6 +37,7 @@ pub(crate) mod leases;
 pub(crate) mod rules;
 pub(crate) mod runs;
 pub(crate) mod schedules;
+pub(crate) mod steps;
 pub(crate) mod workspaces;
 
 #[cfg(feature = "postgres")]
@@ -55,11 +56,22 @@ pub use leases::Leases;
 pub use rules::Rules;
 pub use runs::{Lanes, Runs};
 pub use schedules::Schedules;
+pub use steps::Steps;
 pub use workspaces::Workspaces;
 
 /// What the work layer (rules, runs, executors) asks of a connection.
 pub trait Work:
-    Core + Runs + Lanes + Control + Counters + DeadLetters + Rules + Schedules + Inspect + Followers
+    Core
+    + Runs
+    + Lanes
+    + Control
+    + Counters
+    + DeadLetters
+    + Rules
+    + Schedules
+    + Inspect
+    + Followers
+    + Steps
 {
 }
 impl<T> Work for T where
@@ -73,6 +85,7 @@ impl<T> Work for T where
         + Schedules
         + Inspect
         + Followers
+        + Steps
         + ?Sized
 {
 }

@@ -35,6 +35,8 @@ pub struct NewRun<'a> {
     pub priority: Option<i64>,
     /// No second run of the action with this key while it is in scope.
     pub unique: Option<Uniq<'a>>,
+    /// The workflow run that spawned it.
+    pub parent: Option<&'a str>,
 }
 
 /// A uniqueness key and how long it holds.
@@ -96,6 +98,10 @@ pub struct RunRow {
     pub cancel_requested_at: Option<i64>,
     pub cancelled_by: Option<String>,
     pub cancel_reason: Option<String>,
+    /// What the run returned (JSON), once it succeeded.
+    pub output: Option<String>,
+    /// The workflow run that spawned it.
+    pub parent: Option<String>,
 }
 
 /// Where a feed of run changes stands (`Inspect::runs_feed`).
@@ -321,7 +327,7 @@ pub(crate) const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope,
     input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, \
     backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, \
     last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, \
-    started_at, cancel_requested_at, cancelled_by, cancel_reason";
+    started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent";
 
 /// The `SET` term for a run going back to waiting or ready (a retry, a
 /// lapsed or released claim, an operator's revive): it gives its uniqueness

@@ -27,7 +27,7 @@ use crate::base::error::{Error, Result};
 use crate::base::limits;
 use crate::store::audit::Entry;
 use crate::store::control::ActionRow;
-use crate::store::{Audit, Control, Runs, Work};
+use crate::store::{Audit, Control, Runs, Steps, Work};
 
 /// What can be paused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -331,15 +331,17 @@ impl From<ActionRow> for ActionConfig {
     }
 }
 
-/// Cancels a run (see the module's docs), recorded with who and why.
+/// Cancels a run (see the module's docs), recorded with who and why, and
+/// with it the workflow's children that have not ended (and theirs):
+/// what it was, and the children cancelled.
 pub(crate) fn cancel<C: Work + ?Sized>(
     conn: &C,
     id: &str,
     now: i64,
     op: &str,
     why: &str,
-) -> Result<String> {
-    let was = Runs::cancel(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
+) -> Result<(String, Vec<String>)> {
+    let was = cancel_one(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
     match was.as_str() {
         "waiting" | "ready" | "running" => {}
         other => {
@@ -351,7 +353,25 @@ pub(crate) fn cancel<C: Work + ?Sized>(
             });
         }
     }
-    let detail = serde_json::json!({ "was": was }).to_string();
+    // The children, and theirs, that have not ended: cancelled with it.
+    let mut children = Vec::new();
+    let mut parents = vec![id.to_string()];
+    while let Some(parent) = parents.pop() {
+        for child in Steps::children(conn, &parent)? {
+            if let Some(state) = cancel_one(conn, &child, now, op, why)?
+                && matches!(state.as_str(), "waiting" | "ready" | "running")
+            {
+                children.push(child.clone());
+            }
+            parents.push(child);
+        }
+    }
+    let detail = if children.is_empty() {
+        serde_json::json!({ "was": was })
+    } else {
+        serde_json::json!({ "was": was, "children": children })
+    }
+    .to_string();
     audit(
         conn,
         now,
@@ -361,6 +381,25 @@ pub(crate) fn cancel<C: Work + ?Sized>(
         why,
         &detail,
     )?;
+    Ok((was, children))
+}
+
+/// Cancels one run: what it was (none: no such run). One that ended at
+/// once (it was pending) forgets what it waited for, and its parent, if
+/// it waits for it, is due.
+fn cancel_one<C: Work + ?Sized>(
+    conn: &C,
+    id: &str,
+    now: i64,
+    op: &str,
+    why: &str,
+) -> Result<Option<String>> {
+    let was = Runs::cancel(conn, id, now, op, why)?;
+    if matches!(was.as_deref(), Some("waiting" | "ready")) {
+        Steps::delete_waits_of(conn, id)?;
+        let parent = Runs::get(conn, id)?.and_then(|r| r.parent);
+        crate::work::queue::waits::child_ended_on(conn, id, parent.as_deref(), now)?;
+    }
     Ok(was)
 }
 

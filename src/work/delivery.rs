@@ -289,6 +289,7 @@ fn enqueue<B: Backend>(
             dead: None,
             priority: None,
             unique,
+            parent: None,
         },
     )?;
     Counters::bump(

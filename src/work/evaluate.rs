@@ -669,6 +669,7 @@ fn record_firing<B: Backend>(
             dead: dead.as_deref(),
             priority: None,
             unique: None,
+            parent: None,
         },
     )?;
     if let Some(why) = &dead {

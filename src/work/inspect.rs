@@ -307,6 +307,9 @@ pub struct RunDetail {
     pub event: Option<Event>,
     /// The events it emitted (ids `<run id>/<key>`), in any workspace.
     pub emitted: Vec<Event>,
+    /// A workflow's timeline: the steps it recorded, in order
+    /// ([`crate::Engine::run_steps`]); empty for a run that is not one.
+    pub steps: Vec<crate::base::step::StepInfo>,
 }
 
 pub(crate) fn run_detail<C: Work + ?Sized>(conn: &C, id: &str) -> Result<Option<RunDetail>> {
@@ -318,10 +321,12 @@ pub(crate) fn run_detail<C: Work + ?Sized>(conn: &C, id: &str) -> Result<Option<
         _ => None,
     };
     let emitted = Inspect::events_with_id_prefix(conn, &format!("{id}/"), MAX_PAGE)?;
+    let steps = crate::work::queue::workflow::timeline(conn, id)?;
     Ok(Some(RunDetail {
         run: RunInfo::from_row(row)?,
         event,
         emitted,
+        steps,
     }))
 }
 

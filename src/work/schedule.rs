@@ -433,6 +433,7 @@ pub(crate) fn step<B: Backend>(db: &B::Db, lease: &Lease, job: &Job<B>) -> Resul
                     dead: None,
                     priority: None,
                     unique: None,
+                    parent: None,
                 },
             )?;
             let new = new == runs::Inserted::New;

@@ -28,3 +28,4 @@ mod rules;
 mod runs;
 mod runtime;
 mod shared;
+mod workflow;

@@ -17,6 +17,7 @@ use reflexr::RunState;
 use reflexr::inspect::AuditAction;
 use reflexr::inspect::RunKind;
 use reflexr::inspect::{DeadLetterKind, Resolution};
+use reflexr::inspect::{StepKind, StepState};
 use reflexr::limits::MAX_PAGE;
 use reflexr::limits::{MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES};
 use reflexr::{Guarantee, Missed};
@@ -787,6 +788,21 @@ fn schemas() -> Value {
             "created_at": ts(),
             "updated_at": ts(),
             "finished_at": ts_or_null(),
+            "output": {},
+            "parent": nullable("string"),
+        })),
+        "Step": object(json!({
+            "run": { "type": "string" },
+            "name": { "type": "string" },
+            "position": { "type": "integer" },
+            "kind": one_of(values(StepKind::ALL, StepKind::as_str)),
+            "state": one_of(values(StepState::ALL, StepState::as_str)),
+            "attempt": { "type": "integer" },
+            "recorded_at": ts(),
+            "output_bytes": { "type": "integer" },
+            "output": {},
+            "detail": { "type": "object" },
+            "wake_at": ts_or_null(),
         })),
         "RunPage": object(json!({
             "runs": array_of("Run"),
@@ -796,6 +812,7 @@ fn schemas() -> Value {
             "run": reference("Run"),
             "event": { "oneOf": [reference("Event"), { "type": "null" }] },
             "emitted": array_of("Event"),
+            "steps": array_of("Step"),
         })),
         "RunFilter": {
             "type": "object",

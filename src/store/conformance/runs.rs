@@ -24,6 +24,7 @@ fn task<'a>(id: &'a str, lane: Option<&'a str>, unique: Option<Uniq<'a>>) -> New
         dead: None,
         priority: None,
         unique,
+        parent: None,
     }
 }
 

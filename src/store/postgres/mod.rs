@@ -40,6 +40,7 @@ mod rules;
 mod runs;
 mod schedules;
 pub(crate) mod schema;
+mod steps;
 mod workspaces;
 
 use std::cell::RefCell;

@@ -55,6 +55,8 @@ pub(super) fn run_from(r: &Row) -> Result<RunRow> {
         cancel_requested_at: col(r, 32)?,
         cancelled_by: col(r, 33)?,
         cancel_reason: col(r, 34)?,
+        output: col(r, 35)?,
+        parent: col(r, 36)?,
     })
 }
 
@@ -249,11 +251,11 @@ impl Runs for PgConn {
             "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
                on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
                backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
-               created_at, updated_at, finished_at, priority, unique_key, unique_mode) \
+               created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
                $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
                coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
-               $23, $24) \
+               $23, $24, $25) \
              ON CONFLICT DO NOTHING RETURNING 1",
             &[
                 (&r.id, Type::TEXT),
@@ -280,6 +282,7 @@ impl Runs for PgConn {
                 (&r.priority, Type::INT8),
                 (&unique_key, Type::TEXT),
                 (&unique_mode, Type::TEXT),
+                (&r.parent, Type::TEXT),
             ],
         )?;
         if inserted.is_none() {
@@ -444,7 +447,8 @@ impl Runs for PgConn {
                (SELECT ord FROM reflexr_runs \
                 WHERE state IN ('succeeded', 'discarded') AND due_at < $1 \
                   AND coalesce(finished_at, updated_at) < $1 \
-                LIMIT $2) RETURNING 1) \
+                LIMIT $2) RETURNING id), \
+             steps AS (DELETE FROM reflexr_steps WHERE run IN (SELECT id FROM gone)) \
              SELECT count(*) FROM gone",
             &[(&before, Type::INT8), (&limit, Type::INT8)],
         )?;

@@ -12,7 +12,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 9;
+pub(crate) const SCHEMA_VERSION: i32 = 10;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
@@ -28,10 +28,57 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (7, MIGRATE_TO_7),
     (8, MIGRATE_TO_8),
     (9, MIGRATE_TO_9),
+    (10, MIGRATE_TO_10),
 ];
 
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 10: durable workflows, as in `schema.sql`: a run's parent and
+/// output, its steps, and what suspended runs wait for.
+const MIGRATE_TO_10: &str = "
+ALTER TABLE reflexr_runs ADD COLUMN output text;
+ALTER TABLE reflexr_runs ADD COLUMN parent text;
+CREATE INDEX reflexr_runs_by_parent ON reflexr_runs (parent) WHERE parent IS NOT NULL;
+CREATE TABLE reflexr_steps (
+    run         text NOT NULL,
+    name        text NOT NULL,
+    position    bigint NOT NULL CHECK (position >= 0),
+    kind        text NOT NULL
+                CHECK (kind IN ('begin', 'step', 'tx', 'sleep', 'wait', 'spawn', 'join', 'patch')),
+    state       text NOT NULL CHECK (state IN ('done', 'waiting')),
+    attempt     bigint NOT NULL,
+    output      text,
+    detail      text NOT NULL DEFAULT '{}',
+    wake_at     bigint,
+    recorded_at bigint NOT NULL,
+    PRIMARY KEY (run, name)
+);
+CREATE UNIQUE INDEX reflexr_steps_by_position ON reflexr_steps (run, position);
+CREATE TABLE reflexr_event_waits (
+    run       text NOT NULL,
+    step      text NOT NULL,
+    workspace text NOT NULL,
+    type      text NOT NULL,
+    by        text NOT NULL,
+    key       text NOT NULL,
+    after_seq bigint NOT NULL,
+    PRIMARY KEY (run, step)
+);
+CREATE INDEX reflexr_event_waits_by_match ON reflexr_event_waits (workspace, type, by, key);
+CREATE TABLE reflexr_wait_positions (
+    workspace text PRIMARY KEY,
+    position  bigint NOT NULL CHECK (position >= 0)
+);
+CREATE TABLE reflexr_run_waits (
+    child text NOT NULL,
+    run   text NOT NULL,
+    step  text NOT NULL,
+    PRIMARY KEY (child, run, step)
+);
+CREATE INDEX reflexr_run_waits_by_run ON reflexr_run_waits (run);
+INSERT INTO reflexr_schema_version (version) VALUES (10);
+";
 
 /// Version 9: each run's change stamped with the transaction that made it
 /// (`changed_tx`: `pg_current_xact_id()`, by default on insert and by every

@@ -17,4 +17,5 @@ pub(crate) mod rules;
 pub(crate) mod runs;
 pub(crate) mod schedules;
 pub(crate) mod schema;
+pub(crate) mod steps;
 pub(crate) mod workspaces;

@@ -42,11 +42,11 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
         "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
            on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
            backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
-           created_at, updated_at, finished_at, priority, unique_key, unique_mode) \
+           created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
            ?17, ?18, ?19, ?20, ?21, ?21, CASE WHEN ?13 = 'dead' THEN ?21 END, \
            coalesce(?22, (SELECT priority FROM reflexr_actions WHERE action = ?3), 0), \
-           ?23, ?24)",
+           ?23, ?24, ?25)",
     )?
     .execute(params![
         r.id,
@@ -73,6 +73,7 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
         r.priority,
         unique_key,
         unique_mode,
+        r.parent,
     ])?;
     if let Some(u) = r.unique.filter(|u| u.mode == "period") {
         conn.prepare_cached(
@@ -162,6 +163,8 @@ pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
         cancel_requested_at: r.get(32)?,
         cancelled_by: r.get(33)?,
         cancel_reason: r.get(34)?,
+        output: r.get(35)?,
+        parent: r.get(36)?,
     })
 }
 
@@ -598,16 +601,20 @@ impl Runs for Connection {
     fn delete_finished(&self, before: i64, limit: usize) -> Result<usize> {
         let conn = self;
         // due_at <= finished_at, so the range on due_at bounds the index scan to
-        // runs old enough to qualify.
-        Ok(conn
+        // runs old enough to qualify. A workflow's steps go with its run.
+        let gone: Vec<String> = conn
             .prepare_cached(&format!(
                 "DELETE FROM reflexr_runs WHERE ord IN \
                    (SELECT ord FROM reflexr_runs \
                     WHERE state IN ('succeeded', 'discarded') AND due_at < ?1 \
                       AND coalesce(finished_at, updated_at) < ?1 \
-                    LIMIT {limit})"
+                    LIMIT {limit}) \
+                 RETURNING id"
             ))?
-            .execute([before])?)
+            .query_map([before], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        crate::store::Steps::delete_steps_of(conn, &gone)?;
+        Ok(gone.len())
     }
 
     /// Runs whose claim lapsed (the executor stopped renewing it) at `now`.

@@ -17,7 +17,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
@@ -29,7 +29,55 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, MIGRATE_TO_4),
     (5, MIGRATE_TO_5),
     (6, MIGRATE_TO_6),
+    (7, MIGRATE_TO_7),
 ];
+
+/// Version 7: durable workflows. A run may have a parent (a workflow that
+/// spawned it) and an output; its steps, and what suspended runs wait for
+/// (an event of the log, other runs' ends), have tables of their own.
+const MIGRATE_TO_7: &str = "
+ALTER TABLE reflexr_runs ADD COLUMN output TEXT CHECK (output IS NULL OR json_valid(output));
+ALTER TABLE reflexr_runs ADD COLUMN parent TEXT;
+CREATE INDEX reflexr_runs_by_parent ON reflexr_runs (parent) WHERE parent IS NOT NULL;
+CREATE TABLE reflexr_steps (
+    run         TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    position    INTEGER NOT NULL CHECK (position >= 0),
+    kind        TEXT NOT NULL
+                CHECK (kind IN ('begin', 'step', 'tx', 'sleep', 'wait', 'spawn', 'join', 'patch')),
+    state       TEXT NOT NULL CHECK (state IN ('done', 'waiting')),
+    attempt     INTEGER NOT NULL,
+    output      TEXT CHECK (output IS NULL OR json_valid(output)),
+    detail      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(detail)),
+    wake_at     INTEGER,
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (run, name)
+) STRICT, WITHOUT ROWID;
+CREATE UNIQUE INDEX reflexr_steps_by_position ON reflexr_steps (run, position);
+CREATE TABLE reflexr_event_waits (
+    run       TEXT NOT NULL,
+    step      TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    type      TEXT NOT NULL,
+    by        TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    after_seq INTEGER NOT NULL,
+    PRIMARY KEY (run, step)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX reflexr_event_waits_by_match ON reflexr_event_waits (workspace, type, by, key);
+CREATE TABLE reflexr_wait_positions (
+    workspace TEXT PRIMARY KEY,
+    position  INTEGER NOT NULL CHECK (position >= 0)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE reflexr_run_waits (
+    child TEXT NOT NULL,
+    run   TEXT NOT NULL,
+    step  TEXT NOT NULL,
+    PRIMARY KEY (child, run, step)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX reflexr_run_waits_by_run ON reflexr_run_waits (run);
+PRAGMA user_version = 7;
+";
 
 /// Version 6: a follower may publish into PostgreSQL (`target_postgres`,
 /// the name of a target a process registered).

@@ -305,15 +305,19 @@ impl<'a> Limited<'a> {
 
 /// Whether `actions` have work an executor could claim now: a ready, due
 /// run of an action that is not paused (limits are the claim's to judge).
-pub(crate) fn work_due<C: Control + ?Sized>(
+pub(crate) fn work_due<C: Control + crate::store::Steps + ?Sized>(
     conn: &C,
     now: i64,
     actions: &[String],
 ) -> Result<bool> {
     let paused = paused_names(conn, "action")?;
     let open: Vec<&String> = actions.iter().filter(|a| !paused.contains(*a)).collect();
-    if open.is_empty() {
-        return Control::lapsed_due(conn, now);
-    }
-    Control::work_due(conn, now, &open)
+    let due = if open.is_empty() {
+        Control::lapsed_due(conn, now)?
+    } else {
+        Control::work_due(conn, now, &open)?
+    };
+    // Events appended that waiting workflows may be waiting for: the
+    // claim's transaction matches them.
+    Ok(due || crate::store::Steps::waits_behind(conn)?)
 }

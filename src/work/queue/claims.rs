@@ -18,13 +18,14 @@ struct Held {
     cancelled: Arc<AtomicBool>,
     ord: i64,
     lane: Option<String>,
+    parent: Option<String>,
     started: bool,
     given_back: bool,
 }
 
 /// A claimed run the renewer gives back unstarted: its id, position,
 /// holder, attempt and lane.
-pub(crate) type Overdue = (String, i64, String, i64, Option<String>);
+pub(crate) type Overdue = (String, i64, String, i64, Option<String>, Option<String>);
 
 #[derive(Default)]
 pub(crate) struct Claims {
@@ -53,6 +54,7 @@ impl Claims {
                     cancelled: Arc::new(AtomicBool::new(false)),
                     ord: r.ord,
                     lane: r.lane.clone(),
+                    parent: r.parent.clone(),
                     started: false,
                     given_back: false,
                 },
@@ -170,6 +172,7 @@ impl Claims {
                     h.holder.clone(),
                     h.attempt,
                     h.lane.clone(),
+                    h.parent.clone(),
                 )
             })
             .collect()

@@ -62,6 +62,8 @@ pub struct Enqueue {
     pub(crate) unique: Option<(String, Unique)>,
     pub(crate) retry: RetryPolicy,
     pub(crate) id: Option<String>,
+    /// The workflow run that spawns it ([`crate::RunContext::spawn`]).
+    pub(crate) parent: Option<String>,
 }
 
 impl Enqueue {
@@ -77,6 +79,7 @@ impl Enqueue {
             unique: None,
             retry: RetryPolicy::default(),
             id: None,
+            parent: None,
         }
     }
 
@@ -208,6 +211,7 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
             dead: None,
             priority: e.priority,
             unique,
+            parent: e.parent.as_deref(),
         },
     )?;
     Ok(match inserted {

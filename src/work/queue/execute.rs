@@ -27,6 +27,7 @@ use crate::store::{Control, Counters, DeadLetters, Events, Lanes, Runs};
 use crate::work::queue::claims::Claims;
 use crate::work::queue::pace::{BATCH_BUDGET, Pace};
 use crate::work::queue::run::{self, Actions, Emitted, Run, RunContext};
+use crate::work::queue::waits;
 
 /// What happened to the runs of one claim.
 #[derive(Debug, Default, Clone, Copy)]
@@ -39,12 +40,17 @@ pub(crate) struct Executed {
     pub lost: usize,
     /// Runs that ended cancelled (an operator asked them to stop).
     pub cancelled: usize,
+    /// Workflow runs that suspended (a sleep, a wait, a join).
+    pub suspended: usize,
 }
 
 enum Outcome {
     /// Completed by the handler itself ([`RunContext::complete`]).
     AlreadyDone,
-    Succeeded(Vec<Emitted>),
+    /// Succeeded, with the events it emitted and its output.
+    Succeeded(Vec<Emitted>, Option<String>),
+    /// A workflow's run suspended (recorded by the handler's step).
+    Suspended,
     Failed(String),
 }
 
@@ -121,6 +127,7 @@ pub(crate) fn execute<B: Backend>(
                     if let Some(lane) = &lapsed.lane {
                         Lanes::advance_lane(tx.core(), lane, &lapsed.id, now)?;
                     }
+                    waits::child_ended(tx, &lapsed.id, lapsed.parent.as_deref())?;
                     lapsed_cancelled.fetch_add(1, Ordering::Relaxed);
                     // It ended: threads waiting for it look again.
                     if db.has_run_waiters() {
@@ -162,6 +169,7 @@ pub(crate) fn execute<B: Backend>(
                 &holder,
                 row.attempt,
                 row.lane.as_deref(),
+                row.parent.as_deref(),
             )?;
         }
         Ok(rows)
@@ -170,7 +178,10 @@ pub(crate) fn execute<B: Backend>(
     // batch this claim makes.
     let mut seen = claims.epoch();
     let mut size = base;
-    let mut fresh: Vec<RunRow> = db.write_apart(|tx| claim(tx, size, &[]))?;
+    let mut fresh: Vec<RunRow> = db.write_apart(|tx| {
+        waits::match_waits(tx)?;
+        claim(tx, size, &[])
+    })?;
     // Claimed in an earlier round and not started within its budget: still
     // ours, tracked, and first in the next round (within their priority).
     let mut carried: Vec<(RunRow, Run)> = Vec::new();
@@ -279,11 +290,13 @@ pub(crate) fn execute<B: Backend>(
         let want = size.saturating_sub(carry.len());
 
         let next = db.write_apart(|tx| {
+            // Waits matched first (it takes the log's head when it must).
+            waits::match_waits(tx)?;
             // A round that appends (what its runs emitted) takes the head
             // first, as every appending transaction does.
             if ran
                 .iter()
-                .any(|(_, o)| matches!(o, Outcome::Succeeded(e) if !e.is_empty()))
+                .any(|(_, o)| matches!(o, Outcome::Succeeded(e, _) if !e.is_empty()))
             {
                 Events::lock_head(tx.core())?;
             }
@@ -296,7 +309,9 @@ pub(crate) fn execute<B: Backend>(
                 .iter()
                 .enumerate()
                 .filter(|(_, (run, o))| {
-                    matches!(o, Outcome::Succeeded(e) if e.is_empty()) && run.lane.is_none()
+                    matches!(o, Outcome::Succeeded(e, None) if e.is_empty())
+                        && run.lane.is_none()
+                        && run.parent.is_none()
                 })
                 .map(|(i, _)| i)
                 .collect();
@@ -330,6 +345,7 @@ pub(crate) fn execute<B: Backend>(
                     Ok(Settled::Succeeded) => round.succeeded += 1,
                     Ok(Settled::Retried) => round.retried += 1,
                     Ok(Settled::Dead) => round.dead += 1,
+                    Ok(Settled::Suspended) => round.suspended += 1,
                     Err(e) if e.is_lease_lost() => {
                         log::warn!("run {}: {e}; another executor has it", run.id);
                         round.lost += 1;
@@ -351,6 +367,7 @@ pub(crate) fn execute<B: Backend>(
                     &run.holder,
                     i64::from(run.attempt),
                     run.lane.as_deref(),
+                    run.parent.as_deref(),
                 )? {
                     round.cancelled += 1;
                 }
@@ -389,6 +406,7 @@ pub(crate) fn execute<B: Backend>(
         done.dead += round.dead;
         done.lost += round.lost;
         done.cancelled += round.cancelled;
+        done.suspended += round.suspended;
         fresh = next;
     }
     done.cancelled += lapsed_cancelled.load(Ordering::Relaxed);
@@ -401,6 +419,7 @@ type Claimed = (RunRow, Run);
 /// Gives a claimed run back, unstarted and without an attempt; true when
 /// its cancellation had been asked for, so it ended cancelled instead (and
 /// its scope moves on).
+#[allow(clippy::too_many_arguments)]
 fn give_back<B: Backend>(
     tx: &mut Tx<'_, B>,
     id: &str,
@@ -408,12 +427,14 @@ fn give_back<B: Backend>(
     holder: &str,
     attempt: i64,
     lane: Option<&str>,
+    parent: Option<&str>,
 ) -> Result<bool> {
     let now = tx.now_ms();
     if Runs::release(tx.core(), ord, holder, attempt, now)? == Requeued::Cancelled {
         if let Some(lane) = lane {
             Lanes::advance_lane(tx.core(), lane, id, now)?;
         }
+        waits::child_ended(tx, id, parent)?;
         return Ok(true);
     }
     Ok(false)
@@ -444,9 +465,13 @@ fn call<B: Backend>(
 ) -> Outcome {
     let mut ctx = RunContext::<B>::new(db, stop, claims.cancel_flag(&run.id), run);
     let result = catch_unwind(AssertUnwindSafe(|| handler(run, &mut ctx)));
+    if ctx.suspended {
+        // Recorded with the step that waits, whatever the handler returned.
+        return Outcome::Suspended;
+    }
     match result {
         Ok(Ok(())) if ctx.completed => Outcome::AlreadyDone,
-        Ok(Ok(())) => Outcome::Succeeded(std::mem::take(&mut ctx.emitted)),
+        Ok(Ok(())) => Outcome::Succeeded(std::mem::take(&mut ctx.emitted), ctx.output.take()),
         Ok(Err(e)) if ctx.completed => {
             log::warn!(
                 "run {}: the handler completed the run, then failed: {e}",
@@ -472,6 +497,7 @@ enum Settled {
     Retried,
     Dead,
     Cancelled,
+    Suspended,
 }
 
 /// Settles one run in a savepoint of its own. When what the handler asked
@@ -502,6 +528,9 @@ fn settle_contained<B: Backend>(
                 if done && let Some(lane) = &run.lane {
                     Lanes::advance_lane(tx.core(), lane, &run.id, now)?;
                 }
+                if done {
+                    waits::child_ended(tx, &run.id, run.parent.as_deref())?;
+                }
                 Ok::<_, Error>(done)
             })?;
             if cancelled {
@@ -522,8 +551,9 @@ fn settle_contained<B: Backend>(
 fn settle<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) -> Result<Settled> {
     match outcome {
         Outcome::AlreadyDone => Ok(Settled::Succeeded),
-        Outcome::Succeeded(emitted) => {
-            run::finish_success(tx, run, emitted)?;
+        Outcome::Suspended => Ok(Settled::Suspended),
+        Outcome::Succeeded(emitted, output) => {
+            run::finish_success(tx, run, emitted, output.as_deref())?;
             Ok(Settled::Succeeded)
         }
         Outcome::Failed(error) => fail(tx, run, error),
@@ -569,6 +599,7 @@ fn fail<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, error: &str) -> Result<Settle
             Lanes::advance_lane(conn, lane, &run.id, now)?;
         }
     }
+    waits::child_ended(tx, &run.id, run.parent.as_deref())?;
     Ok(Settled::Dead)
 }
 
@@ -607,8 +638,16 @@ pub(crate) fn renew_claims<B: Backend>(db: &impl CoreDb<B>, claims: &Claims) -> 
         }
         // Claimed a third of the TTL ago and still not started (behind a
         // handler that takes long): back to the queue, for another executor.
-        for (id, ord, holder, attempt, lane) in &overdue {
-            give_back(tx, id, *ord, holder, *attempt, lane.as_deref())?;
+        for (id, ord, holder, attempt, lane, parent) in &overdue {
+            give_back(
+                tx,
+                id,
+                *ord,
+                holder,
+                *attempt,
+                lane.as_deref(),
+                parent.as_deref(),
+            )?;
         }
         if !overdue.is_empty() {
             tx.mark_nudge();

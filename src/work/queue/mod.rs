@@ -9,3 +9,5 @@ pub(crate) mod enqueue;
 pub(crate) mod execute;
 pub(crate) mod pace;
 pub(crate) mod run;
+pub(crate) mod waits;
+pub(crate) mod workflow;

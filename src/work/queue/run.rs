@@ -54,6 +54,8 @@ pub struct Run {
     pub(crate) lane: Option<String>,
     /// Its position in the queue (`reflexr_runs.ord`).
     pub(crate) ord: i64,
+    /// The workflow run that spawned it.
+    pub(crate) parent: Option<String>,
 }
 
 impl Run {
@@ -75,6 +77,7 @@ impl Run {
             claim_expires_at: r.claim_expires_at.unwrap_or(0),
             lane: r.lane.clone(),
             ord: r.ord,
+            parent: r.parent.clone(),
         }
     }
 
@@ -205,6 +208,12 @@ pub struct RunInfo {
     pub updated_at: i64,
     /// When it ended.
     pub finished_at: Option<i64>,
+    /// What it returned ([`RunContext::set_output`]), as JSON text
+    /// (serialised as the JSON it holds), once it succeeded with one.
+    #[serde(serialize_with = "crate::base::text::raw_json_opt")]
+    pub output: Option<String>,
+    /// The workflow run that spawned it ([`RunContext::spawn`]).
+    pub parent: Option<String>,
 }
 
 impl RunInfo {
@@ -237,6 +246,8 @@ impl RunInfo {
             created_at: r.created_at,
             updated_at: r.updated_at,
             finished_at: r.finished_at,
+            output: r.output,
+            parent: r.parent,
         })
     }
 }
@@ -276,6 +287,23 @@ impl<B: Backend> Actions<B> {
     }
 }
 
+/// What an attempt knows of its run's recorded steps: loaded at the first
+/// step it reaches, kept up to date with what it records.
+pub(crate) struct Flow {
+    pub(crate) recorded: std::collections::HashMap<String, crate::store::steps::StepRow>,
+    pub(crate) by_position: std::collections::BTreeMap<i64, String>,
+    /// The position the next step reached takes.
+    pub(crate) next: i64,
+    pub(crate) reached: std::collections::HashSet<String>,
+    /// The log's head where the run began, once recorded.
+    pub(crate) began: Option<i64>,
+    /// The head read at this attempt's first step, recorded with the first
+    /// step this attempt records if the run has not begun yet.
+    pub(crate) pending_begin: Option<i64>,
+    /// The seq of the last event a wait of this run received.
+    pub(crate) received: i64,
+}
+
 /// An event a run asked to emit, appended when the run completes.
 pub(crate) struct Emitted {
     pub workspace: String,
@@ -285,12 +313,19 @@ pub(crate) struct Emitted {
 
 /// What a handler can do besides its own work.
 pub struct RunContext<'a, B: Backend = Sqlite> {
-    db: &'a B::Db,
+    pub(crate) db: &'a B::Db,
     stopping: &'a AtomicBool,
     cancelled: std::sync::Arc<AtomicBool>,
-    run: &'a Run,
+    pub(crate) run: &'a Run,
     pub(crate) emitted: Vec<Emitted>,
     pub(crate) completed: bool,
+    /// The run suspended (a workflow's sleep, wait or join): recorded
+    /// already, nothing to settle.
+    pub(crate) suspended: bool,
+    /// What the run returns when it succeeds ([`RunContext::set_output`]).
+    pub(crate) output: Option<String>,
+    /// The workflow's recorded steps, once a step was reached.
+    pub(crate) flow: Option<Flow>,
 }
 
 impl<'a, B: Backend> RunContext<'a, B> {
@@ -308,6 +343,9 @@ impl<'a, B: Backend> RunContext<'a, B> {
             run,
             emitted: Vec::new(),
             completed: false,
+            suspended: false,
+            output: None,
+            flow: None,
         }
     }
 
@@ -419,11 +457,18 @@ impl<'a, B: Backend> RunContext<'a, B> {
         &mut self,
         f: impl FnOnce(&mut Tx<'_, B>) -> Result<T> + Send,
     ) -> Result<T> {
+        if self.suspended {
+            return Err(Error::Suspended {
+                run: self.run.id.clone(),
+                step: String::new(),
+            });
+        }
         let run = self.run;
         let emitted = std::mem::take(&mut self.emitted);
+        let output = self.output.clone();
         let value = self.db.write_with(|tx| {
             let value = f(tx)?;
-            finish_success(tx, run, &emitted)?;
+            finish_success(tx, run, &emitted, output.as_deref())?;
             Ok(value)
         });
         match value {
@@ -481,8 +526,20 @@ pub(crate) fn finish_success<B: Backend>(
     tx: &mut Tx<'_, B>,
     run: &Run,
     emitted: &[Emitted],
+    output: Option<&str>,
 ) -> Result<()> {
     let now = tx.now_ms();
+    if let Some(output) = output
+        && !crate::store::Steps::set_output(
+            tx.core(),
+            &run.id,
+            &run.holder,
+            i64::from(run.attempt),
+            output,
+        )?
+    {
+        return Err(claim_lost(run));
+    }
     // The update is the claim check: it changes the row only while the claim
     // (holder and attempt) is ours, and runs first, so a lost claim has
     // written nothing when it returns.
@@ -505,5 +562,6 @@ pub(crate) fn finish_success<B: Backend>(
     if let Some(lane) = &run.lane {
         Lanes::advance_lane(tx.core(), lane, &run.id, now)?;
     }
+    crate::work::queue::waits::child_ended(tx, &run.id, run.parent.as_deref())?;
     Ok(())
 }

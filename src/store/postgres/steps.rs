@@ -1,0 +1,367 @@
+//! PostgreSQL: workflows' steps and what suspended runs wait for, as
+//! `store::sqlite::steps` has them.
+//!
+//! What differs: a join locks the rows of the runs it waits for
+//! ([`Steps::lock_runs`]), so a child's end and its parent's look at it
+//! never pass each other; the rest is serialised by the log's head, which
+//! a wait's record and the match both take first.
+
+use postgres::Row;
+use postgres::types::Type;
+
+use super::{PgConn, col};
+use crate::base::error::Result;
+use crate::store::Steps;
+use crate::store::runs::{Requeued, YIELD_KEY};
+use crate::store::steps::{EventWait, StepRow};
+
+const STEP_COLUMNS: &str =
+    "run, name, position, kind, state, attempt, output, detail, wake_at, recorded_at";
+
+fn step_from(r: &Row) -> Result<StepRow> {
+    Ok(StepRow {
+        run: col(r, 0)?,
+        name: col(r, 1)?,
+        position: col(r, 2)?,
+        kind: col(r, 3)?,
+        state: col(r, 4)?,
+        attempt: col(r, 5)?,
+        output: col(r, 6)?,
+        detail: col(r, 7)?,
+        wake_at: col(r, 8)?,
+        recorded_at: col(r, 9)?,
+    })
+}
+
+impl Steps for PgConn {
+    fn steps(&self, run: &str) -> Result<Vec<StepRow>> {
+        self.query(
+            &format!("SELECT {STEP_COLUMNS} FROM reflexr_steps WHERE run = $1 ORDER BY position"),
+            &[(&run, Type::TEXT)],
+        )?
+        .iter()
+        .map(step_from)
+        .collect()
+    }
+
+    fn insert_step(&self, s: &StepRow) -> Result<()> {
+        self.query(
+            &format!(
+                "INSERT INTO reflexr_steps ({STEP_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+            ),
+            &[
+                (&s.run, Type::TEXT),
+                (&s.name, Type::TEXT),
+                (&s.position, Type::INT8),
+                (&s.kind, Type::TEXT),
+                (&s.state, Type::TEXT),
+                (&s.attempt, Type::INT8),
+                (&s.output, Type::TEXT),
+                (&s.detail, Type::TEXT),
+                (&s.wake_at, Type::INT8),
+                (&s.recorded_at, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn resolve_step(&self, run: &str, name: &str, output: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_steps SET state = 'done', output = $3, recorded_at = $4 \
+                 WHERE run = $1 AND name = $2 AND state = 'waiting' RETURNING 1",
+                &[
+                    (&run, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&output, Type::TEXT),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn forget_steps(&self, run: &str, position: i64) -> Result<usize> {
+        let n = self
+            .query(
+                "DELETE FROM reflexr_steps WHERE run = $1 AND position >= $2 RETURNING 1",
+                &[(&run, Type::TEXT), (&position, Type::INT8)],
+            )?
+            .len();
+        Steps::delete_waits_of(self, run)?;
+        Ok(n)
+    }
+
+    fn delete_steps_of(&self, runs: &[String]) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        for sql in [
+            "DELETE FROM reflexr_steps WHERE run = ANY ($1)",
+            "DELETE FROM reflexr_event_waits WHERE run = ANY ($1)",
+            "DELETE FROM reflexr_run_waits WHERE run = ANY ($1)",
+        ] {
+            self.query(sql, &[(&runs, Type::TEXT_ARRAY)])?;
+        }
+        Ok(())
+    }
+
+    fn hold_claim(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET updated_at = $4, \
+                   changed_tx = pg_current_xact_id()::text::bigint \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                   AND cancel_requested_at IS NULL RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn suspend(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        due_at: i64,
+        now: i64,
+    ) -> Result<Requeued> {
+        let row = self.query_opt(
+            &format!(
+                "UPDATE reflexr_runs SET state = 'ready', attempt = attempt - 1, due_at = $4, \
+                   updated_at = $5, changed_tx = pg_current_xact_id()::text::bigint, \
+                   claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                   AND cancel_requested_at IS NULL \
+                 RETURNING state"
+            ),
+            &[
+                (&id, Type::TEXT),
+                (&holder, Type::TEXT),
+                (&attempt, Type::INT8),
+                (&due_at, Type::INT8),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(Requeued::from_state(
+            row.map(|r| col::<String>(&r, 0)).transpose()?,
+        ))
+    }
+
+    fn wake(&self, id: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET due_at = $2, updated_at = $2, \
+                   changed_tx = pg_current_xact_id()::text::bigint \
+                 WHERE id = $1 AND state = 'ready' AND due_at > $2 RETURNING 1",
+                &[(&id, Type::TEXT), (&now, Type::INT8)],
+            )?
+            .is_some())
+    }
+
+    fn reopen(&self, id: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                &format!(
+                    "UPDATE reflexr_runs SET state = 'ready', attempt = 0, due_at = $2, \
+                       updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, \
+                       finished_at = NULL, output = NULL, last_error = NULL, \
+                       claimed_by = NULL, claim_expires_at = NULL, cancel_requested_at = NULL, \
+                       cancelled_by = NULL, cancel_reason = NULL, {YIELD_KEY} \
+                     WHERE id = $1 \
+                       AND state IN ('ready', 'succeeded', 'dead', 'discarded', 'cancelled') \
+                     RETURNING 1"
+                ),
+                &[(&id, Type::TEXT), (&now, Type::INT8)],
+            )?
+            .is_some())
+    }
+
+    fn set_output(&self, id: &str, holder: &str, attempt: i64, output: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET output = $4 \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&output, Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn children(&self, parent: &str) -> Result<Vec<String>> {
+        self.query(
+            "SELECT id FROM reflexr_runs WHERE parent = $1 ORDER BY ord",
+            &[(&parent, Type::TEXT)],
+        )?
+        .iter()
+        .map(|r| col(r, 0))
+        .collect()
+    }
+
+    fn lock_runs(&self, ids: &[String]) -> Result<()> {
+        let mut ids = ids.to_vec();
+        ids.sort();
+        self.query(
+            "SELECT 1 FROM reflexr_runs WHERE id = ANY ($1) ORDER BY id FOR UPDATE",
+            &[(&ids, Type::TEXT_ARRAY)],
+        )?;
+        Ok(())
+    }
+
+    fn insert_event_wait(&self, w: &EventWait<'_>) -> Result<()> {
+        self.query(
+            "INSERT INTO reflexr_wait_positions (workspace, position) VALUES ($1, $2) \
+             ON CONFLICT (workspace) DO UPDATE SET position = CASE \
+               WHEN EXISTS (SELECT 1 FROM reflexr_event_waits WHERE workspace = $1) \
+               THEN least(reflexr_wait_positions.position, excluded.position) \
+               ELSE excluded.position END",
+            &[(&w.workspace, Type::TEXT), (&w.after_seq, Type::INT8)],
+        )?;
+        self.query(
+            "INSERT INTO reflexr_event_waits (run, step, workspace, type, by, key, after_seq) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (run, step) DO UPDATE SET after_seq = excluded.after_seq",
+            &[
+                (&w.run, Type::TEXT),
+                (&w.step, Type::TEXT),
+                (&w.workspace, Type::TEXT),
+                (&w.event_type, Type::TEXT),
+                (&w.by, Type::TEXT),
+                (&w.key, Type::TEXT),
+                (&w.after_seq, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn delete_event_wait(&self, run: &str, step: &str) -> Result<()> {
+        self.query(
+            "DELETE FROM reflexr_event_waits WHERE run = $1 AND step = $2",
+            &[(&run, Type::TEXT), (&step, Type::TEXT)],
+        )?;
+        Ok(())
+    }
+
+    fn delete_waits_of(&self, run: &str) -> Result<()> {
+        self.query(
+            "DELETE FROM reflexr_event_waits WHERE run = $1",
+            &[(&run, Type::TEXT)],
+        )?;
+        self.query(
+            "DELETE FROM reflexr_run_waits WHERE run = $1",
+            &[(&run, Type::TEXT)],
+        )?;
+        Ok(())
+    }
+
+    fn waits_behind(&self) -> Result<bool> {
+        let row = self.query_opt(
+            "SELECT EXISTS (SELECT 1 FROM reflexr_wait_positions p \
+               WHERE EXISTS (SELECT 1 FROM reflexr_event_waits w WHERE w.workspace = p.workspace) \
+                 AND EXISTS (SELECT 1 FROM reflexr_events e \
+                             WHERE e.workspace = p.workspace AND e.seq > p.position))",
+            &[],
+        )?;
+        Ok(match row {
+            Some(r) => col(&r, 0)?,
+            None => false,
+        })
+    }
+
+    fn wait_positions_behind(&self) -> Result<Vec<(String, i64)>> {
+        self.query(
+            "SELECT p.workspace, p.position FROM reflexr_wait_positions p \
+             WHERE EXISTS (SELECT 1 FROM reflexr_event_waits w WHERE w.workspace = p.workspace) \
+               AND EXISTS (SELECT 1 FROM reflexr_events e \
+                           WHERE e.workspace = p.workspace AND e.seq > p.position)",
+            &[],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+        .collect()
+    }
+
+    fn next_waited(
+        &self,
+        workspace: &str,
+        after: (&str, &str),
+    ) -> Result<Option<(String, String)>> {
+        self.query_opt(
+            "SELECT type, by FROM reflexr_event_waits \
+             WHERE workspace = $1 AND (type, by) > ($2, $3) ORDER BY type, by LIMIT 1",
+            &[
+                (&workspace, Type::TEXT),
+                (&after.0, Type::TEXT),
+                (&after.1, Type::TEXT),
+            ],
+        )?
+        .map(|r| Ok((col(&r, 0)?, col(&r, 1)?)))
+        .transpose()
+    }
+
+    fn waits_for(
+        &self,
+        workspace: &str,
+        event_type: &str,
+        by: &str,
+        key: &str,
+        seq: i64,
+    ) -> Result<Vec<(String, String)>> {
+        self.query(
+            "SELECT run, step FROM reflexr_event_waits \
+             WHERE workspace = $1 AND type = $2 AND by = $3 AND key = $4 AND after_seq < $5",
+            &[
+                (&workspace, Type::TEXT),
+                (&event_type, Type::TEXT),
+                (&by, Type::TEXT),
+                (&key, Type::TEXT),
+                (&seq, Type::INT8),
+            ],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+        .collect()
+    }
+
+    fn set_wait_position(&self, workspace: &str, position: i64) -> Result<()> {
+        self.query(
+            "UPDATE reflexr_wait_positions SET position = greatest(position, $2) \
+             WHERE workspace = $1",
+            &[(&workspace, Type::TEXT), (&position, Type::INT8)],
+        )?;
+        Ok(())
+    }
+
+    fn insert_run_wait(&self, child: &str, run: &str, step: &str) -> Result<()> {
+        self.query(
+            "INSERT INTO reflexr_run_waits (child, run, step) VALUES ($1, $2, $3) \
+             ON CONFLICT DO NOTHING",
+            &[
+                (&child, Type::TEXT),
+                (&run, Type::TEXT),
+                (&step, Type::TEXT),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn take_run_waiters(&self, child: &str) -> Result<Vec<String>> {
+        self.query(
+            "DELETE FROM reflexr_run_waits WHERE child = $1 RETURNING run",
+            &[(&child, Type::TEXT)],
+        )?
+        .iter()
+        .map(|r| col(r, 0))
+        .collect()
+    }
+}

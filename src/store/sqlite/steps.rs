@@ -1,0 +1,305 @@
+//! SQLite: workflows' steps and what suspended runs wait for.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::base::error::Result;
+use crate::store::Steps;
+use crate::store::runs::{Requeued, YIELD_KEY};
+use crate::store::steps::{EventWait, StepRow};
+
+const STEP_COLUMNS: &str =
+    "run, name, position, kind, state, attempt, output, detail, wake_at, recorded_at";
+
+fn step_from(r: &Row<'_>) -> rusqlite::Result<StepRow> {
+    Ok(StepRow {
+        run: r.get(0)?,
+        name: r.get(1)?,
+        position: r.get(2)?,
+        kind: r.get(3)?,
+        state: r.get(4)?,
+        attempt: r.get(5)?,
+        output: r.get(6)?,
+        detail: r.get(7)?,
+        wake_at: r.get(8)?,
+        recorded_at: r.get(9)?,
+    })
+}
+
+fn json_ids(ids: &[String]) -> String {
+    serde_json::to_string(ids).unwrap_or_else(|_| "[]".into())
+}
+
+impl Steps for Connection {
+    fn steps(&self, run: &str) -> Result<Vec<StepRow>> {
+        let mut stmt = self.prepare_cached(&format!(
+            "SELECT {STEP_COLUMNS} FROM reflexr_steps WHERE run = ?1 ORDER BY position"
+        ))?;
+        let rows = stmt
+            .query_map([run], step_from)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn insert_step(&self, s: &StepRow) -> Result<()> {
+        self.prepare_cached(&format!(
+            "INSERT INTO reflexr_steps ({STEP_COLUMNS}) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+        ))?
+        .execute(params![
+            s.run,
+            s.name,
+            s.position,
+            s.kind,
+            s.state,
+            s.attempt,
+            s.output,
+            s.detail,
+            s.wake_at,
+            s.recorded_at
+        ])?;
+        Ok(())
+    }
+
+    fn resolve_step(&self, run: &str, name: &str, output: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .prepare_cached(
+                "UPDATE reflexr_steps SET state = 'done', output = ?3, recorded_at = ?4 \
+                 WHERE run = ?1 AND name = ?2 AND state = 'waiting'",
+            )?
+            .execute(params![run, name, output, now])?
+            == 1)
+    }
+
+    fn forget_steps(&self, run: &str, position: i64) -> Result<usize> {
+        let n = self
+            .prepare_cached("DELETE FROM reflexr_steps WHERE run = ?1 AND position >= ?2")?
+            .execute(params![run, position])?;
+        Steps::delete_waits_of(self, run)?;
+        Ok(n)
+    }
+
+    fn delete_steps_of(&self, runs: &[String]) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let ids = json_ids(runs);
+        for sql in [
+            "DELETE FROM reflexr_steps WHERE run IN (SELECT value FROM json_each(?1))",
+            "DELETE FROM reflexr_event_waits WHERE run IN (SELECT value FROM json_each(?1))",
+            "DELETE FROM reflexr_run_waits WHERE run IN (SELECT value FROM json_each(?1))",
+        ] {
+            self.prepare_cached(sql)?.execute([&ids])?;
+        }
+        Ok(())
+    }
+
+    fn hold_claim(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {
+        Ok(self
+            .prepare_cached(
+                "UPDATE reflexr_runs SET updated_at = ?4 \
+                 WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
+                   AND cancel_requested_at IS NULL",
+            )?
+            .execute(params![id, holder, attempt, now])?
+            == 1)
+    }
+
+    fn suspend(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        due_at: i64,
+        now: i64,
+    ) -> Result<Requeued> {
+        let changed: Option<String> = self
+            .prepare_cached(&format!(
+                "UPDATE reflexr_runs SET state = 'ready', attempt = attempt - 1, due_at = ?4, \
+                   updated_at = ?5, claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
+                 WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
+                   AND cancel_requested_at IS NULL \
+                 RETURNING state"
+            ))?
+            .query_row(params![id, holder, attempt, due_at, now], |r| r.get(0))
+            .optional()?;
+        Ok(Requeued::from_state(changed))
+    }
+
+    fn wake(&self, id: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .prepare_cached(
+                "UPDATE reflexr_runs SET due_at = ?2, updated_at = ?2 \
+                 WHERE id = ?1 AND state = 'ready' AND due_at > ?2",
+            )?
+            .execute(params![id, now])?
+            == 1)
+    }
+
+    fn reopen(&self, id: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .prepare_cached(&format!(
+                "UPDATE reflexr_runs SET state = 'ready', attempt = 0, due_at = ?2, \
+                   updated_at = ?2, finished_at = NULL, output = NULL, last_error = NULL, \
+                   claimed_by = NULL, claim_expires_at = NULL, cancel_requested_at = NULL, \
+                   cancelled_by = NULL, cancel_reason = NULL, {YIELD_KEY} \
+                 WHERE id = ?1 AND state IN ('ready', 'succeeded', 'dead', 'discarded', 'cancelled')"
+            ))?
+            .execute(params![id, now])?
+            == 1)
+    }
+
+    fn set_output(&self, id: &str, holder: &str, attempt: i64, output: &str) -> Result<bool> {
+        Ok(self
+            .prepare_cached(
+                "UPDATE reflexr_runs SET output = ?4 \
+                 WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
+            )?
+            .execute(params![id, holder, attempt, output])?
+            == 1)
+    }
+
+    fn children(&self, parent: &str) -> Result<Vec<String>> {
+        let mut stmt = self.prepare_cached(
+            "SELECT id FROM reflexr_runs INDEXED BY reflexr_runs_by_parent \
+             WHERE parent = ?1 ORDER BY ord",
+        )?;
+        let rows = stmt
+            .query_map([parent], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()?;
+        Ok(rows)
+    }
+
+    fn lock_runs(&self, _ids: &[String]) -> Result<()> {
+        // One writer: the transaction has every row already.
+        Ok(())
+    }
+
+    fn insert_event_wait(&self, w: &EventWait<'_>) -> Result<()> {
+        // A workspace no wait was matched in lately starts at this wait's
+        // seq (everything before it was looked at by the wait itself).
+        self.prepare_cached(
+            "INSERT INTO reflexr_wait_positions (workspace, position) VALUES (?1, ?2) \
+             ON CONFLICT (workspace) DO UPDATE SET position = CASE \
+               WHEN EXISTS (SELECT 1 FROM reflexr_event_waits WHERE workspace = ?1) \
+               THEN min(position, excluded.position) ELSE excluded.position END",
+        )?
+        .execute(params![w.workspace, w.after_seq])?;
+        self.prepare_cached(
+            "INSERT INTO reflexr_event_waits (run, step, workspace, type, by, key, after_seq) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+             ON CONFLICT (run, step) DO UPDATE SET after_seq = excluded.after_seq",
+        )?
+        .execute(params![
+            w.run,
+            w.step,
+            w.workspace,
+            w.event_type,
+            w.by,
+            w.key,
+            w.after_seq
+        ])?;
+        Ok(())
+    }
+
+    fn delete_event_wait(&self, run: &str, step: &str) -> Result<()> {
+        self.prepare_cached("DELETE FROM reflexr_event_waits WHERE run = ?1 AND step = ?2")?
+            .execute(params![run, step])?;
+        Ok(())
+    }
+
+    fn delete_waits_of(&self, run: &str) -> Result<()> {
+        self.prepare_cached("DELETE FROM reflexr_event_waits WHERE run = ?1")?
+            .execute([run])?;
+        self.prepare_cached("DELETE FROM reflexr_run_waits WHERE run = ?1")?
+            .execute([run])?;
+        Ok(())
+    }
+
+    fn waits_behind(&self) -> Result<bool> {
+        Ok(self
+            .prepare_cached(WAITS_BEHIND)?
+            .query_row([], |r| r.get(0))?)
+    }
+
+    fn wait_positions_behind(&self) -> Result<Vec<(String, i64)>> {
+        let mut stmt = self.prepare_cached(
+            "SELECT p.workspace, p.position FROM reflexr_wait_positions p \
+             WHERE EXISTS (SELECT 1 FROM reflexr_event_waits w WHERE w.workspace = p.workspace) \
+               AND EXISTS (SELECT 1 FROM reflexr_events e \
+                           WHERE e.workspace = p.workspace AND e.seq > p.position)",
+        )?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn next_waited(
+        &self,
+        workspace: &str,
+        after: (&str, &str),
+    ) -> Result<Option<(String, String)>> {
+        Ok(self
+            .prepare_cached(
+                "SELECT type, by FROM reflexr_event_waits INDEXED BY reflexr_event_waits_by_match \
+                 WHERE workspace = ?1 AND (type, by) > (?2, ?3) ORDER BY type, by LIMIT 1",
+            )?
+            .query_row(params![workspace, after.0, after.1], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?)
+    }
+
+    fn waits_for(
+        &self,
+        workspace: &str,
+        event_type: &str,
+        by: &str,
+        key: &str,
+        seq: i64,
+    ) -> Result<Vec<(String, String)>> {
+        let mut stmt = self.prepare_cached(
+            "SELECT run, step FROM reflexr_event_waits INDEXED BY reflexr_event_waits_by_match \
+             WHERE workspace = ?1 AND type = ?2 AND by = ?3 AND key = ?4 AND after_seq < ?5",
+        )?;
+        let rows = stmt
+            .query_map(params![workspace, event_type, by, key, seq], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn set_wait_position(&self, workspace: &str, position: i64) -> Result<()> {
+        self.prepare_cached(
+            "UPDATE reflexr_wait_positions SET position = max(position, ?2) WHERE workspace = ?1",
+        )?
+        .execute(params![workspace, position])?;
+        Ok(())
+    }
+
+    fn insert_run_wait(&self, child: &str, run: &str, step: &str) -> Result<()> {
+        self.prepare_cached(
+            "INSERT INTO reflexr_run_waits (child, run, step) VALUES (?1, ?2, ?3) \
+             ON CONFLICT DO NOTHING",
+        )?
+        .execute(params![child, run, step])?;
+        Ok(())
+    }
+
+    fn take_run_waiters(&self, child: &str) -> Result<Vec<String>> {
+        let mut stmt =
+            self.prepare_cached("DELETE FROM reflexr_run_waits WHERE child = ?1 RETURNING run")?;
+        let rows = stmt
+            .query_map([child], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()?;
+        Ok(rows)
+    }
+}
+
+/// Whether a workspace with waits has events after the seq its waits were
+/// matched up to.
+const WAITS_BEHIND: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_wait_positions p \
+     WHERE EXISTS (SELECT 1 FROM reflexr_event_waits w WHERE w.workspace = p.workspace) \
+       AND EXISTS (SELECT 1 FROM reflexr_events e \
+                   WHERE e.workspace = p.workspace AND e.seq > p.position))";

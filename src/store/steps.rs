@@ -1,0 +1,121 @@
+//! `reflexr_steps`, `reflexr_event_waits`, `reflexr_wait_positions` and
+//! `reflexr_run_waits`: workflows — what each run's steps recorded, and
+//! what its suspension waits for.
+//!
+//! The table group every backend implements (`store::sqlite::steps`,
+//! `store::postgres::steps`), and the rows it speaks in.
+
+use crate::base::error::Result;
+use crate::store::runs::Requeued;
+
+/// A recorded step: every column of `reflexr_steps`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRow {
+    pub run: String,
+    pub name: String,
+    pub position: i64,
+    /// `begin`, `step`, `tx`, `sleep`, `wait`, `spawn`, `join` or `patch`.
+    pub kind: String,
+    /// `done` or `waiting`.
+    pub state: String,
+    pub attempt: i64,
+    pub output: Option<String>,
+    pub detail: String,
+    pub wake_at: Option<i64>,
+    pub recorded_at: i64,
+}
+
+/// A run waiting for an event of the log (`reflexr_event_waits`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventWait<'a> {
+    pub run: &'a str,
+    pub step: &'a str,
+    pub workspace: &'a str,
+    pub event_type: &'a str,
+    /// `''`, `subject`, or a payload path.
+    pub by: &'a str,
+    pub key: &'a str,
+    /// Events up to this seq were looked at when the wait was recorded.
+    pub after_seq: i64,
+}
+
+/// The group's statements.
+pub trait Steps {
+    /// A run's recorded steps, by position.
+    fn steps(&self, run: &str) -> Result<Vec<StepRow>>;
+    /// Records a step; the caller checked its name and position are free.
+    fn insert_step(&self, step: &StepRow) -> Result<()>;
+    /// A waiting step is over, with this output: false when it was over
+    /// already (a wait's event and its timeout race; the first wins).
+    fn resolve_step(&self, run: &str, name: &str, output: &str, now: i64) -> Result<bool>;
+    /// Forgets the run's steps from `position` on, and what it waits for;
+    /// how many steps went.
+    fn forget_steps(&self, run: &str, position: i64) -> Result<usize>;
+    /// Deletes the steps and waits of these runs (pruned).
+    fn delete_steps_of(&self, runs: &[String]) -> Result<()>;
+
+    /// Marks a claimed run changed now; false unless the claim (holder,
+    /// attempt) still holds and no cancellation was asked for: the check a
+    /// step's record makes in its transaction.
+    fn hold_claim(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
+    /// Suspends a claimed run: ready at `due_at`, unclaimed, its attempt not
+    /// counted. `Requeued::No` when the claim no longer held or its
+    /// cancellation was asked for.
+    fn suspend(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        due_at: i64,
+        now: i64,
+    ) -> Result<Requeued>;
+    /// A suspended run is due now; false when it is not suspended (not
+    /// ready) or due already.
+    fn wake(&self, id: &str, now: i64) -> Result<bool>;
+    /// Makes a run that is not running ready now with fresh attempts, its
+    /// end (output, error, cancellation) forgotten: an operator's reset to
+    /// a step. False when it is running or waiting behind its lane.
+    fn reopen(&self, id: &str, now: i64) -> Result<bool>;
+    /// Sets a claimed run's output; false when the claim no longer held.
+    fn set_output(&self, id: &str, holder: &str, attempt: i64, output: &str) -> Result<bool>;
+    /// The ids of `parent`'s children.
+    fn children(&self, parent: &str) -> Result<Vec<String>>;
+    /// Locks these runs' rows for the rest of the transaction, so their
+    /// states do not change under a join's look (PostgreSQL; one writer on
+    /// SQLite has them already).
+    fn lock_runs(&self, ids: &[String]) -> Result<()>;
+
+    /// Records a wait for an event, and makes sure its workspace's waits are
+    /// matched from `after_seq` on.
+    fn insert_event_wait(&self, wait: &EventWait<'_>) -> Result<()>;
+    /// Forgets one wait for an event.
+    fn delete_event_wait(&self, run: &str, step: &str) -> Result<()>;
+    /// Forgets every wait of a run (events and runs).
+    fn delete_waits_of(&self, run: &str) -> Result<()>;
+    /// True when some workspace with waits has events its waits were not
+    /// matched against: the cheap read before the match.
+    fn waits_behind(&self) -> Result<bool>;
+    /// The workspaces whose waits are behind, with the seq they were
+    /// matched up to.
+    fn wait_positions_behind(&self) -> Result<Vec<(String, i64)>>;
+    /// The first `(type, by)` of the workspace's waits after `after`, in
+    /// order (a skip through the index: one look per distinct pair).
+    fn next_waited(&self, workspace: &str, after: (&str, &str))
+    -> Result<Option<(String, String)>>;
+    /// The waits (run, step) that match an event with this key at `seq`.
+    fn waits_for(
+        &self,
+        workspace: &str,
+        event_type: &str,
+        by: &str,
+        key: &str,
+        seq: i64,
+    ) -> Result<Vec<(String, String)>>;
+    /// The workspace's waits were matched up to `position`.
+    fn set_wait_position(&self, workspace: &str, position: i64) -> Result<()>;
+
+    /// Records that `run`'s step waits for `child` to end.
+    fn insert_run_wait(&self, child: &str, run: &str, step: &str) -> Result<()>;
+    /// `child` ended: forgets the waits for it, and says which runs waited.
+    fn take_run_waiters(&self, child: &str) -> Result<Vec<String>>;
+}
