@@ -18,6 +18,7 @@ mod raw;
 mod relay;
 mod slow;
 mod stages;
+mod workflow;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

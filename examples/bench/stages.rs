@@ -26,6 +26,23 @@ pub const ALL: &[(&str, Stage)] = &[
         super::slow::runs_slow_handlers_8executors,
     ),
     ("runs_limited_slow", super::slow::runs_limited_slow),
+    ("workflow_3steps", super::workflow::workflow_3steps),
+    (
+        "workflow_3steps_latency_p50_ms",
+        super::workflow::workflow_3steps_latency_p50_ms,
+    ),
+    (
+        "wake_on_event_p50_ms",
+        super::workflow::wake_on_event_p50_ms,
+    ),
+    (
+        "runs_4executors_beside_100k_waiting",
+        super::workflow::runs_4executors_beside_100k_waiting,
+    ),
+    (
+        "append_batch1000_beside_100k_waiting",
+        super::workflow::append_batch1000_beside_100k_waiting,
+    ),
     ("enqueue_single", enqueue_single),
     ("relay_same_file", super::relay::relay_same_file),
     ("relay_cross_file", super::relay::relay_cross_file),
