@@ -157,9 +157,11 @@ pub(crate) fn routes<B: Backend>() -> Vec<Route<B>> {
         get("/api/v1/events/{seq}", event_by_seq),
         get("/api/v1/runs", runs),
         get("/api/v1/runs/{id}", run),
+        get("/api/v1/runs/{id}/steps", run_steps),
         post("/api/v1/runs/{id}/retry", retry_run),
         post("/api/v1/runs/{id}/discard", discard_run),
         post("/api/v1/runs/{id}/cancel", cancel_run),
+        post("/api/v1/runs/{id}/reset", reset_run),
         post("/api/v1/runs/retry", bulk_retry_runs),
         post("/api/v1/runs/discard", bulk_discard_runs),
         get("/api/v1/dead-letters", dead_letters),
@@ -640,6 +642,11 @@ fn run<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     }
 }
 
+fn run_steps<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
+    only_params(ctx, &[], None)?;
+    ok(&ctx.engine().run_steps(ctx.path("id"))?)
+}
+
 fn dead_letters<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(
         ctx,
@@ -973,6 +980,23 @@ fn cancel_run<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
         .operator(w.operator, w.reason)?
         .cancel_run(ctx.path("id"))?;
     ok(&json!({ "ok": true, "action": "cancel", "was": was }))
+}
+
+/// A reset of a workflow run to one of its steps: which step, who and why.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetRun {
+    step: String,
+    operator: String,
+    reason: String,
+}
+
+fn reset_run<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
+    let b: ResetRun = body(ctx)?;
+    ctx.engine()
+        .operator(b.operator, b.reason)?
+        .reset_run_to_step(ctx.path("id"), &b.step)?;
+    ok(&json!({ "ok": true, "action": "reset", "step": b.step }))
 }
 
 fn actions<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {

@@ -387,9 +387,19 @@ fn operations() -> Vec<Operation> {
             "/api/v1/runs/{id}",
             &[404],
             json!({
-                "summary": "A run in detail: attempts, last error, checkpoint, claim, the event that fired it, the events it emitted.",
+                "summary": "A run in detail: attempts, last error, checkpoint, claim, the event that fired it, the events it emitted, and a workflow's steps.",
                 "parameters": [run_id()],
                 "responses": json_ok(reference("RunDetail")),
+            }),
+        ),
+        op(
+            "GET",
+            "/api/v1/runs/{id}/steps",
+            &[404],
+            json!({
+                "summary": "A workflow run's timeline: the steps it recorded, in the order its handler reached them (where it began, each step's kind, state, attempt, time and output, and what a waiting step waits for and when it wakes). Empty for a run that is not a workflow.",
+                "parameters": [run_id()],
+                "responses": json_ok(array_of("Step")),
             }),
         ),
         op(
@@ -426,6 +436,23 @@ fn operations() -> Vec<Operation> {
                     "ok": { "const": true },
                     "action": { "const": "cancel" },
                     "was": one_of(values(RunState::ALL, RunState::as_str)),
+                }))),
+            }),
+        ),
+        op(
+            "POST",
+            "/api/v1/runs/{id}/reset",
+            &[404, 409],
+            json!({
+                "summary": "Resets a workflow run to one of its steps: that step and every step after it are forgotten, and the run is ready now with fresh attempts, to run them again. What those steps did outside the file (a charge, a mail) may happen again. For a run that ended or is suspended (404 for no such run or step; 409 for a running run, one waiting behind its scope, or a run of an ordered scope).",
+                "parameters": [run_id()],
+                "requestBody": change_body("the step to reset to", json!({
+                    "step": name("the step's name, as the run's timeline lists it (not its begin)"),
+                }), &[]),
+                "responses": json_ok(object(json!({
+                    "ok": { "const": true },
+                    "action": { "const": "reset" },
+                    "step": { "type": "string" },
                 }))),
             }),
         ),

@@ -449,6 +449,148 @@ fn a_bulk_retry_of_a_filter_dry_runs_first_and_then_retries_exactly_those() {
     );
 }
 
+#[test]
+fn a_workflows_timeline_is_served_and_a_reset_runs_its_step_and_those_after_again() {
+    // Workflows through the API: the steps route and a run's detail are
+    // Engine::run_steps; a reset is the operator's audited
+    // reset_run_to_step, refused as the engine refuses it (404, 409) and
+    // then changing nothing.
+    let s = Scene::new();
+    let e = shop(&s);
+    for (i, c) in ["bad-1", "bad-1"].iter().enumerate() {
+        e.append("shop", &order(c, i as i64)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    let b = common::workflow::stock(&e);
+    let (_server, api) = serve(&e, AdminConfig::new());
+
+    let (st, steps) = api.get(&format!("/api/v1/runs/{}/steps", b.waiting));
+    assert_eq!(st, 200, "{steps}");
+    assert_eq!(
+        steps,
+        serde_json::to_value(e.run_steps(&b.waiting).unwrap()).unwrap()
+    );
+    let shape: Vec<(&str, &str, &str)> = steps
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let text = |k: &str| s[k].as_str().unwrap();
+            (text("name"), text("kind"), text("state"))
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("begin", "begin", "done"),
+            ("reserve", "step", "done"),
+            ("confirmed", "wait", "waiting"),
+        ]
+    );
+    assert_eq!(steps[1]["output"], json!({ "session": 2, "seat": 12 }));
+    let timeout_at = e.now_ms() + common::workflow::TIMEOUT.as_millis() as i64;
+    assert_eq!(
+        steps[2]["detail"],
+        json!({ "workspace": "talks", "type": "speaker.confirmed", "subject": "session/2", "timeout_at": timeout_at })
+    );
+    assert_eq!(steps[2]["wake_at"], timeout_at);
+    // A run's detail holds its timeline; a run that is no workflow has none.
+    let (_, detail) = api.get(&format!("/api/v1/runs/{}", b.done));
+    assert_eq!(detail["steps"].as_array().unwrap().len(), 4);
+    assert_eq!(detail["steps"][3]["name"], "mail");
+    assert_eq!(detail["run"]["output"], json!({ "confirmed": true }));
+    let charge = e.runs(Some(RunState::Dead), 1).unwrap()[0].id.clone();
+    let (st, none) = api.get(&format!("/api/v1/runs/{charge}/steps"));
+    assert_eq!((st, none), (200, json!([])));
+    let (st, missing) = api.get("/api/v1/runs/no-such-run/steps");
+    assert_eq!((st, &missing["error"]["code"]), (404, &json!("not_found")));
+
+    // Refusals change nothing.
+    let behind = e.runs(Some(RunState::Waiting), 1).unwrap()[0].id.clone();
+    let before = (e.audit_log(100).unwrap().len(), b.mailed());
+    let reset = |id: &str, body: Value| api.post(&format!("/api/v1/runs/{id}/reset"), body);
+    let with_step = |step: &str| {
+        let mut w = who("the mail bounced");
+        w["step"] = json!(step);
+        w
+    };
+    for (id, body, status) in [
+        (b.done.as_str(), with_step("nope"), 404),
+        (b.done.as_str(), with_step("begin"), 404),
+        ("no-such-run", with_step("mail"), 404),
+        (charge.as_str(), with_step("mail"), 409),
+        (behind.as_str(), with_step("mail"), 409),
+        (b.done.as_str(), who("no step"), 400),
+        (
+            b.done.as_str(),
+            json!({ "step": "mail", "reason": "who?" }),
+            400,
+        ),
+        (
+            b.done.as_str(),
+            json!({ "step": "mail", "operator": "ops", "reason": "r", "extra": 1 }),
+            400,
+        ),
+    ] {
+        let (st, answer) = reset(id, body.clone());
+        assert_eq!(st, status, "{id} {body}: {answer}");
+        assert!(answer["error"]["code"].is_string(), "{answer}");
+    }
+    // A change like any other: cross-site and non-JSON requests are refused.
+    let path = format!("/api/v1/runs/{}/reset", b.done);
+    let text = with_step("mail").to_string();
+    let (st, answer) = api.post_with(
+        &path,
+        &[
+            ("Content-Type", "application/json"),
+            ("Origin", "http://evil.example"),
+        ],
+        &text,
+    );
+    assert_eq!((st, &answer["error"]["code"]), (403, &json!("cross_site")));
+    let (st, _) = api.post_with(&path, &[("Content-Type", "text/plain")], &text);
+    assert_eq!(st, 415);
+    assert_eq!(
+        (e.audit_log(100).unwrap().len(), b.mailed()),
+        before,
+        "nothing changed"
+    );
+    assert_eq!(e.run(&b.done).unwrap().unwrap().state, RunState::Succeeded);
+
+    // The reset: the run is ready, its mail step forgotten and run again;
+    // the steps before it are not.
+    let (st, answer) = reset(&b.done, with_step("mail"));
+    assert_eq!(
+        (st, answer),
+        (
+            200,
+            json!({ "ok": true, "action": "reset", "step": "mail" })
+        )
+    );
+    assert_eq!(e.run(&b.done).unwrap().unwrap().state, RunState::Ready);
+    let (_, steps) = api.get(&format!("/api/v1/runs/{}/steps", b.done));
+    assert_eq!(steps.as_array().unwrap().len(), 3, "{steps}");
+    let entry = &e.audit_log(1).unwrap()[0];
+    assert_eq!(
+        (
+            entry.action.as_str(),
+            entry.operator.as_str(),
+            entry.reason.as_str()
+        ),
+        ("reset_run_to_step", "ops@example", "the mail bounced")
+    );
+    assert_eq!(entry.target, format!("run {}", b.done));
+    e.run_until_idle().unwrap();
+    assert_eq!(e.run(&b.done).unwrap().unwrap().state, RunState::Succeeded);
+    assert_eq!(b.mailed(), 2, "the mail step ran again, and only it");
+    let (_, steps) = api.get(&format!("/api/v1/runs/{}/steps", b.done));
+    let mail = &steps.as_array().unwrap()[3];
+    assert_eq!(
+        (&mail["name"], &mail["attempt"]),
+        (&json!("mail"), &json!(1))
+    );
+}
+
 /// Subscribes to `workspace`'s events after `after` and returns the seqs
 /// delivered until `last` (lagged ends it early: returns what it had and the
 /// resume point).
@@ -911,6 +1053,8 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
             .partition_by("customer"),
     )
     .unwrap();
+    // Workflows: one run succeeded with its steps, one suspended at a wait.
+    let bookings = common::workflow::stock(&e);
 
     let runs = conform(
         &api,
@@ -951,7 +1095,20 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
             &format!("/api/v1/runs/{id}"),
             None,
         );
+        conform(
+            &api,
+            &doc,
+            "GET",
+            "/api/v1/runs/{id}/steps",
+            &format!("/api/v1/runs/{id}/steps"),
+            None,
+        );
     }
+    let charge = runs
+        .iter()
+        .find(|r| r["action"] == "charge")
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .unwrap();
     for st in RunState::ALL {
         conform(
             &api,
@@ -1014,6 +1171,10 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
         ("/api/v1/actions", "/api/v1/actions".into()),
         ("/api/v1/runs", "/api/v1/runs?limit=0".into()),
         ("/api/v1/runs/{id}", "/api/v1/runs/no-such-run".into()),
+        (
+            "/api/v1/runs/{id}/steps",
+            "/api/v1/runs/no-such-run/steps".into(),
+        ),
     ] {
         conform(&api, &doc, "GET", template, &path, None);
     }
@@ -1158,6 +1319,31 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
             with(json!({ "events_older_than_ms": 0, "work_older_than_ms": 0 })),
         ),
         ("/api/v1/prune", "/api/v1/prune".into(), w.clone()),
+        (
+            "/api/v1/runs/{id}/reset",
+            format!("/api/v1/runs/{}/reset", bookings.done),
+            with(json!({ "step": "mail" })),
+        ),
+        (
+            "/api/v1/runs/{id}/reset",
+            format!("/api/v1/runs/{}/reset", bookings.waiting),
+            with(json!({ "step": "nope" })),
+        ),
+        (
+            "/api/v1/runs/{id}/reset",
+            format!("/api/v1/runs/{charge}/reset"),
+            with(json!({ "step": "mail" })),
+        ),
+        (
+            "/api/v1/runs/{id}/reset",
+            "/api/v1/runs/no-such-run/reset".into(),
+            with(json!({ "step": "mail" })),
+        ),
+        (
+            "/api/v1/runs/{id}/reset",
+            format!("/api/v1/runs/{}/reset", bookings.waiting),
+            w.clone(),
+        ),
     ] {
         conform(&api, &doc, "POST", template, &path, Some(body));
     }

@@ -17,6 +17,7 @@ pub mod power;
 pub mod rules;
 pub mod shop;
 pub mod torture;
+pub mod workflow;
 
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
