@@ -9,8 +9,8 @@ name="${1:?usage: tests/js.sh browser|mcp}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-echo "== cargo build --workspace --bin reflexr --example events_app"
-cargo build --workspace --bin reflexr --example events_app
+echo "== cargo build --workspace --bin reflexr --bin bookings --example events_app"
+cargo build --workspace --bin reflexr --bin bookings --example events_app
 
 cd "tests/$name"
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then

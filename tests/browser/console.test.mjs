@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
-import { api, artifacts, cli, launch, makeDb, serve } from './harness.mjs';
+import { api, artifacts, cli, launch, makeBookingsDb, makeDb, serve } from './harness.mjs';
 
 /** A file with four dead push deliveries (the demo's and three more). */
 const demo = () => makeDb(['--expired-tablets', '3']);
@@ -254,5 +254,44 @@ test('a pending run is cancelled from its page, and a pause is resumed from the 
   await page.locator('#notice-text').filter({ hasText: 'goes on' }).waitFor();
   const { json: actions } = await api(server.url, '/api/v1/actions');
   assert.deepEqual(actions.paused, []);
+  assert.deepEqual(unexpected(page), []);
+});
+
+test('a workflow run shows its timeline, and a reset to a step makes it and those after run again', async (t) => {
+  const { db, done, waiting } = await makeBookingsDb();
+  const { server, page } = await open(t, db);
+  // The suspended run: its steps as the API gives them, the wait in words.
+  await page.goto(`${server.url}/#/run/${waiting}`);
+  const rows = page.locator('#timeline tbody tr');
+  await rows.first().waitFor();
+  const { json: steps } = await api(server.url, `/api/v1/runs/${waiting}/steps`);
+  const shown = await rows.evaluateAll((trs) => trs.map((tr) => [...tr.cells].map((td) => td.textContent)));
+  assert.deepEqual(shown.map((cells) => cells.slice(1, 4)), steps.map((s) => [s.name, s.kind, s.state]));
+  const wait = shown[2];
+  assert.match(wait[7], /^speaker\.confirmed in talks about session\/2, until \d{4}-/);
+  assert.notEqual(wait[8], '–', 'when it wakes');
+  await page.screenshot({ path: join(artifacts, 'console-run-timeline-1280x800.png') });
+
+  // The run that ended: no reset of where it began; the reset warns, asks
+  // for the step's name, and forgets the step.
+  await page.goto(`${server.url}/#/run/${done}`);
+  await page.locator('#timeline tbody tr').nth(3).waitFor();
+  assert.equal(await page.locator('#timeline tbody tr').first().locator('button').count(), 0);
+  await page.locator('button[data-action="reset"][data-step="mail"]').click();
+  const dialog = page.locator('dialog.confirm[open]');
+  await dialog.waitFor();
+  assert.match(await dialog.locator('#confirm-text').innerText(), /may happen again/);
+  await dialog.locator('input[name="typed"]').fill('mail');
+  await confirm(page, 'the mail bounced');
+  await page.locator('#notice-text').filter({ hasText: 'reset to step mail' }).waitFor();
+  const { json: after } = await api(server.url, `/api/v1/runs/${done}`);
+  assert.equal(after.run.state, 'ready');
+  assert.deepEqual(after.steps.map((s) => s.name), ['begin', 'reserve', 'confirmed']);
+  await page.locator('#timeline tbody tr').nth(2).waitFor();
+  assert.equal(await page.locator('#timeline tbody tr').count(), 3, 'the page was drawn again');
+  const { json: log } = await api(server.url, '/api/v1/audit');
+  assert.equal(log[0].action, 'reset_run_to_step');
+  assert.equal(log[0].operator, 'browser-test');
+  assert.equal(log[0].reason, 'the mail bounced');
   assert.deepEqual(unexpected(page), []);
 });

@@ -1,6 +1,7 @@
 // Helpers for the real-browser tests of the admin web console (`node:test`).
 //
 //   const db = await makeDb();                 // a demo database (events_app example)
+//   const { db, done, waiting } = await makeBookingsDb();   // a workflow's runs (testkit's bookings)
 //   const server = await serve(db);            // `reflexr <db> serve --listen 127.0.0.1:0`
 //   t.after(() => server.stop());              // SIGTERM, and it must exit 0
 //   const browser = await launch();            // headless Debian chromium, fresh profile
@@ -14,7 +15,7 @@
 // the process exits are killed, and the temp directories removed (keep them
 // with REFLEXR_KEEP_TMP=1).
 //
-// Environment: REFLEXR_BIN, EVENTS_APP_BIN (the binaries; default
+// Environment: REFLEXR_BIN, EVENTS_APP_BIN, BOOKINGS_BIN (the binaries; default
 // target/debug/… of this repository, or of CARGO_TARGET_DIR), CHROMIUM_BIN
 // (default /usr/bin/chromium).
 
@@ -43,6 +44,9 @@ export const reflexrBin = process.env.REFLEXR_BIN || join(targetDir, 'debug', 'r
 /** The `events_app` example, which writes a demo database. */
 export const eventsAppBin =
   process.env.EVENTS_APP_BIN || join(targetDir, 'debug', 'examples', 'events_app');
+
+/** The testkit's `bookings`, which writes a file with a workflow's runs. */
+export const bookingsBin = process.env.BOOKINGS_BIN || join(targetDir, 'debug', 'bookings');
 
 /** The browser: Debian's chromium (Playwright's own download is not used). */
 export const chromiumBin = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
@@ -152,6 +156,23 @@ export async function makeDb(args = []) {
     );
   }
   return db;
+}
+
+/**
+ * A fresh file holding the booking workflow's two runs (the testkit's
+ * `bookings`: one succeeded after its steps, one suspended at its wait for
+ * an event). Resolves to `{ db, done, waiting }`: its path and the runs' ids.
+ */
+export async function makeBookingsDb() {
+  const dir = await tempDir('reflexr-browser-db-');
+  const db = join(dir, 'bookings.db');
+  const r = await run(bookingsBin, [db], { timeout: 120_000 });
+  if (r.code !== 0) {
+    throw new Error(
+      `${bookingsBin} ${db} exited with ${r.code ?? r.signal}\n--- stdout\n${r.stdout}\n--- stderr\n${r.stderr}`,
+    );
+  }
+  return { db, ...JSON.parse(r.stdout) };
 }
 
 /**

@@ -3,7 +3,7 @@
 
 import { api, change, vocabulary } from './api.js';
 import { act } from './dialogs.js';
-import { enc, h, kv, pre, table, when } from './dom.js';
+import { enc, h, kv, num, pre, table, when } from './dom.js';
 import { eventLink } from './events.js';
 import { canChange, notify, session, showError } from './session.js';
 
@@ -116,7 +116,79 @@ export function bulkButton(label, path, filter, what, verb) {
   }, label);
 }
 
-/** A run: its fields, input, checkpoint, the event that fired it, what it emitted. */
+/** What a step waits (or waited) for, in words: a sleep's time, a wait's event, a join's runs. */
+function waitsFor(step) {
+  const d = step.detail ?? {};
+  switch (step.kind) {
+    case 'sleep':
+      return `until ${when(d.until)}`;
+    case 'wait': {
+      let what = `${d.type} in ${d.workspace}`;
+      if (d.subject !== undefined) what += ` about ${d.subject}`;
+      if (d.field !== undefined) what += ` with ${d.field} = ${JSON.stringify(d.value)}`;
+      return d.timeout_at === null || d.timeout_at === undefined
+        ? `${what}, for as long as it takes`
+        : `${what}, until ${when(d.timeout_at)}`;
+    }
+    case 'join':
+      return h('span', {}, 'runs ', (d.runs ?? []).flatMap((id, i) => [i ? ', ' : null, runLink(id)]));
+    default:
+      return '';
+  }
+}
+
+/** A step's output: its size, and the JSON it holds on demand. */
+function outputCell(step) {
+  const size = `${num(step.output_bytes)} B`;
+  if (step.output === null || step.output === undefined) return step.state === 'waiting' ? '–' : size;
+  return h('details', { class: 'output' }, h('summary', {}, size), pre(step.output));
+}
+
+/**
+ * The reset of a run to one of its steps: it and every step after it are
+ * forgotten and run again, so the dialog says what may happen again and
+ * asks for the step's name to be typed.
+ */
+function resetButton(r, step, steps) {
+  const later = steps.filter((x) => x.position > step.position).length;
+  return h('button', {
+    type: 'button',
+    class: 'danger',
+    data: { action: 'reset', step: step.name },
+    onclick: () => act({
+      title: `Reset the run to step ${step.name}`,
+      text: `Step ${step.name}${later ? ` and the ${later} step${later === 1 ? '' : 's'} after it` : ''} will be forgotten, and the run runs again from there with fresh attempts (the steps before it keep what they recorded). What ${later ? 'they' : 'it'} did outside the file — a charge, a mail, a call — may happen again.`,
+      typed: step.name,
+      action: 'Reset to this step',
+    }, (who) => change(`/api/v1/runs/${enc(r.id)}/reset`, who, { step: step.name }),
+    () => `The run was reset to step ${step.name}: it is ready to run again from there.`),
+  }, 'Reset to this step…');
+}
+
+/** A workflow's timeline: each step as recorded, what a waiting one waits for, and the reset. */
+function timeline(r, steps) {
+  const columns = [
+    { label: '#', cell: (s) => String(s.position), class: 'num' },
+    { label: 'step', cell: (s) => h('span', { class: 'mono' }, s.name) },
+    { label: 'kind', cell: (s) => s.kind },
+    { label: 'state', cell: (s) => h('span', { class: `step-${s.state}` }, s.state) },
+    { label: 'when', cell: (s) => when(s.recorded_at) },
+    { label: 'attempt', cell: (s) => String(s.attempt), class: 'num' },
+    { label: 'output', cell: outputCell },
+    { label: 'waits for', cell: waitsFor, class: 'wrap' },
+    { label: 'wakes', cell: (s) => (s.state === 'waiting' ? when(s.wake_at) : '–') },
+  ];
+  // The engine refuses a running run and one waiting behind its scope.
+  if (canChange() && !['running', 'waiting'].includes(r.state)) {
+    columns.push({ label: 'actions', cell: (s) => (s.kind === 'begin' ? '' : resetButton(r, s, steps)) });
+  }
+  return h('section', { id: 'timeline' },
+    h('h2', {}, 'Steps'),
+    h('p', { class: 'hint' }, 'The steps this workflow recorded, in the order its handler reached them.'),
+    table('Steps, in order', columns, steps));
+}
+
+/** A run: its fields, input, checkpoint, the event that fired it, what it emitted, a workflow's steps. */
 export async function runPage(main, query, [id]) {
   const d = await api(`/api/v1/runs/${enc(id)}`);
   const r = d.run;
@@ -139,6 +211,7 @@ export async function runPage(main, query, [id]) {
       ['created', when(r.created_at)],
       ['updated', when(r.updated_at)],
       ['finished', when(r.finished_at)],
+      r.parent ? ['parent', runLink(r.parent)] : null,
     ]));
   if (['waiting', 'ready', 'running'].includes(r.state) && canChange()) {
     main.append(h('div', { class: 'toolbar' },
@@ -170,8 +243,10 @@ export async function runPage(main, query, [id]) {
           (who) => change(`/api/v1/runs/${enc(r.id)}/discard`, who), () => 'The run was discarded.'),
       }, 'Discard…')));
   }
+  if (d.steps.length) main.append(timeline(r, d.steps));
   main.append(h('h2', {}, 'Input'), pre(r.input));
   main.append(h('h2', {}, 'Checkpoint'), r.checkpoint === null ? h('p', { class: 'empty' }, 'None saved.') : pre(r.checkpoint));
+  if (r.output !== null) main.append(h('h2', {}, 'Output'), pre(r.output));
   main.append(h('h2', {}, 'Fired by'), d.event
     ? h('div', {}, h('p', {}, eventLink(d.event.workspace, d.event.id, `#${d.event.seq} ${d.event.type} (${d.event.subject})`)), pre(d.event.payload))
     : h('p', { class: 'empty' }, 'No event (a delivery or a scheduled job, or the event was pruned).'));
