@@ -25,7 +25,8 @@ const target = process.env.CARGO_TARGET_DIR ? resolve(process.env.CARGO_TARGET_D
 const reflexr = process.env.REFLEXR_BIN || join(target, 'debug', 'reflexr');
 const eventsApp = process.env.EVENTS_APP_BIN || join(target, 'debug', 'examples', 'events_app');
 
-const MUTATING = ['retry', 'discard', 'unblock', 'reset_cursor', 'restart_follower', 'cancel_run', 'pause', 'resume'];
+const MUTATING = ['retry', 'discard', 'unblock', 'reset_cursor', 'restart_follower', 'cancel_run',
+  'reset_run_to_step', 'pause', 'resume'];
 const READS = ['status', 'stats', 'list_events', 'get_event', 'list_runs', 'get_run',
   'list_dead_letters', 'list_consumers', 'list_followers', 'list_schedules', 'list_actions', 'audit_log'];
 

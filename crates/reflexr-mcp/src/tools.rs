@@ -12,6 +12,7 @@ use reflexr::ConsumerKind;
 use reflexr::Query;
 use reflexr::RunState;
 use reflexr::inspect::DeadLetterKind;
+use reflexr::inspect::StepKind;
 use reflexr::inspect::{DeadLetterFilter, RunFilterSpec};
 use reflexr::limits::MAX_BULK;
 use reflexr::limits::MAX_PAGE;
@@ -93,7 +94,7 @@ fn tools<B: Backend>() -> Vec<Tool<B>> {
         Tool {
             name: "get_run",
             title: "Get a run",
-            description: "One run with its attempts, last error, input and checkpoint, the event that fired it, and the events it emitted.",
+            description: "One run with its attempts, last error, input, checkpoint and output, the event that fired it, the events it emitted, and a workflow's steps: each step's name, kind, state, attempt, time and output, and what a waiting one waits for (detail) and when it wakes (wake_at).",
             input: get_run_input,
             output: run_detail_schema,
             mutating: false,
@@ -221,6 +222,17 @@ fn tools<B: Backend>() -> Vec<Tool<B>> {
             destructive: true,
             idempotent: false,
             call: cancel_run,
+        },
+        Tool {
+            name: "reset_run_to_step",
+            title: "Reset a workflow run to a step",
+            description: "Forgets a workflow run's step and every step after it (get_run lists them) and makes the run ready now with fresh attempts, to run them again; the steps before it keep what they recorded. What the forgotten steps did outside the file (a charge, a mail) may happen again. For a run that ended or is suspended; refused for a running run, one waiting behind its scope, or one of an ordered scope. Needs confirm: true; without it, it says what it would forget. Audited with the reason.",
+            input: reset_run_input,
+            output: any_object,
+            mutating: true,
+            destructive: true,
+            idempotent: false,
+            call: reset_run_to_step,
         },
         Tool {
             name: "pause",
@@ -579,6 +591,46 @@ fn cancel_run<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ResetRun {
+    id: String,
+    step: String,
+    #[serde(default)]
+    confirm: bool,
+    reason: String,
+}
+
+fn reset_run_to_step<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
+    let a: ResetRun = args(a)?;
+    need_reason(&a.reason)?;
+    if !a.confirm {
+        let steps = mcp.engine().run_steps(&a.id).map_err(fail)?;
+        let Some(at) = steps
+            .iter()
+            .find(|s| s.name == a.step && s.kind != StepKind::Begin)
+        else {
+            return Err(format!("run {} has no step {:?}", a.id, a.step));
+        };
+        let forgotten: Vec<&str> = steps
+            .iter()
+            .filter(|s| s.position >= at.position)
+            .map(|s| s.name.as_str())
+            .collect();
+        return Err(format!(
+            "reset_run_to_step needs confirm: true. It would forget the steps {forgotten:?} of run {} \
+             and run them again: what they did outside the file may happen again.",
+            a.id
+        ));
+    }
+    mcp.engine()
+        .operator(mcp.config().operator.clone(), a.reason)
+        .map_err(fail)?
+        .reset_run_to_step(&a.id, &a.step)
+        .map_err(fail)?;
+    Ok(json!({ "reset": a.id, "step": a.step }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PauseArgs {
     kind: String,
     name: String,
@@ -863,7 +915,7 @@ pub(super) fn resource_templates() -> Value {
             "uriTemplate": "reflexr://runs/{id}",
             "name": "run",
             "title": "A run",
-            "description": "One run with the event that fired it and what it emitted.",
+            "description": "One run with the event that fired it, what it emitted, and a workflow's steps.",
             "mimeType": "application/json",
         },
         {
@@ -1027,8 +1079,13 @@ fn run_detail_schema() -> Value {
             "run": { "type": "object" },
             "event": { "type": ["object", "null"] },
             "emitted": { "type": "array", "items": { "type": "object" } },
+            "steps": {
+                "type": "array",
+                "items": { "type": "object" },
+                "description": "A workflow's timeline, in order (empty for a run that is not one): name, position, kind, state (done or waiting), attempt, recorded_at, output_bytes, output, detail (what it waits or waited for), wake_at.",
+            },
         },
-        "required": ["run", "event", "emitted"],
+        "required": ["run", "event", "emitted", "steps"],
     })
 }
 
@@ -1178,6 +1235,20 @@ fn cancel_input() -> Value {
             "reason": reason_schema(),
         },
         "required": ["id", "confirm", "reason"],
+        "additionalProperties": false,
+    })
+}
+
+fn reset_run_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "id": { "type": "string", "description": "The run's id." },
+            "step": { "type": "string", "description": "The step to reset to, as get_run's steps name it (not the begin)." },
+            "confirm": { "type": "boolean", "description": "Must be true." },
+            "reason": reason_schema(),
+        },
+        "required": ["id", "step", "confirm", "reason"],
         "additionalProperties": false,
     })
 }

@@ -119,7 +119,7 @@ fn the_stateless_revision_discovers_and_answers_in_its_own_shape() {
     let list = ask(&mcp, request(2, "tools/list", json!({ "_meta": meta() })));
     assert_eq!(list["result"]["resultType"], "complete");
     assert!(list["result"]["ttlMs"].is_u64());
-    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 20);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 21);
     let call = ask(
         &mcp,
         request(
@@ -290,6 +290,21 @@ fn a_tool_that_fails_says_why_in_its_result_and_changes_nothing() {
             json!({ "rule": "charge", "scope": "nobody", "reason": "r" }),
             "not found",
         ),
+        (
+            "reset_run_to_step",
+            json!({ "id": "nope", "step": "mail", "confirm": true, "reason": "r" }),
+            "not found",
+        ),
+        (
+            "reset_run_to_step",
+            json!({ "id": "nope", "step": "mail", "reason": "r" }),
+            "not found",
+        ),
+        (
+            "reset_run_to_step",
+            json!({ "id": "nope", "step": "mail", "confirm": true, "reason": " " }),
+            "reason",
+        ),
     ] {
         let a = tool(name, args);
         assert_eq!(a["result"]["isError"], true, "{name}: {a}");
@@ -342,6 +357,115 @@ fn a_retry_is_a_dry_run_until_told_and_every_change_is_audited_with_the_reason()
 }
 
 #[test]
+fn get_run_gives_a_workflows_steps_and_a_reset_to_a_step_needs_confirm_and_is_audited() {
+    let s = Scene::new();
+    let e = shop(&s);
+    let b = common::workflow::stock(&e);
+    let mcp = Mcp::new(e.clone(), McpConfig::new().operator("assistant"));
+    let tool = |name: &str, args: Value| {
+        ask(
+            &mcp,
+            request(1, "tools/call", json!({ "name": name, "arguments": args })),
+        )["result"]
+            .clone()
+    };
+    let list = ask(&mcp, request(1, "tools/list", json!({})));
+    let tools = list["result"]["tools"].as_array().unwrap();
+    let find = |name: &str| tools.iter().find(|t| t["name"] == name).unwrap();
+    let reset = find("reset_run_to_step");
+    assert_eq!(
+        (
+            &reset["annotations"]["readOnlyHint"],
+            &reset["annotations"]["destructiveHint"]
+        ),
+        (&json!(false), &json!(true))
+    );
+    assert!(
+        find("get_run")["outputSchema"]["required"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("steps"))
+    );
+
+    // get_run and the run's resource hold the timeline Engine::run_steps gives.
+    let timeline = serde_json::to_value(e.run_steps(&b.waiting).unwrap()).unwrap();
+    let got = tool("get_run", json!({ "id": b.waiting }));
+    assert_eq!(got["structuredContent"]["steps"], timeline);
+    assert_eq!(timeline[2]["state"], "waiting");
+    assert_eq!(timeline[2]["detail"]["subject"], "session/2");
+    let read = ask(
+        &mcp,
+        request(
+            2,
+            "resources/read",
+            json!({ "uri": format!("reflexr://runs/{}", b.waiting) }),
+        ),
+    );
+    let text: Value =
+        serde_json::from_str(read["result"]["contents"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text["steps"], timeline);
+
+    // Without confirm it says what it would forget; refusals say why. None
+    // changes anything.
+    let before = (fingerprint(&e), b.mailed());
+    let charge = e.runs(Some(reflexr::RunState::Dead), 1).unwrap()[0]
+        .id
+        .clone();
+    let asked = |args: Value| {
+        let a = tool("reset_run_to_step", args);
+        assert_eq!(a["isError"], true, "{a}");
+        a["content"][0]["text"].as_str().unwrap().to_string()
+    };
+    let dry = asked(json!({ "id": b.done, "step": "confirmed", "reason": "resend" }));
+    assert!(
+        dry.contains("confirm: true")
+            && dry.contains(r#"["confirmed", "mail"]"#)
+            && dry.contains("may happen again"),
+        "{dry}"
+    );
+    let begin = asked(json!({ "id": b.done, "step": "begin", "reason": "resend" }));
+    assert!(begin.contains("has no step"), "{begin}");
+    let begin =
+        asked(json!({ "id": b.done, "step": "begin", "confirm": true, "reason": "resend" }));
+    assert!(begin.contains("not found"), "{begin}");
+    let ordered =
+        asked(json!({ "id": charge, "step": "mail", "confirm": true, "reason": "resend" }));
+    assert!(ordered.contains("ordered scope"), "{ordered}");
+    assert_eq!((fingerprint(&e), b.mailed()), before);
+
+    // Confirmed: audited as the assistant, with the reason; the mail runs
+    // again, and only it.
+    let done = tool(
+        "reset_run_to_step",
+        json!({ "id": b.done, "step": "mail", "confirm": true, "reason": "the mail bounced" }),
+    );
+    assert_eq!(done["isError"], false, "{done}");
+    assert_eq!(
+        done["structuredContent"],
+        json!({ "reset": b.done, "step": "mail" })
+    );
+    assert_eq!(
+        e.run(&b.done).unwrap().unwrap().state,
+        reflexr::RunState::Ready
+    );
+    let entry = &e.audit_log(1).unwrap()[0];
+    assert_eq!(
+        (
+            entry.action.as_str(),
+            entry.operator.as_str(),
+            entry.reason.as_str()
+        ),
+        ("reset_run_to_step", "assistant", "the mail bounced")
+    );
+    e.run_until_idle().unwrap();
+    assert_eq!(b.mailed(), 2);
+    assert_eq!(
+        e.run(&b.done).unwrap().unwrap().state,
+        reflexr::RunState::Succeeded
+    );
+}
+
+#[test]
 fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
     let s = Scene::new();
     let e = shop(&s);
@@ -364,6 +488,8 @@ fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
         "unblock",
         "reset_cursor",
         "restart_follower",
+        "cancel_run",
+        "reset_run_to_step",
     ] {
         assert!(!names.contains(&name));
         let a = ask(
