@@ -1,9 +1,9 @@
 //! `reflexr`: the operator's tool over a reflexr file.
 //!
-//! Read commands (`status`, `events`, `tail`, `runs`, `dead-letters`,
-//! `stats`) read through WAL snapshots and never block the application's
-//! writer. Write commands (`retry`, `discard`, `unblock`, `reset-cursor`,
-//! `prune`) go through the library's own checked, recorded operations, so
+//! Read commands (`status`, `events`, `tail`, `runs`, `runs steps`,
+//! `dead-letters`, `stats`) read through WAL snapshots and never block the
+//! application's writer. Write commands (`retry`, `discard`, `unblock`,
+//! `reset-cursor`, `runs reset`, `prune`) go through the library's own checked, recorded operations, so
 //! they hold to the same claims and leases as the application.
 //!
 //! Tables by default; `--json` for scripts (`tail --json` prints one JSON
@@ -209,8 +209,12 @@ enum Command {
         #[command(flatten)]
         who: Who,
     },
-    /// Runs of the work queue, oldest first.
+    /// Runs of the work queue, oldest first; `runs steps` and `runs reset`
+    /// for a workflow run's steps.
+    #[command(args_conflicts_with_subcommands = true)]
     Runs {
+        #[command(subcommand)]
+        command: Option<RunsCommand>,
         /// Only runs in this state (waiting, ready, running, succeeded, dead, discarded).
         #[arg(long)]
         state: Option<String>,
@@ -336,6 +340,34 @@ enum Command {
     },
 }
 
+/// What `runs` does besides listing: a workflow run's steps.
+#[derive(Subcommand, Debug)]
+enum RunsCommand {
+    /// A workflow run's timeline: its steps in the order its handler
+    /// reached them, each with its kind, state, attempt, time and output
+    /// size, and what a waiting step waits for and when it wakes.
+    Steps {
+        /// The run id.
+        run: String,
+    },
+    /// Resets a workflow run to one of its steps, recorded: that step and
+    /// every step after it are forgotten, and the run is ready to run them
+    /// again with fresh attempts — what they did outside the file (a charge,
+    /// a mail) may happen again. Asks first.
+    Reset {
+        /// The run id.
+        run: String,
+        /// The step to reset to, as `runs steps` names it.
+        #[arg(long)]
+        step: String,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        who: Who,
+    },
+}
+
 fn main() -> ExitCode {
     env_logger::init();
     let cli = Cli::parse();
@@ -430,7 +462,25 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             from_start,
             count,
         } => tail(&engine, workspace, types, *from_start, *count, cli.json),
-        Command::Runs { state, limit } => {
+        Command::Runs {
+            command: Some(RunsCommand::Steps { run }),
+            ..
+        } => steps(&engine, run, cli.json),
+        Command::Runs {
+            command:
+                Some(RunsCommand::Reset {
+                    run,
+                    step,
+                    yes,
+                    who,
+                }),
+            ..
+        } => reset_run(&engine, run, step, *yes, who, cli.json),
+        Command::Runs {
+            command: None,
+            state,
+            limit,
+        } => {
             let state = state.as_deref().map(str::parse::<RunState>).transpose()?;
             runs(&engine, state, *limit, cli.json)
         }
@@ -1018,6 +1068,131 @@ fn runs<B: Backend>(
         ]);
     }
     outln!("{t}")?;
+    Ok(())
+}
+
+/// What a step waits (or waited) for, in words: a sleep's time, a wait's
+/// event and timeout, a join's runs.
+fn waits_for(step: &reflexr::inspect::StepInfo) -> String {
+    use reflexr::inspect::StepKind;
+    let d: serde_json::Value = serde_json::from_str(&step.detail).unwrap_or_default();
+    let at = |v: &serde_json::Value| v.as_i64().map(time);
+    match step.kind {
+        StepKind::Sleep => at(&d["until"]).map_or_else(String::new, |t| format!("until {t}")),
+        StepKind::Wait => {
+            let mut what = format!(
+                "{} in {}",
+                d["type"].as_str().unwrap_or("?"),
+                d["workspace"].as_str().unwrap_or("?")
+            );
+            if let Some(subject) = d["subject"].as_str() {
+                what.push_str(&format!(" about {subject}"));
+            }
+            if let Some(field) = d["field"].as_str() {
+                what.push_str(&format!(" with {field} = {}", d["value"]));
+            }
+            match at(&d["timeout_at"]) {
+                Some(t) => format!("{what}, until {t}"),
+                None => format!("{what}, for as long as it takes"),
+            }
+        }
+        StepKind::Join => {
+            let runs: Vec<&str> = d["runs"]
+                .as_array()
+                .map(|r| r.iter().filter_map(|v| v.as_str()).collect())
+                .unwrap_or_default();
+            format!("runs {}", runs.join(", "))
+        }
+        _ => String::new(),
+    }
+}
+
+fn steps<B: Backend>(engine: &Engine<B>, run: &str, json: bool) -> Fallible {
+    let steps = engine.run_steps(run)?;
+    if json {
+        return print_json(&steps);
+    }
+    let mut t = table(&[
+        "#",
+        "step",
+        "kind",
+        "state",
+        "attempt",
+        "recorded",
+        "output",
+        "waits for",
+        "wakes",
+    ]);
+    for s in &steps {
+        let waiting = s.state == reflexr::inspect::StepState::Waiting;
+        t.add_row(vec![
+            s.position.to_string(),
+            s.name.clone(),
+            s.kind.as_str().to_string(),
+            s.state.as_str().to_string(),
+            s.attempt.to_string(),
+            time(s.recorded_at),
+            if s.output.is_some() {
+                format!("{} B", s.output_bytes)
+            } else {
+                "-".into()
+            },
+            waits_for(s),
+            if waiting {
+                s.wake_at.map_or_else(|| "-".into(), time)
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    outln!("{t}")?;
+    Ok(())
+}
+
+fn reset_run<B: Backend>(
+    engine: &Engine<B>,
+    run: &str,
+    step: &str,
+    yes: bool,
+    who: &Who,
+    json: bool,
+) -> Fallible {
+    if !yes {
+        let steps = engine.run_steps(run)?;
+        let Some(at) = steps
+            .iter()
+            .find(|s| s.name == step && s.kind != reflexr::inspect::StepKind::Begin)
+        else {
+            return Err(format!(
+                "run {run} has no step {step:?} to reset to (reflexr <DB> runs steps {run} lists them)"
+            )
+            .into());
+        };
+        let forgotten: Vec<&str> = steps
+            .iter()
+            .filter(|s| s.position >= at.position)
+            .map(|s| s.name.as_str())
+            .collect();
+        eprint!(
+            "Reset run {run} to step {step:?}? The steps {} are forgotten and run again: \
+             what they did outside the file may happen again. [y/N] ",
+            forgotten.join(", ")
+        );
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            return Err("not confirmed; nothing changed (pass --yes to skip the question)".into());
+        }
+    }
+    who.on(engine)?.reset_run_to_step(run, step)?;
+    if json {
+        outln!(
+            "{}",
+            json!({ "ok": true, "action": "reset", "run": run, "step": step })
+        )?;
+    } else {
+        outln!("reset to step {step}: the run is ready to run it again")?;
+    }
     Ok(())
 }
 

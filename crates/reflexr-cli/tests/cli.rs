@@ -145,6 +145,7 @@ fn a_reader_that_goes_away_ends_every_command_quietly() {
         ],
         &["--help"],
         &["runs", "--help"],
+        &["runs", "steps", "--help"],
     ];
     for args in reads {
         let mut child = Command::new(env!("CARGO_BIN_EXE_reflexr"))
@@ -356,6 +357,117 @@ fn runs_and_dead_letters_list_by_state_and_retry_and_discard_are_recorded() {
     let out = cli(&s.path, &["retry", "no-such-run"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("not found"));
+}
+
+#[test]
+fn runs_steps_shows_a_workflows_timeline_and_runs_reset_asks_first_and_is_recorded() {
+    let s = Scene::new();
+    let e = Engine::open(&s.path).unwrap();
+    let b = common::workflow::stock(&e);
+    // The timeline: --json is Engine::run_steps; the table says what the
+    // waiting step waits for, and until when.
+    let v = json(&cli(&s.path, &["runs", "steps", &b.waiting, "--json"]));
+    assert_eq!(
+        v,
+        serde_json::to_value(e.run_steps(&b.waiting).unwrap()).unwrap()
+    );
+    let text = stdout(&cli(&s.path, &["runs", "steps", &b.waiting]));
+    assert_eq!(text.lines().count(), 4, "a header and three steps: {text}");
+    assert!(
+        text.contains("speaker.confirmed in talks about session/2, until "),
+        "{text}"
+    );
+    assert!(
+        stdout(&cli(&s.path, &["runs", "steps", &b.done])).contains("mail"),
+        "the run that ended has its mail step"
+    );
+    let out = cli(&s.path, &["runs", "steps", "no-such-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+    // `runs` lists as before; a filter and a subcommand do not mix.
+    assert_eq!(
+        json(&cli(&s.path, &["runs", "--json"]))
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    let out = cli(&s.path, &["runs", "--state", "ready", "steps", &b.done]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    // A reset asks first, naming what it forgets and what may happen
+    // again; anything but yes changes nothing.
+    let out = cli_with_input(
+        &s.path,
+        &["runs", "reset", &b.done, "--step", "confirmed"],
+        "n\n",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let asked = stderr(&out);
+    assert!(
+        asked.contains("confirmed, mail")
+            && asked.contains("may happen again")
+            && asked.contains("not confirmed"),
+        "{asked}"
+    );
+    let out = cli(&s.path, &["runs", "reset", &b.done, "--step", "begin"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no step \"begin\""),
+        "{}",
+        stderr(&out)
+    );
+    let out = cli(
+        &s.path,
+        &["runs", "reset", &b.done, "--step", "nope", "--yes"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+    assert!(e.audit_log(10).unwrap().is_empty());
+    assert_eq!(e.run(&b.done).unwrap().unwrap().state, RunState::Succeeded);
+
+    // Answered yes: the suspended run forgets its wait.
+    let out = cli_with_input(
+        &s.path,
+        &["runs", "reset", &b.waiting, "--step", "confirmed"],
+        "y\n",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(e.run_steps(&b.waiting).unwrap().len(), 2);
+    // --yes, for a script: recorded with who and why; the mail step runs
+    // again, and only it.
+    let v = json(&cli(
+        &s.path,
+        &[
+            "runs",
+            "reset",
+            &b.done,
+            "--step",
+            "mail",
+            "--yes",
+            "--operator",
+            "ops",
+            "--reason",
+            "the mail bounced",
+            "--json",
+        ],
+    ));
+    assert_eq!(
+        v,
+        json!({ "ok": true, "action": "reset", "run": b.done, "step": "mail" })
+    );
+    assert_eq!(e.run(&b.done).unwrap().unwrap().state, RunState::Ready);
+    let audit = &e.audit_log(1).unwrap()[0];
+    assert_eq!(
+        (
+            audit.action.as_str(),
+            audit.operator.as_str(),
+            audit.reason.as_str()
+        ),
+        ("reset_run_to_step", "ops", "the mail bounced")
+    );
+    e.run_until_idle().unwrap();
+    assert_eq!(e.run(&b.done).unwrap().unwrap().state, RunState::Succeeded);
+    assert_eq!(b.mailed(), 2);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The command list of docs/guide/operating.md is the binary's: every
-//! subcommand `reflexr --help` lists has its line there and every line's
-//! command exists; each command's options (`reflexr <DB> <command> --help`)
+//! subcommand `reflexr --help` lists — and every subcommand of those
+//! (`runs steps`), written with its parent — has its line there and every
+//! line's command exists; each command's options (`reflexr <DB> <command> --help`)
 //! are in its line — by their long or short name — and every option a line
 //! names exists; an option a line writes outside brackets is one the
 //! command requires, and the other way round. The options every command
@@ -71,6 +72,27 @@ fn commands(help: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Every command of the binary: those of `reflexr --help`, and each one's
+/// own subcommands with their parent's name (`runs steps`).
+fn all_commands() -> BTreeSet<String> {
+    let mut all = BTreeSet::new();
+    for c in commands(&help(&["--help"])) {
+        for sub in commands(&help_of(&c)) {
+            all.insert(format!("{c} {sub}"));
+        }
+        all.insert(c);
+    }
+    all
+}
+
+/// The help of a command (`runs steps`: a subcommand and its parent).
+fn help_of(command: &str) -> String {
+    let mut args = vec!["app.db"];
+    args.extend(command.split(' '));
+    args.push("--help");
+    help(&args)
+}
+
 /// The options of a command's help: `-w, --workspace <WORKSPACE>` →
 /// (`-w`, `--workspace`).
 fn options(help: &str) -> Vec<Opt> {
@@ -116,13 +138,15 @@ fn required(help: &str) -> BTreeSet<String> {
 }
 
 /// One line of the documented list: `reflexr <DB> pause|resume KIND NAME
-/// description` → its commands, the options it names (each with whether
-/// it is written outside brackets) and whether it offers alternatives
-/// (`retry RUN_ID | retry --dead-letter ID`).
+/// description` → its commands, the word after them when it may name a
+/// subcommand (`runs steps RUN_ID`: a plain lowercase word), the options it
+/// names (each with whether it is written outside brackets) and whether it
+/// offers alternatives (`retry RUN_ID | retry --dead-letter ID`).
 #[derive(Debug, PartialEq, Eq)]
 struct Documented {
     line: String,
     commands: Vec<String>,
+    sub: Option<String>,
     options: BTreeMap<String, bool>,
     alternatives: bool,
 }
@@ -151,6 +175,13 @@ fn documented(page: &str) -> Vec<Documented> {
             let mut words = synopsis.split_whitespace();
             let first = words.next().expect("a command");
             let commands: Vec<String> = first.split('|').map(String::from).collect();
+            let sub = words
+                .next()
+                .filter(|w| {
+                    w.starts_with(|c: char| c.is_ascii_lowercase())
+                        && w.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+                })
+                .map(String::from);
             let mut options = BTreeMap::new();
             let mut alternatives = false;
             let mut depth = 0i32;
@@ -172,6 +203,7 @@ fn documented(page: &str) -> Vec<Documented> {
             Documented {
                 line: line.to_string(),
                 commands,
+                sub,
                 options,
                 alternatives,
             }
@@ -190,6 +222,13 @@ fn mismatches(
     let mut seen = BTreeSet::new();
     for d in documented {
         for c in &d.commands {
+            // `runs steps …` is the subcommand's line, when the binary has it.
+            let nested = d.sub.as_ref().map(|s| format!("{c} {s}"));
+            let c = match nested {
+                Some(n) if known.contains(&n) => n,
+                _ => c.clone(),
+            };
+            let c = &c;
             if !seen.insert(c.clone()) {
                 wrong.push(format!("`{c}` has two lines"));
             }
@@ -251,9 +290,12 @@ fn mismatches(
 fn every_command_and_option_the_binary_has_is_in_the_documented_list_and_no_other() {
     let page = page();
     let documented = documented(&page);
-    let known = commands(&help(&["--help"]));
-    assert!(known.len() > 15 && known.contains("status"), "{known:?}");
-    let wrong = mismatches(&documented, &known, |c| help(&["app.db", c, "--help"]));
+    let known = all_commands();
+    assert!(
+        known.len() > 15 && known.contains("status") && known.contains("runs steps"),
+        "{known:?}"
+    );
+    let wrong = mismatches(&documented, &known, help_of);
     assert!(
         wrong.is_empty(),
         "docs/guide/operating.md's command list:\n{}",
@@ -270,8 +312,8 @@ fn the_options_every_command_takes_are_named_in_the_prose_and_json_is_global() {
             "docs/guide/operating.md does not name `{o}`"
         );
     }
-    for c in commands(&help(&["--help"])) {
-        let help = help(&["app.db", &c, "--help"]);
+    for c in all_commands() {
+        let help = help_of(&c);
         assert!(
             options(&help).iter().any(|o| o.long == "--json"),
             "`{c}` does not take --json"
@@ -302,13 +344,14 @@ reflexr <DB> events -w WS [--after SEQ] [-t TYPE]... [--limit N]
 reflexr <DB> retry RUN_ID | retry --dead-letter ID                  a dead run gets a fresh set of attempts
 reflexr <DB> pause|resume action|channel NAME     audited, like --not-an-option
 reflexr <DB> enqueue ACTION [--unique KEY [--unique-while pending|active|1h]]
+reflexr <DB> runs reset RUN_ID --step NAME [--yes]   asks first
 ```
 ";
     let got = documented(page);
     let opts = |pairs: &[(&str, bool)]| -> BTreeMap<String, bool> {
         pairs.iter().map(|(n, o)| (n.to_string(), *o)).collect()
     };
-    assert_eq!(got.len(), 4);
+    assert_eq!(got.len(), 5);
     assert_eq!(got[0].commands, ["events"]);
     assert_eq!(
         got[0].options,
@@ -329,6 +372,10 @@ reflexr <DB> enqueue ACTION [--unique KEY [--unique-while pending|active|1h]]
         got[3].options,
         opts(&[("--unique", false), ("--unique-while", false)])
     );
+    let subs: Vec<Option<&str>> = got.iter().map(|d| d.sub.as_deref()).collect();
+    assert_eq!(subs, [None, None, None, None, Some("reset")]);
+    assert_eq!(got[4].commands, ["runs"]);
+    assert_eq!(got[4].options, opts(&[("--step", true), ("--yes", false)]));
 
     // Against a help text: an option missing from the line, one the line
     // invents, a required one in brackets, a command with no line and a
