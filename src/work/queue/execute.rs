@@ -23,6 +23,7 @@ use crate::core::db::CoreDb;
 use crate::core::db::Tx;
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::{Requeued, RunRow};
+use crate::store::steps::StepRow;
 use crate::store::{Control, Counters, DeadLetters, Events, Lanes, Runs};
 use crate::work::queue::claims::Claims;
 use crate::work::queue::pace::{BATCH_BUDGET, Pace};
@@ -47,11 +48,24 @@ pub(crate) struct Executed {
 enum Outcome {
     /// Completed by the handler itself ([`RunContext::complete`]).
     AlreadyDone,
-    /// Succeeded, with the events it emitted and its output.
-    Succeeded(Vec<Emitted>, Option<String>),
+    /// Succeeded, with the events it emitted, its output, and the
+    /// workflow steps it recorded last, to write with its success.
+    Succeeded(Vec<Emitted>, Option<String>, Vec<StepRow>),
     /// A workflow's run suspended (recorded by the handler's step).
     Suspended,
-    Failed(String),
+    /// Failed, with the workflow steps it recorded before, to write with
+    /// the failure.
+    Failed(String, Vec<StepRow>),
+}
+
+impl Outcome {
+    /// The workflow steps recorded and not written yet.
+    fn pending(&self) -> &[StepRow] {
+        match self {
+            Outcome::Succeeded(_, _, p) | Outcome::Failed(_, p) => p,
+            Outcome::AlreadyDone | Outcome::Suspended => &[],
+        }
+    }
 }
 
 /// Rounds of settle-and-claim one call makes at most before it returns
@@ -243,6 +257,7 @@ pub(crate) fn execute<B: Backend>(
                     row.last_error
                         .clone()
                         .unwrap_or_else(|| "no attempts left".into()),
+                    Vec::new(),
                 )
             } else {
                 match handlers.get(&run.action) {
@@ -252,7 +267,10 @@ pub(crate) fn execute<B: Backend>(
                         took.push((run.action.as_str(), t.elapsed()));
                         outcome
                     }
-                    None => Outcome::Failed(format!("no handler for action {}", run.action)),
+                    None => Outcome::Failed(
+                        format!("no handler for action {}", run.action),
+                        Vec::new(),
+                    ),
                 }
             };
             outcomes[i] = Some(outcome);
@@ -296,7 +314,7 @@ pub(crate) fn execute<B: Backend>(
             // first, as every appending transaction does.
             if ran
                 .iter()
-                .any(|(_, o)| matches!(o, Outcome::Succeeded(e, _) if !e.is_empty()))
+                .any(|(_, o)| matches!(o, Outcome::Succeeded(e, _, _) if !e.is_empty()))
             {
                 Events::lock_head(tx.core())?;
             }
@@ -309,7 +327,7 @@ pub(crate) fn execute<B: Backend>(
                 .iter()
                 .enumerate()
                 .filter(|(_, (run, o))| {
-                    matches!(o, Outcome::Succeeded(e, None) if e.is_empty())
+                    matches!(o, Outcome::Succeeded(e, None, p) if e.is_empty() && p.is_empty())
                         && run.lane.is_none()
                         && run.parent.is_none()
                 })
@@ -471,7 +489,11 @@ fn call<B: Backend>(
     }
     match result {
         Ok(Ok(())) if ctx.completed => Outcome::AlreadyDone,
-        Ok(Ok(())) => Outcome::Succeeded(std::mem::take(&mut ctx.emitted), ctx.output.take()),
+        Ok(Ok(())) => Outcome::Succeeded(
+            std::mem::take(&mut ctx.emitted),
+            ctx.output.take(),
+            std::mem::take(&mut ctx.pending),
+        ),
         Ok(Err(e)) if ctx.completed => {
             log::warn!(
                 "run {}: the handler completed the run, then failed: {e}",
@@ -479,7 +501,7 @@ fn call<B: Backend>(
             );
             Outcome::AlreadyDone
         }
-        Ok(Err(e)) => Outcome::Failed(e.to_string()),
+        Ok(Err(e)) => Outcome::Failed(e.to_string(), std::mem::take(&mut ctx.pending)),
         Err(panic) if ctx.completed => {
             log::warn!(
                 "run {}: the handler completed the run, then panicked: {}",
@@ -488,7 +510,10 @@ fn call<B: Backend>(
             );
             Outcome::AlreadyDone
         }
-        Err(panic) => Outcome::Failed(format!("panicked: {}", panic_text(&*panic))),
+        Err(panic) => Outcome::Failed(
+            format!("panicked: {}", panic_text(&*panic)),
+            std::mem::take(&mut ctx.pending),
+        ),
     }
 }
 
@@ -542,7 +567,11 @@ fn settle_contained<B: Backend>(
         Err(e) if !e.is_lease_lost() && !e.dooms_transaction() => {
             log::warn!("run {}: its outcome was refused: {e}", run.id);
             let why = format!("the run's outcome could not be recorded: {e}");
-            tx.nested(|tx| fail(tx, run, &why))
+            tx.nested(|tx| {
+                let settled = fail(tx, run, &why)?;
+                run::insert_rows(tx, outcome.pending())?;
+                Ok(settled)
+            })
         }
         other => other,
     }
@@ -552,11 +581,17 @@ fn settle<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, outcome: &Outcome) -> Resul
     match outcome {
         Outcome::AlreadyDone => Ok(Settled::Succeeded),
         Outcome::Suspended => Ok(Settled::Suspended),
-        Outcome::Succeeded(emitted, output) => {
+        Outcome::Succeeded(emitted, output, pending) => {
+            // The claim is checked first: a lost one writes nothing.
             run::finish_success(tx, run, emitted, output.as_deref())?;
+            run::insert_rows(tx, pending)?;
             Ok(Settled::Succeeded)
         }
-        Outcome::Failed(error) => fail(tx, run, error),
+        Outcome::Failed(error, pending) => {
+            let settled = fail(tx, run, error)?;
+            run::insert_rows(tx, pending)?;
+            Ok(settled)
+        }
     }
 }
 

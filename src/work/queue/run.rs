@@ -326,6 +326,9 @@ pub struct RunContext<'a, B: Backend = Sqlite> {
     pub(crate) output: Option<String>,
     /// The workflow's recorded steps, once a step was reached.
     pub(crate) flow: Option<Flow>,
+    /// Steps recorded and not written yet: written with the next step's
+    /// record, or with the run's settlement.
+    pub(crate) pending: Vec<crate::store::steps::StepRow>,
 }
 
 impl<'a, B: Backend> RunContext<'a, B> {
@@ -346,6 +349,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
             suspended: false,
             output: None,
             flow: None,
+            pending: Vec::new(),
         }
     }
 
@@ -413,6 +417,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
         })?;
         let max = self.db.settings().limits.max_payload_bytes;
         changelog::check_json("checkpoint", &json, max)?;
+        self.flush()?;
         let run = self.run;
         self.db.write_with(|tx| {
             let now = tx.now_ms();
@@ -466,13 +471,16 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let run = self.run;
         let emitted = std::mem::take(&mut self.emitted);
         let output = self.output.clone();
+        let pending = self.pending.clone();
         let value = self.db.write_with(|tx| {
             let value = f(tx)?;
             finish_success(tx, run, &emitted, output.as_deref())?;
+            insert_rows(tx, &pending)?;
             Ok(value)
         });
         match value {
             Ok(v) => {
+                self.pending.clear();
                 self.completed = true;
                 Ok(v)
             }
@@ -482,6 +490,23 @@ impl<'a, B: Backend> RunContext<'a, B> {
                 Err(e)
             }
         }
+    }
+
+    /// Writes the workflow steps recorded and not written yet, in a
+    /// transaction of their own, under the run's claim.
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let rows = self.pending.clone();
+        let run = self.run;
+        self.db.write_with(move |tx| {
+            let now = tx.now_ms();
+            hold(tx, run, now)?;
+            insert_rows(tx, &rows)
+        })?;
+        self.pending.clear();
+        Ok(())
     }
 
     /// Reads events, as [`crate::Engine::read`].
@@ -508,6 +533,29 @@ impl RunContext<'_, crate::store::Postgres> {
     ) -> Result<T> {
         self.db.with_reader(f)
     }
+}
+
+/// The run's claim still holds (and no cancellation was asked for), or
+/// [`Error::LeaseLost`]: the check a workflow step's record makes in its
+/// transaction.
+pub(crate) fn hold<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, now: i64) -> Result<()> {
+    if crate::store::Steps::hold_claim(tx.core(), &run.id, &run.holder, i64::from(run.attempt), now)? {
+        Ok(())
+    } else {
+        Err(claim_lost(run))
+    }
+}
+
+/// Writes workflow steps an attempt recorded and had not written yet, in
+/// the caller's transaction (which checks the claim).
+pub(crate) fn insert_rows<B: Backend>(
+    tx: &mut Tx<'_, B>,
+    rows: &[crate::store::steps::StepRow],
+) -> Result<()> {
+    for row in rows {
+        crate::store::Steps::insert_step(tx.core(), row)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn claim_lost(run: &Run) -> Error {

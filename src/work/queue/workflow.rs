@@ -47,7 +47,7 @@ use crate::store::runs::Requeued;
 use crate::store::steps::{EventWait, StepRow};
 use crate::store::{Events, Runs, Steps, Workspaces};
 use crate::work::queue::enqueue::{self, Enqueue};
-use crate::work::queue::run::{Flow, Run, RunContext, RunState, claim_lost};
+use crate::work::queue::run::{Flow, Run, RunContext, RunState, claim_lost, hold, insert_rows};
 
 /// When a wait without a timeout is due: never (the last millisecond of
 /// the year 9999, a time every JSON reader can hold).
@@ -328,6 +328,12 @@ impl<'a, B: Backend> RunContext<'a, B> {
     /// Runs `f` once and records its output: every later attempt of the run
     /// returns the recorded output instead of running `f` again.
     ///
+    /// The record is durable before anything after it acts: it commits
+    /// before the next step's closure runs, or in the transaction of what
+    /// comes next (a `step_tx`, a sleep, a wait, a spawn, a join, or the
+    /// run's settlement, whatever the handler returns) — so the last step
+    /// of a workflow costs no commit of its own.
+    ///
     /// `f` is what the run does outside the file — a charge, a mail, a call —
     /// and runs at least once: if the process dies between `f`'s effect and
     /// the record, the next attempt runs this step again (and only this
@@ -373,6 +379,11 @@ impl<'a, B: Backend> RunContext<'a, B> {
             Reached::Recorded(row) => return decode(self.run, &name.0, row.output.as_deref()),
             Reached::New(p) => p,
         };
+        // What the step before recorded is durable before this one acts.
+        if let Err(e) = self.flush() {
+            self.unreach(&name);
+            return Err(e);
+        }
         let step = Step {
             name: &name.0,
             key: format!("{}/{}", self.run.id, name),
@@ -397,17 +408,21 @@ impl<'a, B: Backend> RunContext<'a, B> {
         };
         let mut row = self.new_row(&name, position, StepKind::Step, self.db.now_ms());
         row.output = Some(json);
-        match self.record(&row, |_| Ok(())) {
-            Ok(()) => {
-                self.recorded(row);
-                Ok(value)
-            }
-            Err(e) => {
-                self.unreach(&name);
-                Err(e)
-            }
+        // Written with what comes next: the next step's record, or the
+        // run's settlement, in their transaction.
+        if let Some(begin) = self.begin_row(row.recorded_at) {
+            self.pending.push(begin);
         }
+        self.pending.push(row.clone());
+        self.recorded(row);
+        Ok(value)
     }
+
+    /// The row of where the run began, if this attempt records it first.
+    fn begin_row(&self, now: i64) -> Option<StepRow> {
+        self.pending_begin().map(|seq| begin_row(self.run, seq, now))
+    }
+
 
     /// Runs `f` inside the write transaction that records the step: the
     /// application's rows `f` writes and the step's record commit together,
@@ -464,7 +479,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
     /// Records `row` (and where the run began, if it had not) in one
     /// transaction with `f`'s writes, under the run's claim.
     fn record(
-        &self,
+        &mut self,
         row: &StepRow,
         f: impl FnOnce(&mut Tx<'_, B>) -> Result<()> + Send,
     ) -> Result<()> {
@@ -474,21 +489,28 @@ impl<'a, B: Backend> RunContext<'a, B> {
     /// [`RunContext::record`], where `f` may fill the row in (a step_tx's
     /// output): the row as recorded comes back with `f`'s value.
     fn record_with<T: Send>(
-        &self,
+        &mut self,
         row: &StepRow,
         f: impl FnOnce(&mut Tx<'_, B>, &mut StepRow) -> Result<T> + Send,
     ) -> Result<(T, StepRow)> {
         let run = self.run;
         let begin = self.pending_begin();
         let mut row = row.clone();
-        self.db.write_with(move |tx| {
+        let pending = self.pending.clone();
+        let written = self.db.write_with(move |tx| {
             let now = tx.now_ms();
             hold(tx, run, now)?;
+            insert_rows(tx, &pending)?;
             let value = f(tx, &mut row)?;
             row.recorded_at = now;
             insert_with_begin(tx, run, begin, &row, now)?;
             Ok((value, row))
-        })
+        });
+        if written.is_ok() {
+            // The steps not written yet committed with it.
+            self.pending.clear();
+        }
+        written
     }
 
     /// Sleeps durably until `d` from when this step is first reached: the
@@ -563,8 +585,10 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let wake = row.wake_at.unwrap_or(0);
         let run = self.run;
         let step = name.0.clone();
+        let pending = self.pending.clone();
         let over = self.db.write_with(move |tx| {
             let now = tx.now_ms();
+            insert_rows(tx, &pending)?;
             if now >= wake {
                 hold(tx, run, now)?;
                 Steps::resolve_step(tx.core(), &run.id, &step, "null", now)?;
@@ -574,6 +598,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
                 Ok::<_, Error>(Waited::Suspended)
             }
         })?;
+        self.pending.clear();
         match over {
             Waited::Over(()) => {
                 self.mark_done(name, Some("null".into()));
@@ -649,8 +674,10 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let what = what.clone();
         let step = name.0.clone();
         let mut out_row = row.clone();
+        let pending = self.pending.clone();
         let result = self.db.write_with(move |tx| {
             let now = tx.now_ms();
+            insert_rows(tx, &pending)?;
             // As an append does: matches and appends never pass each other.
             Events::lock_head(tx.core())?;
             hold(tx, run, now)?;
@@ -695,6 +722,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
         });
         match result {
             Ok((waited, row)) => {
+                self.pending.clear();
                 out_row = row;
                 self.recorded(out_row);
                 match waited {
@@ -717,8 +745,10 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let wake = row.wake_at.unwrap_or(NEVER);
         let run = self.run;
         let step = name.0.clone();
+        let pending = self.pending.clone();
         let over = self.db.write_with(move |tx| {
             let now = tx.now_ms();
+            insert_rows(tx, &pending)?;
             if now < wake {
                 suspend(tx, run, wake)?;
                 return Ok::<_, Error>(Waited::Suspended);
@@ -735,6 +765,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
                 .and_then(|s| s.output);
             Ok(Waited::Over(output))
         })?;
+        self.pending.clear();
         match over {
             Waited::Over(output) => {
                 let output = output.unwrap_or_else(|| "null".into());
@@ -839,8 +870,10 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let run = self.run;
         let begin = self.pending_begin();
         let step = name.0.clone();
+        let pending = self.pending.clone();
         let result = self.db.write_with(move |tx| {
             let now = tx.now_ms();
+            insert_rows(tx, &pending)?;
             hold(tx, run, now)?;
             Steps::lock_runs(tx.core(), &ids)?;
             let mut ends = Vec::with_capacity(ids.len());
@@ -892,6 +925,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
         });
         match result {
             Ok((waited, row)) => {
+                self.pending.clear();
                 if recorded {
                     if let Waited::Over(ends) = &waited {
                         let json =
@@ -984,16 +1018,6 @@ impl<'a, B: Backend> RunContext<'a, B> {
     }
 }
 
-/// The run's claim still holds (and no cancellation was asked for), or
-/// [`Error::LeaseLost`].
-fn hold<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, now: i64) -> Result<()> {
-    if Steps::hold_claim(tx.core(), &run.id, &run.holder, i64::from(run.attempt), now)? {
-        Ok(())
-    } else {
-        Err(claim_lost(run))
-    }
-}
-
 fn suspend<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, due_at: i64) -> Result<()> {
     let now = tx.now_ms();
     match Steps::suspend(
@@ -1013,6 +1037,21 @@ fn suspend<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, due_at: i64) -> Result<()>
     }
 }
 
+fn begin_row(run: &Run, seq: i64, now: i64) -> StepRow {
+    StepRow {
+        run: run.id.clone(),
+        name: "begin".into(),
+        position: 0,
+        kind: StepKind::Begin.as_str().into(),
+        state: StepState::Done.as_str().into(),
+        attempt: i64::from(run.attempt),
+        output: Some(serde_json::json!({ "seq": seq }).to_string()),
+        detail: "{}".into(),
+        wake_at: None,
+        recorded_at: now,
+    }
+}
+
 fn insert_with_begin<B: Backend>(
     tx: &mut Tx<'_, B>,
     run: &Run,
@@ -1021,21 +1060,7 @@ fn insert_with_begin<B: Backend>(
     now: i64,
 ) -> Result<()> {
     if let Some(seq) = begin {
-        Steps::insert_step(
-            tx.core(),
-            &StepRow {
-                run: run.id.clone(),
-                name: "begin".into(),
-                position: 0,
-                kind: StepKind::Begin.as_str().into(),
-                state: StepState::Done.as_str().into(),
-                attempt: i64::from(run.attempt),
-                output: Some(serde_json::json!({ "seq": seq }).to_string()),
-                detail: "{}".into(),
-                wake_at: None,
-                recorded_at: now,
-            },
-        )?;
+        Steps::insert_step(tx.core(), &begin_row(run, seq, now))?;
     }
     Steps::insert_step(tx.core(), row)
 }
