@@ -120,6 +120,7 @@ test('the v1 SDK (2025-11-25) lists, reads like the CLI, and retries a dead lett
   const detail = await call(client, 'get_run', { id: dead.runs[0].id });
   assert.equal(detail.run.id, dead.runs[0].id);
   assert.equal(detail.run.state, 'dead');
+  assert.deepEqual(detail.steps, await cli(db, ['runs', 'steps', detail.run.id]), 'a delivery has no steps');
   const letters = await call(client, 'list_dead_letters', {});
   assert.deepEqual(letters.dead_letters.map((d) => d.id).sort(), (await cli(db, ['dead-letters'])).map((d) => d.id).sort());
   assert.deepEqual((await call(client, 'list_consumers')).consumers, cliStatus.consumers);
