@@ -14,6 +14,9 @@
 //! - each handled order's delivery enqueued exactly once;
 //! - the follower's target holds every selected source event up to its
 //!   cursor exactly once;
+//! - each order's workflow: a `step_tx`'s row exactly when its step is
+//!   recorded, a recorded step's outside effect never run again, children
+//!   made once, a join over only when its children ended;
 //! - no cursor ever moved back (8).
 //!
 //! `RELIABILITY_KILLS` sets the number of kills on each backend (default
@@ -27,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use common::backend::{Opts, TestBackend, child, parent_engine};
 use common::torture::{
-    append_orders_until_stopped, check, child_opts, prepare_place, rounds, workload,
+    append_orders_until_stopped, check, child_opts, prepare_place, rounds, workflows, workload,
 };
 use common::{children_on_backends, later, on_backends};
 
@@ -41,6 +44,7 @@ fn child_process_workload<B: TestBackend>() {
     let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
     let e = parent_engine::<B>(&child_opts(hours));
     workload(&e);
+    workflows(&e);
     e.start().unwrap();
     println!("\nstarted");
     append_orders_until_stopped(&e, hours);
@@ -100,9 +104,15 @@ fn kill_again_and_again<B: TestBackend>(kills: u64) -> usize {
     }
     // A last engine, later than every child, finishes the work; then
     // everything has ended, and exactly once.
-    let e = B::open_opts(&place, &Opts::new(&later(kills as i64 + 10), "finisher"));
+    let clock = later(kills as i64 + 10);
+    let e = B::open_opts(&place, &Opts::new(&clock, "finisher"));
     workload(&e);
-    e.run_until_idle().unwrap();
+    workflows(&e);
+    // The workflows' sleeps and waits' timeouts pass on its clock.
+    for _ in 0..20 {
+        e.run_until_idle().unwrap();
+        clock.advance(Duration::from_secs(3600));
+    }
     let c = committed.lock().unwrap();
     assert!(
         c.len() as u64 > kills,

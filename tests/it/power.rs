@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use common::torture::{
     Later, append_orders_until_stopped, check_file, child_engine, prepare, rounds, strings,
-    workload,
+    workflows, workload,
 };
 use common::{Scene, is_child, parent_file, power};
 use reflexr::{Engine, Follow, Synchronous};
@@ -163,7 +163,18 @@ fn power_cuts_lose_no_acknowledged_commit_and_never_corrupt_the_file() {
             .open()
             .unwrap();
         workload(&e);
-        e.run_until_idle().unwrap();
+        workflows(&e);
+        // The workflows' sleeps (5 ms) and waits' timeouts (20 ms) pass on
+        // the system clock: a few rounds until nothing is pending.
+        for _ in 0..200 {
+            e.run_until_idle().unwrap();
+            let pending = e.runs(Some(reflexr::RunState::Ready), 1).unwrap().len()
+                + e.runs(Some(reflexr::RunState::Running), 1).unwrap().len();
+            if pending == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     check_file(&s.path, &full_committed, &full_cursors);
     assert!(

@@ -2,8 +2,10 @@
 //! tortures (`tests/it/crash.rs` on every backend, `tests/it/power.rs` on
 //! SQLite's files): appends with application rows, a stateful rule firing
 //! runs, executors with failing handlers, a follower, a reaction enqueueing
-//! deliveries; and a check of DESIGN.md's invariants from what the database
-//! holds.
+//! deliveries, a durable workflow per order (a `step_tx`, a step with an
+//! outside effect, a sleep, a wait for the customer's next order, two
+//! children and their join); and a check of DESIGN.md's invariants from
+//! what the database holds.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -11,8 +13,8 @@ use std::time::Duration;
 
 use reflexr::rusqlite::Connection;
 use reflexr::{
-    Builder, ChannelPolicy, Clock, ConsumerKind, Decision, Delivery, Engine, Follow, ManualClock,
-    NewEvent, Query, RetryPolicy, Rule, Scope, Sqlite, SystemClock,
+    Builder, ChannelPolicy, Clock, ConsumerKind, Decision, Delivery, Engine, Enqueue, EventMatch,
+    Follow, ManualClock, NewEvent, Query, RetryPolicy, Rule, Scope, Sqlite, SystemClock,
 };
 
 use super::backend::{Opts, TestBackend};
@@ -49,6 +51,7 @@ pub fn child_engine(builder: Builder, hours: i64) -> Engine {
         .open()
         .unwrap();
     workload(&e);
+    workflows(&e);
     e
 }
 
@@ -56,10 +59,15 @@ pub fn child_engine(builder: Builder, hours: i64) -> Engine {
 pub fn workload<B: TestBackend>(e: &Engine<B>) {
     e.ensure_workspace("app", &["order"]).unwrap();
     e.ensure_workspace("mirror", &["order"]).unwrap();
+    e.ensure_workspace("effects", &["effect"]).unwrap();
     for table in [
         "orders (id TEXT PRIMARY KEY, customer INTEGER NOT NULL)",
         "charges (run TEXT PRIMARY KEY)",
         "sent (delivery TEXT PRIMARY KEY)",
+        // The workflows' rows: no key, so a second write would show.
+        "reserved (run TEXT NOT NULL)",
+        "shipped (run TEXT NOT NULL)",
+        "fulfilled (run TEXT NOT NULL)",
     ] {
         B::sql(e, &format!("CREATE TABLE IF NOT EXISTS {table}"));
     }
@@ -123,6 +131,68 @@ pub fn workload<B: TestBackend>(e: &Engine<B>) {
         .unwrap();
 }
 
+/// The workflows' handlers, in a process that runs them (a child, a
+/// finisher): `fulfil`, one run per order, and its children `ship`. A step's
+/// outside effect is an event appended in a write of its own to the
+/// workspace `effects` (through `e`, which the handler keeps).
+pub fn workflows<B: TestBackend>(e: &Engine<B>) {
+    let outside = e.clone();
+    e.register_action("fulfil", move |run, ctx| {
+        if fastrand::u8(..8) == 0 {
+            return Err("the warehouse did not answer".into());
+        }
+        let input: serde_json::Value = run.input()?;
+        let customer = input["customer"].as_i64().unwrap_or(0);
+        let id = run.id.clone();
+        ctx.step_tx("reserve", |tx| {
+            B::run_sql(tx, &format!("INSERT INTO reserved (run) VALUES ('{id}')"))
+        })?;
+        let nonce: u64 = ctx.step("effect", |_| {
+            let nonce = fastrand::u64(..1 << 52);
+            let at = outside.now_ms();
+            outside.append(
+                "effects",
+                &NewEvent::new("effect", run.id.clone(), "torture", at)
+                    .payload(&serde_json::json!({ "nonce": nonce })),
+            )?;
+            Ok::<_, reflexr::Error>(nonce)
+        })?;
+        if fastrand::u8(..8) == 0 {
+            return Err(format!("failed after the effect {nonce}").into());
+        }
+        ctx.sleep("cool", Duration::from_millis(5))?;
+        let next = EventMatch::new("app", "order").field("customer", customer);
+        ctx.wait_for_event("next-order", &next, Some(Duration::from_millis(20)))?;
+        let mut children = Vec::new();
+        for i in 0..2_u64 {
+            let ship = Enqueue::new("ship", &serde_json::json!({ "i": i }))
+                .retry(RetryPolicy::attempts(50).fixed(Duration::ZERO));
+            children.push(ctx.spawn(("ship", i), ship)?);
+        }
+        let ends = ctx.join("shipped", &children)?;
+        if !ends.iter().all(|end| end.succeeded()) {
+            return Err("a child did not succeed".into());
+        }
+        let id = run.id.clone();
+        ctx.step_tx("done", |tx| {
+            B::run_sql(tx, &format!("INSERT INTO fulfilled (run) VALUES ('{id}')"))
+        })?;
+        Ok(())
+    })
+    .unwrap();
+    e.register_action("ship", |run, ctx| {
+        if fastrand::u8(..4) == 0 {
+            return Err("the courier timed out".into());
+        }
+        let id = run.id.clone();
+        ctx.step_tx("ship", |tx| {
+            B::run_sql(tx, &format!("INSERT INTO shipped (run) VALUES ('{id}')"))
+        })?;
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// Appends one order with its application row, in one transaction; the
 /// caller prints `committed <id>` once it returns.
 pub fn append_order<B: TestBackend>(e: &Engine<B>, id: &str) {
@@ -138,6 +208,14 @@ pub fn append_order<B: TestBackend>(e: &Engine<B>, id: &str) {
             &NewEvent::new("order", format!("customer/{customer}"), "shop", at)
                 .id(id.to_string())
                 .payload(&serde_json::json!({ "customer": customer })),
+        )?;
+        tx.enqueue(
+            &Enqueue::new(
+                "fulfil",
+                &serde_json::json!({ "order": id, "customer": customer }),
+            )
+            .id(format!("fulfil-{id}"))
+            .retry(RetryPolicy::attempts(50).fixed(Duration::ZERO)),
         )?;
         Ok(())
     })
@@ -340,7 +418,159 @@ pub fn check<B: TestBackend>(
         "every order up to the follower's cursor is mirrored"
     );
     assert!(mirrored_set.is_subset(&logged), "only orders are mirrored");
+    check_workflows(e, &orders, before, &mut cursors);
     cursors
+}
+
+/// The runs whose step `step` is recorded (done).
+fn recorded<B: TestBackend>(e: &Engine<B>, step: &str) -> HashSet<String> {
+    B::strings(
+        e,
+        &format!("SELECT run FROM reflexr_steps WHERE name = '{step}' AND state = 'done'"),
+    )
+    .into_iter()
+    .collect()
+}
+
+/// The rows of an application table of the workflows, each once.
+fn once<B: TestBackend>(e: &Engine<B>, table: &str) -> HashSet<String> {
+    let rows = B::strings(e, &format!("SELECT run FROM {table}"));
+    let set: HashSet<String> = rows.iter().cloned().collect();
+    assert_eq!(
+        rows.len(),
+        set.len(),
+        "a step_tx's row in {table} written twice"
+    );
+    set
+}
+
+/// The workflows' invariants: one run per order; a `step_tx`'s row exactly
+/// when its step is recorded; a recorded step's outside effect done, and
+/// never again once recorded (the count of effects per run is kept in the
+/// map under `effects/<run>`, checked against the check before); children
+/// made once, under their parent's ids; a join over only when its children
+/// ended; waits only of suspended runs.
+fn check_workflows<B: TestBackend>(
+    e: &Engine<B>,
+    orders: &HashSet<String>,
+    before: &BTreeMap<String, i64>,
+    seen: &mut BTreeMap<String, i64>,
+) {
+    let fulfil: HashSet<String> =
+        B::strings(e, "SELECT id FROM reflexr_runs WHERE action = 'fulfil'")
+            .into_iter()
+            .collect();
+    let want: HashSet<String> = orders.iter().map(|o| format!("fulfil-{o}")).collect();
+    assert_eq!(fulfil, want, "one workflow per order, enqueued with it");
+    assert_eq!(
+        once(e, "reserved"),
+        recorded(e, "reserve"),
+        "reserve: rows exactly when recorded"
+    );
+    assert_eq!(
+        once(e, "shipped"),
+        recorded(e, "ship"),
+        "ship: rows exactly when recorded"
+    );
+    let fulfilled = once(e, "fulfilled");
+    assert_eq!(
+        fulfilled,
+        recorded(e, "done"),
+        "done: rows exactly when recorded"
+    );
+    let succeeded: HashSet<String> = B::strings(
+        e,
+        "SELECT id FROM reflexr_runs WHERE action = 'fulfil' AND state = 'succeeded'",
+    )
+    .into_iter()
+    .collect();
+    // Its last step commits before its success (a kill between the two
+    // leaves the step, and the next attempt returns it).
+    assert!(
+        succeeded.is_subset(&fulfilled),
+        "a workflow succeeds after its last step"
+    );
+
+    // Effects: the recorded nonce was an effect of the run, and no effect
+    // ran after the record.
+    let mut effects: HashMap<String, Vec<u64>> = HashMap::new();
+    for ev in events(e, "effects", &["effect"]) {
+        let p: serde_json::Value = ev.payload().unwrap();
+        effects
+            .entry(ev.subject.clone())
+            .or_default()
+            .push(p["nonce"].as_u64().unwrap());
+    }
+    let outputs: Vec<String> = B::strings(
+        e,
+        "SELECT run || ' ' || output FROM reflexr_steps WHERE name = 'effect'",
+    );
+    for line in outputs {
+        let (run, nonce) = line.split_once(' ').unwrap();
+        let nonce: u64 = nonce.parse().unwrap();
+        let done = effects.get(run).cloned().unwrap_or_default();
+        assert!(
+            done.contains(&nonce),
+            "{run}: the recorded effect {nonce} happened"
+        );
+        let key = format!("effects/{run}");
+        if let Some(n) = before.get(&key) {
+            assert_eq!(
+                done.len() as i64,
+                *n,
+                "{run}: an effect ran again after its record"
+            );
+        }
+        seen.insert(key, done.len() as i64);
+    }
+
+    // Children: once each, under the parent's ids; a join over only when
+    // every child ended.
+    let spawned: [HashSet<String>; 2] = [recorded(e, "ship/0"), recorded(e, "ship/1")];
+    let mut children: HashMap<String, String> = HashMap::new();
+    for line in B::strings(
+        e,
+        "SELECT id || ' ' || parent || ' ' || state FROM reflexr_runs WHERE parent IS NOT NULL",
+    ) {
+        let mut parts = line.splitn(3, ' ');
+        let (child, parent, state) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        let i = usize::from(child.ends_with("/ship/1"));
+        assert_eq!(
+            child,
+            format!("{parent}/ship/{i}"),
+            "{child} is a child of {parent}"
+        );
+        assert!(
+            spawned[i].contains(parent),
+            "{child} exists only with its spawn step"
+        );
+        children.insert(child.to_string(), state.to_string());
+    }
+    for parent in recorded(e, "shipped") {
+        for i in 0..2 {
+            assert_eq!(
+                children
+                    .get(&format!("{parent}/ship/{i}"))
+                    .map(String::as_str),
+                Some("succeeded"),
+                "{parent}: joined before its child ended"
+            );
+        }
+    }
+    // Waits belong to runs that have not ended.
+    assert_eq!(
+        B::count(
+            e,
+            "SELECT count(*) FROM reflexr_event_waits w JOIN reflexr_runs r ON r.id = w.run \
+             WHERE r.state NOT IN ('ready', 'running')"
+        ),
+        0,
+        "a wait of a run that ended"
+    );
 }
 
 /// The child's endless work: appends an order a little after another and

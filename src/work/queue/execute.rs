@@ -267,10 +267,9 @@ pub(crate) fn execute<B: Backend>(
                         took.push((run.action.as_str(), t.elapsed()));
                         outcome
                     }
-                    None => Outcome::Failed(
-                        format!("no handler for action {}", run.action),
-                        Vec::new(),
-                    ),
+                    None => {
+                        Outcome::Failed(format!("no handler for action {}", run.action), Vec::new())
+                    }
                 }
             };
             outcomes[i] = Some(outcome);

@@ -539,7 +539,13 @@ impl RunContext<'_, crate::store::Postgres> {
 /// [`Error::LeaseLost`]: the check a workflow step's record makes in its
 /// transaction.
 pub(crate) fn hold<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, now: i64) -> Result<()> {
-    if crate::store::Steps::hold_claim(tx.core(), &run.id, &run.holder, i64::from(run.attempt), now)? {
+    if crate::store::Steps::hold_claim(
+        tx.core(),
+        &run.id,
+        &run.holder,
+        i64::from(run.attempt),
+        now,
+    )? {
         Ok(())
     } else {
         Err(claim_lost(run))

@@ -420,9 +420,9 @@ impl<'a, B: Backend> RunContext<'a, B> {
 
     /// The row of where the run began, if this attempt records it first.
     fn begin_row(&self, now: i64) -> Option<StepRow> {
-        self.pending_begin().map(|seq| begin_row(self.run, seq, now))
+        self.pending_begin()
+            .map(|seq| begin_row(self.run, seq, now))
     }
-
 
     /// Runs `f` inside the write transaction that records the step: the
     /// application's rows `f` writes and the step's record commit together,
