@@ -9,6 +9,7 @@
 //! | [`rules`] | rules and runs: deciding exactly once, acting at least once, retries, scopes, replays, threads and tests |
 //! | [`jobs`] | the jobs loop: reactions, deliveries on channels, scheduled jobs, pruning |
 //! | [`control`] | control of the work: enqueue, pause, cancel, unique runs, priorities, limits, operators' interventions |
+//! | [`workflows`] | durable workflows: steps recorded once, durable sleeps, waits on the log, child runs, changing code while runs sleep |
 //! | [`followers`] | followers: one workspace into another, of this file or another, with the same ids |
 //! | [`operating`] | operating: the `reflexr` CLI, the administration server over HTTP, the web console, MCP |
 //! | [`postgres`] | PostgreSQL and scaling out: the same engine on a server database, an edge relaying into a hub |
@@ -23,7 +24,7 @@ macro_rules! guide {
     ($(#[$meta:meta])* $name:ident, $file:literal) => {
         #[doc = "[log]: crate::guide::log\n[rules]: crate::guide::rules\n\
                  [jobs]: crate::guide::jobs\n[control]: crate::guide::control\n\
-                 [followers]: crate::guide::followers\n[operating]: crate::guide::operating\n\
+                 [followers]: crate::guide::followers\n[workflows]: crate::guide::workflows\n[operating]: crate::guide::operating\n\
                  [postgres]: crate::guide::postgres\n[file]: mod@crate::guide::file\n\
                  [performance]: crate::guide::performance\n[guarantees]: crate::guide::guarantees\n"]
         #[doc = include_str!(concat!("../docs/guide/", $file))]
@@ -36,6 +37,7 @@ guide!(log, "log.md");
 guide!(rules, "rules.md");
 guide!(jobs, "jobs.md");
 guide!(control, "control.md");
+guide!(workflows, "workflows.md");
 guide!(followers, "followers.md");
 guide!(operating, "operating.md");
 guide!(postgres, "postgres.md");

@@ -6,7 +6,11 @@
 //! event; their actions run at least once as [`Run`]s, under leases, with
 //! retries and backoff. [`Reaction`]s, scheduled [`Job`]s and [`Delivery`]s
 //! run in one loop per file; [`Follow`]ers bridge one workspace's log into
-//! another with the same ids. Synchronous and thread-based: no async runtime.
+//! another with the same ids. A run can be a durable workflow: its handler's
+//! steps ([`RunContext::step`], [`RunContext::step_tx`]) are recorded once,
+//! and it sleeps or waits for an event of the log
+//! ([`RunContext::wait_for_event`]) suspended, without a thread (see
+//! [`guide::workflows`]). Synchronous and thread-based: no async runtime.
 //!
 //! An application row and its event in one transaction, a rule that decides
 //! on it, the run it fires, and a consumer reading the log after its cursor:
