@@ -341,6 +341,18 @@ pub(crate) fn cancel<C: Work + ?Sized>(
     op: &str,
     why: &str,
 ) -> Result<(String, Vec<String>)> {
+    // The descendants' rows first, as a child's end takes them (its own,
+    // then its parent's): a cancel and a settlement never wait for each
+    // other in a circle.
+    let mut descendants = Vec::new();
+    let mut parents = vec![id.to_string()];
+    while let Some(parent) = parents.pop() {
+        for child in Steps::children(conn, &parent)? {
+            parents.push(child.clone());
+            descendants.push(child);
+        }
+    }
+    Steps::lock_runs(conn, &descendants)?;
     let was = cancel_one(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
     match was.as_str() {
         "waiting" | "ready" | "running" => {}
@@ -355,15 +367,11 @@ pub(crate) fn cancel<C: Work + ?Sized>(
     }
     // The children, and theirs, that have not ended: cancelled with it.
     let mut children = Vec::new();
-    let mut parents = vec![id.to_string()];
-    while let Some(parent) = parents.pop() {
-        for child in Steps::children(conn, &parent)? {
-            if let Some(state) = cancel_one(conn, &child, now, op, why)?
-                && matches!(state.as_str(), "waiting" | "ready" | "running")
-            {
-                children.push(child.clone());
-            }
-            parents.push(child);
+    for child in descendants {
+        if let Some(state) = cancel_one(conn, &child, now, op, why)?
+            && matches!(state.as_str(), "waiting" | "ready" | "running")
+        {
+            children.push(child);
         }
     }
     let detail = if children.is_empty() {

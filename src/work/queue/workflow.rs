@@ -873,9 +873,12 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let pending = self.pending.clone();
         let result = self.db.write_with(move |tx| {
             let now = tx.now_ms();
+            // The children's rows before this run's, as a child's end
+            // takes them (its own, then its parent's): the two never wait
+            // for each other in a circle.
+            Steps::lock_runs(tx.core(), &ids)?;
             insert_rows(tx, &pending)?;
             hold(tx, run, now)?;
-            Steps::lock_runs(tx.core(), &ids)?;
             let mut ends = Vec::with_capacity(ids.len());
             let mut open = Vec::new();
             for id in &ids {
