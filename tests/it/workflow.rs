@@ -25,6 +25,7 @@ on_backends!(
     a_durable_sleep_holds_no_claim_and_continues_at_its_time,
     a_wait_finds_an_event_appended_before_it_was_reached,
     a_wait_wakes_once_on_the_first_matching_event,
+    a_wait_receives_an_event_appended_while_no_process_ran,
     a_wait_matches_a_payload_field,
     a_wait_times_out_once_and_a_later_event_changes_nothing,
     children_are_spawned_once_and_joined_with_their_outputs,
@@ -326,6 +327,49 @@ fn a_wait_wakes_once_on_the_first_matching_event<B: TestBackend>() {
         4,
         "three starts and one wake"
     );
+}
+
+/// The log is the mailbox across processes: a run suspended by one engine,
+/// an event appended by another that runs no workflow while the first is
+/// gone, and the first, reopened, wakes it.
+fn a_wait_receives_an_event_appended_while_no_process_ran<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let register = |e: &Engine<B>, got: Arc<Mutex<Vec<i64>>>| {
+        e.register_action("flow", move |_run, ctx| {
+            let m = EventMatch::new("events", "speaker.confirmed").subject("session/7");
+            let event = ctx
+                .wait_for_event("confirmed", &m, None)?
+                .expect("no timeout");
+            got.lock().unwrap().push(event.seq);
+            Ok(())
+        })
+        .unwrap();
+    };
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let id = {
+        let first = engine::<B>(&place, &clock);
+        register(&first, got.clone());
+        let id = first.enqueue(&Enqueue::new("flow", &json!({}))).unwrap().id;
+        first.run_until_idle().unwrap();
+        assert_eq!(run_state(&first, &id), RunState::Ready);
+        id
+    };
+    let seq = {
+        let other = engine::<B>(&place, &clock);
+        let seq = other
+            .append("events", &confirmed("session/7", START_MS))
+            .unwrap()
+            .seq;
+        other.run_until_idle().unwrap();
+        seq
+    };
+    assert_eq!(*got.lock().unwrap(), Vec::<i64>::new(), "nobody ran it yet");
+    let again = engine::<B>(&place, &clock);
+    register(&again, got.clone());
+    again.run_until_idle().unwrap();
+    assert_eq!(run_state(&again, &id), RunState::Succeeded);
+    assert_eq!(*got.lock().unwrap(), vec![seq]);
 }
 
 /// A wait by a payload field matches the value as JSON.
