@@ -44,7 +44,7 @@ fn child_process_workload<B: TestBackend>() {
     let hours: i64 = std::env::var("REFLEXR_HOURS").unwrap().parse().unwrap();
     let e = parent_engine::<B>(&child_opts(hours));
     workload(&e);
-    workflows(&e);
+    let _outside = workflows(&e);
     e.start().unwrap();
     println!("\nstarted");
     append_orders_until_stopped(&e, hours);
@@ -107,7 +107,7 @@ fn kill_again_and_again<B: TestBackend>(kills: u64) -> usize {
     let clock = later(kills as i64 + 10);
     let e = B::open_opts(&place, &Opts::new(&clock, "finisher"));
     workload(&e);
-    workflows(&e);
+    let _outside = workflows(&e);
     // The workflows' sleeps and waits' timeouts pass on its clock.
     for _ in 0..20 {
         e.run_until_idle().unwrap();

@@ -163,7 +163,7 @@ fn power_cuts_lose_no_acknowledged_commit_and_never_corrupt_the_file() {
             .open()
             .unwrap();
         workload(&e);
-        workflows(&e);
+        let _outside = workflows(&e);
         // The workflows' sleeps (5 ms) and waits' timeouts (20 ms) pass on
         // the system clock: a few rounds until nothing is pending.
         for _ in 0..200 {

@@ -41,7 +41,8 @@ pub fn child_opts(hours: i64) -> Opts {
 
 /// A child's engine on the file `builder` opens, as [`child_opts`] says but
 /// on the system clock moved `hours` ahead, the workload registered: the
-/// power-cut torture's, whose builder has a VFS of its own.
+/// power-cut torture's, whose builder has a VFS of its own. The child keeps
+/// the engine to its end, so the workflows' [`Outside`] is kept too.
 pub fn child_engine(builder: Builder, hours: i64) -> Engine {
     let e = builder
         .clock(Later(hours))
@@ -51,7 +52,7 @@ pub fn child_engine(builder: Builder, hours: i64) -> Engine {
         .open()
         .unwrap();
     workload(&e);
-    workflows(&e);
+    std::mem::forget(workflows(&e));
     e
 }
 
@@ -131,12 +132,25 @@ pub fn workload<B: TestBackend>(e: &Engine<B>) {
         .unwrap();
 }
 
+/// The engine a workflow's outside effect is written through, kept for the
+/// handlers while this lives: dropping it lets the engine go (the handlers
+/// would otherwise keep the engine that keeps them).
+pub struct Outside<B: reflexr::Backend>(std::sync::Arc<std::sync::Mutex<Option<Engine<B>>>>);
+
+impl<B: reflexr::Backend> Drop for Outside<B> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().take();
+    }
+}
+
 /// The workflows' handlers, in a process that runs them (a child, a
 /// finisher): `fulfil`, one run per order, and its children `ship`. A step's
 /// outside effect is an event appended in a write of its own to the
-/// workspace `effects` (through `e`, which the handler keeps).
-pub fn workflows<B: TestBackend>(e: &Engine<B>) {
-    let outside = e.clone();
+/// workspace `effects`, through the engine the returned [`Outside`] keeps.
+#[must_use = "the handlers write their outside effects while it lives"]
+pub fn workflows<B: TestBackend>(e: &Engine<B>) -> Outside<B> {
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(e.clone())));
+    let outside = Outside(slot.clone());
     e.register_action("fulfil", move |run, ctx| {
         if fastrand::u8(..8) == 0 {
             return Err("the warehouse did not answer".into());
@@ -149,6 +163,11 @@ pub fn workflows<B: TestBackend>(e: &Engine<B>) {
         })?;
         let nonce: u64 = ctx.step("effect", |_| {
             let nonce = fastrand::u64(..1 << 52);
+            let outside = slot
+                .lock()
+                .unwrap()
+                .clone()
+                .ok_or_else(|| reflexr::Error::invalid("effect", "the engine is closing"))?;
             let at = outside.now_ms();
             outside.append(
                 "effects",
@@ -191,6 +210,7 @@ pub fn workflows<B: TestBackend>(e: &Engine<B>) {
         Ok(())
     })
     .unwrap();
+    outside
 }
 
 /// Appends one order with its application row, in one transaction; the
