@@ -174,7 +174,8 @@ CREATE TABLE reflexr_runs (
     cancelled_by     TEXT,
     cancel_reason    TEXT,
     output           TEXT CHECK (output IS NULL OR json_valid(output)),
-    parent           TEXT
+    parent           TEXT,
+    began_seq        INTEGER
 ) STRICT;
 
 -- Claims: the ready runs by priority, then due time. Runs that wait behind

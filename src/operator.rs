@@ -175,7 +175,9 @@ impl<B: Backend> Operator<'_, B> {
     ///
     /// **What the forgotten steps did outside the file may happen again**:
     /// a charge, a mail. Their `step_tx` rows stay as they are (the
-    /// application's tables are its own), and run again too.
+    /// application's tables are its own), and run again too. A forgotten
+    /// `spawn` finds its child again if the child is still there (a join
+    /// returns how it ended), and enqueues it anew only once it was pruned.
     ///
     /// # Errors
     /// [`Error::NotFound`] for no such run, or no such step of it;

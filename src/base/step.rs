@@ -74,8 +74,8 @@ impl From<(&str, &str)> for StepName {
 text_enum! {
     /// What a recorded step is.
     pub enum StepKind ("step kind") {
-        /// Where the run began: the log's head when its first step was
-        /// reached (a wait finds events after it).
+        /// Where the run began: the log's head when it was first claimed
+        /// (a wait finds events after it).
         Begin = "begin",
         /// A closure's output ([`crate::RunContext::step`]).
         Step = "step",

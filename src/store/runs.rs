@@ -102,6 +102,8 @@ pub struct RunRow {
     pub output: Option<String>,
     /// The workflow run that spawned it.
     pub parent: Option<String>,
+    /// The log's head when it was first claimed.
+    pub began_seq: Option<i64>,
 }
 
 /// Where a feed of run changes stands (`Inspect::runs_feed`).
@@ -327,7 +329,7 @@ pub(crate) const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope,
     input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, \
     backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, \
     last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, \
-    started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent";
+    started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq";
 
 /// The `SET` term for a run going back to waiting or ready (a retry, a
 /// lapsed or released claim, an operator's revive): it gives its uniqueness

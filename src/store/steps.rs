@@ -80,9 +80,10 @@ pub trait Steps {
     fn set_output(&self, id: &str, holder: &str, attempt: i64, output: &str) -> Result<bool>;
     /// The ids of `parent`'s children.
     fn children(&self, parent: &str) -> Result<Vec<String>>;
-    /// Locks these runs' rows for the rest of the transaction, so their
-    /// states do not change under a join's look (PostgreSQL; one writer on
-    /// SQLite has them already).
+    /// Locks these runs' rows for the rest of the transaction, one after
+    /// another in the order given, so their states do not change under a
+    /// join's or an operator's look (PostgreSQL; one writer on SQLite has
+    /// them already).
     fn lock_runs(&self, ids: &[String]) -> Result<()>;
 
     /// Records a wait for an event, and makes sure its workspace's waits are

@@ -341,9 +341,9 @@ pub(crate) fn cancel<C: Work + ?Sized>(
     op: &str,
     why: &str,
 ) -> Result<(String, Vec<String>)> {
-    // The descendants' rows first, as a child's end takes them (its own,
-    // then its parent's): a cancel and a settlement never wait for each
-    // other in a circle.
+    // The descendants' rows first, deepest first, as a child's end takes
+    // them (its own, then its parent's): a cancel and a settlement never
+    // wait for each other in a circle.
     let mut descendants = Vec::new();
     let mut parents = vec![id.to_string()];
     while let Some(parent) = parents.pop() {
@@ -352,7 +352,8 @@ pub(crate) fn cancel<C: Work + ?Sized>(
             descendants.push(child);
         }
     }
-    Steps::lock_runs(conn, &descendants)?;
+    let deepest_first: Vec<String> = descendants.iter().rev().cloned().collect();
+    Steps::lock_runs(conn, &deepest_first)?;
     let was = cancel_one(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
     match was.as_str() {
         "waiting" | "ready" | "running" => {}

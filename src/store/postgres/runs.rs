@@ -57,6 +57,7 @@ pub(super) fn run_from(r: &Row) -> Result<RunRow> {
         cancel_reason: col(r, 34)?,
         output: col(r, 35)?,
         parent: col(r, 36)?,
+        began_seq: col(r, 37)?,
     })
 }
 
@@ -81,7 +82,8 @@ static CLAIM_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
            ORDER BY due_at LIMIT $6 \
            FOR UPDATE SKIP LOCKED) \
          UPDATE reflexr_runs r SET state = 'running', attempt = r.attempt + 1, \
-           claimed_by = $1, claim_expires_at = $3, updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, started_at = $2 \
+           claimed_by = $1, claim_expires_at = $3, updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, started_at = $2, \
+           began_seq = coalesce(r.began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
          FROM picked WHERE r.ord = picked.ord AND r.state = 'ready' \
          RETURNING {columns}"
     )
@@ -96,7 +98,8 @@ static CLAIM_PICKED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(
            SELECT ord FROM reflexr_runs WHERE ord = ANY ($4) AND state = 'ready' \
            FOR UPDATE SKIP LOCKED) \
          UPDATE reflexr_runs r SET state = 'running', attempt = r.attempt + 1, \
-           claimed_by = $1, claim_expires_at = $3, updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, started_at = $2 \
+           claimed_by = $1, claim_expires_at = $3, updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, started_at = $2, \
+           began_seq = coalesce(r.began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
          FROM picked WHERE r.ord = picked.ord AND r.state = 'ready' \
          RETURNING {columns}"
     )
@@ -448,7 +451,9 @@ impl Runs for PgConn {
                 WHERE state IN ('succeeded', 'discarded') AND due_at < $1 \
                   AND coalesce(finished_at, updated_at) < $1 \
                 LIMIT $2) RETURNING id), \
-             steps AS (DELETE FROM reflexr_steps WHERE run IN (SELECT id FROM gone)) \
+             steps AS (DELETE FROM reflexr_steps WHERE run IN (SELECT id FROM gone)), \
+             event_waits AS (DELETE FROM reflexr_event_waits WHERE run IN (SELECT id FROM gone)), \
+             run_waits AS (DELETE FROM reflexr_run_waits WHERE run IN (SELECT id FROM gone)) \
              SELECT count(*) FROM gone",
             &[(&before, Type::INT8), (&limit, Type::INT8)],
         )?;

@@ -39,6 +39,7 @@ const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
 const MIGRATE_TO_10: &str = "
 ALTER TABLE reflexr_runs ADD COLUMN output text;
 ALTER TABLE reflexr_runs ADD COLUMN parent text;
+ALTER TABLE reflexr_runs ADD COLUMN began_seq bigint;
 CREATE INDEX reflexr_runs_by_parent ON reflexr_runs (parent) WHERE parent IS NOT NULL;
 CREATE TABLE reflexr_steps (
     run         text NOT NULL,

@@ -209,12 +209,13 @@ impl Steps for PgConn {
     }
 
     fn lock_runs(&self, ids: &[String]) -> Result<()> {
-        let mut ids = ids.to_vec();
-        ids.sort();
-        self.query(
-            "SELECT 1 FROM reflexr_runs WHERE id = ANY ($1) ORDER BY id FOR UPDATE",
-            &[(&ids, Type::TEXT_ARRAY)],
-        )?;
+        // One at a time, in the order given (the caller's lock order).
+        for id in ids {
+            self.query(
+                "SELECT 1 FROM reflexr_runs WHERE id = $1 FOR UPDATE",
+                &[(&id, Type::TEXT)],
+            )?;
+        }
         Ok(())
     }
 

@@ -165,6 +165,7 @@ pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
         cancel_reason: r.get(34)?,
         output: r.get(35)?,
         parent: r.get(36)?,
+        began_seq: r.get(37)?,
     })
 }
 
@@ -271,7 +272,8 @@ pub(crate) fn claim_ords(
 ) -> Result<Vec<RunRow>> {
     let mut stmt = conn.prepare_cached(&format!(
         "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
-           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2 \
+           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2, \
+           began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
          WHERE ord IN (SELECT value FROM json_each(?4)) AND state = 'ready' \
          RETURNING {COLUMNS}"
     ))?;
@@ -320,7 +322,8 @@ pub(super) const WORK_DUE: &str = "WITH RECURSIVE p(v) AS ( \
 fn claim_sql(limit: i64) -> String {
     format!(
         "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
-           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2 \
+           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2, \
+           began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
          WHERE ord IN (SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_due \
                        WHERE state = 'ready' AND priority = ?5 AND due_at <= ?2 \
                          AND action IN (SELECT value FROM json_each(?4)) \

@@ -33,11 +33,13 @@ const MIGRATIONS: &[(i64, &str)] = &[
 ];
 
 /// Version 7: durable workflows. A run may have a parent (a workflow that
-/// spawned it) and an output; its steps, and what suspended runs wait for
+/// spawned it), an output, and the log's head when it was first claimed
+/// (`began_seq`: its waits look after it); its steps, and what suspended runs wait for
 /// (an event of the log, other runs' ends), have tables of their own.
 const MIGRATE_TO_7: &str = "
 ALTER TABLE reflexr_runs ADD COLUMN output TEXT CHECK (output IS NULL OR json_valid(output));
 ALTER TABLE reflexr_runs ADD COLUMN parent TEXT;
+ALTER TABLE reflexr_runs ADD COLUMN began_seq INTEGER;
 CREATE INDEX reflexr_runs_by_parent ON reflexr_runs (parent) WHERE parent IS NOT NULL;
 CREATE TABLE reflexr_steps (
     run         TEXT NOT NULL,

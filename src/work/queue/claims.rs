@@ -12,6 +12,10 @@ use crate::work::queue::run::Run;
 /// asked the run to stop, and whether its handler started (or the renewer
 /// gave it back unstarted).
 struct Held {
+    /// Which claim of the run this is: a workflow's run that suspended can
+    /// be claimed again by another executor of this process before the
+    /// batch that ran it settles, and that batch must not untrack it.
+    token: u64,
     holder: String,
     attempt: i64,
     expires_at: i64,
@@ -35,6 +39,8 @@ pub(crate) struct Claims {
     /// committed: an executor that sees it move looks at the file before it
     /// starts another run.
     epoch: AtomicU64,
+    /// The last claim token handed out.
+    tokens: AtomicU64,
 }
 
 impl Claims {
@@ -42,12 +48,16 @@ impl Claims {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn track<'a>(&self, runs: impl IntoIterator<Item = &'a Run>) {
+    /// Tracks these claims, each with a token of its own (set on the run,
+    /// for [`Claims::untrack`]).
+    pub fn track<'a>(&self, runs: impl IntoIterator<Item = &'a mut Run>) {
         let mut held = self.lock();
         for r in runs {
+            r.token = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
             held.insert(
                 r.id.clone(),
                 Held {
+                    token: r.token,
                     holder: r.holder.clone(),
                     attempt: i64::from(r.attempt),
                     expires_at: r.claim_expires_at,
@@ -104,10 +114,14 @@ impl Claims {
         self.epoch.load(Ordering::SeqCst)
     }
 
-    pub fn untrack<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
+    /// Stops tracking these claims (`(run id, token)`); a run claimed again
+    /// since (another token) stays tracked.
+    pub fn untrack<'a>(&self, claims: impl IntoIterator<Item = (&'a str, u64)>) {
         let mut held = self.lock();
-        for id in ids {
-            held.remove(id);
+        for (id, token) in claims {
+            if held.get(id).is_some_and(|h| h.token == token) {
+                held.remove(id);
+            }
         }
     }
 

@@ -141,7 +141,7 @@ pub(crate) fn execute<B: Backend>(
                     if let Some(lane) = &lapsed.lane {
                         Lanes::advance_lane(tx.core(), lane, &lapsed.id, now)?;
                     }
-                    waits::child_ended(tx, &lapsed.id, lapsed.parent.as_deref())?;
+                    waits::run_ended(tx, &lapsed.id, lapsed.parent.as_deref())?;
                     lapsed_cancelled.fetch_add(1, Ordering::Relaxed);
                     // It ended: threads waiting for it look again.
                     if db.has_run_waiters() {
@@ -214,14 +214,14 @@ pub(crate) fn execute<B: Backend>(
             base
         };
         done.claimed += fresh.len();
-        let fresh_runs: Vec<(RunRow, Run)> = fresh
+        let mut fresh_runs: Vec<(RunRow, Run)> = fresh
             .into_iter()
             .map(|row| {
                 let run = Run::from_row(&row);
                 (row, run)
             })
             .collect();
-        claims.track(fresh_runs.iter().map(|(_, r)| r));
+        claims.track(fresh_runs.iter_mut().map(|(_, r)| r));
         // Higher priorities first; within one, what was carried first.
         let mut batch: Vec<(RunRow, Run)> = carried.drain(..).chain(fresh_runs).collect();
         batch.sort_by_key(|(row, _)| std::cmp::Reverse(row.priority));
@@ -413,8 +413,8 @@ pub(crate) fn execute<B: Backend>(
         claims.untrack(
             batch
                 .iter()
-                .map(|(_, r)| r.id.as_str())
-                .filter(|id| next.is_err() || !carried_ids.contains(id)),
+                .map(|(_, r)| (r.id.as_str(), r.token))
+                .filter(|(id, _)| next.is_err() || !carried_ids.contains(id)),
         );
         let (round, next) = next?;
         carried = carry.into_iter().cloned().collect();
@@ -451,7 +451,7 @@ fn give_back<B: Backend>(
         if let Some(lane) = lane {
             Lanes::advance_lane(tx.core(), lane, id, now)?;
         }
-        waits::child_ended(tx, id, parent)?;
+        waits::run_ended(tx, id, parent)?;
         return Ok(true);
     }
     Ok(false)
@@ -553,7 +553,7 @@ fn settle_contained<B: Backend>(
                     Lanes::advance_lane(tx.core(), lane, &run.id, now)?;
                 }
                 if done {
-                    waits::child_ended(tx, &run.id, run.parent.as_deref())?;
+                    waits::run_ended(tx, &run.id, run.parent.as_deref())?;
                 }
                 Ok::<_, Error>(done)
             })?;
@@ -633,7 +633,7 @@ fn fail<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, error: &str) -> Result<Settle
             Lanes::advance_lane(conn, lane, &run.id, now)?;
         }
     }
-    waits::child_ended(tx, &run.id, run.parent.as_deref())?;
+    waits::run_ended(tx, &run.id, run.parent.as_deref())?;
     Ok(Settled::Dead)
 }
 

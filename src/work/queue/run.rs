@@ -56,6 +56,11 @@ pub struct Run {
     pub(crate) ord: i64,
     /// The workflow run that spawned it.
     pub(crate) parent: Option<String>,
+    /// The log's head when the run was first claimed: a workflow's waits
+    /// look at the events after it.
+    pub(crate) began_seq: i64,
+    /// This claim's token in the executors' tracking (0: not tracked).
+    pub(crate) token: u64,
 }
 
 impl Run {
@@ -78,6 +83,8 @@ impl Run {
             lane: r.lane.clone(),
             ord: r.ord,
             parent: r.parent.clone(),
+            began_seq: r.began_seq.unwrap_or(0),
+            token: 0,
         }
     }
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use crate::base::error::Result;
 use crate::base::step::EventMatch;
 use crate::core::db::{Backend, Tx};
-use crate::store::{Events, Steps};
+use crate::store::{Events, Runs, Steps};
 
 /// Matches the events appended since the last match against the runs that
 /// wait for them: each matched wait records its event and makes its run
@@ -60,6 +60,13 @@ pub(crate) fn match_waits<B: Backend>(tx: &mut Tx<'_, B>) -> Result<usize> {
                         if !taken.insert((run.clone(), step.clone())) {
                             continue;
                         }
+                        // A run that ended meanwhile waits for nothing.
+                        let open = Runs::get(tx.core(), &run)?
+                            .is_some_and(|r| r.state == "ready" || r.state == "running");
+                        if !open {
+                            Steps::delete_event_wait(tx.core(), &run, &step)?;
+                            continue;
+                        }
                         let output = serde_json::to_string(event).map_err(|e| {
                             crate::base::error::Error::Encode {
                                 message: e.to_string(),
@@ -97,6 +104,18 @@ pub(crate) fn child_ended<B: Backend>(
         tx.mark_nudge();
     }
     Ok(())
+}
+
+/// A run ended otherwise than by its handler's success (it died, or was
+/// cancelled): what it waited for is forgotten, and the parents that wait
+/// for it are due now. In the transaction that ended it.
+pub(crate) fn run_ended<B: Backend>(
+    tx: &mut Tx<'_, B>,
+    id: &str,
+    parent: Option<&str>,
+) -> Result<()> {
+    Steps::delete_waits_of(tx.core(), id)?;
+    child_ended(tx, id, parent)
 }
 
 /// [`child_ended`] on a connection (an operator's cancel).

@@ -192,9 +192,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
     fn flow(&mut self) -> Result<&mut Flow> {
         if self.flow.is_none() {
             let id = self.run.id.clone();
-            let (rows, head) = self
-                .db
-                .read_with(&mut |c| Ok((Steps::steps(c, &id)?, Events::head(c)?)))?;
+            let rows = self.db.read_with(&mut |c| Steps::steps(c, &id))?;
             let mut flow = Flow {
                 recorded: HashMap::new(),
                 by_position: BTreeMap::new(),
@@ -217,7 +215,9 @@ impl<'a, B: Backend> RunContext<'a, B> {
                 flow.recorded.insert(row.name.clone(), row);
             }
             if flow.began.is_none() {
-                flow.pending_begin = Some(head);
+                // The head when the run was first claimed, recorded with its
+                // first step for the timeline.
+                flow.pending_begin = Some(self.run.began_seq);
             }
             self.flow = Some(flow);
         }
@@ -379,8 +379,14 @@ impl<'a, B: Backend> RunContext<'a, B> {
             Reached::Recorded(row) => return decode(self.run, &name.0, row.output.as_deref()),
             Reached::New(p) => p,
         };
-        // What the step before recorded is durable before this one acts.
-        if let Err(e) = self.flush() {
+        // What the step before recorded is durable before this one acts;
+        // a run asked to stop here acts no more.
+        let ready = if self.is_cancelled() {
+            Err(claim_lost(self.run))
+        } else {
+            self.flush()
+        };
+        if let Err(e) = ready {
             self.unreach(&name);
             return Err(e);
         }
@@ -623,8 +629,9 @@ impl<'a, B: Backend> RunContext<'a, B> {
     }
 
     /// Waits durably for the first event of the log that matches `what`
-    /// appended after the run began (and after the event this run's previous
-    /// wait received), for up to `timeout` (none: for as long as it takes).
+    /// appended after the run began — after the log's head when it was
+    /// first claimed — and after the event this run's previous wait
+    /// received, for up to `timeout` (none: for as long as it takes).
     /// Returns the event, or `None` once the timeout passed.
     ///
     /// The log is the mailbox: an event appended before this step was
@@ -823,8 +830,23 @@ impl<'a, B: Backend> RunContext<'a, B> {
         child.parent = Some(self.run.id.clone());
         let mut row = self.new_row(&name, position, StepKind::Spawn, self.db.now_ms());
         row.output = Some(serde_json::json!({ "id": id }).to_string());
+        let run = self.run;
         let written = self.record(&row, move |tx| {
-            enqueue::enqueue(tx, &child)?;
+            let made = enqueue::enqueue(tx, &child)?;
+            if made.deduplicated
+                && Runs::get(tx.core(), &made.id)?
+                    .and_then(|r| r.parent)
+                    .as_deref()
+                    != Some(run.id.as_str())
+            {
+                return Err(Error::invalid(
+                    "spawn",
+                    format!(
+                        "the id {} is another run's; name the step otherwise",
+                        made.id
+                    ),
+                ));
+            }
             tx.mark_nudge();
             Ok(())
         });
@@ -876,7 +898,9 @@ impl<'a, B: Backend> RunContext<'a, B> {
             // The children's rows before this run's, as a child's end
             // takes them (its own, then its parent's): the two never wait
             // for each other in a circle.
-            Steps::lock_runs(tx.core(), &ids)?;
+            let mut in_order = ids.clone();
+            in_order.sort();
+            Steps::lock_runs(tx.core(), &in_order)?;
             insert_rows(tx, &pending)?;
             hold(tx, run, now)?;
             let mut ends = Vec::with_capacity(ids.len());
@@ -905,8 +929,15 @@ impl<'a, B: Backend> RunContext<'a, B> {
             }
             row.recorded_at = now;
             if open.is_empty() {
-                let json = serde_json::Value::Array(ends.iter().map(RunEnd::to_json).collect())
-                    .to_string();
+                let value = serde_json::Value::Array(ends.iter().map(RunEnd::to_json).collect());
+                // What later attempts decode, so every attempt sees the same.
+                let ends = value
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(RunEnd::from_json)
+                    .collect::<Result<Vec<_>>>()?;
+                let json = value.to_string();
                 if recorded {
                     Steps::resolve_step(tx.core(), &run.id, &step, &json, now)?;
                     Steps::delete_waits_of(tx.core(), &run.id)?;
@@ -1142,6 +1173,9 @@ pub(crate) fn reset_to_step<C: crate::store::Work + ?Sized>(
     id: &str,
     step: &str,
 ) -> Result<(String, usize)> {
+    // Its row first, so no claim takes it between the look and the reset
+    // (PostgreSQL; one writer on SQLite).
+    Steps::lock_runs(conn, &[id.to_string()])?;
     let row = Runs::get(conn, id)?.ok_or_else(|| Error::not_found("run", id))?;
     let conflict = |reason: String| Error::Conflict {
         kind: "run",
@@ -1167,7 +1201,9 @@ pub(crate) fn reset_to_step<C: crate::store::Work + ?Sized>(
         .find(|s| s.name == step && s.kind != StepKind::Begin.as_str())
         .ok_or_else(|| Error::not_found("step", format!("{step} of run {id}")))?;
     let forgotten = Steps::forget_steps(conn, id, target.position)?;
-    Steps::reopen(conn, id, now)?;
+    if !Steps::reopen(conn, id, now)? {
+        return Err(conflict(format!("{id} changed under the reset: try again")));
+    }
     if row.state == "dead"
         && let Some(d) = crate::store::DeadLetters::open_for_run(conn, id)?
     {
