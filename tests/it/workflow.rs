@@ -187,7 +187,17 @@ fn a_durable_sleep_holds_no_claim_and_continues_at_its_time<B: TestBackend>() {
         ctx.step("before", |_| {
             Ok::<_, Error>(b.fetch_add(1, Ordering::SeqCst))
         })?;
-        ctx.sleep("an-hour", HOUR)?;
+        if let Err(e) = ctx.sleep("an-hour", HOUR) {
+            // Suspended: this attempt writes nothing more.
+            assert!(e.is_suspended(), "{e}");
+            assert!(ctx.checkpoint(&1).unwrap_err().is_suspended());
+            assert!(
+                ctx.step("x", |_| Ok::<_, Error>(()))
+                    .unwrap_err()
+                    .is_suspended()
+            );
+            return Err(e.into());
+        }
         ctx.step("after", |_| {
             Ok::<_, Error>(a.fetch_add(1, Ordering::SeqCst))
         })?;

@@ -415,7 +415,8 @@ impl<'a, B: Backend> RunContext<'a, B> {
     ///
     /// # Errors
     /// [`Error::LeaseLost`] if the claim lapsed and another executor took the
-    /// run: stop working on it. [`Error::Invalid`] for a value over the
+    /// run: stop working on it. [`Error::Suspended`] once a workflow's step
+    /// suspended the run. [`Error::Invalid`] for a value over the
     /// payload limit ([`crate::Builder::max_payload_bytes`]) or nested
     /// deeper than [`crate::limits::MAX_JSON_DEPTH`] (nothing is saved).
     pub fn checkpoint<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
@@ -424,6 +425,13 @@ impl<'a, B: Backend> RunContext<'a, B> {
         })?;
         let max = self.db.settings().limits.max_payload_bytes;
         changelog::check_json("checkpoint", &json, max)?;
+        if self.suspended {
+            // The run is no longer this attempt's to write to.
+            return Err(Error::Suspended {
+                run: self.run.id.clone(),
+                step: String::new(),
+            });
+        }
         self.flush()?;
         let run = self.run;
         self.db.write_with(|tx| {
