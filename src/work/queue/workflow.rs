@@ -558,27 +558,26 @@ impl<'a, B: Backend> RunContext<'a, B> {
         row.detail = serde_json::json!({ "until": at_ms }).to_string();
         row.wake_at = Some(at_ms);
         if at_ms <= now {
-            return match self.record(&row, |_| Ok(())) {
-                Ok(()) => {
-                    self.recorded(row);
-                    Ok(())
-                }
-                Err(e) => {
-                    self.unreach(&name);
-                    Err(e)
-                }
-            };
+            let written = self.record(&row, |_| Ok(()));
+            return self.noted(&name, row, written);
         }
         row.state = StepState::Waiting.as_str().into();
         let run = self.run;
         let suspended = self.record(&row, move |tx| suspend(tx, run, at_ms));
-        match suspended {
+        self.noted(&name, row, suspended)?;
+        Err(self.suspended_at(&name))
+    }
+
+    /// What a step's record came to: noted once it committed, its position
+    /// given back when it did not.
+    fn noted(&mut self, name: &StepName, row: StepRow, written: Result<()>) -> Result<()> {
+        match written {
             Ok(()) => {
                 self.recorded(row);
-                Err(self.suspended_at(&name))
+                Ok(())
             }
             Err(e) => {
-                self.unreach(&name);
+                self.unreach(name);
                 Err(e)
             }
         }
@@ -850,16 +849,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
             tx.mark_nudge();
             Ok(())
         });
-        match written {
-            Ok(()) => {
-                self.recorded(row);
-                Ok(id)
-            }
-            Err(e) => {
-                self.unreach(&name);
-                Err(e)
-            }
-        }
+        self.noted(&name, row, written).map(|()| id)
     }
 
     /// Waits durably until every run of `children` (this run's, from
@@ -1024,16 +1014,8 @@ impl<'a, B: Backend> RunContext<'a, B> {
         };
         let mut row = self.new_row(&name, position, StepKind::Patch, self.db.now_ms());
         row.output = Some("true".into());
-        match self.record(&row, |_| Ok(())) {
-            Ok(()) => {
-                self.recorded(row);
-                Ok(true)
-            }
-            Err(e) => {
-                self.unreach(&name);
-                Err(e)
-            }
-        }
+        let written = self.record(&row, |_| Ok(()));
+        self.noted(&name, row, written).map(|()| true)
     }
 
     /// Sets what the run returns when it succeeds: recorded with its
