@@ -21,6 +21,7 @@ use serde_json::json;
 
 on_backends!(
     a_recorded_step_never_runs_again_across_retries,
+    a_recorded_step_never_runs_again_after_its_claim_lapsed,
     a_step_tx_writes_its_rows_exactly_once,
     a_durable_sleep_holds_no_claim_and_continues_at_its_time,
     a_wait_finds_an_event_appended_before_it_was_reached,
@@ -123,6 +124,63 @@ fn a_recorded_step_never_runs_again_across_retries<B: TestBackend>() {
     assert!(steps.iter().all(|s| s.state == StepState::Done));
     assert_eq!(steps[1].output.as_deref(), Some("20"));
     assert_eq!(steps[1].output_bytes, 2);
+}
+
+/// Invariant 5 for steps: an executor whose claim lapsed mid-workflow is
+/// taken over; the new holder runs only the steps not recorded, and the
+/// old one records nothing more and cannot complete the run.
+fn a_recorded_step_never_runs_again_after_its_claim_lapsed<B: TestBackend>() {
+    let place = B::place();
+    let clock = ManualClock::new(START_MS);
+    let first = engine::<B>(&place, &clock);
+    let second = B::open(&place, &clock, "second");
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let register = |e: &Engine<B>, who: &'static str, take_over: Option<Engine<B>>| {
+        let calls = calls.clone();
+        let clock = clock.clone();
+        e.register_action("flow", move |_run, ctx| {
+            let c = calls.clone();
+            ctx.step("a", move |_| {
+                c.lock().unwrap().push(format!("a by {who}"));
+                Ok::<_, Error>(())
+            })?;
+            let c = calls.clone();
+            let other = take_over.clone();
+            let clock = clock.clone();
+            ctx.step("b", move |_| {
+                c.lock().unwrap().push(format!("b by {who}"));
+                if let Some(other) = other {
+                    // This executor stalls past its lease: the other takes
+                    // the run over and finishes it meanwhile.
+                    clock.advance(HOUR);
+                    other.run_until_idle().unwrap();
+                }
+                Ok::<_, Error>(())
+            })?;
+            let c = calls.clone();
+            ctx.step("c", move |_| {
+                c.lock().unwrap().push(format!("c by {who}"));
+                Ok::<_, Error>(())
+            })?;
+            Ok(())
+        })
+        .unwrap();
+    };
+    register(&second, "second", None);
+    register(&first, "first", Some(second.clone()));
+    let id = first.enqueue(&Enqueue::new("flow", &json!({}))).unwrap().id;
+    first.run_until_idle().unwrap();
+    assert_eq!(run_state(&first, &id), RunState::Succeeded);
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec!["a by first", "b by first", "b by second", "c by second"],
+        "a ran once; b's record by the stalled executor was refused"
+    );
+    let steps = first.run_steps(&id).unwrap();
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["begin", "a", "b", "c"]);
+    assert_eq!(steps[1].attempt, 1);
+    assert_eq!(steps[2].attempt, 2, "b is the second attempt's");
 }
 
 /// Invariant 2 for steps: a step_tx's rows and its record commit together,
