@@ -342,6 +342,88 @@ mod a_refused_append_in_a_transaction_leaves_the_rest_of_it_intact {
     }
 }
 
+/// Invariant 10 for workflows: random step names, and waits on random
+/// workspaces, types, subjects and payload fields, are recorded or typed
+/// errors that record nothing, and the run goes on to succeed.
+fn workflow_steps_with_random_names_and_matches_are_typed_errors_or_recorded<B: TestBackend>(
+    name: String,
+    workspace: String,
+    event_type: String,
+    key: String,
+) -> Result<(), TestCaseError> {
+    use std::sync::{Arc, Mutex};
+    let (_place, e) = setup::<B>();
+    let before = snapshot(&e);
+    let results: Arc<Mutex<Vec<reflexr::Result<bool>>>> = Arc::default();
+    let r = Arc::clone(&results);
+    let (n, w, t, k) = (name.clone(), workspace, event_type, key);
+    e.register_action("flow", move |_run, ctx| {
+        let zero = Some(std::time::Duration::ZERO);
+        let by_subject = reflexr::EventMatch::new(&w, &t).subject(&k);
+        let by_field = reflexr::EventMatch::new(&w, &t).field(&k, 1);
+        let tries = vec![
+            ctx.step(n.as_str(), |_| Ok::<_, Error>(1)).map(|_| true),
+            ctx.wait_for_event(("wait", n.as_str()), &by_subject, zero)
+                .map(|e| e.is_none()),
+            ctx.wait_for_event(("field", n.as_str()), &by_field, zero)
+                .map(|e| e.is_none()),
+            ctx.sleep(("sleep", n.as_str()), std::time::Duration::ZERO)
+                .map(|()| true),
+            ctx.patched(n.as_str()),
+        ];
+        r.lock().unwrap().extend(tries);
+        Ok(())
+    })
+    .unwrap();
+    let id = e.enqueue(&Enqueue::new("flow", &1)).unwrap().id;
+    e.run_until_idle().unwrap();
+    prop_assert_eq!(e.run(&id).unwrap().unwrap().state, RunState::Succeeded);
+    let recorded = e.run_steps(&id).unwrap();
+    let kept = results.lock().unwrap();
+    for result in kept.iter() {
+        if let Err(err) = result {
+            prop_assert!(
+                typed(err) || matches!(err, Error::StepMoved { .. }),
+                "untyped: {err:?}"
+            );
+        }
+    }
+    let recorded_ok = kept.iter().filter(|r| r.is_ok()).count();
+    let steps = recorded.iter().filter(|s| s.name != "begin").count();
+    prop_assert_eq!(
+        steps,
+        recorded_ok,
+        "a step recorded exactly when it was accepted"
+    );
+    prop_assert_eq!(snapshot(&e), before);
+    Ok(())
+}
+
+mod workflow_steps_with_random_names_and_matches_are_typed_errors_or_recorded {
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: CASES, .. ProptestConfig::default() })]
+        #[test]
+        fn sqlite(name in text(), workspace in text(), event_type in text(), key in text()) {
+            super::workflow_steps_with_random_names_and_matches_are_typed_errors_or_recorded::<
+                reflexr::Sqlite,
+            >(name, workspace, event_type, key)?;
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: PG_CASES, .. ProptestConfig::default() })]
+        #[test]
+        fn postgres(name in text(), workspace in text(), event_type in text(), key in text()) {
+            super::workflow_steps_with_random_names_and_matches_are_typed_errors_or_recorded::<
+                reflexr::Postgres,
+            >(name, workspace, event_type, key)?;
+        }
+    }
+}
+
 /// Invariant 10: a payload nested far deeper than any parser allows (serde,
 /// SQLite's JSON functions, PostgreSQL's jsonb) is refused with a typed
 /// error naming the payload — before it reaches any of them, so nothing
