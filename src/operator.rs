@@ -188,24 +188,7 @@ impl<B: Backend> Operator<'_, B> {
     pub fn reset_run_to_step(&self, id: &str, step: &str) -> Result<()> {
         let (op, why) = self.who();
         self.engine.write(|tx| {
-            crate::work::operate::check_operator(op, why)?;
-            let now = tx.now_ms();
-            let (was, forgotten) =
-                crate::work::queue::workflow::reset_to_step(tx.core(), now, id, step)?;
-            crate::store::Audit::record(
-                tx.core(),
-                &crate::store::audit::Entry {
-                    at: now,
-                    operator: op,
-                    action: crate::base::audit::AuditAction::ResetRunToStep,
-                    target: &format!("run {id}"),
-                    reason: why,
-                    detail: &serde_json::json!({
-                        "step": step, "was": was, "forgotten": forgotten
-                    })
-                    .to_string(),
-                },
-            )?;
+            operate::reset_run_to_step(tx.core(), tx.now_ms(), id, step, op, why)?;
             tx.mark_nudge();
             Ok(())
         })

@@ -301,6 +301,38 @@ pub trait Runs {
     fn discard(&self, id: &str, now: i64) -> Result<bool>;
     /// When the oldest ready run became due.
     fn oldest_ready_due(&self) -> Result<Option<i64>>;
+
+    /// Marks a claimed run changed now; false unless the claim (holder,
+    /// attempt) still holds and no cancellation was asked for: the check a
+    /// step's record makes in its transaction.
+    fn hold_claim(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
+    /// Suspends a claimed run: ready at `due_at`, unclaimed, its attempt not
+    /// counted. `Requeued::No` when the claim no longer held or its
+    /// cancellation was asked for.
+    fn suspend(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        due_at: i64,
+        now: i64,
+    ) -> Result<Requeued>;
+    /// A suspended run is due now; false when it is not suspended (not
+    /// ready) or due already.
+    fn wake(&self, id: &str, now: i64) -> Result<bool>;
+    /// Makes a run that is not running ready now with fresh attempts, its
+    /// end (output, error, cancellation) forgotten: an operator's reset to
+    /// a step. False when it is running or waiting behind its lane.
+    fn reopen(&self, id: &str, now: i64) -> Result<bool>;
+    /// Sets a claimed run's output; false when the claim no longer held.
+    fn set_output(&self, id: &str, holder: &str, attempt: i64, output: &str) -> Result<bool>;
+    /// The ids of `parent`'s children.
+    fn children(&self, parent: &str) -> Result<Vec<String>>;
+    /// Locks these runs' rows for the rest of the transaction, one after
+    /// another in the order given, so their states do not change under a
+    /// join's or an operator's look (PostgreSQL; one writer on SQLite has
+    /// them already).
+    fn lock_runs(&self, ids: &[String]) -> Result<()>;
 }
 
 /// `reflexr_lanes`: the order of a rule's (or an enqueue's) scope — each

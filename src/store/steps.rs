@@ -6,7 +6,6 @@
 //! `store::postgres::steps`), and the rows it speaks in.
 
 use crate::base::error::Result;
-use crate::store::runs::Requeued;
 
 /// A recorded step: every column of `reflexr_steps`.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,38 +52,6 @@ pub trait Steps {
     fn forget_steps(&self, run: &str, position: i64) -> Result<usize>;
     /// Deletes the steps and waits of these runs (pruned).
     fn delete_steps_of(&self, runs: &[String]) -> Result<()>;
-
-    /// Marks a claimed run changed now; false unless the claim (holder,
-    /// attempt) still holds and no cancellation was asked for: the check a
-    /// step's record makes in its transaction.
-    fn hold_claim(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
-    /// Suspends a claimed run: ready at `due_at`, unclaimed, its attempt not
-    /// counted. `Requeued::No` when the claim no longer held or its
-    /// cancellation was asked for.
-    fn suspend(
-        &self,
-        id: &str,
-        holder: &str,
-        attempt: i64,
-        due_at: i64,
-        now: i64,
-    ) -> Result<Requeued>;
-    /// A suspended run is due now; false when it is not suspended (not
-    /// ready) or due already.
-    fn wake(&self, id: &str, now: i64) -> Result<bool>;
-    /// Makes a run that is not running ready now with fresh attempts, its
-    /// end (output, error, cancellation) forgotten: an operator's reset to
-    /// a step. False when it is running or waiting behind its lane.
-    fn reopen(&self, id: &str, now: i64) -> Result<bool>;
-    /// Sets a claimed run's output; false when the claim no longer held.
-    fn set_output(&self, id: &str, holder: &str, attempt: i64, output: &str) -> Result<bool>;
-    /// The ids of `parent`'s children.
-    fn children(&self, parent: &str) -> Result<Vec<String>>;
-    /// Locks these runs' rows for the rest of the transaction, one after
-    /// another in the order given, so their states do not change under a
-    /// join's or an operator's look (PostgreSQL; one writer on SQLite has
-    /// them already).
-    fn lock_runs(&self, ids: &[String]) -> Result<()>;
 
     /// Records a wait for an event, and makes sure its workspace's waits are
     /// matched from `after_seq` on.

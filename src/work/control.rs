@@ -347,13 +347,13 @@ pub(crate) fn cancel<C: Work + ?Sized>(
     let mut descendants = Vec::new();
     let mut parents = vec![id.to_string()];
     while let Some(parent) = parents.pop() {
-        for child in Steps::children(conn, &parent)? {
+        for child in Runs::children(conn, &parent)? {
             parents.push(child.clone());
             descendants.push(child);
         }
     }
     let deepest_first: Vec<String> = descendants.iter().rev().cloned().collect();
-    Steps::lock_runs(conn, &deepest_first)?;
+    Runs::lock_runs(conn, &deepest_first)?;
     let was = cancel_one(conn, id, now, op, why)?.ok_or_else(|| Error::not_found("run", id))?;
     match was.as_str() {
         "waiting" | "ready" | "running" => {}

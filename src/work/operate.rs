@@ -6,10 +6,11 @@ use crate::base::audit::AuditAction;
 use crate::base::dead_letter::{DeadLetter, Resolution};
 use crate::base::error::{Error, Result};
 use crate::base::limits::{self, MAX_ID_BYTES};
+use crate::base::step::StepKind;
 use crate::core::cursor::ConsumerKind;
 use crate::store::audit;
 use crate::store::{
-    Audit, Cursors, DeadLetters, Events, Followers, Lanes, Rules, Runs, Work, Workspaces,
+    Audit, Cursors, DeadLetters, Events, Followers, Lanes, Rules, Runs, Steps, Work, Workspaces,
 };
 use crate::work::queue::run::{RunInfo, RunState};
 use crate::work::rule::{OnNewVersion, Rule, Start};
@@ -301,6 +302,67 @@ pub(crate) fn retry_run<C: Work + ?Sized>(
         &format!("run {id}"),
         reason,
         serde_json::json!({ "attempts": row.attempt, "last_error": row.last_error }),
+    )
+}
+
+/// An operator's reset of a workflow run to one of its steps, audited: that step and every
+/// step after it are forgotten, and the run is ready now with fresh
+/// attempts, to run them again. Refused for a running run (cancel it, or
+/// wait for it to end or suspend), for a run of an ordered scope (its
+/// scope moved on) and for the step where the run began.
+pub(crate) fn reset_run_to_step<C: Work + ?Sized>(
+    conn: &C,
+    now: i64,
+    id: &str,
+    step: &str,
+    operator: &str,
+    reason: &str,
+) -> Result<()> {
+    check_operator(operator, reason)?;
+    // Its row first, so no claim takes it between the look and the reset
+    // (PostgreSQL; one writer on SQLite).
+    Runs::lock_runs(conn, &[id.to_string()])?;
+    let row = Runs::get(conn, id)?.ok_or_else(|| Error::not_found("run", id))?;
+    let conflict = |reason: String| Error::Conflict {
+        kind: "run",
+        reason,
+    };
+    match row.state.as_str() {
+        "running" => {
+            return Err(conflict(format!(
+                "{id} is running: cancel it, or reset it once it ended or suspended"
+            )));
+        }
+        "waiting" => return Err(conflict(format!("{id} waits behind its scope's head"))),
+        _ => {}
+    }
+    if row.lane.is_some() {
+        return Err(conflict(format!(
+            "{id} runs in an ordered scope, which moved on: it cannot run again"
+        )));
+    }
+    let steps = Steps::steps(conn, id)?;
+    let target = steps
+        .iter()
+        .find(|s| s.name == step && s.kind != StepKind::Begin.as_str())
+        .ok_or_else(|| Error::not_found("step", format!("{step} of run {id}")))?;
+    let forgotten = Steps::forget_steps(conn, id, target.position)?;
+    if !Runs::reopen(conn, id, now)? {
+        return Err(conflict(format!("{id} changed under the reset: try again")));
+    }
+    if row.state == "dead"
+        && let Some(d) = DeadLetters::open_for_run(conn, id)?
+    {
+        DeadLetters::resolve(conn, d.id, Resolution::Retried, now)?;
+    }
+    record(
+        conn,
+        now,
+        operator,
+        AuditAction::ResetRunToStep,
+        &format!("run {id}"),
+        reason,
+        serde_json::json!({ "step": step, "was": row.state, "forgotten": forgotten }),
     )
 }
 

@@ -182,6 +182,119 @@ impl PgConn {
 }
 
 impl Runs for PgConn {
+    fn hold_claim(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET updated_at = $4, \
+                   changed_tx = pg_current_xact_id()::text::bigint \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                   AND cancel_requested_at IS NULL RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn suspend(
+        &self,
+        id: &str,
+        holder: &str,
+        attempt: i64,
+        due_at: i64,
+        now: i64,
+    ) -> Result<Requeued> {
+        let row = self.query_opt(
+            &format!(
+                "UPDATE reflexr_runs SET state = 'ready', attempt = attempt - 1, due_at = $4, \
+                   updated_at = $5, changed_tx = pg_current_xact_id()::text::bigint, \
+                   claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                   AND cancel_requested_at IS NULL \
+                 RETURNING state"
+            ),
+            &[
+                (&id, Type::TEXT),
+                (&holder, Type::TEXT),
+                (&attempt, Type::INT8),
+                (&due_at, Type::INT8),
+                (&now, Type::INT8),
+            ],
+        )?;
+        Ok(Requeued::from_state(
+            row.map(|r| col::<String>(&r, 0)).transpose()?,
+        ))
+    }
+
+    fn wake(&self, id: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET due_at = $2, updated_at = $2, \
+                   changed_tx = pg_current_xact_id()::text::bigint \
+                 WHERE id = $1 AND state = 'ready' AND due_at > $2 RETURNING 1",
+                &[(&id, Type::TEXT), (&now, Type::INT8)],
+            )?
+            .is_some())
+    }
+
+    fn reopen(&self, id: &str, now: i64) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                &format!(
+                    "UPDATE reflexr_runs SET state = 'ready', attempt = 0, due_at = $2, \
+                       updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, \
+                       finished_at = NULL, output = NULL, last_error = NULL, \
+                       claimed_by = NULL, claim_expires_at = NULL, cancel_requested_at = NULL, \
+                       cancelled_by = NULL, cancel_reason = NULL, {YIELD_KEY} \
+                     WHERE id = $1 \
+                       AND state IN ('ready', 'succeeded', 'dead', 'discarded', 'cancelled') \
+                     RETURNING 1"
+                ),
+                &[(&id, Type::TEXT), (&now, Type::INT8)],
+            )?
+            .is_some())
+    }
+
+    fn set_output(&self, id: &str, holder: &str, attempt: i64, output: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET output = $4 \
+                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&output, Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn children(&self, parent: &str) -> Result<Vec<String>> {
+        self.query(
+            "SELECT id FROM reflexr_runs WHERE parent = $1 ORDER BY ord",
+            &[(&parent, Type::TEXT)],
+        )?
+        .iter()
+        .map(|r| col(r, 0))
+        .collect()
+    }
+
+    fn lock_runs(&self, ids: &[String]) -> Result<()> {
+        // One at a time, in the order given (the caller's lock order).
+        for id in ids {
+            self.query(
+                "SELECT 1 FROM reflexr_runs WHERE id = $1 FOR UPDATE",
+                &[(&id, Type::TEXT)],
+            )?;
+        }
+        Ok(())
+    }
+
     fn insert(&self, r: &NewRun<'_>) -> Result<Inserted> {
         // Claims of a partitioned action and the view's input filter read
         // inputs as jsonb, which cannot hold a NUL character: one such

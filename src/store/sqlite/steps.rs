@@ -4,7 +4,6 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::base::error::Result;
 use crate::store::Steps;
-use crate::store::runs::{Requeued, YIELD_KEY};
 use crate::store::steps::{EventWait, StepRow};
 
 const STEP_COLUMNS: &str =
@@ -90,87 +89,6 @@ impl Steps for Connection {
         ] {
             self.prepare_cached(sql)?.execute([&ids])?;
         }
-        Ok(())
-    }
-
-    fn hold_claim(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool> {
-        Ok(self
-            .prepare_cached(
-                "UPDATE reflexr_runs SET updated_at = ?4 \
-                 WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-                   AND cancel_requested_at IS NULL",
-            )?
-            .execute(params![id, holder, attempt, now])?
-            == 1)
-    }
-
-    fn suspend(
-        &self,
-        id: &str,
-        holder: &str,
-        attempt: i64,
-        due_at: i64,
-        now: i64,
-    ) -> Result<Requeued> {
-        let changed: Option<String> = self
-            .prepare_cached(&format!(
-                "UPDATE reflexr_runs SET state = 'ready', attempt = attempt - 1, due_at = ?4, \
-                   updated_at = ?5, claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
-                 WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3 \
-                   AND cancel_requested_at IS NULL \
-                 RETURNING state"
-            ))?
-            .query_row(params![id, holder, attempt, due_at, now], |r| r.get(0))
-            .optional()?;
-        Ok(Requeued::from_state(changed))
-    }
-
-    fn wake(&self, id: &str, now: i64) -> Result<bool> {
-        Ok(self
-            .prepare_cached(
-                "UPDATE reflexr_runs SET due_at = ?2, updated_at = ?2 \
-                 WHERE id = ?1 AND state = 'ready' AND due_at > ?2",
-            )?
-            .execute(params![id, now])?
-            == 1)
-    }
-
-    fn reopen(&self, id: &str, now: i64) -> Result<bool> {
-        Ok(self
-            .prepare_cached(&format!(
-                "UPDATE reflexr_runs SET state = 'ready', attempt = 0, due_at = ?2, \
-                   updated_at = ?2, finished_at = NULL, output = NULL, last_error = NULL, \
-                   claimed_by = NULL, claim_expires_at = NULL, cancel_requested_at = NULL, \
-                   cancelled_by = NULL, cancel_reason = NULL, {YIELD_KEY} \
-                 WHERE id = ?1 AND state IN ('ready', 'succeeded', 'dead', 'discarded', 'cancelled')"
-            ))?
-            .execute(params![id, now])?
-            == 1)
-    }
-
-    fn set_output(&self, id: &str, holder: &str, attempt: i64, output: &str) -> Result<bool> {
-        Ok(self
-            .prepare_cached(
-                "UPDATE reflexr_runs SET output = ?4 \
-                 WHERE id = ?1 AND state = 'running' AND claimed_by = ?2 AND attempt = ?3",
-            )?
-            .execute(params![id, holder, attempt, output])?
-            == 1)
-    }
-
-    fn children(&self, parent: &str) -> Result<Vec<String>> {
-        let mut stmt = self.prepare_cached(
-            "SELECT id FROM reflexr_runs INDEXED BY reflexr_runs_by_parent \
-             WHERE parent = ?1 ORDER BY ord",
-        )?;
-        let rows = stmt
-            .query_map([parent], |r| r.get(0))?
-            .collect::<rusqlite::Result<Vec<String>>>()?;
-        Ok(rows)
-    }
-
-    fn lock_runs(&self, _ids: &[String]) -> Result<()> {
-        // One writer: the transaction has every row already.
         Ok(())
     }
 

@@ -554,13 +554,8 @@ impl RunContext<'_, crate::store::Postgres> {
 /// [`Error::LeaseLost`]: the check a workflow step's record makes in its
 /// transaction.
 pub(crate) fn hold<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, now: i64) -> Result<()> {
-    if crate::store::Steps::hold_claim(
-        tx.core(),
-        &run.id,
-        &run.holder,
-        i64::from(run.attempt),
-        now,
-    )? {
+    if crate::store::Runs::hold_claim(tx.core(), &run.id, &run.holder, i64::from(run.attempt), now)?
+    {
         Ok(())
     } else {
         Err(claim_lost(run))
@@ -599,7 +594,7 @@ pub(crate) fn finish_success<B: Backend>(
 ) -> Result<()> {
     let now = tx.now_ms();
     if let Some(output) = output
-        && !crate::store::Steps::set_output(
+        && !crate::store::Runs::set_output(
             tx.core(),
             &run.id,
             &run.holder,

@@ -73,7 +73,7 @@ pub(crate) fn match_waits<B: Backend>(tx: &mut Tx<'_, B>) -> Result<usize> {
                             }
                         })?;
                         if Steps::resolve_step(tx.core(), &run, &step, &output, now)? {
-                            Steps::wake(tx.core(), &run, now)?;
+                            Runs::wake(tx.core(), &run, now)?;
                             woke += 1;
                         }
                         Steps::delete_event_wait(tx.core(), &run, &step)?;
@@ -119,7 +119,7 @@ pub(crate) fn run_ended<B: Backend>(
 }
 
 /// [`child_ended`] on a connection (an operator's cancel).
-pub(crate) fn child_ended_on<C: Steps + ?Sized>(
+pub(crate) fn child_ended_on<C: Steps + Runs + ?Sized>(
     conn: &C,
     id: &str,
     parent: Option<&str>,
@@ -130,7 +130,7 @@ pub(crate) fn child_ended_on<C: Steps + ?Sized>(
     }
     let mut woke = false;
     for run in Steps::take_run_waiters(conn, id)? {
-        woke |= Steps::wake(conn, &run, now)?;
+        woke |= Runs::wake(conn, &run, now)?;
     }
     Ok(woke)
 }

@@ -530,15 +530,12 @@ impl<'a, B: Backend> RunContext<'a, B> {
     /// handler (`?` does). [`Error::StepMoved`], [`Error::Invalid`],
     /// [`Error::LeaseLost`] as [`RunContext::step`].
     pub fn sleep(&mut self, name: impl Into<StepName>, d: Duration) -> Result<()> {
-        let name = name.into();
-        if let Reached::Recorded(row) = self.reach(&name, StepKind::Sleep)? {
-            return self.sleep_recorded(&name, &row);
-        }
+        // A recorded sleep keeps the time it recorded: `at` counts only
+        // when the step is first reached.
         let at = self
             .db
             .now_ms()
             .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        self.unreach(&name);
         self.sleep_until(name, at)
     }
 
@@ -679,7 +676,6 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let begin = self.pending_begin();
         let what = what.clone();
         let step = name.0.clone();
-        let mut out_row = row.clone();
         let pending = self.pending.clone();
         let result = self.db.write_with(move |tx| {
             let now = tx.now_ms();
@@ -729,15 +725,13 @@ impl<'a, B: Backend> RunContext<'a, B> {
         match result {
             Ok((waited, row)) => {
                 self.pending.clear();
-                out_row = row;
-                self.recorded(out_row);
+                self.recorded(row);
                 match waited {
                     Waited::Over(event) => Ok(event),
                     Waited::Suspended => Err(self.suspended_at(&name)),
                 }
             }
             Err(e) => {
-                let _ = out_row;
                 self.unreach(&name);
                 Err(e)
             }
@@ -890,7 +884,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
             // for each other in a circle.
             let mut in_order = ids.clone();
             in_order.sort();
-            Steps::lock_runs(tx.core(), &in_order)?;
+            Runs::lock_runs(tx.core(), &in_order)?;
             insert_rows(tx, &pending)?;
             hold(tx, run, now)?;
             let mut ends = Vec::with_capacity(ids.len());
@@ -1036,7 +1030,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
 
 fn suspend<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, due_at: i64) -> Result<()> {
     let now = tx.now_ms();
-    match Steps::suspend(
+    match Runs::suspend(
         tx.core(),
         &run.id,
         &run.holder,
@@ -1142,59 +1136,4 @@ pub(crate) fn timeline<C: Runs + Steps + ?Sized>(conn: &C, id: &str) -> Result<V
             })
         })
         .collect()
-}
-
-/// An operator's reset of a run to one of its steps: that step and every
-/// step after it are forgotten, and the run is ready now with fresh
-/// attempts, to run them again. Refused for a running run (cancel it, or
-/// wait for it to end or suspend), for a run of an ordered scope (its
-/// scope moved on) and for the step where the run began.
-pub(crate) fn reset_to_step<C: crate::store::Work + ?Sized>(
-    conn: &C,
-    now: i64,
-    id: &str,
-    step: &str,
-) -> Result<(String, usize)> {
-    // Its row first, so no claim takes it between the look and the reset
-    // (PostgreSQL; one writer on SQLite).
-    Steps::lock_runs(conn, &[id.to_string()])?;
-    let row = Runs::get(conn, id)?.ok_or_else(|| Error::not_found("run", id))?;
-    let conflict = |reason: String| Error::Conflict {
-        kind: "run",
-        reason,
-    };
-    match row.state.as_str() {
-        "running" => {
-            return Err(conflict(format!(
-                "{id} is running: cancel it, or reset it once it ended or suspended"
-            )));
-        }
-        "waiting" => return Err(conflict(format!("{id} waits behind its scope's head"))),
-        _ => {}
-    }
-    if row.lane.is_some() {
-        return Err(conflict(format!(
-            "{id} runs in an ordered scope, which moved on: it cannot run again"
-        )));
-    }
-    let steps = Steps::steps(conn, id)?;
-    let target = steps
-        .iter()
-        .find(|s| s.name == step && s.kind != StepKind::Begin.as_str())
-        .ok_or_else(|| Error::not_found("step", format!("{step} of run {id}")))?;
-    let forgotten = Steps::forget_steps(conn, id, target.position)?;
-    if !Steps::reopen(conn, id, now)? {
-        return Err(conflict(format!("{id} changed under the reset: try again")));
-    }
-    if row.state == "dead"
-        && let Some(d) = crate::store::DeadLetters::open_for_run(conn, id)?
-    {
-        crate::store::DeadLetters::resolve(
-            conn,
-            d.id,
-            crate::base::dead_letter::Resolution::Retried,
-            now,
-        )?;
-    }
-    Ok((row.state, forgotten))
 }
