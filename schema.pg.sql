@@ -22,7 +22,9 @@
 -- rate-limit starts, counters and dead letters; version 5, rules and their
 -- state; version 6, scheduled jobs; version 7, an index on event ids by
 -- prefix; version 8, the followers' ledger; version 9, runs' changes stamped
--- with their transaction (the feed of run changes in commit order).
+-- with their transaction (the feed of run changes in commit order);
+-- version 10, durable workflows; version 11, subject versions; version 12,
+-- rule versions in shadow.
 
 CREATE TABLE reflexr_schema_version (
     version    integer NOT NULL,

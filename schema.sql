@@ -45,6 +45,9 @@ CREATE TABLE reflexr_events (
     causation_id   TEXT,
     correlation_id TEXT,
     depth          INTEGER NOT NULL DEFAULT 0 CHECK (depth >= 0),
+    -- The subject version: the event's 1-based place among its subject's
+    -- events in the workspace (what an append may expect).
+    version        INTEGER NOT NULL DEFAULT 0 CHECK (version >= 0),
     FOREIGN KEY (workspace, type) REFERENCES reflexr_event_types (workspace, type)
 ) STRICT;
 
@@ -52,6 +55,18 @@ CREATE TABLE reflexr_events (
 CREATE UNIQUE INDEX reflexr_events_by_id ON reflexr_events (workspace, id);
 -- Every consumer's read: a workspace after its cursor, in seq order.
 CREATE INDEX reflexr_events_by_workspace ON reflexr_events (workspace, seq);
+-- A subject's stream: its version at append, and its events in order, at a
+-- cost that does not grow with the log. Unique: one event per version.
+CREATE UNIQUE INDEX reflexr_events_by_subject ON reflexr_events (workspace, subject, version);
+
+-- The version a subject had reached when pruning deleted its events, so its
+-- next event goes on from there rather than from 1.
+CREATE TABLE reflexr_subject_floors (
+    workspace TEXT NOT NULL,
+    subject   TEXT NOT NULL,
+    version   INTEGER NOT NULL CHECK (version >= 1),
+    PRIMARY KEY (workspace, subject)
+) STRICT, WITHOUT ROWID;
 
 -- A consumer's last handled seq in one workspace. Moves only forward, except
 -- by an operator's reset, which reflexr_audit records. high_water is the
@@ -104,7 +119,16 @@ CREATE TABLE reflexr_rules (
     version       INTEGER NOT NULL CHECK (version >= 1),
     definition    TEXT NOT NULL CHECK (json_valid(definition)),
     registered_at INTEGER NOT NULL,
-    updated_at    INTEGER NOT NULL
+    updated_at    INTEGER NOT NULL,
+    -- A version warmed up in shadow: the live rule it will take over from
+    -- (its row is named <rule>@v<version>). It decides and keeps its own
+    -- state and cursor but fires nothing; what it would have done is
+    -- counted. promote_at is the handover position an operator's promote
+    -- set: the live version decides up to it, this one after it.
+    shadow_of      TEXT,
+    promote_at     INTEGER,
+    shadow_fired   INTEGER NOT NULL DEFAULT 0,
+    shadow_errored INTEGER NOT NULL DEFAULT 0
 ) STRICT, WITHOUT ROWID;
 
 -- A rule's state per scope, as JSON. Written in the same transaction as the
@@ -410,6 +434,7 @@ SELECT seq,
        id,
        type,
        subject,
+       version,
        actor,
        strftime('%Y-%m-%dT%H:%M:%fZ', occurred_at / 1000.0, 'unixepoch') AS occurred,
        strftime('%Y-%m-%dT%H:%M:%fZ', recorded_at / 1000.0, 'unixepoch') AS recorded,
@@ -492,4 +517,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 7;
+PRAGMA user_version = 9;

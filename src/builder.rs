@@ -186,6 +186,56 @@ impl<B: Backend> Builder<B> {
         self
     }
 
+    /// Registers an upcaster: `f` turns the payload of version `from` of
+    /// the event type `base` into version `from + 1`'s. Version 1 is the
+    /// plain name (`session.changed`), version *n* ≥ 2 the name with
+    /// `.v<n>` (`session.changed.v2`); register from version 1 up, one per
+    /// version, and they chain.
+    ///
+    /// Every event the engine hands to the application — reads
+    /// ([`Engine::read`], [`Engine::read_subject`], [`Engine::event`], a
+    /// [`crate::Tx`]'s), rules' decisions, reactions, followers'
+    /// projections, the event a workflow's wait receives, an
+    /// [`crate::AppendCondition`]'s field — comes as the newest version:
+    /// its type is the newest name and its payload the chain's result. A
+    /// read by type names the newest version and gets the older ones too.
+    /// The stored event never changes (the `sqlite3` view, the operators'
+    /// pages and followers' copies of stored bytes show what was written).
+    ///
+    /// ```
+    /// # fn main() -> reflexr::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use reflexr::{Engine, NewEvent, Query};
+    /// let engine = Engine::builder(dir.path().join("app.db"))
+    ///     // v1 had "title"; v2 calls it "name".
+    ///     .upcast("session.changed", 1, |mut p| {
+    ///         let title = p["title"].take();
+    ///         serde_json::json!({ "name": title })
+    ///     })
+    ///     .open()?;
+    /// engine.ensure_workspace("events", &["session.changed", "session.changed.v2"])?;
+    /// let old = NewEvent::new("session.changed", "session/1", "admin", 1)
+    ///     .payload(&serde_json::json!({ "title": "Rust in anger" }));
+    /// engine.append("events", &old)?;
+    /// let read = engine.read(&Query::new("events").types(["session.changed.v2"]))?;
+    /// assert_eq!(read[0].event_type, "session.changed.v2");
+    /// assert_eq!(read[0].json()?["name"], "Rust in anger");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// A chain with a gap, a second upcaster for one version or a base
+    /// name that carries a version makes [`Builder::open`] fail with
+    /// [`Error::Invalid`] or [`Error::AlreadyExists`].
+    pub fn upcast<F>(mut self, base: &str, from: u32, f: F) -> Self
+    where
+        F: Fn(serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
+    {
+        self.settings
+            .upcasters
+            .register(base, from, std::sync::Arc::new(f));
+        self
+    }
+
     /// Opens the database.
     ///
     /// # Errors
@@ -202,6 +252,9 @@ impl<B: Backend> Builder<B> {
     ///   database a newer reflexr wrote.
     pub fn open(self) -> Result<Engine<B>> {
         check_settings(&self.settings)?;
+        if let Some(e) = self.settings.upcasters.refused() {
+            return Err(e.clone());
+        }
         if let Some(retention) = &self.runtime.retention {
             retention.validate()?;
         }
@@ -264,6 +317,7 @@ fn default_settings() -> Settings {
             max_payload_bytes: 1 << 20,
             max_chain_depth: 8,
         },
+        upcasters: Default::default(),
     }
 }
 

@@ -267,18 +267,72 @@ impl<B: Backend> Engine<B> {
     /// The events `query` asks for, in seq order (DESIGN.md, invariant 1: a
     /// reader after a seq sees every committed event after it, in order).
     pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
-        self.db().read_with(&mut |c| changelog::read(c, query))
+        let up = &self.db().settings().upcasters;
+        self.db()
+            .read_with(&mut |c| changelog::read_upcast(c, query, up))
     }
 
     /// One event by seq.
     pub fn event(&self, seq: i64) -> Result<Option<Event>> {
-        self.db().read_with(&mut |c| changelog::event(c, seq))
+        let mut event = self.db().read_with(&mut |c| changelog::event(c, seq))?;
+        if let Some(e) = &mut event {
+            self.db().settings().upcasters.apply(e);
+        }
+        Ok(event)
     }
 
     /// One event of `workspace` by its id.
     pub fn event_by_id(&self, workspace: &str, id: &str) -> Result<Option<Event>> {
+        let mut event = self
+            .db()
+            .read_with(&mut |c| changelog::event_by_id(c, workspace, id))?;
+        if let Some(e) = &mut event {
+            self.db().settings().upcasters.apply(e);
+        }
+        Ok(event)
+    }
+
+    /// One subject's stream: up to `limit` (1 to [`Query::MAX_LIMIT`]) of
+    /// `subject`'s events in `workspace` from version `from` on, in order
+    /// (`from` 1, or 0, is the start). Read through the subject's index:
+    /// its cost does not grow with the log. The last event's version is the
+    /// one to expect in the next append ([`NewEvent::expect_version`]).
+    ///
+    /// ```
+    /// # fn main() -> reflexr::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
+    /// # engine.ensure_workspace("shop", &["cart.item_added"])?;
+    /// use reflexr::NewEvent;
+    /// let add = |v| NewEvent::new("cart.item_added", "cart/7", "web", 1).expect_version(v);
+    /// engine.append("shop", &add(0))?;
+    /// engine.append("shop", &add(1))?;
+    /// let stream = engine.read_subject("shop", "cart/7", 1, 100)?;
+    /// assert_eq!(stream.iter().map(|e| e.version).collect::<Vec<_>>(), [1, 2]);
+    /// // A writer that still thinks the cart is at version 1 conflicts.
+    /// let stale = engine.append("shop", &add(1)).unwrap_err();
+    /// assert_eq!(stale.actual_version(), Some(2));
+    /// # Ok(()) }
+    /// ```
+    pub fn read_subject(
+        &self,
+        workspace: &str,
+        subject: &str,
+        from: i64,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let mut events = self
+            .db()
+            .read_with(&mut |c| changelog::read_subject(c, workspace, subject, from, limit))?;
+        self.db().settings().upcasters.apply_all(&mut events);
+        Ok(events)
+    }
+
+    /// `subject`'s version in `workspace`: its last event's
+    /// [`Event::version`], 0 when it has none.
+    pub fn subject_version(&self, workspace: &str, subject: &str) -> Result<i64> {
         self.db()
-            .read_with(&mut |c| changelog::event_by_id(c, workspace, id))
+            .read_with(&mut |c| changelog::subject_version(c, workspace, subject))
     }
 
     /// A watch on the file's commits: [`Watch::wait`] returns when this
@@ -491,6 +545,15 @@ impl<B: Backend> Engine<B> {
                 "rule",
                 format!("{}: rules are registered before Engine::start", rule.name),
             ));
+        }
+        if rule.shadow.is_some() {
+            let shadow = rule.as_shadow();
+            self.write(|tx| operate::register_shadow(tx.core(), tx.now_ms(), &shadow))?;
+            self.cx
+                .registry_mut()
+                .rules
+                .insert(shadow.name.clone(), Arc::new(shadow));
+            return Ok(());
         }
         self.write(|tx| operate::register_rule(tx.core(), tx.now_ms(), &rule))?;
         self.cx

@@ -7,6 +7,7 @@
 //! | --- | --- |
 //! | [`log`] | the change log and cursors: workspaces, events, appends with the application's rows, reads, leases, the writer, settings |
 //! | [`rules`] | rules and runs: deciding exactly once, acting at least once, retries, scopes, replays, threads and tests |
+//! | [`event_store`] | the log as an event store: expected versions, conditional appends, a subject's stream, upcasters, rule versions in shadow |
 //! | [`jobs`] | the jobs loop: reactions, deliveries on channels, scheduled jobs, pruning |
 //! | [`control`] | control of the work: enqueue, pause, cancel, unique runs, priorities, limits, operators' interventions |
 //! | [`workflows`] | durable workflows: steps recorded once, durable sleeps, waits on the log, child runs, changing code while runs sleep |
@@ -26,6 +27,7 @@ macro_rules! guide {
                  [jobs]: crate::guide::jobs\n[control]: crate::guide::control\n\
                  [followers]: crate::guide::followers\n[workflows]: crate::guide::workflows\n[operating]: crate::guide::operating\n\
                  [postgres]: crate::guide::postgres\n[file]: mod@crate::guide::file\n\
+                 [event-store]: crate::guide::event_store\n\
                  [performance]: crate::guide::performance\n[guarantees]: crate::guide::guarantees\n"]
         #[doc = include_str!(concat!("../docs/guide/", $file))]
         $(#[$meta])*
@@ -35,6 +37,7 @@ macro_rules! guide {
 
 guide!(log, "log.md");
 guide!(rules, "rules.md");
+guide!(event_store, "event-store.md");
 guide!(jobs, "jobs.md");
 guide!(control, "control.md");
 guide!(workflows, "workflows.md");

@@ -254,6 +254,29 @@ impl<B: Backend> Operator<'_, B> {
             .write(|tx| operate::reset_rule(tx.core(), tx.now_ms(), name, what, op, why))
     }
 
+    /// Promotes the version in shadow of the rule `name`
+    /// ([`crate::Rule::shadow`]): sets the handover position — the further
+    /// of the two versions' cursors — and returns it. The live version
+    /// decides and fires up to it and no further; the shadow decides up to
+    /// it without firing, and after it as the live rule. Once both reached
+    /// it, the evaluator hands over in one transaction (audited as
+    /// `rule_promoted`): the shadow's state and cursor become the rule's,
+    /// at its version, and the old version retires. No event is decided by
+    /// both versions or by neither.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for no such rule; [`Error::Conflict`] when it has
+    /// no version in shadow, or one being promoted already;
+    /// [`Error::Invalid`] for the name of the shadow itself.
+    pub fn promote_rule(&self, name: &str) -> Result<i64> {
+        let (op, why) = self.who();
+        let at = self
+            .engine
+            .write(|tx| operate::promote_rule(tx.core(), tx.now_ms(), name, op, why))?;
+        self.engine.nudge_all();
+        Ok(at)
+    }
+
     /// Deletes a rule's row, cursor and state (its runs and dead letters
     /// stay), for rules the code no longer has.
     ///

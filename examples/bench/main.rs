@@ -18,6 +18,7 @@ mod raw;
 mod relay;
 mod slow;
 mod stages;
+mod versions;
 mod workflow;
 
 use std::path::PathBuf;

@@ -15,6 +15,11 @@ pub const ALL: &[(&str, Stage)] = &[
     ("append_single", append_single),
     ("append_concurrent16", append_concurrent16),
     ("append_batch1000", append_batch1000),
+    (
+        "append_expected_version",
+        super::versions::append_expected_version,
+    ),
+    ("read_subject_10m", super::versions::read_subject_10m),
     ("evaluate_1rule", evaluate_1rule),
     ("evaluate_10rules", evaluate_10rules),
     ("runs_1executor", runs_1executor),

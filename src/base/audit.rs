@@ -39,6 +39,11 @@ open_text_enum! {
         ConfigureAction = "configure_action",
         /// A workflow run reset to one of its steps.
         ResetRunToStep = "reset_run_to_step",
+        /// Set the position where a rule's shadow version takes over.
+        PromoteRule = "promote_rule",
+        /// A rule's shadow version took over at its handover position (the
+        /// evaluator's record, once both versions reached it).
+        RulePromoted = "rule_promoted",
     }
 }
 

@@ -75,6 +75,29 @@ pub enum Error {
         /// Why, in words.
         reason: String,
     },
+    /// An append's expectation did not hold: its subject was not at the
+    /// version it expected ([`crate::NewEvent::expect`]), or an event that
+    /// matches its condition came after the condition's position
+    /// ([`crate::Tx::check`]). Nothing of the write committed (DESIGN.md,
+    /// invariant 13): read again, decide again, and retry if it still
+    /// makes sense.
+    AppendConflict {
+        /// The workspace appended to.
+        workspace: String,
+        /// The subject whose version was expected, or the condition's
+        /// subject if it names one.
+        subject: Option<String>,
+        /// What was expected, in words (`version 7`, `no events yet`, `no
+        /// event of type seat.booked after seq 1200`).
+        expected: String,
+        /// The subject's version when the append looked (an expected
+        /// version); `None` for a condition.
+        actual_version: Option<i64>,
+        /// The seq of the event that made the conflict: the subject's last
+        /// event, or the first event that matches the condition; `None`
+        /// when the subject has no events.
+        seq: Option<i64>,
+    },
     /// A cursor save asked to move a cursor backwards. Only an operator reset
     /// ([`crate::Operator::reset_cursor`]) may do that.
     CursorBackwards {
@@ -288,6 +311,21 @@ impl Error {
         matches!(self, Error::Conflict { .. })
     }
 
+    /// True for [`Error::AppendConflict`]: an append's expected version or
+    /// condition did not hold, and nothing of the write committed.
+    pub fn is_append_conflict(&self) -> bool {
+        matches!(self, Error::AppendConflict { .. })
+    }
+
+    /// The subject's actual version an [`Error::AppendConflict`] reports
+    /// (None for any other error, and for a condition's conflict).
+    pub fn actual_version(&self) -> Option<i64> {
+        match self {
+            Error::AppendConflict { actual_version, .. } => *actual_version,
+            _ => None,
+        }
+    }
+
     /// True for [`Error::Suspended`]: a workflow's run suspended; the
     /// handler returns it and the run continues when it wakes.
     pub fn is_suspended(&self) -> bool {
@@ -379,6 +417,25 @@ impl fmt::Display for Error {
             ),
             Error::Invalid { field, reason } => write!(f, "invalid {field}: {reason}"),
             Error::Conflict { kind, reason } => write!(f, "{kind} conflict: {reason}"),
+            Error::AppendConflict {
+                workspace,
+                subject,
+                expected,
+                actual_version,
+                seq,
+            } => {
+                write!(f, "append conflict in workspace {workspace:?}")?;
+                if let Some(s) = subject {
+                    write!(f, " on subject {s:?}")?;
+                }
+                write!(f, ": expected {expected}")?;
+                match (actual_version, seq) {
+                    (Some(v), _) => write!(f, ", but it is at version {v}")?,
+                    (None, Some(seq)) => write!(f, ", but seq {seq} matches")?,
+                    (None, None) => {}
+                }
+                f.write_str("; nothing of the write was committed")
+            }
             Error::CursorBackwards {
                 consumer,
                 workspace,

@@ -27,6 +27,11 @@ pub struct Event {
     pub event_type: String,
     /// What the event is about (e.g. `session/42`).
     pub subject: String,
+    /// The event's place among its subject's events in its workspace:
+    /// 1 for the subject's first event, one more for each after it, never
+    /// reused (pruning does not lower it). What an append may expect
+    /// ([`NewEvent::expect`]).
+    pub version: i64,
     /// Who made the change.
     pub actor: String,
     /// When it happened, by the actor's clock (ms since the epoch).
@@ -106,6 +111,8 @@ impl Event {
             workspace: text("workspace")?,
             event_type: text("type")?,
             subject: text("subject")?,
+            // A wait recorded before events had versions: 0.
+            version: v["version"].as_i64().unwrap_or(0),
             actor: text("actor")?,
             occurred_at: int("occurred_at")?,
             recorded_at: int("recorded_at")?,
@@ -181,6 +188,58 @@ pub struct NewEvent {
     pub(crate) id: Option<String>,
     pub(crate) causation_id: Option<String>,
     pub(crate) correlation_id: Option<String>,
+    pub(crate) expected: Expected,
+}
+
+/// What an append expects of its event's subject before it (optimistic
+/// concurrency, DESIGN.md invariant 13). An expectation that does not hold
+/// fails the append with [`Error::AppendConflict`], which carries the
+/// subject's actual version, and nothing of the write commits.
+///
+/// The usual loop: read the subject ([`crate::Engine::read_subject`]),
+/// decide, append expecting the version read, and on a conflict read again.
+///
+/// ```
+/// # use reflexr::{Expected, NewEvent};
+/// let ev = NewEvent::new("cart.item_added", "cart/7", "web", 1_764_000_000_000)
+///     .expect(Expected::Version(3));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "expect", content = "version")]
+pub enum Expected {
+    /// Whatever the subject's version (the default).
+    #[default]
+    Any,
+    /// The subject has no events yet (its version is 0).
+    NoEvents,
+    /// The subject has at least one event.
+    Exists,
+    /// The subject is exactly at this version: its last event is the
+    /// `n`th (0 is the same as [`Expected::NoEvents`]).
+    Version(i64),
+}
+
+impl Expected {
+    /// Whether a subject at `version` meets the expectation.
+    pub fn holds(self, version: i64) -> bool {
+        match self {
+            Expected::Any => true,
+            Expected::NoEvents => version == 0,
+            Expected::Exists => version > 0,
+            Expected::Version(n) => version == n,
+        }
+    }
+}
+
+impl std::fmt::Display for Expected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Expected::Any => f.write_str("any version"),
+            Expected::NoEvents => f.write_str("no events yet"),
+            Expected::Exists => f.write_str("at least one event"),
+            Expected::Version(n) => write!(f, "version {n}"),
+        }
+    }
 }
 
 impl NewEvent {
@@ -202,7 +261,25 @@ impl NewEvent {
             id: None,
             causation_id: None,
             correlation_id: None,
+            expected: Expected::Any,
         }
+    }
+
+    /// Appends only if the subject meets `expected` in the append's own
+    /// transaction; otherwise the append fails with
+    /// [`Error::AppendConflict`] and the whole write rolls back. Checked
+    /// after the id: re-appending an id the workspace has already is a
+    /// no-op that reports it, whatever the expectation (so a retried
+    /// append that did commit is not a conflict).
+    pub fn expect(mut self, expected: Expected) -> NewEvent {
+        self.expected = expected;
+        self
+    }
+
+    /// Shorthand for [`NewEvent::expect`] with [`Expected::Version`]:
+    /// appends only if the subject is at `version` (0: no events yet).
+    pub fn expect_version(self, version: i64) -> NewEvent {
+        self.expect(Expected::Version(version))
     }
 
     /// Sets the payload to `value` encoded as JSON. A value serde cannot
@@ -258,6 +335,103 @@ pub struct Appended {
     /// True when the workspace already had an event with this id and nothing
     /// was appended.
     pub existing: bool,
+    /// The event's subject version ([`Event::version`]): the new one, or the
+    /// existing event's.
+    pub version: i64,
+}
+
+/// A condition across subjects for a write's appends: the write fails with
+/// [`Error::AppendConflict`] if an event that matches came after `after`,
+/// the position the caller decided from (what the "dynamic consistency
+/// boundary" designs call an append condition). Checked with
+/// [`crate::Tx::check`] inside the write, whose appends then commit only if
+/// no such event was appended meanwhile.
+///
+/// ```
+/// # use reflexr::AppendCondition;
+/// // No seat of flight LH-400 was booked after seq 1200.
+/// let cond = AppendCondition::new("booking")
+///     .types(["seat.booked"])
+///     .field("flight", "LH-400")
+///     .after(1200);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppendCondition {
+    pub(crate) workspace: String,
+    pub(crate) types: Vec<String>,
+    pub(crate) subject: Option<String>,
+    /// A payload path (`$.a.b`) and the value's JSON, or why it did not
+    /// encode.
+    pub(crate) field: Option<(String, std::result::Result<String, String>)>,
+    pub(crate) after: i64,
+}
+
+impl AppendCondition {
+    /// Any event of `workspace` after seq 0 (narrow it with the methods
+    /// below).
+    pub fn new(workspace: impl Into<String>) -> AppendCondition {
+        AppendCondition {
+            workspace: workspace.into(),
+            types: Vec::new(),
+            subject: None,
+            field: None,
+            after: 0,
+        }
+    }
+
+    /// Only events of these types. Empty means every type.
+    pub fn types<I, S>(mut self, types: I) -> AppendCondition
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.types = types.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Only events about `subject`.
+    pub fn subject(mut self, subject: impl Into<String>) -> AppendCondition {
+        self.subject = Some(subject.into());
+        self
+    }
+
+    /// Only events whose payload holds `value` at `field` (a top-level key
+    /// or a dotted path, compared as JSON, as [`crate::EventMatch::field`]).
+    pub fn field<T: Serialize>(mut self, field: &str, value: T) -> AppendCondition {
+        self.field = Some((
+            format!("$.{field}"),
+            serde_json::to_string(&value).map_err(|e| e.to_string()),
+        ));
+        self
+    }
+
+    /// Only events with a seq after `seq`: the position the caller's
+    /// decision read up to (a read's last seq, or the head).
+    pub fn after(mut self, seq: i64) -> AppendCondition {
+        self.after = seq;
+        self
+    }
+
+    /// The workspace it looks in.
+    pub fn workspace(&self) -> &str {
+        &self.workspace
+    }
+
+    /// The condition in words, for an error.
+    pub(crate) fn describe(&self) -> String {
+        let mut what = String::from("no event");
+        if !self.types.is_empty() {
+            what.push_str(&format!(" of type {}", self.types.join(" or ")));
+        }
+        if let Some(s) = &self.subject {
+            what.push_str(&format!(" about {s:?}"));
+        }
+        if let Some((path, Ok(value))) = &self.field {
+            what.push_str(&format!(" with {} = {value}", &path[2..]));
+        }
+        what.push_str(&format!(" after seq {}", self.after));
+        what
+    }
 }
 
 /// Which events to read: one workspace's, after a seq, optionally of some

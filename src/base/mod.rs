@@ -13,3 +13,4 @@ pub(crate) mod limits;
 pub(crate) mod retry;
 pub(crate) mod step;
 pub(crate) mod text;
+pub(crate) mod upcast;

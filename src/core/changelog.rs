@@ -3,8 +3,12 @@
 use serde::de::IgnoredAny;
 
 use crate::base::error::{Error, Result};
-use crate::base::event::{Appended, Event, NewEvent, Query, RESERVED_TYPES};
+use crate::base::event::{
+    AppendCondition, Appended, Event, Expected, NewEvent, Query, RESERVED_TYPES,
+};
 use crate::base::limits::{self, MAX_ID_BYTES, MAX_SUBJECT_BYTES};
+use crate::base::step::EventMatch;
+use crate::base::upcast::Upcasters;
 use crate::core::settings::Limits;
 use crate::store::events;
 use crate::store::{Events, Inserted, Workspaces};
@@ -29,7 +33,11 @@ pub(crate) fn new_id() -> String {
 
 /// Appends `ev` to `workspace`'s log in the caller's transaction, with
 /// `now` as its `recorded_at`; an id the workspace has already appends
-/// nothing and reports the existing seq (invariant 3).
+/// nothing and reports the existing seq (invariant 3). The event takes the
+/// next version of its subject, and an expectation of that version that
+/// does not hold appends nothing and fails with `AppendConflict`
+/// (invariant 13): read after the head's lock, so no other writer moves
+/// the subject between the look and the commit.
 pub(crate) fn append<C: Events + Workspaces + ?Sized>(
     conn: &C,
     now: i64,
@@ -57,6 +65,14 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
         }
     }
     let payload = checked_payload(ev, limits.max_payload_bytes, origin)?;
+    if let Expected::Version(n) = ev.expected
+        && n < 0
+    {
+        return Err(Error::invalid(
+            "expected version",
+            format!("{n}: a version is never negative"),
+        ));
+    }
     let id = match &ev.id {
         Some(id) => {
             limits::check_text("id", id, MAX_ID_BYTES)?;
@@ -65,11 +81,7 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
             // gap and a head that counts an event never appended. A fresh
             // generated id cannot be there, and skips the look-up.
             if let Some(seq) = Events::seq_of(conn, workspace, id)? {
-                return Ok(Appended {
-                    seq,
-                    id: id.clone(),
-                    existing: true,
-                });
+                return existing(conn, seq, id.clone());
             }
             id.clone()
         }
@@ -83,11 +95,32 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
         (Origin::App, None) => 0,
     };
 
+    // An expectation is checked after the head's lock; without one, the
+    // insert finds the version itself (on PostgreSQL in its one statement).
+    let version = match ev.expected {
+        Expected::Any => None,
+        expected => {
+            Events::lock_head(conn)?;
+            let version = Events::subject_version(conn, workspace, &ev.subject)?;
+            if !expected.holds(version) {
+                let last = Events::subject_events(conn, workspace, &ev.subject, version, 1)?;
+                return Err(Error::AppendConflict {
+                    workspace: workspace.to_string(),
+                    subject: Some(ev.subject.clone()),
+                    expected: expected.to_string(),
+                    actual_version: Some(version),
+                    seq: last.first().map(|e| e.seq),
+                });
+            }
+            Some(version + 1)
+        }
+    };
     let row = events::NewRow {
         workspace,
         id: &id,
         event_type: &ev.event_type,
         subject: &ev.subject,
+        version,
         actor: &ev.actor,
         occurred_at: ev.occurred_at,
         recorded_at: now,
@@ -97,19 +130,16 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
         depth,
     };
     match Events::insert(conn, &row)? {
-        Inserted::At(seq) => Ok(Appended {
+        Inserted::At { seq, version } => Ok(Appended {
             seq,
             id,
             existing: false,
+            version,
         }),
         Inserted::Existing => {
             let seq = Events::seq_of(conn, workspace, &id)?
                 .expect("the insert conflicted on this id, so the row exists");
-            Ok(Appended {
-                seq,
-                id,
-                existing: true,
-            })
+            existing(conn, seq, id)
         }
         Inserted::Unregistered => {
             // The only foreign key is (workspace, type): find out which half.
@@ -123,6 +153,128 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
             }
         }
     }
+}
+
+/// What re-appending the id of the event at `seq` reports.
+fn existing<C: Events + ?Sized>(conn: &C, seq: i64, id: String) -> Result<Appended> {
+    let version = Events::get(conn, seq)?.map_or(0, |e| e.version);
+    Ok(Appended {
+        seq,
+        id,
+        existing: true,
+        version,
+    })
+}
+
+/// Checks `cond` in the caller's transaction: `AppendConflict` naming the
+/// first event that matches it after its position, if one does. After the
+/// head's lock, as an append's expectation: no other writer can append a
+/// match between this look and the commit.
+pub(crate) fn check_condition<C: Events + ?Sized>(
+    conn: &C,
+    cond: &AppendCondition,
+    up: &Upcasters,
+) -> Result<()> {
+    limits::check_name("workspace", &cond.workspace)?;
+    if cond.after < 0 {
+        return Err(Error::invalid("after", "a seq is never negative"));
+    }
+    for t in &cond.types {
+        limits::check_name("event type", t)?;
+    }
+    if let Some(s) = &cond.subject {
+        limits::check_text("subject", s, MAX_SUBJECT_BYTES)?;
+    }
+    let field = match &cond.field {
+        None => None,
+        Some((path, value)) => {
+            let value = value
+                .as_deref()
+                .map_err(|m| Error::Encode { message: m.clone() })?;
+            if path.len() <= 2 || path[2..].split('.').any(str::is_empty) {
+                return Err(Error::invalid(
+                    "field",
+                    format!("{:?}: a key, or keys joined by dots", &path[2..]),
+                ));
+            }
+            limits::check_json_path("field", path)?;
+            Some((path.as_str(), value))
+        }
+    };
+    // Matched as readers see events: by the newest version's type and
+    // payload.
+    let Some(types) = up.stored_types(&cond.types) else {
+        return Ok(());
+    };
+    Events::lock_head(conn)?;
+    const PAGE: usize = 500;
+    let mut after = cond.after;
+    loop {
+        let mut page = match &cond.subject {
+            Some(subject) => {
+                Events::by_subject(conn, &cond.workspace, after, &types, subject, PAGE)?
+            }
+            None => Events::page(conn, &cond.workspace, after, &types, PAGE)?,
+        };
+        up.apply_all(&mut page);
+        for event in &page {
+            let matches = match field {
+                None => true,
+                Some((path, value)) => EventMatch::key_of(path, &event.subject, event.json()?)
+                    .is_some_and(|k| k == value),
+            };
+            if matches {
+                return Err(Error::AppendConflict {
+                    workspace: cond.workspace.clone(),
+                    subject: cond.subject.clone(),
+                    expected: cond.describe(),
+                    actual_version: None,
+                    seq: Some(event.seq),
+                });
+            }
+        }
+        match page.last() {
+            Some(last) if page.len() == PAGE => after = last.seq,
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Up to `limit` of `subject`'s events in `workspace` from version `from`
+/// on, in order, through the subject's index.
+pub(crate) fn read_subject<C: Events + ?Sized>(
+    conn: &C,
+    workspace: &str,
+    subject: &str,
+    from: i64,
+    limit: usize,
+) -> Result<Vec<Event>> {
+    limits::check_name("workspace", workspace)?;
+    limits::check_text("subject", subject, MAX_SUBJECT_BYTES)?;
+    if from < 0 {
+        return Err(Error::invalid(
+            "from version",
+            "a version is never negative",
+        ));
+    }
+    if limit == 0 || limit > Query::MAX_LIMIT {
+        return Err(Error::invalid(
+            "limit",
+            format!("must be 1 to {}, got {limit}", Query::MAX_LIMIT),
+        ));
+    }
+    Events::subject_events(conn, workspace, subject, from, limit)
+}
+
+/// `subject`'s version in `workspace` (0: no events yet).
+pub(crate) fn subject_version<C: Events + ?Sized>(
+    conn: &C,
+    workspace: &str,
+    subject: &str,
+) -> Result<i64> {
+    limits::check_name("workspace", workspace)?;
+    limits::check_text("subject", subject, MAX_SUBJECT_BYTES)?;
+    Events::subject_version(conn, workspace, subject)
 }
 
 /// How much larger than the payload limit the engine's own envelopes
@@ -253,6 +405,27 @@ pub(crate) fn event_by_id<C: Events + ?Sized>(
 /// The highest seq ever assigned (0 before the first append).
 pub(crate) fn head<C: Events + ?Sized>(conn: &C) -> Result<i64> {
     Events::head(conn)
+}
+
+/// [`read`] as the application gets it: a filter by type names the newest
+/// versions (and reads the older ones stored), and each event comes upcast.
+pub(crate) fn read_upcast<C: Events + ?Sized>(
+    conn: &C,
+    q: &Query,
+    up: &Upcasters,
+) -> Result<Vec<Event>> {
+    if up.is_empty() {
+        return read(conn, q);
+    }
+    q.validate()?;
+    let Some(types) = up.stored_types(&q.types) else {
+        return Ok(Vec::new());
+    };
+    let mut stored = q.clone();
+    stored.types = types;
+    let mut events = read(conn, &stored)?;
+    up.apply_all(&mut events);
+    Ok(events)
 }
 
 pub(crate) fn read<C: Events + ?Sized>(conn: &C, q: &Query) -> Result<Vec<Event>> {

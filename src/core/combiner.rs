@@ -258,7 +258,7 @@ impl<B: Backend> Combiner<B> {
             };
             let mut result = catch_unwind(AssertUnwindSafe(|| f(tx)));
             if matches!(result, Ok(Ok(_)))
-                && let Some(e) = spoilt(tx)
+                && let Some(e) = tx.take_conflict().or_else(|| spoilt(tx))
             {
                 result = Ok(Err(E::from(e)));
             }

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::base::clock::Clock;
 use crate::base::error::{Error, Result};
-use crate::base::event::{Appended, Event, NewEvent, Query};
+use crate::base::event::{AppendCondition, Appended, Event, NewEvent, Query};
 use crate::base::retry::RetryPolicy;
 use crate::core::changelog::{self, Origin};
 use crate::core::cursor::{self, ConsumerKind};
@@ -188,6 +188,10 @@ pub struct Tx<'a, B: Backend = Sqlite> {
     /// Set when the transaction created something to react to (events,
     /// runs): its commit wakes this process's waiting threads.
     nudge: bool,
+    /// An append's expectation or a condition failed in this write: it
+    /// commits nothing even if the closure went on and returned Ok
+    /// (invariant 13).
+    conflict: Option<Error>,
 }
 
 impl<'a, B: Backend> Tx<'a, B> {
@@ -195,13 +199,19 @@ impl<'a, B: Backend> Tx<'a, B> {
     /// fails, only its writes are rolled back (and on PostgreSQL, the seqs
     /// it took are given back, so the log stays dense). For the engine's
     /// batches that commit several independent units together.
-    pub(crate) fn nested<T, E: From<crate::base::error::Error>>(
+    pub(crate) fn nested<T, E: From<Error>>(
         &mut self,
         f: impl FnOnce(&mut Tx<'a, B>) -> std::result::Result<T, E>,
     ) -> std::result::Result<T, E> {
         let (conn, guard) = (self.conn, self.guard);
         let mark = B::begin_nested(conn, guard)?;
-        let result = f(self);
+        let outer = self.conflict.take();
+        let mut result = f(self);
+        if let Some(conflict) = std::mem::replace(&mut self.conflict, outer)
+            && result.is_ok()
+        {
+            result = Err(E::from(conflict));
+        }
         if result.is_err() {
             B::rollback_nested(conn, guard, mark)?;
         }
@@ -215,7 +225,24 @@ impl<'a, B: Backend> Tx<'a, B> {
             guard,
             env,
             nudge: false,
+            conflict: None,
         }
+    }
+
+    /// The conflict that spoils this write, if an append's expectation or
+    /// a condition failed in it: the writer fails the write with it.
+    pub(crate) fn take_conflict(&mut self) -> Option<Error> {
+        self.conflict.take()
+    }
+
+    /// Notes a conflict in `result`, so the write cannot commit without it.
+    fn note<T>(&mut self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result
+            && e.is_append_conflict()
+        {
+            self.conflict = Some(e.clone());
+        }
+        result
     }
 
     /// The connection, as the core's table groups see it.
@@ -256,10 +283,80 @@ impl<'a, B: Backend> Tx<'a, B> {
     /// - [`crate::Error::Invalid`] / [`crate::Error::Encode`]: a malformed field
     ///   or payload.
     ///
+    /// - [`crate::Error::AppendConflict`]: the event's expectation of its
+    ///   subject's version ([`NewEvent::expect`]) does not hold. The whole
+    ///   write then commits nothing, even if the closure goes on and
+    ///   returns Ok (DESIGN.md, invariant 13).
+    ///
     /// Appending an id the workspace already has appends nothing and reports
-    /// the existing seq with `existing: true` (invariant 3).
+    /// the existing seq with `existing: true` (invariant 3). Several appends
+    /// in one write, to one subject or several, commit all or none.
     pub fn append(&mut self, workspace: &str, event: &NewEvent) -> Result<Appended> {
-        self.append_as(workspace, event, Origin::App)
+        let appended = self.append_as(workspace, event, Origin::App);
+        self.note(appended)
+    }
+
+    /// Checks that no event matching `condition` came after its position,
+    /// in this write's transaction: the appends made after the check commit
+    /// only if none did, as nothing else can append meanwhile (a
+    /// conditional append across subjects).
+    ///
+    /// ```
+    /// # fn main() -> reflexr::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = reflexr::Engine::open(dir.path().join("app.db"))?;
+    /// # engine.ensure_workspace("booking", &["seat.booked"])?;
+    /// use reflexr::{AppendCondition, NewEvent};
+    /// let seen = engine.head_seq()?; // what the decision read up to
+    /// let cond = AppendCondition::new("booking")
+    ///     .types(["seat.booked"])
+    ///     .field("seat", "12A")
+    ///     .after(seen);
+    /// engine.write(|tx| {
+    ///     tx.check(&cond)?;
+    ///     let at = tx.now_ms();
+    ///     let ev = NewEvent::new("seat.booked", "booking/1", "web", at)
+    ///         .payload(&serde_json::json!({ "seat": "12A" }));
+    ///     tx.append("booking", &ev)
+    /// })?;
+    /// // A second booking of 12A decided from the same position conflicts.
+    /// let again = engine.write(|tx| tx.check(&cond));
+    /// assert!(again.unwrap_err().is_append_conflict());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`crate::Error::AppendConflict`] with the first matching event's
+    /// seq; the write then commits nothing, as for an expected version.
+    /// [`crate::Error::Invalid`] for a malformed condition.
+    ///
+    /// Its cost is a look through the events after the position (of the
+    /// subject's, through its index, when the condition names a subject):
+    /// keep the position recent.
+    pub fn check(&mut self, condition: &AppendCondition) -> Result<()> {
+        let checked =
+            changelog::check_condition(self.conn, condition, &self.env.settings.upcasters);
+        self.note(checked)
+    }
+
+    /// `subject`'s events in `workspace` from version `from` on, as
+    /// [`crate::Engine::read_subject`] reads them, inside this transaction.
+    pub fn read_subject(
+        &self,
+        workspace: &str,
+        subject: &str,
+        from: i64,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let mut events = changelog::read_subject(self.conn, workspace, subject, from, limit)?;
+        self.env.settings.upcasters.apply_all(&mut events);
+        Ok(events)
+    }
+
+    /// `subject`'s version in `workspace` as this transaction sees it (0:
+    /// no events yet).
+    pub fn subject_version(&self, workspace: &str, subject: &str) -> Result<i64> {
+        changelog::subject_version(self.conn, workspace, subject)
     }
 
     /// Appends as `origin` says (the engine's own events, a run's).
@@ -297,7 +394,7 @@ impl<'a, B: Backend> Tx<'a, B> {
     /// transaction: it sees what the transaction wrote so far (a reaction's
     /// handler, say, reading the log before it enqueues).
     pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
-        changelog::read(self.conn, query)
+        changelog::read_upcast(self.conn, query, &self.env.settings.upcasters)
     }
 
     /// The application consumer's cursor as this transaction sees it.

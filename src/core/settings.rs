@@ -25,6 +25,8 @@ pub struct Settings {
     /// The name this engine holds leases and claims under.
     pub holder_id: String,
     pub limits: Limits,
+    /// What upcasts an old version of a type when events are handed out.
+    pub upcasters: crate::base::upcast::Upcasters,
 }
 
 /// The limits on what the engine stores.

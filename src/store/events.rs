@@ -12,6 +12,11 @@ pub struct NewRow<'a> {
     pub id: &'a str,
     pub event_type: &'a str,
     pub subject: &'a str,
+    /// The subject's version this event takes, one more than
+    /// [`Events::subject_version`] read in the same transaction after
+    /// [`Events::lock_head`]; `None`: the insert finds it (PostgreSQL in
+    /// its one statement, where the transaction holds the head already).
+    pub version: Option<i64>,
     pub actor: &'a str,
     pub occurred_at: i64,
     pub recorded_at: i64,
@@ -24,8 +29,8 @@ pub struct NewRow<'a> {
 /// What inserting an event did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inserted {
-    /// Appended at this seq.
-    At(i64),
+    /// Appended at this seq, at this subject version.
+    At { seq: i64, version: i64 },
     /// The workspace has an event with this id already; nothing inserted.
     Existing,
     /// The (workspace, type) pair is not registered: the workspace does
@@ -47,6 +52,21 @@ pub trait Events {
     fn lock_head(&self) -> Result<()> {
         Ok(())
     }
+    /// The subject's version in the workspace: its last event's, or what
+    /// it had reached when its events were pruned; 0 for a subject with no
+    /// events. Read after [`Events::lock_head`], so no other append can
+    /// move it before this transaction's commits.
+    fn subject_version(&self, workspace: &str, subject: &str) -> Result<i64>;
+    /// Up to `limit` of the subject's events from version `from` on, in
+    /// order, through the (workspace, subject, version) index: the cost
+    /// does not grow with the log.
+    fn subject_events(
+        &self,
+        workspace: &str,
+        subject: &str,
+        from: i64,
+        limit: usize,
+    ) -> Result<Vec<Event>>;
     /// The seq of the workspace's event with this id.
     fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>>;
     /// The depth of the workspace's event with this id.
@@ -81,6 +101,9 @@ pub trait Events {
     fn count_after(&self, workspace: &str, position: i64) -> Result<i64>;
     /// Deletes up to `limit` of the workspace's oldest events at or before
     /// `up_to` and recorded before `recorded_before`; how many it deleted.
+    /// Each subject whose events it deletes keeps the version it reached
+    /// (`reflexr_subject_floors`), so a pruned subject does not count again
+    /// from 1.
     fn delete_old(
         &self,
         workspace: &str,

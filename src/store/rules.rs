@@ -13,6 +13,13 @@ pub struct RuleRow {
     pub definition: String,
     pub registered_at: i64,
     pub updated_at: i64,
+    /// A shadow's live rule (the row is named `<rule>@v<version>`).
+    pub shadow_of: Option<String>,
+    /// A shadow's handover position, once an operator promoted it.
+    pub promote_at: Option<i64>,
+    /// What a shadow would have fired, and the decisions that failed.
+    pub shadow_fired: i64,
+    pub shadow_errored: i64,
 }
 
 /// `reflexr_rules` and `reflexr_rule_state`: the rules a database knows
@@ -29,6 +36,24 @@ pub trait Rules {
         definition: &str,
         now: i64,
     ) -> Result<()>;
+    /// Inserts the row of a shadow of `shadow_of`, or updates its
+    /// definition if it has one.
+    fn upsert_shadow(
+        &self,
+        name: &str,
+        workspace: &str,
+        version: i64,
+        definition: &str,
+        shadow_of: &str,
+        now: i64,
+    ) -> Result<()>;
+    /// Sets a shadow's handover position.
+    fn set_promote_at(&self, name: &str, at: i64, now: i64) -> Result<()>;
+    /// Adds to what a shadow would have fired and the decisions it failed.
+    fn count_shadow(&self, name: &str, fired: i64, errored: i64) -> Result<()>;
+    /// Gives `from`'s scope states to `to` (whose own must be cleared
+    /// first); how many.
+    fn move_states(&self, from: &str, to: &str) -> Result<usize>;
     /// The stored states of `scopes` (those that have one).
     fn states(&self, rule: &str, scopes: &[&str]) -> Result<Vec<(String, String)>>;
     fn state(&self, rule: &str, scope: &str) -> Result<Option<String>>;

@@ -182,6 +182,27 @@ pub(crate) fn pass<B: Backend>(
     let Some(workspace) = rules.first().map(|r| r.workspace.clone()) else {
         return Ok(Pass::default());
     };
+    // Versions in shadow: hand over where both versions reached the
+    // position, then see which code decides for which row, and where each
+    // stops until a handover.
+    let (resolved, caps) = if rules.iter().any(|r| r.shadow_of.is_some()) {
+        let Some(held) = lease()? else {
+            return Ok(Pass::default());
+        };
+        db.write_with(|tx| {
+            tx.fence(&held)?;
+            let now = tx.now_ms();
+            crate::work::operate::complete_promotions(tx.core(), now, &workspace)
+        })?;
+        db.read_with(&mut |c| resolve_shadows(c, rules))?
+    } else {
+        (Vec::new(), HashMap::new())
+    };
+    let rules: &[Arc<Rule>] = if resolved.is_empty() {
+        rules
+    } else {
+        &resolved
+    };
     let mut total = Pass::default();
     let mut pending: Vec<&Rule> = rules.iter().map(|r| &**r).collect();
     for _ in 0..10 {
@@ -216,14 +237,25 @@ pub(crate) fn pass<B: Backend>(
             let Some(lease) = lease()? else {
                 return Ok(total);
             };
-            let page = db.read_with(&mut |c| Events::page(c, &workspace, position, &[], batch))?;
+            let mut page =
+                db.read_with(&mut |c| Events::page(c, &workspace, position, &[], batch))?;
+            // Rules decide on events as the application reads them.
+            db.settings().upcasters.apply_all(&mut page);
             if page.is_empty() {
                 continue;
             }
             let max_json = db.settings().limits.max_payload_bytes;
             let mut decided = Vec::with_capacity(group.len());
             for (rule, stand, high_water) in group {
-                match decide::<B>(db, rule, (stand, high_water), &page, max_json) {
+                // A version waiting for a handover decides up to it only.
+                let page = match caps.get(&rule.name) {
+                    Some(&cap) => &page[..page.partition_point(|e| e.seq <= cap)],
+                    None => &page[..],
+                };
+                if page.is_empty() {
+                    continue;
+                }
+                match decide::<B>(db, rule, (stand, high_water), page, max_json) {
                     Ok(d) => decided.push(d),
                     Err(e) => consumer::failed(db, rule.consumer(), position, &e),
                 }
@@ -254,6 +286,45 @@ pub(crate) fn pass<B: Backend>(
         ::log::warn!("rules whose cursors keep changing under the evaluator try again later");
     }
     Ok(total)
+}
+
+/// Where each version waiting for a handover stops, by its row's name.
+type Caps = HashMap<String, i64>;
+
+/// Which code decides for which rule row of a workspace whose rules have
+/// versions in shadow registered here, and where a version waiting for a
+/// handover stops: a live rule whose row reached the version of its
+/// shadow's code was promoted, and that code decides for it now; a shadow
+/// whose row is gone (promoted, or deleted) decides nothing.
+fn resolve_shadows<C: Rules + ?Sized>(
+    c: &C,
+    rules: &[Arc<Rule>],
+) -> Result<(Vec<Arc<Rule>>, Caps)> {
+    let mut out = Vec::with_capacity(rules.len());
+    let mut caps = HashMap::new();
+    for live in rules.iter().filter(|r| r.shadow_of.is_none()) {
+        let version = Rules::rule(c, &live.name)?.map_or(0, |row| row.version);
+        let promoted = rules.iter().find(|s| {
+            s.shadow_of.as_deref() == Some(live.name.as_str())
+                && i64::from(s.version) == version
+                && s.version > live.version
+        });
+        out.push(match promoted {
+            Some(s) => Arc::new(s.as_live()),
+            None => Arc::clone(live),
+        });
+    }
+    for shadow in rules.iter().filter(|r| r.shadow_of.is_some()) {
+        let Some(row) = Rules::rule(c, &shadow.name)? else {
+            continue;
+        };
+        if let Some(at) = row.promote_at {
+            caps.insert(shadow.name.clone(), at);
+            caps.insert(shadow.firing_name().to_string(), at);
+        }
+        out.push(Arc::clone(shadow));
+    }
+    Ok((out, caps))
 }
 
 /// Decides `rule` over `page` (which starts right after its cursor):
@@ -527,6 +598,13 @@ fn commit<B: Backend>(
     for (scope, json, seq) in &d.changed {
         Rules::save_state(tx.core(), &rule.name, scope, json, *seq, now)?;
     }
+    if rule.shadow_of.is_some() {
+        // A version in shadow fires nothing: what it would have done is
+        // counted on its row, for operators to compare.
+        let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        Rules::count_shadow(tx.core(), &rule.name, n(d.firings.len()), n(d.errors.len()))?;
+        return Ok(Committed::default());
+    }
     let mut done = Committed::default();
     let (mut existing, mut kept) = (0, 0);
     let mut refused_errors = Vec::new();
@@ -757,6 +835,7 @@ mod tests {
             workspace: workspace.into(),
             event_type: "t".into(),
             subject: "s".into(),
+            version: 1,
             actor: "a".into(),
             occurred_at: 0,
             recorded_at,

@@ -380,7 +380,12 @@ pub(crate) fn step<B: Backend>(
         kind: ConsumerKind::Follower,
         name: &row.name,
     };
-    let (stand, page) = consumer::read(db, c, SKIP_SAVE_EVERY)?;
+    let (stand, mut page) = consumer::read(db, c, SKIP_SAVE_EVERY)?;
+    // A projection of the application's reads events as the application
+    // does, upcast; "same" relays what is stored, byte for byte.
+    if row.projection != "same" {
+        db.settings().upcasters.apply_all(&mut page);
+    }
     if page.is_empty() {
         return Ok(Relayed::default());
     }

@@ -69,6 +69,18 @@ pub struct RuleInfo {
     pub registered_at: i64,
     /// When it was last registered.
     pub updated_at: i64,
+    /// For a version in shadow ([`crate::Rule::shadow`], a row named
+    /// `<rule>@v<version>`): the live rule it is to take over from. `None`
+    /// for a live rule.
+    pub shadow_of: Option<String>,
+    /// A shadow's handover position, once an operator promoted it
+    /// ([`crate::Operator::promote_rule`]): the live version decides up to
+    /// it, the shadow after it.
+    pub promote_at: Option<i64>,
+    /// What a shadow would have fired so far (it fires nothing).
+    pub shadow_fired: i64,
+    /// The decisions a shadow failed so far (recorded nowhere else).
+    pub shadow_errored: i64,
 }
 
 /// What to reset of a rule ([`crate::Operator::reset_rule`]).
@@ -172,6 +184,220 @@ pub(crate) fn register_rule<C: Work + ?Sized>(conn: &C, now: i64, rule: &Rule) -
     )
 }
 
+/// Records a rule version registered in shadow (`shadow` is the engine's
+/// copy, `Rule::as_shadow`): a new shadow gets its row and its cursor at
+/// its start; a known one keeps them. A shadow whose version the live rule
+/// reached already (it was promoted) records nothing.
+pub(crate) fn register_shadow<C: Work + ?Sized>(conn: &C, now: i64, shadow: &Rule) -> Result<()> {
+    let live_name = shadow.firing_name();
+    let Some(live) = Rules::rule(conn, live_name)? else {
+        return Err(Error::invalid(
+            "rule",
+            format!("{live_name}: a version in shadow needs its live rule registered first"),
+        ));
+    };
+    if live.workspace != shadow.workspace {
+        return Err(Error::invalid(
+            "rule",
+            format!(
+                "{live_name} reads workspace {}; its shadow cannot read {}",
+                live.workspace, shadow.workspace
+            ),
+        ));
+    }
+    let version = i64::from(shadow.version);
+    if live.version == version {
+        // Promoted already: the live rule is this version now.
+        return Ok(());
+    }
+    if live.version > version {
+        return Err(Error::invalid(
+            "rule",
+            format!(
+                "{live_name}: version {version} in shadow, but the live rule is at version {} \
+                 already",
+                live.version
+            ),
+        ));
+    }
+    if let Some(other) = Rules::rule_rows(conn)?
+        .into_iter()
+        .find(|r| r.shadow_of.as_deref() == Some(live_name) && r.name != shadow.name)
+    {
+        return Err(Error::Conflict {
+            kind: "rule",
+            reason: format!(
+                "{live_name} has version {} in shadow already ({}); promote it or delete it \
+                 first",
+                other.version, other.name
+            ),
+        });
+    }
+    let kind = ConsumerKind::Rule.as_str();
+    if Rules::rule(conn, &shadow.name)?.is_none() {
+        let from = shadow.shadow.unwrap_or(0);
+        let head = Events::head(conn)?;
+        if from > head {
+            return Err(Error::invalid(
+                "shadow",
+                format!("{from} is not a seq of this file (0 to {head})"),
+            ));
+        }
+        Cursors::set(conn, &shadow.workspace, kind, &shadow.name, from, now)?;
+    }
+    Rules::upsert_shadow(
+        conn,
+        &shadow.name,
+        &shadow.workspace,
+        version,
+        &shadow.definition(),
+        live_name,
+        now,
+    )
+}
+
+/// The version in shadow of the live rule `live`, if it has one.
+pub(crate) fn shadow_of<C: Work + ?Sized>(
+    conn: &C,
+    live: &str,
+) -> Result<Option<crate::store::rules::RuleRow>> {
+    Ok(Rules::rule_rows(conn)?
+        .into_iter()
+        .find(|r| r.shadow_of.as_deref() == Some(live)))
+}
+
+/// An operator's promote of `name`'s version in shadow: sets the handover
+/// position, the further of the two versions' cursors, and returns it. The
+/// evaluator hands over once both versions decided up to it
+/// ([`complete_promotions`]).
+pub(crate) fn promote_rule<C: Work + ?Sized>(
+    conn: &C,
+    now: i64,
+    name: &str,
+    operator: &str,
+    reason: &str,
+) -> Result<i64> {
+    check_operator(operator, reason)?;
+    let live = Rules::rule(conn, name)?.ok_or_else(|| Error::not_found("rule", name))?;
+    if let Some(of) = &live.shadow_of {
+        return Err(Error::invalid(
+            "rule",
+            format!("{name} is a version in shadow; promote the live rule, {of}"),
+        ));
+    }
+    let Some(shadow) = shadow_of(conn, name)? else {
+        return Err(Error::Conflict {
+            kind: "rule",
+            reason: format!("{name} has no version in shadow to promote"),
+        });
+    };
+    if let Some(at) = shadow.promote_at {
+        return Err(Error::Conflict {
+            kind: "rule",
+            reason: format!(
+                "{name}'s version {} is being promoted already, at seq {at}",
+                shadow.version
+            ),
+        });
+    }
+    let kind = ConsumerKind::Rule.as_str();
+    let live_at = Cursors::get(conn, &live.workspace, kind, name)?.unwrap_or(0);
+    let shadow_at = Cursors::get(conn, &live.workspace, kind, &shadow.name)?.unwrap_or(0);
+    let at = live_at.max(shadow_at);
+    Rules::set_promote_at(conn, &shadow.name, at, now)?;
+    // A batch either version decided past the position before this commit
+    // must not commit: new stamps make the evaluator read again, capped.
+    Cursors::touch(conn, &live.workspace, kind, name, now)?;
+    Cursors::touch(conn, &live.workspace, kind, &shadow.name, now)?;
+    record(
+        conn,
+        now,
+        operator,
+        AuditAction::PromoteRule,
+        &format!("rule {name}"),
+        reason,
+        serde_json::json!({
+            "from_version": live.version,
+            "to_version": shadow.version,
+            "at": at,
+            "live_cursor": live_at,
+            "shadow_cursor": shadow_at,
+        }),
+    )?;
+    Ok(at)
+}
+
+/// Whether the consumer at `position` has decided every event of
+/// `workspace` up to `at`.
+fn decided_to<C: Work + ?Sized>(conn: &C, workspace: &str, position: i64, at: i64) -> Result<bool> {
+    Ok(Events::page(conn, workspace, position, &[], 1)?
+        .first()
+        .is_none_or(|e| e.seq > at))
+}
+
+/// The handovers of `workspace` whose two versions both decided up to the
+/// position: the shadow's state and cursor become the live rule's, at its
+/// version, and the shadow's rows go. In the evaluator's transaction,
+/// under its lease. Returns how many handed over.
+pub(crate) fn complete_promotions<C: Work + ?Sized>(
+    conn: &C,
+    now: i64,
+    workspace: &str,
+) -> Result<usize> {
+    let kind = ConsumerKind::Rule.as_str();
+    let mut done = 0;
+    for shadow in Rules::rule_rows(conn)? {
+        let (Some(live), Some(at)) = (shadow.shadow_of.as_deref(), shadow.promote_at) else {
+            continue;
+        };
+        if shadow.workspace != workspace {
+            continue;
+        }
+        let Some(live_row) = Rules::rule(conn, live)? else {
+            continue;
+        };
+        let live_at = Cursors::get(conn, workspace, kind, live)?.unwrap_or(0);
+        let shadow_at = Cursors::get(conn, workspace, kind, &shadow.name)?.unwrap_or(0);
+        if !decided_to(conn, workspace, live_at, at)?
+            || !decided_to(conn, workspace, shadow_at, at)?
+        {
+            continue;
+        }
+        Rules::clear_states(conn, live)?;
+        let states = Rules::move_states(conn, &shadow.name, live)?;
+        Rules::upsert_rule(
+            conn,
+            live,
+            workspace,
+            shadow.version,
+            &shadow.definition,
+            now,
+        )?;
+        // At the handover position exactly, with a new stamp: a batch the
+        // old version decided past it cannot commit.
+        Cursors::set(conn, workspace, kind, live, at.max(live_at), now)?;
+        Cursors::delete(conn, workspace, kind, &shadow.name)?;
+        Rules::delete_rule(conn, &shadow.name)?;
+        record(
+            conn,
+            now,
+            "reflexr",
+            AuditAction::RulePromoted,
+            &format!("rule {live}"),
+            "handover",
+            serde_json::json!({
+                "from_version": live_row.version,
+                "to_version": shadow.version,
+                "at": at,
+                "states": states,
+                "fired_in_shadow": shadow.shadow_fired,
+            }),
+        )?;
+        done += 1;
+    }
+    Ok(done)
+}
+
 pub(crate) fn rule_infos<C: Work + ?Sized>(
     conn: &C,
     registered: &[String],
@@ -192,6 +418,10 @@ pub(crate) fn rule_infos<C: Work + ?Sized>(
                 lag,
                 registered_at: r.registered_at,
                 updated_at: r.updated_at,
+                shadow_of: r.shadow_of,
+                promote_at: r.promote_at,
+                shadow_fired: r.shadow_fired,
+                shadow_errored: r.shadow_errored,
             })
         })
         .collect()

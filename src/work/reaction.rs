@@ -232,7 +232,8 @@ pub(crate) fn step<B: Backend>(
     r: &Reaction<B>,
 ) -> Result<usize> {
     let c = r.consumer();
-    let (stand, page) = consumer::read(db, c, BATCH)?;
+    let (stand, mut page) = consumer::read(db, c, BATCH)?;
+    db.settings().upcasters.apply_all(&mut page);
     if page.is_empty() {
         return Ok(0);
     }

@@ -285,6 +285,11 @@ pub struct Rule {
     pub(crate) version: u32,
     pub(crate) on_new_version: OnNewVersion,
     pub(crate) decide: Option<Arc<dyn Decide>>,
+    /// Registered as a shadow, deciding from this seq ([`Rule::shadow`]).
+    pub(crate) shadow: Option<i64>,
+    /// On the engine's copy of a shadow (named `<rule>@v<version>`): the
+    /// live rule's name.
+    pub(crate) shadow_of: Option<String>,
 }
 
 impl fmt::Debug for Rule {
@@ -316,7 +321,74 @@ impl Rule {
             version: 1,
             on_new_version: OnNewVersion::Continue,
             decide: None,
+            shadow: None,
+            shadow_of: None,
         }
+    }
+
+    /// Registers this version as a **shadow** of the live rule of the same
+    /// name, deciding from `from` (a seq: 0 is the start of the log): it
+    /// decides every event the rule watches and keeps its own state and
+    /// cursor, but fires nothing — no runs, no `RuleFired` or
+    /// `RuleErrored`, no dead letters; what it would have fired and the
+    /// decisions that failed are counted for operators
+    /// ([`crate::inspect::RuleInfo`]). The live version goes on as before.
+    ///
+    /// Its version must be higher than the live one's. An operator's
+    /// [`crate::Operator::promote_rule`] then hands over at one position:
+    /// the live version decides and fires up to it, the shadow after it —
+    /// no event is decided by both, none by neither — and the old version
+    /// retires, its state replaced by the shadow's. Register the same
+    /// shadow in every process that evaluates the workspace (the handover
+    /// happens in whichever holds the evaluator's lease); after it, code
+    /// that registers the new version as a plain rule continues from there.
+    ///
+    /// ```
+    /// # use reflexr::{Decision, Rule};
+    /// let v2 = Rule::new("big-orders", "shop")
+    ///     .on(["order.placed"])
+    ///     .action("review")
+    ///     .version(2, reflexr::OnNewVersion::Continue)
+    ///     .shadow(0)
+    ///     .decide(|e| {
+    ///         let big = e.json()?["total"].as_f64().unwrap_or(0.0) > 500.0;
+    ///         Ok(if big { Decision::Fire(e.json()?.clone()) } else { Decision::Skip })
+    ///     });
+    /// ```
+    pub fn shadow(mut self, from: i64) -> Rule {
+        self.shadow = Some(from);
+        self
+    }
+
+    /// The name of the row and cursor of version `version` of `rule` in
+    /// shadow.
+    pub(crate) fn shadow_name(rule: &str, version: u32) -> String {
+        format!("{rule}@v{version}")
+    }
+
+    /// The engine's copy of a rule registered with [`Rule::shadow`]: its
+    /// own name, the live rule's beside it.
+    pub(crate) fn as_shadow(&self) -> Rule {
+        let mut copy = self.clone();
+        copy.name = Rule::shadow_name(&self.name, self.version);
+        copy.shadow_of = Some(self.name.clone());
+        copy
+    }
+
+    /// A promoted shadow's code, as the live rule it became.
+    pub(crate) fn as_live(&self) -> Rule {
+        let mut copy = self.clone();
+        if let Some(live) = copy.shadow_of.take() {
+            copy.name = live;
+        }
+        copy.shadow = None;
+        copy
+    }
+
+    /// The name firings are derived from and runs' lanes kept by: the live
+    /// rule's, for a shadow too.
+    pub(crate) fn firing_name(&self) -> &str {
+        self.shadow_of.as_deref().unwrap_or(&self.name)
     }
 
     /// The event types the rule decides on; it skips every other type.
@@ -461,6 +533,23 @@ impl Rule {
         }
         if self.version == 0 {
             return Err(Error::invalid("rule", "versions start at 1"));
+        }
+        if let Some((_, v)) = self.name.rsplit_once("@v")
+            && !v.is_empty()
+            && v.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(Error::invalid(
+                "rule",
+                format!(
+                    "{}: names ending in @v<n> are kept for versions in shadow",
+                    self.name
+                ),
+            ));
+        }
+        if let Some(from) = self.shadow
+            && from < 0
+        {
+            return Err(Error::invalid("shadow", "a seq is never negative"));
         }
         if let Scope::Payload(f) = &self.scope
             && f.is_empty()

@@ -28,4 +28,5 @@ mod rules;
 mod runs;
 mod runtime;
 mod shared;
+mod versions;
 mod workflow;

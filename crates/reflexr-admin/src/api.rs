@@ -180,6 +180,7 @@ pub(crate) fn routes<B: Backend>() -> Vec<Route<B>> {
         get("/api/v1/leases", leases),
         get("/api/v1/rules", rules),
         get("/api/v1/rules/{name}", rule),
+        post("/api/v1/rules/{name}/promote", promote_rule),
         get("/api/v1/rules/{name}/state/{scope}", rule_state),
         get("/api/v1/reactions", reactions),
         get("/api/v1/followers", followers),
@@ -1131,6 +1132,17 @@ fn prune<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
         .operator(b.operator, b.reason)?
         .prune(&retention)?;
     ok(&pruned)
+}
+
+/// Hands a rule over to its version in shadow: answers the handover
+/// position, the seq after which the shadow decides as the live rule.
+fn promote_rule<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
+    let w: Who = body(ctx)?;
+    let at = ctx
+        .engine()
+        .operator(w.operator, w.reason)?
+        .promote_rule(ctx.path("name"))?;
+    ok(&json!({ "ok": true, "action": "promoted", "at": at }))
 }
 
 fn restart_follower<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {

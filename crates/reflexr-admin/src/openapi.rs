@@ -666,6 +666,21 @@ fn operations() -> Vec<Operation> {
             }),
         ),
         op(
+            "POST",
+            "/api/v1/rules/{name}/promote",
+            &[404, 409],
+            json!({
+                "summary": "Promotes a rule's version in shadow (Rule::shadow): sets the handover position, the further of the two versions' cursors, and answers it. The live version decides and fires up to it, the shadow after it; the process evaluating the workspace hands over once both reached it (audited as rule_promoted). 404 for no such rule; 409 when it has no version in shadow, or one being promoted already; 400 for the name of the shadow itself.",
+                "parameters": [path_param("name", "the live rule (not its shadow's <rule>@v<version>)", name("a rule"))],
+                "requestBody": who_body(),
+                "responses": json_ok(object(json!({
+                    "ok": { "const": true },
+                    "action": { "const": "promoted" },
+                    "at": { "type": "integer", "description": "the handover position: the live version decides up to this seq, the shadow after it" },
+                }))),
+            }),
+        ),
+        op(
             "GET",
             "/api/v1/rules/{name}/state/{scope}",
             &[404],
@@ -775,6 +790,7 @@ fn schemas() -> Value {
             "workspace": { "type": "string" },
             "type": { "type": "string" },
             "subject": { "type": "string" },
+            "version": { "type": "integer", "minimum": 0, "description": "The subject version: the event's 1-based place among its subject's events in its workspace" },
             "actor": { "type": "string" },
             "occurred_at": ts(),
             "recorded_at": ts(),
@@ -964,6 +980,10 @@ fn schemas() -> Value {
             "registered_here": { "type": "boolean" },
             "registered_at": ts(),
             "updated_at": ts(),
+            "shadow_of": { "type": ["string", "null"], "description": "for a version in shadow (named <rule>@v<version>): the live rule it is to take over from; null for a live rule" },
+            "promote_at": { "type": ["integer", "null"], "description": "a shadow's handover position once promoted: the live version decides up to this seq, the shadow after it" },
+            "shadow_fired": { "type": "integer", "description": "what a shadow would have fired so far (it fires nothing); 0 for a live rule" },
+            "shadow_errored": { "type": "integer", "description": "the decisions a shadow failed so far; 0 for a live rule" },
         })),
         "Schedule": object(json!({
             "name": { "type": "string" },

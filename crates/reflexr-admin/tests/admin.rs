@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use common::http::{Api, Stream};
 use common::{Arrange, Scene, count};
 use reflexr::{
-    Decision, Engine, Follow, NewEvent, OnDeadLetter, Reaction, RetryPolicy, Rule, RunState, Scope,
+    Decision, Engine, Follow, NewEvent, OnDeadLetter, OnNewVersion, Reaction, RetryPolicy, Rule,
+    RunState, Scope,
 };
 use reflexr_admin::{AdminConfig, AdminServer};
 use serde_json::{Value, json};
@@ -589,6 +590,175 @@ fn a_workflows_timeline_is_served_and_a_reset_runs_its_step_and_those_after_agai
         (&mail["name"], &mail["attempt"]),
         (&json!("mail"), &json!(1))
     );
+}
+
+#[test]
+fn rules_list_their_shadows_and_a_promote_hands_over_once_audited() {
+    // Rule versions through the API: the rules route lists a version in
+    // shadow as its own row beside its live rule; a promote is the
+    // operator's audited promote_rule, answering the handover position,
+    // refused as the engine refuses it (400, 404, 409, read-only) and then
+    // changing nothing; the evaluator hands over after it.
+    let s = Scene::new();
+    let e = shop(&s);
+    e.register_rule(
+        Rule::new("notes", "shop")
+            .on(["note"])
+            .action("charge")
+            .decide(|_| Ok(Decision::Skip)),
+    )
+    .unwrap();
+    for (i, c) in ["ada", "grace", "ada"].iter().enumerate() {
+        e.append("shop", &order(c, i as i64)).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    e.register_rule(
+        Rule::new("charge", "shop")
+            .on(["order"])
+            .scope(Scope::payload("customer"))
+            .action("charge")
+            .version(2, OnNewVersion::Continue)
+            .shadow(0)
+            .decide(|ev| Ok(Decision::Fire(ev.payload()?))),
+    )
+    .unwrap();
+    e.run_until_idle().unwrap();
+    let runs = e.runs(None, 100).unwrap().len();
+    assert_eq!(runs, 3, "the shadow fired nothing");
+    let (_server, api) = serve(&e, AdminConfig::new());
+    let doc = strict(api.get("/api/v1/openapi.json").1);
+
+    let (_, rules) = conform(&api, &doc, "GET", "/api/v1/rules", "/api/v1/rules", None);
+    let row = |rules: &Value, name: &str| {
+        rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no row {name}: {rules}"))
+            .clone()
+    };
+    let live = row(&rules, "charge");
+    let shadow = row(&rules, "charge@v2");
+    assert_eq!(
+        (&live["version"], &live["shadow_of"], &live["promote_at"]),
+        (&json!(1), &Value::Null, &Value::Null)
+    );
+    assert_eq!(
+        (
+            &shadow["version"],
+            &shadow["shadow_of"],
+            &shadow["promote_at"],
+            &shadow["lag"],
+            &shadow["shadow_fired"],
+            &shadow["shadow_errored"],
+        ),
+        (
+            &json!(2),
+            &json!("charge"),
+            &Value::Null,
+            &json!(0),
+            &json!(3),
+            &json!(0)
+        )
+    );
+    assert_eq!(row(&rules, "notes")["shadow_of"], Value::Null);
+    let (st, one) = conform(
+        &api,
+        &doc,
+        "GET",
+        "/api/v1/rules/{name}",
+        "/api/v1/rules/charge@v2",
+        None,
+    );
+    assert_eq!((st, &one["shadow_of"]), (200, &json!("charge")));
+
+    // Refusals change nothing: the shadow's own name, a rule with no
+    // shadow, no such rule, a body without a reason, read-only mode.
+    let promote = |name: &str, body: Value| {
+        conform(
+            &api,
+            &doc,
+            "POST",
+            "/api/v1/rules/{name}/promote",
+            &format!("/api/v1/rules/{name}/promote"),
+            Some(body),
+        )
+    };
+    let before = e.audit_log(100).unwrap().len();
+    for (name, body, status) in [
+        ("charge@v2", who("the shadow itself"), 400),
+        ("notes", who("no shadow"), 409),
+        ("nope", who("typo"), 404),
+        ("charge", json!({ "operator": "ops@example" }), 400),
+    ] {
+        let (st, answer) = promote(name, body.clone());
+        assert_eq!(st, status, "{name} {body}: {answer}");
+        assert!(answer["error"]["code"].is_string(), "{answer}");
+    }
+    let (_ro, read_only) = serve(&e, AdminConfig::new().read_only(true));
+    let (st, answer) = read_only.post("/api/v1/rules/charge/promote", who("read-only"));
+    assert_eq!((st, &answer["error"]["code"]), (403, &json!("read_only")));
+    assert_eq!(e.audit_log(100).unwrap().len(), before, "nothing changed");
+    assert!(e.rules().unwrap().iter().all(|r| r.promote_at.is_none()));
+
+    // The promote: the further of the two cursors, audited; a second one
+    // while it is under way is a conflict.
+    let (st, answer) = promote("charge", who("v2 decides as v1 did"));
+    assert_eq!(st, 200, "{answer}");
+    let at = live["cursor"]
+        .as_i64()
+        .unwrap()
+        .max(shadow["cursor"].as_i64().unwrap());
+    assert_eq!(
+        answer,
+        json!({ "ok": true, "action": "promoted", "at": at })
+    );
+    let entry = &e.audit_log(1).unwrap()[0];
+    assert_eq!(
+        (
+            entry.action.as_str(),
+            entry.operator.as_str(),
+            entry.reason.as_str(),
+            entry.target.as_str()
+        ),
+        (
+            "promote_rule",
+            "ops@example",
+            "v2 decides as v1 did",
+            "rule charge"
+        )
+    );
+    let (_, rules) = conform(&api, &doc, "GET", "/api/v1/rules", "/api/v1/rules", None);
+    assert_eq!(row(&rules, "charge@v2")["promote_at"], at);
+    let (st, answer) = promote("charge", who("again"));
+    assert_eq!((st, &answer["error"]["code"]), (409, &json!("conflict")));
+
+    // The evaluator hands over: one row, at version 2; nothing to promote.
+    e.run_until_idle().unwrap();
+    let (_, rules) = conform(&api, &doc, "GET", "/api/v1/rules", "/api/v1/rules", None);
+    let names: std::collections::BTreeSet<&str> = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["charge", "notes"].into(), "{rules}");
+    assert_eq!(
+        (
+            &row(&rules, "charge")["version"],
+            &row(&rules, "charge")["shadow_of"]
+        ),
+        (&json!(2), &Value::Null)
+    );
+    assert!(
+        e.audit_log(5)
+            .unwrap()
+            .iter()
+            .any(|a| a.action.as_str() == "rule_promoted")
+    );
+    let (st, _) = promote("charge", who("once more"));
+    assert_eq!(st, 409);
 }
 
 /// Subscribes to `workspace`'s events after `after` and returns the seqs

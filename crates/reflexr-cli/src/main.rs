@@ -109,8 +109,10 @@ enum Command {
         count: Option<usize>,
     },
     /// Appends one event, as an application would (a correction, a
-    /// script, a test); prints its seq. An id already in the workspace
-    /// appends nothing and says so.
+    /// script, a test); prints its seq and its subject version. An id
+    /// already in the workspace appends nothing and says so. With
+    /// --expect-version, appends only if the subject is at that version
+    /// and otherwise fails with the actual one.
     Append {
         /// The workspace.
         #[arg(short, long)]
@@ -136,6 +138,10 @@ enum Command {
         /// The id shared by its conversation or workflow.
         #[arg(long)]
         correlation_id: Option<String>,
+        /// Append only if the subject is at this version (0: it has no
+        /// events yet); otherwise fail, appending nothing.
+        #[arg(long, value_name = "N")]
+        expect_version: Option<i64>,
     },
     /// Enqueues a run of an action (any process that registered the action
     /// runs it); prints its id.
@@ -221,6 +227,14 @@ enum Command {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+    },
+    /// The rules the file knows: each version live or in shadow, its
+    /// cursor and lag, what a shadow would have fired; `rules promote` hands
+    /// a rule over to its version in shadow.
+    #[command(args_conflicts_with_subcommands = true)]
+    Rules {
+        #[command(subcommand)]
+        command: Option<RulesCommand>,
     },
     /// Dead letters not yet resolved (all with --all), oldest first.
     DeadLetters {
@@ -334,6 +348,21 @@ enum Command {
     /// process runs it (after its configuration was mended).
     RestartFollower {
         /// The follower's name.
+        name: String,
+        #[command(flatten)]
+        who: Who,
+    },
+}
+
+/// What `rules` does besides listing.
+#[derive(Subcommand, Debug)]
+enum RulesCommand {
+    /// Promotes a rule's version in shadow, recorded: sets the handover
+    /// position (printed), the further of the two versions' cursors. The
+    /// live version decides up to it, the shadow after it; the process
+    /// evaluating the workspace hands over once both reached it.
+    Promote {
+        /// The live rule's name.
         name: String,
         #[command(flatten)]
         who: Who,
@@ -485,6 +514,18 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             runs(&engine, state, *limit, cli.json)
         }
         Command::DeadLetters { all, limit } => dead_letters(&engine, *all, *limit, cli.json),
+        Command::Rules { command: None } => rules(&engine, cli.json),
+        Command::Rules {
+            command: Some(RulesCommand::Promote { name, who }),
+        } => {
+            let at = who.on(&engine)?.promote_rule(name)?;
+            if cli.json {
+                outln!("{}", json!({ "ok": true, "action": "promoted", "at": at }))?;
+            } else {
+                outln!("promoting {name}: its version in shadow takes over after seq {at}")?;
+            }
+            Ok(())
+        }
         Command::Retry {
             run,
             dead_letter,
@@ -518,6 +559,7 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             id,
             causation_id,
             correlation_id,
+            expect_version,
         } => {
             let actor = actor
                 .clone()
@@ -537,13 +579,26 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             if let Some(c) = correlation_id {
                 ev = ev.correlation_id(c);
             }
+            if let Some(v) = expect_version {
+                ev = ev.expect_version(*v);
+            }
             let appended = engine.append(workspace, &ev)?;
             if cli.json {
                 outln!("{}", serde_json::to_string_pretty(&appended)?)?;
             } else if appended.existing {
-                outln!("already appended: {} is seq {}", appended.id, appended.seq)?;
+                outln!(
+                    "already appended: {} is seq {} (version {} of {subject})",
+                    appended.id,
+                    appended.seq,
+                    appended.version
+                )?;
             } else {
-                outln!("appended seq {} ({})", appended.seq, appended.id)?;
+                outln!(
+                    "appended seq {} ({}), version {} of {subject}",
+                    appended.seq,
+                    appended.id,
+                    appended.version
+                )?;
             }
             Ok(())
         }
@@ -1065,6 +1120,44 @@ fn runs<B: Backend>(
             format!("{}/{}", r.attempt, r.max_attempts),
             time(r.due_at),
             r.last_error.clone().unwrap_or_default(),
+        ]);
+    }
+    outln!("{t}")?;
+    Ok(())
+}
+
+fn rules<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
+    let rules = engine.rules()?;
+    if json {
+        return print_json(&rules);
+    }
+    let mut t = table(&[
+        "rule",
+        "workspace",
+        "version",
+        "as",
+        "cursor",
+        "lag",
+        "fired in shadow",
+    ]);
+    for r in &rules {
+        let role = match (&r.shadow_of, r.promote_at) {
+            (None, _) => "live".to_string(),
+            (Some(of), None) => format!("shadow of {of}"),
+            (Some(of), Some(at)) => format!("shadow of {of}, taking over after seq {at}"),
+        };
+        t.add_row(vec![
+            r.name.clone(),
+            r.workspace.clone(),
+            r.version.to_string(),
+            role,
+            r.cursor.to_string(),
+            r.lag.to_string(),
+            if r.shadow_of.is_some() {
+                format!("{} ({} errors)", r.shadow_fired, r.shadow_errored)
+            } else {
+                String::new()
+            },
         ]);
     }
     outln!("{t}")?;

@@ -477,6 +477,7 @@ fn append_adds_one_event_as_an_application_would_and_an_id_once() {
     let s = Scene::new();
     let e = prepare(&s.path);
     let head = e.head_seq().unwrap();
+    let version = e.subject_version("shop", "customer/ada").unwrap();
     let args = [
         "append",
         "-w",
@@ -496,7 +497,11 @@ fn append_adds_one_event_as_an_application_would_and_an_id_once() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         stdout(&out).trim(),
-        format!("appended seq {} (fix-1)", head + 1)
+        format!(
+            "appended seq {} (fix-1), version {} of customer/ada",
+            head + 1,
+            version + 1
+        )
     );
     let ev = e.event(head + 1).unwrap().unwrap();
     assert_eq!((ev.id.as_str(), ev.actor.as_str()), ("fix-1", "ops"));
@@ -504,6 +509,40 @@ fn append_adds_one_event_as_an_application_would_and_an_id_once() {
     let again = json(&cli(&s.path, &[&args[..], &["--json"]].concat()));
     assert_eq!(again["existing"], true);
     assert_eq!(again["seq"], head + 1);
+    assert_eq!(again["version"], version + 1);
+    // Invariant 13: an expected version that does not hold appends
+    // nothing and says what the subject is at.
+    let expecting = |v: i64| {
+        cli(
+            &s.path,
+            &[
+                "append",
+                "-w",
+                "shop",
+                "-t",
+                "order.cancelled",
+                "--subject",
+                "customer/ada",
+                "--expect-version",
+                &v.to_string(),
+            ],
+        )
+    };
+    let out = expecting(version);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(&format!("it is at version {}", version + 1)),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(e.head_seq().unwrap(), head + 1);
+    let out = expecting(version + 1);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("version {} of customer/ada", version + 2)),
+        "{}",
+        stdout(&out)
+    );
     let out = cli(
         &s.path,
         &["append", "-w", "shop", "-t", "nope", "--subject", "x"],
@@ -525,7 +564,7 @@ fn append_adds_one_event_as_an_application_would_and_an_id_once() {
         ],
     );
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(e.head_seq().unwrap(), head + 1, "nothing else was appended");
+    assert_eq!(e.head_seq().unwrap(), head + 2, "nothing else was appended");
 }
 
 #[test]

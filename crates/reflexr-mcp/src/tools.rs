@@ -169,6 +169,17 @@ fn tools<B: Backend>() -> Vec<Tool<B>> {
             call: reset_cursor,
         },
         Tool {
+            name: "list_rules",
+            title: "List rules",
+            description: "Every rule the file knows, each version live or in shadow (shadow_of names the live rule; promote_at is a pending handover's position): version, cursor, lag, and what a shadow would have fired.",
+            input: no_input,
+            output: || list_schema("rules"),
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_rules,
+        },
+        Tool {
             name: "list_followers",
             title: "List followers",
             description: "Every follower bridging one workspace into another: cursor, lag, published, dead letters, stops, last error.",
@@ -255,6 +266,17 @@ fn tools<B: Backend>() -> Vec<Tool<B>> {
             destructive: false,
             idempotent: false,
             call: resume,
+        },
+        Tool {
+            name: "promote_rule",
+            title: "Promote a rule's version in shadow",
+            description: "Hands a rule over to its version in shadow (registered with Rule::shadow, listed by list_consumers as <rule>@v<version>): sets the handover position, the further of the two versions' cursors, and returns it. The live version decides and fires up to it, the shadow after it; no event is decided by both or by neither. Once both reached it, the old version retires and its state is replaced by the shadow's. Give the live rule's name. Audited with the reason.",
+            input: promote_rule_input,
+            output: promote_rule_output,
+            mutating: true,
+            destructive: false,
+            idempotent: false,
+            call: promote_rule,
         },
         Tool {
             name: "audit_log",
@@ -531,6 +553,11 @@ fn list_dead_letters<B: Backend>(mcp: &Mcp<B>, mut a: Value) -> Answer {
 fn list_consumers<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let Nothing {} = args(a)?;
     Ok(json!({ "consumers": mcp.engine().cursors().map_err(fail)? }))
+}
+
+fn list_rules<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
+    let Nothing {} = args(a)?;
+    Ok(json!({ "rules": mcp.engine().rules().map_err(fail)? }))
 }
 
 fn list_followers<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
@@ -895,6 +922,25 @@ fn restart_follower<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
         .restart_follower(&a.name)
         .map_err(fail)?;
     Ok(json!({ "restarted": a.name }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromoteRule {
+    name: String,
+    reason: String,
+}
+
+fn promote_rule<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
+    let a: PromoteRule = args(a)?;
+    need_reason(&a.reason)?;
+    let at = mcp
+        .engine()
+        .operator(mcp.config().operator.clone(), a.reason)
+        .map_err(fail)?
+        .promote_rule(&a.name)
+        .map_err(fail)?;
+    Ok(json!({ "promoted": a.name, "at": at }))
 }
 
 // ----- resources -------------------------------------------------------------
@@ -1312,6 +1358,29 @@ fn restart_follower_input() -> Value {
         "properties": { "name": { "type": "string" }, "reason": reason_schema() },
         "required": ["name", "reason"],
         "additionalProperties": false,
+    })
+}
+
+fn promote_rule_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": { "type": "string", "description": "The live rule's name (not its shadow's <rule>@v<version>)." },
+            "reason": reason_schema(),
+        },
+        "required": ["name", "reason"],
+        "additionalProperties": false,
+    })
+}
+
+fn promote_rule_output() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "promoted": { "type": "string", "description": "The rule." },
+            "at": { "type": "integer", "description": "The handover position: the live version decides up to this seq, the shadow after it." },
+        },
+        "required": ["promoted", "at"],
     })
 }
 

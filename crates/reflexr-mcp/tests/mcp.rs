@@ -119,7 +119,7 @@ fn the_stateless_revision_discovers_and_answers_in_its_own_shape() {
     let list = ask(&mcp, request(2, "tools/list", json!({ "_meta": meta() })));
     assert_eq!(list["result"]["resultType"], "complete");
     assert!(list["result"]["ttlMs"].is_u64());
-    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 21);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 23);
     let call = ask(
         &mcp,
         request(
@@ -466,6 +466,147 @@ fn get_run_gives_a_workflows_steps_and_a_reset_to_a_step_needs_confirm_and_is_au
 }
 
 #[test]
+fn promote_rule_hands_a_rule_over_to_its_shadow_once_and_is_audited() {
+    let s = Scene::new();
+    let e = shop(&s);
+    e.register_rule(
+        reflexr::Rule::new("charge", "shop")
+            .on(["order"])
+            .scope(reflexr::Scope::payload("customer"))
+            .action("charge")
+            .version(2, reflexr::OnNewVersion::Continue)
+            .shadow(0)
+            .decide(|ev| Ok(reflexr::Decision::Fire(ev.payload()?))),
+    )
+    .unwrap();
+    e.run_until_idle().unwrap();
+    let mcp = Mcp::new(e.clone(), McpConfig::new().operator("assistant"));
+    let tool = |args: Value| {
+        ask(
+            &mcp,
+            request(
+                1,
+                "tools/call",
+                json!({ "name": "promote_rule", "arguments": args }),
+            ),
+        )["result"]
+            .clone()
+    };
+    let list = ask(&mcp, request(1, "tools/list", json!({})));
+    let promote = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "promote_rule")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            &promote["annotations"]["readOnlyHint"],
+            &promote["annotations"]["destructiveHint"]
+        ),
+        (&json!(false), &json!(false))
+    );
+    assert_eq!(
+        promote["inputSchema"]["required"],
+        json!(["name", "reason"])
+    );
+
+    // The rules with their versions: the live one and its shadow.
+    let rules = ask(
+        &mcp,
+        request(
+            1,
+            "tools/call",
+            json!({ "name": "list_rules", "arguments": {} }),
+        ),
+    )["result"]["structuredContent"]["rules"]
+        .clone();
+    let rows: Vec<(String, i64, Value)> = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["version"].as_i64().unwrap(),
+                r["shadow_of"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("charge".to_string(), 1, Value::Null),
+            ("charge@v2".to_string(), 2, json!("charge"))
+        ],
+        "{rules}"
+    );
+
+    // Refusals say why and change nothing.
+    let before = fingerprint(&e);
+    for (args, says) in [
+        (json!({ "name": "charge" }), "reason"),
+        (json!({ "name": "charge", "reason": " " }), "reason"),
+        (json!({ "name": "nope", "reason": "r" }), "not found"),
+        (
+            json!({ "name": "charge@v2", "reason": "r" }),
+            "promote the live rule",
+        ),
+        (
+            json!({ "name": "charge", "reason": "r", "at": 3 }),
+            "unknown field",
+        ),
+    ] {
+        let a = tool(args.clone());
+        assert_eq!(a["isError"], true, "{args}: {a}");
+        let text = a["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains(says), "{args}: {text:?} should say {says:?}");
+    }
+    assert_eq!(fingerprint(&e), before);
+
+    // The promote: the further of the two cursors, audited as the
+    // assistant; a second one while it is under way is refused.
+    let cursor = |name: &str| {
+        e.rules()
+            .unwrap()
+            .into_iter()
+            .find(|r| r.name == name)
+            .unwrap()
+            .cursor
+    };
+    let at = cursor("charge").max(cursor("charge@v2"));
+    let done = tool(json!({ "name": "charge", "reason": "v2 decides as v1 did" }));
+    assert_eq!(done["isError"], false, "{done}");
+    assert_eq!(
+        done["structuredContent"],
+        json!({ "promoted": "charge", "at": at })
+    );
+    let entry = &e.audit_log(1).unwrap()[0];
+    assert_eq!(
+        (
+            entry.action.as_str(),
+            entry.operator.as_str(),
+            entry.reason.as_str()
+        ),
+        ("promote_rule", "assistant", "v2 decides as v1 did")
+    );
+    let again = tool(json!({ "name": "charge", "reason": "again" }));
+    assert_eq!(again["isError"], true, "{again}");
+    assert!(
+        again["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("promoted already"),
+        "{again}"
+    );
+    e.run_until_idle().unwrap();
+    let rules = e.rules().unwrap();
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!((rules[0].name.as_str(), rules[0].version), ("charge", 2));
+}
+
+#[test]
 fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
     let s = Scene::new();
     let e = shop(&s);
@@ -477,7 +618,7 @@ fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names.len(), 12);
+    assert_eq!(names.len(), 13);
     for t in list["result"]["tools"].as_array().unwrap() {
         assert_eq!(t["annotations"]["readOnlyHint"], true, "{}", t["name"]);
     }
@@ -490,6 +631,7 @@ fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
         "restart_follower",
         "cancel_run",
         "reset_run_to_step",
+        "promote_rule",
     ] {
         assert!(!names.contains(&name));
         let a = ask(
@@ -681,7 +823,7 @@ fn over_http_a_read_only_server_hides_the_mutating_tools() {
         &request(1, "tools/list", json!({})).to_string(),
     );
     assert_eq!(st, 200);
-    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 12);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 13);
     let before = fingerprint(&e);
     let (_, refused) = api.post_with(
         "/api/v1/mcp",

@@ -33,7 +33,13 @@ pub struct Opts {
     pub evaluate_batch: Option<usize>,
     pub max_payload_bytes: Option<usize>,
     pub max_chain_depth: Option<u32>,
+    /// Upcasters: (a type's base name, the version each reads, what it
+    /// does), registered in order.
+    pub upcasters: Vec<(String, u32, Upcast)>,
 }
+
+/// An upcaster of a test's.
+pub type Upcast = Arc<dyn Fn(serde_json::Value) -> serde_json::Value + Send + Sync>;
 
 /// Any clock, shared: a test's [`ManualClock`] or the system's.
 #[derive(Clone)]
@@ -57,7 +63,20 @@ impl Opts {
             evaluate_batch: None,
             max_payload_bytes: None,
             max_chain_depth: None,
+            upcasters: Vec::new(),
         }
+    }
+
+    /// Registers an upcaster of version `from` of `base`
+    /// (`Builder::upcast`).
+    pub fn upcast(
+        mut self,
+        base: &str,
+        from: u32,
+        f: impl Fn(serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
+    ) -> Opts {
+        self.upcasters.push((base.to_string(), from, Arc::new(f)));
+        self
     }
 
     /// A heartbeat of its own: a test that must be woken by a notification,
@@ -129,6 +148,10 @@ macro_rules! apply_opts {
         }
         if let Some(n) = o.max_chain_depth {
             b = b.max_chain_depth(n);
+        }
+        for (base, from, f) in &o.upcasters {
+            let f = Arc::clone(f);
+            b = b.upcast(base, *from, move |v| f(v));
         }
         b
     }};

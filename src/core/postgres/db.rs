@@ -204,7 +204,7 @@ impl PgDb {
         let mut tx = Tx::<Postgres>::new(&conn, &(), &self.env);
         let value = f(&mut tx);
         let value = match value {
-            Ok(v) => match spoilt(&tx) {
+            Ok(v) => match tx.take_conflict().or_else(|| spoilt(&tx)) {
                 Some(e) => Err(e.into()),
                 None => Ok(v),
             },

@@ -216,6 +216,7 @@ impl Db {
                 max_payload_bytes: 1 << 20,
                 max_chain_depth: 8,
             },
+            upcasters: Default::default(),
         };
         let open = Open {
             path: path.to_path_buf(),

@@ -11,7 +11,7 @@ use crate::store::events::NewRow;
 use crate::store::{Events, Inserted};
 
 pub(super) const EVENT_COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
-                             causation_id, correlation_id, depth, payload";
+                             causation_id, correlation_id, depth, payload, version";
 
 pub(super) fn event_from(r: &Row) -> Result<Event> {
     Ok(Event {
@@ -27,6 +27,7 @@ pub(super) fn event_from(r: &Row) -> Result<Event> {
         correlation_id: col(r, 9)?,
         depth: i64::from(col::<i32>(r, 10)?),
         payload: col(r, 11)?,
+        version: col(r, 12)?,
         parsed: Default::default(),
     })
 }
@@ -34,6 +35,45 @@ pub(super) fn event_from(r: &Row) -> Result<Event> {
 pub(super) fn events_from(rows: &[Row]) -> Result<Vec<Event>> {
     rows.iter().map(event_from).collect()
 }
+
+/// A subject's version (workspace `$1`, subject `$2`): its last event's,
+/// through the index's last entry — `ORDER BY … DESC LIMIT 1`, not
+/// `max(version)`, which the planner aggregates over every entry of the
+/// subject when the table has no statistics yet (a new table filled in one
+/// transaction) — or the version a pruned subject had reached.
+macro_rules! version_of {
+    ($ws:literal, $subject:literal) => {
+        concat!(
+            "coalesce((SELECT version FROM reflexr_events WHERE workspace = ",
+            $ws,
+            " AND subject = ",
+            $subject,
+            " ORDER BY version DESC LIMIT 1), (SELECT version FROM reflexr_subject_floors \
+             WHERE workspace = ",
+            $ws,
+            " AND subject = ",
+            $subject,
+            "), 0)"
+        )
+    };
+}
+const VERSION_OF_2: &str = concat!("SELECT ", version_of!("$1", "$2"));
+
+/// The append's statement (see [`PgConn::insert_once`]).
+const INSERT: &str = concat!(
+    "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
+          next AS (SELECT greatest(head.seq, $12) + 1 AS seq FROM head \
+                   WHERE EXISTS (SELECT 1 FROM reflexr_event_types \
+                                 WHERE workspace = $1 AND type = $3)), \
+          ins AS (INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, \
+            occurred_at, recorded_at, payload, causation_id, correlation_id, depth, version) \
+          SELECT next.seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, coalesce($13, ",
+    version_of!("$1", "$4"),
+    " + 1) FROM next \
+          ON CONFLICT (workspace, id) DO NOTHING \
+          RETURNING seq, version) \
+     SELECT seq, version FROM ins"
+);
 
 impl PgConn {
     /// The append's one statement: the row at the next seq, or None when
@@ -48,18 +88,10 @@ impl PgConn {
     /// waited for). The head row itself is moved once, at commit
     /// ([`PgConn::finish`]); until then this transaction's own appends go on
     /// from `last_seq`.
-    fn insert_once(&self, row: &NewRow<'_>, depth: i32) -> Result<Option<i64>> {
+    fn insert_once(&self, row: &NewRow<'_>, depth: i32) -> Result<Option<(i64, i64)>> {
         let last = self.last_seq.get();
         let inserted = self.query_opt(
-            "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
-                  next AS (SELECT greatest(head.seq, $12) + 1 AS seq FROM head \
-                           WHERE EXISTS (SELECT 1 FROM reflexr_event_types \
-                                         WHERE workspace = $1 AND type = $3)) \
-             INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, occurred_at, \
-               recorded_at, payload, causation_id, correlation_id, depth) \
-             SELECT next.seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM next \
-             ON CONFLICT (workspace, id) DO NOTHING \
-             RETURNING seq",
+            INSERT,
             &[
                 (&row.workspace, Type::TEXT),
                 (&row.id, Type::TEXT),
@@ -73,16 +105,53 @@ impl PgConn {
                 (&row.correlation_id, Type::TEXT),
                 (&depth, Type::INT4),
                 (&last, Type::INT8),
+                (&row.version, Type::INT8),
             ],
         )?;
-        inserted.map(|r| col(&r, 0)).transpose()
+        inserted.map(|r| Ok((col(&r, 0)?, col(&r, 1)?))).transpose()
     }
 }
 
 impl Events for PgConn {
     fn lock_head(&self) -> Result<()> {
+        // A transaction begun ordered holds it from its BEGIN, to the end.
+        if self.holds_head.get() {
+            return Ok(());
+        }
         self.query("SELECT 1 FROM reflexr_head FOR UPDATE", &[])?;
         Ok(())
+    }
+
+    fn subject_version(&self, workspace: &str, subject: &str) -> Result<i64> {
+        let rows = self.query(
+            VERSION_OF_2,
+            &[(&workspace, Type::TEXT), (&subject, Type::TEXT)],
+        )?;
+        col(&rows[0], 0)
+    }
+
+    fn subject_events(
+        &self,
+        workspace: &str,
+        subject: &str,
+        from: i64,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let limit = limit_of(limit);
+        let rows = self.query(
+            &format!(
+                "SELECT {EVENT_COLUMNS} FROM reflexr_events \
+                 WHERE workspace = $1 AND subject = $2 AND version >= $3 \
+                 ORDER BY version LIMIT $4"
+            ),
+            &[
+                (&workspace, Type::TEXT),
+                (&subject, Type::TEXT),
+                (&from, Type::INT8),
+                (&limit, Type::INT8),
+            ],
+        )?;
+        events_from(&rows)
     }
 
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
@@ -92,10 +161,24 @@ impl Events for PgConn {
         // the snapshot it began with, before it waited for the head's lock,
         // so a type another process registered meanwhile looks missing to
         // it, and present to the look-up after it.
+        // The version found in the statement is right only if the head was
+        // held before the statement began (its snapshot then has every
+        // committed append); else it is looked up after taking the head.
+        let looked_up;
+        let row = if row.version.is_none() && !self.holds_head.get() {
+            Events::lock_head(self)?;
+            looked_up = NewRow {
+                version: Some(Events::subject_version(self, row.workspace, row.subject)? + 1),
+                ..*row
+            };
+            &looked_up
+        } else {
+            row
+        };
         for _ in 0..2 {
-            if let Some(seq) = self.insert_once(row, depth)? {
+            if let Some((seq, version)) = self.insert_once(row, depth)? {
                 self.last_seq.set(seq);
-                return Ok(Inserted::At(seq));
+                return Ok(Inserted::At { seq, version });
             }
             // Another transaction appended this id first (the core looked it
             // up before, so only a race gets here). No seq was taken.
@@ -185,9 +268,9 @@ impl Events for PgConn {
         let rows = self.query(
             &format!(
                 "SELECT {EVENT_COLUMNS} FROM reflexr_events \
-                 WHERE workspace = $1 AND seq > $2 AND subject = $3 \
+                 WHERE workspace = $1 AND subject = $3 AND seq > $2 \
                    AND (cardinality($4::text[]) = 0 OR type = ANY ($4)) \
-                 ORDER BY seq LIMIT $5"
+                 ORDER BY version LIMIT $5"
             ),
             &[
                 (&workspace, Type::TEXT),
@@ -229,10 +312,16 @@ impl Events for PgConn {
     ) -> Result<usize> {
         let limit = limit_of(limit);
         let rows = self.query(
+            // The subjects' reached versions kept from the rows deleted.
             "WITH gone AS (DELETE FROM reflexr_events WHERE seq IN \
                (SELECT seq FROM reflexr_events \
                 WHERE workspace = $1 AND seq <= $2 AND recorded_at < $3 \
-                ORDER BY seq LIMIT $4) RETURNING 1) \
+                ORDER BY seq LIMIT $4) RETURNING workspace, subject, version), \
+             floors AS (INSERT INTO reflexr_subject_floors (workspace, subject, version) \
+               SELECT workspace, subject, max(version) FROM gone \
+               WHERE version > 0 GROUP BY workspace, subject \
+               ON CONFLICT (workspace, subject) DO UPDATE \
+                 SET version = greatest(reflexr_subject_floors.version, excluded.version)) \
              SELECT count(*) FROM gone",
             &[
                 (&workspace, Type::TEXT),

@@ -93,6 +93,9 @@ pub struct PgConn {
     /// The highest seq this transaction appended (0: none): the head
     /// row is set to it at commit.
     last_seq: std::cell::Cell<i64>,
+    /// Begun ordered: the head row's lock is held from the BEGIN to the
+    /// end (a lock taken in a savepoint is not: rolling it back lets go).
+    pub(super) holds_head: std::cell::Cell<bool>,
 }
 
 type Param<'p> = (&'p (dyn ToSql + Sync), Type);
@@ -134,6 +137,7 @@ impl PgConn {
     }
 
     fn begin_with(mut client: Pooled, begin: &str) -> Result<PgConn> {
+        let holds_head = begin.contains("reflexr_head FOR UPDATE");
         if let Err(e) = client.batch_execute(begin) {
             // A statement sent with the BEGIN failed (the head's lock met a
             // `lock_timeout`, say): the transaction is open and aborted.
@@ -148,6 +152,7 @@ impl PgConn {
             open: std::cell::Cell::new(true),
             aborted: std::cell::Cell::new(false),
             last_seq: std::cell::Cell::new(0),
+            holds_head: std::cell::Cell::new(holds_head),
         })
     }
 

@@ -9,7 +9,8 @@ use crate::base::error::Result;
 use crate::store::Rules;
 use crate::store::rules::RuleRow;
 
-const COLUMNS: &str = "name, workspace, version, definition, registered_at, updated_at";
+const COLUMNS: &str = "name, workspace, version, definition, registered_at, updated_at, \
+                       shadow_of, promote_at, shadow_fired, shadow_errored";
 
 fn rule_from(r: &Row) -> Result<RuleRow> {
     Ok(RuleRow {
@@ -19,6 +20,10 @@ fn rule_from(r: &Row) -> Result<RuleRow> {
         definition: col(r, 3)?,
         registered_at: col(r, 4)?,
         updated_at: col(r, 5)?,
+        shadow_of: col(r, 6)?,
+        promote_at: col(r, 7)?,
+        shadow_fired: col(r, 8)?,
+        shadow_errored: col(r, 9)?,
     })
 }
 
@@ -102,6 +107,62 @@ impl Rules for PgConn {
             ],
         )?;
         Ok(())
+    }
+
+    fn upsert_shadow(
+        &self,
+        name: &str,
+        workspace: &str,
+        version: i64,
+        definition: &str,
+        shadow_of: &str,
+        now: i64,
+    ) -> Result<()> {
+        self.query(
+            "INSERT INTO reflexr_rules (name, workspace, version, definition, registered_at, \
+               updated_at, shadow_of) VALUES ($1, $2, $3, $4, $5, $5, $6) \
+             ON CONFLICT (name) DO UPDATE SET definition = excluded.definition, \
+               updated_at = excluded.updated_at",
+            &[
+                (&name, Type::TEXT),
+                (&workspace, Type::TEXT),
+                (&version, Type::INT8),
+                (&definition, Type::TEXT),
+                (&now, Type::INT8),
+                (&shadow_of, Type::TEXT),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn set_promote_at(&self, name: &str, at: i64, now: i64) -> Result<()> {
+        self.query(
+            "UPDATE reflexr_rules SET promote_at = $2, updated_at = $3 WHERE name = $1",
+            &[(&name, Type::TEXT), (&at, Type::INT8), (&now, Type::INT8)],
+        )?;
+        Ok(())
+    }
+
+    fn count_shadow(&self, name: &str, fired: i64, errored: i64) -> Result<()> {
+        self.query(
+            "UPDATE reflexr_rules SET shadow_fired = shadow_fired + $2, \
+               shadow_errored = shadow_errored + $3 WHERE name = $1",
+            &[
+                (&name, Type::TEXT),
+                (&fired, Type::INT8),
+                (&errored, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn move_states(&self, from: &str, to: &str) -> Result<usize> {
+        Ok(self
+            .query(
+                "UPDATE reflexr_rule_state SET rule = $2 WHERE rule = $1 RETURNING 1",
+                &[(&from, Type::TEXT), (&to, Type::TEXT)],
+            )?
+            .len())
     }
 
     fn delete_rule(&self, name: &str) -> Result<bool> {

@@ -12,7 +12,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 10;
+pub(crate) const SCHEMA_VERSION: i32 = 12;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
@@ -29,10 +29,47 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (8, MIGRATE_TO_8),
     (9, MIGRATE_TO_9),
     (10, MIGRATE_TO_10),
+    (11, MIGRATE_TO_11),
+    (12, MIGRATE_TO_12),
 ];
 
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 12: rule versions warmed up in shadow, as in `schema.sql`.
+const MIGRATE_TO_12: &str = "
+ALTER TABLE reflexr_rules ADD COLUMN shadow_of text;
+ALTER TABLE reflexr_rules ADD COLUMN promote_at bigint;
+ALTER TABLE reflexr_rules ADD COLUMN shadow_fired bigint NOT NULL DEFAULT 0;
+ALTER TABLE reflexr_rules ADD COLUMN shadow_errored bigint NOT NULL DEFAULT 0;
+INSERT INTO reflexr_schema_version (version) VALUES (12);
+";
+
+/// Version 11: subject versions, as in `schema.sql`: each event's place
+/// among its subject's events (counted in seq order for the events kept),
+/// under a unique index that also reads a subject's stream, and the
+/// versions pruned subjects reached.
+const MIGRATE_TO_11: &str = "
+ALTER TABLE reflexr_events ADD COLUMN version bigint NOT NULL DEFAULT 0 CHECK (version >= 0);
+UPDATE reflexr_events e SET version = v.n
+  FROM (SELECT seq, row_number() OVER (PARTITION BY workspace, subject ORDER BY seq) AS n
+          FROM reflexr_events) v
+ WHERE v.seq = e.seq;
+CREATE UNIQUE INDEX reflexr_events_by_subject ON reflexr_events (workspace, subject, version);
+CREATE TABLE reflexr_subject_floors (
+    workspace text NOT NULL,
+    subject   text NOT NULL,
+    version   bigint NOT NULL CHECK (version >= 1),
+    PRIMARY KEY (workspace, subject)
+);
+CREATE OR REPLACE VIEW reflexr_event_log AS
+SELECT e.seq, e.workspace, e.id, e.type, e.subject, e.actor,
+       to_timestamp(e.occurred_at / 1000.0) AS occurred,
+       to_timestamp(e.recorded_at / 1000.0) AS recorded,
+       e.causation_id, e.correlation_id, e.depth, e.payload, e.version
+FROM reflexr_events e;
+INSERT INTO reflexr_schema_version (version) VALUES (11);
+";
 
 /// Version 10: durable workflows, as in `schema.sql`: a run's parent and
 /// output, its steps, and what suspended runs wait for.

@@ -17,8 +17,8 @@ pub(crate) fn insert(conn: &Connection, row: &NewRow<'_>) -> rusqlite::Result<Op
     let inserted = conn
         .prepare_cached(
             "INSERT INTO reflexr_events (workspace, id, type, subject, actor, occurred_at, \
-             recorded_at, payload, causation_id, correlation_id, depth) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             recorded_at, payload, causation_id, correlation_id, depth, version) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
              ON CONFLICT (workspace, id) DO NOTHING",
         )?
         .execute(params![
@@ -33,12 +33,13 @@ pub(crate) fn insert(conn: &Connection, row: &NewRow<'_>) -> rusqlite::Result<Op
             row.causation_id,
             row.correlation_id,
             row.depth,
+            row.version,
         ])?;
     Ok((inserted == 1).then(|| conn.last_insert_rowid()))
 }
 
 pub(super) const COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
-                       causation_id, correlation_id, depth, payload";
+                       causation_id, correlation_id, depth, payload, version";
 
 pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<Event> {
     Ok(Event {
@@ -54,6 +55,7 @@ pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<Event> {
         correlation_id: r.get(9)?,
         depth: r.get(10)?,
         payload: r.get(11)?,
+        version: r.get(12)?,
         parsed: Default::default(),
     })
 }
@@ -114,8 +116,18 @@ pub(crate) fn scan(
 
 impl Events for Connection {
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
+        // The one writer holds the file: the look-up is as good as the
+        // statement's own, and cheaper than reading the version back.
+        let version = match row.version {
+            Some(v) => v,
+            None => Events::subject_version(self, row.workspace, row.subject)? + 1,
+        };
+        let row = &NewRow {
+            version: Some(version),
+            ..*row
+        };
         match insert(self, row) {
-            Ok(Some(seq)) => Ok(Inserted::At(seq)),
+            Ok(Some(seq)) => Ok(Inserted::At { seq, version }),
             Ok(None) => Ok(Inserted::Existing),
             // The only foreign key is (workspace, type).
             Err(rusqlite::Error::SqliteFailure(f, _))
@@ -125,6 +137,38 @@ impl Events for Connection {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn subject_version(&self, workspace: &str, subject: &str) -> Result<i64> {
+        // The last event's version through the index's last entry for the
+        // subject; a subject pruned to nothing has its floor.
+        Ok(self
+            .prepare_cached(
+                "SELECT coalesce( \
+                   (SELECT max(version) FROM reflexr_events \
+                     WHERE workspace = ?1 AND subject = ?2), \
+                   (SELECT version FROM reflexr_subject_floors \
+                     WHERE workspace = ?1 AND subject = ?2), 0)",
+            )?
+            .query_row(params![workspace, subject], |r| r.get(0))?)
+    }
+
+    fn subject_events(
+        &self,
+        workspace: &str,
+        subject: &str,
+        from: i64,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let mut stmt = self.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_events INDEXED BY reflexr_events_by_subject \
+             WHERE workspace = ?1 AND subject = ?2 AND version >= ?3 \
+             ORDER BY version LIMIT {limit}"
+        ))?;
+        let events = stmt
+            .query_map(params![workspace, subject, from], from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(events)
     }
 
     /// The seq of the workspace's event with this id.
@@ -189,15 +233,18 @@ impl Events for Connection {
         subject: &str,
         limit: usize,
     ) -> Result<Vec<Event>> {
-        let (events, _) = scan(
-            self,
-            workspace,
-            after,
-            types,
-            Some(subject),
-            limit,
-            usize::MAX,
-        )?;
+        // Through the subject's index: its events in version order, which
+        // is their seq order.
+        let types = serde_json::to_string(types).expect("a list of strings encodes");
+        let mut stmt = self.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_events INDEXED BY reflexr_events_by_subject \
+             WHERE workspace = ?1 AND subject = ?2 AND seq > ?3 \
+               AND (?4 = '[]' OR type IN (SELECT value FROM json_each(?4))) \
+             ORDER BY version LIMIT {limit}"
+        ))?;
+        let events = stmt
+            .query_map(params![workspace, subject, after, types], from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(events)
     }
 
@@ -255,6 +302,19 @@ impl Events for Connection {
         limit: usize,
     ) -> Result<usize> {
         let conn = self;
+        // The subjects' reached versions first, from the rows about to go
+        // (the same rows: the same statement's bounds, in one transaction).
+        conn.prepare_cached(&format!(
+            "INSERT INTO reflexr_subject_floors (workspace, subject, version) \
+             SELECT workspace, subject, max(version) FROM \
+               (SELECT workspace, subject, version FROM reflexr_events \
+                WHERE workspace = ?1 AND seq <= ?2 AND recorded_at < ?3 \
+                ORDER BY seq LIMIT {limit}) \
+             WHERE version > 0 GROUP BY workspace, subject \
+             ON CONFLICT (workspace, subject) DO UPDATE \
+               SET version = max(version, excluded.version)"
+        ))?
+        .execute(params![workspace, up_to, recorded_before])?;
         Ok(conn
             .prepare_cached(&format!(
                 "DELETE FROM reflexr_events WHERE seq IN \

@@ -7,7 +7,8 @@ use crate::base::error::Result;
 use crate::store::Rules;
 use crate::store::rules::*;
 
-const COLUMNS: &str = "name, workspace, version, definition, registered_at, updated_at";
+const COLUMNS: &str = "name, workspace, version, definition, registered_at, updated_at, \
+                       shadow_of, promote_at, shadow_fired, shadow_errored";
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<RuleRow> {
     Ok(RuleRow {
@@ -17,6 +18,10 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<RuleRow> {
         definition: r.get(3)?,
         registered_at: r.get(4)?,
         updated_at: r.get(5)?,
+        shadow_of: r.get(6)?,
+        promote_at: r.get(7)?,
+        shadow_fired: r.get(8)?,
+        shadow_errored: r.get(9)?,
     })
 }
 
@@ -70,6 +75,50 @@ impl Rules for Connection {
         now: i64,
     ) -> Result<()> {
         upsert(self, name, workspace, version, definition, now)
+    }
+
+    fn upsert_shadow(
+        &self,
+        name: &str,
+        workspace: &str,
+        version: i64,
+        definition: &str,
+        shadow_of: &str,
+        now: i64,
+    ) -> Result<()> {
+        self.prepare_cached(
+            "INSERT INTO reflexr_rules (name, workspace, version, definition, registered_at, \
+               updated_at, shadow_of) VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6) \
+             ON CONFLICT (name) DO UPDATE SET definition = excluded.definition, \
+               updated_at = excluded.updated_at",
+        )?
+        .execute(params![
+            name, workspace, version, definition, now, shadow_of
+        ])?;
+        Ok(())
+    }
+
+    fn set_promote_at(&self, name: &str, at: i64, now: i64) -> Result<()> {
+        self.prepare_cached(
+            "UPDATE reflexr_rules SET promote_at = ?2, updated_at = ?3 WHERE name = ?1",
+        )?
+        .execute(params![name, at, now])?;
+        Ok(())
+    }
+
+    fn count_shadow(&self, name: &str, fired: i64, errored: i64) -> Result<()> {
+        self.prepare_cached(
+            "UPDATE reflexr_rules SET shadow_fired = shadow_fired + ?2, \
+               shadow_errored = shadow_errored + ?3 WHERE name = ?1",
+        )?
+        .execute(params![name, fired, errored])?;
+        Ok(())
+    }
+
+    fn move_states(&self, from: &str, to: &str) -> Result<usize> {
+        Ok(self
+            .prepare_cached("UPDATE reflexr_rule_state SET rule = ?2 WHERE rule = ?1")?
+            .execute(params![from, to])?)
     }
 
     /// The stored states of `scopes` (those that have one).

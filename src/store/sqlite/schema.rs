@@ -17,7 +17,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
@@ -30,7 +30,58 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, MIGRATE_TO_5),
     (6, MIGRATE_TO_6),
     (7, MIGRATE_TO_7),
+    (8, MIGRATE_TO_8),
+    (9, MIGRATE_TO_9),
 ];
+
+/// Version 9: rule versions warmed up in shadow (a rule's row may be a
+/// shadow of another, with a handover position and what it would have
+/// fired).
+const MIGRATE_TO_9: &str = "
+ALTER TABLE reflexr_rules ADD COLUMN shadow_of TEXT;
+ALTER TABLE reflexr_rules ADD COLUMN promote_at INTEGER;
+ALTER TABLE reflexr_rules ADD COLUMN shadow_fired INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE reflexr_rules ADD COLUMN shadow_errored INTEGER NOT NULL DEFAULT 0;
+PRAGMA user_version = 9;
+";
+
+/// Version 8: subject versions. Each event has its place among its
+/// subject's events (counted, for the events a file has, in seq order: a
+/// subject whose older events were pruned before counts from its oldest
+/// event still kept), under a unique index that also reads a subject's
+/// stream; pruning keeps a subject's reached version in
+/// `reflexr_subject_floors`.
+const MIGRATE_TO_8: &str = "
+ALTER TABLE reflexr_events ADD COLUMN version INTEGER NOT NULL DEFAULT 0 CHECK (version >= 0);
+UPDATE reflexr_events SET version = v.n
+  FROM (SELECT seq, row_number() OVER (PARTITION BY workspace, subject ORDER BY seq) AS n
+          FROM reflexr_events) AS v
+ WHERE v.seq = reflexr_events.seq;
+CREATE UNIQUE INDEX reflexr_events_by_subject ON reflexr_events (workspace, subject, version);
+CREATE TABLE reflexr_subject_floors (
+    workspace TEXT NOT NULL,
+    subject   TEXT NOT NULL,
+    version   INTEGER NOT NULL CHECK (version >= 1),
+    PRIMARY KEY (workspace, subject)
+) STRICT, WITHOUT ROWID;
+DROP VIEW reflexr_event_log;
+CREATE VIEW reflexr_event_log AS
+SELECT seq,
+       workspace,
+       id,
+       type,
+       subject,
+       version,
+       actor,
+       strftime('%Y-%m-%dT%H:%M:%fZ', occurred_at / 1000.0, 'unixepoch') AS occurred,
+       strftime('%Y-%m-%dT%H:%M:%fZ', recorded_at / 1000.0, 'unixepoch') AS recorded,
+       depth,
+       causation_id,
+       correlation_id,
+       payload
+FROM reflexr_events;
+PRAGMA user_version = 8;
+";
 
 /// Version 7: durable workflows. A run may have a parent (a workflow that
 /// spawned it), an output, and the log's head when it was first claimed

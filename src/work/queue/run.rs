@@ -526,7 +526,9 @@ impl<'a, B: Backend> RunContext<'a, B> {
 
     /// Reads events, as [`crate::Engine::read`].
     pub fn read(&self, query: &Query) -> Result<Vec<Event>> {
-        self.db.read_with(&mut |c| changelog::read(c, query))
+        let up = &self.db.settings().upcasters;
+        self.db
+            .read_with(&mut |c| changelog::read_upcast(c, query, up))
     }
 }
 

@@ -35,11 +35,19 @@ pub(crate) fn match_waits<B: Backend>(tx: &mut Tx<'_, B>) -> Result<usize> {
             at = (t, by);
         }
         let types: Vec<String> = bys.keys().cloned().collect();
+        // Waits name the types workflows read: the newest versions, whose
+        // older ones upcast to them.
+        let up = &tx.env().settings.upcasters;
+        let Some(types) = up.stored_types(&types) else {
+            Steps::set_wait_position(tx.core(), &workspace, head)?;
+            continue;
+        };
         let mut after = position;
         let mut taken: HashSet<(String, String)> = HashSet::new();
         'pages: loop {
-            let page = Events::page(tx.core(), &workspace, after, &types, 500)?;
+            let mut page = Events::page(tx.core(), &workspace, after, &types, 500)?;
             let short = page.len() < 500;
+            up.apply_all(&mut page);
             for event in &page {
                 if event.seq > head {
                     break 'pages;

@@ -41,6 +41,7 @@ use serde::de::DeserializeOwned;
 use crate::base::error::{Error, HandlerError, Result};
 use crate::base::event::Event;
 use crate::base::step::{EventMatch, MAX_STEPS_PER_RUN, StepInfo, StepKind, StepName, StepState};
+use crate::base::upcast::Upcasters;
 use crate::core::changelog;
 use crate::core::db::{Backend, CoreDb, Tx};
 use crate::store::runs::Requeued;
@@ -694,7 +695,8 @@ impl<'a, B: Backend> RunContext<'a, B> {
                 ));
             }
             row.recorded_at = now;
-            if let Some(event) = find_in_log(tx.core(), &what, &key, after)? {
+            let up = &tx.env().settings.upcasters;
+            if let Some(event) = find_in_log(tx.core(), &what, &key, after, up)? {
                 row.output = Some(encode(&event)?);
                 insert_with_begin(tx, run, begin, &row, now)?;
                 return Ok((Waited::Over(Some(event)), row));
@@ -785,10 +787,12 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let Some(seq) = seq_of(json) else {
             return Ok(None);
         };
-        if let Some(event) = self.db.read_with(&mut |c| Events::get(c, seq))? {
-            return Ok(Some(event));
-        }
-        Event::from_json(json).map(Some)
+        let mut event = match self.db.read_with(&mut |c| Events::get(c, seq))? {
+            Some(event) => event,
+            None => Event::from_json(json)?,
+        };
+        self.db.settings().upcasters.apply(&mut event);
+        Ok(Some(event))
     }
 
     /// Enqueues `child` as a child of this run, once: its id is `<run
@@ -1089,11 +1093,15 @@ fn find_in_log<C: Events + ?Sized>(
     what: &EventMatch,
     key: &str,
     after: i64,
+    up: &Upcasters,
 ) -> Result<Option<Event>> {
-    let types = [what.event_type.clone()];
+    // As the workflow reads events: by the newest version, upcast.
+    let Some(types) = up.stored_types(std::slice::from_ref(&what.event_type)) else {
+        return Ok(None);
+    };
     let mut after = after;
     loop {
-        let page = if what.by == "subject" {
+        let mut page = if what.by == "subject" {
             Events::by_subject(conn, &what.workspace, after, &types, key, 500)?
         } else {
             Events::page(conn, &what.workspace, after, &types, 500)?
@@ -1102,6 +1110,7 @@ fn find_in_log<C: Events + ?Sized>(
             return Ok(None);
         };
         after = last.seq;
+        up.apply_all(&mut page);
         for event in page {
             if what.by.is_empty() || what.by == "subject" {
                 return Ok(Some(event));
