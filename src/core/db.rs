@@ -282,7 +282,6 @@ impl<'a, B: Backend> Tx<'a, B> {
     /// - [`crate::Error::ReservedType`]: the type is one only the engine appends.
     /// - [`crate::Error::Invalid`] / [`crate::Error::Encode`]: a malformed field
     ///   or payload.
-    ///
     /// - [`crate::Error::AppendConflict`]: the event's expectation of its
     ///   subject's version ([`NewEvent::expect`]) does not hold. The whole
     ///   write then commits nothing, even if the closure goes on and

@@ -186,15 +186,25 @@ pub(crate) fn pass<B: Backend>(
     // position, then see which code decides for which row, and where each
     // stops until a handover.
     let (resolved, caps) = if rules.iter().any(|r| r.shadow_of.is_some()) {
-        let Some(held) = lease()? else {
-            return Ok(Pass::default());
-        };
-        db.write_with(|tx| {
-            tx.fence(&held)?;
-            let now = tx.now_ms();
-            crate::work::operate::complete_promotions(tx.core(), now, &workspace)
-        })?;
-        db.read_with(&mut |c| resolve_shadows(c, rules))?
+        let (resolved, caps) = db.read_with(&mut |c| resolve_shadows(c, rules))?;
+        if caps.is_empty() {
+            (resolved, caps)
+        } else {
+            // A promote is under way: hand over if both versions are there.
+            let Some(held) = lease()? else {
+                return Ok(Pass::default());
+            };
+            let handed = db.write_with(|tx| {
+                tx.fence(&held)?;
+                let now = tx.now_ms();
+                crate::work::operate::complete_promotions(tx.core(), now, &workspace)
+            })?;
+            if handed == 0 {
+                (resolved, caps)
+            } else {
+                db.read_with(&mut |c| resolve_shadows(c, rules))?
+            }
+        }
     } else {
         (Vec::new(), HashMap::new())
     };
