@@ -309,6 +309,19 @@ pub fn check<B: TestBackend>(
             "SELECT count(*) FROM (SELECT DISTINCT workspace, id FROM reflexr_events) AS d"
         )
     );
+    // 13's ground: each subject's versions are its events' places, in seq
+    // order, with no gap and no repeat, whatever was killed mid-append.
+    assert_eq!(
+        B::count(
+            e,
+            "SELECT count(*) FROM (SELECT version, lag(version) OVER \
+               (PARTITION BY workspace, subject ORDER BY seq) AS prev \
+               FROM reflexr_events) AS v \
+             WHERE prev IS NOT NULL AND version <> prev + 1"
+        ),
+        0,
+        "subject versions in seq order, without a gap or a repeat"
+    );
 
     // 8: no cursor moved back.
     let mut cursors = BTreeMap::new();
