@@ -15,7 +15,8 @@ use common::inputs::{payload, text};
 use common::on_backends;
 use proptest::prelude::*;
 use reflexr::{
-    ActionConfig, ConsumerKind, Engine, Enqueue, Error, ManualClock, NewEvent, Query, RunState,
+    ActionConfig, AppendCondition, ConsumerKind, Engine, Enqueue, Error, ManualClock, NewEvent,
+    Query, RunState,
 };
 
 on_backends!(
@@ -110,6 +111,54 @@ fn appends_of_random_events_are_typed_errors_or_appends<B: TestBackend>(
             prop_assert!(typed(&err), "untyped: {err:?}");
             prop_assert_eq!(snapshot(&e), before);
         }
+    }
+    Ok(())
+}
+
+/// Invariants 10 and 13: an append expecting a random version of a random
+/// subject commits only when the subject is at it; a condition of random
+/// workspace, types, subject, field and position, and a subject's read
+/// from a random version with a random limit, answer or refuse with a typed
+/// error; whatever was refused, and every condition checked alone, leaves
+/// the log as it was.
+fn expectations_conditions_and_subject_reads_of_random_input_are_typed<B: TestBackend>(
+    subject: String,
+    version: i64,
+    (workspace, event_type, field): (String, String, String),
+    (after, limit): (i64, usize),
+) -> Result<(), TestCaseError> {
+    let (_place, e) = setup::<B>();
+    let typed_or_conflict = |err: &Error| typed(err) || err.is_append_conflict();
+    let before = snapshot(&e);
+    let at = e.subject_version("app", &subject);
+    match e.append(
+        "app",
+        &NewEvent::new("ok", &subject, "a", 0).expect_version(version),
+    ) {
+        Ok(a) => {
+            prop_assert_eq!(at.as_ref().ok(), Some(&version));
+            prop_assert_eq!(a.version, version + 1);
+        }
+        Err(err) => {
+            prop_assert!(typed_or_conflict(&err), "untyped: {err:?}");
+            if err.is_append_conflict() {
+                prop_assert_eq!(err.actual_version(), at.as_ref().ok().copied());
+            }
+            prop_assert_eq!(snapshot(&e), before);
+        }
+    }
+    let before = snapshot(&e);
+    let cond = AppendCondition::new(&workspace)
+        .types([event_type.as_str()])
+        .subject(&subject)
+        .field(&field, &subject)
+        .after(after);
+    if let Err(err) = e.write(|tx| tx.check(&cond)) {
+        prop_assert!(typed_or_conflict(&err), "untyped: {err:?}");
+    }
+    prop_assert_eq!(snapshot(&e), before);
+    if let Err(err) = e.read_subject(&workspace, &subject, after, limit) {
+        prop_assert!(typed(&err), "untyped: {err:?}");
     }
     Ok(())
 }
@@ -288,6 +337,37 @@ mod appends_of_random_events_are_typed_errors_or_appends {
             super::appends_of_random_events_are_typed_errors_or_appends::<reflexr::Postgres>(
                 workspace, event_type, id, subject, actor, body,
             )?;
+        }
+    }
+}
+
+mod expectations_conditions_and_subject_reads_of_random_input_are_typed {
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: CASES, .. ProptestConfig::default() })]
+        #[test]
+        fn sqlite(
+            subject in text(), version in -2i64..4, workspace in text(), event_type in text(),
+            field in text(), after in -2i64..10, limit in 0usize..12_000,
+        ) {
+            super::expectations_conditions_and_subject_reads_of_random_input_are_typed::<
+                reflexr::Sqlite,
+            >(subject, version, (workspace, event_type, field), (after, limit))?;
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: PG_CASES, .. ProptestConfig::default() })]
+        #[test]
+        fn postgres(
+            subject in text(), version in -2i64..4, workspace in text(), event_type in text(),
+            field in text(), after in -2i64..10, limit in 0usize..12_000,
+        ) {
+            super::expectations_conditions_and_subject_reads_of_random_input_are_typed::<
+                reflexr::Postgres,
+            >(subject, version, (workspace, event_type, field), (after, limit))?;
         }
     }
 }
