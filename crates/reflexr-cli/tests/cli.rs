@@ -874,3 +874,96 @@ fn enqueue_pause_resume_cancel_and_limits_from_the_cli_are_recorded() {
         assert!(actions.contains(&a.to_string()), "{a} in {actions:?}");
     }
 }
+
+#[test]
+fn rules_lists_each_version_live_or_in_shadow_and_promote_hands_over_recorded() {
+    // A rule version in shadow through the CLI: listed beside the live one,
+    // promoted with a recorded intervention; a rule without a shadow, or a
+    // second promote, is refused and changes nothing.
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let v2 = Rule::new("big-order", "shop")
+        .on(["order.placed"])
+        .scope(Scope::payload("customer"))
+        .action("charge")
+        .version(2, reflexr::OnNewVersion::Continue)
+        .shadow(0)
+        .decide(|ev| Ok(Decision::Fire(ev.payload()?)));
+    e.register_rule(v2).unwrap();
+    e.run_until_idle().unwrap();
+
+    let listed = json(&cli(&s.path, &["--json", "rules"]));
+    let rows: Vec<(String, i64, Value)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["version"].as_i64().unwrap(),
+                r["shadow_of"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("big-order".to_string(), 1, Value::Null),
+            ("big-order@v2".to_string(), 2, Value::from("big-order"))
+        ]
+    );
+    assert_eq!(listed[1]["shadow_fired"], 4, "v2 would fire every order");
+    let table = cli(&s.path, &["rules"]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    assert!(
+        stdout(&table).contains("shadow of big-order"),
+        "{}",
+        stdout(&table)
+    );
+
+    let promote = |name: &str| {
+        cli(
+            &s.path,
+            &[
+                "rules",
+                "promote",
+                name,
+                "--operator",
+                "ops",
+                "--reason",
+                "v2 reviews every order",
+            ],
+        )
+    };
+    let out = promote("big-order");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("takes over after seq"),
+        "{}",
+        stdout(&out)
+    );
+    let audit = e.audit_log(5).unwrap();
+    let recorded = e.audit_log(100).unwrap().len();
+    assert_eq!(audit[0].action.as_str(), "promote_rule");
+    assert_eq!(audit[0].operator, "ops");
+    let again = promote("big-order");
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("promoted already"),
+        "{}",
+        stderr(&again)
+    );
+    let none = promote("nope");
+    assert_eq!(none.status.code(), Some(1));
+    assert_eq!(
+        e.audit_log(100).unwrap().len(),
+        recorded,
+        "nothing more recorded"
+    );
+
+    // The process that registers both versions hands over.
+    e.run_until_idle().unwrap();
+    let listed = json(&cli(&s.path, &["--json", "rules"]));
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["version"], 2);
+}
