@@ -80,7 +80,7 @@ pub(crate) fn event(i: usize) -> NewEvent {
 
 /// The median of `runs` measurements (one in quick mode): the machines are
 /// shared, and one slow run should not be the figure.
-fn median(ctx: &Ctx, runs: usize, mut f: impl FnMut(usize) -> f64) -> f64 {
+pub(crate) fn median(ctx: &Ctx, runs: usize, mut f: impl FnMut(usize) -> f64) -> f64 {
     let runs = if ctx.quick { 1 } else { runs };
     let mut v: Vec<f64> = (0..runs).map(&mut f).collect();
     v.sort_by(f64::total_cmp);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use reflexr::Engine;
 use reflexr::rusqlite::{Connection, params};
 
-use super::stages::engine;
+use super::stages::{engine, median};
 use super::{Ctx, Figure, rate};
 
 /// One event per transaction, one caller, each expecting the version its
@@ -17,24 +17,20 @@ use super::{Ctx, Figure, rate};
 pub fn append_expected_version(ctx: &Ctx) -> Vec<Figure> {
     let baseline = ctx.figure("append_single");
     let n = ctx.n(2_000, 10_000);
-    let mut runs: Vec<f64> = (0..if ctx.quick { 1 } else { 3 })
-        .map(|r| {
-            let engine = engine(ctx, &format!("expected-{r}"));
-            let mut versions: HashMap<usize, i64> = HashMap::new();
-            let start = Instant::now();
-            for i in 0..n {
-                let subject = i % 100;
-                let at = versions.entry(subject).or_insert(0);
-                let ev = reflexr::NewEvent::new("tick", format!("tick/{subject}"), "bench", 1)
-                    .payload_json(super::raw::payload(i))
-                    .expect_version(*at);
-                *at = engine.append("bench", &ev).unwrap().version;
-            }
-            rate(n, start.elapsed())
-        })
-        .collect();
-    runs.sort_by(f64::total_cmp);
-    let value = runs[runs.len() / 2];
+    let value = median(ctx, 3, |r| {
+        let engine = engine(ctx, &format!("expected-{r}"));
+        let mut versions: HashMap<usize, i64> = HashMap::new();
+        let start = Instant::now();
+        for i in 0..n {
+            let subject = i % 100;
+            let at = versions.entry(subject).or_insert(0);
+            let ev = reflexr::NewEvent::new("tick", format!("tick/{subject}"), "bench", 1)
+                .payload_json(super::raw::payload(i))
+                .expect_version(*at);
+            *at = engine.append("bench", &ev).unwrap().version;
+        }
+        rate(n, start.elapsed())
+    });
     vec![Figure::new(
         "append_expected_version",
         value,

@@ -162,6 +162,20 @@ pub struct EventMatch {
     pub(crate) key: std::result::Result<String, String>,
 }
 
+/// Checks a payload path as [`EventMatch::field`] and
+/// [`crate::AppendCondition::field`] make it (`$.` and a key, or keys
+/// joined by dots).
+pub(crate) fn check_field_path(path: &str) -> Result<()> {
+    let keys = path.strip_prefix("$.").unwrap_or(path);
+    if keys.is_empty() || keys.split('.').any(str::is_empty) {
+        return Err(Error::invalid(
+            "field",
+            format!("{keys:?}: a key, or keys joined by dots"),
+        ));
+    }
+    limits::check_json_path("field", path)
+}
+
 impl EventMatch {
     /// Any event of this type in this workspace.
     pub fn new(workspace: impl Into<String>, event_type: impl Into<String>) -> EventMatch {
@@ -209,14 +223,8 @@ impl EventMatch {
             .map_err(|m| Error::Encode { message: m.clone() })?;
         if self.by == "subject" {
             limits::check_text("subject", key, limits::MAX_SUBJECT_BYTES)?;
-        } else if let Some(path) = self.by.strip_prefix("$.") {
-            if path.is_empty() || path.split('.').any(str::is_empty) {
-                return Err(Error::invalid(
-                    "field",
-                    format!("{path:?}: a key, or keys joined by dots"),
-                ));
-            }
-            limits::check_json_path("field", &self.by)?;
+        } else if self.by.starts_with("$.") {
+            check_field_path(&self.by)?;
             if key.len() > limits::MAX_SUBJECT_BYTES {
                 return Err(Error::invalid(
                     "field value",
@@ -231,7 +239,7 @@ impl EventMatch {
         Ok(key)
     }
 
-    /// The key an event (subject, payload) holds for a wait by `by`: what
+    /// The key an event (subject, payload) holds for a match by `by`: what
     /// a wait of its workspace and type must hold to match it.
     pub(crate) fn key_of(by: &str, subject: &str, payload: &serde_json::Value) -> Option<String> {
         if by.is_empty() {

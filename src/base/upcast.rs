@@ -138,8 +138,8 @@ impl Upcasters {
         if self.next.is_empty() || !self.next.contains_key(&event.event_type) {
             return;
         }
-        let mut value = match event.json() {
-            Ok(v) => v.clone(),
+        let mut value: serde_json::Value = match serde_json::from_str(&event.payload) {
+            Ok(v) => v,
             // The engine never stored one; an upcaster has nothing to read.
             Err(_) => return,
         };

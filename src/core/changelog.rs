@@ -7,7 +7,7 @@ use crate::base::event::{
     AppendCondition, Appended, Event, Expected, NewEvent, Query, RESERVED_TYPES,
 };
 use crate::base::limits::{self, MAX_ID_BYTES, MAX_SUBJECT_BYTES};
-use crate::base::step::EventMatch;
+use crate::base::step::{EventMatch, check_field_path};
 use crate::base::upcast::Upcasters;
 use crate::core::settings::Limits;
 use crate::store::events;
@@ -191,13 +191,7 @@ pub(crate) fn check_condition<C: Events + ?Sized>(
             let value = value
                 .as_deref()
                 .map_err(|m| Error::Encode { message: m.clone() })?;
-            if path.len() <= 2 || path[2..].split('.').any(str::is_empty) {
-                return Err(Error::invalid(
-                    "field",
-                    format!("{:?}: a key, or keys joined by dots", &path[2..]),
-                ));
-            }
-            limits::check_json_path("field", path)?;
+            check_field_path(path)?;
             Some((path.as_str(), value))
         }
     };

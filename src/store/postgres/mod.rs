@@ -114,6 +114,7 @@ impl PgConn {
             } else {
                 "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE"
             },
+            false,
         )
     }
 
@@ -133,11 +134,13 @@ impl PgConn {
             client,
             "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; \
              SELECT 1 FROM reflexr_head FOR UPDATE",
+            true,
         )
     }
 
-    fn begin_with(mut client: Pooled, begin: &str) -> Result<PgConn> {
-        let holds_head = begin.contains("reflexr_head FOR UPDATE");
+    /// `begin` opens the transaction; `holds_head` says it also takes the
+    /// head row's lock, held to the end.
+    fn begin_with(mut client: Pooled, begin: &str, holds_head: bool) -> Result<PgConn> {
         if let Err(e) = client.batch_execute(begin) {
             // A statement sent with the BEGIN failed (the head's lock met a
             // `lock_timeout`, say): the transaction is open and aborted.
