@@ -199,7 +199,8 @@ CREATE TABLE reflexr_runs (
     cancel_reason    TEXT,
     output           TEXT CHECK (output IS NULL OR json_valid(output)),
     parent           TEXT,
-    began_seq        INTEGER
+    began_seq        INTEGER,
+    flow_key         TEXT
 ) STRICT;
 
 -- Claims: the ready runs by priority, then due time. Runs that wait behind
@@ -217,6 +218,11 @@ CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord)
 CREATE INDEX reflexr_runs_by_change ON reflexr_runs (updated_at, ord);
 -- What runs now, per action: concurrency limits count it.
 CREATE INDEX reflexr_runs_running ON reflexr_runs (action) WHERE state = 'running';
+-- The ready runs of keyed actions, per key: a fair claim finds each key's
+-- oldest due run with one seek, however long the key's backlog. Runs of
+-- actions without keys (flow_key NULL) are not in it and cost it nothing.
+CREATE INDEX reflexr_runs_keyed ON reflexr_runs (action, priority, flow_key, due_at)
+    WHERE state = 'ready' AND flow_key IS NOT NULL;
 -- Unique runs: one per (action, key) while pending, or while pending or
 -- running. The database refuses a second; nobody checks-then-inserts.
 CREATE UNIQUE INDEX reflexr_runs_unique_pending ON reflexr_runs (action, unique_key)
@@ -336,6 +342,12 @@ CREATE TABLE reflexr_paused (
 -- Per action: the default priority of its runs, at most max_running at once
 -- across every process, at most rate_count starts per rate_period_ms; with
 -- partition_by (a key or $.path of the input), each limit counts per value.
+-- A keyed action (partition_by, or fair) gives each run a key (its
+-- flow_key: the one its enqueue named, else the input's value at key_path,
+-- else ''), and its limits count per key. fair = 1: claims serve its keys
+-- in turn, by weight (start-time fair queuing); fair_clock is the virtual
+-- time its claims reached (a key not in reflexr_key_passes, or behind it,
+-- starts from it).
 CREATE TABLE reflexr_actions (
     action         TEXT PRIMARY KEY,
     priority       INTEGER NOT NULL DEFAULT 0,
@@ -344,8 +356,39 @@ CREATE TABLE reflexr_actions (
     rate_period_ms INTEGER CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
     partition_by   TEXT,
     updated_at     INTEGER NOT NULL,
+    fair           INTEGER NOT NULL DEFAULT 0 CHECK (fair IN (0, 1)),
+    key_path       TEXT,
+    fair_clock     REAL NOT NULL DEFAULT 0,
     CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL))
 ) STRICT, WITHOUT ROWID;
+
+-- Per key of a keyed action: what differs from the action's settings (a
+-- NULL keeps the action's): at most max_running of the key at once, at most
+-- rate_count starts per rate_period_ms, and its weight in a fair claim
+-- (default 1). Set by operators (audited); read by every claim.
+CREATE TABLE reflexr_action_keys (
+    action         TEXT NOT NULL,
+    key            TEXT NOT NULL,
+    max_running    INTEGER CHECK (max_running IS NULL OR max_running >= 1),
+    rate_count     INTEGER CHECK (rate_count IS NULL OR rate_count >= 1),
+    rate_period_ms INTEGER CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
+    weight         INTEGER CHECK (weight IS NULL OR weight >= 1),
+    updated_at     INTEGER NOT NULL,
+    CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL)),
+    PRIMARY KEY (action, key)
+) STRICT, WITHOUT ROWID;
+
+-- A fair action's keys that are ahead of its fair_clock: the virtual time
+-- each key's next run starts at (each run served adds 1 / weight). A key
+-- behind the clock needs no row, and claims delete the rows the clock
+-- passed.
+CREATE TABLE reflexr_key_passes (
+    action TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    pass   REAL NOT NULL,
+    PRIMARY KEY (action, key)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX reflexr_key_passes_by_pass ON reflexr_key_passes (action, pass);
 
 -- Starts of rate-limited actions within their period (a sliding window):
 -- n runs of the partition claimed at `at` (one row per claim).
@@ -472,6 +515,13 @@ SELECT kind, action, state, count(*) AS runs,
 FROM reflexr_runs
 GROUP BY kind, action, state;
 
+-- Runs of keyed actions by key and state: each key's backlog and what runs.
+CREATE VIEW reflexr_runs_by_key AS
+SELECT action, flow_key AS key, state, count(*) AS runs
+FROM reflexr_runs
+WHERE flow_key IS NOT NULL
+GROUP BY action, flow_key, state;
+
 CREATE VIEW reflexr_open_dead_letters AS
 SELECT id, kind, consumer, workspace, event_seq, run_id, reason, error, attempts,
        strftime('%Y-%m-%dT%H:%M:%fZ', created_at / 1000.0, 'unixepoch') AS created
@@ -517,4 +567,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 9;
+PRAGMA user_version = 10;

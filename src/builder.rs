@@ -236,6 +236,38 @@ impl<B: Backend> Builder<B> {
         self
     }
 
+    /// Registers how a debounced run of `action` merges inputs
+    /// ([`crate::Debounce`]): when an enqueue with a debounce key finds the
+    /// key's run still pending, the run's input becomes `f(its input, the
+    /// new input)` instead of the new input (the default: the last input
+    /// wins). Applied by this engine's enqueues, in their transactions.
+    ///
+    /// ```
+    /// # use serde_json::{json, Value};
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// // Each enqueue brings ids; the run gets all of them.
+    /// let engine = reflexr::Engine::builder(dir.path().join("app.db"))
+    ///     .merge_debounced("reindex", |mut old: Value, new: Value| {
+    ///         if let (Some(a), Some(b)) = (old["ids"].as_array_mut(), new["ids"].as_array()) {
+    ///             a.extend(b.iter().cloned());
+    ///         }
+    ///         old
+    ///     })
+    ///     .open()
+    ///     .unwrap();
+    /// # let _ = engine;
+    /// ```
+    pub fn merge_debounced<F>(mut self, action: &str, f: F) -> Self
+    where
+        F: Fn(serde_json::Value, serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
+    {
+        self.settings
+            .mergers
+            .0
+            .insert(action.to_string(), std::sync::Arc::new(f));
+        self
+    }
+
     /// Opens the database.
     ///
     /// # Errors
@@ -318,6 +350,7 @@ fn default_settings() -> Settings {
             max_chain_depth: 8,
         },
         upcasters: Default::default(),
+        mergers: Default::default(),
     }
 }
 

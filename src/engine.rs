@@ -528,6 +528,46 @@ impl<B: Backend> Engine<B> {
         self.db().read_with(&mut |c| control::configs(c))
     }
 
+    /// Sets one key's limits and weight for a keyed action (see
+    /// [`crate::KeyLimits`]), replacing what the key had; every process
+    /// obeys them from its next claim. Recorded in the audit log with the
+    /// operator `application`; an operator's change goes through
+    /// [`crate::Operator::set_key_limits`], with their name and reason.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad key or limit, or an action that has no
+    /// keys (configure it [`ActionConfig::fair`] or with
+    /// [`ActionConfig::partition_by`] first).
+    pub fn set_key_limits(&self, action: &str, limits: &crate::KeyLimits) -> Result<()> {
+        self.write(|tx| {
+            control::set_key_limits(
+                tx.core(),
+                action,
+                limits,
+                tx.now_ms(),
+                "application",
+                "Engine::set_key_limits",
+            )
+        })
+    }
+
+    /// The keys of `action` that have limits or a weight of their own.
+    pub fn key_limits(&self, action: &str) -> Result<Vec<crate::KeyLimits>> {
+        Ok(self
+            .db()
+            .read_with(&mut |c| control::key_limits(c, Some(action)))?
+            .into_iter()
+            .map(|(_, k)| k)
+            .collect())
+    }
+
+    /// The keys of a keyed action that have unfinished runs or overrides:
+    /// each one's runs waiting, ready and running, and the limits that hold
+    /// for it, by key.
+    pub fn action_keys(&self, action: &str) -> Result<Vec<crate::KeyInfo>> {
+        self.db().read_with(&mut |c| control::keys(c, action))
+    }
+
     /// Registers a rule with this engine, and with the database: a rule new
     /// to it starts at its [`crate::Start`] position; a rule it knows at
     /// a lower version gets what its [`crate::OnNewVersion`] says; a known
@@ -868,6 +908,58 @@ impl<B: Backend> Engine<B> {
     {
         limits::check_name("action", name)?;
         self.cx.registry_mut().add_action(name, Arc::new(handler));
+        Ok(())
+    }
+
+    /// Registers the handler of a batch action: executors hand it up to
+    /// `max` claimed runs of the action at once (those of one claim), each
+    /// with its own [`RunContext`] ([`RunContext::run`] is the run), and it
+    /// returns one outcome per run, in their order — one bulk call for a
+    /// hundred deliveries. Each run settles by its own outcome: one that
+    /// failed is retried or dead-lettered by its policy alone, and the
+    /// others complete (invariant 5 holds per run: each is handled at least
+    /// once). A panic, or a number of outcomes other than the number of
+    /// runs, fails the attempt of every run of the call. The claim, the
+    /// limits, the keys and the pacing are those of any action; a batch's
+    /// runs are timed as the call's duration shared among them.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = reflexr::Engine::open(dir.path().join("app.db")).unwrap();
+    /// engine
+    ///     .register_batch_action("send-mail", 100, |batch| {
+    ///         // One call for the whole batch; here, every address but
+    ///         // "bounce@example.com" is taken.
+    ///         batch
+    ///             .iter()
+    ///             .map(|ctx| {
+    ///                 let to: String = ctx.run().input()?;
+    ///                 if to == "bounce@example.com" {
+    ///                     return Err("the address bounced".into());
+    ///                 }
+    ///                 Ok(())
+    ///             })
+    ///             .collect()
+    ///     })
+    ///     .unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad name or a `max` of 0.
+    pub fn register_batch_action<F>(&self, name: &str, max: usize, handler: F) -> Result<()>
+    where
+        F: Fn(&mut [RunContext<'_, B>]) -> Vec<std::result::Result<(), HandlerError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        limits::check_name("action", name)?;
+        if max == 0 {
+            return Err(Error::invalid("max", "a batch takes at least 1 run"));
+        }
+        self.cx
+            .registry_mut()
+            .add_batch_action(name, max, Arc::new(handler));
         Ok(())
     }
 

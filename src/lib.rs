@@ -131,12 +131,12 @@ pub use runtime::{Drained, Service};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::Postgres;
 pub use store::Sqlite;
-pub use work::control::{ActionConfig, Pausable};
+pub use work::control::{ActionConfig, KeyInfo, KeyLimits, Pausable};
 pub use work::delivery::{ChannelPolicy, Delivery, Message};
 pub use work::follow::Follow;
 pub use work::operate::RuleReset;
 pub use work::prune::Retention;
-pub use work::queue::enqueue::{Enqueue, Enqueued, Unique};
+pub use work::queue::enqueue::{Debounce, Enqueue, Enqueued, Unique};
 pub use work::queue::run::{Run, RunContext, RunState};
 pub use work::queue::workflow::{RunEnd, Step};
 pub use work::reaction::Reaction;

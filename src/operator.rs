@@ -202,6 +202,28 @@ impl<B: Backend> Operator<'_, B> {
             .write(|tx| control::configure_audited(tx.core(), config, tx.now_ms(), op, why))
     }
 
+    /// Sets one key's limits and weight for a keyed action (as
+    /// [`crate::Engine::set_key_limits`]), on the record.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a bad key or limit, or an action without keys.
+    pub fn set_key_limits(&self, action: &str, limits: &crate::KeyLimits) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| control::set_key_limits(tx.core(), action, limits, tx.now_ms(), op, why))
+    }
+
+    /// Clears one key's limits and weight: it has its action's again, on the
+    /// record.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the key had none.
+    pub fn clear_key_limits(&self, action: &str, key: &str) -> Result<()> {
+        let (op, why) = self.who();
+        self.engine
+            .write(|tx| control::clear_key_limits(tx.core(), action, key, tx.now_ms(), op, why))
+    }
+
     /// Retries a dead run: ready again with a fresh set of attempts (behind
     /// its scope's head, if its lane moved on).
     ///

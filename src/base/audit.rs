@@ -37,6 +37,10 @@ open_text_enum! {
         Cancel = "cancel",
         /// Changed an action's priority or limits.
         ConfigureAction = "configure_action",
+        /// Set one key's limits or weight.
+        SetKeyLimits = "set_key_limits",
+        /// Cleared one key's limits and weight.
+        ClearKeyLimits = "clear_key_limits",
         /// A workflow run reset to one of its steps.
         ResetRunToStep = "reset_run_to_step",
         /// Set the position where a rule's shadow version takes over.

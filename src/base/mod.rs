@@ -10,6 +10,7 @@ pub(crate) mod durability;
 pub(crate) mod error;
 pub(crate) mod event;
 pub(crate) mod limits;
+pub(crate) mod merge;
 pub(crate) mod retry;
 pub(crate) mod step;
 pub(crate) mod text;

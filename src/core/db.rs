@@ -263,6 +263,10 @@ impl<'a, B: Backend> Tx<'a, B> {
         self.env.settings.limits
     }
 
+    pub(crate) fn settings(&self) -> &crate::core::settings::Settings {
+        &self.env.settings
+    }
+
     /// Records that the engine created events or runs through this
     /// transaction, so its commit nudges the waiting threads.
     pub(crate) fn mark_nudge(&mut self) {

@@ -27,6 +27,9 @@ pub struct Settings {
     pub limits: Limits,
     /// What upcasts an old version of a type when events are handed out.
     pub upcasters: crate::base::upcast::Upcasters,
+    /// What merges a debounced run's input with the next enqueue's, by
+    /// action (else the last input wins).
+    pub(crate) mergers: crate::base::merge::Mergers,
 }
 
 /// The limits on what the engine stores.

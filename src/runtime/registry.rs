@@ -8,7 +8,7 @@ use crate::base::event::{Event, RESERVED_TYPES};
 use crate::core::db::Backend;
 use crate::store::Sqlite;
 use crate::work::follow::{ProjectionFn, same_event};
-use crate::work::queue::run::{ActionFn, Actions};
+use crate::work::queue::run::{ActionFn, Actions, BatchFn};
 use crate::work::reaction::Reaction;
 use crate::work::rule::Rule;
 use crate::work::schedule::Job;
@@ -68,5 +68,10 @@ impl<B: Backend> Registry<B> {
     /// Adds (or replaces) the handler of an action.
     pub fn add_action(&mut self, name: &str, handler: Arc<ActionFn<B>>) {
         self.actions = Arc::new(self.actions.with(name, handler));
+    }
+
+    /// Adds (or replaces) the handler of a batch action.
+    pub fn add_batch_action(&mut self, name: &str, max: usize, handler: Arc<BatchFn<B>>) {
+        self.actions = Arc::new(self.actions.with_batch(name, max, handler));
     }
 }

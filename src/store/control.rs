@@ -20,6 +20,35 @@ pub struct ActionRow {
     pub rate_count: Option<u32>,
     pub rate_period_ms: Option<i64>,
     pub partition_by: Option<String>,
+    /// Claims serve its keys in turn.
+    pub fair: bool,
+}
+
+impl ActionRow {
+    /// Whether its runs have keys (limits count per key).
+    pub fn keyed(&self) -> bool {
+        self.fair || self.partition_by.is_some()
+    }
+}
+
+/// One key's overrides of its action's settings, as stored (a `None` keeps
+/// the action's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRow {
+    pub action: String,
+    pub key: String,
+    pub max_running: Option<u32>,
+    pub rate_count: Option<u32>,
+    pub rate_period_ms: Option<i64>,
+    pub weight: Option<u32>,
+    pub updated_at: i64,
+}
+
+/// A fair action's virtual clock and the keys ahead of it, with their passes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FairState {
+    pub clock: f64,
+    pub passes: Vec<(String, f64)>,
 }
 
 /// What a claim reads before it picks runs (see [`Control::claim_plan`]).
@@ -60,25 +89,59 @@ pub trait Control {
     fn resume(&self, kind: &str, name: &str) -> Result<bool>;
     /// Everything paused, by kind and name.
     fn paused(&self) -> Result<Vec<PausedRow>>;
-    /// Sets an action's settings, replacing what it had.
-    fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()>;
+    /// Sets an action's settings, replacing what it had (its fair clock
+    /// stays). `key_path` is the JSON path of `partition_by`.
+    fn configure_action(&self, a: &ActionRow, key_path: Option<&str>, now: i64) -> Result<()>;
+    /// Gives the unfinished runs of `action` that have no key the input's
+    /// value at `key_path` (`""` when missing; every run `""` without a
+    /// path): the action became keyed.
+    fn key_runs(&self, action: &str, key_path: Option<&str>) -> Result<usize>;
+    /// One action's settings.
+    fn action_row(&self, action: &str) -> Result<Option<ActionRow>>;
+    /// Sets (replacing) one key's overrides.
+    fn set_key_row(&self, k: &KeyRow) -> Result<()>;
+    /// Deletes one key's overrides; false when it had none.
+    fn delete_key_row(&self, action: &str, key: &str) -> Result<bool>;
+    /// The overrides of `action`'s keys (every action's with `None`), by
+    /// action and key.
+    fn key_rows(&self, action: Option<&str>) -> Result<Vec<KeyRow>>;
+    /// Each key of `action` with ready runs at `priority`, with the
+    /// position of its oldest one if that is due at `now` (keys whose oldest
+    /// ready run is not due are left out): one index seek per key.
+    fn fair_heads(&self, action: &str, priority: i64, now: i64) -> Result<Vec<(String, i64)>>;
+    /// Up to `limit` ready runs of `action`'s `key` at `priority` due at
+    /// `now`, oldest first: their positions.
+    fn key_ords(
+        &self,
+        action: &str,
+        key: &str,
+        priority: i64,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>>;
+    /// A fair action's clock and passes.
+    fn fair_state(&self, action: &str) -> Result<FairState>;
+    /// Writes a fair action's clock and the passes of the keys a claim
+    /// served, and deletes the passes the clock reached.
+    fn save_fair(&self, action: &str, clock: f64, passes: &[(String, f64)]) -> Result<()>;
+    /// How many runs of `action` each key has, by state: `(key, state,
+    /// runs)` for the unfinished states.
+    fn key_counts(&self, action: &str) -> Result<Vec<(String, String, i64)>>;
     /// Every action's settings, by name.
     fn action_rows(&self) -> Result<Vec<ActionRow>>;
     /// The settings of those of `actions` that have a limit.
     fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>>;
     /// The priorities ready runs have, highest first.
     fn ready_priorities(&self) -> Result<Vec<i64>>;
-    /// One page of ready, due runs of `action` at `priority` after `after`
-    /// (`(due_at, ord)`): `(ord, due_at, partition)`, the partition being
-    /// the input's value at the JSON path `path` as text (`""` when
-    /// missing), those in `full` left out.
+    /// One page of ready, due runs of a keyed `action` at `priority` after
+    /// `after` (`(due_at, ord)`): `(ord, due_at, key)`, those of the keys in
+    /// `full` left out.
     #[allow(clippy::too_many_arguments)]
     fn candidates(
         &self,
         action: &str,
         now: i64,
         priority: i64,
-        path: &str,
         full: &[String],
         after: (i64, i64),
         limit: usize,
@@ -98,11 +161,14 @@ pub trait Control {
     fn lock_limits(&self, _action: &str) -> Result<()> {
         Ok(())
     }
-    /// How many runs of `action` run now, by partition (one group, `""`,
-    /// without a path).
-    fn running_by(&self, action: &str, path: Option<&str>) -> Result<Vec<(String, i64)>>;
-    /// Starts of `action` after `since`, by partition (older ones deleted).
-    fn starts_since(&self, action: &str, since: i64) -> Result<Vec<(String, i64)>>;
+    /// How many runs of `action` run now, by key when `keyed` (else one
+    /// group, `""`).
+    fn running_by(&self, action: &str, keyed: bool) -> Result<Vec<(String, i64)>>;
+    /// Starts of `action` after `since`, by key; those at or before
+    /// `forget` are deleted.
+    fn starts_since(&self, action: &str, since: i64, forget: i64) -> Result<Vec<(String, i64)>>;
+    /// Starts of `action`'s `key` after `since`.
+    fn key_starts_since(&self, action: &str, key: &str, since: i64) -> Result<i64>;
     /// Records `n` starts of a rate-limited action's partition at `at`.
     fn record_starts(&self, action: &str, part: &str, at: i64, n: i64) -> Result<()>;
     /// Whether a run of `actions` is ready and due, or a claim lapsed.

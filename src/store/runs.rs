@@ -37,6 +37,10 @@ pub struct NewRun<'a> {
     pub unique: Option<Uniq<'a>>,
     /// The workflow run that spawned it.
     pub parent: Option<&'a str>,
+    /// Its key, as the enqueue named it; None: a keyed action's runs take
+    /// the input's value at the action's key path (else `""`), the others
+    /// have none.
+    pub key: Option<&'a str>,
 }
 
 /// A uniqueness key and how long it holds.
@@ -104,6 +108,8 @@ pub struct RunRow {
     pub parent: Option<String>,
     /// The log's head when it was first claimed.
     pub began_seq: Option<i64>,
+    /// Its key, for a keyed action's limits and fair claims.
+    pub flow_key: Option<String>,
 }
 
 /// Where a feed of run changes stands (`Inspect::runs_feed`).
@@ -333,6 +339,17 @@ pub trait Runs {
     /// join's or an operator's look (PostgreSQL; one writer on SQLite has
     /// them already).
     fn lock_runs(&self, ids: &[String]) -> Result<()>;
+    /// A debounced enqueue folded into the pending run `id`: its input
+    /// becomes `input`, and it is due at `due_at` but at most `max_wait_ms`
+    /// after it was created. False when it is no longer pending.
+    fn debounce(
+        &self,
+        id: &str,
+        input: &str,
+        due_at: i64,
+        max_wait_ms: Option<i64>,
+        now: i64,
+    ) -> Result<bool>;
 }
 
 /// `reflexr_lanes`: the order of a rule's (or an enqueue's) scope — each
@@ -361,7 +378,7 @@ pub(crate) const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope,
     input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, \
     backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, \
     last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, \
-    started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq";
+    started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq, flow_key";
 
 /// The `SET` term for a run going back to waiting or ready (a retry, a
 /// lapsed or released claim, an operator's revive): it gives its uniqueness

@@ -195,8 +195,10 @@ pub struct ActionConfig {
     /// At most `.0` starts in any window of `.1` ms.
     pub rate: Option<(u32, i64)>,
     /// Each limit counts per value of this input field (a key, or a `$`
-    /// path).
+    /// path): the run's key, unless its enqueue named one.
     pub partition_by: Option<String>,
+    /// Claims serve its keys in turn, by weight ([`ActionConfig::fair`]).
+    pub fair: bool,
 }
 
 impl ActionConfig {
@@ -208,6 +210,7 @@ impl ActionConfig {
             max_running: None,
             rate: None,
             partition_by: None,
+            fair: false,
         }
     }
 
@@ -236,6 +239,26 @@ impl ActionConfig {
     pub fn partition_by(mut self, field: impl Into<String>) -> ActionConfig {
         self.partition_by = Some(field.into());
         self
+    }
+
+    /// Claims serve the action's keys in turn: among its ready runs of one
+    /// priority, the key that has been served least (for its weight: see
+    /// [`KeyLimits::weight`]) goes next, across every process, so a key with
+    /// a backlog of thousands does not hold back a key that has a few. A
+    /// key that had nothing ready comes back level with the others, not
+    /// ahead. A run's key is the one its enqueue named ([`Enqueue::key`]),
+    /// else its input's [`ActionConfig::partition_by`] field, else `""`; the
+    /// limits count per key.
+    ///
+    /// [`Enqueue::key`]: crate::Enqueue::key
+    pub fn fair(mut self) -> ActionConfig {
+        self.fair = true;
+        self
+    }
+
+    /// Whether its runs have keys: it is fair or partitioned.
+    pub fn keyed(&self) -> bool {
+        self.fair || self.partition_by.is_some()
     }
 
     fn validate(&self) -> Result<()> {
@@ -276,8 +299,13 @@ fn json_path(field: &str) -> String {
     }
 }
 
+/// Sets an action's settings. An action that becomes keyed gives its
+/// unfinished runs their keys (from their input) in the same transaction,
+/// so every run a fair claim or a key's limit must see has one.
 pub(crate) fn configure<C: Control + ?Sized>(conn: &C, c: &ActionConfig, now: i64) -> Result<()> {
     c.validate()?;
+    let was_keyed = Control::action_row(conn, &c.action)?.is_some_and(|a| a.keyed());
+    let path = c.path();
     Control::configure_action(
         conn,
         &ActionRow {
@@ -287,9 +315,15 @@ pub(crate) fn configure<C: Control + ?Sized>(conn: &C, c: &ActionConfig, now: i6
             rate_count: c.rate.map(|r| r.0),
             rate_period_ms: c.rate.map(|r| r.1),
             partition_by: c.partition_by.clone(),
+            fair: c.fair,
         },
+        path.as_deref(),
         now,
-    )
+    )?;
+    if c.keyed() && !was_keyed {
+        Control::key_runs(conn, &c.action, path.as_deref())?;
+    }
+    Ok(())
 }
 
 pub(crate) fn configure_audited<C: Work + ?Sized>(
@@ -327,8 +361,246 @@ impl From<ActionRow> for ActionConfig {
             max_running: a.max_running,
             rate: a.rate_count.zip(a.rate_period_ms),
             partition_by: a.partition_by,
+            fair: a.fair,
         }
     }
+}
+
+/// What one key of a keyed action has of its own: limits that replace the
+/// action's for this key, and its weight in a fair claim. Kept in the file
+/// (`reflexr_action_keys`), so every process obeys them from its next
+/// claim; a key without overrides has the action's limits and weight 1.
+///
+/// ```
+/// # use reflexr::KeyLimits;
+/// # use std::time::Duration;
+/// let acme = KeyLimits::new("acme")
+///     .max_running(20)                        // acme may run 20 at once
+///     .rate(1_000, Duration::from_secs(60))   // and start 1,000 a minute
+///     .weight(5);                             // served 5 runs to another key's 1
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyLimits {
+    /// The key.
+    pub key: String,
+    /// At most this many of the key's runs at once, across every process
+    /// (`None`: the action's `max_running`).
+    pub max_running: Option<u32>,
+    /// At most `.0` starts of the key in any window of `.1` ms (`None`:
+    /// the action's rate).
+    pub rate: Option<(u32, i64)>,
+    /// Its share in a fair claim, against the other keys' (`None`: 1).
+    pub weight: Option<u32>,
+}
+
+impl KeyLimits {
+    /// No overrides yet: the action's limits, weight 1.
+    pub fn new(key: impl Into<String>) -> KeyLimits {
+        KeyLimits {
+            key: key.into(),
+            max_running: None,
+            rate: None,
+            weight: None,
+        }
+    }
+
+    /// At most `n` of the key's runs at once, across every process.
+    pub fn max_running(mut self, n: u32) -> KeyLimits {
+        self.max_running = Some(n);
+        self
+    }
+
+    /// At most `count` starts of the key in any window of `period`.
+    pub fn rate(mut self, count: u32, period: Duration) -> KeyLimits {
+        self.rate = Some((count, i64::try_from(period.as_millis()).unwrap_or(i64::MAX)));
+        self
+    }
+
+    /// Its weight in a fair claim: served `w` runs to a weight-1 key's one
+    /// while both have runs ready.
+    pub fn weight(mut self, w: u32) -> KeyLimits {
+        self.weight = Some(w);
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        limits::check_text("key", &self.key, limits::MAX_SUBJECT_BYTES)?;
+        if self.max_running == Some(0) {
+            return Err(Error::invalid("max_running", "at least 1"));
+        }
+        if let Some((n, p)) = self.rate
+            && (n == 0 || p <= 0)
+        {
+            return Err(Error::invalid(
+                "rate",
+                "at least 1 start per period of at least 1 ms",
+            ));
+        }
+        if self.weight == Some(0) {
+            return Err(Error::invalid("weight", "at least 1"));
+        }
+        Ok(())
+    }
+}
+
+impl From<crate::store::control::KeyRow> for KeyLimits {
+    fn from(k: crate::store::control::KeyRow) -> KeyLimits {
+        KeyLimits {
+            key: k.key,
+            max_running: k.max_running,
+            rate: k.rate_count.zip(k.rate_period_ms),
+            weight: k.weight,
+        }
+    }
+}
+
+/// One key of a keyed action as operators see it: its runs by state, and
+/// the limits that hold for it (its overrides, else the action's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyInfo {
+    /// The key.
+    pub key: String,
+    /// Its runs waiting behind their scope or for a workflow's step.
+    pub waiting: i64,
+    /// Its runs ready (due now or later).
+    pub ready: i64,
+    /// Its runs running.
+    pub running: i64,
+    /// At most this many at once (its override, else the action's).
+    pub max_running: Option<u32>,
+    /// At most `.0` starts per `.1` ms (its override, else the action's).
+    pub rate: Option<(u32, i64)>,
+    /// Its weight in a fair claim.
+    pub weight: u32,
+    /// Whether it has overrides of its own.
+    pub overridden: bool,
+}
+
+/// Sets one key's overrides, audited.
+pub(crate) fn set_key_limits<C: Work + ?Sized>(
+    conn: &C,
+    action: &str,
+    k: &KeyLimits,
+    now: i64,
+    op: &str,
+    why: &str,
+) -> Result<()> {
+    limits::check_name("action", action)?;
+    k.validate()?;
+    crate::work::operate::check_operator(op, why)?;
+    if !Control::action_row(conn, action)?.is_some_and(|a| a.keyed()) {
+        return Err(Error::invalid(
+            "action",
+            format!(
+                "{action} has no keys: configure it fair or with partition_by first \
+                 (ActionConfig::fair, ActionConfig::partition_by)"
+            ),
+        ));
+    }
+    Control::set_key_row(
+        conn,
+        &crate::store::control::KeyRow {
+            action: action.to_string(),
+            key: k.key.clone(),
+            max_running: k.max_running,
+            rate_count: k.rate.map(|r| r.0),
+            rate_period_ms: k.rate.map(|r| r.1),
+            weight: k.weight,
+            updated_at: now,
+        },
+    )?;
+    let detail = serde_json::to_string(k).unwrap_or_default();
+    audit(
+        conn,
+        now,
+        op,
+        AuditAction::SetKeyLimits,
+        &format!("{action} key {}", k.key),
+        why,
+        &detail,
+    )
+}
+
+/// Deletes one key's overrides, audited: the key has the action's limits
+/// and weight 1 again.
+pub(crate) fn clear_key_limits<C: Work + ?Sized>(
+    conn: &C,
+    action: &str,
+    key: &str,
+    now: i64,
+    op: &str,
+    why: &str,
+) -> Result<()> {
+    crate::work::operate::check_operator(op, why)?;
+    if !Control::delete_key_row(conn, action, key)? {
+        return Err(Error::not_found(
+            "key limits",
+            format!("{action} key {key}"),
+        ));
+    }
+    audit(
+        conn,
+        now,
+        op,
+        AuditAction::ClearKeyLimits,
+        &format!("{action} key {key}"),
+        why,
+        "{}",
+    )
+}
+
+/// The overrides of one action's keys (every action's with `None`): `(action, limits)`.
+pub(crate) fn key_limits<C: Control + ?Sized>(
+    conn: &C,
+    action: Option<&str>,
+) -> Result<Vec<(String, KeyLimits)>> {
+    Ok(Control::key_rows(conn, action)?
+        .into_iter()
+        .map(|k| (k.action.clone(), KeyLimits::from(k)))
+        .collect())
+}
+
+/// The keys of an action with unfinished runs or overrides, by key: what
+/// each has waiting, ready and running, and the limits that hold for it.
+pub(crate) fn keys<C: Control + ?Sized>(conn: &C, action: &str) -> Result<Vec<KeyInfo>> {
+    let config = Control::action_row(conn, action)?.map(ActionConfig::from);
+    let overrides: std::collections::BTreeMap<String, KeyLimits> = key_limits(conn, Some(action))?
+        .into_iter()
+        .map(|(_, k)| (k.key.clone(), k))
+        .collect();
+    let mut keys: std::collections::BTreeMap<String, KeyInfo> = std::collections::BTreeMap::new();
+    let info = |key: &str| {
+        let o = overrides.get(key);
+        KeyInfo {
+            key: key.to_string(),
+            waiting: 0,
+            ready: 0,
+            running: 0,
+            max_running: o
+                .and_then(|o| o.max_running)
+                .or(config.as_ref().and_then(|c| c.max_running)),
+            rate: o
+                .and_then(|o| o.rate)
+                .or(config.as_ref().and_then(|c| c.rate)),
+            weight: o.and_then(|o| o.weight).unwrap_or(1),
+            overridden: o.is_some(),
+        }
+    };
+    for key in overrides.keys() {
+        keys.insert(key.clone(), info(key));
+    }
+    for (key, state, n) in Control::key_counts(conn, action)? {
+        let k = keys.entry(key.clone()).or_insert_with(|| info(&key));
+        match state.as_str() {
+            "waiting" => k.waiting += n,
+            "ready" => k.ready += n,
+            "running" => k.running += n,
+            _ => {}
+        }
+    }
+    Ok(keys.into_values().collect())
 }
 
 /// Cancels a run (see the module's docs), recorded with who and why, and

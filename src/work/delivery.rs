@@ -290,6 +290,7 @@ fn enqueue<B: Backend>(
             priority: None,
             unique,
             parent: None,
+            key: None,
         },
     )?;
     Counters::bump(

@@ -758,6 +758,7 @@ fn record_firing<B: Backend>(
             priority: None,
             unique: None,
             parent: None,
+            key: None,
         },
     )?;
     if let Some(why) = &dead {

@@ -434,6 +434,7 @@ pub(crate) fn step<B: Backend>(db: &B::Db, lease: &Lease, job: &Job<B>) -> Resul
                     priority: None,
                     unique: None,
                     parent: None,
+                    key: None,
                 },
             )?;
             let new = new == runs::Inserted::New;

@@ -25,6 +25,7 @@ fn task<'a>(id: &'a str, lane: Option<&'a str>, unique: Option<Uniq<'a>>) -> New
         priority: None,
         unique,
         parent: None,
+        key: None,
     }
 }
 

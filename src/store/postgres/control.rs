@@ -18,7 +18,7 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::base::error::{Error, Result};
-use crate::store::control::{ActionRow, PausedRow};
+use crate::store::control::{ActionRow, FairState, KeyRow, PausedRow};
 use crate::store::runs::RunRow;
 use crate::store::{ClaimPlan, Control};
 
@@ -27,7 +27,22 @@ use crate::store::{ClaimPlan, Control};
 const LIMIT_LOCK: i32 = 0x7266_786c;
 
 const ACTION_COLUMNS: &str =
-    "action, priority, max_running, rate_count, rate_period_ms, partition_by";
+    "action, priority, max_running, rate_count, rate_period_ms, partition_by, fair";
+
+const KEY_COLUMNS: &str =
+    "action, key, max_running, rate_count, rate_period_ms, weight, updated_at";
+
+fn key_from(r: &Row) -> Result<KeyRow> {
+    Ok(KeyRow {
+        action: col(r, 0)?,
+        key: col(r, 1)?,
+        max_running: limit(col(r, 2)?)?,
+        rate_count: limit(col(r, 3)?)?,
+        rate_period_ms: col(r, 4)?,
+        weight: limit(col(r, 5)?)?,
+        updated_at: col(r, 6)?,
+    })
+}
 
 /// A limit as stored (bigint) as the settings have it.
 fn limit(n: Option<i64>) -> Result<Option<u32>> {
@@ -43,15 +58,15 @@ fn action_from(r: &Row) -> Result<ActionRow> {
         rate_count: limit(col(r, 3)?)?,
         rate_period_ms: col(r, 4)?,
         partition_by: col(r, 5)?,
+        fair: col(r, 6)?,
     })
 }
 
-/// A run's partition: the input's value at the path (as `jsonb`'s path
-/// elements, see [`path_elements`]) in parameter `param`, as text; a
-/// missing (or null) value is `""`.
-fn partition(param: &str) -> String {
-    format!("coalesce(input::jsonb #>> {param}, '')")
-}
+/// Those of `actions` the claim counts or orders: a limit, fair, or a
+/// key's override (the condition on `reflexr_actions a`).
+const LIMITED: &str = "(max_running IS NOT NULL OR rate_count IS NOT NULL OR fair \
+     OR (partition_by IS NOT NULL \
+         AND EXISTS (SELECT 1 FROM reflexr_action_keys k WHERE k.action = a.action)))";
 
 /// A JSON path as the configuration accepts it (`$.a.b`, `$."a b"`,
 /// `$.list[0]`, `$.list[#-1]`; see `limits::check_json_path`) as the path
@@ -90,10 +105,9 @@ impl Control for PgConn {
     /// One round trip instead of four.
     fn claim_plan(&self, now: i64, actions: &[String]) -> Result<ClaimPlan> {
         let rows = self.query(
-            "WITH RECURSIVE limited AS ( \
-               SELECT action, priority, max_running, rate_count, rate_period_ms, partition_by \
-               FROM reflexr_actions WHERE action = ANY ($2) \
-                 AND (max_running IS NOT NULL OR rate_count IS NOT NULL)), \
+            &format!("WITH RECURSIVE limited AS ( \
+               SELECT action, priority, max_running, rate_count, rate_period_ms, partition_by, fair \
+               FROM reflexr_actions a WHERE action = ANY ($2) AND {LIMITED}), \
              p(v) AS ( \
                SELECT (SELECT priority FROM reflexr_runs WHERE state = 'ready' \
                        ORDER BY priority DESC LIMIT 1) \
@@ -111,7 +125,8 @@ impl Control for PgConn {
                ARRAY(SELECT max_running FROM limited ORDER BY action), \
                ARRAY(SELECT rate_count FROM limited ORDER BY action), \
                ARRAY(SELECT rate_period_ms FROM limited ORDER BY action), \
-               ARRAY(SELECT partition_by FROM limited ORDER BY action)",
+               ARRAY(SELECT partition_by FROM limited ORDER BY action), \
+               ARRAY(SELECT fair FROM limited ORDER BY action)"),
             &[(&now, Type::INT8), (&actions, Type::TEXT_ARRAY)],
         )?;
         let r = rows
@@ -124,6 +139,7 @@ impl Control for PgConn {
         let rate_count: Vec<Option<i64>> = col(r, 6)?;
         let rate_period_ms: Vec<Option<i64>> = col(r, 7)?;
         let partition_by: Vec<Option<String>> = col(r, 8)?;
+        let fair: Vec<bool> = col(r, 9)?;
         let mut limited = Vec::with_capacity(names.len());
         for (i, action) in names.into_iter().enumerate() {
             limited.push(ActionRow {
@@ -133,6 +149,7 @@ impl Control for PgConn {
                 rate_count: limit(rate_count[i])?,
                 rate_period_ms: rate_period_ms[i],
                 partition_by: partition_by[i].clone(),
+                fair: fair[i],
             });
         }
         Ok(ClaimPlan {
@@ -204,17 +221,19 @@ impl Control for PgConn {
         .collect()
     }
 
-    fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()> {
+    fn configure_action(&self, a: &ActionRow, key_path: Option<&str>, now: i64) -> Result<()> {
         let max_running = a.max_running.map(i64::from);
         let rate_count = a.rate_count.map(i64::from);
+        let key_path = key_path.map(path_elements).transpose()?;
         self.query(
             &format!(
-                "INSERT INTO reflexr_actions ({ACTION_COLUMNS}, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                "INSERT INTO reflexr_actions ({ACTION_COLUMNS}, key_path, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                  ON CONFLICT (action) DO UPDATE SET priority = excluded.priority, \
                    max_running = excluded.max_running, rate_count = excluded.rate_count, \
                    rate_period_ms = excluded.rate_period_ms, \
-                   partition_by = excluded.partition_by, updated_at = excluded.updated_at"
+                   partition_by = excluded.partition_by, fair = excluded.fair, \
+                   key_path = excluded.key_path, updated_at = excluded.updated_at"
             ),
             &[
                 (&a.action, Type::TEXT),
@@ -223,10 +242,184 @@ impl Control for PgConn {
                 (&rate_count, Type::INT8),
                 (&a.rate_period_ms, Type::INT8),
                 (&a.partition_by, Type::TEXT),
+                (&a.fair, Type::BOOL),
+                (&key_path, Type::TEXT_ARRAY),
                 (&now, Type::INT8),
             ],
         )?;
         Ok(())
+    }
+
+    fn key_runs(&self, action: &str, key_path: Option<&str>) -> Result<usize> {
+        let key_path = key_path.map(path_elements).transpose()?;
+        Ok(self
+            .query(
+                "UPDATE reflexr_runs SET flow_key = coalesce(input::jsonb #>> $2, '') \
+                 WHERE action = $1 AND flow_key IS NULL \
+                   AND state IN ('waiting', 'ready', 'running') RETURNING 1",
+                &[(&action, Type::TEXT), (&key_path, Type::TEXT_ARRAY)],
+            )?
+            .len())
+    }
+
+    fn action_row(&self, action: &str) -> Result<Option<ActionRow>> {
+        self.query_opt(
+            &format!("SELECT {ACTION_COLUMNS} FROM reflexr_actions WHERE action = $1"),
+            &[(&action, Type::TEXT)],
+        )?
+        .map(|r| action_from(&r))
+        .transpose()
+    }
+
+    fn set_key_row(&self, k: &KeyRow) -> Result<()> {
+        let max_running = k.max_running.map(i64::from);
+        let rate_count = k.rate_count.map(i64::from);
+        let weight = k.weight.map(i64::from);
+        self.query(
+            &format!(
+                "INSERT INTO reflexr_action_keys ({KEY_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (action, key) DO UPDATE SET max_running = excluded.max_running, \
+                   rate_count = excluded.rate_count, rate_period_ms = excluded.rate_period_ms, \
+                   weight = excluded.weight, updated_at = excluded.updated_at"
+            ),
+            &[
+                (&k.action, Type::TEXT),
+                (&k.key, Type::TEXT),
+                (&max_running, Type::INT8),
+                (&rate_count, Type::INT8),
+                (&k.rate_period_ms, Type::INT8),
+                (&weight, Type::INT8),
+                (&k.updated_at, Type::INT8),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn delete_key_row(&self, action: &str, key: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "DELETE FROM reflexr_action_keys WHERE action = $1 AND key = $2 RETURNING 1",
+                &[(&action, Type::TEXT), (&key, Type::TEXT)],
+            )?
+            .is_some())
+    }
+
+    fn key_rows(&self, action: Option<&str>) -> Result<Vec<KeyRow>> {
+        self.query(
+            &format!(
+                "SELECT {KEY_COLUMNS} FROM reflexr_action_keys \
+                 WHERE $1::text IS NULL OR action = $1 ORDER BY action, key"
+            ),
+            &[(&action, Type::TEXT)],
+        )?
+        .iter()
+        .map(key_from)
+        .collect()
+    }
+
+    /// A loose index scan of `reflexr_runs_keyed`: from each key's first
+    /// entry (its oldest ready run) to the next key's, one seek each.
+    fn fair_heads(&self, action: &str, priority: i64, now: i64) -> Result<Vec<(String, i64)>> {
+        self.query(
+            "WITH RECURSIVE k AS ( \
+               (SELECT flow_key, due_at, ord FROM reflexr_runs \
+                WHERE state = 'ready' AND flow_key IS NOT NULL AND action = $1 AND priority = $2 \
+                ORDER BY flow_key, due_at, ord LIMIT 1) \
+               UNION ALL \
+               SELECT n.flow_key, n.due_at, n.ord FROM k, LATERAL ( \
+                 SELECT flow_key, due_at, ord FROM reflexr_runs \
+                 WHERE state = 'ready' AND flow_key IS NOT NULL AND action = $1 AND priority = $2 \
+                   AND flow_key > k.flow_key \
+                 ORDER BY flow_key, due_at, ord LIMIT 1) n) \
+             SELECT flow_key, ord FROM k WHERE due_at <= $3",
+            &[
+                (&action, Type::TEXT),
+                (&priority, Type::INT8),
+                (&now, Type::INT8),
+            ],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+        .collect()
+    }
+
+    fn key_ords(
+        &self,
+        action: &str,
+        key: &str,
+        priority: i64,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.query(
+            "SELECT ord FROM reflexr_runs \
+             WHERE state = 'ready' AND flow_key IS NOT NULL AND action = $1 AND priority = $2 \
+               AND flow_key = $3 AND due_at <= $4 \
+             ORDER BY due_at, ord LIMIT $5",
+            &[
+                (&action, Type::TEXT),
+                (&priority, Type::INT8),
+                (&key, Type::TEXT),
+                (&now, Type::INT8),
+                (&limit, Type::INT8),
+            ],
+        )?
+        .iter()
+        .map(|r| col(r, 0))
+        .collect()
+    }
+
+    fn fair_state(&self, action: &str) -> Result<FairState> {
+        let clock: f64 = self
+            .query_opt(
+                "SELECT fair_clock FROM reflexr_actions WHERE action = $1",
+                &[(&action, Type::TEXT)],
+            )?
+            .map_or(Ok(0.0), |r| col(&r, 0))?;
+        let passes = self
+            .query(
+                "SELECT key, pass FROM reflexr_key_passes WHERE action = $1 AND pass > $2",
+                &[(&action, Type::TEXT), (&clock, Type::FLOAT8)],
+            )?
+            .iter()
+            .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(FairState { clock, passes })
+    }
+
+    fn save_fair(&self, action: &str, clock: f64, passes: &[(String, f64)]) -> Result<()> {
+        let keys: Vec<&str> = passes.iter().map(|(k, _)| k.as_str()).collect();
+        let values: Vec<f64> = passes.iter().map(|(_, p)| *p).collect();
+        self.query(
+            "WITH c AS (UPDATE reflexr_actions SET fair_clock = $2 WHERE action = $1), \
+                  d AS (DELETE FROM reflexr_key_passes WHERE action = $1 AND pass <= $2 \
+                          AND NOT (key = ANY ($3))) \
+             INSERT INTO reflexr_key_passes (action, key, pass) \
+             SELECT $1, k, p FROM unnest($3::text[], $4::float8[]) AS t(k, p) \
+             ON CONFLICT (action, key) DO UPDATE SET pass = excluded.pass",
+            &[
+                (&action, Type::TEXT),
+                (&clock, Type::FLOAT8),
+                (&keys, Type::TEXT_ARRAY),
+                (&values, Type::FLOAT8_ARRAY),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn key_counts(&self, action: &str) -> Result<Vec<(String, String, i64)>> {
+        self.query(
+            "SELECT flow_key, state, count(*) FROM reflexr_runs \
+             WHERE action = $1 AND flow_key IS NOT NULL \
+               AND state IN ('waiting', 'ready', 'running') \
+             GROUP BY flow_key, state ORDER BY flow_key, state",
+            &[(&action, Type::TEXT)],
+        )?
+        .iter()
+        .map(|r| Ok((col(r, 0)?, col(r, 1)?, col(r, 2)?)))
+        .collect()
     }
 
     fn action_rows(&self) -> Result<Vec<ActionRow>> {
@@ -242,8 +435,8 @@ impl Control for PgConn {
     fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>> {
         self.query(
             &format!(
-                "SELECT {ACTION_COLUMNS} FROM reflexr_actions WHERE action = ANY ($1) \
-                   AND (max_running IS NOT NULL OR rate_count IS NOT NULL)"
+                "SELECT {ACTION_COLUMNS} FROM reflexr_actions a WHERE action = ANY ($1) \
+                   AND {LIMITED}"
             ),
             &[(&actions, Type::TEXT_ARRAY)],
         )?
@@ -275,28 +468,22 @@ impl Control for PgConn {
         action: &str,
         now: i64,
         priority: i64,
-        path: &str,
         full: &[String],
         after: (i64, i64),
         limit: usize,
     ) -> Result<Vec<(i64, i64, String)>> {
-        let key = partition("$6");
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let path = path_elements(path)?;
         self.query(
-            &format!(
-                "SELECT ord, due_at, {key} FROM reflexr_runs \
-                 WHERE state = 'ready' AND priority = $3 AND due_at <= $2 AND action = $1 \
-                   AND (due_at, ord) > ($4, $5) AND NOT ({key} = ANY ($7)) \
-                 ORDER BY due_at, ord LIMIT $8"
-            ),
+            "SELECT ord, due_at, coalesce(flow_key, '') FROM reflexr_runs \
+             WHERE state = 'ready' AND priority = $3 AND due_at <= $2 AND action = $1 \
+               AND (due_at, ord) > ($4, $5) AND NOT (coalesce(flow_key, '') = ANY ($6)) \
+             ORDER BY due_at, ord LIMIT $7",
             &[
                 (&action, Type::TEXT),
                 (&now, Type::INT8),
                 (&priority, Type::INT8),
                 (&after.0, Type::INT8),
                 (&after.1, Type::INT8),
-                (&path, Type::TEXT_ARRAY),
                 (&full, Type::TEXT_ARRAY),
                 (&limit, Type::INT8),
             ],
@@ -328,8 +515,8 @@ impl Control for PgConn {
         Ok(())
     }
 
-    fn running_by(&self, action: &str, path: Option<&str>) -> Result<Vec<(String, i64)>> {
-        let Some(path) = path else {
+    fn running_by(&self, action: &str, keyed: bool) -> Result<Vec<(String, i64)>> {
+        if !keyed {
             let n: i64 = self
                 .query(
                     "SELECT count(*) FROM reflexr_runs WHERE state = 'running' AND action = $1",
@@ -338,25 +525,21 @@ impl Control for PgConn {
                 .first()
                 .map_or(Ok(0), |r| col(r, 0))?;
             return Ok(vec![(String::new(), n)]);
-        };
-        let path = path_elements(path)?;
+        }
         self.query(
-            &format!(
-                "SELECT {}, count(*) FROM reflexr_runs \
-                 WHERE state = 'running' AND action = $1 GROUP BY 1",
-                partition("$2")
-            ),
-            &[(&action, Type::TEXT), (&path, Type::TEXT_ARRAY)],
+            "SELECT coalesce(flow_key, ''), count(*) FROM reflexr_runs \
+             WHERE state = 'running' AND action = $1 GROUP BY 1",
+            &[(&action, Type::TEXT)],
         )?
         .iter()
         .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
         .collect()
     }
 
-    fn starts_since(&self, action: &str, since: i64) -> Result<Vec<(String, i64)>> {
+    fn starts_since(&self, action: &str, since: i64, forget: i64) -> Result<Vec<(String, i64)>> {
         self.query(
             "DELETE FROM reflexr_starts WHERE action = $1 AND at <= $2",
-            &[(&action, Type::TEXT), (&since, Type::INT8)],
+            &[(&action, Type::TEXT), (&forget, Type::INT8)],
         )?;
         self.query(
             "SELECT part, sum(n)::bigint FROM reflexr_starts WHERE action = $1 AND at > $2 \
@@ -366,6 +549,20 @@ impl Control for PgConn {
         .iter()
         .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
         .collect()
+    }
+
+    fn key_starts_since(&self, action: &str, key: &str, since: i64) -> Result<i64> {
+        self.query(
+            "SELECT coalesce(sum(n), 0)::bigint FROM reflexr_starts \
+             WHERE action = $1 AND part = $2 AND at > $3",
+            &[
+                (&action, Type::TEXT),
+                (&key, Type::TEXT),
+                (&since, Type::INT8),
+            ],
+        )?
+        .first()
+        .map_or(Ok(0), |r| col(r, 0))
     }
 
     fn record_starts(&self, action: &str, part: &str, at: i64, n: i64) -> Result<()> {
@@ -404,7 +601,10 @@ impl Control for PgConn {
             .query(
                 "DELETE FROM reflexr_starts WHERE NOT EXISTS (SELECT 1 FROM reflexr_actions a \
                    WHERE a.action = reflexr_starts.action AND a.rate_count IS NOT NULL \
-                     AND reflexr_starts.at > $1 - a.rate_period_ms) RETURNING 1",
+                     AND reflexr_starts.at > $1 - a.rate_period_ms) \
+                 AND NOT EXISTS (SELECT 1 FROM reflexr_action_keys k \
+                   WHERE k.action = reflexr_starts.action AND k.rate_count IS NOT NULL \
+                     AND reflexr_starts.at > $1 - k.rate_period_ms) RETURNING 1",
                 &[(&now, Type::INT8)],
             )?
             .len();

@@ -58,6 +58,7 @@ pub(super) fn run_from(r: &Row) -> Result<RunRow> {
         output: col(r, 35)?,
         parent: col(r, 36)?,
         began_seq: col(r, 37)?,
+        flow_key: col(r, 38)?,
     })
 }
 
@@ -284,6 +285,30 @@ impl Runs for PgConn {
         .collect()
     }
 
+    fn debounce(
+        &self,
+        id: &str,
+        input: &str,
+        due_at: i64,
+        max_wait_ms: Option<i64>,
+        now: i64,
+    ) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "UPDATE reflexr_runs SET input = $2, updated_at = $5, \
+                   due_at = least($3, coalesce(created_at + $4, $3)) \
+                 WHERE id = $1 AND state IN ('waiting', 'ready') RETURNING 1",
+                &[
+                    (&id, Type::TEXT),
+                    (&input, Type::TEXT),
+                    (&due_at, Type::INT8),
+                    (&max_wait_ms, Type::INT8),
+                    (&now, Type::INT8),
+                ],
+            )?
+            .is_some())
+    }
+
     fn lock_runs(&self, ids: &[String]) -> Result<()> {
         // One at a time, in the order given (the caller's lock order).
         for id in ids {
@@ -367,11 +392,15 @@ impl Runs for PgConn {
             "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
                on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
                backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
-               created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent) \
+               created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
+               flow_key) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
                $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
                coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
-               $23, $24, $25) \
+               $23, $24, $25, \
+               coalesce($26, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
+                                     THEN coalesce($9::jsonb #>> key_path, '') END \
+                              FROM reflexr_actions WHERE action = $3))) \
              ON CONFLICT DO NOTHING RETURNING 1",
             &[
                 (&r.id, Type::TEXT),
@@ -399,6 +428,7 @@ impl Runs for PgConn {
                 (&unique_key, Type::TEXT),
                 (&unique_mode, Type::TEXT),
                 (&r.parent, Type::TEXT),
+                (&r.key, Type::TEXT),
             ],
         )?;
         if inserted.is_none() {

@@ -12,7 +12,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 12;
+pub(crate) const SCHEMA_VERSION: i32 = 13;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
@@ -31,10 +31,60 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (10, MIGRATE_TO_10),
     (11, MIGRATE_TO_11),
     (12, MIGRATE_TO_12),
+    (13, MIGRATE_TO_13),
 ];
 
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 13: flow control by key, as in `schema.sql`: a run's key, fair
+/// actions with their key path (`jsonb` path elements, see
+/// `control::path_elements`, here translated from the stored JSON path by
+/// a pattern) and virtual clock, per-key overrides, the passes of the keys a
+/// fair claim served. Partitioned actions get their key path, and their
+/// unfinished runs their keys.
+const MIGRATE_TO_13: &str = r#"
+ALTER TABLE reflexr_runs ADD COLUMN flow_key text;
+CREATE INDEX reflexr_runs_keyed ON reflexr_runs (action, priority, flow_key, due_at)
+    WHERE state = 'ready' AND flow_key IS NOT NULL;
+ALTER TABLE reflexr_actions ADD COLUMN fair boolean NOT NULL DEFAULT false;
+ALTER TABLE reflexr_actions ADD COLUMN key_path text[];
+ALTER TABLE reflexr_actions ADD COLUMN fair_clock double precision NOT NULL DEFAULT 0;
+UPDATE reflexr_actions SET key_path = CASE WHEN left(partition_by, 1) <> '$'
+    THEN ARRAY[partition_by]
+    ELSE (SELECT coalesce(array_agg(coalesce(m[1], m[2], '-' || m[3], m[4]) ORDER BY n), '{}')
+          FROM regexp_matches(partition_by, '\."([^"]*)"|\.([^.\[]+)|\[#-([0-9]+)\]|\[([0-9]+)\]', 'g')
+               WITH ORDINALITY AS t(m, n)) END
+  WHERE partition_by IS NOT NULL;
+UPDATE reflexr_runs r SET flow_key = coalesce(r.input::jsonb #>> a.key_path, '')
+  FROM reflexr_actions a
+ WHERE a.action = r.action AND a.key_path IS NOT NULL
+   AND r.state IN ('waiting', 'ready', 'running');
+CREATE TABLE reflexr_action_keys (
+    action         text NOT NULL,
+    key            text NOT NULL,
+    max_running    bigint CHECK (max_running IS NULL OR max_running >= 1),
+    rate_count     bigint CHECK (rate_count IS NULL OR rate_count >= 1),
+    rate_period_ms bigint CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
+    weight         bigint CHECK (weight IS NULL OR weight >= 1),
+    updated_at     bigint NOT NULL,
+    CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL)),
+    PRIMARY KEY (action, key)
+);
+CREATE TABLE reflexr_key_passes (
+    action text NOT NULL,
+    key    text NOT NULL,
+    pass   double precision NOT NULL,
+    PRIMARY KEY (action, key)
+);
+CREATE INDEX reflexr_key_passes_by_pass ON reflexr_key_passes (action, pass);
+CREATE VIEW reflexr_runs_by_key AS
+SELECT action, flow_key AS key, state, count(*) AS runs
+FROM reflexr_runs
+WHERE flow_key IS NOT NULL
+GROUP BY action, flow_key, state;
+INSERT INTO reflexr_schema_version (version) VALUES (13);
+"#;
 
 /// Version 12: rule versions warmed up in shadow, as in `schema.sql`.
 const MIGRATE_TO_12: &str = "

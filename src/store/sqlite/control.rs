@@ -8,13 +8,13 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::base::error::Result;
 
-use super::runs::{READY_PRIORITIES, partition};
+use super::runs::READY_PRIORITIES;
 use crate::store::Control;
 use crate::store::control::*;
 use crate::store::runs::RunRow;
 
 const ACTION_COLUMNS: &str =
-    "action, priority, max_running, rate_count, rate_period_ms, partition_by";
+    "action, priority, max_running, rate_count, rate_period_ms, partition_by, fair";
 
 fn action_row(r: &Row<'_>) -> rusqlite::Result<ActionRow> {
     Ok(ActionRow {
@@ -24,15 +24,34 @@ fn action_row(r: &Row<'_>) -> rusqlite::Result<ActionRow> {
         rate_count: r.get(3)?,
         rate_period_ms: r.get(4)?,
         partition_by: r.get(5)?,
+        fair: r.get(6)?,
     })
 }
 
-/// The settings of those of `actions` (a JSON array) that have a limit.
+const KEY_COLUMNS: &str =
+    "action, key, max_running, rate_count, rate_period_ms, weight, updated_at";
+
+fn key_row(r: &Row<'_>) -> rusqlite::Result<KeyRow> {
+    Ok(KeyRow {
+        action: r.get(0)?,
+        key: r.get(1)?,
+        max_running: r.get(2)?,
+        rate_count: r.get(3)?,
+        rate_period_ms: r.get(4)?,
+        weight: r.get(5)?,
+        updated_at: r.get(6)?,
+    })
+}
+
+/// The settings of those of `actions` (a JSON array) that the claim must
+/// count or order: a limit, fair, or a key's override.
 pub(crate) fn limited(conn: &Connection, actions: &str) -> Result<Vec<ActionRow>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {ACTION_COLUMNS} FROM reflexr_actions \
+        "SELECT {ACTION_COLUMNS} FROM reflexr_actions a \
          WHERE action IN (SELECT value FROM json_each(?1)) \
-           AND (max_running IS NOT NULL OR rate_count IS NOT NULL)"
+           AND (max_running IS NOT NULL OR rate_count IS NOT NULL OR fair = 1 \
+                OR (partition_by IS NOT NULL \
+                    AND EXISTS (SELECT 1 FROM reflexr_action_keys k WHERE k.action = a.action)))"
     ))?;
     let rows = stmt
         .query_map([actions], action_row)?
@@ -103,15 +122,17 @@ impl Control for Connection {
         Ok(rows)
     }
 
-    /// Sets an action's settings, replacing what it had.
-    fn configure_action(&self, a: &ActionRow, now: i64) -> Result<()> {
+    /// Sets an action's settings, replacing what it had (its fair clock
+    /// stays).
+    fn configure_action(&self, a: &ActionRow, key_path: Option<&str>, now: i64) -> Result<()> {
         let conn = self;
         conn.prepare_cached(&format!(
-            "INSERT INTO reflexr_actions ({ACTION_COLUMNS}, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+            "INSERT INTO reflexr_actions ({ACTION_COLUMNS}, key_path, updated_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
              ON CONFLICT (action) DO UPDATE SET priority = excluded.priority, \
                max_running = excluded.max_running, rate_count = excluded.rate_count, \
                rate_period_ms = excluded.rate_period_ms, partition_by = excluded.partition_by, \
+               fair = excluded.fair, key_path = excluded.key_path, \
                updated_at = excluded.updated_at"
         ))?
         .execute(params![
@@ -121,9 +142,163 @@ impl Control for Connection {
             a.rate_count,
             a.rate_period_ms,
             a.partition_by,
+            a.fair,
+            key_path,
             now
         ])?;
         Ok(())
+    }
+
+    fn key_runs(&self, action: &str, key_path: Option<&str>) -> Result<usize> {
+        Ok(self
+            .prepare_cached(
+                "UPDATE reflexr_runs SET flow_key = coalesce(CAST(json_extract(input, ?2) AS TEXT), '') \
+                 WHERE action = ?1 AND flow_key IS NULL AND state IN ('waiting', 'ready', 'running')",
+            )?
+            .execute(params![action, key_path])?)
+    }
+
+    fn action_row(&self, action: &str) -> Result<Option<ActionRow>> {
+        Ok(self
+            .prepare_cached(&format!(
+                "SELECT {ACTION_COLUMNS} FROM reflexr_actions WHERE action = ?1"
+            ))?
+            .query_row([action], action_row)
+            .optional()?)
+    }
+
+    fn set_key_row(&self, k: &KeyRow) -> Result<()> {
+        self.prepare_cached(&format!(
+            "INSERT INTO reflexr_action_keys ({KEY_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+             ON CONFLICT (action, key) DO UPDATE SET max_running = excluded.max_running, \
+               rate_count = excluded.rate_count, rate_period_ms = excluded.rate_period_ms, \
+               weight = excluded.weight, updated_at = excluded.updated_at"
+        ))?
+        .execute(params![
+            k.action,
+            k.key,
+            k.max_running,
+            k.rate_count,
+            k.rate_period_ms,
+            k.weight,
+            k.updated_at
+        ])?;
+        Ok(())
+    }
+
+    fn delete_key_row(&self, action: &str, key: &str) -> Result<bool> {
+        Ok(self
+            .prepare_cached("DELETE FROM reflexr_action_keys WHERE action = ?1 AND key = ?2")?
+            .execute(params![action, key])?
+            == 1)
+    }
+
+    fn key_rows(&self, action: Option<&str>) -> Result<Vec<KeyRow>> {
+        let mut stmt = self.prepare_cached(&format!(
+            "SELECT {KEY_COLUMNS} FROM reflexr_action_keys \
+             WHERE ?1 IS NULL OR action = ?1 ORDER BY action, key"
+        ))?;
+        let rows = stmt
+            .query_map([action], key_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// A loose index scan of `reflexr_runs_keyed`: from each key's first
+    /// entry (its oldest ready run) to the next key's, one seek each.
+    fn fair_heads(&self, action: &str, priority: i64, now: i64) -> Result<Vec<(String, i64)>> {
+        let mut stmt = self.prepare_cached(
+            "WITH RECURSIVE k(key, ord, due) AS ( \
+               SELECT r.flow_key, r.ord, r.due_at FROM reflexr_runs r WHERE r.ord = ( \
+                 SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
+                 WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
+                 ORDER BY flow_key, due_at LIMIT 1) \
+               UNION ALL \
+               SELECT r.flow_key, r.ord, r.due_at FROM k, reflexr_runs r WHERE r.ord = ( \
+                 SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
+                 WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
+                   AND flow_key > k.key \
+                 ORDER BY flow_key, due_at LIMIT 1)) \
+             SELECT key, ord FROM k WHERE due <= ?3",
+        )?;
+        let rows = stmt
+            .query_map(params![action, priority, now], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn key_ords(
+        &self,
+        action: &str,
+        key: &str,
+        priority: i64,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>> {
+        let mut stmt = self.prepare_cached(
+            "SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
+             WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
+               AND flow_key = ?3 AND due_at <= ?4 \
+             ORDER BY due_at, ord LIMIT ?5",
+        )?;
+        let rows = stmt
+            .query_map(
+                params![
+                    action,
+                    priority,
+                    key,
+                    now,
+                    i64::try_from(limit).unwrap_or(i64::MAX)
+                ],
+                |r| r.get(0),
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn fair_state(&self, action: &str) -> Result<FairState> {
+        let clock: f64 = self
+            .prepare_cached("SELECT fair_clock FROM reflexr_actions WHERE action = ?1")?
+            .query_row([action], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0.0);
+        let mut stmt = self.prepare_cached(
+            "SELECT key, pass FROM reflexr_key_passes WHERE action = ?1 AND pass > ?2",
+        )?;
+        let passes = stmt
+            .query_map(params![action, clock], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(FairState { clock, passes })
+    }
+
+    fn save_fair(&self, action: &str, clock: f64, passes: &[(String, f64)]) -> Result<()> {
+        self.prepare_cached("UPDATE reflexr_actions SET fair_clock = ?2 WHERE action = ?1")?
+            .execute(params![action, clock])?;
+        let passes = serde_json::to_string(passes).expect("passes encode");
+        self.prepare_cached(
+            "INSERT INTO reflexr_key_passes (action, key, pass) \
+             SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]') \
+             FROM json_each(?2) WHERE true \
+             ON CONFLICT (action, key) DO UPDATE SET pass = excluded.pass",
+        )?
+        .execute(params![action, passes])?;
+        self.prepare_cached("DELETE FROM reflexr_key_passes WHERE action = ?1 AND pass <= ?2")?
+            .execute(params![action, clock])?;
+        Ok(())
+    }
+
+    fn key_counts(&self, action: &str) -> Result<Vec<(String, String, i64)>> {
+        let mut stmt = self.prepare_cached(
+            "SELECT flow_key, state, count(*) FROM reflexr_runs \
+             WHERE action = ?1 AND flow_key IS NOT NULL AND state IN ('waiting', 'ready', 'running') \
+             GROUP BY flow_key, state ORDER BY flow_key, state",
+        )?;
+        let rows = stmt
+            .query_map([action], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
     }
 
     /// Every action's settings, by name.
@@ -158,13 +333,12 @@ impl Control for Connection {
         action: &str,
         now: i64,
         priority: i64,
-        path: &str,
         full: &[String],
         after: (i64, i64),
         limit: usize,
     ) -> Result<Vec<(i64, i64, String)>> {
-        let full = serde_json::to_string(full).expect("partitions encode");
-        super::runs::candidates(self, action, now, priority, path, &full, after, limit)
+        let full = serde_json::to_string(full).expect("keys encode");
+        super::runs::candidates(self, action, now, priority, &full, after, limit)
     }
 
     fn claim_ords(
@@ -178,11 +352,11 @@ impl Control for Connection {
         super::runs::claim_ords(self, holder, now, expires_at, &ords)
     }
 
-    /// How many runs of `action` run now, by partition ([`partition`]; one
-    /// group, `""`, without a path).
-    fn running_by(&self, action: &str, path: Option<&str>) -> Result<Vec<(String, i64)>> {
+    /// How many runs of `action` run now, by key when `keyed` (one group,
+    /// `""`, else).
+    fn running_by(&self, action: &str, keyed: bool) -> Result<Vec<(String, i64)>> {
         let conn = self;
-        let Some(path) = path else {
+        if !keyed {
             let n: i64 = conn
                 .prepare_cached(
                     "SELECT count(*) FROM reflexr_runs INDEXED BY reflexr_runs_running \
@@ -190,23 +364,22 @@ impl Control for Connection {
                 )?
                 .query_row([action], |r| r.get(0))?;
             return Ok(vec![(String::new(), n)]);
-        };
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {}, count(*) FROM reflexr_runs \
+        }
+        let mut stmt = conn.prepare_cached(
+            "SELECT coalesce(flow_key, ''), count(*) FROM reflexr_runs \
              INDEXED BY reflexr_runs_running WHERE state = 'running' AND action = ?1 GROUP BY 1",
-            partition("?2")
-        ))?;
+        )?;
         let rows = stmt
-            .query_map(params![action, path], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .query_map(params![action], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
-    /// Starts of `action` in the window after `since`, by partition.
-    fn starts_since(&self, action: &str, since: i64) -> Result<Vec<(String, i64)>> {
+    /// Starts of `action` in the window after `since`, by key.
+    fn starts_since(&self, action: &str, since: i64, forget: i64) -> Result<Vec<(String, i64)>> {
         let conn = self;
         conn.prepare_cached("DELETE FROM reflexr_starts WHERE action = ?1 AND at <= ?2")?
-            .execute(params![action, since])?;
+            .execute(params![action, forget])?;
         let mut stmt = conn.prepare_cached(
             "SELECT part, sum(n) FROM reflexr_starts WHERE action = ?1 AND at > ?2 GROUP BY part",
         )?;
@@ -214,6 +387,15 @@ impl Control for Connection {
             .query_map(params![action, since], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
+    }
+
+    fn key_starts_since(&self, action: &str, key: &str, since: i64) -> Result<i64> {
+        Ok(self
+            .prepare_cached(
+                "SELECT coalesce(sum(n), 0) FROM reflexr_starts \
+                 WHERE action = ?1 AND part = ?2 AND at > ?3",
+            )?
+            .query_row(params![action, key, since], |r| r.get(0))?)
     }
 
     /// Records `n` starts of a rate-limited action's partition, at `at`.
@@ -254,7 +436,10 @@ impl Control for Connection {
             .prepare_cached(
                 "DELETE FROM reflexr_starts WHERE NOT EXISTS (SELECT 1 FROM reflexr_actions a \
                    WHERE a.action = reflexr_starts.action AND a.rate_count IS NOT NULL \
-                     AND reflexr_starts.at > ?1 - a.rate_period_ms)",
+                     AND reflexr_starts.at > ?1 - a.rate_period_ms) \
+                 AND NOT EXISTS (SELECT 1 FROM reflexr_action_keys k \
+                   WHERE k.action = reflexr_starts.action AND k.rate_count IS NOT NULL \
+                     AND reflexr_starts.at > ?1 - k.rate_period_ms)",
             )?
             .execute([now])?;
         Ok(periods + starts)

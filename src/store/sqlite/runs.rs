@@ -42,11 +42,15 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
         "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
            on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
            backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
-           created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent) \
+           created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
+           flow_key) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
            ?17, ?18, ?19, ?20, ?21, ?21, CASE WHEN ?13 = 'dead' THEN ?21 END, \
            coalesce(?22, (SELECT priority FROM reflexr_actions WHERE action = ?3), 0), \
-           ?23, ?24, ?25)",
+           ?23, ?24, ?25, \
+           coalesce(?26, (SELECT CASE WHEN fair = 1 OR key_path IS NOT NULL \
+                                 THEN coalesce(CAST(json_extract(?9, key_path) AS TEXT), '') END \
+                          FROM reflexr_actions WHERE action = ?3)))",
     )?
     .execute(params![
         r.id,
@@ -74,6 +78,7 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
         unique_key,
         unique_mode,
         r.parent,
+        r.key,
     ])?;
     if let Some(u) = r.unique.filter(|u| u.mode == "period") {
         conn.prepare_cached(
@@ -166,6 +171,7 @@ pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
         output: r.get(35)?,
         parent: r.get(36)?,
         began_seq: r.get(37)?,
+        flow_key: r.get(38)?,
     })
 }
 
@@ -222,44 +228,33 @@ pub(super) const READY_PRIORITIES: &str = "WITH RECURSIVE p(v) AS ( \
        FROM p WHERE p.v IS NOT NULL) \
      SELECT v FROM p WHERE v IS NOT NULL";
 
-/// One page of ready, due runs of `action` at `priority`, by due time, after
-/// the run `after` (`(due_at, ord)`): `(ord, due_at, partition)` — see
-/// [`partition`], with the JSON path `path` — leaving out the partitions in
-/// `full` (a JSON array), for a claim that must respect a partitioned
-/// action's limits.
-#[allow(clippy::too_many_arguments)]
+/// One page of ready, due runs of a keyed `action` at `priority`, by due
+/// time, after the run `after` (`(due_at, ord)`): `(ord, due_at, key)`,
+/// leaving out the keys in `full` (a JSON array), for a claim that must
+/// respect a keyed action's limits.
 pub(crate) fn candidates(
     conn: &Connection,
     action: &str,
     now: i64,
     priority: i64,
-    path: &str,
     full: &str,
     after: (i64, i64),
     limit: usize,
 ) -> Result<Vec<(i64, i64, String)>> {
-    let key = partition("?6");
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT ord, due_at, {key} FROM reflexr_runs INDEXED BY reflexr_runs_due \
+        "SELECT ord, due_at, coalesce(flow_key, '') FROM reflexr_runs INDEXED BY reflexr_runs_due \
          WHERE state = 'ready' AND priority = ?3 AND due_at <= ?2 AND action = ?1 \
            AND (due_at, ord) > (?4, ?5) \
-           AND {key} NOT IN (SELECT value FROM json_each(?7)) \
+           AND coalesce(flow_key, '') NOT IN (SELECT value FROM json_each(?6)) \
          ORDER BY due_at, ord LIMIT {limit}"
     ))?;
     let rows = stmt
         .query_map(
-            params![action, now, priority, after.0, after.1, path, full],
+            params![action, now, priority, after.0, after.1, full],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
-}
-
-/// A run's partition for its action's limits: the input's value at the JSON
-/// path bound to `param`, as text; a missing (or null) value is the
-/// partition `""`.
-pub(super) fn partition(param: &str) -> String {
-    format!("coalesce(CAST(json_extract(input, {param}) AS TEXT), '')")
 }
 
 /// Claims the runs at these positions (a JSON array), as [`claim_at`] does.
@@ -570,6 +565,24 @@ impl Runs for Connection {
     fn lock_runs(&self, _ids: &[String]) -> Result<()> {
         // One writer: the transaction has every row already.
         Ok(())
+    }
+
+    fn debounce(
+        &self,
+        id: &str,
+        input: &str,
+        due_at: i64,
+        max_wait_ms: Option<i64>,
+        now: i64,
+    ) -> Result<bool> {
+        Ok(self
+            .prepare_cached(
+                "UPDATE reflexr_runs SET input = ?2, updated_at = ?5, \
+                   due_at = min(?3, coalesce(created_at + ?4, ?3)) \
+                 WHERE id = ?1 AND state IN ('waiting', 'ready')",
+            )?
+            .execute(params![id, input, due_at, max_wait_ms, now])?
+            == 1)
     }
 
     fn insert(&self, run: &NewRun<'_>) -> Result<runs::Inserted> {

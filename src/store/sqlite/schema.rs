@@ -17,7 +17,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
@@ -32,7 +32,54 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, MIGRATE_TO_7),
     (8, MIGRATE_TO_8),
     (9, MIGRATE_TO_9),
+    (10, MIGRATE_TO_10),
 ];
+
+/// Version 10: flow control by key. Runs carry a key (`flow_key`, NULL for
+/// an action without keys); actions may be fair (claims serve their keys in
+/// turn) with a key path and a virtual clock; per-key overrides of the
+/// limits and weights; the passes of the keys a fair claim served. A file's
+/// partitioned actions get their key path, and their unfinished runs the
+/// key their input names, as configuring them would.
+const MIGRATE_TO_10: &str = "
+ALTER TABLE reflexr_runs ADD COLUMN flow_key TEXT;
+CREATE INDEX reflexr_runs_keyed ON reflexr_runs (action, priority, flow_key, due_at)
+    WHERE state = 'ready' AND flow_key IS NOT NULL;
+ALTER TABLE reflexr_actions ADD COLUMN fair INTEGER NOT NULL DEFAULT 0 CHECK (fair IN (0, 1));
+ALTER TABLE reflexr_actions ADD COLUMN key_path TEXT;
+ALTER TABLE reflexr_actions ADD COLUMN fair_clock REAL NOT NULL DEFAULT 0;
+UPDATE reflexr_actions SET key_path = CASE WHEN substr(partition_by, 1, 1) = '$'
+    THEN partition_by ELSE '$.\"' || partition_by || '\"' END
+  WHERE partition_by IS NOT NULL;
+UPDATE reflexr_runs SET flow_key = coalesce(CAST(json_extract(input,
+    (SELECT key_path FROM reflexr_actions a WHERE a.action = reflexr_runs.action)) AS TEXT), '')
+  WHERE state IN ('waiting', 'ready', 'running')
+    AND action IN (SELECT action FROM reflexr_actions WHERE key_path IS NOT NULL);
+CREATE TABLE reflexr_action_keys (
+    action         TEXT NOT NULL,
+    key            TEXT NOT NULL,
+    max_running    INTEGER CHECK (max_running IS NULL OR max_running >= 1),
+    rate_count     INTEGER CHECK (rate_count IS NULL OR rate_count >= 1),
+    rate_period_ms INTEGER CHECK (rate_period_ms IS NULL OR rate_period_ms >= 1),
+    weight         INTEGER CHECK (weight IS NULL OR weight >= 1),
+    updated_at     INTEGER NOT NULL,
+    CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL)),
+    PRIMARY KEY (action, key)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE reflexr_key_passes (
+    action TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    pass   REAL NOT NULL,
+    PRIMARY KEY (action, key)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX reflexr_key_passes_by_pass ON reflexr_key_passes (action, pass);
+CREATE VIEW reflexr_runs_by_key AS
+SELECT action, flow_key AS key, state, count(*) AS runs
+FROM reflexr_runs
+WHERE flow_key IS NOT NULL
+GROUP BY action, flow_key, state;
+PRAGMA user_version = 10;
+";
 
 /// Version 9: rule versions warmed up in shadow (a rule's row may be a
 /// shadow of another, with a handover position and what it would have

@@ -64,6 +64,52 @@ pub struct Enqueue {
     pub(crate) id: Option<String>,
     /// The workflow run that spawns it ([`crate::RunContext::spawn`]).
     pub(crate) parent: Option<String>,
+    pub(crate) key: Option<String>,
+    pub(crate) debounce: Option<Debounce>,
+}
+
+/// Many enqueues of one key within a window become one run
+/// ([`Enqueue::debounce`]): while the key's run has not started, the next
+/// enqueue with the key changes it instead of making another — its input
+/// becomes the new one (or what the action's merge makes of both:
+/// [`crate::Builder::merge_debounced`]), and it is due `window` after this
+/// enqueue, but never later than `max_wait` after the first. Once the run
+/// started, the next enqueue makes a new run: no enqueue is lost at the
+/// window's edge. The coalescing happens in the enqueue's transaction.
+///
+/// ```
+/// # use reflexr::{Debounce, Enqueue};
+/// # use std::time::Duration;
+/// // One reindex a user's edits settle into: 2 s after the last edit, and
+/// // at most 30 s after the first.
+/// let job = Enqueue::new("reindex", &serde_json::json!({ "user": 7 })).debounce(
+///     Debounce::new("user/7", Duration::from_secs(2)).max_wait(Duration::from_secs(30)),
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Debounce {
+    pub(crate) key: String,
+    pub(crate) window: Duration,
+    pub(crate) max_wait: Option<Duration>,
+}
+
+impl Debounce {
+    /// Enqueues of `key` within `window` of each other become one run, due
+    /// `window` after the last.
+    pub fn new(key: impl Into<String>, window: Duration) -> Debounce {
+        Debounce {
+            key: key.into(),
+            window,
+            max_wait: None,
+        }
+    }
+
+    /// The run is due at most this long after the first enqueue of the
+    /// window, however many follow.
+    pub fn max_wait(mut self, d: Duration) -> Debounce {
+        self.max_wait = Some(d);
+        self
+    }
 }
 
 impl Enqueue {
@@ -80,6 +126,8 @@ impl Enqueue {
             retry: RetryPolicy::default(),
             id: None,
             parent: None,
+            key: None,
+            debounce: None,
         }
     }
 
@@ -119,6 +167,24 @@ impl Enqueue {
     /// How failed attempts are retried (default [`RetryPolicy::default`]).
     pub fn retry(mut self, retry: RetryPolicy) -> Enqueue {
         self.retry = retry;
+        self
+    }
+
+    /// The run's key, for its action's per-key limits and fair claims
+    /// ([`crate::ActionConfig::fair`], [`crate::KeyLimits`]): default, its
+    /// input's `partition_by` field when the action has one, else `""`.
+    pub fn key(mut self, key: impl Into<String>) -> Enqueue {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Coalesces this enqueue with the others of the debounce's key into
+    /// one run ([`Debounce`]); the run's due time is the debounce's (so
+    /// neither [`Enqueue::at`] nor [`Enqueue::after`] may be given), and it
+    /// holds the key as a [`Unique::WhilePending`] key (so
+    /// [`Enqueue::unique`] may not be given either).
+    pub fn debounce(mut self, d: Debounce) -> Enqueue {
+        self.debounce = Some(d);
         self
     }
 
@@ -169,9 +235,28 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
     if let Some(s) = &e.scope {
         limits::check_text("scope", s, limits::MAX_SUBJECT_BYTES)?;
     }
-    let unique = match &e.unique {
-        Some((key, u)) => Some(uniq(key, *u)?),
-        None => None,
+    if let Some(k) = &e.key {
+        limits::check_text("key", k, limits::MAX_SUBJECT_BYTES)?;
+    }
+    if let Some(d) = &e.debounce {
+        if e.unique.is_some() || e.at.is_some() || e.after.is_some() {
+            return Err(Error::invalid(
+                "debounce",
+                "a debounced run's due time and key are the debounce's: \
+                 no unique, at or after with it",
+            ));
+        }
+        if d.window.is_zero() || d.max_wait.is_some_and(|m| m.is_zero()) {
+            return Err(Error::invalid(
+                "debounce",
+                "the window and the maximum wait must be more than zero",
+            ));
+        }
+    }
+    let unique = match (&e.unique, &e.debounce) {
+        (Some((key, u)), _) => Some(uniq(key, *u)?),
+        (None, Some(d)) => Some(uniq(&d.key, Unique::WhilePending)?),
+        (None, None) => None,
     };
     let id = match &e.id {
         Some(id) => {
@@ -181,39 +266,51 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
         None => crate::core::changelog::new_id(),
     };
     let now = tx.now_ms();
-    let due_at = match (e.at, e.after) {
-        (Some(at), _) => at,
-        (None, Some(d)) => now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-        (None, None) => now,
+    let after = |d: Duration| now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let due_at = match (e.at, e.after, &e.debounce) {
+        (_, _, Some(d)) => after(d.window).min(d.max_wait.map_or(i64::MAX, after)),
+        (Some(at), _, _) => at,
+        (None, Some(d), _) => after(d),
+        (None, None, None) => now,
     };
     let lane = e
         .scope
         .as_ref()
         .map(|s| format!("{}{} {s}", limits::TASK_LANE_PREFIX, e.action));
-    let inserted = Runs::insert(
-        tx.core(),
-        &NewRun {
-            id: &id,
-            kind: "task",
-            action: &e.action,
-            workspace: None,
-            rule: None,
-            scope: e.scope.as_deref(),
-            lane: lane.as_deref(),
-            on_dead_letter: "continue",
-            input,
-            event_seq: None,
-            event_id: None,
-            depth: 0,
-            retry: &e.retry,
-            due_at,
-            now,
-            dead: None,
-            priority: e.priority,
-            unique,
-            parent: e.parent.as_deref(),
-        },
-    )?;
+    let new_run = || NewRun {
+        id: &id,
+        kind: "task",
+        action: &e.action,
+        workspace: None,
+        rule: None,
+        scope: e.scope.as_deref(),
+        lane: lane.as_deref(),
+        on_dead_letter: "continue",
+        input,
+        event_seq: None,
+        event_id: None,
+        depth: 0,
+        retry: &e.retry,
+        due_at,
+        now,
+        dead: None,
+        priority: e.priority,
+        unique,
+        parent: e.parent.as_deref(),
+        key: e.key.as_deref(),
+    };
+    let mut inserted = Runs::insert(tx.core(), &new_run())?;
+    if let (Some(d), Inserted::Duplicate(other)) = (&e.debounce, &inserted) {
+        if coalesce(tx, &e.action, other, input, d, now)? {
+            return Ok(Enqueued {
+                id: other.clone(),
+                deduplicated: true,
+            });
+        }
+        // It started between the two statements (another process's claim,
+        // on a backend where that can happen): the key is free now.
+        inserted = Runs::insert(tx.core(), &new_run())?;
+    }
     Ok(match inserted {
         Inserted::New => Enqueued {
             id,
@@ -228,6 +325,47 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
             deduplicated: true,
         },
     })
+}
+
+/// Folds an enqueue into the debounce key's pending run `id`: its input
+/// becomes the new one, or the action's merge of both, and it is due a
+/// window from now, at most `max_wait` after it was first enqueued. False
+/// when the run started meanwhile.
+fn coalesce<B: Backend>(
+    tx: &Tx<'_, B>,
+    action: &str,
+    id: &str,
+    input: &str,
+    d: &Debounce,
+    now: i64,
+) -> Result<bool> {
+    let conn = tx.core();
+    Runs::lock_runs(conn, &[id.to_string()])?;
+    let merged = match tx.settings().mergers.0.get(action) {
+        Some(merge) => {
+            let Some(run) = Runs::get(conn, id)? else {
+                return Ok(false);
+            };
+            let decode = |e: serde_json::Error| Error::Encode {
+                message: e.to_string(),
+            };
+            let old: serde_json::Value = serde_json::from_str(&run.input).map_err(decode)?;
+            let new: serde_json::Value = serde_json::from_str(input).map_err(decode)?;
+            let merged = serde_json::to_string(&merge(old, new)).map_err(decode)?;
+            crate::core::changelog::check_json("input", &merged, tx.limits().max_payload_bytes)?;
+            Some(merged)
+        }
+        None => None,
+    };
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    Runs::debounce(
+        conn,
+        id,
+        merged.as_deref().unwrap_or(input),
+        now.saturating_add(ms(d.window)),
+        d.max_wait.map(ms),
+        now,
+    )
 }
 
 impl<B: Backend> Tx<'_, B> {

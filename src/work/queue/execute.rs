@@ -105,7 +105,7 @@ pub(crate) fn execute<B: Backend>(
     stop: &AtomicBool,
     limit: usize,
 ) -> Result<Executed> {
-    if actions.handlers.is_empty() {
+    if actions.is_empty() {
         return Ok(Executed::default());
     }
     let names = &actions.names;
@@ -115,6 +115,7 @@ pub(crate) fn execute<B: Backend>(
         return Ok(Executed::default());
     }
     let handlers = &actions.handlers;
+    let batches = &actions.batches;
     let stopping = || stop.load(Ordering::SeqCst);
     let holder = db.settings().holder_id.clone();
     let ttl = db.settings().lease_ttl_ms();
@@ -232,6 +233,10 @@ pub(crate) fn execute<B: Backend>(
         // The handlers' durations, for the pace of the claims to come.
         let mut took: Vec<(&str, std::time::Duration)> = Vec::with_capacity(batch.len());
         for (i, (row, run)) in batch.iter().enumerate() {
+            if outcomes[i].is_some() {
+                // Ran already, in a batch action's call.
+                continue;
+            }
             let any_started = outcomes.iter().any(Option::is_some);
             if stopping() || (any_started && started.elapsed() > BATCH_BUDGET) {
                 break;
@@ -248,6 +253,45 @@ pub(crate) fn execute<B: Backend>(
                     log::warn!("looking for pauses and cancels: {e}");
                     rest.iter().map(|r| r.id.clone()).collect()
                 });
+            }
+            if let Some((max, h)) = batches.get(&run.action) {
+                // This run and the next of the action in the batch that may
+                // start, up to `max`, in one call.
+                let mut together: Vec<usize> = Vec::new();
+                for (j, (row, other)) in batch.iter().enumerate().skip(i) {
+                    if together.len() >= *max {
+                        break;
+                    }
+                    if other.action != run.action
+                        || outcomes[j].is_some()
+                        || held.contains(&other.id)
+                        || !claims.start(&other.id)
+                    {
+                        continue;
+                    }
+                    if other.attempt > other.max_attempts {
+                        outcomes[j] = Some(Outcome::Failed(
+                            row.last_error
+                                .clone()
+                                .unwrap_or_else(|| "no attempts left".into()),
+                            Vec::new(),
+                        ));
+                        continue;
+                    }
+                    together.push(j);
+                }
+                if together.is_empty() {
+                    continue;
+                }
+                let runs: Vec<&Run> = together.iter().map(|j| &batch[*j].1).collect();
+                let t = Instant::now();
+                let results = call_batch::<B>(db, stop, claims, h, &runs);
+                let each = t.elapsed() / u32::try_from(runs.len()).unwrap_or(u32::MAX);
+                for (j, outcome) in together.into_iter().zip(results) {
+                    took.push((batch[j].1.action.as_str(), each));
+                    outcomes[j] = Some(outcome);
+                }
+                continue;
             }
             if held.contains(&run.id) || !claims.start(&run.id) {
                 continue;
@@ -482,6 +526,59 @@ fn call<B: Backend>(
 ) -> Outcome {
     let mut ctx = RunContext::<B>::new(db, stop, claims.cancel_flag(&run.id), run);
     let result = catch_unwind(AssertUnwindSafe(|| handler(run, &mut ctx)));
+    outcome_of(run, &mut ctx, result)
+}
+
+/// One call of a batch action's handler for `runs`: their outcomes, in
+/// order. A panic, or a count of outcomes that is not the count of runs,
+/// fails every run's attempt (what a run recorded stays its own: a step, a
+/// completion).
+fn call_batch<B: Backend>(
+    db: &B::Db,
+    stop: &AtomicBool,
+    claims: &Claims,
+    handler: &Arc<run::BatchFn<B>>,
+    runs: &[&Run],
+) -> Vec<Outcome> {
+    let mut ctxs: Vec<RunContext<'_, B>> = runs
+        .iter()
+        .map(|run| RunContext::<B>::new(db, stop, claims.cancel_flag(&run.id), run))
+        .collect();
+    let results = catch_unwind(AssertUnwindSafe(|| handler(&mut ctxs)));
+    let results: Vec<
+        std::thread::Result<std::result::Result<(), crate::base::error::HandlerError>>,
+    > = match results {
+        Ok(r) if r.len() == runs.len() => r.into_iter().map(Ok).collect(),
+        Ok(r) => {
+            let why = format!(
+                "the batch handler returned {} outcomes for {} runs",
+                r.len(),
+                runs.len()
+            );
+            runs.iter().map(|_| Ok(Err(why.clone().into()))).collect()
+        }
+        Err(panic) => {
+            // Each run's outcome says the call panicked, and why.
+            let why = panic_text(&*panic).to_string();
+            runs.iter()
+                .map(|_| Err(Box::new(why.clone()) as Box<dyn std::any::Any + Send>))
+                .collect()
+        }
+    };
+    runs.iter()
+        .zip(ctxs.iter_mut())
+        .zip(results)
+        .map(|((run, ctx), result)| outcome_of(run, ctx, result))
+        .collect()
+}
+
+/// What an attempt's handler left: its result (or panic) and what it did
+/// with its context.
+fn outcome_of<B: Backend>(
+    run: &Run,
+    ctx: &mut RunContext<'_, B>,
+    result: std::thread::Result<std::result::Result<(), crate::base::error::HandlerError>>,
+) -> Outcome {
     if ctx.suspended {
         // Recorded with the step that waits, whatever the handler returned.
         return Outcome::Suspended;

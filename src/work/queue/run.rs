@@ -47,6 +47,9 @@ pub struct Run {
     pub event_id: Option<String>,
     /// The chain depth of the event that fired it.
     pub depth: i64,
+    /// Its key, for its action's per-key limits and fair claims (see
+    /// [`crate::Enqueue::key`]); `None` for an action without keys.
+    pub key: Option<String>,
     pub(crate) input: String,
     pub(crate) checkpoint: Option<String>,
     pub(crate) holder: String,
@@ -76,6 +79,7 @@ impl Run {
             event_seq: r.event_seq,
             event_id: r.event_id.clone(),
             depth: r.depth,
+            key: r.flow_key.clone(),
             input: r.input.clone(),
             checkpoint: r.checkpoint.clone(),
             holder: r.claimed_by.clone().unwrap_or_default(),
@@ -221,6 +225,9 @@ pub struct RunInfo {
     pub output: Option<String>,
     /// The workflow run that spawned it ([`RunContext::spawn`]).
     pub parent: Option<String>,
+    /// Its key, for its action's per-key limits and fair claims
+    /// ([`crate::Enqueue::key`]); `None` for an action without keys.
+    pub key: Option<String>,
 }
 
 impl RunInfo {
@@ -255,6 +262,7 @@ impl RunInfo {
             finished_at: r.finished_at,
             output: r.output,
             parent: r.parent,
+            key: r.flow_key,
         })
     }
 }
@@ -265,12 +273,24 @@ impl RunInfo {
 pub type ActionFn<B = Sqlite> =
     dyn Fn(&Run, &mut RunContext<'_, B>) -> std::result::Result<(), HandlerError> + Send + Sync;
 
+/// A batch action's handler ([`crate::Engine::register_batch_action`]):
+/// runs one attempt of each of up to its `max` runs at once, each with its
+/// own context ([`RunContext::run`] is the run), and says how each went —
+/// one outcome per run, in their order. A run whose outcome is an error
+/// fails alone (retried or dead-lettered by its policy); the others settle
+/// as their outcomes say. A panic, or a number of outcomes other than the
+/// number of runs, fails the attempt of every run of the call.
+pub type BatchFn<B = Sqlite> =
+    dyn Fn(&mut [RunContext<'_, B>]) -> Vec<std::result::Result<(), HandlerError>> + Send + Sync;
+
 /// The handlers this process runs, by action name — rules' actions,
-/// `delivery/<channel>` senders, `job/<name>` jobs — and their names as the
-/// claim takes them (a JSON array). Rebuilt whenever one is registered, so
-/// an executor takes the whole set with one `Arc` clone.
+/// `delivery/<channel>` senders, `job/<name>` jobs, batch actions — and
+/// their names as the claim takes them (a JSON array). Rebuilt whenever one
+/// is registered, so an executor takes the whole set with one `Arc` clone.
 pub(crate) struct Actions<B: Backend = Sqlite> {
     pub handlers: BTreeMap<String, Arc<ActionFn<B>>>,
+    /// Batch actions: the most runs a call takes, and the handler.
+    pub batches: BTreeMap<String, (usize, Arc<BatchFn<B>>)>,
     /// The names, for the claim.
     pub names: Vec<String>,
 }
@@ -279,18 +299,54 @@ impl<B: Backend> Default for Actions<B> {
     fn default() -> Self {
         Actions {
             handlers: BTreeMap::new(),
+            batches: BTreeMap::new(),
             names: Vec::new(),
         }
     }
 }
 
 impl<B: Backend> Actions<B> {
-    /// These actions and `name`'s handler.
+    /// These actions and `name`'s handler (replacing a batch handler of
+    /// the name).
     pub(crate) fn with(&self, name: &str, handler: Arc<ActionFn<B>>) -> Actions<B> {
         let mut handlers = self.handlers.clone();
+        let mut batches = self.batches.clone();
         handlers.insert(name.to_string(), handler);
-        let names = handlers.keys().cloned().collect();
-        Actions { handlers, names }
+        batches.remove(name);
+        Self::of(handlers, batches)
+    }
+
+    /// These actions and `name`'s batch handler (replacing a one-run
+    /// handler of the name).
+    pub(crate) fn with_batch(
+        &self,
+        name: &str,
+        max: usize,
+        handler: Arc<BatchFn<B>>,
+    ) -> Actions<B> {
+        let mut handlers = self.handlers.clone();
+        let mut batches = self.batches.clone();
+        handlers.remove(name);
+        batches.insert(name.to_string(), (max, handler));
+        Self::of(handlers, batches)
+    }
+
+    fn of(
+        handlers: BTreeMap<String, Arc<ActionFn<B>>>,
+        batches: BTreeMap<String, (usize, Arc<BatchFn<B>>)>,
+    ) -> Actions<B> {
+        let mut names: Vec<String> = handlers.keys().chain(batches.keys()).cloned().collect();
+        names.sort();
+        Actions {
+            handlers,
+            batches,
+            names,
+        }
+    }
+
+    /// Whether no handler is registered.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.handlers.is_empty() && self.batches.is_empty()
     }
 }
 
@@ -358,6 +414,11 @@ impl<'a, B: Backend> RunContext<'a, B> {
             flow: None,
             pending: Vec::new(),
         }
+    }
+
+    /// The run this context is for.
+    pub fn run(&self) -> &Run {
+        self.run
     }
 
     /// The engine clock's time, in ms since the epoch.
