@@ -14,6 +14,7 @@ mod faults;
 mod follow;
 mod inspect;
 mod jobs;
+mod keys;
 mod layers;
 mod leases;
 mod log;

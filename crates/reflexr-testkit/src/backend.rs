@@ -36,10 +36,15 @@ pub struct Opts {
     /// Upcasters: (a type's base name, the version each reads, what it
     /// does), registered in order.
     pub upcasters: Vec<(String, u32, Upcast)>,
+    pub mergers: Vec<(String, Merge)>,
 }
 
 /// An upcaster of a test's.
 pub type Upcast = Arc<dyn Fn(serde_json::Value) -> serde_json::Value + Send + Sync>;
+
+/// A debounced action's merge of a test's.
+pub type Merge =
+    Arc<dyn Fn(serde_json::Value, serde_json::Value) -> serde_json::Value + Send + Sync>;
 
 /// Any clock, shared: a test's [`ManualClock`] or the system's.
 #[derive(Clone)]
@@ -64,6 +69,7 @@ impl Opts {
             max_payload_bytes: None,
             max_chain_depth: None,
             upcasters: Vec::new(),
+            mergers: Vec::new(),
         }
     }
 
@@ -76,6 +82,17 @@ impl Opts {
         f: impl Fn(serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
     ) -> Opts {
         self.upcasters.push((base.to_string(), from, Arc::new(f)));
+        self
+    }
+
+    /// Registers how debounced runs of `action` merge inputs
+    /// (`Builder::merge_debounced`).
+    pub fn merge(
+        mut self,
+        action: &str,
+        f: impl Fn(serde_json::Value, serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
+    ) -> Opts {
+        self.mergers.push((action.to_string(), Arc::new(f)));
         self
     }
 
@@ -152,6 +169,10 @@ macro_rules! apply_opts {
         for (base, from, f) in &o.upcasters {
             let f = Arc::clone(f);
             b = b.upcast(base, *from, move |v| f(v));
+        }
+        for (action, f) in &o.mergers {
+            let f = Arc::clone(f);
+            b = b.merge_debounced(action, move |old, new| f(old, new));
         }
         b
     }};
