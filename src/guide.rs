@@ -10,6 +10,7 @@
 //! | [`event_store`] | the log as an event store: expected versions, conditional appends, a subject's stream, upcasters, rule versions in shadow |
 //! | [`jobs`] | the jobs loop: reactions, deliveries on channels, scheduled jobs, pruning |
 //! | [`control`] | control of the work: enqueue, pause, cancel, unique runs, priorities, limits, operators' interventions |
+//! | [`flow_control`] | flow control by key: fair shares across keys, per-key limits and weights, debounce, batch actions |
 //! | [`workflows`] | durable workflows: steps recorded once, durable sleeps, waits on the log, child runs, changing code while runs sleep |
 //! | [`followers`] | followers: one workspace into another, of this file or another, with the same ids |
 //! | [`operating`] | operating: the `reflexr` CLI, the administration server over HTTP, the web console, MCP |
@@ -27,7 +28,7 @@ macro_rules! guide {
                  [jobs]: crate::guide::jobs\n[control]: crate::guide::control\n\
                  [followers]: crate::guide::followers\n[workflows]: crate::guide::workflows\n[operating]: crate::guide::operating\n\
                  [postgres]: crate::guide::postgres\n[file]: mod@crate::guide::file\n\
-                 [event-store]: crate::guide::event_store\n\
+                 [event-store]: crate::guide::event_store\n[flow-control]: crate::guide::flow_control\n\
                  [performance]: crate::guide::performance\n[guarantees]: crate::guide::guarantees\n"]
         #[doc = include_str!(concat!("../docs/guide/", $file))]
         $(#[$meta])*
@@ -40,6 +41,7 @@ guide!(rules, "rules.md");
 guide!(event_store, "event-store.md");
 guide!(jobs, "jobs.md");
 guide!(control, "control.md");
+guide!(flow_control, "flow-control.md");
 guide!(workflows, "workflows.md");
 guide!(followers, "followers.md");
 guide!(operating, "operating.md");

@@ -11,6 +11,7 @@
 
 mod admin;
 mod growth;
+mod keys;
 mod latency;
 #[cfg(feature = "postgres")]
 mod pg;

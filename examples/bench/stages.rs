@@ -27,6 +27,11 @@ pub const ALL: &[(&str, Stage)] = &[
     ("runs_4executors_blocked10k", runs_4executors_blocked10k),
     ("runs_4executors_limited", runs_4executors_limited),
     (
+        "runs_4executors_fair_1000keys",
+        super::keys::runs_4executors_fair_1000keys,
+    ),
+    ("batch_action_100", super::keys::batch_action_100),
+    (
         "runs_slow_handlers_8executors",
         super::slow::runs_slow_handlers_8executors,
     ),

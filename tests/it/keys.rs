@@ -429,7 +429,7 @@ fn key_limits_of_bad_input_are_typed_errors_that_change_nothing_and_changes_are_
         .rate(5, Duration::from_secs(1))
         .weight(4);
     ops.set_key_limits("report", &acme).unwrap();
-    assert_eq!(e.key_limits("report").unwrap(), [acme.clone()]);
+    assert_eq!(e.key_limits("report").unwrap(), std::slice::from_ref(&acme));
     backlog(&e, "report", "acme", 3);
     backlog(&e, "report", "other", 1);
     let keys = e.action_keys("report").unwrap();
@@ -612,7 +612,7 @@ fn a_batch_whose_third_run_fails_settles_the_others_once_and_retries_the_third<B
     let retry = RetryPolicy::attempts(3).fixed(Duration::ZERO);
     e.write(|tx| {
         for n in 0..6 {
-            tx.enqueue(&Enqueue::new("send", &json!({ "n": n })).retry(retry.clone()))?;
+            tx.enqueue(&Enqueue::new("send", &json!({ "n": n })).retry(retry))?;
         }
         Ok(())
     })
@@ -654,8 +654,8 @@ fn a_batch_handler_that_panics_or_miscounts_fails_every_run_of_its_call<B: TestB
     let once = RetryPolicy::attempts(1);
     e.write(|tx| {
         for n in 0..3 {
-            tx.enqueue(&Enqueue::new("panics", &n).retry(once.clone()))?;
-            tx.enqueue(&Enqueue::new("miscounts", &n).retry(once.clone()))?;
+            tx.enqueue(&Enqueue::new("panics", &n).retry(once))?;
+            tx.enqueue(&Enqueue::new("miscounts", &n).retry(once))?;
         }
         Ok(())
     })

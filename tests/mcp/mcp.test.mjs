@@ -26,9 +26,10 @@ const reflexr = process.env.REFLEXR_BIN || join(target, 'debug', 'reflexr');
 const eventsApp = process.env.EVENTS_APP_BIN || join(target, 'debug', 'examples', 'events_app');
 
 const MUTATING = ['retry', 'discard', 'unblock', 'reset_cursor', 'restart_follower', 'cancel_run',
-  'reset_run_to_step', 'pause', 'resume', 'promote_rule'];
+  'reset_run_to_step', 'pause', 'resume', 'promote_rule', 'set_key_limits'];
 const READS = ['status', 'stats', 'list_events', 'get_event', 'list_runs', 'get_run',
-  'list_dead_letters', 'list_consumers', 'list_rules', 'list_followers', 'list_schedules', 'list_actions', 'audit_log'];
+  'list_dead_letters', 'list_consumers', 'list_rules', 'list_followers', 'list_schedules', 'list_actions',
+  'list_action_keys', 'audit_log'];
 
 function run(bin, args) {
   return new Promise((resolvePromise, reject) => {

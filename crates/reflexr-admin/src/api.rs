@@ -172,6 +172,9 @@ pub(crate) fn routes<B: Backend>() -> Vec<Route<B>> {
         get("/api/v1/lanes", lanes),
         get("/api/v1/actions", actions),
         post("/api/v1/actions/configure", configure_action),
+        get("/api/v1/actions/{action}/keys", action_keys),
+        post("/api/v1/actions/{action}/keys", set_key_limits),
+        post("/api/v1/actions/{action}/keys/clear", clear_key_limits),
         post("/api/v1/pause", pause),
         post("/api/v1/resume", resume),
         post("/api/v1/lanes/unblock", unblock),
@@ -196,20 +199,20 @@ pub(crate) fn routes<B: Backend>() -> Vec<Route<B>> {
     ]
 }
 
-/// The parameters of `path` if it matches `pattern`.
-fn matches(pattern: &'static str, path: &str) -> Option<Vec<(&'static str, String)>> {
+/// The parameters of a path, given as its decoded segments
+/// ([`Request::segments`]), if it matches `pattern`.
+fn matches(pattern: &'static str, path: &[String]) -> Option<Vec<(&'static str, String)>> {
     let p: Vec<&'static str> = pattern.trim_end_matches('/').split('/').collect();
-    let q: Vec<&str> = path.trim_end_matches('/').split('/').collect();
-    if p.len() != q.len() {
+    if p.len() != path.len() {
         return None;
     }
     let mut params = Vec::new();
-    for (a, b) in p.into_iter().zip(q) {
+    for (a, b) in p.into_iter().zip(path) {
         if let Some(name) = a.strip_prefix('{').and_then(|n| n.strip_suffix('}')) {
             if b.is_empty() {
                 return None;
             }
-            params.push((name, b.to_string()));
+            params.push((name, b.clone()));
         } else if a != b {
             return None;
         }
@@ -234,7 +237,7 @@ fn route<B: Backend>(server: &Server<B>, req: &Request) -> Outcome {
     let matched: Vec<_> = server
         .routes
         .iter()
-        .filter_map(|r| matches(r.path, &req.path).map(|params| (r, params)))
+        .filter_map(|r| matches(r.path, &req.segments).map(|params| (r, params)))
         .collect();
     let most = matched.iter().map(|(r, _)| literal(r.path)).max();
     let mut allowed = Vec::new();
@@ -1016,8 +1019,22 @@ struct Configure {
     rate_count: Option<u32>,
     rate_period_ms: Option<u64>,
     partition_by: Option<String>,
+    #[serde(default)]
+    fair: bool,
     operator: String,
     reason: String,
+}
+
+/// `rate_count` and `rate_period_ms`, which go together: a rate, or none.
+fn rate_of(
+    count: Option<u32>,
+    period_ms: Option<u64>,
+) -> Result<Option<(u32, std::time::Duration)>, ApiError> {
+    match (count, period_ms) {
+        (Some(n), Some(ms)) => Ok(Some((n, std::time::Duration::from_millis(ms)))),
+        (None, None) => Ok(None),
+        _ => Err(ApiError::bad("rate_count and rate_period_ms go together")),
+    }
 }
 
 fn configure_action<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
@@ -1026,18 +1043,76 @@ fn configure_action<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     if let Some(n) = b.max_running {
         c = c.max_running(n);
     }
-    match (b.rate_count, b.rate_period_ms) {
-        (Some(n), Some(ms)) => c = c.rate(n, std::time::Duration::from_millis(ms)),
-        (None, None) => {}
-        _ => return Err(ApiError::bad("rate_count and rate_period_ms go together")),
+    if let Some((n, period)) = rate_of(b.rate_count, b.rate_period_ms)? {
+        c = c.rate(n, period);
     }
     if let Some(f) = b.partition_by {
         c = c.partition_by(f);
+    }
+    if b.fair {
+        c = c.fair();
     }
     ctx.engine()
         .operator(b.operator, b.reason)?
         .configure_action(&c)?;
     done("configure_action")
+}
+
+/// A keyed action's keys (each one's runs and the limits that hold for
+/// it) and the keys' own overrides; both empty for an action without keys.
+fn action_keys<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
+    only_params(ctx, &[], None)?;
+    let (e, action) = (ctx.engine(), ctx.path("action"));
+    ok(&json!({ "keys": e.action_keys(action)?, "limits": e.key_limits(action)? }))
+}
+
+/// One key's limits and weight, replacing what the key had (a field left
+/// out is the action's).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetKeyLimits {
+    key: String,
+    max_running: Option<u32>,
+    rate_count: Option<u32>,
+    rate_period_ms: Option<u64>,
+    weight: Option<u32>,
+    operator: String,
+    reason: String,
+}
+
+fn set_key_limits<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
+    let b: SetKeyLimits = body(ctx)?;
+    let mut k = reflexr::KeyLimits::new(b.key);
+    if let Some(n) = b.max_running {
+        k = k.max_running(n);
+    }
+    if let Some((n, period)) = rate_of(b.rate_count, b.rate_period_ms)? {
+        k = k.rate(n, period);
+    }
+    if let Some(w) = b.weight {
+        k = k.weight(w);
+    }
+    ctx.engine()
+        .operator(b.operator, b.reason)?
+        .set_key_limits(ctx.path("action"), &k)?;
+    done("set_key_limits")
+}
+
+/// Which key's overrides to clear, who and why.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClearKeyLimits {
+    key: String,
+    operator: String,
+    reason: String,
+}
+
+fn clear_key_limits<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
+    let b: ClearKeyLimits = body(ctx)?;
+    ctx.engine()
+        .operator(b.operator, b.reason)?
+        .clear_key_limits(ctx.path("action"), &b.key)?;
+    done("clear_key_limits")
 }
 
 #[derive(Deserialize)]
@@ -1178,11 +1253,33 @@ mod tests {
         assert_eq!(doc["openapi"], "3.1.0");
     }
 
+    /// A path's decoded segments, as [`Request::segments`] has them: split
+    /// on `/`, each `%2F` kept inside its segment.
+    fn segments(path: &str) -> Vec<String> {
+        path.trim_end_matches('/')
+            .split('/')
+            .map(|s| s.replace("%2F", "/"))
+            .collect()
+    }
+
     #[test]
     fn a_path_matches_its_pattern_and_names_its_parameters() {
-        let p = matches("/api/v1/runs/{id}/retry", "/api/v1/runs/abc/retry").unwrap();
+        let p = matches(
+            "/api/v1/runs/{id}/retry",
+            &segments("/api/v1/runs/abc/retry"),
+        )
+        .unwrap();
         assert_eq!(p, [("id", "abc".to_string())]);
-        assert!(matches("/api/v1/runs/{id}", "/api/v1/runs/").is_none());
-        assert!(matches("/api/v1/runs", "/api/v1/runs/x").is_none());
+        assert!(matches("/api/v1/runs/{id}", &segments("/api/v1/runs/")).is_none());
+        assert!(matches("/api/v1/runs", &segments("/api/v1/runs/x")).is_none());
+        assert!(matches("/", &segments("/")).is_some());
+        // An encoded slash is part of its segment: a parameter may hold it.
+        let p = matches(
+            "/api/v1/actions/{action}/keys",
+            &segments("/api/v1/actions/delivery%2Fpush/keys"),
+        )
+        .unwrap();
+        assert_eq!(p, [("action", "delivery/push".to_string())]);
+        assert!(matches("/api/v1/runs/{id}", &segments("/api/v1/runs%2Fabc")).is_none());
     }
 }

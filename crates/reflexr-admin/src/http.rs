@@ -21,6 +21,10 @@ pub(crate) struct Request {
     pub method: String,
     /// The path, percent-decoded, without the query.
     pub path: String,
+    /// The path's segments (without a trailing `/`), each percent-decoded
+    /// on its own: an encoded `/` (`%2F`) stays inside its segment, so a
+    /// route's parameter can hold a name like `delivery/push`.
+    pub segments: Vec<String>,
     /// The query's pairs, decoded, in order.
     pub query: Vec<(String, String)>,
     /// Header names lower-cased.
@@ -169,7 +173,7 @@ pub(crate) fn read_request(
     if length > MAX_BODY_BYTES {
         return Err(ReadError::BodyTooLarge);
     }
-    let (path, query) = split_target(&target)?;
+    let (path, segments, query) = split_target(&target)?;
     buf.drain(..head_len);
     let body_deadline = Instant::now() + body_timeout;
     while buf.len() < length {
@@ -184,6 +188,7 @@ pub(crate) fn read_request(
     Ok(Request {
         method,
         path,
+        segments,
         query,
         headers: header_list,
         body,
@@ -234,16 +239,28 @@ fn read_some(stream: &mut TcpStream, buf: &mut Vec<u8>, deadline: Instant) -> Re
     }
 }
 
-/// The percent-decoded path and the decoded query pairs of a request target.
-fn split_target(target: &str) -> Result<(String, Vec<(String, String)>), ReadError> {
+/// The pieces of a request target.
+type Target = (String, Vec<String>, Vec<(String, String)>);
+
+/// The percent-decoded path, its segments each decoded on its own, and the
+/// decoded query pairs of a request target.
+fn split_target(target: &str) -> Result<Target, ReadError> {
     let (raw_path, raw_query) = target.split_once('?').unwrap_or((target, ""));
     if !raw_path.starts_with('/') {
         return Err(ReadError::Malformed(format!("the target {target:?}")));
     }
-    let path = percent_encoding::percent_decode_str(raw_path)
-        .decode_utf8()
-        .map_err(|_| ReadError::Malformed("the path is not UTF-8".into()))?
-        .into_owned();
+    let decode = |raw: &str| {
+        percent_encoding::percent_decode_str(raw)
+            .decode_utf8()
+            .map(|d| d.into_owned())
+            .map_err(|_| ReadError::Malformed("the path is not UTF-8".into()))
+    };
+    let path = decode(raw_path)?;
+    let segments = raw_path
+        .trim_end_matches('/')
+        .split('/')
+        .map(decode)
+        .collect::<Result<Vec<_>, _>>()?;
     let mut query = Vec::new();
     for (k, v) in form_urlencoded::parse(raw_query.as_bytes()) {
         // form_urlencoded replaces invalid UTF-8; refuse instead.
@@ -252,7 +269,7 @@ fn split_target(target: &str) -> Result<(String, Vec<(String, String)>), ReadErr
         }
         query.push((k.into_owned(), v.into_owned()));
     }
-    Ok((path, query))
+    Ok((path, segments, query))
 }
 
 /// A response to write.

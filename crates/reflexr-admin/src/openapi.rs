@@ -236,6 +236,11 @@ fn dead_letter_id() -> Value {
 /// Every route's own part of the document.
 fn operations() -> Vec<Operation> {
     let workspace = path_param("workspace", "the workspace", name("a workspace"));
+    let action = path_param(
+        "action",
+        "the action (a / in its name written %2F)",
+        name("an action"),
+    );
     vec![
         op(
             "GET",
@@ -564,7 +569,7 @@ fn operations() -> Vec<Operation> {
             "/api/v1/actions",
             &[],
             json!({
-                "summary": "Every action's priority and limits, and what is paused.",
+                "summary": "Every action's priority, limits and fairness, and what is paused.",
                 "responses": json_ok(object(json!({
                     "actions": array_of("ActionConfig"),
                     "paused": array_of("Paused"),
@@ -576,7 +581,7 @@ fn operations() -> Vec<Operation> {
             "/api/v1/actions/configure",
             &[],
             json!({
-                "summary": "Sets an action's default priority and limits (replacing what was set).",
+                "summary": "Sets an action's default priority, limits and fairness (replacing what was set).",
                 "requestBody": rates_together(change_body("the action's settings", json!({
                     "action": name("the action"),
                     "priority": { "type": "integer", "minimum": i64::MIN, "maximum": i64::MAX, "description": "default 0" },
@@ -584,7 +589,51 @@ fn operations() -> Vec<Operation> {
                     "rate_count": or_null(json!({ "type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "with rate_period_ms" })),
                     "rate_period_ms": or_null(json!({ "type": "integer", "minimum": 1, "maximum": u64::MAX, "description": "with rate_count" })),
                     "partition_by": or_null(json!({ "type": "string", "description": "a key or a $ path of the input" })),
-                }), &["priority", "max_running", "rate_count", "rate_period_ms", "partition_by"])),
+                    "fair": { "type": "boolean", "description": "claims serve the action's keys in turn, by weight (default false)" },
+                }), &["priority", "max_running", "rate_count", "rate_period_ms", "partition_by", "fair"])),
+                "responses": done(),
+            }),
+        ),
+        op(
+            "GET",
+            "/api/v1/actions/{action}/keys",
+            &[],
+            json!({
+                "summary": "A keyed action's keys (fair, or partitioned): each key with unfinished runs or overrides, its runs waiting, ready and running, and the limits that hold for it (its overrides, else the action's); and the keys' own overrides. Both empty for an action without keys.",
+                "parameters": [action.clone()],
+                "responses": json_ok(object(json!({
+                    "keys": array_of("KeyInfo"),
+                    "limits": array_of("KeyLimits"),
+                }))),
+            }),
+        ),
+        op(
+            "POST",
+            "/api/v1/actions/{action}/keys",
+            &[],
+            json!({
+                "summary": "Sets one key's limits and weight, replacing what the key had (a limit left out is the action's; a weight left out is 1); every process obeys them from its next claim. 400 for an action without keys (configure it fair or with partition_by first). Audited as set_key_limits.",
+                "parameters": [action.clone()],
+                "requestBody": rates_together(change_body("the key's limits and weight", json!({
+                    "key": text(MAX_SUBJECT_BYTES, "the key"),
+                    "max_running": or_null(json!({ "type": "integer", "minimum": 1, "maximum": u32::MAX })),
+                    "rate_count": or_null(json!({ "type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "with rate_period_ms" })),
+                    "rate_period_ms": or_null(json!({ "type": "integer", "minimum": 1, "maximum": u64::MAX, "description": "with rate_count" })),
+                    "weight": or_null(json!({ "type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "its share in a fair claim against the other keys' (default 1)" })),
+                }), &["max_running", "rate_count", "rate_period_ms", "weight"])),
+                "responses": done(),
+            }),
+        ),
+        op(
+            "POST",
+            "/api/v1/actions/{action}/keys/clear",
+            &[404],
+            json!({
+                "summary": "Clears one key's limits and weight: it has the action's again (404 when the key has none). Audited as clear_key_limits.",
+                "parameters": [action],
+                "requestBody": change_body("the key", json!({
+                    "key": text(MAX_SUBJECT_BYTES, "the key"),
+                }), &[]),
                 "responses": done(),
             }),
         ),
@@ -833,6 +882,7 @@ fn schemas() -> Value {
             "finished_at": ts_or_null(),
             "output": {},
             "parent": nullable("string"),
+            "key": { "type": ["string", "null"], "description": "its key, for its action's per-key limits and fair claims; null for an action without keys" },
         })),
         "Step": object(json!({
             "run": { "type": "string" },
@@ -1023,6 +1073,23 @@ fn schemas() -> Value {
             "max_running": nullable("integer"),
             "rate": { "type": ["array", "null"], "items": { "type": "integer" }, "minItems": 2, "maxItems": 2, "description": "[count, period in ms]" },
             "partition_by": nullable("string"),
+            "fair": { "type": "boolean", "description": "claims serve its keys in turn, by weight" },
+        })),
+        "KeyInfo": object(json!({
+            "key": { "type": "string" },
+            "waiting": { "type": "integer", "description": "its runs waiting behind their scope or for a workflow's step" },
+            "ready": { "type": "integer", "description": "its runs ready (due now or later)" },
+            "running": { "type": "integer" },
+            "max_running": { "type": ["integer", "null"], "description": "its override, else the action's" },
+            "rate": { "type": ["array", "null"], "items": { "type": "integer" }, "minItems": 2, "maxItems": 2, "description": "[count, period in ms]: its override, else the action's" },
+            "weight": { "type": "integer", "minimum": 1, "description": "its share in a fair claim" },
+            "overridden": { "type": "boolean", "description": "whether it has overrides of its own" },
+        })),
+        "KeyLimits": object(json!({
+            "key": { "type": "string" },
+            "max_running": { "type": ["integer", "null"], "description": "null: the action's" },
+            "rate": { "type": ["array", "null"], "items": { "type": "integer" }, "minItems": 2, "maxItems": 2, "description": "[count, period in ms]; null: the action's" },
+            "weight": { "type": ["integer", "null"], "description": "null: 1" },
         })),
         "Status": object(json!({
             "now": ts(),

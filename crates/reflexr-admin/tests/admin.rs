@@ -399,6 +399,205 @@ fn each_mutation_changes_the_file_as_asked_and_is_audited_with_who_and_why() {
 }
 
 #[test]
+fn an_actions_keys_are_listed_and_a_keys_limits_set_and_cleared_each_audited() {
+    // Flow control by key over HTTP: an action configured fair and
+    // partitioned; its keys listed with their runs; one key's limits and
+    // weight set (replacing what it had) and cleared, audited with who and
+    // why; refusals (an action without keys, half a rate, a zero weight, a
+    // clear of a key without overrides) change nothing.
+    let s = Scene::new();
+    let e = shop(&s);
+    let (_server, api) = serve(&e, AdminConfig::new());
+    let with = |reason: &str, extra: Value| {
+        let mut b = who(reason);
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let (st, answer) = api.post(
+        "/api/v1/actions/configure",
+        with(
+            "one tenant floods the queue",
+            json!({ "action": "mail", "partition_by": "tenant", "fair": true }),
+        ),
+    );
+    assert_eq!(st, 200, "{answer}");
+    let (_, actions) = api.get("/api/v1/actions");
+    assert_eq!(actions["actions"][0]["fair"], true);
+    for tenant in ["acme", "acme", "globex"] {
+        e.enqueue(&reflexr::Enqueue::new("mail", &json!({ "tenant": tenant })))
+            .unwrap();
+    }
+    let (st, listed) = api.get("/api/v1/actions/mail/keys");
+    assert_eq!(st, 200);
+    assert_eq!(
+        listed,
+        json!({
+            "keys": [
+                { "key": "acme", "waiting": 0, "ready": 2, "running": 0, "max_running": null,
+                  "rate": null, "weight": 1, "overridden": false },
+                { "key": "globex", "waiting": 0, "ready": 1, "running": 0, "max_running": null,
+                  "rate": null, "weight": 1, "overridden": false },
+            ],
+            "limits": [],
+        })
+    );
+
+    let (st, answer) = api.post(
+        "/api/v1/actions/mail/keys",
+        with(
+            "acme pays for more",
+            json!({ "key": "acme", "max_running": 20, "rate_count": 100, "rate_period_ms": 60_000, "weight": 5 }),
+        ),
+    );
+    assert_eq!(
+        (st, answer),
+        (200, json!({ "ok": true, "action": "set_key_limits" }))
+    );
+    assert_eq!(
+        e.key_limits("mail").unwrap(),
+        [reflexr::KeyLimits::new("acme")
+            .max_running(20)
+            .rate(100, Duration::from_secs(60))
+            .weight(5)]
+    );
+    let (_, listed) = api.get("/api/v1/actions/mail/keys");
+    assert_eq!(listed["keys"][0]["max_running"], 20);
+    assert_eq!(listed["keys"][0]["rate"], json!([100, 60_000]));
+    assert_eq!(listed["keys"][0]["weight"], 5);
+    assert_eq!(listed["keys"][0]["overridden"], true);
+    assert_eq!(listed["keys"][1]["overridden"], false);
+    assert_eq!(
+        listed["limits"],
+        json!([{ "key": "acme", "max_running": 20, "rate": [100, 60_000], "weight": 5 }])
+    );
+    let (_, runs) = api.get("/api/v1/runs?action=mail");
+    let mut run_keys: Vec<&str> = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    run_keys.sort();
+    assert_eq!(run_keys, ["acme", "acme", "globex"]);
+    // A second set replaces what the key had.
+    let (st, _) = api.post(
+        "/api/v1/actions/mail/keys",
+        with("weight only", json!({ "key": "acme", "weight": 2 })),
+    );
+    assert_eq!(st, 200);
+    assert_eq!(
+        e.key_limits("mail").unwrap(),
+        [reflexr::KeyLimits::new("acme").weight(2)]
+    );
+
+    let recorded = e.audit_log(100).unwrap().len();
+    for (path, body, status, says) in [
+        (
+            "/api/v1/actions/charge/keys",
+            with("x", json!({ "key": "acme", "max_running": 1 })),
+            400,
+            "has no keys",
+        ),
+        (
+            "/api/v1/actions/mail/keys",
+            with("x", json!({ "key": "acme", "rate_count": 1 })),
+            400,
+            "go together",
+        ),
+        (
+            "/api/v1/actions/mail/keys",
+            with("x", json!({ "key": "acme", "weight": 0 })),
+            400,
+            "weight",
+        ),
+        (
+            "/api/v1/actions/mail/keys",
+            with("x", json!({ "key": "acme", "colour": "red" })),
+            400,
+            "unknown field",
+        ),
+        (
+            "/api/v1/actions/mail/keys/clear",
+            with("x", json!({ "key": "globex" })),
+            404,
+            "not found",
+        ),
+    ] {
+        let (st, answer) = api.post(path, body.clone());
+        assert_eq!(st, status, "{path} {body}: {answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(says)),
+            "{path} {body}: {answer}"
+        );
+    }
+    assert_eq!(
+        e.audit_log(100).unwrap().len(),
+        recorded,
+        "nothing recorded"
+    );
+    assert_eq!(e.key_limits("mail").unwrap().len(), 1, "nothing changed");
+
+    let (st, answer) = api.post(
+        "/api/v1/actions/mail/keys/clear",
+        with("back to normal", json!({ "key": "acme" })),
+    );
+    assert_eq!(
+        (st, answer),
+        (200, json!({ "ok": true, "action": "clear_key_limits" }))
+    );
+    assert!(e.key_limits("mail").unwrap().is_empty());
+    let (_, listed) = api.get("/api/v1/actions/mail/keys");
+    assert_eq!(listed["keys"][0]["overridden"], false);
+    let (_, unkeyed) = api.get("/api/v1/actions/charge/keys");
+    assert_eq!(unkeyed, json!({ "keys": [], "limits": [] }));
+
+    let audit = e.audit_log(10).unwrap();
+    let entries: Vec<(&str, &str, &str)> = audit
+        .iter()
+        .filter(|a| a.operator == "ops@example")
+        .map(|a| (a.action.as_str(), a.target.as_str(), a.reason.as_str()))
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("clear_key_limits", "mail key acme", "back to normal"),
+            ("set_key_limits", "mail key acme", "weight only"),
+            ("set_key_limits", "mail key acme", "acme pays for more"),
+            ("configure_action", "mail", "one tenant floods the queue"),
+        ],
+        "newest first"
+    );
+
+    // An action whose name holds a `/` is named with `%2F` in the path.
+    e.configure_action(&reflexr::ActionConfig::new("mail/eu").partition_by("tenant"))
+        .unwrap();
+    let (st, answer) = api.post(
+        "/api/v1/actions/mail%2Feu/keys",
+        with("eu tenant", json!({ "key": "acme", "max_running": 2 })),
+    );
+    assert_eq!(st, 200, "{answer}");
+    let (st, listed) = api.get("/api/v1/actions/mail%2Feu/keys");
+    assert_eq!(st, 200);
+    assert_eq!(listed["limits"][0]["max_running"], 2);
+    assert_eq!(e.key_limits("mail/eu").unwrap().len(), 1);
+
+    // Read-only: the keys are listed, a change is refused.
+    let (_ro, ro) = serve(&e, AdminConfig::new().read_only(true));
+    let (st, _) = ro.get("/api/v1/actions/mail/keys");
+    assert_eq!(st, 200);
+    let (st, _) = ro.post(
+        "/api/v1/actions/mail/keys",
+        with("x", json!({ "key": "acme", "weight": 3 })),
+    );
+    assert_eq!(st, 403);
+    assert!(e.key_limits("mail").unwrap().is_empty());
+}
+
+#[test]
 fn a_bulk_retry_of_a_filter_dry_runs_first_and_then_retries_exactly_those() {
     // Invariant 5 through operators: the dry run's ids are what the
     // confirmed call acts on, and only those.
@@ -1377,6 +1576,62 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
             .extend(extra.as_object().unwrap().clone());
         b
     };
+    // A key's limits (charge is partitioned): set, listed, refused for an
+    // action without keys or half a rate, cleared, and a clear of nothing.
+    let keys = "/api/v1/actions/{action}/keys";
+    let clear = "/api/v1/actions/{action}/keys/clear";
+    let (st, _) = conform(
+        &api,
+        &doc,
+        "POST",
+        keys,
+        "/api/v1/actions/charge/keys",
+        Some(with(json!({ "key": "ada", "max_running": 1, "weight": 2 }))),
+    );
+    assert_eq!(st, 200);
+    let listed = conform(&api, &doc, "GET", keys, "/api/v1/actions/charge/keys", None).1;
+    assert!(
+        listed["keys"].as_array().is_some_and(|k| !k.is_empty())
+            && listed["limits"].as_array().is_some_and(|l| !l.is_empty()),
+        "{listed}"
+    );
+    for (template, path, body, status) in [
+        (
+            keys,
+            "/api/v1/actions/inspect/keys",
+            with(json!({ "key": "ada", "max_running": 1 })),
+            400,
+        ),
+        (
+            keys,
+            "/api/v1/actions/charge/keys",
+            with(json!({ "key": "ada", "rate_count": 3 })),
+            400,
+        ),
+        (
+            clear,
+            "/api/v1/actions/charge/keys/clear",
+            with(json!({ "key": "ada" })),
+            200,
+        ),
+        (
+            clear,
+            "/api/v1/actions/charge/keys/clear",
+            with(json!({ "key": "ada" })),
+            404,
+        ),
+    ] {
+        let (st, answer) = conform(&api, &doc, "POST", template, path, Some(body));
+        assert_eq!(st, status, "{path}: {answer}");
+    }
+    conform(
+        &api,
+        &doc,
+        "GET",
+        keys,
+        "/api/v1/actions/inspect/keys",
+        None,
+    );
     for (template, path, body) in [
         (
             "/api/v1/runs/retry",

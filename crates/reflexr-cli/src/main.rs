@@ -194,24 +194,43 @@ enum Command {
         #[command(flatten)]
         who: Who,
     },
-    /// Sets an action's priority and limits, kept in the file for every
-    /// process (recorded); without options, lists every action's settings
-    /// and what is paused.
+    /// Sets an action's priority, limits and fairness, or with --key one
+    /// key's limits and weight, kept in the file for every process
+    /// (recorded). With an action and no option, lists its settings and its
+    /// keys; without an action, every action's settings and what is paused.
     Limits {
-        /// The action (none: list).
+        /// The action (none: list every action).
         action: Option<String>,
         /// Its runs' default priority.
         #[arg(long, allow_negative_numbers = true, requires = "action")]
         priority: Option<i64>,
-        /// At most this many running at once, across every process.
+        /// At most this many running at once, across every process (with
+        /// --key: of the key's runs).
         #[arg(long, requires = "action")]
         max_running: Option<u32>,
-        /// At most N starts per period, as N/PERIOD (e.g. 100/1m).
+        /// At most N starts per period, as N/PERIOD (e.g. 100/1m; with
+        /// --key: of the key's runs).
         #[arg(long, requires = "action")]
         rate: Option<String>,
-        /// Each limit counts per value of this input field.
+        /// Each limit counts per value of this input field (the run's key).
         #[arg(long, requires = "action")]
         partition_by: Option<String>,
+        /// Claims serve the action's keys in turn, by weight, so a key with
+        /// a large backlog does not hold back the others.
+        #[arg(long, requires = "action")]
+        fair: bool,
+        /// Sets this key's own limits and weight instead of the action's
+        /// (the action must be fair or partitioned); what is not given
+        /// stays as the key had it.
+        #[arg(long, requires = "action", conflicts_with_all = ["priority", "partition_by", "fair"])]
+        key: Option<String>,
+        /// The key's share in a fair claim: served W runs to a weight-1
+        /// key's one (default 1).
+        #[arg(long, requires = "key")]
+        weight: Option<u32>,
+        /// Clears the key's own limits and weight: it has the action's again.
+        #[arg(long, requires = "key", conflicts_with_all = ["max_running", "rate", "weight"])]
+        clear: bool,
         #[command(flatten)]
         who: Who,
     },
@@ -671,39 +690,76 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             max_running,
             rate,
             partition_by,
+            fair,
+            key,
+            weight,
+            clear,
             who,
-        } => match action {
-            None => limits(&engine, cli.json),
-            Some(action) => {
-                let mut c = engine
-                    .action_configs()?
+        } => {
+            let Some(action) = action else {
+                return limits(&engine, cli.json);
+            };
+            let rate = rate.as_deref().map(parse_rate).transpose()?;
+            if let Some(key) = key {
+                if *clear {
+                    who.on(&engine)?.clear_key_limits(action, key)?;
+                    return done(cli.json, "cleared");
+                }
+                if max_running.is_none() && rate.is_none() && weight.is_none() {
+                    return Err(format!(
+                        "say what to set for key {key:?}: --max-running, --rate and/or --weight \
+                         (or --clear)"
+                    )
+                    .into());
+                }
+                let mut k = engine
+                    .key_limits(action)?
                     .into_iter()
-                    .find(|c| &c.action == action)
-                    .unwrap_or_else(|| reflexr::ActionConfig::new(action.clone()));
-                if let Some(p) = priority {
-                    c = c.priority(*p);
-                }
+                    .find(|k| &k.key == key)
+                    .unwrap_or_else(|| reflexr::KeyLimits::new(key.clone()));
                 if let Some(n) = max_running {
-                    c = c.max_running(*n);
+                    k = k.max_running(*n);
                 }
-                if let Some(r) = rate {
-                    let (n, period) = r
-                        .split_once('/')
-                        .ok_or_else(|| format!("--rate {r:?}: N/PERIOD, e.g. 100/1m"))?;
-                    let n: u32 = n
-                        .parse()
-                        .map_err(|_| format!("--rate {r:?}: N is a count"))?;
-                    let period = humantime::parse_duration(period)
-                        .map_err(|e| format!("--rate {r:?}: {e}"))?;
-                    c = c.rate(n, period);
+                if let Some((n, period)) = rate {
+                    k = k.rate(n, period);
                 }
-                if let Some(f) = partition_by {
-                    c = c.partition_by(f.clone());
+                if let Some(w) = weight {
+                    k = k.weight(*w);
                 }
-                who.on(&engine)?.configure_action(&c)?;
-                done(cli.json, "set")
+                who.on(&engine)?.set_key_limits(action, &k)?;
+                return done(cli.json, "set");
             }
-        },
+            if priority.is_none()
+                && max_running.is_none()
+                && rate.is_none()
+                && partition_by.is_none()
+                && !*fair
+            {
+                return action_limits(&engine, action, cli.json);
+            }
+            let mut c = engine
+                .action_configs()?
+                .into_iter()
+                .find(|c| &c.action == action)
+                .unwrap_or_else(|| reflexr::ActionConfig::new(action.clone()));
+            if let Some(p) = priority {
+                c = c.priority(*p);
+            }
+            if let Some(n) = max_running {
+                c = c.max_running(*n);
+            }
+            if let Some((n, period)) = rate {
+                c = c.rate(n, period);
+            }
+            if let Some(f) = partition_by {
+                c = c.partition_by(f.clone());
+            }
+            if *fair {
+                c = c.fair();
+            }
+            who.on(&engine)?.configure_action(&c)?;
+            done(cli.json, "set")
+        }
         Command::Unblock { rule, scope, who } => {
             who.on(&engine)?.unblock(rule, scope)?;
             done(cli.json, "unblocked")
@@ -952,6 +1008,51 @@ fn paused_table(paused: &[reflexr::inspect::PausedInfo]) -> Table {
     t
 }
 
+/// A `--rate` of N/PERIOD (e.g. 100/1m): the count and the period.
+fn parse_rate(r: &str) -> Result<(u32, Duration), String> {
+    let (n, period) = r
+        .split_once('/')
+        .ok_or_else(|| format!("--rate {r:?}: N/PERIOD, e.g. 100/1m"))?;
+    let n: u32 = n
+        .parse()
+        .map_err(|_| format!("--rate {r:?}: N is a count"))?;
+    let period = humantime::parse_duration(period).map_err(|e| format!("--rate {r:?}: {e}"))?;
+    Ok((n, period))
+}
+
+/// A rate as `--rate` takes it (`100/1m`), or `-` for none.
+fn rate_text(rate: Option<(u32, i64)>) -> String {
+    rate.map_or("-".into(), |(n, ms)| {
+        format!(
+            "{n}/{}",
+            humantime::format_duration(Duration::from_millis(ms.max(0) as u64))
+        )
+    })
+}
+
+/// Actions' settings, as a table.
+fn configs_table(configs: &[reflexr::ActionConfig]) -> Table {
+    let mut t = table(&[
+        "action",
+        "priority",
+        "max running",
+        "rate",
+        "partition by",
+        "fair",
+    ]);
+    for c in configs {
+        t.add_row(vec![
+            c.action.clone(),
+            c.priority.to_string(),
+            c.max_running.map_or("-".into(), |n| n.to_string()),
+            rate_text(c.rate),
+            c.partition_by.clone().unwrap_or_else(|| "-".into()),
+            if c.fair { "yes" } else { "no" }.to_string(),
+        ]);
+    }
+    t
+}
+
 /// Every action's settings and what is paused.
 fn limits<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
     let configs = engine.action_configs()?;
@@ -960,24 +1061,70 @@ fn limits<B: Backend>(engine: &Engine<B>, json: bool) -> Fallible {
         return print_json(&json!({ "actions": configs, "paused": paused }));
     }
     outln!("actions")?;
-    let mut t = table(&["action", "priority", "max running", "rate", "partition by"]);
-    for c in &configs {
-        t.add_row(vec![
-            c.action.clone(),
-            c.priority.to_string(),
-            c.max_running.map_or("-".into(), |n| n.to_string()),
-            c.rate.map_or("-".into(), |(n, ms)| {
-                format!(
-                    "{n}/{}",
-                    humantime::format_duration(std::time::Duration::from_millis(ms.max(0) as u64))
-                )
-            }),
-            c.partition_by.clone().unwrap_or_else(|| "-".into()),
-        ]);
-    }
-    outln!("{t}\n")?;
+    outln!("{}\n", configs_table(&configs))?;
     outln!("paused")?;
     outln!("{}", paused_table(&paused))?;
+    Ok(())
+}
+
+/// One action's settings (`null` when none are kept for it), its keys with
+/// their runs and the limits that hold for each, and the keys' own
+/// overrides.
+fn action_limits<B: Backend>(engine: &Engine<B>, action: &str, json: bool) -> Fallible {
+    let config = engine
+        .action_configs()?
+        .into_iter()
+        .find(|c| c.action == action);
+    let keys = engine.action_keys(action)?;
+    let overrides = engine.key_limits(action)?;
+    if json {
+        return print_json(&json!({ "config": config, "keys": keys, "limits": overrides }));
+    }
+    outln!("settings")?;
+    match &config {
+        Some(c) => outln!("{}\n", configs_table(std::slice::from_ref(c)))?,
+        None => outln!("{action} has no settings kept in the file: no priority, no limits\n")?,
+    }
+    outln!("keys")?;
+    if keys.is_empty() {
+        outln!(
+            "{}",
+            if config.as_ref().is_some_and(|c| c.keyed()) {
+                "none with unfinished runs or overrides"
+            } else {
+                "none: the action is not fair or partitioned"
+            }
+        )?;
+        return Ok(());
+    }
+    let mut t = table(&[
+        "key",
+        "waiting",
+        "ready",
+        "running",
+        "max running",
+        "rate",
+        "weight",
+        "overridden",
+    ]);
+    for k in &keys {
+        t.add_row(vec![
+            // Runs without the partition field share the key "".
+            if k.key.is_empty() {
+                "\"\"".to_string()
+            } else {
+                k.key.clone()
+            },
+            k.waiting.to_string(),
+            k.ready.to_string(),
+            k.running.to_string(),
+            k.max_running.map_or("-".into(), |n| n.to_string()),
+            rate_text(k.rate),
+            k.weight.to_string(),
+            if k.overridden { "yes" } else { "no" }.to_string(),
+        ]);
+    }
+    outln!("{t}")?;
     Ok(())
 }
 

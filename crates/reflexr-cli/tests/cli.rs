@@ -875,6 +875,289 @@ fn enqueue_pause_resume_cancel_and_limits_from_the_cli_are_recorded() {
     }
 }
 
+/// `limits ACTION --json`, the listing of one action and its keys.
+fn action_limits(path: &Path, action: &str) -> Value {
+    json(&cli(path, &["--json", "limits", action]))
+}
+
+#[test]
+fn limits_by_key_sets_lists_and_clears_a_keys_overrides_each_recorded() {
+    // Flow control by key through the CLI: an action made fair and
+    // partitioned, one key's overrides set field by field (what is not
+    // given stays), listed with each key's runs, cleared; every change in
+    // the audit log with who and why.
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let out = cli(
+        &s.path,
+        &[
+            "limits",
+            "send-mail",
+            "--fair",
+            "--partition-by",
+            "tenant",
+            "--reason",
+            "one tenant floods the queue",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let config = e
+        .action_configs()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.action == "send-mail")
+        .unwrap();
+    assert!(config.fair && config.keyed(), "{config:?}");
+    for tenant in ["acme", "acme", "acme", "globex"] {
+        e.enqueue(&reflexr::Enqueue::new(
+            "send-mail",
+            &json!({ "tenant": tenant }),
+        ))
+        .unwrap();
+    }
+
+    // The example, verbatim.
+    let out = cli(
+        &s.path,
+        &[
+            "limits",
+            "send-mail",
+            "--key",
+            "acme",
+            "--max-running",
+            "20",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "set");
+    let out = cli(
+        &s.path,
+        &[
+            "limits",
+            "send-mail",
+            "--key",
+            "acme",
+            "--weight",
+            "5",
+            "--rate",
+            "100/1m",
+            "--operator",
+            "ops",
+            "--reason",
+            "acme pays for more",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        e.key_limits("send-mail").unwrap(),
+        [reflexr::KeyLimits::new("acme")
+            .max_running(20)
+            .rate(100, std::time::Duration::from_secs(60))
+            .weight(5)],
+        "the second change kept the first's max running"
+    );
+    assert_eq!(
+        config.max_running, None,
+        "the action's own limits are untouched"
+    );
+
+    let listed = action_limits(&s.path, "send-mail");
+    assert_eq!(listed["config"]["fair"], true);
+    assert_eq!(listed["config"]["partition_by"], "tenant");
+    let keys: Vec<(String, i64, Value, Value, i64, bool)> = listed["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            (
+                k["key"].as_str().unwrap().to_string(),
+                k["ready"].as_i64().unwrap(),
+                k["max_running"].clone(),
+                k["rate"].clone(),
+                k["weight"].as_i64().unwrap(),
+                k["overridden"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            (
+                "acme".to_string(),
+                3,
+                json!(20),
+                json!([100, 60_000]),
+                5,
+                true
+            ),
+            ("globex".to_string(), 1, Value::Null, Value::Null, 1, false),
+        ]
+    );
+    assert_eq!(listed["limits"][0]["key"], "acme");
+    assert_eq!(listed["limits"][0]["weight"], 5);
+    let table = cli(&s.path, &["limits", "send-mail"]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let text = stdout(&table);
+    for shown in ["overridden", "acme", "globex", "100/1m", "tenant"] {
+        assert!(text.contains(shown), "{shown} in:\n{text}");
+    }
+    let runs = json(&cli(&s.path, &["--json", "runs", "--state", "ready"]));
+    let mut run_keys: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "send-mail")
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    run_keys.sort();
+    assert_eq!(run_keys, ["acme", "acme", "acme", "globex"]);
+
+    let out = cli(
+        &s.path,
+        &[
+            "limits",
+            "send-mail",
+            "--key",
+            "acme",
+            "--clear",
+            "--operator",
+            "ops",
+            "--reason",
+            "back to normal",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "cleared");
+    assert!(e.key_limits("send-mail").unwrap().is_empty());
+    let listed = action_limits(&s.path, "send-mail");
+    assert_eq!(listed["keys"][0]["overridden"], false);
+    assert_eq!(listed["keys"][0]["weight"], 1);
+    let recorded = e.audit_log(100).unwrap().len();
+    let again = cli(
+        &s.path,
+        &["limits", "send-mail", "--key", "acme", "--clear"],
+    );
+    assert_eq!(again.status.code(), Some(1));
+    assert!(stderr(&again).contains("not found"), "{}", stderr(&again));
+    assert_eq!(e.audit_log(100).unwrap().len(), recorded);
+
+    let audit = e.audit_log(10).unwrap();
+    let entries: Vec<(&str, &str, &str, &str)> = audit
+        .iter()
+        .filter(|a| a.target == "send-mail key acme")
+        .map(|a| {
+            (
+                a.action.as_str(),
+                a.operator.as_str(),
+                a.reason.as_str(),
+                a.target.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            (
+                "clear_key_limits",
+                "ops",
+                "back to normal",
+                "send-mail key acme"
+            ),
+            (
+                "set_key_limits",
+                "ops",
+                "acme pays for more",
+                "send-mail key acme"
+            ),
+            (
+                "set_key_limits",
+                entries[2].1,
+                "via the reflexr CLI",
+                "send-mail key acme"
+            ),
+        ],
+        "newest first"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|a| a.action.as_str() == "configure_action" && a.target == "send-mail")
+    );
+}
+
+#[test]
+fn limits_by_key_of_an_action_without_keys_is_refused_and_changes_nothing() {
+    // Only a fair or partitioned action has keys: a key's limits for any
+    // other are a typed error that records nothing; options that do not go
+    // together are usage errors.
+    let s = Scene::new();
+    let e = prepare(&s.path);
+    let out = cli(&s.path, &["limits", "charge", "--max-running", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let configs = e.action_configs().unwrap();
+    let recorded = e.audit_log(100).unwrap().len();
+    for action in ["charge", "never-configured"] {
+        let out = cli(
+            &s.path,
+            &["limits", action, "--key", "acme", "--max-running", "20"],
+        );
+        assert_eq!(out.status.code(), Some(1), "{action}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("invalid action") && stderr(&out).contains("has no keys"),
+            "{action}: {}",
+            stderr(&out)
+        );
+    }
+    for args in [
+        &["limits", "charge", "--key", "acme"][..],
+        &["limits", "send-mail", "--key", "acme", "--weight", "0"],
+    ] {
+        let out = cli(&s.path, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+    }
+    for args in [
+        &["limits", "charge", "--weight", "2"][..],
+        &["limits", "charge", "--clear"],
+        &["limits", "--key", "acme", "--max-running", "2"],
+        &["limits", "charge", "--key", "acme", "--priority", "3"],
+        &["limits", "charge", "--key", "acme", "--fair"],
+        &[
+            "limits",
+            "charge",
+            "--key",
+            "acme",
+            "--clear",
+            "--max-running",
+            "2",
+        ],
+    ] {
+        let out = cli(&s.path, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+    assert!(e.key_limits("charge").unwrap().is_empty());
+    assert_eq!(e.action_configs().unwrap(), configs);
+    assert_eq!(
+        e.audit_log(100).unwrap().len(),
+        recorded,
+        "nothing recorded"
+    );
+
+    // Its listing says it has no keys, and changes nothing either.
+    let listed = action_limits(&s.path, "charge");
+    assert_eq!(listed["config"]["max_running"], 2);
+    assert_eq!(listed["config"]["fair"], false);
+    assert_eq!(listed["keys"], json!([]));
+    let table = cli(&s.path, &["limits", "charge"]);
+    assert!(
+        stdout(&table).contains("not fair or partitioned"),
+        "{}",
+        stdout(&table)
+    );
+    let unknown = action_limits(&s.path, "never-configured");
+    assert_eq!(unknown["config"], Value::Null);
+    assert_eq!(e.audit_log(100).unwrap().len(), recorded);
+}
+
 #[test]
 fn rules_lists_each_version_live_or_in_shadow_and_promote_hands_over_recorded() {
     // A rule version in shadow through the CLI: listed beside the live one,

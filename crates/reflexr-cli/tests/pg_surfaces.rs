@@ -104,7 +104,7 @@ fn the_mcp_tools_serve_an_engine_on_postgres() {
         serde_json::from_str(&mcp.handle_line(&msg.to_string()).expect("an answer")).unwrap()
     };
     let list = ask(1, "tools/list", json!({ "_meta": meta }));
-    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 23);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 25);
     let status = ask(
         2,
         "tools/call",

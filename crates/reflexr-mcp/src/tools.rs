@@ -224,6 +224,28 @@ fn tools<B: Backend>() -> Vec<Tool<B>> {
             call: list_actions,
         },
         Tool {
+            name: "list_action_keys",
+            title: "An action's keys: backlog, running, limits",
+            description: "The keys of a fair or partitioned action (a run's key is the one its enqueue named, else its input's partition field): for each key with unfinished runs or limits of its own, its runs waiting, ready and running, the limits that hold for it (its own, else the action's), its weight in a fair claim, and whether it has overrides; and the overrides themselves. Both lists are empty for an action without keys.",
+            input: list_action_keys_input,
+            output: action_keys_schema,
+            mutating: false,
+            destructive: false,
+            idempotent: true,
+            call: list_action_keys,
+        },
+        Tool {
+            name: "set_key_limits",
+            title: "Set one key's limits and weight",
+            description: "Sets one key's own limits and weight for a fair or partitioned action, replacing what the key had: a limit left out is the action's, a weight left out is 1. At most max_running of the key's runs at once, at most rate_count starts per rate_period_ms (the two together), and weight: served weight runs to a weight-1 key's one in a fair claim. Every process obeys them from its next claim. Refused for an action without keys. Audited with the reason.",
+            input: set_key_limits_input,
+            output: set_key_limits_output,
+            mutating: true,
+            destructive: false,
+            idempotent: true,
+            call: set_key_limits,
+        },
+        Tool {
             name: "cancel_run",
             title: "Cancel a run",
             description: "Cancels a run: a pending one ends cancelled at once; a running one is asked to stop (its handler sees it) and its completion is refused. Needs confirm: true. Audited with the reason.",
@@ -587,7 +609,58 @@ fn list_actions<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     Ok(json!({ "actions": e.action_configs().map_err(fail)?, "paused": e.paused().map_err(fail)? }))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionArg {
+    action: String,
+}
+
+fn list_action_keys<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
+    let a: ActionArg = args(a)?;
+    let e = mcp.engine();
+    Ok(json!({
+        "action": a.action,
+        "keys": e.action_keys(&a.action).map_err(fail)?,
+        "limits": e.key_limits(&a.action).map_err(fail)?,
+    }))
+}
+
 // ----- the changes -------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetKeyLimits {
+    action: String,
+    key: String,
+    max_running: Option<u32>,
+    rate_count: Option<u32>,
+    rate_period_ms: Option<u64>,
+    weight: Option<u32>,
+    reason: String,
+}
+
+fn set_key_limits<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
+    let a: SetKeyLimits = args(a)?;
+    need_reason(&a.reason)?;
+    let mut k = reflexr::KeyLimits::new(a.key);
+    if let Some(n) = a.max_running {
+        k = k.max_running(n);
+    }
+    match (a.rate_count, a.rate_period_ms) {
+        (Some(n), Some(ms)) => k = k.rate(n, std::time::Duration::from_millis(ms)),
+        (None, None) => {}
+        _ => return Err("rate_count and rate_period_ms go together".into()),
+    }
+    if let Some(w) = a.weight {
+        k = k.weight(w);
+    }
+    mcp.engine()
+        .operator(mcp.config().operator.clone(), a.reason)
+        .map_err(fail)?
+        .set_key_limits(&a.action, &k)
+        .map_err(fail)?;
+    Ok(json!({ "action": a.action, "set": k }))
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1269,6 +1342,64 @@ fn actions_schema() -> Value {
             "paused": { "type": "array", "items": { "type": "object" } },
         },
         "required": ["actions", "paused"],
+    })
+}
+
+fn list_action_keys_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": { "action": { "type": "string", "description": "The action." } },
+        "required": ["action"],
+        "additionalProperties": false,
+    })
+}
+
+fn action_keys_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "action": { "type": "string" },
+            "keys": {
+                "type": "array",
+                "items": { "type": "object" },
+                "description": "By key: key, waiting, ready, running, max_running and rate (the limits that hold: its own, else the action's; rate is [count, period in ms]), weight, overridden.",
+            },
+            "limits": {
+                "type": "array",
+                "items": { "type": "object" },
+                "description": "The keys' own overrides: key, max_running, rate, weight (null: not overridden).",
+            },
+        },
+        "required": ["action", "keys", "limits"],
+    })
+}
+
+fn set_key_limits_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "action": { "type": "string", "description": "A fair or partitioned action." },
+            "key": { "type": "string", "minLength": 1, "description": "The key (e.g. a tenant), as list_action_keys names it." },
+            "max_running": { "type": "integer", "minimum": 1, "description": "At most this many of the key's runs at once (left out: the action's)." },
+            "rate_count": { "type": "integer", "minimum": 1, "description": "At most this many starts of the key per rate_period_ms (with it; left out: the action's)." },
+            "rate_period_ms": { "type": "integer", "minimum": 1, "description": "The rate's period, in ms (with rate_count)." },
+            "weight": { "type": "integer", "minimum": 1, "description": "Its share in a fair claim against the other keys' (left out: 1)." },
+            "reason": reason_schema(),
+        },
+        "required": ["action", "key", "reason"],
+        "dependentRequired": { "rate_count": ["rate_period_ms"], "rate_period_ms": ["rate_count"] },
+        "additionalProperties": false,
+    })
+}
+
+fn set_key_limits_output() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "action": { "type": "string" },
+            "set": { "type": "object", "description": "The key's limits now: key, max_running, rate ([count, period in ms]), weight." },
+        },
+        "required": ["action", "set"],
     })
 }
 

@@ -119,7 +119,7 @@ fn the_stateless_revision_discovers_and_answers_in_its_own_shape() {
     let list = ask(&mcp, request(2, "tools/list", json!({ "_meta": meta() })));
     assert_eq!(list["result"]["resultType"], "complete");
     assert!(list["result"]["ttlMs"].is_u64());
-    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 23);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 25);
     let call = ask(
         &mcp,
         request(
@@ -606,6 +606,200 @@ fn promote_rule_hands_a_rule_over_to_its_shadow_once_and_is_audited() {
     assert_eq!((rules[0].name.as_str(), rules[0].version), ("charge", 2));
 }
 
+/// A fair action partitioned by tenant, with runs of two tenants.
+fn keyed(e: &Engine) {
+    e.configure_action(
+        &reflexr::ActionConfig::new("mail")
+            .fair()
+            .partition_by("tenant")
+            .max_running(4),
+    )
+    .unwrap();
+    for tenant in ["acme", "acme", "globex"] {
+        e.enqueue(&reflexr::Enqueue::new("mail", &json!({ "tenant": tenant })))
+            .unwrap();
+    }
+}
+
+#[test]
+fn list_action_keys_gives_each_keys_runs_and_the_limits_that_hold_for_it() {
+    let s = Scene::new();
+    let e = shop(&s);
+    keyed(&e);
+    e.set_key_limits("mail", &reflexr::KeyLimits::new("acme").weight(3))
+        .unwrap();
+    let mcp = Mcp::new(e.clone(), McpConfig::new().read_only(true));
+    let list = ask(&mcp, request(1, "tools/list", json!({})));
+    let tool = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "list_action_keys")
+        .expect("a read-only server lists it")
+        .clone();
+    assert_eq!(tool["annotations"]["readOnlyHint"], true);
+    assert_eq!(tool["inputSchema"]["required"], json!(["action"]));
+    let call = |args: Value| {
+        ask(
+            &mcp,
+            request(
+                2,
+                "tools/call",
+                json!({ "name": "list_action_keys", "arguments": args }),
+            ),
+        )["result"]
+            .clone()
+    };
+    let before = fingerprint(&e);
+    let answer = call(json!({ "action": "mail" }));
+    assert_eq!(answer["isError"], false, "{answer}");
+    assert_eq!(
+        answer["structuredContent"],
+        json!({
+            "action": "mail",
+            "keys": [
+                { "key": "acme", "waiting": 0, "ready": 2, "running": 0, "max_running": 4,
+                  "rate": null, "weight": 3, "overridden": true },
+                { "key": "globex", "waiting": 0, "ready": 1, "running": 0, "max_running": 4,
+                  "rate": null, "weight": 1, "overridden": false },
+            ],
+            "limits": [{ "key": "acme", "max_running": null, "rate": null, "weight": 3 }],
+        })
+    );
+    let unkeyed = call(json!({ "action": "charge" }));
+    assert_eq!(unkeyed["structuredContent"]["keys"], json!([]));
+    let wrong = call(json!({ "action": "mail", "key": "acme" }));
+    assert_eq!(wrong["isError"], true);
+    assert!(
+        wrong["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field")
+    );
+    assert_eq!(fingerprint(&e), before, "a read changes nothing");
+}
+
+#[test]
+fn set_key_limits_replaces_a_keys_limits_and_is_audited_and_is_refused_for_an_action_without_keys()
+{
+    let s = Scene::new();
+    let e = shop(&s);
+    keyed(&e);
+    let mcp = Mcp::new(e.clone(), McpConfig::new().operator("assistant"));
+    let list = ask(&mcp, request(1, "tools/list", json!({})));
+    let tool = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "set_key_limits")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            &tool["annotations"]["readOnlyHint"],
+            &tool["annotations"]["destructiveHint"]
+        ),
+        (&json!(false), &json!(false))
+    );
+    assert_eq!(
+        tool["inputSchema"]["required"],
+        json!(["action", "key", "reason"])
+    );
+    let call = |args: Value| {
+        ask(
+            &mcp,
+            request(
+                2,
+                "tools/call",
+                json!({ "name": "set_key_limits", "arguments": args }),
+            ),
+        )["result"]
+            .clone()
+    };
+    let answer = call(json!({
+        "action": "mail", "key": "acme", "max_running": 20, "rate_count": 100,
+        "rate_period_ms": 60_000, "weight": 5, "reason": "acme pays for more",
+    }));
+    assert_eq!(answer["isError"], false, "{answer}");
+    assert_eq!(
+        answer["structuredContent"],
+        json!({ "action": "mail", "set": { "key": "acme", "max_running": 20, "rate": [100, 60_000], "weight": 5 } })
+    );
+    assert_eq!(
+        e.key_limits("mail").unwrap(),
+        [reflexr::KeyLimits::new("acme")
+            .max_running(20)
+            .rate(100, std::time::Duration::from_secs(60))
+            .weight(5)]
+    );
+    // A second call replaces what the key had.
+    let again = call(json!({ "action": "mail", "key": "acme", "weight": 2, "reason": "less" }));
+    assert_eq!(again["isError"], false, "{again}");
+    assert_eq!(
+        e.key_limits("mail").unwrap(),
+        [reflexr::KeyLimits::new("acme").weight(2)]
+    );
+    let audit = e.audit_log(10).unwrap();
+    let entries: Vec<(&str, &str, &str, &str)> = audit
+        .iter()
+        .map(|a| {
+            (
+                a.action.as_str(),
+                a.operator.as_str(),
+                a.target.as_str(),
+                a.reason.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("set_key_limits", "assistant", "mail key acme", "less"),
+            (
+                "set_key_limits",
+                "assistant",
+                "mail key acme",
+                "acme pays for more"
+            ),
+        ]
+    );
+
+    // Refusals say why and change nothing.
+    let before = fingerprint(&e);
+    for (args, says) in [
+        (
+            json!({ "action": "charge", "key": "ada", "max_running": 1, "reason": "r" }),
+            "has no keys",
+        ),
+        (
+            json!({ "action": "mail", "key": "acme", "rate_count": 1, "reason": "r" }),
+            "go together",
+        ),
+        (
+            json!({ "action": "mail", "key": "acme", "weight": 0, "reason": "r" }),
+            "weight",
+        ),
+        (
+            json!({ "action": "mail", "key": "acme", "weight": 1, "reason": " " }),
+            "reason",
+        ),
+        (
+            json!({ "action": "mail", "key": "acme", "weight": 1 }),
+            "reason",
+        ),
+    ] {
+        let a = call(args.clone());
+        assert_eq!(a["isError"], true, "{args}: {a}");
+        let text = a["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains(says), "{args}: {text:?} should say {says:?}");
+    }
+    assert_eq!(fingerprint(&e), before);
+    assert_eq!(
+        e.key_limits("mail").unwrap(),
+        [reflexr::KeyLimits::new("acme").weight(2)]
+    );
+}
+
 #[test]
 fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
     let s = Scene::new();
@@ -618,7 +812,7 @@ fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names.len(), 13);
+    assert_eq!(names.len(), 14);
     for t in list["result"]["tools"].as_array().unwrap() {
         assert_eq!(t["annotations"]["readOnlyHint"], true, "{}", t["name"]);
     }
@@ -632,6 +826,7 @@ fn read_only_lists_no_mutating_tool_and_refuses_one_called_anyway() {
         "cancel_run",
         "reset_run_to_step",
         "promote_rule",
+        "set_key_limits",
     ] {
         assert!(!names.contains(&name));
         let a = ask(
@@ -823,7 +1018,7 @@ fn over_http_a_read_only_server_hides_the_mutating_tools() {
         &request(1, "tools/list", json!({})).to_string(),
     );
     assert_eq!(st, 200);
-    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 13);
+    assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 14);
     let before = fingerprint(&e);
     let (_, refused) = api.post_with(
         "/api/v1/mcp",

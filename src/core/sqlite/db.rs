@@ -217,6 +217,7 @@ impl Db {
                 max_chain_depth: 8,
             },
             upcasters: Default::default(),
+            mergers: Default::default(),
         };
         let open = Open {
             path: path.to_path_buf(),

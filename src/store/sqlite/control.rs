@@ -59,6 +59,33 @@ pub(crate) fn limited(conn: &Connection, actions: &str) -> Result<Vec<ActionRow>
     Ok(rows)
 }
 
+/// Each key of an action with ready runs at a priority, with its oldest
+/// one (`?1` action, `?2` priority; those due at `?3`): a loose index scan
+/// of `reflexr_runs_keyed`, one seek per key.
+pub(super) const FAIR_HEADS: &str = "WITH RECURSIVE k(key) AS ( \
+       SELECT (SELECT flow_key FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
+               WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
+               ORDER BY flow_key LIMIT 1) \
+       UNION ALL \
+       SELECT (SELECT flow_key FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
+               WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
+                 AND flow_key > k.key \
+               ORDER BY flow_key LIMIT 1) \
+       FROM k WHERE k.key IS NOT NULL) \
+     SELECT key, head FROM ( \
+       SELECT key, (SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
+                    WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 \
+                      AND priority = ?2 AND flow_key = k.key AND due_at <= ?3 \
+                    ORDER BY due_at, ord LIMIT 1) AS head \
+       FROM k WHERE key IS NOT NULL) \
+     WHERE head IS NOT NULL";
+
+/// One key's ready runs due at `?4`, oldest first, up to `?5`.
+pub(super) const KEY_ORDS: &str = "SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
+     WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
+       AND flow_key = ?3 AND due_at <= ?4 \
+     ORDER BY due_at, ord LIMIT ?5";
+
 impl Control for Connection {
     /// The names of this kind that are paused.
     fn paused_names(&self, kind: &str) -> Result<HashSet<String>> {
@@ -207,20 +234,7 @@ impl Control for Connection {
     /// A loose index scan of `reflexr_runs_keyed`: from each key's first
     /// entry (its oldest ready run) to the next key's, one seek each.
     fn fair_heads(&self, action: &str, priority: i64, now: i64) -> Result<Vec<(String, i64)>> {
-        let mut stmt = self.prepare_cached(
-            "WITH RECURSIVE k(key, ord, due) AS ( \
-               SELECT r.flow_key, r.ord, r.due_at FROM reflexr_runs r WHERE r.ord = ( \
-                 SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
-                 WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
-                 ORDER BY flow_key, due_at LIMIT 1) \
-               UNION ALL \
-               SELECT r.flow_key, r.ord, r.due_at FROM k, reflexr_runs r WHERE r.ord = ( \
-                 SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
-                 WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
-                   AND flow_key > k.key \
-                 ORDER BY flow_key, due_at LIMIT 1)) \
-             SELECT key, ord FROM k WHERE due <= ?3",
-        )?;
+        let mut stmt = self.prepare_cached(FAIR_HEADS)?;
         let rows = stmt
             .query_map(params![action, priority, now], |r| {
                 Ok((r.get(0)?, r.get(1)?))
@@ -237,12 +251,7 @@ impl Control for Connection {
         now: i64,
         limit: usize,
     ) -> Result<Vec<i64>> {
-        let mut stmt = self.prepare_cached(
-            "SELECT ord FROM reflexr_runs INDEXED BY reflexr_runs_keyed \
-             WHERE state = 'ready' AND flow_key IS NOT NULL AND action = ?1 AND priority = ?2 \
-               AND flow_key = ?3 AND due_at <= ?4 \
-             ORDER BY due_at, ord LIMIT ?5",
-        )?;
+        let mut stmt = self.prepare_cached(KEY_ORDS)?;
         let rows = stmt
             .query_map(
                 params![

@@ -265,18 +265,34 @@ pub(crate) fn claim_ords(
     expires_at: i64,
     ords: &str,
 ) -> Result<Vec<RunRow>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
-           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2, \
-           began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
-         WHERE ord IN (SELECT value FROM json_each(?4)) AND state = 'ready' \
-         RETURNING {COLUMNS}"
-    ))?;
+    let mut stmt = conn.prepare_cached(&claim_ords_sql())?;
     let rows = stmt
         .query_map(params![holder, now, expires_at, ords], from_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
 }
+
+/// The claim of picked runs: by their positions (the `+` keeps SQLite on
+/// the primary key: with `state` indexed, it would search every ready run
+/// of the queue and test each against the list).
+pub(super) fn claim_ords_sql() -> String {
+    format!(
+        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
+           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2, \
+           began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
+         WHERE ord IN (SELECT value FROM json_each(?4)) AND +state = 'ready' \
+         RETURNING {COLUMNS}"
+    )
+}
+
+/// Plain successes settled in one statement, by their ids (the `+` keeps
+/// SQLite on the ids' index rather than every running run's entry).
+pub(super) const SUCCEED_MANY: &str = "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?3, updated_at = ?3, \
+       claimed_by = NULL, claim_expires_at = NULL \
+     WHERE id IN (SELECT value ->> 0 FROM json_each(?2)) \
+       AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2)) \
+       AND +state = 'running' AND claimed_by = ?1 AND cancel_requested_at IS NULL \
+     RETURNING id";
 
 /// Of these run ids (a JSON array), those asked to stop.
 pub(crate) fn cancel_requested(conn: &Connection, ids: &str) -> Result<Vec<String>> {
@@ -336,14 +352,7 @@ pub(crate) fn succeed_many(
     claims: &str,
     now: i64,
 ) -> Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
-        "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?3, updated_at = ?3, \
-           claimed_by = NULL, claim_expires_at = NULL \
-         WHERE id IN (SELECT value ->> 0 FROM json_each(?2)) \
-           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2)) \
-           AND state = 'running' AND claimed_by = ?1 AND cancel_requested_at IS NULL \
-         RETURNING id",
-    )?;
+    let mut stmt = conn.prepare_cached(SUCCEED_MANY)?;
     let ids = stmt
         .query_map(params![holder, claims, now], |r| r.get(0))?
         .collect::<rusqlite::Result<Vec<String>>>()?;
@@ -1025,6 +1034,36 @@ mod tests {
             "{p}"
         );
         assert!(!p.contains("SCAN reflexr_runs"), "{p}");
+    }
+
+    #[test]
+    fn picked_runs_are_claimed_and_settled_by_their_keys_and_a_fair_claim_seeks_each_key() {
+        // A claim of picked positions and a settlement of plain successes
+        // must go through the runs' keys, not search every ready (or
+        // running) run and test it against the list; a fair claim finds each
+        // key's oldest ready run with a seek of the keyed index.
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("p.db")).unwrap();
+        conn.execute_batch(crate::store::sqlite::schema::SCHEMA_SQL)
+            .unwrap();
+        let p = plan(&conn, &claim_ords_sql());
+        assert!(p.contains("USING INTEGER PRIMARY KEY (rowid=?)"), "{p}");
+        assert!(!p.contains("reflexr_runs_due"), "{p}");
+        let p = plan(&conn, SUCCEED_MANY);
+        assert!(p.contains("sqlite_autoindex_reflexr_runs_1 (id=?)"), "{p}");
+        let p = plan(&conn, super::super::control::FAIR_HEADS);
+        assert!(
+            p.contains("reflexr_runs_keyed (action=? AND priority=? AND flow_key>?)"),
+            "{p}"
+        );
+        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
+        assert!(!p.contains("TEMP B-TREE"), "{p}");
+        let p = plan(&conn, super::super::control::KEY_ORDS);
+        assert!(
+            p.contains("reflexr_runs_keyed (action=? AND priority=? AND flow_key=? AND due_at<?)"),
+            "{p}"
+        );
+        assert!(!p.contains("TEMP B-TREE"), "{p}");
     }
 
     #[test]

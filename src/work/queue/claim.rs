@@ -404,6 +404,9 @@ impl<'a> Limited<'a> {
             return Ok(Vec::new());
         }
         let rank: HashMap<i64, usize> = picked.iter().enumerate().map(|(i, o)| (*o, i)).collect();
+        // In the table's order: the rows' pages are visited once each.
+        let mut picked = picked;
+        picked.sort_unstable();
         let mut rows = Control::claim_ords(conn, holder, now, expires_at, &picked)?;
         rows.sort_by_key(|r| rank.get(&r.ord).copied().unwrap_or(usize::MAX));
         Ok(rows)

@@ -11,11 +11,17 @@ import { consumersTable } from './reactions.js';
 import { canChange } from './session.js';
 import { stream } from './stream.js';
 
-/** The overview: counts, the live chart, consumers, blocked lanes, leases, followers. */
+/** The overview: counts, the live chart, consumers, blocked lanes, limits and keys, leases, followers. */
 export async function overview(main) {
   const [status, lanes, actions] = await Promise.all([
     api('/api/v1/status'), api('/api/v1/lanes'), api('/api/v1/actions'),
   ]);
+  // A keyed action's keys, each read on its own: one that fails is said in
+  // its place rather than failing the page.
+  const keyed = await Promise.all(actions.actions.filter((c) => c.fair || c.partition_by)
+    .map((c) => api(`/api/v1/actions/${enc(c.action)}/keys`).then(
+      (k) => ({ action: c.action, keys: k.keys }),
+      (e) => ({ action: c.action, error: e.message }))));
   const counts = new Map();
   const count = (key, value) => {
     const el = h('span', { data: { count: key } }, num(value));
@@ -53,9 +59,11 @@ export async function overview(main) {
       { label: 'action', cell: (c) => c.action },
       { label: 'priority', cell: (c) => String(c.priority), class: 'num' },
       { label: 'max running', cell: (c) => (c.max_running ?? '–'), class: 'num' },
-      { label: 'rate', cell: (c) => (c.rate ? `${c.rate[0]} per ${c.rate[1]} ms` : '–') },
+      { label: 'rate', cell: (c) => rate(c.rate) },
       { label: 'per', cell: (c) => c.partition_by ?? '–' },
+      { label: 'fair', cell: (c) => (c.fair ? 'yes' : 'no') },
     ], actions.actions, { empty: 'No action has a priority or limits set.' }),
+    ...keyed.map(keysTable),
     h('h2', {}, 'Leases'),
     table('Leases', [
       { label: 'name', cell: (l) => l.name },
@@ -79,6 +87,23 @@ export async function overview(main) {
     chart.push(m.rates);
     update(m.stats);
   });
+}
+
+const rate = (r) => (r ? `${r[0]} per ${r[1]} ms` : '–');
+
+/** One keyed action's keys: backlog, running, the limits that hold, weight. */
+function keysTable({ action, keys, error }) {
+  const caption = `Keys of ${action}`;
+  if (error) return h('p', { class: 'empty' }, `${caption}: ${error}`);
+  return table(caption, [
+    { label: 'key', cell: (k) => (k.key === '' ? '""' : k.key), class: 'mono' },
+    { label: 'backlog', cell: (k) => num(k.waiting + k.ready), class: 'num' },
+    { label: 'running', cell: (k) => num(k.running), class: 'num' },
+    { label: 'max running', cell: (k) => (k.max_running ?? '–'), class: 'num' },
+    { label: 'rate', cell: (k) => rate(k.rate) },
+    { label: 'weight', cell: (k) => num(k.weight), class: 'num' },
+    { label: 'overridden', cell: (k) => (k.overridden ? 'yes' : 'no') },
+  ], keys, { empty: `${caption}: none has unfinished runs or limits of its own.` });
 }
 
 function pausedTable(paused) {
