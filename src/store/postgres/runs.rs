@@ -296,6 +296,7 @@ impl Runs for PgConn {
         Ok(self
             .query_opt(
                 "UPDATE reflexr_runs SET input = $2, updated_at = $5, \
+                   changed_tx = pg_current_xact_id()::text::bigint, \
                    due_at = least($3, coalesce(created_at + $4, $3)) \
                  WHERE id = $1 AND state IN ('waiting', 'ready') RETURNING 1",
                 &[
