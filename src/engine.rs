@@ -552,6 +552,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The keys of `action` that have limits or a weight of their own.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a name that is not an action's.
     pub fn key_limits(&self, action: &str) -> Result<Vec<crate::KeyLimits>> {
         Ok(self
             .db()
@@ -564,6 +567,9 @@ impl<B: Backend> Engine<B> {
     /// The keys of a keyed action that have unfinished runs or overrides:
     /// each one's runs waiting, ready and running, and the limits that hold
     /// for it, by key.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a name that is not an action's.
     pub fn action_keys(&self, action: &str) -> Result<Vec<crate::KeyInfo>> {
         self.db().read_with(&mut |c| control::keys(c, action))
     }

@@ -533,6 +533,7 @@ pub(crate) fn clear_key_limits<C: Work + ?Sized>(
     op: &str,
     why: &str,
 ) -> Result<()> {
+    limits::check_name("action", action)?;
     crate::work::operate::check_operator(op, why)?;
     if !Control::delete_key_row(conn, action, key)? {
         return Err(Error::not_found(
@@ -556,6 +557,9 @@ pub(crate) fn key_limits<C: Control + ?Sized>(
     conn: &C,
     action: Option<&str>,
 ) -> Result<Vec<(String, KeyLimits)>> {
+    if let Some(a) = action {
+        limits::check_name("action", a)?;
+    }
     Ok(Control::key_rows(conn, action)?
         .into_iter()
         .map(|k| (k.action.clone(), KeyLimits::from(k)))
@@ -565,6 +569,7 @@ pub(crate) fn key_limits<C: Control + ?Sized>(
 /// The keys of an action with unfinished runs or overrides, by key: what
 /// each has waiting, ready and running, and the limits that hold for it.
 pub(crate) fn keys<C: Control + ?Sized>(conn: &C, action: &str) -> Result<Vec<KeyInfo>> {
+    limits::check_name("action", action)?;
     let config = Control::action_row(conn, action)?.map(ActionConfig::from);
     let overrides: std::collections::BTreeMap<String, KeyLimits> = key_limits(conn, Some(action))?
         .into_iter()

@@ -429,6 +429,9 @@ fn an_actions_keys_are_listed_and_a_keys_limits_set_and_cleared_each_audited() {
         e.enqueue(&reflexr::Enqueue::new("mail", &json!({ "tenant": tenant })))
             .unwrap();
     }
+    // A name no action can have is refused, not answered with no keys.
+    let (st, answer) = api.get("/api/v1/actions/null%2Cnull/keys");
+    assert_eq!(st, 400, "{answer}");
     let (st, listed) = api.get("/api/v1/actions/mail/keys");
     assert_eq!(st, 200);
     assert_eq!(
