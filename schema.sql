@@ -410,6 +410,31 @@ CREATE TABLE reflexr_unique_periods (
 ) STRICT, WITHOUT ROWID;
 
 
+-- What a run's handler logged during its attempts (RunContext::log), each
+-- line committed as it was logged: n counts the run's lines across its
+-- attempts; level is error, warn, info, debug or trace; fields a JSON value.
+-- Deleted with the run.
+CREATE TABLE reflexr_run_logs (
+    run     TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    at      INTEGER NOT NULL,
+    level   TEXT NOT NULL CHECK (level IN ('error', 'warn', 'info', 'debug', 'trace')),
+    message TEXT NOT NULL,
+    fields  TEXT CHECK (fields IS NULL OR json_valid(fields)),
+    PRIMARY KEY (run, n)
+) STRICT, WITHOUT ROWID;
+
+-- How far a run's handler last said it got (RunContext::progress): done of
+-- total, in which attempt, when. Deleted with the run.
+CREATE TABLE reflexr_run_progress (
+    run     TEXT PRIMARY KEY,
+    attempt INTEGER NOT NULL,
+    done    INTEGER NOT NULL CHECK (done >= 0),
+    total   INTEGER NOT NULL CHECK (total >= 0),
+    at      INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
 -- A workflow's steps: what each step of a run recorded, once. A handler
 -- re-runs from the top on every attempt, and a step found here returns its
 -- output instead of running again. position is the order the run reached
@@ -567,4 +592,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 10;
+PRAGMA user_version = 11;

@@ -528,6 +528,26 @@ impl<B: Backend> Engine<B> {
         self.db().read_with(&mut |c| control::configs(c))
     }
 
+    /// Up to `limit` lines of a run's log ([`RunContext::log`]) after line
+    /// `after` (0: from the first), in the order they were logged, across
+    /// its attempts. A run that is not there, or logged nothing, has none.
+    pub fn run_logs(&self, id: &str, after: i64, limit: usize) -> Result<Vec<crate::RunLog>> {
+        Ok(self
+            .db()
+            .read_with(&mut |c| crate::store::Steps::run_logs(c, id, after, limit))?
+            .into_iter()
+            .map(crate::RunLog::from)
+            .collect())
+    }
+
+    /// How far a run's handler last said it got ([`RunContext::progress`]).
+    pub fn run_progress(&self, id: &str) -> Result<Option<crate::RunProgress>> {
+        Ok(self
+            .db()
+            .read_with(&mut |c| crate::store::Steps::run_progress(c, id))?
+            .map(crate::RunProgress::from))
+    }
+
     /// Sets one key's limits and weight for a keyed action (see
     /// [`crate::KeyLimits`]), replacing what the key had; every process
     /// obeys them from its next claim. Recorded in the audit log with the

@@ -137,7 +137,7 @@ pub use work::follow::Follow;
 pub use work::operate::RuleReset;
 pub use work::prune::Retention;
 pub use work::queue::enqueue::{Debounce, Enqueue, Enqueued, Unique};
-pub use work::queue::run::{Run, RunContext, RunState};
+pub use work::queue::run::{Run, RunContext, RunLog, RunProgress, RunState};
 pub use work::queue::workflow::{RunEnd, Step};
 pub use work::reaction::Reaction;
 pub use work::rule::{Decision, OnDeadLetter, OnNewVersion, Rule, RunOrder, Scope, Start};
@@ -175,7 +175,8 @@ pub mod inspect {
 pub mod limits {
     pub use crate::base::event::RESERVED_TYPES;
     pub use crate::base::limits::{
-        MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES,
+        MAX_ERROR_BYTES, MAX_ID_BYTES, MAX_LOG_FIELDS_BYTES, MAX_LOG_LINES_PER_ATTEMPT,
+        MAX_LOG_MESSAGE_BYTES, MAX_NAME_BYTES, MAX_SUBJECT_BYTES,
     };
     pub use crate::base::step::MAX_STEPS_PER_RUN;
     pub use crate::core::changelog::{ENVELOPE_ALLOWANCE_BYTES, MAX_JSON_DEPTH};

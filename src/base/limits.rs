@@ -102,6 +102,17 @@ pub(crate) fn check_text(field: &'static str, text: &str, max: usize) -> Result<
     Ok(())
 }
 
+/// The most lines one attempt of a run keeps in its log
+/// ([`crate::RunContext::log`]): the next is replaced by one line saying
+/// the rest were dropped, and those after it are dropped.
+pub const MAX_LOG_LINES_PER_ATTEMPT: usize = 1_000;
+/// Longest message of a log line, in bytes; a longer one is cut (at a
+/// character boundary, with a note of how much).
+pub const MAX_LOG_MESSAGE_BYTES: usize = 4 * 1024;
+/// Largest fields of a log line, as JSON, in bytes; larger ones are
+/// refused with [`crate::Error::Invalid`].
+pub const MAX_LOG_FIELDS_BYTES: usize = 8 * 1024;
+
 /// Longest error text the engine records (a run's last error, a dead
 /// letter's, a `RuleErrored` event's, a stuck consumer's); longer texts are
 /// cut, so that no error message, however long, can make the record of it
@@ -113,13 +124,22 @@ pub const MAX_ERROR_BYTES: usize = 8 * 1024;
 /// cannot hold) becomes U+FFFD, so no error message can make the record of
 /// it fail.
 pub(crate) fn clip_error(text: &str) -> std::borrow::Cow<'_, str> {
+    clip_text(text, MAX_ERROR_BYTES)
+}
+
+/// `text` cut to at most `max` bytes (at least 128; at a character
+/// boundary), with a note of how much was cut; a NUL character becomes
+/// U+FFFD.
+pub(crate) fn clip_text(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if text.contains('\0') {
-        return std::borrow::Cow::Owned(clip_error(&text.replace('\0', "\u{FFFD}")).into_owned());
+        return std::borrow::Cow::Owned(
+            clip_text(&text.replace('\0', "\u{FFFD}"), max).into_owned(),
+        );
     }
-    if text.len() <= MAX_ERROR_BYTES {
+    if text.len() <= max {
         return std::borrow::Cow::Borrowed(text);
     }
-    let mut end = MAX_ERROR_BYTES - 64;
+    let mut end = max.max(128) - 64;
     while !text.is_char_boundary(end) {
         end -= 1;
     }

@@ -24,6 +24,27 @@ pub struct StepRow {
     pub recorded_at: i64,
 }
 
+/// A line a run's handler logged (`reflexr_run_logs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogRow {
+    pub run: String,
+    pub n: i64,
+    pub attempt: i64,
+    pub at: i64,
+    pub level: String,
+    pub message: String,
+    pub fields: Option<String>,
+}
+
+/// How far a run's handler last said it got (`reflexr_run_progress`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressRow {
+    pub attempt: i64,
+    pub done: i64,
+    pub total: i64,
+    pub at: i64,
+}
+
 /// A run waiting for an event of the log (`reflexr_event_waits`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventWait<'a> {
@@ -50,8 +71,19 @@ pub trait Steps {
     /// Forgets the run's steps from `position` on, and what it waits for;
     /// how many steps went.
     fn forget_steps(&self, run: &str, position: i64) -> Result<usize>;
-    /// Deletes the steps and waits of these runs (pruned).
+    /// Deletes the steps and waits of these runs (pruned), and their logs
+    /// and progress.
     fn delete_steps_of(&self, runs: &[String]) -> Result<()>;
+    /// Appends a line to the run's log (numbered after its last), if the
+    /// claim `(holder, attempt)` still holds: false when it does not.
+    fn append_log(&self, line: &LogRow, holder: &str) -> Result<bool>;
+    /// Up to `limit` lines of the run's log after line `after`, in order.
+    fn run_logs(&self, run: &str, after: i64, limit: usize) -> Result<Vec<LogRow>>;
+    /// Sets how far the run got, if the claim `(holder, attempt)` still
+    /// holds: false when it does not.
+    fn set_progress(&self, run: &str, holder: &str, p: &ProgressRow) -> Result<bool>;
+    /// How far the run last said it got.
+    fn run_progress(&self, run: &str) -> Result<Option<ProgressRow>>;
 
     /// Records a wait for an event, and makes sure its workspace's waits are
     /// matched from `after_seq` on.

@@ -20,6 +20,7 @@ mod leases;
 mod log;
 mod multiprocess;
 mod notify;
+mod observe;
 mod open;
 mod pacing;
 #[cfg(feature = "postgres")]

@@ -597,7 +597,9 @@ impl Runs for PgConn {
                 LIMIT $2) RETURNING id), \
              steps AS (DELETE FROM reflexr_steps WHERE run IN (SELECT id FROM gone)), \
              event_waits AS (DELETE FROM reflexr_event_waits WHERE run IN (SELECT id FROM gone)), \
-             run_waits AS (DELETE FROM reflexr_run_waits WHERE run IN (SELECT id FROM gone)) \
+             run_waits AS (DELETE FROM reflexr_run_waits WHERE run IN (SELECT id FROM gone)), \
+             logs AS (DELETE FROM reflexr_run_logs WHERE run IN (SELECT id FROM gone)), \
+             progress AS (DELETE FROM reflexr_run_progress WHERE run IN (SELECT id FROM gone)) \
              SELECT count(*) FROM gone",
             &[(&before, Type::INT8), (&limit, Type::INT8)],
         )?;

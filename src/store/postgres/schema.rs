@@ -12,7 +12,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.pg.sql");
 
 /// The PostgreSQL schema version this library writes: `schema.pg.sql`
 /// (version 1) and the migrations after it.
-pub(crate) const SCHEMA_VERSION: i32 = 13;
+pub(crate) const SCHEMA_VERSION: i32 = 14;
 
 /// Steps that take a database forward: `(n, sql)` takes version `n - 1` to
 /// `n`, and its SQL ends by recording `n` in `reflexr_schema_version`. A new
@@ -32,10 +32,34 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (11, MIGRATE_TO_11),
     (12, MIGRATE_TO_12),
     (13, MIGRATE_TO_13),
+    (14, MIGRATE_TO_14),
 ];
 
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
+
+/// Version 14: what runs' handlers logged, and how far they got, as in
+/// `schema.sql`.
+const MIGRATE_TO_14: &str = "
+CREATE TABLE reflexr_run_logs (
+    run     text NOT NULL,
+    n       bigint NOT NULL,
+    attempt bigint NOT NULL,
+    at      bigint NOT NULL,
+    level   text NOT NULL CHECK (level IN ('error', 'warn', 'info', 'debug', 'trace')),
+    message text NOT NULL,
+    fields  text,
+    PRIMARY KEY (run, n)
+);
+CREATE TABLE reflexr_run_progress (
+    run     text PRIMARY KEY,
+    attempt bigint NOT NULL,
+    done    bigint NOT NULL CHECK (done >= 0),
+    total   bigint NOT NULL CHECK (total >= 0),
+    at      bigint NOT NULL
+);
+INSERT INTO reflexr_schema_version (version) VALUES (14);
+";
 
 /// Version 13: flow control by key, as in `schema.sql`: a run's key, fair
 /// actions with their key path (`jsonb` path elements, see

@@ -12,7 +12,7 @@ use postgres::types::Type;
 use super::{PgConn, col};
 use crate::base::error::Result;
 use crate::store::Steps;
-use crate::store::steps::{EventWait, StepRow};
+use crate::store::steps::{EventWait, LogRow, ProgressRow, StepRow};
 
 const STEP_COLUMNS: &str =
     "run, name, position, kind, state, attempt, output, detail, wake_at, recorded_at";
@@ -99,10 +99,100 @@ impl Steps for PgConn {
             "DELETE FROM reflexr_steps WHERE run = ANY ($1)",
             "DELETE FROM reflexr_event_waits WHERE run = ANY ($1)",
             "DELETE FROM reflexr_run_waits WHERE run = ANY ($1)",
+            "DELETE FROM reflexr_run_logs WHERE run = ANY ($1)",
+            "DELETE FROM reflexr_run_progress WHERE run = ANY ($1)",
         ] {
             self.query(sql, &[(&runs, Type::TEXT_ARRAY)])?;
         }
         Ok(())
+    }
+
+    fn append_log(&self, l: &LogRow, holder: &str) -> Result<bool> {
+        // The run's row is locked first, so two lines of one run never take
+        // one number (the claim check reads it anyway).
+        Ok(self
+            .query_opt(
+                "WITH claim AS (SELECT 1 FROM reflexr_runs WHERE id = $1 AND state = 'running' \
+                                  AND claimed_by = $7 AND attempt = $2 FOR UPDATE) \
+                 INSERT INTO reflexr_run_logs (run, n, attempt, at, level, message, fields) \
+                 SELECT $1, coalesce((SELECT max(n) FROM reflexr_run_logs WHERE run = $1), 0) + 1, \
+                   $2, $3, $4, $5, $6 \
+                 WHERE EXISTS (SELECT 1 FROM claim) RETURNING 1",
+                &[
+                    (&l.run, Type::TEXT),
+                    (&l.attempt, Type::INT8),
+                    (&l.at, Type::INT8),
+                    (&l.level, Type::TEXT),
+                    (&l.message, Type::TEXT),
+                    (&l.fields, Type::TEXT),
+                    (&holder, Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn run_logs(&self, run: &str, after: i64, limit: usize) -> Result<Vec<LogRow>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.query(
+            "SELECT run, n, attempt, at, level, message, fields FROM reflexr_run_logs \
+             WHERE run = $1 AND n > $2 ORDER BY n LIMIT $3",
+            &[
+                (&run, Type::TEXT),
+                (&after, Type::INT8),
+                (&limit, Type::INT8),
+            ],
+        )?
+        .iter()
+        .map(|r| {
+            Ok(LogRow {
+                run: col(r, 0)?,
+                n: col(r, 1)?,
+                attempt: col(r, 2)?,
+                at: col(r, 3)?,
+                level: col(r, 4)?,
+                message: col(r, 5)?,
+                fields: col(r, 6)?,
+            })
+        })
+        .collect()
+    }
+
+    fn set_progress(&self, run: &str, holder: &str, p: &ProgressRow) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "INSERT INTO reflexr_run_progress (run, attempt, done, total, at) \
+                 SELECT $1, $2, $3, $4, $5 \
+                 WHERE EXISTS (SELECT 1 FROM reflexr_runs WHERE id = $1 AND state = 'running' \
+                                 AND claimed_by = $6 AND attempt = $2) \
+                 ON CONFLICT (run) DO UPDATE SET attempt = excluded.attempt, \
+                   done = excluded.done, total = excluded.total, at = excluded.at \
+                 RETURNING 1",
+                &[
+                    (&run, Type::TEXT),
+                    (&p.attempt, Type::INT8),
+                    (&p.done, Type::INT8),
+                    (&p.total, Type::INT8),
+                    (&p.at, Type::INT8),
+                    (&holder, Type::TEXT),
+                ],
+            )?
+            .is_some())
+    }
+
+    fn run_progress(&self, run: &str) -> Result<Option<ProgressRow>> {
+        self.query_opt(
+            "SELECT attempt, done, total, at FROM reflexr_run_progress WHERE run = $1",
+            &[(&run, Type::TEXT)],
+        )?
+        .map(|r| {
+            Ok(ProgressRow {
+                attempt: col(&r, 0)?,
+                done: col(&r, 1)?,
+                total: col(&r, 2)?,
+                at: col(&r, 3)?,
+            })
+        })
+        .transpose()
     }
 
     fn insert_event_wait(&self, w: &EventWait<'_>) -> Result<()> {

@@ -17,7 +17,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
@@ -33,7 +33,37 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, MIGRATE_TO_8),
     (9, MIGRATE_TO_9),
     (10, MIGRATE_TO_10),
+    (11, MIGRATE_TO_11),
 ];
+
+/// Version 11: what runs' handlers logged, and how far they got.
+const MIGRATE_TO_11: &str = "
+-- What a run's handler logged during its attempts (RunContext::log), each
+-- line committed as it was logged: n counts the run's lines across its
+-- attempts; level is error, warn, info, debug or trace; fields a JSON value.
+-- Deleted with the run.
+CREATE TABLE reflexr_run_logs (
+    run     TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    at      INTEGER NOT NULL,
+    level   TEXT NOT NULL CHECK (level IN ('error', 'warn', 'info', 'debug', 'trace')),
+    message TEXT NOT NULL,
+    fields  TEXT CHECK (fields IS NULL OR json_valid(fields)),
+    PRIMARY KEY (run, n)
+) STRICT, WITHOUT ROWID;
+
+-- How far a run's handler last said it got (RunContext::progress): done of
+-- total, in which attempt, when. Deleted with the run.
+CREATE TABLE reflexr_run_progress (
+    run     TEXT PRIMARY KEY,
+    attempt INTEGER NOT NULL,
+    done    INTEGER NOT NULL CHECK (done >= 0),
+    total   INTEGER NOT NULL CHECK (total >= 0),
+    at      INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+PRAGMA user_version = 11;
+";
 
 /// Version 10: flow control by key. Runs carry a key (`flow_key`, NULL for
 /// an action without keys); actions may be fair (claims serve their keys in

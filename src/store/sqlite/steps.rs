@@ -4,7 +4,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::base::error::Result;
 use crate::store::Steps;
-use crate::store::steps::{EventWait, StepRow};
+use crate::store::steps::{EventWait, LogRow, ProgressRow, StepRow};
 
 const STEP_COLUMNS: &str =
     "run, name, position, kind, state, attempt, output, detail, wake_at, recorded_at";
@@ -86,10 +86,79 @@ impl Steps for Connection {
             "DELETE FROM reflexr_steps WHERE run IN (SELECT value FROM json_each(?1))",
             "DELETE FROM reflexr_event_waits WHERE run IN (SELECT value FROM json_each(?1))",
             "DELETE FROM reflexr_run_waits WHERE run IN (SELECT value FROM json_each(?1))",
+            "DELETE FROM reflexr_run_logs WHERE run IN (SELECT value FROM json_each(?1))",
+            "DELETE FROM reflexr_run_progress WHERE run IN (SELECT value FROM json_each(?1))",
         ] {
             self.prepare_cached(sql)?.execute([&ids])?;
         }
         Ok(())
+    }
+
+    fn append_log(&self, l: &LogRow, holder: &str) -> Result<bool> {
+        Ok(self
+            .prepare_cached(
+                "INSERT INTO reflexr_run_logs (run, n, attempt, at, level, message, fields) \
+                 SELECT ?1, coalesce((SELECT max(n) FROM reflexr_run_logs WHERE run = ?1), 0) + 1, \
+                   ?2, ?3, ?4, ?5, ?6 \
+                 WHERE EXISTS (SELECT 1 FROM reflexr_runs WHERE id = ?1 AND state = 'running' \
+                                 AND claimed_by = ?7 AND attempt = ?2)",
+            )?
+            .execute(params![
+                l.run, l.attempt, l.at, l.level, l.message, l.fields, holder
+            ])?
+            == 1)
+    }
+
+    fn run_logs(&self, run: &str, after: i64, limit: usize) -> Result<Vec<LogRow>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stmt = self.prepare_cached(
+            "SELECT run, n, attempt, at, level, message, fields FROM reflexr_run_logs \
+             WHERE run = ?1 AND n > ?2 ORDER BY n LIMIT ?3",
+        )?;
+        let rows = stmt
+            .query_map(params![run, after, limit], |r| {
+                Ok(LogRow {
+                    run: r.get(0)?,
+                    n: r.get(1)?,
+                    attempt: r.get(2)?,
+                    at: r.get(3)?,
+                    level: r.get(4)?,
+                    message: r.get(5)?,
+                    fields: r.get(6)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn set_progress(&self, run: &str, holder: &str, p: &ProgressRow) -> Result<bool> {
+        Ok(self
+            .prepare_cached(
+                "INSERT INTO reflexr_run_progress (run, attempt, done, total, at) \
+                 SELECT ?1, ?2, ?3, ?4, ?5 \
+                 WHERE EXISTS (SELECT 1 FROM reflexr_runs WHERE id = ?1 AND state = 'running' \
+                                 AND claimed_by = ?6 AND attempt = ?2) \
+                 ON CONFLICT (run) DO UPDATE SET attempt = excluded.attempt, \
+                   done = excluded.done, total = excluded.total, at = excluded.at",
+            )?
+            .execute(params![run, p.attempt, p.done, p.total, p.at, holder])?
+            == 1)
+    }
+
+    fn run_progress(&self, run: &str) -> Result<Option<ProgressRow>> {
+        Ok(self
+            .prepare_cached(
+                "SELECT attempt, done, total, at FROM reflexr_run_progress WHERE run = ?1",
+            )?
+            .query_row([run], |r| {
+                Ok(ProgressRow {
+                    attempt: r.get(0)?,
+                    done: r.get(1)?,
+                    total: r.get(2)?,
+                    at: r.get(3)?,
+                })
+            })
+            .optional()?)
     }
 
     fn insert_event_wait(&self, w: &EventWait<'_>) -> Result<()> {

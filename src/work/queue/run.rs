@@ -156,6 +156,64 @@ text_enum! {
     }
 }
 
+/// A line a run's handler logged ([`RunContext::log`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct RunLog {
+    /// Its place in the run's log, from 1, across attempts (a cursor for
+    /// [`crate::Engine::run_logs`]).
+    pub n: i64,
+    /// The attempt that logged it.
+    pub attempt: u32,
+    /// When (ms since the epoch, by the engine's clock).
+    pub at: i64,
+    /// `error`, `warn`, `info`, `debug` or `trace`.
+    pub level: String,
+    /// The message.
+    pub message: String,
+    /// Its fields, as JSON text (serialised as the JSON it holds), if any.
+    #[serde(serialize_with = "crate::base::text::raw_json_opt")]
+    pub fields: Option<String>,
+}
+
+impl From<crate::store::steps::LogRow> for RunLog {
+    fn from(l: crate::store::steps::LogRow) -> RunLog {
+        RunLog {
+            n: l.n,
+            attempt: u32::try_from(l.attempt).unwrap_or(0),
+            at: l.at,
+            level: l.level,
+            message: l.message,
+            fields: l.fields,
+        }
+    }
+}
+
+/// How far a run's handler last said it got ([`RunContext::progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct RunProgress {
+    /// The attempt that said it.
+    pub attempt: u32,
+    /// How much is done.
+    pub done: u64,
+    /// Of how much.
+    pub total: u64,
+    /// When it was said (ms since the epoch, by the engine's clock).
+    pub at: i64,
+}
+
+impl From<crate::store::steps::ProgressRow> for RunProgress {
+    fn from(p: crate::store::steps::ProgressRow) -> RunProgress {
+        RunProgress {
+            attempt: u32::try_from(p.attempt).unwrap_or(0),
+            done: u64::try_from(p.done).unwrap_or(0),
+            total: u64::try_from(p.total).unwrap_or(0),
+            at: p.at,
+        }
+    }
+}
+
 /// A run as an operator sees it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
@@ -389,6 +447,9 @@ pub struct RunContext<'a, B: Backend = Sqlite> {
     pub(crate) output: Option<String>,
     /// The workflow's recorded steps, once a step was reached.
     pub(crate) flow: Option<Flow>,
+    /// Lines this attempt logged (kept or dropped), against
+    /// [`crate::limits::MAX_LOG_LINES_PER_ATTEMPT`].
+    logged: usize,
     /// Steps recorded and not written yet: written with the next step's
     /// record, or with the run's settlement.
     pub(crate) pending: Vec<crate::store::steps::StepRow>,
@@ -413,12 +474,128 @@ impl<'a, B: Backend> RunContext<'a, B> {
             output: None,
             flow: None,
             pending: Vec::new(),
+            logged: 0,
         }
     }
 
     /// The run this context is for.
     pub fn run(&self) -> &Run {
         self.run
+    }
+
+    /// Adds a line to the run's log, kept with the run under this attempt
+    /// and committed before this returns, so a crash later in the attempt
+    /// keeps it: operators read it with [`crate::Engine::run_logs`] (the
+    /// CLI, the HTTP API, the console and MCP show it with the run). `fields`
+    /// is any JSON value (`serde_json::Value::Null` for none). An attempt
+    /// keeps at most [`crate::limits::MAX_LOG_LINES_PER_ATTEMPT`] lines (then
+    /// one saying the rest were dropped); a message longer than
+    /// [`crate::limits::MAX_LOG_MESSAGE_BYTES`] is cut. Lines go to the
+    /// `log` crate too, under the target `reflexr::run`.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let engine = reflexr::Engine::open(dir.path().join("app.db")).unwrap();
+    /// engine.register_action("import", |run, ctx| {
+    ///     ctx.log(log::Level::Info, "fetched the file", serde_json::json!({ "rows": 120 }))?;
+    ///     Ok(())
+    /// }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for fields larger than
+    /// [`crate::limits::MAX_LOG_FIELDS_BYTES`]; [`Error::LeaseLost`] when
+    /// the run's claim is no longer this attempt's (nothing is written).
+    pub fn log(
+        &mut self,
+        level: log::Level,
+        message: impl AsRef<str>,
+        fields: serde_json::Value,
+    ) -> Result<()> {
+        use crate::base::limits::{
+            MAX_LOG_FIELDS_BYTES, MAX_LOG_LINES_PER_ATTEMPT, MAX_LOG_MESSAGE_BYTES,
+        };
+        let fields = match fields {
+            serde_json::Value::Null => None,
+            f => {
+                let text = f.to_string();
+                if text.len() > MAX_LOG_FIELDS_BYTES {
+                    return Err(Error::invalid(
+                        "fields",
+                        format!("{} bytes, more than {MAX_LOG_FIELDS_BYTES}", text.len()),
+                    ));
+                }
+                Some(text)
+            }
+        };
+        let message = crate::base::limits::clip_text(message.as_ref(), MAX_LOG_MESSAGE_BYTES);
+        let run = self.run;
+        log::log!(target: "reflexr::run", level, "run {}: {message}", run.id);
+        if self.logged > MAX_LOG_LINES_PER_ATTEMPT {
+            return Ok(());
+        }
+        self.logged += 1;
+        let (level, message, fields) = if self.logged > MAX_LOG_LINES_PER_ATTEMPT {
+            (
+                log::Level::Warn,
+                format!(
+                    "more than {MAX_LOG_LINES_PER_ATTEMPT} lines in this attempt: the rest are dropped"
+                ),
+                None,
+            )
+        } else {
+            (level, message.into_owned(), fields)
+        };
+        self.db.write_with(|tx| {
+            let line = crate::store::steps::LogRow {
+                run: run.id.clone(),
+                n: 0,
+                attempt: i64::from(run.attempt),
+                at: tx.now_ms(),
+                level: level.as_str().to_ascii_lowercase(),
+                message: message.clone(),
+                fields: fields.clone(),
+            };
+            if crate::store::Steps::append_log(tx.core(), &line, &run.holder)? {
+                Ok(())
+            } else {
+                Err(claim_lost(run))
+            }
+        })
+    }
+
+    /// Says how far the attempt got: `done` of `total` (any units: rows,
+    /// files, percent), kept with the run — the last said wins — and
+    /// committed before this returns; operators see it with the run
+    /// ([`crate::Engine::run_progress`]). Call it at steps a person would
+    /// want to see, not per item of a tight loop: each call is a commit.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] when `done` is more than `total`;
+    /// [`Error::LeaseLost`] when the run's claim is no longer this
+    /// attempt's (nothing is written).
+    pub fn progress(&mut self, done: u64, total: u64) -> Result<()> {
+        if done > total {
+            return Err(Error::invalid(
+                "progress",
+                format!("{done} done of {total}: done must not be more than total"),
+            ));
+        }
+        let big = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let run = self.run;
+        self.db.write_with(|tx| {
+            let p = crate::store::steps::ProgressRow {
+                attempt: i64::from(run.attempt),
+                done: big(done),
+                total: big(total),
+                at: tx.now_ms(),
+            };
+            if crate::store::Steps::set_progress(tx.core(), &run.id, &run.holder, &p)? {
+                Ok(())
+            } else {
+                Err(claim_lost(run))
+            }
+        })
     }
 
     /// The engine clock's time, in ms since the epoch.
