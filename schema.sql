@@ -48,6 +48,8 @@ CREATE TABLE reflexr_events (
     -- The subject version: the event's 1-based place among its subject's
     -- events in the workspace (what an append may expect).
     version        INTEGER NOT NULL DEFAULT 0 CHECK (version >= 0),
+    -- The W3C trace context of the work that appended it, if any.
+    traceparent    TEXT,
     FOREIGN KEY (workspace, type) REFERENCES reflexr_event_types (workspace, type)
 ) STRICT;
 
@@ -200,7 +202,8 @@ CREATE TABLE reflexr_runs (
     output           TEXT CHECK (output IS NULL OR json_valid(output)),
     parent           TEXT,
     began_seq        INTEGER,
-    flow_key         TEXT
+    flow_key         TEXT,
+    traceparent      TEXT
 ) STRICT;
 
 -- Claims: the ready runs by priority, then due time. Runs that wait behind

@@ -45,6 +45,11 @@ pub struct Event {
     /// How many causes deep the event is in a chain: 0 for an application's
     /// own event, one more than its cause otherwise.
     pub depth: i64,
+    /// The W3C trace context (`traceparent`) of the work that appended it,
+    /// if it had one ([`NewEvent::traceparent`]): a run it fires, and the
+    /// events that run emits, carry it on. Serialised only when present.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
     #[serde(serialize_with = "crate::base::text::raw_json")]
     pub(crate) payload: String,
     /// The payload parsed, once, by the first [`Event::json`].
@@ -119,6 +124,7 @@ impl Event {
             causation_id: v["causation_id"].as_str().map(str::to_string),
             correlation_id: v["correlation_id"].as_str().map(str::to_string),
             depth: int("depth")?,
+            traceparent: v["traceparent"].as_str().map(str::to_string),
             payload: v["payload"].to_string(),
             parsed: Parsed::default(),
         })
@@ -188,6 +194,7 @@ pub struct NewEvent {
     pub(crate) id: Option<String>,
     pub(crate) causation_id: Option<String>,
     pub(crate) correlation_id: Option<String>,
+    pub(crate) traceparent: Option<String>,
     pub(crate) expected: Expected,
 }
 
@@ -261,6 +268,7 @@ impl NewEvent {
             id: None,
             causation_id: None,
             correlation_id: None,
+            traceparent: None,
             expected: Expected::Any,
         }
     }
@@ -314,6 +322,25 @@ impl NewEvent {
     /// Sets the correlation id.
     pub fn correlation_id(mut self, id: impl Into<String>) -> NewEvent {
         self.correlation_id = Some(id.into());
+        self
+    }
+
+    /// Records the W3C trace context of the work that appends this event
+    /// (a `traceparent` header's value: `00-<32 hex trace id>-<16 hex
+    /// parent id>-<2 hex flags>`, lowercase; checked at the append:
+    /// [`crate::Error::Invalid`] otherwise). Kept with the event
+    /// ([`Event::traceparent`], the `sqlite3` column
+    /// `reflexr_events.traceparent`); a run the event fires carries it
+    /// ([`crate::Run::traceparent`]), and so do the events that run emits
+    /// and a follower relays.
+    ///
+    /// ```
+    /// # use reflexr::NewEvent;
+    /// let ev = NewEvent::new("order.placed", "order/7", "web", 1_764_000_000_000)
+    ///     .traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    /// ```
+    pub fn traceparent(mut self, tp: impl Into<String>) -> NewEvent {
+        self.traceparent = Some(tp.into());
         self
     }
 

@@ -84,6 +84,35 @@ pub(crate) fn check_json_path(field: &'static str, path: &str) -> Result<()> {
     Ok(())
 }
 
+/// A W3C trace context (`traceparent`) as version 00 writes it:
+/// `00-<32 hex>-<16 hex>-<2 hex>`, lowercase, with a trace id and a parent
+/// id that are not all zeros.
+pub(crate) fn check_traceparent(field: &'static str, tp: &str) -> Result<()> {
+    let parts: Vec<&str> = tp.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let ok = parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
+        && parts[1].bytes().any(|b| b != b'0')
+        && parts[2].bytes().any(|b| b != b'0');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            field,
+            format!(
+                "{tp:?} is not a W3C traceparent: 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, lowercase, ids not all zeros"
+            ),
+        ))
+    }
+}
+
 /// A free text that must be present: 1 to `max` bytes of UTF-8 with no
 /// control characters (ids, actors, holders).
 pub(crate) fn check_text(field: &'static str, text: &str, max: usize) -> Result<()> {

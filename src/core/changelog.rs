@@ -64,6 +64,9 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
             limits::check_text(field, v, MAX_ID_BYTES)?;
         }
     }
+    if let Some(tp) = &ev.traceparent {
+        limits::check_traceparent("traceparent", tp)?;
+    }
     let payload = checked_payload(ev, limits.max_payload_bytes, origin)?;
     if let Expected::Version(n) = ev.expected
         && n < 0
@@ -128,6 +131,7 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
         causation_id: ev.causation_id.as_deref(),
         correlation_id: ev.correlation_id.as_deref(),
         depth,
+        traceparent: ev.traceparent.as_deref(),
     };
     match Events::insert(conn, &row)? {
         Inserted::At { seq, version } => Ok(Appended {

@@ -24,6 +24,8 @@ pub struct NewRow<'a> {
     pub causation_id: Option<&'a str>,
     pub correlation_id: Option<&'a str>,
     pub depth: i64,
+    /// The W3C trace context of the work that appended it.
+    pub traceparent: Option<&'a str>,
 }
 
 /// What inserting an event did.

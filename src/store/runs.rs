@@ -41,6 +41,8 @@ pub struct NewRun<'a> {
     /// the input's value at the action's key path (else `""`), the others
     /// have none.
     pub key: Option<&'a str>,
+    /// The W3C trace context it carries (its event's, or its enqueue's).
+    pub traceparent: Option<&'a str>,
 }
 
 /// A uniqueness key and how long it holds.
@@ -110,6 +112,8 @@ pub struct RunRow {
     pub began_seq: Option<i64>,
     /// Its key, for a keyed action's limits and fair claims.
     pub flow_key: Option<String>,
+    /// The W3C trace context it carries.
+    pub traceparent: Option<String>,
 }
 
 /// Where a feed of run changes stands (`Inspect::runs_feed`).
@@ -378,7 +382,7 @@ pub(crate) const COLUMNS: &str = "ord, id, kind, action, workspace, rule, scope,
     input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, \
     backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, \
     last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, \
-    started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq, flow_key";
+    started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq, flow_key, traceparent";
 
 /// The `SET` term for a run going back to waiting or ready (a retry, a
 /// lapsed or released claim, an operator's revive): it gives its uniqueness

@@ -291,6 +291,7 @@ fn enqueue<B: Backend>(
             unique,
             parent: None,
             key: None,
+            traceparent: None,
         },
     )?;
     Counters::bump(

@@ -759,6 +759,7 @@ fn record_firing<B: Backend>(
             unique: None,
             parent: None,
             key: None,
+            traceparent: event.traceparent.as_deref(),
         },
     )?;
     if let Some(why) = &dead {
@@ -853,6 +854,7 @@ mod tests {
             causation_id: None,
             correlation_id: None,
             depth: 0,
+            traceparent: None,
             payload: "{}".into(),
             parsed: Default::default(),
         }

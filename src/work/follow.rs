@@ -91,6 +91,7 @@ pub fn same_event(event: &Event) -> NewEvent {
     )
     .payload_json(event.payload_json());
     e.causation_id.clone_from(&event.causation_id);
+    e.traceparent.clone_from(&event.traceparent);
     e.correlation_id.clone_from(&event.correlation_id);
     e
 }

@@ -435,6 +435,7 @@ pub(crate) fn step<B: Backend>(db: &B::Db, lease: &Lease, job: &Job<B>) -> Resul
                     unique: None,
                     parent: None,
                     key: None,
+                    traceparent: None,
                 },
             )?;
             let new = new == runs::Inserted::New;

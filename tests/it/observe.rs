@@ -10,7 +10,10 @@ use std::time::Duration;
 use common::backend::{Opts, TestBackend, child, parent_engine};
 use common::{children_on_backends, on_backends};
 use reflexr::limits::{MAX_LOG_LINES_PER_ATTEMPT, MAX_LOG_MESSAGE_BYTES};
-use reflexr::{Engine, Enqueue, ManualClock, Retention, RetryPolicy, RunState};
+use reflexr::{
+    Decision, Engine, Enqueue, Follow, ManualClock, NewEvent, Retention, RetryPolicy, Rule,
+    RunState,
+};
 use serde_json::json;
 
 on_backends!(
@@ -19,6 +22,8 @@ on_backends!(
     a_worker_that_lost_its_claim_logs_nothing,
     a_crash_mid_attempt_keeps_what_was_logged_before_it,
     logs_and_progress_go_with_their_run_when_it_is_pruned,
+    a_trace_context_goes_from_an_append_to_its_run_to_what_the_run_emits_and_a_relay,
+    a_trace_context_that_is_not_w3c_is_a_typed_error_that_appends_nothing,
 );
 
 children_on_backends!(child_process_logs_then_dies);
@@ -243,6 +248,132 @@ fn logs_and_progress_go_with_their_run_when_it_is_pruned<B: TestBackend>() {
     assert_eq!(
         B::count(&e, "SELECT count(*) FROM reflexr_run_logs")
             + B::count(&e, "SELECT count(*) FROM reflexr_run_progress"),
+        0
+    );
+}
+
+const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The trace context an application gives its append is kept with the
+/// event, carried by the run it fires and by the events that run emits,
+/// and by a follower's relay of them; an enqueue's too.
+fn a_trace_context_goes_from_an_append_to_its_run_to_what_the_run_emits_and_a_relay<
+    B: TestBackend,
+>() {
+    let (_place, _clock, e) = setup::<B>();
+    e.ensure_workspace("shop", &["order.placed", "order.confirmed"])
+        .unwrap();
+    e.ensure_workspace("audit", &["order.placed", "order.confirmed"])
+        .unwrap();
+    e.register_rule(
+        Rule::new("confirm", "shop")
+            .on(["order.placed"])
+            .action("confirm")
+            .decide(|_| Ok(Decision::Fire(json!({})))),
+    )
+    .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = std::sync::Arc::clone(&seen);
+    e.register_action("confirm", move |run, ctx| {
+        s.lock().unwrap().push(run.traceparent.clone());
+        ctx.emit(
+            "ok",
+            NewEvent::new("order.confirmed", "order/7", "engine", 0),
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    // Followers relay from a file (SQLite's).
+    let follows = B::NAME == "sqlite";
+    if follows {
+        e.follow(Follow::new("shop", "audit")).unwrap();
+    }
+    let placed = NewEvent::new("order.placed", "order/7", "web", 1).traceparent(TP);
+    let seq = e.append("shop", &placed).unwrap().seq;
+    e.run_until_idle().unwrap();
+    assert_eq!(
+        e.event(seq).unwrap().unwrap().traceparent.as_deref(),
+        Some(TP)
+    );
+    assert_eq!(*seen.lock().unwrap(), [Some(TP.to_string())]);
+    let shop = e.read(&reflexr::Query::new("shop")).unwrap();
+    let confirmed = shop
+        .iter()
+        .find(|ev| ev.event_type == "order.confirmed")
+        .unwrap();
+    assert_eq!(
+        confirmed.traceparent.as_deref(),
+        Some(TP),
+        "an emitted event carries it"
+    );
+    if follows {
+        let audit = e.read(&reflexr::Query::new("audit")).unwrap();
+        assert_eq!(audit.len(), 2);
+        assert!(
+            audit.iter().all(|ev| ev.traceparent.as_deref() == Some(TP)),
+            "{audit:?}"
+        );
+    }
+    // An event without one has none, and says nothing of it in JSON.
+    let plain = e
+        .append(
+            "shop",
+            &NewEvent::new("order.confirmed", "order/8", "web", 1),
+        )
+        .unwrap()
+        .seq;
+    let plain = e.event(plain).unwrap().unwrap();
+    assert_eq!(plain.traceparent, None);
+    assert!(
+        !serde_json::to_string(&plain)
+            .unwrap()
+            .contains("traceparent")
+    );
+    // An enqueue's.
+    e.register_action("job", |_, _| Ok(())).unwrap();
+    let id = e
+        .enqueue(&Enqueue::new("job", &json!({})).traceparent(TP))
+        .unwrap()
+        .id;
+    assert_eq!(
+        B::strings(
+            &e,
+            &format!("SELECT traceparent FROM reflexr_runs WHERE id = '{id}'")
+        ),
+        [TP]
+    );
+}
+
+/// Invariant 10: a trace context that is not W3C's version 00 — upper
+/// case, short, all-zero ids, another version — is a typed error, and the
+/// append or enqueue makes nothing.
+fn a_trace_context_that_is_not_w3c_is_a_typed_error_that_appends_nothing<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>();
+    e.ensure_workspace("shop", &["order.placed"]).unwrap();
+    for bad in [
+        "",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+    ] {
+        let err = e
+            .append(
+                "shop",
+                &NewEvent::new("order.placed", "o", "web", 1).traceparent(bad),
+            )
+            .unwrap_err();
+        assert!(err.is_bad_input(), "{bad:?}: {err}");
+        let err = e
+            .enqueue(&Enqueue::new("job", &json!({})).traceparent(bad))
+            .unwrap_err();
+        assert!(err.is_bad_input(), "{bad:?}: {err}");
+    }
+    assert_eq!(
+        B::count(&e, "SELECT count(*) FROM reflexr_events")
+            + B::count(&e, "SELECT count(*) FROM reflexr_runs"),
         0
     );
 }

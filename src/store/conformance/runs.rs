@@ -26,6 +26,7 @@ fn task<'a>(id: &'a str, lane: Option<&'a str>, unique: Option<Uniq<'a>>) -> New
         unique,
         parent: None,
         key: None,
+        traceparent: None,
     }
 }
 

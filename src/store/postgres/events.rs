@@ -11,7 +11,7 @@ use crate::store::events::NewRow;
 use crate::store::{Events, Inserted};
 
 pub(super) const EVENT_COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
-                             causation_id, correlation_id, depth, payload, version";
+                             causation_id, correlation_id, depth, payload, version, traceparent";
 
 pub(super) fn event_from(r: &Row) -> Result<Event> {
     Ok(Event {
@@ -28,6 +28,7 @@ pub(super) fn event_from(r: &Row) -> Result<Event> {
         depth: i64::from(col::<i32>(r, 10)?),
         payload: col(r, 11)?,
         version: col(r, 12)?,
+        traceparent: col(r, 13)?,
         parsed: Default::default(),
     })
 }
@@ -66,10 +67,11 @@ const INSERT: &str = concat!(
                    WHERE EXISTS (SELECT 1 FROM reflexr_event_types \
                                  WHERE workspace = $1 AND type = $3)), \
           ins AS (INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, \
-            occurred_at, recorded_at, payload, causation_id, correlation_id, depth, version) \
+            occurred_at, recorded_at, payload, causation_id, correlation_id, depth, version, \
+            traceparent) \
           SELECT next.seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, coalesce($13, ",
     version_of!("$1", "$4"),
-    " + 1) FROM next \
+    " + 1), $14 FROM next \
           ON CONFLICT (workspace, id) DO NOTHING \
           RETURNING seq, version) \
      SELECT seq, version FROM ins"
@@ -106,6 +108,7 @@ impl PgConn {
                 (&depth, Type::INT4),
                 (&last, Type::INT8),
                 (&row.version, Type::INT8),
+                (&row.traceparent, Type::TEXT),
             ],
         )?;
         inserted.map(|r| Ok((col(&r, 0)?, col(&r, 1)?))).transpose()

@@ -59,6 +59,7 @@ pub(super) fn run_from(r: &Row) -> Result<RunRow> {
         parent: col(r, 36)?,
         began_seq: col(r, 37)?,
         flow_key: col(r, 38)?,
+        traceparent: col(r, 39)?,
     })
 }
 
@@ -394,14 +395,14 @@ impl Runs for PgConn {
                on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
                backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
                created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
-               flow_key) \
+               flow_key, traceparent) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
                $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
                coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
                $23, $24, $25, \
                coalesce($26, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
                                      THEN coalesce($9::jsonb #>> key_path, '') END \
-                              FROM reflexr_actions WHERE action = $3))) \
+                              FROM reflexr_actions WHERE action = $3)), $27) \
              ON CONFLICT DO NOTHING RETURNING 1",
             &[
                 (&r.id, Type::TEXT),
@@ -430,6 +431,7 @@ impl Runs for PgConn {
                 (&unique_mode, Type::TEXT),
                 (&r.parent, Type::TEXT),
                 (&r.key, Type::TEXT),
+                (&r.traceparent, Type::TEXT),
             ],
         )?;
         if inserted.is_none() {

@@ -38,9 +38,11 @@ const MIGRATIONS: &[(i32, &str)] = &[
 // The last step reaches the version this library writes.
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
 
-/// Version 14: what runs' handlers logged, and how far they got, as in
-/// `schema.sql`.
+/// Version 14: what runs' handlers logged, and how far they got; the W3C
+/// trace context of events and runs; as in `schema.sql`.
 const MIGRATE_TO_14: &str = "
+ALTER TABLE reflexr_events ADD COLUMN traceparent text;
+ALTER TABLE reflexr_runs ADD COLUMN traceparent text;
 CREATE TABLE reflexr_run_logs (
     run     text NOT NULL,
     n       bigint NOT NULL,

@@ -17,8 +17,8 @@ pub(crate) fn insert(conn: &Connection, row: &NewRow<'_>) -> rusqlite::Result<Op
     let inserted = conn
         .prepare_cached(
             "INSERT INTO reflexr_events (workspace, id, type, subject, actor, occurred_at, \
-             recorded_at, payload, causation_id, correlation_id, depth, version) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+             recorded_at, payload, causation_id, correlation_id, depth, version, traceparent) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
              ON CONFLICT (workspace, id) DO NOTHING",
         )?
         .execute(params![
@@ -34,12 +34,13 @@ pub(crate) fn insert(conn: &Connection, row: &NewRow<'_>) -> rusqlite::Result<Op
             row.correlation_id,
             row.depth,
             row.version,
+            row.traceparent,
         ])?;
     Ok((inserted == 1).then(|| conn.last_insert_rowid()))
 }
 
 pub(super) const COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
-                       causation_id, correlation_id, depth, payload, version";
+                       causation_id, correlation_id, depth, payload, version, traceparent";
 
 pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<Event> {
     Ok(Event {
@@ -56,6 +57,7 @@ pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<Event> {
         depth: r.get(10)?,
         payload: r.get(11)?,
         version: r.get(12)?,
+        traceparent: r.get(13)?,
         parsed: Default::default(),
     })
 }

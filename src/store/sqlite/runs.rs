@@ -43,14 +43,14 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
            on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
            backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
            created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
-           flow_key) \
+           flow_key, traceparent) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
            ?17, ?18, ?19, ?20, ?21, ?21, CASE WHEN ?13 = 'dead' THEN ?21 END, \
            coalesce(?22, (SELECT priority FROM reflexr_actions WHERE action = ?3), 0), \
            ?23, ?24, ?25, \
            coalesce(?26, (SELECT CASE WHEN fair = 1 OR key_path IS NOT NULL \
                                  THEN coalesce(CAST(json_extract(?9, key_path) AS TEXT), '') END \
-                          FROM reflexr_actions WHERE action = ?3)))",
+                          FROM reflexr_actions WHERE action = ?3)), ?27)",
     )?
     .execute(params![
         r.id,
@@ -79,6 +79,7 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
         unique_mode,
         r.parent,
         r.key,
+        r.traceparent,
     ])?;
     if let Some(u) = r.unique.filter(|u| u.mode == "period") {
         conn.prepare_cached(
@@ -172,6 +173,7 @@ pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<RunRow> {
         parent: r.get(36)?,
         began_seq: r.get(37)?,
         flow_key: r.get(38)?,
+        traceparent: r.get(39)?,
     })
 }
 

@@ -36,8 +36,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (11, MIGRATE_TO_11),
 ];
 
-/// Version 11: what runs' handlers logged, and how far they got.
+/// Version 11: what runs' handlers logged, and how far they got; the W3C
+/// trace context of events and runs.
 const MIGRATE_TO_11: &str = "
+ALTER TABLE reflexr_events ADD COLUMN traceparent TEXT;
+ALTER TABLE reflexr_runs ADD COLUMN traceparent TEXT;
 -- What a run's handler logged during its attempts (RunContext::log), each
 -- line committed as it was logged: n counts the run's lines across its
 -- attempts; level is error, warn, info, debug or trace; fields a JSON value.

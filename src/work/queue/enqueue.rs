@@ -66,6 +66,7 @@ pub struct Enqueue {
     pub(crate) parent: Option<String>,
     pub(crate) key: Option<String>,
     pub(crate) debounce: Option<Debounce>,
+    pub(crate) traceparent: Option<String>,
 }
 
 /// Many enqueues of one key within a window become one run
@@ -128,6 +129,7 @@ impl Enqueue {
             parent: None,
             key: None,
             debounce: None,
+            traceparent: None,
         }
     }
 
@@ -188,6 +190,15 @@ impl Enqueue {
         self
     }
 
+    /// The W3C trace context of the work that enqueues it (a `traceparent`
+    /// header's value; [`crate::NewEvent::traceparent`] says the format):
+    /// kept with the run ([`crate::Run::traceparent`]), and carried by the
+    /// events it emits.
+    pub fn traceparent(mut self, tp: impl Into<String>) -> Enqueue {
+        self.traceparent = Some(tp.into());
+        self
+    }
+
     /// The run's id (default: a new one); enqueueing an id that exists
     /// enqueues nothing.
     pub fn id(mut self, id: impl Into<String>) -> Enqueue {
@@ -237,6 +248,9 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
     }
     if let Some(k) = &e.key {
         limits::check_text("key", k, limits::MAX_SUBJECT_BYTES)?;
+    }
+    if let Some(tp) = &e.traceparent {
+        limits::check_traceparent("traceparent", tp)?;
     }
     if let Some(d) = &e.debounce {
         if e.unique.is_some() || e.at.is_some() || e.after.is_some() {
@@ -298,6 +312,7 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
         unique,
         parent: e.parent.as_deref(),
         key: e.key.as_deref(),
+        traceparent: e.traceparent.as_deref(),
     };
     let mut inserted = Runs::insert(tx.core(), &new_run())?;
     if let (Some(d), Inserted::Duplicate(other)) = (&e.debounce, &inserted) {

@@ -50,6 +50,11 @@ pub struct Run {
     /// Its key, for its action's per-key limits and fair claims (see
     /// [`crate::Enqueue::key`]); `None` for an action without keys.
     pub key: Option<String>,
+    /// The W3C trace context it carries: its event's
+    /// ([`crate::NewEvent::traceparent`]) or its enqueue's
+    /// ([`crate::Enqueue::traceparent`]). The events it emits carry it
+    /// unless they set their own.
+    pub traceparent: Option<String>,
     pub(crate) input: String,
     pub(crate) checkpoint: Option<String>,
     pub(crate) holder: String,
@@ -80,6 +85,7 @@ impl Run {
             event_id: r.event_id.clone(),
             depth: r.depth,
             key: r.flow_key.clone(),
+            traceparent: r.traceparent.clone(),
             input: r.input.clone(),
             checkpoint: r.checkpoint.clone(),
             holder: r.claimed_by.clone().unwrap_or_default(),
@@ -852,6 +858,9 @@ pub(crate) fn finish_success<B: Backend>(
     }
     for e in emitted {
         let mut event = e.event.clone().id(format!("{}/{}", run.id, e.key));
+        if event.traceparent.is_none() {
+            event.traceparent.clone_from(&run.traceparent);
+        }
         if event.causation_id.is_none() {
             event.causation_id.clone_from(&run.event_id);
         }
