@@ -295,3 +295,28 @@ test('a workflow run shows its timeline, and a reset to a step makes it and thos
   assert.equal(log[0].reason, 'the mail bounced');
   assert.deepEqual(unexpected(page), []);
 });
+
+test("a run's page shows its progress and the lines it logged", async (t) => {
+  const { db, logged, waiting } = await makeBookingsDb();
+  const { server, page } = await open(t, db);
+  await page.goto(`${server.url}/#/run/${logged}`);
+  const rows = page.locator('#run-logs tbody tr');
+  await rows.nth(1).waitFor();
+  const { json: got } = await api(server.url, `/api/v1/runs/${logged}/logs`);
+  const shown = await rows.evaluateAll((trs) => trs.map((tr) => [...tr.cells].map((td) => td.textContent)));
+  assert.deepEqual(shown.map((cells) => cells.slice(1, 5)), got.logs.map((l) => [
+    String(l.attempt), l.level, l.message, l.fields === null ? '' : JSON.stringify(l.fields),
+  ]));
+  assert.deepEqual(shown.map((cells) => cells[3]), ['fetched the file', 'row 4 is odd']);
+  assert.match(shown[0][0], /^\d{4}-/);
+  const bar = page.locator('#run-progress progress');
+  assert.equal(await bar.getAttribute('value'), '3');
+  assert.equal(await bar.getAttribute('max'), '4');
+  assert.match(await page.locator('#run-progress').innerText(), /3 \/ 4 \(attempt 1, /);
+  await page.screenshot({ path: join(artifacts, 'console-run-log-1280x800.png') });
+  // A run that logged nothing says so.
+  await page.goto(`${server.url}/#/run/${waiting}`);
+  await page.locator('#run-logs-empty').waitFor();
+  assert.match(await page.locator('#run-progress').innerText(), /not said how far/);
+  assert.deepEqual(unexpected(page), []);
+});

@@ -158,6 +158,7 @@ pub(crate) fn routes<B: Backend>() -> Vec<Route<B>> {
         get("/api/v1/runs", runs),
         get("/api/v1/runs/{id}", run),
         get("/api/v1/runs/{id}/steps", run_steps),
+        get("/api/v1/runs/{id}/logs", run_logs),
         post("/api/v1/runs/{id}/retry", retry_run),
         post("/api/v1/runs/{id}/discard", discard_run),
         post("/api/v1/runs/{id}/cancel", cancel_run),
@@ -649,6 +650,31 @@ fn run<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
 fn run_steps<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
     only_params(ctx, &[], None)?;
     ok(&ctx.engine().run_steps(ctx.path("id"))?)
+}
+
+/// A page of a run's log after a line, with its progress: `next` is the
+/// last line's number (or `after` when there is none), to ask from next.
+fn run_logs<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {
+    only_params(ctx, &["after", "limit"], None)?;
+    let after = match int_param(ctx, "after")? {
+        None => 0,
+        Some(n) if n >= 0 => n,
+        Some(n) => {
+            return Err(ApiError::bad(format!(
+                "after={n}: a line number, 0 or more"
+            )));
+        }
+    };
+    let limit = limit_param(ctx)?;
+    let id = ctx.path("id");
+    let engine = ctx.engine();
+    if engine.run(id)?.is_none() {
+        return Err(ApiError::not_found(format!("no run {id:?}")));
+    }
+    let logs = engine.run_logs(id, after, limit)?;
+    let progress = engine.run_progress(id)?;
+    let next = logs.last().map_or(after, |l| l.n);
+    ok(&json!({ "logs": logs, "progress": progress, "next": next }))
 }
 
 fn dead_letters<B: Backend>(ctx: &Ctx<'_, B>) -> Outcome {

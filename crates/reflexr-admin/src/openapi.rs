@@ -104,6 +104,12 @@ fn object(properties: Value) -> Value {
     json!({ "type": "object", "properties": properties, "required": required })
 }
 
+/// `schema` (an [`object`]) with one more property that may be absent.
+fn with_optional(mut schema: Value, name: &str, property: Value) -> Value {
+    schema["properties"][name] = property;
+    schema
+}
+
 fn path_param(name: &str, description: &str, schema: Value) -> Value {
     json!({ "name": name, "in": "path", "required": true, "description": description, "schema": schema })
 }
@@ -405,6 +411,20 @@ fn operations() -> Vec<Operation> {
                 "summary": "A workflow run's timeline: the steps it recorded, in the order its handler reached them (where it began, each step's kind, state, attempt, time and output, and what a waiting step waits for and when it wakes). Empty for a run that is not a workflow.",
                 "parameters": [run_id()],
                 "responses": json_ok(array_of("Step")),
+            }),
+        ),
+        op(
+            "GET",
+            "/api/v1/runs/{id}/logs",
+            &[404],
+            json!({
+                "summary": "A page of the lines a run's handler logged (RunContext::log), oldest first across its attempts, after a line number, and how far it last said it got (RunContext::progress, null if it never said). Go on from next: the last line's number, or after when there is none. 404 for no such run.",
+                "parameters": [
+                    run_id(),
+                    query("after", "only lines after this line number (default 0: from the first)", int64(0)),
+                    limit(),
+                ],
+                "responses": json_ok(reference("RunLogPage")),
             }),
         ),
         op(
@@ -826,14 +846,14 @@ fn operations() -> Vec<Operation> {
 fn schemas() -> Value {
     let ts = || json!({ "type": "integer", "description": "ms since the epoch" });
     let ts_or_null = || json!({ "type": ["integer", "null"], "description": "ms since the epoch" });
-    json!({
+    let mut all = json!({
         "Error": object(json!({
             "error": object(json!({
                 "code": { "type": "string", "description": "bad_request, not_found, conflict, unauthorized, unknown_host, read_only, cross_site, too_large, head_too_large, length_required, unsupported_media_type, not_acceptable, method_not_allowed, timeout, unavailable, busy, internal" },
                 "message": { "type": "string" },
             })),
         })),
-        "Event": object(json!({
+        "Event": with_optional(object(json!({
             "seq": { "type": "integer" },
             "id": { "type": "string" },
             "workspace": { "type": "string" },
@@ -847,6 +867,10 @@ fn schemas() -> Value {
             "correlation_id": nullable("string"),
             "depth": { "type": "integer" },
             "payload": {},
+        })), "traceparent", json!({
+            "type": "string",
+            "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+            "description": "The W3C trace context of the work that appended it; absent when it had none",
         })),
         "EventPage": object(json!({
             "events": array_of("Event"),
@@ -1112,6 +1136,36 @@ fn schemas() -> Value {
             "run_id": { "type": "string" },
             "last_error": nullable("string"),
             "since": ts(),
+        })),
+    });
+    let schemas = all.as_object_mut().expect("schemas");
+    schemas.extend(run_log_schemas().as_object().expect("schemas").clone());
+    all
+}
+
+/// The schemas of a run's log and progress (apart: `json!` has a
+/// recursion limit).
+fn run_log_schemas() -> Value {
+    let ts = || json!({ "type": "integer", "description": "ms since the epoch" });
+    json!({
+        "RunLog": object(json!({
+            "n": { "type": "integer", "minimum": 1, "description": "its place in the run's log, from 1, across attempts" },
+            "attempt": { "type": "integer", "minimum": 0, "description": "the attempt that logged it" },
+            "at": ts(),
+            "level": one_of(vec!["error", "warn", "info", "debug", "trace"]),
+            "message": { "type": "string" },
+            "fields": { "description": "the JSON the handler gave with the line; null for none" },
+        })),
+        "RunProgress": object(json!({
+            "attempt": { "type": "integer", "minimum": 0, "description": "the attempt that said it" },
+            "done": { "type": "integer", "minimum": 0 },
+            "total": { "type": "integer", "minimum": 0 },
+            "at": ts(),
+        })),
+        "RunLogPage": object(json!({
+            "logs": array_of("RunLog"),
+            "progress": { "oneOf": [reference("RunProgress"), { "type": "null" }] },
+            "next": { "type": "integer", "minimum": 0, "description": "the last line's number, or after when there is none: the after of the next page" },
         })),
     })
 }

@@ -795,6 +795,115 @@ fn a_workflows_timeline_is_served_and_a_reset_runs_its_step_and_those_after_agai
 }
 
 #[test]
+fn a_runs_log_and_progress_are_served_a_page_at_a_time_even_while_it_runs() {
+    // GET /api/v1/runs/{id}/logs is Engine::run_logs and run_progress: the
+    // lines after `after`, `next` to go on from, 404 for no such run, 400
+    // for a number it refuses; a line is there as soon as it is logged.
+    let s = Scene::new();
+    let e = shop(&s);
+    let (server, api) = serve(&e, AdminConfig::new());
+    let inner = Api::new(server.local_addr(), None);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen_in = std::sync::Arc::clone(&seen);
+    e.register_action("import", move |run, ctx| {
+        for i in 1..=5 {
+            ctx.log(log::Level::Info, format!("row {i}"), json!({ "row": i }))?;
+        }
+        ctx.progress(5, 8)?;
+        // Read while running: the lines and the progress are committed.
+        seen_in
+            .lock()
+            .unwrap()
+            .push(inner.get(&format!("/api/v1/runs/{}/logs?after=3", run.id)));
+        ctx.log(log::Level::Error, "row 6 is bad", Value::Null)?;
+        Ok(())
+    })
+    .unwrap();
+    let ran = e
+        .enqueue(&reflexr::Enqueue::new("import", &json!({})))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    let (st, live) = seen.lock().unwrap()[0].clone();
+    assert_eq!(st, 200, "{live}");
+    assert_eq!(
+        (
+            live["logs"].as_array().unwrap().len(),
+            live["next"].clone(),
+            live["progress"]["done"].clone(),
+            live["progress"]["total"].clone(),
+            live["progress"]["attempt"].clone()
+        ),
+        (2, json!(5), json!(5), json!(8), json!(1)),
+        "{live}"
+    );
+
+    let path = format!("/api/v1/runs/{}/logs", ran.id);
+    let (st, all) = api.get(&path);
+    assert_eq!(st, 200, "{all}");
+    assert_eq!(
+        all,
+        json!({
+            "logs": e.run_logs(&ran.id, 0, 100).unwrap(),
+            "progress": e.run_progress(&ran.id).unwrap(),
+            "next": 6,
+        })
+    );
+    assert_eq!(all["logs"][0]["fields"], json!({ "row": 1 }));
+    assert_eq!(
+        (
+            all["logs"][5]["level"].clone(),
+            all["logs"][5]["message"].clone(),
+            all["logs"][5]["fields"].clone()
+        ),
+        (json!("error"), json!("row 6 is bad"), Value::Null)
+    );
+    // A page at a time, from `next`.
+    let (_, page) = api.get(&format!("{path}?after=2&limit=2"));
+    let ns: Vec<i64> = page["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!((ns, page["next"].clone()), (vec![3, 4], json!(4)));
+    let (_, end) = api.get(&format!("{path}?after=6"));
+    assert_eq!(
+        (end["logs"].clone(), end["next"].clone()),
+        (json!([]), json!(6))
+    );
+    // A run that logged nothing: no lines, no progress.
+    let quiet = e
+        .enqueue(&reflexr::Enqueue::new("import", &json!({})).after(Duration::from_secs(3_600)))
+        .unwrap();
+    let (st, none) = api.get(&format!("/api/v1/runs/{}/logs?after=9", quiet.id));
+    assert_eq!(
+        (st, none),
+        (200, json!({ "logs": [], "progress": null, "next": 9 }))
+    );
+    let (st, missing) = api.get("/api/v1/runs/no-such-run/logs");
+    assert_eq!((st, &missing["error"]["code"]), (404, &json!("not_found")));
+    for bad in [
+        "after=-1",
+        "after=x",
+        "after=1.5",
+        "after=99999999999999999999",
+        "limit=0",
+        "limit=1001",
+        "limit=x",
+        "since=1",
+    ] {
+        let (st, answer) = api.get(&format!("{path}?{bad}"));
+        assert_eq!(
+            (st, &answer["error"]["code"]),
+            (400, &json!("bad_request")),
+            "{bad}: {answer}"
+        );
+    }
+    let (st, _) = api.get(&format!("{path}?limit=1000"));
+    assert_eq!(st, 200);
+}
+
+#[test]
 fn rules_list_their_shadows_and_a_promote_hands_over_once_audited() {
     // Rule versions through the API: the rules route lists a version in
     // shadow as its own row beside its live rule; a promote is the
@@ -1351,7 +1460,18 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
     let inner = Api::new(server.local_addr(), None);
     let inner_doc = doc.clone();
     // A run reads the API while it is running (the only moment a run is).
-    e.register_action("inspect", move |run, _| {
+    e.register_action("inspect", move |run, ctx| {
+        ctx.log(log::Level::Info, "inspecting", json!({ "n": 1 }))?;
+        ctx.progress(1, 2)?;
+        let logs = format!("/api/v1/runs/{}/logs", run.id);
+        conform(
+            &inner,
+            &inner_doc,
+            "GET",
+            "/api/v1/runs/{id}/logs",
+            &logs,
+            None,
+        );
         let (_, page) = conform(
             &inner,
             &inner_doc,
@@ -1475,6 +1595,14 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
             &format!("/api/v1/runs/{id}/steps"),
             None,
         );
+        conform(
+            &api,
+            &doc,
+            "GET",
+            "/api/v1/runs/{id}/logs",
+            &format!("/api/v1/runs/{id}/logs?after=0&limit=5"),
+            None,
+        );
     }
     let charge = runs
         .iter()
@@ -1546,6 +1674,14 @@ fn every_answer_is_valid_under_the_served_document_read_strictly() {
         (
             "/api/v1/runs/{id}/steps",
             "/api/v1/runs/no-such-run/steps".into(),
+        ),
+        (
+            "/api/v1/runs/{id}/logs",
+            "/api/v1/runs/no-such-run/logs".into(),
+        ),
+        (
+            "/api/v1/runs/{id}/logs",
+            "/api/v1/runs/no-such-run/logs?after=-1".into(),
         ),
     ] {
         conform(&api, &doc, "GET", template, &path, None);

@@ -1,6 +1,6 @@
 //! `reflexr`: the operator's tool over a reflexr file.
 //!
-//! Read commands (`status`, `events`, `tail`, `runs`, `runs steps`,
+//! Read commands (`status`, `events`, `tail`, `runs`, `runs show`, `runs steps`,
 //! `dead-letters`, `stats`) read through WAL snapshots and never block the
 //! application's writer. Write commands (`retry`, `discard`, `unblock`,
 //! `reset-cursor`, `runs reset`, `prune`) go through the library's own checked, recorded operations, so
@@ -234,8 +234,9 @@ enum Command {
         #[command(flatten)]
         who: Who,
     },
-    /// Runs of the work queue, oldest first; `runs steps` and `runs reset`
-    /// for a workflow run's steps.
+    /// Runs of the work queue, oldest first; `runs show` for one run with
+    /// its progress and log, `runs steps` and `runs reset` for a workflow
+    /// run's steps.
     #[command(args_conflicts_with_subcommands = true)]
     Runs {
         #[command(subcommand)]
@@ -388,9 +389,16 @@ enum RulesCommand {
     },
 }
 
-/// What `runs` does besides listing: a workflow run's steps.
+/// What `runs` does besides listing: one run, a workflow run's steps.
 #[derive(Subcommand, Debug)]
 enum RunsCommand {
+    /// One run: its fields (state, action, attempt, due, last error, key…),
+    /// how far its handler said it got, and the lines it logged, oldest
+    /// first, across its attempts.
+    Show {
+        /// The run id.
+        run: String,
+    },
     /// A workflow run's timeline: its steps in the order its handler
     /// reached them, each with its kind, state, attempt, time and output
     /// size, and what a waiting step waits for and when it wakes.
@@ -510,6 +518,10 @@ fn run_on<B: Backend>(engine: &Engine<B>, cli: &Cli) -> Fallible {
             from_start,
             count,
         } => tail(&engine, workspace, types, *from_start, *count, cli.json),
+        Command::Runs {
+            command: Some(RunsCommand::Show { run }),
+            ..
+        } => show_run(&engine, run, cli.json),
         Command::Runs {
             command: Some(RunsCommand::Steps { run }),
             ..
@@ -1267,6 +1279,92 @@ fn runs<B: Backend>(
             format!("{}/{}", r.attempt, r.max_attempts),
             time(r.due_at),
             r.last_error.clone().unwrap_or_default(),
+        ]);
+    }
+    outln!("{t}")?;
+    Ok(())
+}
+
+/// Every line of a run's log, oldest first, read a page at a time.
+fn all_run_logs<B: Backend>(
+    engine: &Engine<B>,
+    run: &str,
+) -> reflexr::Result<Vec<reflexr::RunLog>> {
+    let mut logs: Vec<reflexr::RunLog> = Vec::new();
+    loop {
+        let after = logs.last().map_or(0, |l| l.n);
+        let page = engine.run_logs(run, after, reflexr::limits::MAX_PAGE)?;
+        let full = page.len() == reflexr::limits::MAX_PAGE;
+        logs.extend(page);
+        if !full {
+            return Ok(logs);
+        }
+    }
+}
+
+fn show_run<B: Backend>(engine: &Engine<B>, id: &str, json: bool) -> Fallible {
+    let Some(r) = engine.run(id)? else {
+        return Err(format!("run not found: {id:?}").into());
+    };
+    let progress = engine.run_progress(id)?;
+    let logs = all_run_logs(engine, id)?;
+    if json {
+        return print_json(&json!({ "run": r, "progress": progress, "logs": logs }));
+    }
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let mut fields = Table::new();
+    fields.load_style(presets::NOTHING);
+    for (k, v) in [
+        ("id", r.id.clone()),
+        ("state", r.state.as_str().to_string()),
+        ("kind", r.kind.as_str().to_string()),
+        ("action", r.action.clone()),
+        ("rule", or_dash(r.rule.clone())),
+        ("workspace", or_dash(r.workspace.clone())),
+        ("scope", or_dash(r.scope.clone())),
+        ("key", or_dash(r.key.clone())),
+        ("attempt", format!("{}/{}", r.attempt, r.max_attempts)),
+        ("priority", r.priority.to_string()),
+        ("due", time(r.due_at)),
+        ("claimed by", or_dash(r.claimed_by.clone())),
+        ("last error", or_dash(r.last_error.clone())),
+        ("created", time(r.created_at)),
+        ("updated", time(r.updated_at)),
+        ("finished", or_dash(r.finished_at.map(time))),
+        ("parent", or_dash(r.parent.clone())),
+        (
+            "progress",
+            progress.map_or_else(
+                || "-".into(),
+                |p| {
+                    format!(
+                        "{}/{} (attempt {}, at {})",
+                        p.done,
+                        p.total,
+                        p.attempt,
+                        time(p.at)
+                    )
+                },
+            ),
+        ),
+    ] {
+        fields.add_row(vec![format!("{k}:"), v]);
+    }
+    outln!("{fields}")?;
+    outln!()?;
+    if logs.is_empty() {
+        outln!("no log lines")?;
+        return Ok(());
+    }
+    let mut t = table(&["#", "attempt", "at", "level", "message", "fields"]);
+    for l in &logs {
+        t.add_row(vec![
+            l.n.to_string(),
+            l.attempt.to_string(),
+            time(l.at),
+            l.level.clone(),
+            l.message.clone(),
+            l.fields.clone().unwrap_or_default(),
         ]);
     }
     outln!("{t}")?;

@@ -471,6 +471,113 @@ fn runs_steps_shows_a_workflows_timeline_and_runs_reset_asks_first_and_is_record
 }
 
 #[test]
+fn runs_show_prints_a_run_with_its_progress_and_log_lines() {
+    // `runs show`: --json is Engine::run, run_progress and run_logs
+    // together; the text names the fields, the progress and each line.
+    let s = Scene::new();
+    let e = Engine::open(&s.path).unwrap();
+    e.register_action("import", |_, ctx| {
+        ctx.log(log::Level::Info, "fetched the file", json!({ "rows": 120 }))?;
+        ctx.progress(3, 10)?;
+        ctx.log(log::Level::Warn, "row 7 is odd", Value::Null)?;
+        Ok(())
+    })
+    .unwrap();
+    let ran = e
+        .enqueue(&reflexr::Enqueue::new(
+            "import",
+            &json!({ "file": "a.csv" }),
+        ))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    let later = e
+        .enqueue(
+            &reflexr::Enqueue::new("import", &json!({ "file": "b.csv" }))
+                .after(std::time::Duration::from_secs(3_600)),
+        )
+        .unwrap();
+
+    let v = json(&cli(&s.path, &["runs", "show", &ran.id, "--json"]));
+    assert_eq!(
+        v,
+        json!({
+            "run": e.run(&ran.id).unwrap().unwrap(),
+            "progress": e.run_progress(&ran.id).unwrap(),
+            "logs": e.run_logs(&ran.id, 0, 100).unwrap(),
+        })
+    );
+    assert_eq!(v["run"]["state"], "succeeded");
+    assert_eq!(
+        (
+            v["progress"]["done"].clone(),
+            v["progress"]["total"].clone()
+        ),
+        (json!(3), json!(10))
+    );
+    let lines: Vec<(i64, &str, &str)> = v["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["n"].as_i64().unwrap(),
+                l["level"].as_str().unwrap(),
+                l["message"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [(1, "info", "fetched the file"), (2, "warn", "row 7 is odd")]
+    );
+    assert_eq!(v["logs"][0]["fields"], json!({ "rows": 120 }));
+    assert_eq!(v["logs"][1]["fields"], Value::Null);
+
+    let out = cli(&s.path, &["runs", "show", &ran.id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for want in [
+        "state:",
+        "succeeded",
+        "import",
+        "attempt:",
+        "1/",
+        "due:",
+        "last error:",
+        "key:",
+        "3/10 (attempt 1, at ",
+        "fetched the file",
+        r#"{"rows":120}"#,
+        "row 7 is odd",
+        "warn",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+
+    // A run that has not started: no progress, no lines.
+    let v = json(&cli(&s.path, &["runs", "show", &later.id, "--json"]));
+    assert_eq!(
+        (
+            v["run"]["state"].clone(),
+            v["progress"].clone(),
+            v["logs"].clone()
+        ),
+        (json!("ready"), Value::Null, json!([]))
+    );
+    let text = stdout(&cli(&s.path, &["runs", "show", &later.id]));
+    assert!(text.contains("no log lines"), "{text}");
+
+    let out = cli(&s.path, &["runs", "show", "no-such-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+    let out = cli(&s.path, &["runs", "show", "no-such-run", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    let out = cli(&s.path, &["runs", "show"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
 fn append_adds_one_event_as_an_application_would_and_an_id_once() {
     // Invariants 3 and 10 through the CLI: an id is appended once; a type
     // the workspace does not have is a typed error that changes nothing.

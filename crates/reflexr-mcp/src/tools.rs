@@ -94,7 +94,7 @@ fn tools<B: Backend>() -> Vec<Tool<B>> {
         Tool {
             name: "get_run",
             title: "Get a run",
-            description: "One run with its attempts, last error, input, checkpoint and output, the event that fired it, the events it emitted, and a workflow's steps: each step's name, kind, state, attempt, time and output, and what a waiting one waits for (detail) and when it wakes (wake_at).",
+            description: "One run with its attempts, last error, input, checkpoint and output, the event that fired it, the events it emitted, a workflow's steps (each step's name, kind, state, attempt, time and output, and what a waiting one waits for (detail) and when it wakes (wake_at)), how far its handler said it got (progress: done of total), and the last 100 lines its handler logged (logs; logs_note says how many there are when there are more).",
             input: get_run_input,
             output: run_detail_schema,
             mutating: false,
@@ -531,10 +531,55 @@ struct GetRun {
 
 fn get_run<B: Backend>(mcp: &Mcp<B>, a: Value) -> Answer {
     let a: GetRun = args(a)?;
-    match mcp.engine().run_detail(&a.id).map_err(fail)? {
-        Some(d) => to_value(&d),
+    match run_with_logs(mcp.engine(), &a.id).map_err(fail)? {
+        Some(d) => Ok(d),
         None => Err(format!("no run {:?}", a.id)),
     }
+}
+
+/// How many of a run's last log lines `get_run` (and its resource) gives.
+const RUN_LOG_LINES: usize = 100;
+
+/// A run in detail ([`reflexr::Engine::run_detail`]) with its `progress`
+/// (or null) and the last [`RUN_LOG_LINES`] lines of its log, oldest
+/// first; `logs_note` says how many there are when there are more.
+fn run_with_logs<B: Backend>(e: &reflexr::Engine<B>, id: &str) -> reflexr::Result<Option<Value>> {
+    let Some(detail) = e.run_detail(id)? else {
+        return Ok(None);
+    };
+    let mut last = std::collections::VecDeque::with_capacity(RUN_LOG_LINES + 1);
+    let mut total = 0usize;
+    let mut after = 0;
+    loop {
+        let page = e.run_logs(id, after, MAX_PAGE)?;
+        let full = page.len() == MAX_PAGE;
+        total += page.len();
+        after = page.last().map_or(after, |l| l.n);
+        for line in page {
+            last.push_back(line);
+            if last.len() > RUN_LOG_LINES {
+                last.pop_front();
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    let mut v = json!(detail);
+    let o = v.as_object_mut().expect("a run's detail is an object");
+    o.insert("progress".into(), json!(e.run_progress(id)?));
+    o.insert("logs".into(), json!(last));
+    if total > last.len() {
+        o.insert(
+            "logs_note".into(),
+            json!(format!(
+                "the last {} of its {total} log lines; the first {} are not shown",
+                last.len(),
+                total - last.len()
+            )),
+        );
+    }
+    Ok(Some(v))
 }
 
 #[derive(Deserialize)]
@@ -1034,7 +1079,7 @@ pub(super) fn resource_templates() -> Value {
             "uriTemplate": "reflexr://runs/{id}",
             "name": "run",
             "title": "A run",
-            "description": "One run with the event that fired it, what it emitted, and a workflow's steps.",
+            "description": "One run with the event that fired it, what it emitted, a workflow's steps, its progress and the last 100 lines of its log.",
             "mimeType": "application/json",
         },
         {
@@ -1083,7 +1128,9 @@ pub(super) fn read_resource<B: Backend>(
     let e = mcp.engine();
     let value = match parts.as_slice() {
         ["status"] => status(mcp, json!({})).map_err(|m| RpcError::new(code::INTERNAL, m))?,
-        ["runs", id] => json!(e.run_detail(id).map_err(internal)?.ok_or_else(not_found)?),
+        ["runs", id] => run_with_logs(e, id)
+            .map_err(internal)?
+            .ok_or_else(not_found)?,
         ["events", ws, id] => json!(
             e.event_by_id(ws, id)
                 .map_err(internal)?
@@ -1203,8 +1250,21 @@ fn run_detail_schema() -> Value {
                 "items": { "type": "object" },
                 "description": "A workflow's timeline, in order (empty for a run that is not one): name, position, kind, state (done or waiting), attempt, recorded_at, output_bytes, output, detail (what it waits or waited for), wake_at.",
             },
+            "progress": {
+                "type": ["object", "null"],
+                "description": "How far its handler last said it got: attempt, done, total, at (ms); null if it never said.",
+            },
+            "logs": {
+                "type": "array",
+                "items": { "type": "object" },
+                "description": "The last 100 lines its handler logged, oldest first, across attempts: n (from 1), attempt, at (ms), level (error, warn, info, debug or trace), message, fields (JSON or null).",
+            },
+            "logs_note": {
+                "type": "string",
+                "description": "When it logged more than the lines given: how many there are.",
+            },
         },
-        "required": ["run", "event", "emitted", "steps"],
+        "required": ["run", "event", "emitted", "steps", "progress", "logs"],
     })
 }
 

@@ -466,6 +466,114 @@ fn get_run_gives_a_workflows_steps_and_a_reset_to_a_step_needs_confirm_and_is_au
 }
 
 #[test]
+fn get_run_gives_its_progress_and_the_last_hundred_lines_of_its_log() {
+    let s = Scene::new();
+    let e = shop(&s);
+    e.register_action("import", |run, ctx| {
+        let lines: u64 = run.input::<Value>()?["lines"].as_u64().unwrap();
+        for i in 1..=lines {
+            ctx.log(log::Level::Info, format!("row {i}"), json!({ "row": i }))?;
+            ctx.progress(i, lines)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let long = e
+        .enqueue(&reflexr::Enqueue::new("import", &json!({ "lines": 130 })))
+        .unwrap();
+    let short = e
+        .enqueue(&reflexr::Enqueue::new("import", &json!({ "lines": 2 })))
+        .unwrap();
+    e.run_until_idle().unwrap();
+    let quiet = e
+        .enqueue(
+            &reflexr::Enqueue::new("import", &json!({ "lines": 1 }))
+                .after(std::time::Duration::from_secs(3_600)),
+        )
+        .unwrap();
+    let mcp = Mcp::new(e.clone(), McpConfig::new().operator("assistant"));
+    let tool = |args: Value| {
+        let a = ask(
+            &mcp,
+            request(
+                1,
+                "tools/call",
+                json!({ "name": "get_run", "arguments": args }),
+            ),
+        )["result"]
+            .clone();
+        assert_eq!(a["isError"], false, "{a}");
+        a["structuredContent"].clone()
+    };
+    let list = ask(&mcp, request(1, "tools/list", json!({})));
+    let get_run = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "get_run")
+        .unwrap()
+        .clone();
+    let required = get_run["outputSchema"]["required"].as_array().unwrap();
+    assert!(
+        required.contains(&json!("progress")) && required.contains(&json!("logs")),
+        "{get_run}"
+    );
+
+    // More than a hundred lines: the last hundred, and a note of how many.
+    let got = tool(json!({ "id": long.id }));
+    let logs = got["logs"].as_array().unwrap();
+    assert_eq!(logs.len(), 100);
+    assert_eq!(
+        (logs[0]["n"].clone(), logs[99]["n"].clone()),
+        (json!(31), json!(130))
+    );
+    assert_eq!(
+        serde_json::to_value(e.run_logs(&long.id, 30, 1000).unwrap()).unwrap(),
+        got["logs"]
+    );
+    assert_eq!(logs[99]["fields"], json!({ "row": 130 }));
+    let note = got["logs_note"].as_str().unwrap();
+    assert!(note.contains("130") && note.contains("100"), "{note}");
+    assert_eq!(
+        got["progress"],
+        serde_json::to_value(e.run_progress(&long.id).unwrap()).unwrap()
+    );
+    assert_eq!(
+        (
+            got["progress"]["done"].clone(),
+            got["progress"]["total"].clone()
+        ),
+        (json!(130), json!(130))
+    );
+    assert_eq!(got["run"]["id"], long.id.as_str());
+
+    // Fewer: all of them, no note; a run that has not started: none.
+    let got = tool(json!({ "id": short.id }));
+    assert_eq!(got["logs"].as_array().unwrap().len(), 2);
+    assert!(got.get("logs_note").is_none(), "{got}");
+    let got = tool(json!({ "id": quiet.id }));
+    assert_eq!(
+        (got["logs"].clone(), got["progress"].clone()),
+        (json!([]), Value::Null)
+    );
+    assert!(got.get("logs_note").is_none(), "{got}");
+
+    // The run's resource holds the same.
+    let read = ask(
+        &mcp,
+        request(
+            2,
+            "resources/read",
+            json!({ "uri": format!("reflexr://runs/{}", long.id) }),
+        ),
+    );
+    let text: Value =
+        serde_json::from_str(read["result"]["contents"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text["logs"].as_array().unwrap().len(), 100);
+    assert_eq!(text["progress"]["done"], 130);
+}
+
+#[test]
 fn promote_rule_hands_a_rule_over_to_its_shadow_once_and_is_audited() {
     let s = Scene::new();
     let e = shop(&s);

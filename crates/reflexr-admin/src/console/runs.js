@@ -1,11 +1,12 @@
 // Runs: the list by filter, with bulk retry and discard of dead ones, and
-// one run's page.
+// one run's page (with its progress and log, followed while it runs).
 
 import { api, change, vocabulary } from './api.js';
 import { act } from './dialogs.js';
 import { enc, h, kv, num, pre, table, when } from './dom.js';
 import { eventLink } from './events.js';
 import { canChange, notify, session, showError } from './session.js';
+import { stream } from './stream.js';
 
 function stateCell(state) {
   return h('span', { class: `state-${state}` }, state);
@@ -188,7 +189,94 @@ function timeline(r, steps) {
     table('Steps, in order', columns, steps));
 }
 
-/** A run: its fields, input, checkpoint, the event that fired it, what it emitted, a workflow's steps. */
+/** The states a run does not leave. */
+const ENDED = ['succeeded', 'dead', 'discarded', 'cancelled'];
+
+/** A run's progress: a bar with done of total, the attempt and when. */
+function progressView(p) {
+  if (!p) return h('p', { class: 'empty' }, 'Its handler has not said how far it got.');
+  return h('p', { class: 'progress' },
+    h('progress', { max: Math.max(p.total, 1), value: Math.min(p.done, Math.max(p.total, 1)) }),
+    ` ${num(p.done)} / ${num(p.total)}`,
+    h('span', { class: 'hint' }, ` (attempt ${p.attempt}, ${when(p.at)})`));
+}
+
+function logRow(l) {
+  return h('tr', { data: { n: String(l.n) } },
+    h('td', {}, when(l.at)),
+    h('td', { class: 'num' }, String(l.attempt)),
+    h('td', { class: `level-${l.level}` }, l.level),
+    h('td', { class: 'wrap' }, l.message),
+    h('td', { class: 'wrap mono' }, l.fields === null || l.fields === undefined ? '' : JSON.stringify(l.fields)));
+}
+
+/**
+ * A run's progress and log lines, read a page at a time from
+ * /api/v1/runs/{id}/logs; while the run runs, asked again every second
+ * for the lines after the last (the runs stream says when it started and
+ * ended). Returns the section and its stop.
+ */
+function runLog(r, setState) {
+  const bar = h('div', { id: 'run-progress' });
+  const body = h('tbody', {});
+  const empty = h('p', { class: 'empty', id: 'run-logs-empty', hidden: true }, 'No lines logged.');
+  const lines = h('table', { id: 'run-logs', hidden: true },
+    h('caption', {}, 'Log lines, oldest first'),
+    h('thead', {}, h('tr', {}, ['time', 'attempt', 'level', 'message', 'fields'].map((c) => h('th', { scope: 'col' }, c)))),
+    body);
+  const list = h('div', { class: 'table-wrap' }, lines, empty);
+  let next = 0;
+  let state = r.state;
+  let timer = null;
+  let busy = false;
+  let stopped = false;
+  const fetchMore = async () => {
+    if (busy || stopped) return;
+    busy = true;
+    try {
+      for (;;) {
+        const page = await api(`/api/v1/runs/${enc(r.id)}/logs?after=${next}&limit=1000`);
+        if (stopped) return;
+        bar.replaceChildren(progressView(page.progress));
+        body.append(...page.logs.map(logRow));
+        next = page.next;
+        if (page.logs.length < 1000) break;
+      }
+      lines.hidden = body.childElementCount === 0;
+      empty.hidden = !lines.hidden;
+    } catch (e) {
+      showError(e);
+    } finally {
+      busy = false;
+    }
+  };
+  const follow = () => {
+    if (state === 'running' && !timer) timer = setInterval(fetchMore, 1000);
+    if (state !== 'running' && timer) { clearInterval(timer); timer = null; }
+  };
+  const unsubscribe = ENDED.includes(r.state) ? null : stream.subscribe('runs', {}, (m) => {
+    if (m.run?.id !== r.id || m.run.state === state) return;
+    state = m.run.state;
+    setState(state);
+    // The lines of the attempt that just ended, or began.
+    fetchMore();
+    follow();
+  });
+  fetchMore();
+  follow();
+  const section = h('section', { id: 'run-log' },
+    h('h2', {}, 'Progress and log'),
+    bar,
+    list);
+  const stop = () => {
+    stopped = true;
+    if (timer) clearInterval(timer);
+    unsubscribe?.();
+  };
+  return [section, stop];
+}
+
+/** A run: its fields, input, checkpoint, the event that fired it, what it emitted, a workflow's steps, its progress and log. */
 export async function runPage(main, query, [id]) {
   const d = await api(`/api/v1/runs/${enc(id)}`);
   const r = d.run;
@@ -196,7 +284,7 @@ export async function runPage(main, query, [id]) {
     h('h1', {}, `Run ${r.action}`),
     kv([
       ['id', h('span', { class: 'mono' }, r.id)],
-      ['state', stateCell(r.state)],
+      ['state', h('span', { id: 'run-state' }, stateCell(r.state))],
       ['kind', r.kind],
       ['rule', r.rule ?? '–'],
       ['scope', r.scope ?? '–'],
@@ -243,6 +331,8 @@ export async function runPage(main, query, [id]) {
           (who) => change(`/api/v1/runs/${enc(r.id)}/discard`, who), () => 'The run was discarded.'),
       }, 'Discard…')));
   }
+  const [log, stopLog] = runLog(r, (state) => { main.querySelector('#run-state')?.replaceChildren(stateCell(state)); });
+  main.append(log);
   if (d.steps.length) main.append(timeline(r, d.steps));
   main.append(h('h2', {}, 'Input'), pre(r.input));
   main.append(h('h2', {}, 'Checkpoint'), r.checkpoint === null ? h('p', { class: 'empty' }, 'None saved.') : pre(r.checkpoint));
@@ -253,5 +343,5 @@ export async function runPage(main, query, [id]) {
   main.append(h('h2', {}, 'Emitted'), d.emitted.length
     ? h('ul', {}, d.emitted.map((e) => h('li', {}, eventLink(e.workspace, e.id, `#${e.seq} ${e.type} (${e.subject})`))))
     : h('p', { class: 'empty' }, 'Nothing.'));
-  return undefined;
+  return stopLog;
 }
