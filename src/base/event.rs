@@ -46,8 +46,9 @@ pub struct Event {
     /// own event, one more than its cause otherwise.
     pub depth: i64,
     /// The W3C trace context (`traceparent`) of the work that appended it,
-    /// if it had one ([`NewEvent::traceparent`]): a run it fires, and the
-    /// events that run emits, carry it on. Serialised only when present.
+    /// if it had one ([`NewEvent::traceparent`]): a run a rule fires for
+    /// it, and the events that run emits, carry it on. Serialised only when
+    /// present.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
     #[serde(serialize_with = "crate::base::text::raw_json")]
@@ -330,9 +331,9 @@ impl NewEvent {
     /// parent id>-<2 hex flags>`, lowercase; checked at the append:
     /// [`crate::Error::Invalid`] otherwise). Kept with the event
     /// ([`Event::traceparent`], the `sqlite3` column
-    /// `reflexr_events.traceparent`); a run the event fires carries it
-    /// ([`crate::Run::traceparent`]), and so do the events that run emits
-    /// and a follower relays.
+    /// `reflexr_events.traceparent`); a run a rule fires for the event
+    /// carries it ([`crate::Run::traceparent`]), and so do the events that
+    /// run emits and a follower relays.
     ///
     /// ```
     /// # use reflexr::NewEvent;

@@ -45,6 +45,17 @@ pub struct NewRun<'a> {
     pub traceparent: Option<&'a str>,
 }
 
+/// What a debounced enqueue did to the run holding its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Debounced {
+    /// Folded into it: it had not started.
+    Folded,
+    /// It had started (and waits again): it gave the key up.
+    Released,
+    /// It no longer waits (claimed, or ended, meanwhile).
+    Gone,
+}
+
 /// A uniqueness key and how long it holds.
 #[derive(Debug, Clone, Copy)]
 pub struct Uniq<'a> {
@@ -343,9 +354,11 @@ pub trait Runs {
     /// join's or an operator's look (PostgreSQL; one writer on SQLite has
     /// them already).
     fn lock_runs(&self, ids: &[String]) -> Result<()>;
-    /// A debounced enqueue folded into the pending run `id`: its input
-    /// becomes `input`, and it is due at `due_at` but at most `max_wait_ms`
-    /// after it was created. False when it is no longer pending.
+    /// A debounced enqueue folded into the run `id` that holds its key, if
+    /// it never started: its input becomes `input`, and it is due at
+    /// `due_at` but at most `max_wait_ms` after it was created. One that
+    /// started and waits again (a retry's backoff, a suspended workflow)
+    /// gives the key up instead, for a new run.
     fn debounce(
         &self,
         id: &str,
@@ -353,7 +366,7 @@ pub trait Runs {
         due_at: i64,
         max_wait_ms: Option<i64>,
         now: i64,
-    ) -> Result<bool>;
+    ) -> Result<Debounced>;
 }
 
 /// `reflexr_lanes`: the order of a rule's (or an enqueue's) scope — each

@@ -77,6 +77,8 @@ pub trait Steps {
     /// Appends a line to the run's log (numbered after its last), if the
     /// claim `(holder, attempt)` still holds: false when it does not.
     fn append_log(&self, line: &LogRow, holder: &str) -> Result<bool>;
+    /// How many lines the run's log has of `attempt`.
+    fn count_logs(&self, run: &str, attempt: i64) -> Result<i64>;
     /// Up to `limit` lines of the run's log after line `after`, in order.
     fn run_logs(&self, run: &str, after: i64, limit: usize) -> Result<Vec<LogRow>>;
     /// Sets how far the run got, if the claim `(holder, attempt)` still

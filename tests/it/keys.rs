@@ -40,6 +40,8 @@ on_backends!(
     a_registered_merge_folds_every_debounced_input_into_the_run,
     a_batch_whose_third_run_fails_settles_the_others_once_and_retries_the_third,
     a_batch_handler_that_panics_or_miscounts_fails_every_run_of_its_call,
+    a_run_that_ended_before_its_action_was_made_fair_is_claimed_when_an_operator_retries_it,
+    a_debounced_run_waiting_for_its_retry_takes_no_more_input_and_gives_its_key_up,
 );
 
 children_on_backends!(
@@ -678,4 +680,82 @@ fn a_batch_handler_that_panics_or_miscounts_fails_every_run_of_its_call<B: TestB
             .all(|e| e.contains("panicked: the bulk API is down")),
         "{errors:?}"
     );
+}
+
+/// Invariant 5 across a change of config: a run that died before its
+/// action became fair has no key; an operator's retry gives it one, so the
+/// fair claim (which reads only keyed runs) takes it.
+fn a_run_that_ended_before_its_action_was_made_fair_is_claimed_when_an_operator_retries_it<
+    B: TestBackend,
+>() {
+    let (_place, _clock, e) = setup::<B>(|o| o);
+    e.register_action("report", |run, _| {
+        if run.attempt == 1 && run.key.is_none() {
+            return Err("the first attempt fails".into());
+        }
+        Ok(())
+    })
+    .unwrap();
+    let id = e
+        .enqueue(
+            &Enqueue::new("report", &json!({ "tenant": "acme" })).retry(RetryPolicy::attempts(1)),
+        )
+        .unwrap()
+        .id;
+    e.run_until_idle().unwrap();
+    assert_eq!(e.run(&id).unwrap().unwrap().state, RunState::Dead);
+    e.configure_action(&fair("report")).unwrap();
+    e.operator("ops", "the tenant's service is back")
+        .unwrap()
+        .retry_run(&id)
+        .unwrap();
+    assert_eq!(e.run(&id).unwrap().unwrap().key.as_deref(), Some("acme"));
+    e.run_until_idle().unwrap();
+    assert_eq!(e.run(&id).unwrap().unwrap().state, RunState::Succeeded);
+}
+
+/// Invariant 5 with a debounce and a retry: a debounced run that started,
+/// failed and waits for its backoff takes no more input (its attempt used
+/// the input it had) — the next enqueue of the key gives the key up from it
+/// and makes a new run; both run, each with its own input. A maximum wait
+/// of any length is taken.
+fn a_debounced_run_waiting_for_its_retry_takes_no_more_input_and_gives_its_key_up<
+    B: TestBackend,
+>() {
+    let (_place, clock, e) = setup::<B>(|o| o);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    e.register_action("reindex", move |run, _| {
+        let n = run.input::<Value>()?["n"].as_i64().unwrap();
+        s.lock().unwrap().push((n, run.attempt));
+        if n == 1 && run.attempt == 1 {
+            return Err("the index is busy".into());
+        }
+        Ok(())
+    })
+    .unwrap();
+    let d =
+        || Debounce::new("user/7", Duration::from_secs(2)).max_wait(Duration::from_secs(u64::MAX));
+    let retry = RetryPolicy::attempts(2).fixed(Duration::from_secs(60));
+    let first = e
+        .enqueue(
+            &Enqueue::new("reindex", &json!({ "n": 1 }))
+                .debounce(d())
+                .retry(retry),
+        )
+        .unwrap();
+    clock.advance(Duration::from_secs(2));
+    e.run_until_idle().unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(1, 1)], "failed, waits a minute");
+    let second = e
+        .enqueue(&Enqueue::new("reindex", &json!({ "n": 2 })).debounce(d()))
+        .unwrap();
+    assert!(!second.deduplicated, "a new run: the first has started");
+    assert_ne!(second.id, first.id);
+    assert_eq!(e.run(&first.id).unwrap().unwrap().input, r#"{"n":1}"#);
+    clock.advance(Duration::from_secs(61));
+    e.run_until_idle().unwrap();
+    let mut ran = seen.lock().unwrap().clone();
+    ran.sort();
+    assert_eq!(ran, [(1, 1), (1, 2), (2, 1)]);
 }

@@ -18,6 +18,15 @@ use crate::base::error::{Error, Result};
 use crate::store::runs::{COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY, ms};
 use crate::store::{Lanes, Runs};
 
+/// The `SET` term for a run that ended and is made pending again (an
+/// operator's retry or reset): a run that ended before its action became
+/// keyed gets its key now, so a fair claim (which reads only keyed runs)
+/// finds it.
+const KEY_AGAIN: &str = "flow_key = coalesce(flow_key, \
+       (SELECT CASE WHEN a.fair OR a.key_path IS NOT NULL \
+                    THEN coalesce(reflexr_runs.input::jsonb #>> a.key_path, '') END \
+        FROM reflexr_actions a WHERE a.action = reflexr_runs.action))";
+
 pub(super) fn run_from(r: &Row) -> Result<RunRow> {
     Ok(RunRow {
         ord: col(r, 0)?,
@@ -250,7 +259,7 @@ impl Runs for PgConn {
                        updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, \
                        finished_at = NULL, output = NULL, last_error = NULL, \
                        claimed_by = NULL, claim_expires_at = NULL, cancel_requested_at = NULL, \
-                       cancelled_by = NULL, cancel_reason = NULL, {YIELD_KEY} \
+                       cancelled_by = NULL, cancel_reason = NULL, {YIELD_KEY}, {KEY_AGAIN} \
                      WHERE id = $1 \
                        AND state IN ('ready', 'succeeded', 'dead', 'discarded', 'cancelled') \
                      RETURNING 1"
@@ -293,13 +302,15 @@ impl Runs for PgConn {
         due_at: i64,
         max_wait_ms: Option<i64>,
         now: i64,
-    ) -> Result<bool> {
-        Ok(self
+    ) -> Result<crate::store::runs::Debounced> {
+        use crate::store::runs::Debounced;
+        if self
             .query_opt(
                 "UPDATE reflexr_runs SET input = $2, updated_at = $5, \
                    changed_tx = pg_current_xact_id()::text::bigint, \
                    due_at = least($3, coalesce(created_at + $4, $3)) \
-                 WHERE id = $1 AND state IN ('waiting', 'ready') RETURNING 1",
+                 WHERE id = $1 AND state IN ('waiting', 'ready') AND started_at IS NULL \
+                 RETURNING 1",
                 &[
                     (&id, Type::TEXT),
                     (&input, Type::TEXT),
@@ -308,7 +319,24 @@ impl Runs for PgConn {
                     (&now, Type::INT8),
                 ],
             )?
-            .is_some())
+            .is_some()
+        {
+            return Ok(Debounced::Folded);
+        }
+        let released = self
+            .query_opt(
+                "UPDATE reflexr_runs SET unique_key = NULL, updated_at = $2, \
+                   changed_tx = pg_current_xact_id()::text::bigint \
+                 WHERE id = $1 AND state IN ('waiting', 'ready') AND started_at IS NOT NULL \
+                 RETURNING 1",
+                &[(&id, Type::TEXT), (&now, Type::INT8)],
+            )?
+            .is_some();
+        Ok(if released {
+            Debounced::Released
+        } else {
+            Debounced::Gone
+        })
     }
 
     fn lock_runs(&self, ids: &[String]) -> Result<()> {
@@ -845,7 +873,8 @@ impl Runs for PgConn {
             .query_opt(
                 &format!(
                     "UPDATE reflexr_runs SET state = $2, attempt = 0, due_at = $3, \
-                       updated_at = $3, changed_tx = pg_current_xact_id()::text::bigint, finished_at = NULL, {YIELD_KEY} \
+                       updated_at = $3, changed_tx = pg_current_xact_id()::text::bigint, finished_at = NULL, {YIELD_KEY}, \
+                       {KEY_AGAIN} \
                      WHERE id = $1 AND state = 'dead' RETURNING 1"
                 ),
                 &[(&id, Type::TEXT), (&state, Type::TEXT), (&now, Type::INT8)],

@@ -131,6 +131,15 @@ impl Steps for PgConn {
             .is_some())
     }
 
+    fn count_logs(&self, run: &str, attempt: i64) -> Result<i64> {
+        self.query(
+            "SELECT count(*) FROM reflexr_run_logs WHERE run = $1 AND attempt = $2",
+            &[(&run, Type::TEXT), (&attempt, Type::INT8)],
+        )?
+        .first()
+        .map_or(Ok(0), |r| col(r, 0))
+    }
+
     fn run_logs(&self, run: &str, after: i64, limit: usize) -> Result<Vec<LogRow>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.query(

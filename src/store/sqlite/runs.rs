@@ -274,6 +274,15 @@ pub(crate) fn claim_ords(
     Ok(rows)
 }
 
+/// The `SET` term for a run that ended and is made pending again (an
+/// operator's retry or reset): a run that ended before its action became
+/// keyed gets its key now, as the configure gave the unfinished ones, so a
+/// fair claim (which reads only keyed runs) finds it.
+pub(super) const KEY_AGAIN: &str = "flow_key = coalesce(flow_key, \
+       (SELECT CASE WHEN a.fair = 1 OR a.key_path IS NOT NULL \
+                    THEN coalesce(CAST(json_extract(reflexr_runs.input, a.key_path) AS TEXT), '') END \
+        FROM reflexr_actions a WHERE a.action = reflexr_runs.action))";
+
 /// The claim of picked runs: by their positions (the `+` keeps SQLite on
 /// the primary key: with `state` indexed, it would search every ready run
 /// of the queue and test each against the list).
@@ -545,7 +554,7 @@ impl Runs for Connection {
                 "UPDATE reflexr_runs SET state = 'ready', attempt = 0, due_at = ?2, \
                    updated_at = ?2, finished_at = NULL, output = NULL, last_error = NULL, \
                    claimed_by = NULL, claim_expires_at = NULL, cancel_requested_at = NULL, \
-                   cancelled_by = NULL, cancel_reason = NULL, {YIELD_KEY} \
+                   cancelled_by = NULL, cancel_reason = NULL, {YIELD_KEY}, {KEY_AGAIN} \
                  WHERE id = ?1 AND state IN ('ready', 'succeeded', 'dead', 'discarded', 'cancelled')"
             ))?
             .execute(params![id, now])?
@@ -585,15 +594,29 @@ impl Runs for Connection {
         due_at: i64,
         max_wait_ms: Option<i64>,
         now: i64,
-    ) -> Result<bool> {
-        Ok(self
+    ) -> Result<runs::Debounced> {
+        if self
             .prepare_cached(
                 "UPDATE reflexr_runs SET input = ?2, updated_at = ?5, \
                    due_at = min(?3, coalesce(created_at + ?4, ?3)) \
-                 WHERE id = ?1 AND state IN ('waiting', 'ready')",
+                 WHERE id = ?1 AND state IN ('waiting', 'ready') AND started_at IS NULL",
             )?
             .execute(params![id, input, due_at, max_wait_ms, now])?
-            == 1)
+            == 1
+        {
+            return Ok(runs::Debounced::Folded);
+        }
+        let released = self
+            .prepare_cached(
+                "UPDATE reflexr_runs SET unique_key = NULL, updated_at = ?2 \
+                 WHERE id = ?1 AND state IN ('waiting', 'ready') AND started_at IS NOT NULL",
+            )?
+            .execute(params![id, now])?;
+        Ok(if released == 1 {
+            runs::Debounced::Released
+        } else {
+            runs::Debounced::Gone
+        })
     }
 
     fn insert(&self, run: &NewRun<'_>) -> Result<runs::Inserted> {
@@ -891,7 +914,7 @@ impl Runs for Connection {
         Ok(conn
             .prepare_cached(&format!(
                 "UPDATE reflexr_runs SET state = ?2, attempt = 0, due_at = ?3, updated_at = ?3, \
-                   finished_at = NULL, {YIELD_KEY} \
+                   finished_at = NULL, {YIELD_KEY}, {KEY_AGAIN} \
                  WHERE id = ?1 AND state = 'dead'"
             ))?
             .execute(params![id, state, now])?

@@ -109,6 +109,14 @@ impl Steps for Connection {
             == 1)
     }
 
+    fn count_logs(&self, run: &str, attempt: i64) -> Result<i64> {
+        Ok(self
+            .prepare_cached(
+                "SELECT count(*) FROM reflexr_run_logs WHERE run = ?1 AND attempt = ?2",
+            )?
+            .query_row(params![run, attempt], |r| r.get(0))?)
+    }
+
     fn run_logs(&self, run: &str, after: i64, limit: usize) -> Result<Vec<LogRow>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut stmt = self.prepare_cached(

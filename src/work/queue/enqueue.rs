@@ -315,16 +315,38 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
         traceparent: e.traceparent.as_deref(),
     };
     let mut inserted = Runs::insert(tx.core(), &new_run())?;
-    if let (Some(d), Inserted::Duplicate(other)) = (&e.debounce, &inserted) {
-        if coalesce(tx, &e.action, other, input, d, now)? {
-            return Ok(Enqueued {
-                id: other.clone(),
-                deduplicated: true,
-            });
+    if let Some(d) = &e.debounce {
+        // The key's holder may start, end or give the key up between two
+        // statements (another process's claim, on a backend where one can
+        // run beside this transaction): a few more tries, then a clear
+        // error rather than an enqueue lost.
+        let mut tries = 0;
+        loop {
+            match &inserted {
+                Inserted::New => break,
+                Inserted::Duplicate(other) => {
+                    if coalesce(tx, &e.action, other, input, d, now)? {
+                        return Ok(Enqueued {
+                            id: other.clone(),
+                            deduplicated: true,
+                        });
+                    }
+                }
+                Inserted::Existed if Runs::get(tx.core(), &id)?.is_some() => break,
+                Inserted::Existed => {}
+            }
+            tries += 1;
+            if tries > 3 {
+                return Err(Error::Conflict {
+                    kind: "debounce",
+                    reason: format!(
+                        "the run holding {:?} kept changing while this enqueue looked: try again",
+                        d.key
+                    ),
+                });
+            }
+            inserted = Runs::insert(tx.core(), &new_run())?;
         }
-        // It started between the two statements (another process's claim,
-        // on a backend where that can happen): the key is free now.
-        inserted = Runs::insert(tx.core(), &new_run())?;
     }
     Ok(match inserted {
         Inserted::New => Enqueued {
@@ -342,10 +364,14 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
     })
 }
 
+/// The longest window or maximum wait a debounce counts with: a century.
+const MAX_WAIT_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
 /// Folds an enqueue into the debounce key's pending run `id`: its input
 /// becomes the new one, or the action's merge of both, and it is due a
 /// window from now, at most `max_wait` after it was first enqueued. False
-/// when the run started meanwhile.
+/// when it no longer takes input: it started (and gave the key up) or
+/// ended meanwhile.
 fn coalesce<B: Backend>(
     tx: &Tx<'_, B>,
     action: &str,
@@ -372,15 +398,17 @@ fn coalesce<B: Backend>(
         }
         None => None,
     };
-    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    Runs::debounce(
+    // Capped so that a creation time plus it fits in 64 bits on every
+    // backend (a century is far past any window).
+    let ms = |d: Duration| i64::try_from(d.as_millis()).map_or(MAX_WAIT_MS, |m| m.min(MAX_WAIT_MS));
+    Ok(Runs::debounce(
         conn,
         id,
         merged.as_deref().unwrap_or(input),
         now.saturating_add(ms(d.window)),
         d.max_wait.map(ms),
         now,
-    )
+    )? == crate::store::runs::Debounced::Folded)
 }
 
 impl<B: Backend> Tx<'_, B> {

@@ -454,8 +454,10 @@ pub struct RunContext<'a, B: Backend = Sqlite> {
     /// The workflow's recorded steps, once a step was reached.
     pub(crate) flow: Option<Flow>,
     /// Lines this attempt logged (kept or dropped), against
-    /// [`crate::limits::MAX_LOG_LINES_PER_ATTEMPT`].
-    logged: usize,
+    /// [`crate::limits::MAX_LOG_LINES_PER_ATTEMPT`]: read from the file at
+    /// the first line (a workflow resumed after a suspension goes on in the
+    /// attempt it suspended in).
+    logged: Option<usize>,
     /// Steps recorded and not written yet: written with the next step's
     /// record, or with the run's settlement.
     pub(crate) pending: Vec<crate::store::steps::StepRow>,
@@ -480,7 +482,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
             output: None,
             flow: None,
             pending: Vec::new(),
-            logged: 0,
+            logged: None,
         }
     }
 
@@ -537,11 +539,23 @@ impl<'a, B: Backend> RunContext<'a, B> {
         let message = crate::base::limits::clip_text(message.as_ref(), MAX_LOG_MESSAGE_BYTES);
         let run = self.run;
         log::log!(target: "reflexr::run", level, "run {}: {message}", run.id);
-        if self.logged > MAX_LOG_LINES_PER_ATTEMPT {
+        let logged = match self.logged {
+            Some(n) => n,
+            None => {
+                let attempt = i64::from(run.attempt);
+                let n = self
+                    .db
+                    .read_with(&mut |c| crate::store::Steps::count_logs(c, &run.id, attempt))?;
+                usize::try_from(n).unwrap_or(usize::MAX)
+            }
+        };
+        if logged > MAX_LOG_LINES_PER_ATTEMPT {
+            self.logged = Some(logged);
             return Ok(());
         }
-        self.logged += 1;
-        let (level, message, fields) = if self.logged > MAX_LOG_LINES_PER_ATTEMPT {
+        let logged = logged + 1;
+        self.logged = Some(logged);
+        let (level, message, fields) = if logged > MAX_LOG_LINES_PER_ATTEMPT {
             (
                 log::Level::Warn,
                 format!(
