@@ -1,6 +1,8 @@
-//! `reflexr_steps`, `reflexr_event_waits`, `reflexr_wait_positions` and
-//! `reflexr_run_waits`: workflows — what each run's steps recorded, and
-//! what its suspension waits for.
+//! `reflexr_steps`, `reflexr_event_waits`, `reflexr_wait_positions`,
+//! `reflexr_run_waits`, `reflexr_run_logs` and `reflexr_run_progress`: what
+//! a run keeps of its own besides its row — what a workflow's steps
+//! recorded, what its suspension waits for, and what its handler logged and
+//! how far it got — each deleted with the run.
 //!
 //! The table group every backend implements (`store::sqlite::steps`,
 //! `store::postgres::steps`), and the rows it speaks in.

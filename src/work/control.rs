@@ -228,7 +228,7 @@ impl ActionConfig {
 
     /// At most `count` starts in any window of `period`.
     pub fn rate(mut self, count: u32, period: Duration) -> ActionConfig {
-        self.rate = Some((count, i64::try_from(period.as_millis()).unwrap_or(i64::MAX)));
+        self.rate = Some((count, period_ms(period)));
         self
     }
 
@@ -263,17 +263,7 @@ impl ActionConfig {
 
     fn validate(&self) -> Result<()> {
         limits::check_name("action", &self.action)?;
-        if self.max_running == Some(0) {
-            return Err(Error::invalid("max_running", "at least 1"));
-        }
-        if let Some((n, p)) = self.rate
-            && (n == 0 || p <= 0)
-        {
-            return Err(Error::invalid(
-                "rate",
-                "at least 1 start per period of at least 1 ms",
-            ));
-        }
+        check_limits(self.max_running, self.rate)?;
         if let Some(f) = &self.partition_by {
             limits::check_text("partition_by", f, limits::MAX_NAME_BYTES)?;
             // A path SQLite refuses would fail every claim of the action:
@@ -287,6 +277,28 @@ impl ActionConfig {
     pub(crate) fn path(&self) -> Option<String> {
         self.partition_by.as_deref().map(json_path)
     }
+}
+
+/// A rate's period in ms, as stored.
+fn period_ms(period: Duration) -> i64 {
+    i64::try_from(period.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The checks an action's limits and a key's overrides share: at least one
+/// running, at least one start per period of at least 1 ms.
+fn check_limits(max_running: Option<u32>, rate: Option<(u32, i64)>) -> Result<()> {
+    if max_running == Some(0) {
+        return Err(Error::invalid("max_running", "at least 1"));
+    }
+    if let Some((n, p)) = rate
+        && (n == 0 || p <= 0)
+    {
+        return Err(Error::invalid(
+            "rate",
+            "at least 1 start per period of at least 1 ms",
+        ));
+    }
+    Ok(())
 }
 
 /// A field name (quoted, so any character but `"` is taken as it is), or a
@@ -413,7 +425,7 @@ impl KeyLimits {
 
     /// At most `count` starts of the key in any window of `period`.
     pub fn rate(mut self, count: u32, period: Duration) -> KeyLimits {
-        self.rate = Some((count, i64::try_from(period.as_millis()).unwrap_or(i64::MAX)));
+        self.rate = Some((count, period_ms(period)));
         self
     }
 
@@ -426,17 +438,7 @@ impl KeyLimits {
 
     fn validate(&self) -> Result<()> {
         limits::check_text("key", &self.key, limits::MAX_SUBJECT_BYTES)?;
-        if self.max_running == Some(0) {
-            return Err(Error::invalid("max_running", "at least 1"));
-        }
-        if let Some((n, p)) = self.rate
-            && (n == 0 || p <= 0)
-        {
-            return Err(Error::invalid(
-                "rate",
-                "at least 1 start per period of at least 1 ms",
-            ));
-        }
+        check_limits(self.max_running, self.rate)?;
         if self.weight == Some(0) {
             return Err(Error::invalid("weight", "at least 1"));
         }

@@ -1,4 +1,4 @@
-//! PostgreSQL: workflows' steps and what suspended runs wait for, as
+//! PostgreSQL: workflows' steps, what suspended runs wait for, and runs' logs and progress, as
 //! `store::sqlite::steps` has them.
 //!
 //! What differs: a join locks the rows of the runs it waits for

@@ -1,4 +1,4 @@
-//! SQLite: workflows' steps and what suspended runs wait for.
+//! SQLite: workflows' steps, what suspended runs wait for, and runs' logs and progress.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
