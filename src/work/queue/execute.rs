@@ -157,6 +157,19 @@ pub(crate) fn execute<B: Backend>(
             // Ready again: their priorities may be new to the plan.
             plan.priorities = Control::ready_priorities(tx.core())?;
         }
+        // The limited actions' turns first, in the order the claim takes
+        // them, and the claim's time read after them: a claim that waited
+        // for another process's turn stamps its runs' starts with the time
+        // it took them, not the time it began waiting (a limit's slot freed
+        // by a settlement stamped in between would seem taken twice).
+        let mut turns: Vec<&str> = plan.limited.iter().map(|l| l.action.as_str()).collect();
+        turns.sort_unstable();
+        for action in &turns {
+            if !plan.paused.contains(*action) {
+                Control::lock_limits(tx.core(), action)?;
+            }
+        }
+        let now = if turns.is_empty() { now } else { tx.now_ms() };
         let held_to_one = |a: &str| {
             plan.limited
                 .iter()
