@@ -55,6 +55,10 @@ pub struct Builder<B: Backend = Sqlite> {
     clock: Arc<dyn Clock>,
     settings: Settings,
     runtime: runtime::Config,
+    /// Whether [`Builder::opentelemetry`] chose the providers (else the
+    /// global ones, as they are at [`Builder::open`]).
+    #[cfg(feature = "otel")]
+    telemetry_set: bool,
 }
 
 impl Engine {
@@ -89,6 +93,8 @@ impl<B: Backend> Builder<B> {
                 retention: None,
                 hubs: HUBS,
             },
+            #[cfg(feature = "otel")]
+            telemetry_set: false,
         }
     }
 
@@ -268,6 +274,38 @@ impl<B: Backend> Builder<B> {
         self
     }
 
+    /// The OpenTelemetry providers the engine's spans and metrics go to
+    /// (feature `otel`). Default: the global ones
+    /// (`opentelemetry::global::set_tracer_provider`,
+    /// `set_meter_provider`), as they are when the engine opens: install
+    /// them first. The spans, their names and attributes, and the metrics
+    /// are in the observability guide ([`crate::guide::observability`]).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// use opentelemetry::metrics::noop::NoopMeterProvider;
+    /// use opentelemetry::trace::noop::NoopTracerProvider;
+    /// // Any provider of the API: the SDK's, or (here) no-ops.
+    /// let engine = reflexr::Engine::builder(dir.path().join("app.db"))
+    ///     .opentelemetry(&NoopTracerProvider::new(), &NoopMeterProvider::new())
+    ///     .open()
+    ///     .unwrap();
+    /// # let _ = engine;
+    /// ```
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    pub fn opentelemetry<P, M>(mut self, traces: &P, metrics: &M) -> Self
+    where
+        P: opentelemetry::trace::TracerProvider,
+        P::Tracer: Send + Sync + 'static,
+        <P::Tracer as opentelemetry::trace::Tracer>::Span: Send + Sync + 'static,
+        M: opentelemetry::metrics::MeterProvider + ?Sized,
+    {
+        self.settings.telemetry = crate::base::telemetry::from_providers(traces, metrics);
+        self.telemetry_set = true;
+        self
+    }
+
     /// Opens the database.
     ///
     /// # Errors
@@ -291,7 +329,13 @@ impl<B: Backend> Builder<B> {
             retention.validate()?;
         }
         check_runtime(&self.runtime)?;
-        let db = B::open_db(&self.options, self.settings, self.clock)?;
+        #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+        let mut settings = self.settings;
+        #[cfg(feature = "otel")]
+        if !self.telemetry_set {
+            settings.telemetry = crate::base::telemetry::Telemetry::global();
+        }
+        let db = B::open_db(&self.options, settings, self.clock)?;
         Ok(Engine::from_context(Context::new(db, self.runtime)))
     }
 }
@@ -351,6 +395,7 @@ fn default_settings() -> Settings {
         },
         upcasters: Default::default(),
         mergers: Default::default(),
+        telemetry: Default::default(),
     }
 }
 

@@ -110,6 +110,9 @@ mod engine;
 mod operator;
 
 pub mod guide;
+#[cfg(feature = "otlp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otlp")))]
+pub mod otlp;
 
 // What an application calls: the engine, its builder and its operators'
 // view, the writes and what they take, the work it registers.

@@ -13,5 +13,6 @@ pub(crate) mod limits;
 pub(crate) mod merge;
 pub(crate) mod retry;
 pub(crate) mod step;
+pub(crate) mod telemetry;
 pub(crate) mod text;
 pub(crate) mod upcast;

@@ -45,6 +45,7 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
     workspace: &str,
     ev: &NewEvent,
     origin: Origin,
+    span: Option<&str>,
 ) -> Result<Appended> {
     limits::check_name("workspace", workspace)?;
     limits::check_name("event type", &ev.event_type)?;
@@ -131,7 +132,9 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
         causation_id: ev.causation_id.as_deref(),
         correlation_id: ev.correlation_id.as_deref(),
         depth,
-        traceparent: ev.traceparent.as_deref(),
+        // The append's span when there is one (a child of the given
+        // traceparent), else what it was given.
+        traceparent: span.or(ev.traceparent.as_deref()),
     };
     match Events::insert(conn, &row)? {
         Inserted::At { seq, version } => Ok(Appended {

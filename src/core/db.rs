@@ -18,6 +18,7 @@ use crate::base::clock::Clock;
 use crate::base::error::{Error, Result};
 use crate::base::event::{AppendCondition, Appended, Event, NewEvent, Query};
 use crate::base::retry::RetryPolicy;
+use crate::base::telemetry::Op;
 use crate::core::changelog::{self, Origin};
 use crate::core::cursor::{self, ConsumerKind};
 use crate::core::lease::{self, Lease};
@@ -370,7 +371,48 @@ impl<'a, B: Backend> Tx<'a, B> {
         origin: Origin,
     ) -> Result<Appended> {
         let now = self.now_ms();
-        let appended = changelog::append(self.conn, now, self.limits(), workspace, event, origin)?;
+        let telemetry = &self.env.settings.telemetry;
+        if !telemetry.on() || matches!(origin, Origin::Engine { .. }) {
+            // The engine's own bookkeeping events make no spans.
+            let appended = changelog::append(
+                self.conn,
+                now,
+                self.limits(),
+                workspace,
+                event,
+                origin,
+                None,
+            )?;
+            self.nudge |= !appended.existing;
+            return Ok(appended);
+        }
+        let mut span = telemetry.start(Op::Append {
+            workspace,
+            event_type: &event.event_type,
+            parent: event.traceparent.as_deref(),
+        });
+        // The event carries its append's span: what decides on it, and
+        // what relays it, are that span's children.
+        let traceparent = span.traceparent();
+        let appended = changelog::append(
+            self.conn,
+            now,
+            self.limits(),
+            workspace,
+            event,
+            origin,
+            traceparent.as_deref(),
+        );
+        match &appended {
+            Ok(a) => {
+                span.appended(&a.id, a.seq, a.existing);
+                if !a.existing {
+                    telemetry.appended(workspace);
+                }
+            }
+            Err(e) => span.fail(crate::base::telemetry::error_type(e), &e.to_string()),
+        }
+        let appended = appended?;
         self.nudge |= !appended.existing;
         Ok(appended)
     }

@@ -30,6 +30,8 @@ pub struct Settings {
     /// What merges a debounced run's input with the next enqueue's, by
     /// action (else the last input wins).
     pub(crate) mergers: crate::base::merge::Mergers,
+    /// The spans and metrics the engine makes (feature `otel`).
+    pub(crate) telemetry: crate::base::telemetry::Telemetry,
 }
 
 /// The limits on what the engine stores.

@@ -50,6 +50,7 @@ use crate::base::dead_letter::{DeadLetterKind, Reason};
 use crate::base::error::{Error, Result, panic_text};
 use crate::base::event::{Event, NewEvent};
 use crate::base::limits::MAX_SUBJECT_BYTES;
+use crate::base::telemetry::Op;
 use crate::core::changelog::{self, Origin};
 use crate::core::cursor::ConsumerKind;
 use crate::core::db::Backend;
@@ -736,6 +737,16 @@ fn record_firing<B: Backend>(
         )
     });
     let lane = (rule.ordering == RunOrder::Scope).then(|| format!("{} {}", rule.name, f.scope));
+    // The decision's span, a child of the event's: the run carries it.
+    let span = tx.settings().telemetry.start(Op::Decide {
+        workspace: &rule.workspace,
+        rule: &rule.name,
+        event_id: &event.id,
+        run_id: &f.id,
+        action,
+        parent: event.traceparent.as_deref(),
+    });
+    let traceparent = span.traceparent().or_else(|| event.traceparent.clone());
     Runs::insert(
         conn,
         &NewRun {
@@ -759,7 +770,7 @@ fn record_firing<B: Backend>(
             unique: None,
             parent: None,
             key: None,
-            traceparent: event.traceparent.as_deref(),
+            traceparent: traceparent.as_deref(),
         },
     )?;
     if let Some(why) = &dead {

@@ -55,6 +55,7 @@ use crate::base::dead_letter::{DeadLetterKind, Reason};
 use crate::base::error::{Error, HandlerError, Result, panic_text};
 use crate::base::event::{Event, NewEvent};
 use crate::base::limits;
+use crate::base::telemetry::Op;
 use crate::core::cursor::ConsumerKind;
 use crate::core::db::Backend;
 use crate::core::db::CoreDb;
@@ -393,14 +394,31 @@ pub(crate) fn step<B: Backend>(
     // Project, in order, up to a batch of publishes.
     let mut items: Vec<(&Event, Item)> = Vec::new();
     let mut publishes = 0;
+    // Each publish's span (feature `otel`), a child of its source event's,
+    // lives until the batch is done; the published event carries it.
+    let telemetry = &db.settings().telemetry;
+    let mut spans = Vec::new();
     for event in &page {
         if publishes == PUBLISH_BATCH {
             break;
         }
         let item = match catch_unwind(AssertUnwindSafe(|| projection(event))) {
             Ok(Ok(None)) => Item::Skip,
-            Ok(Ok(Some(e))) => {
+            Ok(Ok(Some(mut e))) => {
                 publishes += 1;
+                if telemetry.on() {
+                    let span = telemetry.start(Op::Relay {
+                        follower: &row.name,
+                        source: &row.source,
+                        target: &row.target,
+                        event_id: &event.id,
+                        parent: event.traceparent.as_deref(),
+                    });
+                    if let Some(tp) = span.traceparent() {
+                        e.traceparent = Some(tp);
+                    }
+                    spans.push(span);
+                }
                 Item::Publish(e.id(event.id.clone()))
             }
             Ok(Err(e)) => Item::Dead(Reason::ProjectionError, e.to_string()),

@@ -22,6 +22,8 @@ mod multiprocess;
 mod notify;
 mod observe;
 mod open;
+#[cfg(feature = "otlp")]
+mod otel;
 mod pacing;
 #[cfg(feature = "postgres")]
 mod pg;

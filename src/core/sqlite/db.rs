@@ -218,6 +218,7 @@ impl Db {
             },
             upcasters: Default::default(),
             mergers: Default::default(),
+            telemetry: Default::default(),
         };
         let open = Open {
             path: path.to_path_buf(),

@@ -186,7 +186,7 @@ fn event(event_type: &str, subject: &str) -> NewEvent {
 }
 
 fn append(c: &dyn Core, ws: &str, e: &NewEvent) -> Result<crate::base::event::Appended> {
-    changelog::append(c, NOW, LIMITS, ws, e, Origin::App)
+    changelog::append(c, NOW, LIMITS, ws, e, Origin::App, None)
 }
 
 fn setup(db: &mut Db, ws: &str) {

@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::base::error::{Error, Result};
 use crate::base::limits;
 use crate::base::retry::RetryPolicy;
+use crate::base::telemetry::Op;
 use crate::core::db::Backend;
 use crate::core::db::Tx;
 use crate::store::Runs;
@@ -291,6 +292,14 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
         .scope
         .as_ref()
         .map(|s| format!("{}{} {s}", limits::TASK_LANE_PREFIX, e.action));
+    // An application's enqueue: its span, a child of the given
+    // traceparent (else of the caller's current span), is the run's.
+    let span = tx.settings().telemetry.start(Op::Enqueue {
+        action: &e.action,
+        run_id: &id,
+        parent: e.traceparent.as_deref(),
+    });
+    let traceparent = span.traceparent().or_else(|| e.traceparent.clone());
     let new_run = || NewRun {
         id: &id,
         kind: "task",
@@ -312,7 +321,7 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
         unique,
         parent: e.parent.as_deref(),
         key: e.key.as_deref(),
-        traceparent: e.traceparent.as_deref(),
+        traceparent: traceparent.as_deref(),
     };
     let mut inserted = Runs::insert(tx.core(), &new_run())?;
     if let Some(d) = &e.debounce {

@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -18,6 +19,7 @@ use std::time::Instant;
 use crate::base::counter::Counter;
 use crate::base::dead_letter::{DeadLetterKind, Reason};
 use crate::base::error::{Error, Result, panic_text};
+use crate::base::telemetry::{Op, Span};
 use crate::core::db::Backend;
 use crate::core::db::CoreDb;
 use crate::core::db::Tx;
@@ -537,9 +539,39 @@ fn call<B: Backend>(
     handler: &Arc<run::ActionFn<B>>,
     run: &Run,
 ) -> Outcome {
+    let mut span = attempt_span::<B>(db, run);
     let mut ctx = RunContext::<B>::new(db, stop, claims.cancel_flag(&run.id), run);
-    let result = catch_unwind(AssertUnwindSafe(|| handler(run, &mut ctx)));
-    outcome_of(run, &mut ctx, result)
+    ctx.span = span.traceparent();
+    let result = {
+        // The handler's own spans, and its appends, are the attempt's.
+        let _entered = span.enter();
+        catch_unwind(AssertUnwindSafe(|| handler(run, &mut ctx)))
+    };
+    let outcome = outcome_of(run, &mut ctx, result);
+    end_attempt(&mut span, &outcome);
+    outcome
+}
+
+/// The span of `run`'s attempt.
+fn attempt_span<B: Backend>(db: &B::Db, run: &Run) -> Span {
+    db.settings().telemetry.start(Op::Attempt {
+        action: &run.action,
+        run_id: &run.id,
+        attempt: run.attempt,
+        parent: run.traceparent.as_deref(),
+    })
+}
+
+/// Ends an attempt's span with its outcome.
+fn end_attempt(span: &mut Span, outcome: &Outcome) {
+    if let Outcome::Failed(why, _) = outcome {
+        let kind = if why.starts_with("panicked") {
+            "panic"
+        } else {
+            "handler_error"
+        };
+        span.fail(kind, why);
+    }
 }
 
 /// One call of a batch action's handler for `runs`: their outcomes, in
@@ -553,9 +585,16 @@ fn call_batch<B: Backend>(
     handler: &Arc<run::BatchFn<B>>,
     runs: &[&Run],
 ) -> Vec<Outcome> {
+    // One span per run's attempt, around the one call.
+    let mut spans: Vec<Span> = runs.iter().map(|run| attempt_span::<B>(db, run)).collect();
     let mut ctxs: Vec<RunContext<'_, B>> = runs
         .iter()
-        .map(|run| RunContext::<B>::new(db, stop, claims.cancel_flag(&run.id), run))
+        .zip(&spans)
+        .map(|(run, span)| {
+            let mut ctx = RunContext::<B>::new(db, stop, claims.cancel_flag(&run.id), run);
+            ctx.span = span.traceparent();
+            ctx
+        })
         .collect();
     let results = catch_unwind(AssertUnwindSafe(|| handler(&mut ctxs)));
     let results: Vec<
@@ -581,7 +620,12 @@ fn call_batch<B: Backend>(
     runs.iter()
         .zip(ctxs.iter_mut())
         .zip(results)
-        .map(|((run, ctx), result)| outcome_of(run, ctx, result))
+        .zip(spans.iter_mut())
+        .map(|(((run, ctx), result), span)| {
+            let outcome = outcome_of(run, ctx, result);
+            end_attempt(span, &outcome);
+            outcome
+        })
         .collect()
 }
 

@@ -458,6 +458,9 @@ pub struct RunContext<'a, B: Backend = Sqlite> {
     /// the first line (a workflow resumed after a suspension goes on in the
     /// attempt it suspended in).
     logged: Option<usize>,
+    /// The attempt's span (feature `otel`): what the events it emits
+    /// carry unless they set their own traceparent.
+    pub(crate) span: Option<String>,
     /// Steps recorded and not written yet: written with the next step's
     /// record, or with the run's settlement.
     pub(crate) pending: Vec<crate::store::steps::StepRow>,
@@ -483,6 +486,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
             flow: None,
             pending: Vec::new(),
             logged: None,
+            span: None,
         }
     }
 
@@ -660,6 +664,10 @@ impl<'a, B: Backend> RunContext<'a, B> {
     pub fn emit_to(&mut self, workspace: &str, key: &str, event: NewEvent) -> Result<()> {
         crate::base::limits::check_name("emit key", key)?;
         crate::base::limits::check_name("workspace", workspace)?;
+        let mut event = event;
+        if event.traceparent.is_none() {
+            event.traceparent.clone_from(&self.span);
+        }
         self.emitted.push(Emitted {
             workspace: workspace.into(),
             key: key.into(),
