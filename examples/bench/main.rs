@@ -13,6 +13,8 @@ mod admin;
 mod growth;
 mod keys;
 mod latency;
+#[cfg(feature = "otlp")]
+mod otel;
 #[cfg(feature = "postgres")]
 mod pg;
 mod raw;

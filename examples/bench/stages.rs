@@ -26,6 +26,8 @@ pub const ALL: &[(&str, Stage)] = &[
     ("runs_4executors", runs_4executors),
     ("runs_4executors_blocked10k", runs_4executors_blocked10k),
     ("runs_4executors_limited", runs_4executors_limited),
+    #[cfg(feature = "otlp")]
+    ("runs_4executors_otel", super::otel::runs_4executors_otel),
     (
         "runs_4executors_fair_1000keys",
         super::keys::runs_4executors_fair_1000keys,
@@ -276,17 +278,32 @@ pub(crate) fn run_rate(
     n: usize,
     prefill: impl FnOnce(&std::path::Path),
 ) -> f64 {
+    run_rate_with(ctx, name, executors, n, prefill, |b| b)
+}
+
+/// [`run_rate`] with the engine's builder changed by `tune` (its
+/// OpenTelemetry providers, say).
+pub(crate) fn run_rate_with(
+    ctx: &Ctx,
+    name: &str,
+    executors: usize,
+    n: usize,
+    prefill: impl FnOnce(&std::path::Path),
+    tune: impl FnOnce(reflexr::Builder) -> reflexr::Builder,
+) -> f64 {
     let path = ctx.db(name);
     {
         let e = Engine::builder(&path).synchronous(ctx.sync).open().unwrap();
         drop(e);
     }
     prefill(&path);
-    let engine = Engine::builder(&path)
-        .synchronous(ctx.sync)
-        .executors(executors)
-        .open()
-        .unwrap();
+    let engine = tune(
+        Engine::builder(&path)
+            .synchronous(ctx.sync)
+            .executors(executors),
+    )
+    .open()
+    .unwrap();
     engine.ensure_workspace("bench", &["tick"]).unwrap();
     engine
         .register_rule(

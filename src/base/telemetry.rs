@@ -299,7 +299,8 @@ mod otel {
         }
 
         pub(crate) fn start(&self, op: Op<'_>) -> Live {
-            let mut attrs = vec![KeyValue::new("messaging.system", SYSTEM)];
+            let mut attrs = Vec::with_capacity(9);
+            attrs.push(KeyValue::new("messaging.system", SYSTEM));
             let mut links = Vec::new();
             let (name, kind, op_type, op_name, destination, parent) = match op {
                 Op::Append {
