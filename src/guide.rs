@@ -14,6 +14,7 @@
 //! | [`workflows`] | durable workflows: steps recorded once, durable sleeps, waits on the log, child runs, changing code while runs sleep |
 //! | [`followers`] | followers: one workspace into another, of this file or another, with the same ids |
 //! | [`operating`] | operating: the `reflexr` CLI, the administration server over HTTP, the web console, MCP |
+//! | [`observability`] | observability: what a run logged and how far it got, OpenTelemetry traces and metrics (features `otel`, `otlp`) |
 //! | [`postgres`] | PostgreSQL and scaling out: the same engine on a server database, an edge relaying into a hub |
 //! | [`file`](mod@file) | the file and its schema: pragmas, what opening refuses, the views to read it with `sqlite3` |
 //! | [`performance`] | performance: the bench, its stages and ratios, what profiling changed |
@@ -29,7 +30,8 @@ macro_rules! guide {
                  [followers]: crate::guide::followers\n[workflows]: crate::guide::workflows\n[operating]: crate::guide::operating\n\
                  [postgres]: crate::guide::postgres\n[file]: mod@crate::guide::file\n\
                  [event-store]: crate::guide::event_store\n[flow-control]: crate::guide::flow_control\n\
-                 [performance]: crate::guide::performance\n[guarantees]: crate::guide::guarantees\n"]
+                 [performance]: crate::guide::performance\n[guarantees]: crate::guide::guarantees\n\
+                 [observability]: crate::guide::observability\n"]
         #[doc = include_str!(concat!("../docs/guide/", $file))]
         $(#[$meta])*
         pub mod $name {}
@@ -45,6 +47,7 @@ guide!(flow_control, "flow-control.md");
 guide!(workflows, "workflows.md");
 guide!(followers, "followers.md");
 guide!(operating, "operating.md");
+guide!(observability, "observability.md");
 guide!(postgres, "postgres.md");
 guide!(file, "file.md");
 guide!(performance, "performance.md");

@@ -92,7 +92,8 @@ fn serve(mut conn: TcpStream, traces: &Mutex<Vec<Vec<u8>>>) {
             traces.lock().unwrap().push(body.to_vec());
         }
         buf.drain(..head_len + body_len);
-        let answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
+        let answer =
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
         if conn.write_all(answer).is_err() {
             return;
         }
