@@ -242,8 +242,9 @@ fn a_pause_holds_at_once_here_and_within_a_heartbeat_in_another_process<B: TestB
         .filter(|r| r.who == "parent" && r.start > paused_at)
         .collect();
     // In the other process: a claim that read the pauses just before this
-    // one committed may still commit and start its run (one or two runs an
-    // executor, at once), and after a heartbeat nothing starts. A loaded
+    // one committed may still commit and start its runs — what a batch
+    // starts within its budget (50 ms: three 20 ms handlers an executor,
+    // the first at once) — and after a heartbeat nothing starts. A loaded
     // server may take a while to commit that claim: half a second of slack.
     let late_there: Vec<&Ran> = all
         .iter()
@@ -254,7 +255,7 @@ fn a_pause_holds_at_once_here_and_within_a_heartbeat_in_another_process<B: TestB
         .filter(|r| r.who == "child" && r.start > paused_at)
         .count();
     assert!(
-        there <= 2 * EXECUTORS,
+        there <= 3 * EXECUTORS,
         "{there} handlers started in the other process after the pause returned"
     );
     let after: usize = all.iter().filter(|r| r.start > paused_at).count();
