@@ -283,6 +283,12 @@ mod otel {
                     .f64_histogram("messaging.process.duration")
                     .with_unit("s")
                     .with_description("How long an attempt's handler ran")
+                    // The conventions' boundaries for a duration in seconds
+                    // (the SDK's defaults are for milliseconds).
+                    .with_boundaries(vec![
+                        0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                        10.0,
+                    ])
                     .build(),
             }
         }

@@ -25,6 +25,7 @@ use crate::base::error::{Error, HandlerError, Result};
 use crate::base::event::Event;
 use crate::base::limits;
 use crate::base::retry::RetryPolicy;
+use crate::base::telemetry::Op;
 use crate::core::db::Backend;
 use crate::core::db::Tx;
 use crate::store::runs::{self, NewRun};
@@ -268,6 +269,14 @@ fn enqueue<B: Backend>(
         None => None,
     };
     let cause = d.cause.as_ref();
+    // Its enqueue's span (feature `otel`), a child of the caller's current
+    // span: the delivery's attempts are its.
+    let span = tx.settings().telemetry.start(Op::Enqueue {
+        action: &action,
+        run_id: &id,
+        parent: None,
+    });
+    let traceparent = span.traceparent();
     let new = Runs::insert(
         tx.core(),
         &NewRun {
@@ -291,7 +300,7 @@ fn enqueue<B: Backend>(
             unique,
             parent: None,
             key: None,
-            traceparent: None,
+            traceparent: traceparent.as_deref(),
         },
     )?;
     Counters::bump(

@@ -376,6 +376,10 @@ fn a_change_is_traced_from_its_append_through_a_retried_run_to_a_relay_into_anot
         .unwrap();
     assert_eq!(duration["unit"], "s");
     assert_eq!(duration["scope"], "reflexr");
+    // In seconds, the conventions' buckets.
+    let bounds = &duration["points"][0]["bounds"];
+    assert_eq!(bounds[0], 0.005, "{bounds}");
+    assert_eq!(bounds.as_array().unwrap().last().unwrap(), 10.0);
     otlp.shutdown().unwrap();
 }
 
@@ -422,5 +426,68 @@ fn an_events_own_traceparent_is_its_append_spans_parent() {
         e.event(seq).unwrap().unwrap().traceparent,
         Some(append.traceparent())
     );
+    otlp.shutdown().unwrap();
+}
+
+/// An application's enqueue and delivery are children of its current span,
+/// and their runs' first attempts children of those.
+#[test]
+fn an_enqueue_and_a_delivery_are_the_callers_spans_children_and_their_attempts_theirs() {
+    let receiver = Receiver::start();
+    let otlp = Otlp::builder(receiver.endpoint()).build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::builder(dir.path().join("app.db"))
+        .opentelemetry(otlp.tracer_provider(), otlp.meter_provider())
+        .open()
+        .unwrap();
+    e.register_action("resize", |_, _| Ok(())).unwrap();
+    e.register_channel("mail", reflexr::ChannelPolicy::BestEffort, |_, _| Ok(()))
+        .unwrap();
+    let app = otlp.tracer_provider().tracer("app");
+    let (task, mail) = {
+        let cx = opentelemetry::Context::current_with_span(app.start("POST /photos"));
+        let _in = cx.clone().attach();
+        let task = e
+            .enqueue(&reflexr::Enqueue::new("resize", &json!({ "photo": 1 })))
+            .unwrap()
+            .id;
+        let mail = e
+            .deliver(&reflexr::Delivery::new("mail", "uploaded").to("ann@example.com"))
+            .unwrap()
+            .id;
+        (task, mail)
+    };
+    e.run_until_idle().unwrap();
+    otlp.flush().unwrap();
+    let spans: Vec<Span> = receiver
+        .get("spans")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Span::from)
+        .collect();
+    let request = spans.iter().find(|s| s.name == "POST /photos").unwrap();
+    for (action, id) in [("resize", &task), ("delivery/mail", &mail)] {
+        let enqueue = spans
+            .iter()
+            .find(|s| s.name == format!("enqueue {action}"))
+            .unwrap_or_else(|| panic!("enqueue {action} in {spans:#?}"));
+        assert_eq!(enqueue.kind, PRODUCER);
+        assert_eq!(
+            (&enqueue.trace, &enqueue.parent),
+            (&request.trace, &request.id)
+        );
+        enqueue.is_messaging("create", "enqueue", action);
+        assert_eq!(enqueue.attr("messaging.message.id"), id.as_str());
+        let attempt = spans
+            .iter()
+            .find(|s| s.name == format!("process {action}"))
+            .unwrap_or_else(|| panic!("process {action} in {spans:#?}"));
+        assert_eq!(
+            (&attempt.trace, &attempt.parent),
+            (&enqueue.trace, &enqueue.id)
+        );
+        assert_eq!(attempt.attr("messaging.message.id"), id.as_str());
+    }
     otlp.shutdown().unwrap();
 }

@@ -77,6 +77,7 @@ def decode_metrics(body):
                     if kind == "histogram":
                         point["count"] = p.count
                         point["sum"] = p.sum
+                        point["bounds"] = list(p.explicit_bounds)
                     else:
                         point["value"] = p.as_int if p.HasField("as_int") else p.as_double
                     points.append(point)
