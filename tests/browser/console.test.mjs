@@ -313,6 +313,9 @@ test("a run's page shows its progress and the lines it logged", async (t) => {
   assert.equal(await bar.getAttribute('value'), '3');
   assert.equal(await bar.getAttribute('max'), '4');
   assert.match(await page.locator('#run-progress').innerText(), /3 \/ 4 \(attempt 1, /);
+  // The trace context it carries, to find its trace by.
+  assert.equal(await page.locator('#run-trace').innerText(),
+    '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
   await page.screenshot({ path: join(artifacts, 'console-run-log-1280x800.png') });
   // A run that logged nothing says so.
   await page.goto(`${server.url}/#/run/${waiting}`);

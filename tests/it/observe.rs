@@ -342,6 +342,18 @@ fn a_trace_context_goes_from_an_append_to_its_run_to_what_the_run_emits_and_a_re
         ),
         [TP]
     );
+    // Operators read it with the run, and its JSON has it only when there.
+    let info = e.run(&id).unwrap().unwrap();
+    assert_eq!(info.traceparent.as_deref(), Some(TP));
+    assert!(serde_json::to_string(&info).unwrap().contains(TP));
+    let plain = e.enqueue(&Enqueue::new("job", &json!({}))).unwrap().id;
+    let plain = e.run(&plain).unwrap().unwrap();
+    assert_eq!(plain.traceparent, None);
+    assert!(
+        !serde_json::to_string(&plain)
+            .unwrap()
+            .contains("traceparent")
+    );
 }
 
 /// Invariant 10: a trace context that is not W3C's version 00 — upper

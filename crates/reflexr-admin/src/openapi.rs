@@ -876,7 +876,7 @@ fn schemas() -> Value {
             "events": array_of("Event"),
             "next_after": nullable("integer"),
         })),
-        "Run": object(json!({
+        "Run": with_optional(object(json!({
             "id": { "type": "string" },
             "position": { "type": "integer" },
             "kind": one_of(values(RunKind::ALL, RunKind::as_str)),
@@ -907,6 +907,10 @@ fn schemas() -> Value {
             "output": {},
             "parent": nullable("string"),
             "key": { "type": ["string", "null"], "description": "its key, for its action's per-key limits and fair claims; null for an action without keys" },
+        })), "traceparent", json!({
+            "type": "string",
+            "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+            "description": "The W3C trace context the run carries (its event's, its enqueue's, or with the feature otel its decision's or enqueue's span); absent when it has none",
         })),
         "Step": object(json!({
             "run": { "type": "string" },

@@ -1332,6 +1332,7 @@ fn show_run<B: Backend>(engine: &Engine<B>, id: &str, json: bool) -> Fallible {
         ("updated", time(r.updated_at)),
         ("finished", or_dash(r.finished_at.map(time))),
         ("parent", or_dash(r.parent.clone())),
+        ("trace", or_dash(r.traceparent.clone())),
         (
             "progress",
             progress.map_or_else(

@@ -483,11 +483,9 @@ fn runs_show_prints_a_run_with_its_progress_and_log_lines() {
         Ok(())
     })
     .unwrap();
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let ran = e
-        .enqueue(&reflexr::Enqueue::new(
-            "import",
-            &json!({ "file": "a.csv" }),
-        ))
+        .enqueue(&reflexr::Enqueue::new("import", &json!({ "file": "a.csv" })).traceparent(TP))
         .unwrap();
     e.run_until_idle().unwrap();
     let later = e
@@ -550,6 +548,8 @@ fn runs_show_prints_a_run_with_its_progress_and_log_lines() {
         r#"{"rows":120}"#,
         "row 7 is odd",
         "warn",
+        "trace:",
+        TP,
     ] {
         assert!(text.contains(want), "no {want:?} in:\n{text}");
     }

@@ -292,6 +292,10 @@ pub struct RunInfo {
     /// Its key, for its action's per-key limits and fair claims
     /// ([`crate::Enqueue::key`]); `None` for an action without keys.
     pub key: Option<String>,
+    /// The W3C trace context it carries ([`Run::traceparent`]): its
+    /// trace id is the second part. Serialised only when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl RunInfo {
@@ -327,6 +331,7 @@ impl RunInfo {
             output: r.output,
             parent: r.parent,
             key: r.flow_key,
+            traceparent: r.traceparent,
         })
     }
 }

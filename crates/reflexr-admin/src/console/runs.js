@@ -296,6 +296,7 @@ export async function runPage(main, query, [id]) {
       ['last error', r.last_error ?? '–'],
       ['due', when(r.due_at)],
       ['claimed by', r.claimed_by ?? '–'],
+      r.traceparent ? ['trace', h('span', { class: 'mono', id: 'run-trace' }, r.traceparent)] : null,
       ['created', when(r.created_at)],
       ['updated', when(r.updated_at)],
       ['finished', when(r.finished_at)],

@@ -26,7 +26,8 @@ fn main() {
     );
 }
 
-/// A run that logs two lines and its progress, run to its end: its id.
+/// A run that logs two lines and its progress, run to its end, with the
+/// trace context of the request that enqueued it: its id.
 fn import(engine: &reflexr::Engine) -> reflexr::Result<String> {
     engine.register_action("import", |_, ctx| {
         ctx.log(
@@ -38,10 +39,14 @@ fn import(engine: &reflexr::Engine) -> reflexr::Result<String> {
         ctx.log(log::Level::Warn, "row 4 is odd", serde_json::Value::Null)?;
         Ok(())
     })?;
-    let run = engine.enqueue(&reflexr::Enqueue::new(
-        "import",
-        &serde_json::json!({ "file": "talks.csv" }),
-    ))?;
+    let run = engine.enqueue(
+        &reflexr::Enqueue::new("import", &serde_json::json!({ "file": "talks.csv" }))
+            .traceparent(IMPORT_TRACEPARENT),
+    )?;
     engine.run_until_idle()?;
     Ok(run.id)
 }
+
+/// The trace context the import run carries (the browser tests look for it
+/// on the run's page).
+const IMPORT_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
