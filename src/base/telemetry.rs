@@ -315,10 +315,7 @@ mod otel {
                     parent,
                 } => {
                     attrs.push(KeyValue::new("reflexr.event.type", event_type.to_string()));
-                    let cx = match parent.and_then(parse) {
-                        Some(sc) => Context::new().with_remote_span_context(sc),
-                        None => Context::current(),
-                    };
+                    let cx = given_or_current(parent);
                     (
                         "append",
                         SpanKind::Producer,
@@ -358,10 +355,7 @@ mod otel {
                     parent,
                 } => {
                     attrs.push(KeyValue::new("messaging.message.id", run_id.to_string()));
-                    let cx = match parent.and_then(parse) {
-                        Some(sc) => Context::new().with_remote_span_context(sc),
-                        None => Context::current(),
-                    };
+                    let cx = given_or_current(parent);
                     (
                         "enqueue",
                         SpanKind::Producer,
@@ -520,6 +514,15 @@ mod otel {
             if let Some(mut span) = self.span.take() {
                 span.end();
             }
+        }
+    }
+
+    /// The context of the traceparent a caller gave, else the caller's
+    /// current one.
+    fn given_or_current(tp: Option<&str>) -> Context {
+        match tp.and_then(parse) {
+            Some(sc) => Context::new().with_remote_span_context(sc),
+            None => Context::current(),
         }
     }
 

@@ -67,6 +67,31 @@ impl Receiver {
     }
 }
 
+impl Receiver {
+    /// The spans it decoded so far.
+    fn spans(&self) -> Vec<Span> {
+        self.get("spans")
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(Span::from)
+            .collect()
+    }
+}
+
+/// A receiver, an export to it, and an engine in a new file exporting
+/// there (its directory kept while the test holds it).
+fn exporting() -> (Receiver, Otlp, tempfile::TempDir, Engine) {
+    let receiver = Receiver::start();
+    let otlp = Otlp::builder(receiver.endpoint()).build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::builder(dir.path().join("app.db"))
+        .opentelemetry(otlp.tracer_provider(), otlp.meter_provider())
+        .open()
+        .unwrap();
+    (receiver, otlp, dir, e)
+}
+
 impl Drop for Receiver {
     fn drop(&mut self) {
         drop(self.child.stdin.take());
@@ -214,13 +239,7 @@ fn a_change_is_traced_from_its_append_through_a_retried_run_to_a_relay_into_anot
     drop(e);
     otlp.flush().unwrap();
 
-    let spans: Vec<Span> = receiver
-        .get("spans")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(Span::from)
-        .collect();
+    let spans = receiver.spans();
     let named = |name: &str| -> Vec<&Span> { spans.iter().filter(|s| s.name == name).collect() };
     let one = |name: &str| -> &Span {
         let found = named(name);
@@ -399,13 +418,7 @@ fn an_otlp_endpoint_that_is_not_http_is_a_typed_error() {
 /// current.
 #[test]
 fn an_events_own_traceparent_is_its_append_spans_parent() {
-    let receiver = Receiver::start();
-    let otlp = Otlp::builder(receiver.endpoint()).build().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let e = Engine::builder(dir.path().join("app.db"))
-        .opentelemetry(otlp.tracer_provider(), otlp.meter_provider())
-        .open()
-        .unwrap();
+    let (receiver, otlp, _dir, e) = exporting();
     e.ensure_workspace("shop", &["order.placed"]).unwrap();
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let seq = e
@@ -416,8 +429,7 @@ fn an_events_own_traceparent_is_its_append_spans_parent() {
         .unwrap()
         .seq;
     otlp.flush().unwrap();
-    let spans = receiver.get("spans");
-    let spans: Vec<Span> = spans.as_array().unwrap().iter().map(Span::from).collect();
+    let spans = receiver.spans();
     assert_eq!(spans.len(), 1, "{spans:#?}");
     let append = &spans[0];
     assert_eq!(append.trace, "4bf92f3577b34da6a3ce929d0e0e4736");
@@ -433,13 +445,7 @@ fn an_events_own_traceparent_is_its_append_spans_parent() {
 /// and their runs' first attempts children of those.
 #[test]
 fn an_enqueue_and_a_delivery_are_the_callers_spans_children_and_their_attempts_theirs() {
-    let receiver = Receiver::start();
-    let otlp = Otlp::builder(receiver.endpoint()).build().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let e = Engine::builder(dir.path().join("app.db"))
-        .opentelemetry(otlp.tracer_provider(), otlp.meter_provider())
-        .open()
-        .unwrap();
+    let (receiver, otlp, _dir, e) = exporting();
     e.register_action("resize", |_, _| Ok(())).unwrap();
     e.register_channel("mail", reflexr::ChannelPolicy::BestEffort, |_, _| Ok(()))
         .unwrap();
@@ -459,13 +465,7 @@ fn an_enqueue_and_a_delivery_are_the_callers_spans_children_and_their_attempts_t
     };
     e.run_until_idle().unwrap();
     otlp.flush().unwrap();
-    let spans: Vec<Span> = receiver
-        .get("spans")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(Span::from)
-        .collect();
+    let spans = receiver.spans();
     let request = spans.iter().find(|s| s.name == "POST /photos").unwrap();
     for (action, id) in [("resize", &task), ("delivery/mail", &mail)] {
         let enqueue = spans

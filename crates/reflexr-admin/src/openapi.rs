@@ -110,6 +110,15 @@ fn with_optional(mut schema: Value, name: &str, property: Value) -> Value {
     schema
 }
 
+/// A W3C `traceparent` property (an event's, a run's).
+fn traceparent(description: &str) -> Value {
+    json!({
+        "type": "string",
+        "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+        "description": description,
+    })
+}
+
 fn path_param(name: &str, description: &str, schema: Value) -> Value {
     json!({ "name": name, "in": "path", "required": true, "description": description, "schema": schema })
 }
@@ -867,11 +876,7 @@ fn schemas() -> Value {
             "correlation_id": nullable("string"),
             "depth": { "type": "integer" },
             "payload": {},
-        })), "traceparent", json!({
-            "type": "string",
-            "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
-            "description": "The W3C trace context of the work that appended it; absent when it had none",
-        })),
+        })), "traceparent", traceparent("The W3C trace context of the work that appended it; absent when it had none")),
         "EventPage": object(json!({
             "events": array_of("Event"),
             "next_after": nullable("integer"),
@@ -907,11 +912,7 @@ fn schemas() -> Value {
             "output": {},
             "parent": nullable("string"),
             "key": { "type": ["string", "null"], "description": "its key, for its action's per-key limits and fair claims; null for an action without keys" },
-        })), "traceparent", json!({
-            "type": "string",
-            "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
-            "description": "The W3C trace context the run carries (its event's, its enqueue's, or with the feature otel its decision's or enqueue's span); absent when it has none",
-        })),
+        })), "traceparent", traceparent("The W3C trace context the run carries (its event's, its enqueue's, or with the feature otel its decision's or enqueue's span); absent when it has none")),
         "Step": object(json!({
             "run": { "type": "string" },
             "name": { "type": "string" },
