@@ -1109,3 +1109,124 @@ impl std::fmt::Debug for Watch {
         f.debug_struct("Watch").finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod handoff_tests {
+    //! The handoff (`work::queue::handoff`), driven step by step: an
+    //! evaluator's firing claims its run for a parked executor in the
+    //! firing's own commit, and the executor's turn runs it with no claim.
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::runtime;
+    use crate::{Decision, Engine, ManualClock, NewEvent, Pausable, Rule, RunOrder, RunState};
+
+    fn engine(dir: &tempfile::TempDir, ordering: RunOrder) -> (Engine, Arc<AtomicUsize>) {
+        let e = Engine::builder(dir.path().join("h.db"))
+            .clock(ManualClock::new(1_800_000_000_000))
+            .holder_id("here")
+            .open()
+            .unwrap();
+        e.ensure_workspace("app", &["job"]).unwrap();
+        e.register_rule(
+            Rule::new("jobs", "app")
+                .on(["job"])
+                .ordering(ordering)
+                .action("work")
+                .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
+        )
+        .unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&ran);
+        e.register_action("work", move |_, _| {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+        (e, ran)
+    }
+
+    fn job(e: &Engine, subject: &str) {
+        e.append("app", &NewEvent::new("job", subject, "app", 0))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_firing_claims_its_run_for_a_parked_executor_in_its_own_commit() {
+        // Invariant 5 (one claim at a time) with one commit fewer: the run
+        // is running under this holder's first attempt once the firing
+        // commits, and the executor's turn runs and settles it.
+        let dir = tempfile::tempdir().unwrap();
+        let (e, ran) = engine(&dir, RunOrder::Scope);
+        let cx = &e.cx;
+        let handoff = cx.claims().handoff();
+        handoff.park();
+        job(&e, "a");
+        runtime::evaluate_step(cx, "app", true).unwrap();
+        assert_eq!(handoff.idle(), 0, "the parked executor's slot was taken");
+        let handed = handoff.take(10);
+        assert_eq!(handed.len(), 1);
+        let run = e.run(&handed[0].row.id).unwrap().unwrap();
+        assert_eq!(run.state, RunState::Running);
+        assert_eq!(run.attempt, 1);
+        let done = runtime::execute_step(cx, handed).unwrap();
+        assert_eq!((done.claimed, done.succeeded), (1, 1));
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(e.run(&run.id).unwrap().unwrap().state, RunState::Succeeded);
+    }
+
+    #[test]
+    fn no_run_is_handed_without_a_parked_executor_nor_when_it_would_not_be_claimed_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (e, _) = engine(&dir, RunOrder::Scope);
+        let cx = &e.cx;
+        let handoff = cx.claims().handoff();
+        // Nobody parked: the run is ready, for a claim.
+        job(&e, "a");
+        runtime::evaluate_step(cx, "app", true).unwrap();
+        assert!(handoff.take(10).is_empty());
+        // Behind the lane's head (still ready): waiting, and the slot
+        // goes back.
+        handoff.park();
+        job(&e, "a");
+        runtime::evaluate_step(cx, "app", true).unwrap();
+        assert!(handoff.take(10).is_empty());
+        assert_eq!(handoff.idle(), 1);
+        assert_eq!(e.runs(Some(RunState::Waiting), 10).unwrap().len(), 1);
+        // A drain's evaluation hands nothing, whoever is parked.
+        job(&e, "b");
+        runtime::evaluate_step(cx, "app", false).unwrap();
+        assert!(handoff.take(10).is_empty());
+        // A paused action's runs wait for the claim, which holds them back.
+        let op = e.operator("ops", "test").unwrap();
+        op.pause(&Pausable::Action("work".into())).unwrap();
+        job(&e, "c");
+        runtime::evaluate_step(cx, "app", true).unwrap();
+        assert!(handoff.take(10).is_empty());
+        assert_eq!(handoff.idle(), 1);
+        assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_run_handed_and_not_started_by_shutdown_goes_back_unattempted() {
+        // Invariant 5 at a shutdown: a handed run the executors did not
+        // take goes back to ready with its attempt given back.
+        let dir = tempfile::tempdir().unwrap();
+        let (e, ran) = engine(&dir, RunOrder::None);
+        let cx = &e.cx;
+        cx.claims().handoff().park();
+        job(&e, "a");
+        runtime::evaluate_step(cx, "app", true).unwrap();
+        let handed = cx.claims().handoff().take(10);
+        assert_eq!(handed.len(), 1);
+        cx.stop.store(true, Ordering::SeqCst);
+        runtime::execute_step(cx, handed).unwrap();
+        cx.stop.store(false, Ordering::SeqCst);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        let run = &e.runs(Some(RunState::Ready), 10).unwrap()[0];
+        assert_eq!(run.attempt, 0);
+        e.run_until_idle().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+}

@@ -165,6 +165,35 @@ impl Subscription {
         }
     }
 
+    /// As [`Subscription::wait`], and also ending when `other` receives,
+    /// with what it received (None for a nudge, a heartbeat's change, or
+    /// the deadline).
+    pub(crate) fn wait_or<T>(
+        &self,
+        heartbeat: Duration,
+        deadline: Instant,
+        other: &Receiver<T>,
+    ) -> Option<T> {
+        let notifier = &self.notifier;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let slice = heartbeat.min(deadline - now);
+            crossbeam_channel::select! {
+                recv(self.rx) -> _ => return None,
+                recv(other) -> got => return got.ok(),
+                default(slice) => {
+                    if notifier.poll() {
+                        let _ = self.rx.try_recv();
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
     /// The receiving end, for threads that `select!` over it and others.
     #[allow(dead_code)]
     pub(crate) fn receiver(&self) -> &Receiver<()> {

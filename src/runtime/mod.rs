@@ -57,6 +57,7 @@ use crate::work::follow::Publish;
 use crate::work::prune::{self, Retention};
 use crate::work::queue::claims::Claims;
 use crate::work::queue::execute::{self, Executed};
+use crate::work::queue::handoff::Handed;
 use crate::work::queue::pace::Pace;
 use crate::{work::follow, work::reaction, work::schedule};
 
@@ -146,7 +147,7 @@ pub struct Context<B: Backend = Sqlite> {
     leases: Mutex<HashMap<String, Lease>>,
     threads: Mutex<Option<Threads>>,
     /// Set while shutting down: workers take no new work.
-    stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
     /// When the loop last pruned (engine clock).
     last_prune: Mutex<i64>,
     /// Followers stopped in this engine until restarted, with the ledger's
@@ -364,12 +365,25 @@ fn forget_lease<B: Backend>(cx: &Context<B>, name: &str) {
 
 /// One pass over a workspace's rules, if this engine holds (or can take) its
 /// evaluator lease. The lease is checked (and renewed when due) before each
-/// group of rules, so a workspace with many slow rules keeps it.
-pub(crate) fn evaluate_step<B: Backend>(cx: &Context<B>, workspace: &str) -> Result<Pass> {
+/// group of rules, so a workspace with many slow rules keeps it. With
+/// `hand`, fresh runs go to this process's idle executors claimed at their
+/// insert (`work::queue::handoff`): the started engine's evaluators do,
+/// a drain does not (its executors are the caller's thread, never idle).
+pub(crate) fn evaluate_step<B: Backend>(
+    cx: &Context<B>,
+    workspace: &str,
+    hand: bool,
+) -> Result<Pass> {
     let rules = cx.registry().rules_of(workspace);
     let name = evaluate::lease_name(workspace);
     let batch = cx.config.evaluate_batch;
-    match evaluate::pass::<B>(&cx.db, &rules, batch, &mut || held_lease(cx, &name)) {
+    let actions = Arc::clone(&cx.registry().actions);
+    let hand = hand.then(|| evaluate::Hand {
+        claims: &cx.claims,
+        actions: &actions.names,
+    });
+    let lease = &mut || held_lease(cx, &name);
+    match evaluate::pass::<B>(&cx.db, &rules, batch, lease, hand.as_ref()) {
         Err(e) if e.is_lease_lost() => {
             log::warn!("evaluating {workspace}: {e}");
             forget_lease(cx, &name);
@@ -611,8 +625,9 @@ pub(crate) fn loop_step<B: Backend>(cx: &Context<B>) -> Result<LoopPass> {
     Ok(pass)
 }
 
-/// One executor's turn: claims and runs what is due, up to a few batches.
-fn execute_step<B: Backend>(cx: &Context<B>) -> Result<Executed> {
+/// One executor's turn: runs what was handed to it, else claims and runs
+/// what is due, up to a few batches.
+pub(crate) fn execute_step<B: Backend>(cx: &Context<B>, handed: Vec<Handed>) -> Result<Executed> {
     let actions = Arc::clone(&cx.registry().actions);
     execute::execute::<B>(
         &cx.db,
@@ -621,7 +636,39 @@ fn execute_step<B: Backend>(cx: &Context<B>) -> Result<Executed> {
         &cx.pace,
         &cx.stop,
         cx.config.claim_batch,
+        handed,
     )
+}
+
+/// An executor thread: turns while there is work; with none, it parks
+/// (counts itself idle for the evaluators' handoff) and waits for a nudge,
+/// a heartbeat or a run handed to it. A run handed and not run when the
+/// engine stops goes back through one last turn, which starts nothing.
+fn executor_loop<B: Backend>(cx: &Context<B>) {
+    let sub = cx.db.subscribe();
+    let heartbeat = cx.db.settings().heartbeat;
+    let handoff = cx.claims.handoff();
+    let mut handed: Vec<Handed> = Vec::new();
+    loop {
+        let stopping = cx.stop.load(Ordering::SeqCst);
+        if stopping && handed.is_empty() {
+            break;
+        }
+        match execute_step(cx, std::mem::take(&mut handed)) {
+            Ok(e) if e.claimed > 0 && !stopping => continue,
+            Ok(_) => {}
+            Err(e) => log::error!(
+                "{}: {e}",
+                std::thread::current().name().unwrap_or("executor")
+            ),
+        }
+        if stopping {
+            break;
+        }
+        handoff.park();
+        handed.extend(sub.wait_or(heartbeat, Instant::now() + heartbeat, handoff.receiver()));
+        handoff.unpark();
+    }
 }
 
 pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Drained> {
@@ -630,7 +677,7 @@ pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Drained> {
     loop {
         let mut progress = false;
         for ws in &workspaces {
-            let p = evaluate_step(cx, ws)?;
+            let p = evaluate_step(cx, ws, false)?;
             progress |= p.events > 0;
             total.add_pass(p);
         }
@@ -652,7 +699,7 @@ pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Drained> {
             progress = true;
         }
         loop {
-            let e = execute_step(cx)?;
+            let e = execute_step(cx, Vec::new())?;
             total.add_executed(e);
             // Progress is a run settled; a claim given back is not.
             if e.succeeded + e.retried + e.dead + e.lost + e.cancelled == 0 {
@@ -685,7 +732,7 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
         let c = Arc::clone(cx);
         handles.push(spawn(
             format!("reflexr-eval-{ws}"),
-            Box::new(move || worker_loop(&c, |c| Ok(evaluate_step(c, &ws)?.events > 0))),
+            Box::new(move || worker_loop(&c, |c| Ok(evaluate_step(c, &ws, true)?.events > 0))),
         )?);
     }
     {
@@ -711,7 +758,7 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
         let c = Arc::clone(cx);
         handles.push(spawn(
             format!("reflexr-exec-{i}"),
-            Box::new(move || worker_loop(&c, |c| Ok(execute_step(c)?.claimed > 0))),
+            Box::new(move || executor_loop(&c)),
         )?);
     }
     {
@@ -772,6 +819,13 @@ pub(crate) fn shutdown<B: Backend>(cx: &Context<B>) {
             if t.join().is_err() {
                 log::error!("a reflexr worker thread panicked");
             }
+        }
+        // Handed after the executors' last look: back, unstarted.
+        let left = cx.claims.handoff().take(usize::MAX);
+        if !left.is_empty()
+            && let Err(e) = execute_step(cx, left)
+        {
+            log::warn!("giving back runs handed at shutdown: {e}");
         }
         cx.stop.store(false, Ordering::SeqCst);
     }

@@ -42,7 +42,8 @@
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::base::counter::Counter;
@@ -58,9 +59,11 @@ use crate::core::db::CoreDb;
 use crate::core::db::Tx;
 use crate::core::lease::Lease;
 use crate::store::dead_letters::NewDeadLetter;
-use crate::store::runs::NewRun;
-use crate::store::{Counters, Cursors, DeadLetters, Events, Rules, Runs};
+use crate::store::runs::{NewRun, RunRow};
+use crate::store::{Control, Counters, Cursors, DeadLetters, Events, Rules, Runs};
 use crate::work::consumer::{self, Stand};
+use crate::work::queue::claims::Claims;
+use crate::work::queue::handoff::Handoff;
 use crate::work::queue::run::RunKind;
 use crate::work::rule::{Decision, Rule, RunOrder};
 
@@ -163,6 +166,67 @@ struct Decided<'r> {
 struct Committed {
     fired: usize,
     errored: usize,
+    /// Runs claimed at their insert for idle executors of this process.
+    handed: Vec<RunRow>,
+}
+
+/// Where an evaluator may hand fresh runs: this process's claims (and its
+/// idle executors, [`Handoff`]) and the actions its executors run.
+pub(crate) struct Hand<'a> {
+    pub claims: &'a Claims,
+    pub actions: &'a [String],
+}
+
+/// One write's handing: the pause epoch read before it, which actions'
+/// runs may be handed (read once per action in the write), and how many
+/// idle executors' slots it took.
+struct Handing<'a> {
+    hand: &'a Hand<'a>,
+    epoch: u64,
+    eligible: Mutex<HashMap<String, bool>>,
+    taken: AtomicUsize,
+}
+
+impl<'a> Handing<'a> {
+    fn new(hand: &'a Hand<'a>) -> Handing<'a> {
+        Handing {
+            hand,
+            epoch: hand.claims.epoch(),
+            eligible: Mutex::new(HashMap::new()),
+            taken: AtomicUsize::new(0),
+        }
+    }
+
+    fn handoff(&self) -> &Handoff {
+        self.hand.claims.handoff()
+    }
+
+    /// Whether a ready run of `action` may be claimed at its insert: run
+    /// here, not paused, and claimed without limits (theirs count and order
+    /// what a claim takes). Read in the write, once per action.
+    fn may_hand<B: Backend>(&self, tx: &Tx<'_, B>, action: &str) -> Result<bool> {
+        if !self.hand.actions.iter().any(|a| a == action) {
+            return Ok(false);
+        }
+        let mut eligible = self.eligible.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&ok) = eligible.get(action) {
+            return Ok(ok);
+        }
+        let conn = tx.core();
+        let ok = !Control::is_paused(conn, "action", action)?
+            && Control::limited(conn, &[action.to_string()])?.is_empty();
+        eligible.insert(action.to_string(), ok);
+        Ok(ok)
+    }
+
+    /// After the write: sends the rows of the commits that held, and gives
+    /// back the slots taken for any other.
+    fn sent(&self, rows: Vec<RunRow>) {
+        let taken = self.taken.load(Ordering::SeqCst);
+        self.handoff()
+            .return_slots(taken.saturating_sub(rows.len()));
+        self.handoff().hand(rows, self.epoch);
+    }
 }
 
 /// One pass over the rules of a workspace, `batch` events at a time. Rules
@@ -179,6 +243,7 @@ pub(crate) fn pass<B: Backend>(
     rules: &[Arc<Rule>],
     batch: usize,
     lease: &mut dyn FnMut() -> Result<Option<Lease>>,
+    hand: Option<&Hand<'_>>,
 ) -> Result<Pass> {
     let Some(workspace) = rules.first().map(|r| r.workspace.clone()) else {
         return Ok(Pass::default());
@@ -271,12 +336,35 @@ pub(crate) fn pass<B: Backend>(
                     Err(e) => consumer::failed(db, rule.consumer(), position, &e),
                 }
             }
+            // Runs claimed at their insert for idle executors (`handoff`),
+            // sent once the commit holds; the slots of the others go back.
+            let handing = hand
+                .filter(|h| h.claims.handoff().idle() > 0)
+                .map(Handing::new);
             let outcomes = db.write_with(|tx| -> Result<Vec<Result<Option<Committed>>>> {
                 Ok(decided
                     .iter()
-                    .map(|d| commit_rule(tx, d, &page, &lease))
+                    .map(|d| commit_rule(tx, d, &page, &lease, handing.as_ref()))
                     .collect())
-            })?;
+            });
+            let outcomes = match (outcomes, &handing) {
+                (Ok(mut outcomes), Some(h)) => {
+                    let rows: Vec<_> = outcomes
+                        .iter_mut()
+                        .filter_map(|o| o.as_mut().ok().and_then(Option::as_mut))
+                        .flat_map(|c| std::mem::take(&mut c.handed))
+                        .collect();
+                    h.sent(rows);
+                    outcomes
+                }
+                (Ok(outcomes), None) => outcomes,
+                (Err(e), h) => {
+                    if let Some(h) = h {
+                        h.sent(Vec::new());
+                    }
+                    return Err(e);
+                }
+            };
             for (d, outcome) in decided.iter().zip(outcomes) {
                 match outcome {
                     Ok(Some(c)) => total.add(Pass {
@@ -577,12 +665,13 @@ fn commit_rule<B: Backend>(
     d: &Decided<'_>,
     page: &[Event],
     lease: &Lease,
+    handing: Option<&Handing<'_>>,
 ) -> Result<Option<Committed>> {
     let to = page[d.through - 1].seq;
     let mut refused: Vec<(usize, Error)> = Vec::new();
     loop {
         let attempt = consumer::advance(tx, d.rule.consumer(), lease, d.stand, |tx| {
-            Ok((commit(tx, d, page, lease, &refused)?, to))
+            Ok((commit(tx, d, page, lease, &refused, handing)?, to))
         });
         match attempt {
             Ok(done) => return Ok(done),
@@ -603,6 +692,7 @@ fn commit<B: Backend>(
     page: &[Event],
     lease: &Lease,
     refused: &[(usize, Error)],
+    handing: Option<&Handing<'_>>,
 ) -> std::result::Result<Committed, CommitError> {
     let rule = d.rule;
     let now = tx.now_ms();
@@ -634,8 +724,11 @@ fn commit<B: Backend>(
             existing += 1;
             continue;
         }
-        match record_firing(tx, rule, f, event, lease) {
-            Ok(()) => done.fired += 1,
+        match record_firing(tx, rule, f, event, lease, handing) {
+            Ok(handed) => {
+                done.fired += 1;
+                done.handed.extend(handed);
+            }
             Err(e) if e.dooms_transaction() => return Err(CommitError::Other(e)),
             Err(e) => return Err(CommitError::Firing(i, e)),
         }
@@ -697,7 +790,8 @@ fn record_firing<B: Backend>(
     f: &Firing,
     event: &Event,
     lease: &Lease,
-) -> Result<()> {
+    handing: Option<&Handing<'_>>,
+) -> Result<Option<RunRow>> {
     let now = tx.now_ms();
     let max_depth = tx.limits().max_chain_depth;
     let actor = format!("rule:{}", rule.name);
@@ -789,8 +883,38 @@ fn record_firing<B: Backend>(
                 now,
             },
         )?;
+        return Ok(None);
     }
-    Ok(())
+    match handing {
+        Some(h) if h.may_hand(tx, action)? => hand_over(tx, h, &f.id, now),
+        _ => Ok(None),
+    }
+}
+
+/// Claims a fresh run at its insert for an idle executor of this process,
+/// if one is idle and the run is ready (the head of its lane): as a claim
+/// would, by its position, under this process's holder.
+fn hand_over<B: Backend>(
+    tx: &mut Tx<'_, B>,
+    h: &Handing<'_>,
+    id: &str,
+    now: i64,
+) -> Result<Option<RunRow>> {
+    if !h.handoff().take_slot() {
+        return Ok(None);
+    }
+    h.taken.fetch_add(1, Ordering::SeqCst);
+    let conn = tx.core();
+    let Some(row) = Runs::get(conn, id)?.filter(|r| r.state == "ready") else {
+        return Ok(None);
+    };
+    let holder = &tx.settings().holder_id;
+    let expires_at = now + tx.settings().lease_ttl_ms();
+    Ok(
+        Control::claim_ords(conn, holder, now, expires_at, &[row.ord])?
+            .into_iter()
+            .next(),
+    )
 }
 
 /// Records an evaluation error: a `RuleErrored` event (its id derived from

@@ -7,7 +7,9 @@
 //! the handler works; once it lapses, the run is claimable again. The
 //! outcomes of a claimed batch are settled in one transaction, each run in a
 //! savepoint of its own, and every settlement checks the claim: an executor
-//! whose claim lapsed and was taken over settles nothing.
+//! whose claim lapsed and was taken over settles nothing. A turn may start
+//! with runs handed to it instead of a claim: claimed for it in the
+//! transaction that made them (`work::queue::handoff`).
 
 use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -28,6 +30,7 @@ use crate::store::runs::{Requeued, RunRow};
 use crate::store::steps::StepRow;
 use crate::store::{Control, Counters, DeadLetters, Events, Lanes, Runs};
 use crate::work::queue::claims::Claims;
+use crate::work::queue::handoff::Handed;
 use crate::work::queue::pace::{BATCH_BUDGET, Pace};
 use crate::work::queue::run::{self, Actions, Emitted, Run, RunContext};
 use crate::work::queue::waits;
@@ -106,14 +109,25 @@ pub(crate) fn execute<B: Backend>(
     pace: &Pace,
     stop: &AtomicBool,
     limit: usize,
+    handed: Vec<Handed>,
 ) -> Result<Executed> {
-    if actions.is_empty() {
+    // Runs claimed for this process's executors at their insert go first:
+    // they are this turn's first batch, with no claim of its own.
+    let mut handed = handed;
+    handed.extend(
+        claims
+            .handoff()
+            .take(MAX_CLAIM.saturating_sub(handed.len())),
+    );
+    if actions.is_empty() && handed.is_empty() {
         return Ok(Executed::default());
     }
     let names = &actions.names;
     // A cheap read first: an idle executor opens no write transaction.
     let now = db.now_ms();
-    if !db.read_with(&mut |c| crate::work::queue::claim::work_due(c, now, names))? {
+    if handed.is_empty()
+        && !db.read_with(&mut |c| crate::work::queue::claim::work_due(c, now, names))?
+    {
         return Ok(Executed::default());
     }
     let handlers = &actions.handlers;
@@ -208,10 +222,17 @@ pub(crate) fn execute<B: Backend>(
     // batch this claim makes.
     let mut seen = claims.epoch();
     let mut size = base;
-    let mut fresh: Vec<RunRow> = db.write_apart(|tx| {
-        waits::match_waits(tx)?;
-        claim(tx, size, &[])
-    })?;
+    let mut fresh: Vec<RunRow> = if handed.is_empty() {
+        db.write_apart(|tx| {
+            waits::match_waits(tx)?;
+            claim(tx, size, &[])
+        })?
+    } else {
+        // Claimed before this turn: the pauses and cancels made here since
+        // their transaction began are looked at before they start.
+        seen = handed.iter().map(|h| h.epoch).fold(seen, u64::min);
+        handed.into_iter().map(|h| h.row).collect()
+    };
     // Claimed in an earlier round and not started within its budget: still
     // ours, tracked, and first in the next round (within their priority).
     let mut carried: Vec<(RunRow, Run)> = Vec::new();
