@@ -279,9 +279,11 @@ pub(crate) fn execute<B: Backend>(
             }
             // A pause or cancel of this process since the claim, or of any
             // process once a heartbeat has passed: look at the file again.
+            // The heartbeat counts from the end of the last look: a look
+            // slower than a heartbeat (a loaded server) is not made again
+            // at once, run after run.
             while claims.epoch() != seen || looked.elapsed() >= recheck_every {
                 seen = claims.epoch();
-                looked = Instant::now();
                 let rest: Vec<&Run> = batch[i..].iter().map(|(_, r)| r).collect();
                 held = held_back::<B>(db, &rest).unwrap_or_else(|e| {
                     // Unsure what was paused: start none of them; they go
@@ -289,6 +291,7 @@ pub(crate) fn execute<B: Backend>(
                     log::warn!("looking for pauses and cancels: {e}");
                     rest.iter().map(|r| r.id.clone()).collect()
                 });
+                looked = Instant::now();
             }
             if let Some((max, h)) = batches.get(&run.action) {
                 // This run and the next of the action in the batch that may
@@ -538,16 +541,23 @@ fn give_back<B: Backend>(
 }
 
 /// The runs of `rest` not to start: those of a paused action, and those
-/// whose cancellation was asked for (in any process).
+/// whose cancellation was asked for (in any process). Two statements
+/// whatever the batch's size: the pauses, then the cancellations among the
+/// others' ids.
 fn held_back<B: Backend>(db: &B::Db, rest: &[&Run]) -> Result<HashSet<String>> {
     db.read_with(&mut |c| {
         let paused = crate::work::control::paused_names(c, "action")?;
-        let mut held = HashSet::new();
+        let mut held: HashSet<String> = HashSet::new();
+        let mut others: Vec<&str> = Vec::new();
         for run in rest {
-            let cancelled = Runs::get(c, &run.id)?.is_none_or(|r| r.cancel_requested_at.is_some());
-            if paused.contains(&run.action) || cancelled {
+            if paused.contains(&run.action) {
                 held.insert(run.id.clone());
+            } else {
+                others.push(&run.id);
             }
+        }
+        if !others.is_empty() {
+            held.extend(Runs::cancel_requested(c, &others)?);
         }
         Ok(held)
     })
