@@ -375,7 +375,10 @@ impl Runs for PgConn {
                 ],
             )?;
         }
-        if self.run_exists(r.id)? {
+        // An id already there: found before a lane or a key is touched;
+        // without either, the insert's `ON CONFLICT DO NOTHING` finds it
+        // (one round trip fewer).
+        if (r.lane.is_some() || r.unique.is_some()) && self.run_exists(r.id)? {
             return Ok(Inserted::Existed);
         }
         if let Some(u) = &r.unique

@@ -19,7 +19,9 @@ use crate::store::{Lanes, Runs};
 /// the lane and waiting, or dead. A run id already present is a no-op, and
 /// so is a uniqueness key another run holds (that run's id is returned).
 pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
-    if exists(conn, r.id)? {
+    // An id already there: found before a lane or a key is touched; without
+    // either, the insert's `ON CONFLICT (id) DO NOTHING` finds it.
+    if (r.lane.is_some() || r.unique.is_some()) && exists(conn, r.id)? {
         return Ok(Inserted::Existed);
     }
     if let Some(u) = &r.unique
@@ -38,8 +40,9 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
     let (unique_key, unique_mode) = r
         .unique
         .map_or((None, None), |u| (Some(u.key), Some(u.mode)));
-    conn.prepare_cached(
-        "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
            on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
            backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
            created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
@@ -50,37 +53,41 @@ pub(crate) fn insert(conn: &Connection, r: &NewRun<'_>) -> Result<Inserted> {
            ?23, ?24, ?25, \
            coalesce(?26, (SELECT CASE WHEN fair = 1 OR key_path IS NOT NULL \
                                  THEN coalesce(CAST(json_extract(?9, key_path) AS TEXT), '') END \
-                          FROM reflexr_actions WHERE action = ?3)), ?27)",
-    )?
-    .execute(params![
-        r.id,
-        r.kind,
-        r.action,
-        r.workspace,
-        r.rule,
-        r.scope,
-        r.dead.map_or(r.lane, |_| None),
-        r.on_dead_letter,
-        r.input,
-        r.event_seq,
-        r.event_id,
-        r.depth,
-        state,
-        i64::from(r.retry.max_attempts),
-        ms(r.retry.initial),
-        ms(r.retry.max_delay),
-        r.retry.factor,
-        r.retry.jitter,
-        r.due_at,
-        r.dead.map(crate::base::limits::clip_error),
-        r.now,
-        r.priority,
-        unique_key,
-        unique_mode,
-        r.parent,
-        r.key,
-        r.traceparent,
-    ])?;
+                          FROM reflexr_actions WHERE action = ?3)), ?27) \
+         ON CONFLICT (id) DO NOTHING",
+        )?
+        .execute(params![
+            r.id,
+            r.kind,
+            r.action,
+            r.workspace,
+            r.rule,
+            r.scope,
+            r.dead.map_or(r.lane, |_| None),
+            r.on_dead_letter,
+            r.input,
+            r.event_seq,
+            r.event_id,
+            r.depth,
+            state,
+            i64::from(r.retry.max_attempts),
+            ms(r.retry.initial),
+            ms(r.retry.max_delay),
+            r.retry.factor,
+            r.retry.jitter,
+            r.due_at,
+            r.dead.map(crate::base::limits::clip_error),
+            r.now,
+            r.priority,
+            unique_key,
+            unique_mode,
+            r.parent,
+            r.key,
+            r.traceparent,
+        ])?;
+    if inserted == 0 {
+        return Ok(Inserted::Existed);
+    }
     if let Some(u) = r.unique.filter(|u| u.mode == "period") {
         conn.prepare_cached(
             "INSERT INTO reflexr_unique_periods (action, key, until, run_id) VALUES (?1, ?2, ?3, ?4) \
