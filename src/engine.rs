@@ -1160,7 +1160,7 @@ mod handoff_tests {
         let dir = tempfile::tempdir().unwrap();
         let (e, ran) = engine(&dir, RunOrder::Scope);
         let cx = &e.cx;
-        let handoff = cx.claims().handoff();
+        let handoff = cx.handoff();
         handoff.park();
         job(&e, "a");
         runtime::evaluate_step(cx, "app", true).unwrap();
@@ -1181,7 +1181,7 @@ mod handoff_tests {
         let dir = tempfile::tempdir().unwrap();
         let (e, _) = engine(&dir, RunOrder::Scope);
         let cx = &e.cx;
-        let handoff = cx.claims().handoff();
+        let handoff = cx.handoff();
         // Nobody parked: the run is ready, for a claim.
         job(&e, "a");
         runtime::evaluate_step(cx, "app", true).unwrap();
@@ -1215,10 +1215,10 @@ mod handoff_tests {
         let dir = tempfile::tempdir().unwrap();
         let (e, ran) = engine(&dir, RunOrder::None);
         let cx = &e.cx;
-        cx.claims().handoff().park();
+        cx.handoff().park();
         job(&e, "a");
         runtime::evaluate_step(cx, "app", true).unwrap();
-        let handed = cx.claims().handoff().take(10);
+        let handed = cx.handoff().take(10);
         assert_eq!(handed.len(), 1);
         cx.stop.store(true, Ordering::SeqCst);
         runtime::execute_step(cx, handed).unwrap();

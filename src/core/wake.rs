@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, bounded};
 
 pub(crate) struct Notifier {
     subscribers: Mutex<Vec<(u64, Sender<()>)>>,
@@ -122,6 +122,16 @@ impl Notifier {
     }
 }
 
+/// What ended a [`Subscription`]'s wait.
+enum Woken<T> {
+    /// A nudge, or a heartbeat that saw another connection's commit.
+    Changed,
+    /// What the other channel received.
+    Got(T),
+    /// The deadline passed (or the nudges' sender is gone).
+    Deadline,
+}
+
 /// One waiter's end of the nudges. Dropping it unsubscribes.
 pub struct Subscription {
     id: u64,
@@ -144,25 +154,8 @@ impl Subscription {
     /// or `deadline`. Returns false only when the deadline passed with no sign
     /// of a change.
     pub(crate) fn wait(&self, heartbeat: Duration, deadline: Instant) -> bool {
-        let notifier = &self.notifier;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            let slice = heartbeat.min(deadline - now);
-            match self.rx.recv_timeout(slice) {
-                Ok(()) => return true,
-                Err(RecvTimeoutError::Timeout) => {
-                    if notifier.poll() {
-                        // Our own poll nudged us too; take that wake-up.
-                        let _ = self.rx.try_recv();
-                        return true;
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => return false,
-            }
-        }
+        let never = crossbeam_channel::never::<()>();
+        !matches!(self.woken(heartbeat, deadline, &never), Woken::Deadline)
     }
 
     /// As [`Subscription::wait`], and also ending when `other` receives,
@@ -174,20 +167,33 @@ impl Subscription {
         deadline: Instant,
         other: &Receiver<T>,
     ) -> Option<T> {
-        let notifier = &self.notifier;
+        match self.woken(heartbeat, deadline, other) {
+            Woken::Got(t) => Some(t),
+            Woken::Changed | Woken::Deadline => None,
+        }
+    }
+
+    /// The wait itself: a heartbeat at a time until a nudge, `other`, a
+    /// heartbeat's change, or `deadline`.
+    fn woken<T>(&self, heartbeat: Duration, deadline: Instant, other: &Receiver<T>) -> Woken<T> {
         loop {
             let now = Instant::now();
             if now >= deadline {
-                return None;
+                return Woken::Deadline;
             }
             let slice = heartbeat.min(deadline - now);
             crossbeam_channel::select! {
-                recv(self.rx) -> _ => return None,
-                recv(other) -> got => return got.ok(),
+                recv(self.rx) -> got => {
+                    return if got.is_ok() { Woken::Changed } else { Woken::Deadline };
+                }
+                recv(other) -> got => {
+                    return got.map_or(Woken::Deadline, Woken::Got);
+                }
                 default(slice) => {
-                    if notifier.poll() {
+                    if self.notifier.poll() {
+                        // Our own poll nudged us too; take that wake-up.
                         let _ = self.rx.try_recv();
-                        return None;
+                        return Woken::Changed;
                     }
                 }
             }

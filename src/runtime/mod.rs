@@ -57,7 +57,7 @@ use crate::work::follow::Publish;
 use crate::work::prune::{self, Retention};
 use crate::work::queue::claims::Claims;
 use crate::work::queue::execute::{self, Executed};
-use crate::work::queue::handoff::Handed;
+use crate::work::queue::handoff::{Hand, Handed, Handoff};
 use crate::work::queue::pace::Pace;
 use crate::{work::follow, work::reaction, work::schedule};
 
@@ -140,6 +140,8 @@ pub struct Context<B: Backend = Sqlite> {
     registry: RwLock<Registry<B>>,
     /// Claims on runs whose handlers are working, for the renewer.
     claims: Claims,
+    /// The idle executors, and the runs claimed at their insert for them.
+    handoff: Handoff,
     /// Each action's recent handler duration here: what a claim takes.
     pace: Pace,
     /// The leases this engine holds (the loop's, the evaluators', the
@@ -193,6 +195,7 @@ impl<B: Backend> Context<B> {
             config,
             registry: RwLock::new(Registry::default()),
             claims: Claims::default(),
+            handoff: Handoff::default(),
             pace: Pace::default(),
             leases: Mutex::new(HashMap::new()),
             threads: Mutex::new(None),
@@ -241,6 +244,12 @@ impl<B: Backend> Context<B> {
     /// The claims this process's handlers work under.
     pub(crate) fn claims(&self) -> &Claims {
         &self.claims
+    }
+
+    /// The idle executors, and the runs handed to them.
+    #[cfg(test)]
+    pub(crate) fn handoff(&self) -> &Handoff {
+        &self.handoff
     }
 
     pub(crate) fn registry(&self) -> RwLockReadGuard<'_, Registry<B>> {
@@ -378,7 +387,8 @@ pub(crate) fn evaluate_step<B: Backend>(
     let name = evaluate::lease_name(workspace);
     let batch = cx.config.evaluate_batch;
     let actions = Arc::clone(&cx.registry().actions);
-    let hand = hand.then(|| evaluate::Hand {
+    let hand = hand.then(|| Hand {
+        handoff: &cx.handoff,
         claims: &cx.claims,
         actions: &actions.names,
     });
@@ -628,6 +638,12 @@ pub(crate) fn loop_step<B: Backend>(cx: &Context<B>) -> Result<LoopPass> {
 /// One executor's turn: runs what was handed to it, else claims and runs
 /// what is due, up to a few batches.
 pub(crate) fn execute_step<B: Backend>(cx: &Context<B>, handed: Vec<Handed>) -> Result<Executed> {
+    // What was handed since (to any executor) goes first too.
+    let mut handed = handed;
+    handed.extend(
+        cx.handoff
+            .take(execute::MAX_CLAIM.saturating_sub(handed.len())),
+    );
     let actions = Arc::clone(&cx.registry().actions);
     execute::execute::<B>(
         &cx.db,
@@ -647,7 +663,7 @@ pub(crate) fn execute_step<B: Backend>(cx: &Context<B>, handed: Vec<Handed>) -> 
 fn executor_loop<B: Backend>(cx: &Context<B>) {
     let sub = cx.db.subscribe();
     let heartbeat = cx.db.settings().heartbeat;
-    let handoff = cx.claims.handoff();
+    let handoff = &cx.handoff;
     let mut handed: Vec<Handed> = Vec::new();
     loop {
         let stopping = cx.stop.load(Ordering::SeqCst);
@@ -821,7 +837,7 @@ pub(crate) fn shutdown<B: Backend>(cx: &Context<B>) {
             }
         }
         // Handed after the executors' last look: back, unstarted.
-        let left = cx.claims.handoff().take(usize::MAX);
+        let left = cx.handoff.take(usize::MAX);
         if !left.is_empty()
             && let Err(e) = execute_step(cx, left)
         {

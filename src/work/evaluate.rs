@@ -42,8 +42,7 @@
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::base::counter::Counter;
@@ -60,10 +59,9 @@ use crate::core::db::Tx;
 use crate::core::lease::Lease;
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::{NewRun, RunRow};
-use crate::store::{Control, Counters, Cursors, DeadLetters, Events, Rules, Runs};
+use crate::store::{Counters, Cursors, DeadLetters, Events, Rules, Runs};
 use crate::work::consumer::{self, Stand};
-use crate::work::queue::claims::Claims;
-use crate::work::queue::handoff::Handoff;
+use crate::work::queue::handoff::{Hand, Handing};
 use crate::work::queue::run::RunKind;
 use crate::work::rule::{Decision, Rule, RunOrder};
 
@@ -168,65 +166,6 @@ struct Committed {
     errored: usize,
     /// Runs claimed at their insert for idle executors of this process.
     handed: Vec<RunRow>,
-}
-
-/// Where an evaluator may hand fresh runs: this process's claims (and its
-/// idle executors, [`Handoff`]) and the actions its executors run.
-pub(crate) struct Hand<'a> {
-    pub claims: &'a Claims,
-    pub actions: &'a [String],
-}
-
-/// One write's handing: the pause epoch read before it, which actions'
-/// runs may be handed (read once per action in the write), and how many
-/// idle executors' slots it took.
-struct Handing<'a> {
-    hand: &'a Hand<'a>,
-    epoch: u64,
-    eligible: Mutex<HashMap<String, bool>>,
-    taken: AtomicUsize,
-}
-
-impl<'a> Handing<'a> {
-    fn new(hand: &'a Hand<'a>) -> Handing<'a> {
-        Handing {
-            hand,
-            epoch: hand.claims.epoch(),
-            eligible: Mutex::new(HashMap::new()),
-            taken: AtomicUsize::new(0),
-        }
-    }
-
-    fn handoff(&self) -> &Handoff {
-        self.hand.claims.handoff()
-    }
-
-    /// Whether a ready run of `action` may be claimed at its insert: run
-    /// here, not paused, and claimed without limits (theirs count and order
-    /// what a claim takes). Read in the write, once per action.
-    fn may_hand<B: Backend>(&self, tx: &Tx<'_, B>, action: &str) -> Result<bool> {
-        if !self.hand.actions.iter().any(|a| a == action) {
-            return Ok(false);
-        }
-        let mut eligible = self.eligible.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(&ok) = eligible.get(action) {
-            return Ok(ok);
-        }
-        let conn = tx.core();
-        let ok = !Control::is_paused(conn, "action", action)?
-            && Control::limited(conn, &[action.to_string()])?.is_empty();
-        eligible.insert(action.to_string(), ok);
-        Ok(ok)
-    }
-
-    /// After the write: sends the rows of the commits that held, and gives
-    /// back the slots taken for any other.
-    fn sent(&self, rows: Vec<RunRow>) {
-        let taken = self.taken.load(Ordering::SeqCst);
-        self.handoff()
-            .return_slots(taken.saturating_sub(rows.len()));
-        self.handoff().hand(rows, self.epoch);
-    }
 }
 
 /// One pass over the rules of a workspace, `batch` events at a time. Rules
@@ -338,9 +277,7 @@ pub(crate) fn pass<B: Backend>(
             }
             // Runs claimed at their insert for idle executors (`handoff`),
             // sent once the commit holds; the slots of the others go back.
-            let handing = hand
-                .filter(|h| h.claims.handoff().idle() > 0)
-                .map(Handing::new);
+            let handing = hand.filter(|h| h.handoff.idle() > 0).map(Handing::new);
             let outcomes = db.write_with(|tx| -> Result<Vec<Result<Option<Committed>>>> {
                 Ok(decided
                     .iter()
@@ -886,35 +823,9 @@ fn record_firing<B: Backend>(
         return Ok(None);
     }
     match handing {
-        Some(h) if h.may_hand(tx, action)? => hand_over(tx, h, &f.id, now),
-        _ => Ok(None),
+        Some(h) => h.hand_over(tx, action, &f.id, now),
+        None => Ok(None),
     }
-}
-
-/// Claims a fresh run at its insert for an idle executor of this process,
-/// if one is idle and the run is ready (the head of its lane): as a claim
-/// would, by its position, under this process's holder.
-fn hand_over<B: Backend>(
-    tx: &mut Tx<'_, B>,
-    h: &Handing<'_>,
-    id: &str,
-    now: i64,
-) -> Result<Option<RunRow>> {
-    if !h.handoff().take_slot() {
-        return Ok(None);
-    }
-    h.taken.fetch_add(1, Ordering::SeqCst);
-    let conn = tx.core();
-    let Some(row) = Runs::get(conn, id)?.filter(|r| r.state == "ready") else {
-        return Ok(None);
-    };
-    let holder = &tx.settings().holder_id;
-    let expires_at = now + tx.settings().lease_ttl_ms();
-    Ok(
-        Control::claim_ords(conn, holder, now, expires_at, &[row.ord])?
-            .into_iter()
-            .next(),
-    )
 }
 
 /// Records an evaluation error: a `RuleErrored` event (its id derived from

@@ -6,7 +6,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::work::queue::handoff::Handoff;
 use crate::work::queue::run::Run;
 
 /// One claim held: its holder, attempt and expiry, whether an operator
@@ -42,16 +41,9 @@ pub(crate) struct Claims {
     epoch: AtomicU64,
     /// The last claim token handed out.
     tokens: AtomicU64,
-    /// The idle executors, and the runs claimed at their insert for them.
-    handoff: Handoff,
 }
 
 impl Claims {
-    /// The idle executors of this process and the runs handed to them.
-    pub fn handoff(&self) -> &Handoff {
-        &self.handoff
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }

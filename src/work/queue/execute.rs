@@ -78,7 +78,7 @@ impl Outcome {
 const MAX_ROUNDS: usize = 64;
 
 /// The most runs one claim takes when batches grow (see [`execute`]).
-const MAX_CLAIM: usize = 256;
+pub(crate) const MAX_CLAIM: usize = 256;
 
 /// Claims runs of `actions`, runs them in this thread, and settles them in
 /// the same transaction that claims the next batch: one durable commit per
@@ -111,14 +111,8 @@ pub(crate) fn execute<B: Backend>(
     limit: usize,
     handed: Vec<Handed>,
 ) -> Result<Executed> {
-    // Runs claimed for this process's executors at their insert go first:
-    // they are this turn's first batch, with no claim of its own.
-    let mut handed = handed;
-    handed.extend(
-        claims
-            .handoff()
-            .take(MAX_CLAIM.saturating_sub(handed.len())),
-    );
+    // Runs claimed for this process's executors at their insert (`handed`)
+    // go first: they are this turn's first batch, with no claim of its own.
     if actions.is_empty() && handed.is_empty() {
         return Ok(Executed::default());
     }
@@ -543,7 +537,8 @@ fn give_back<B: Backend>(
 /// The runs of `rest` not to start: those of a paused action, and those
 /// whose cancellation was asked for (in any process). Two statements
 /// whatever the batch's size: the pauses, then the cancellations among the
-/// others' ids.
+/// others' ids. A claimed run no longer in the file (deleted by hand) is
+/// not held: its settlement finds no row, and counts it lost.
 fn held_back<B: Backend>(db: &B::Db, rest: &[&Run]) -> Result<HashSet<String>> {
     db.read_with(&mut |c| {
         let paused = crate::work::control::paused_names(c, "action")?;

@@ -27,16 +27,21 @@
 //!   shutdown gives back, unstarted and without an attempt, what was
 //!   handed and not taken.
 //! - The pauses and cancels made in this process after the claim are seen
-//!   before the run starts: each handed run carries the
-//!   [`Claims::epoch`](crate::work::queue::claims::Claims::epoch) read
-//!   before its transaction, and the executor looks at the file again when
-//!   the epoch moved since.
+//!   before the run starts: each handed run carries the pause epoch
+//!   ([`Claims::epoch`]) read before its transaction, and the executor
+//!   looks at the file again when the epoch moved since.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
+use crate::base::error::Result;
+use crate::core::db::{Backend, Tx};
 use crate::store::runs::RunRow;
+use crate::store::{Control, Runs};
+use crate::work::queue::claims::Claims;
 
 /// A run claimed at its insert for an idle executor, with the pause epoch
 /// of this process read before the claim's transaction began.
@@ -116,6 +121,89 @@ impl Handoff {
     /// Up to `most` runs handed and not taken yet.
     pub fn take(&self, most: usize) -> Vec<Handed> {
         self.rx.try_iter().take(most).collect()
+    }
+}
+
+/// Where an evaluator may hand fresh runs: this process's idle executors,
+/// its claims (for the pause epoch) and the actions its executors run.
+pub(crate) struct Hand<'a> {
+    pub handoff: &'a Handoff,
+    pub claims: &'a Claims,
+    pub actions: &'a [String],
+}
+
+/// One write's handing: the pause epoch read before it, which actions'
+/// runs may be handed (read once per action in the write), and how many
+/// idle executors' slots it took.
+pub(crate) struct Handing<'a> {
+    hand: &'a Hand<'a>,
+    epoch: u64,
+    eligible: Mutex<HashMap<String, bool>>,
+    taken: AtomicUsize,
+}
+
+impl<'a> Handing<'a> {
+    pub fn new(hand: &'a Hand<'a>) -> Handing<'a> {
+        Handing {
+            hand,
+            epoch: hand.claims.epoch(),
+            eligible: Mutex::new(HashMap::new()),
+            taken: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether a ready run of `action` may be claimed at its insert: run
+    /// here, not paused, and claimed without limits (theirs count and order
+    /// what a claim takes). Read in the write, once per action.
+    fn may_hand<B: Backend>(&self, tx: &Tx<'_, B>, action: &str) -> Result<bool> {
+        if !self.hand.actions.iter().any(|a| a == action) {
+            return Ok(false);
+        }
+        let mut eligible = self.eligible.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&ok) = eligible.get(action) {
+            return Ok(ok);
+        }
+        let conn = tx.core();
+        let ok = !Control::is_paused(conn, "action", action)?
+            && Control::limited(conn, &[action.to_string()])?.is_empty();
+        eligible.insert(action.to_string(), ok);
+        Ok(ok)
+    }
+
+    /// Claims the run `id` of `action`, just inserted, for an idle executor
+    /// of this process, if one is idle, the action may be handed and the
+    /// run is ready (the head of its lane): as a claim would, by its
+    /// position, under this process's holder.
+    pub fn hand_over<B: Backend>(
+        &self,
+        tx: &mut Tx<'_, B>,
+        action: &str,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<RunRow>> {
+        if !self.may_hand(tx, action)? || !self.hand.handoff.take_slot() {
+            return Ok(None);
+        }
+        self.taken.fetch_add(1, Ordering::SeqCst);
+        let conn = tx.core();
+        let Some(row) = Runs::get(conn, id)?.filter(|r| r.state == "ready") else {
+            return Ok(None);
+        };
+        let holder = &tx.settings().holder_id;
+        let expires_at = now + tx.settings().lease_ttl_ms();
+        Ok(
+            Control::claim_ords(conn, holder, now, expires_at, &[row.ord])?
+                .into_iter()
+                .next(),
+        )
+    }
+
+    /// After the write: sends the rows of the commits that held, and gives
+    /// back the slots taken for any other.
+    pub fn sent(&self, rows: Vec<RunRow>) {
+        let handoff = self.hand.handoff;
+        handoff.return_slots(self.taken.load(Ordering::SeqCst).saturating_sub(rows.len()));
+        handoff.hand(rows, self.epoch);
     }
 }
 
