@@ -1178,6 +1178,8 @@ mod handoff_tests {
 
     #[test]
     fn no_run_is_handed_without_a_parked_executor_nor_when_it_would_not_be_claimed_at_once() {
+        // Invariants 6 and 14: a run behind its lane's head stays waiting,
+        // and a paused action's run is not claimed, at its insert either.
         let dir = tempfile::tempdir().unwrap();
         let (e, _) = engine(&dir, RunOrder::Scope);
         let cx = &e.cx;
