@@ -206,21 +206,27 @@ CREATE TABLE reflexr_runs (
     traceparent      TEXT
 ) STRICT;
 
--- Claims: the ready runs by priority, then due time. Runs that wait behind
--- their lane or sit dead are not ready, so the claim's cost does not grow
--- with them.
-CREATE INDEX reflexr_runs_due ON reflexr_runs (state, priority DESC, due_at);
--- Claims whose executor stopped renewing them.
-CREATE INDEX reflexr_runs_lapsed ON reflexr_runs (claim_expires_at)
+-- Claims: the ready runs by priority, then due time. Only ready runs are
+-- in it, so a claim's cost does not grow with waiting, running or ended
+-- runs, and claiming or settling a run moves one entry, not two.
+CREATE INDEX reflexr_runs_due ON reflexr_runs (priority DESC, due_at)
+    WHERE state = 'ready';
+-- What runs now, by when its claim expires: a claim whose executor stopped
+-- renewing it (lapsed) is a seek; concurrency limits count an action's
+-- running runs (by key) from it without reading the rows. Only running
+-- runs are in it.
+CREATE INDEX reflexr_runs_running ON reflexr_runs (claim_expires_at, action, flow_key)
     WHERE state = 'running';
+-- The runs neither ready nor running (waiting behind their lane, or ended),
+-- by state and due time: listings by state, counts and pruning.
+CREATE INDEX reflexr_runs_at_rest ON reflexr_runs (state, due_at)
+    WHERE state NOT IN ('ready', 'running');
 -- The next run of a lane, when its head ends.
 CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord)
     WHERE state = 'waiting';
 -- Runs in the order they last changed: the feed of run changes operators
 -- watch live (the admin stream's runs topic).
 CREATE INDEX reflexr_runs_by_change ON reflexr_runs (updated_at, ord);
--- What runs now, per action: concurrency limits count it.
-CREATE INDEX reflexr_runs_running ON reflexr_runs (action) WHERE state = 'running';
 -- The ready runs of keyed actions, per key: a fair claim finds each key's
 -- oldest due run with one seek, however long the key's backlog. Runs of
 -- actions without keys (flow_key NULL) are not in it and cost it nothing.
@@ -595,4 +601,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 11;
+PRAGMA user_version = 12;

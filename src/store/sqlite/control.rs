@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::base::error::Result;
 
-use super::runs::READY_PRIORITIES;
+use super::runs::{READY_PRIORITIES, UNFINISHED};
 use crate::store::Control;
 use crate::store::control::*;
 use crate::store::runs::RunRow;
@@ -178,10 +178,10 @@ impl Control for Connection {
 
     fn key_runs(&self, action: &str, key_path: Option<&str>) -> Result<usize> {
         Ok(self
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "UPDATE reflexr_runs SET flow_key = coalesce(CAST(json_extract(input, ?2) AS TEXT), '') \
-                 WHERE action = ?1 AND flow_key IS NULL AND state IN ('waiting', 'ready', 'running')",
-            )?
+                 WHERE ord IN (SELECT ord FROM ({UNFINISHED}) WHERE action = ?1 AND flow_key IS NULL)",
+            ))?
             .execute(params![action, key_path])?)
     }
 
@@ -299,11 +299,11 @@ impl Control for Connection {
     }
 
     fn key_counts(&self, action: &str) -> Result<Vec<(String, String, i64)>> {
-        let mut stmt = self.prepare_cached(
-            "SELECT flow_key, state, count(*) FROM reflexr_runs \
-             WHERE action = ?1 AND flow_key IS NOT NULL AND state IN ('waiting', 'ready', 'running') \
+        let mut stmt = self.prepare_cached(&format!(
+            "SELECT flow_key, state, count(*) FROM ({UNFINISHED}) \
+             WHERE action = ?1 AND flow_key IS NOT NULL \
              GROUP BY flow_key, state ORDER BY flow_key, state",
-        )?;
+        ))?;
         let rows = stmt
             .query_map([action], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -427,7 +427,7 @@ impl Control for Connection {
         let conn = self;
         Ok(conn
             .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
+                "SELECT EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_running \
                                 WHERE state = 'running' AND claim_expires_at <= ?1)",
             )?
             .query_row([now], |r| r.get(0))?)

@@ -206,8 +206,8 @@ pub(crate) fn requeue_lapsed(conn: &Connection, ord: i64, now: i64) -> Result<Re
 /// Claims up to `limit` ready runs at `priority` that are due and whose
 /// action is in `actions` (a JSON array), oldest due first: each becomes
 /// `running` under `holder` at its next attempt until `expires_at`. A range
-/// of the `(state, priority, due_at)` index: runs not due yet, waiting or
-/// blocked cost nothing. (`control::claim` walks the priorities that ready
+/// of the ready runs' `(priority, due_at)` index: runs not due yet, waiting,
+/// running or ended cost nothing. (`control::claim` walks the priorities that ready
 /// runs have, [`ready_priorities`], usually one.)
 pub(crate) fn claim_at(
     conn: &Connection,
@@ -236,6 +236,74 @@ pub(super) const READY_PRIORITIES: &str = "WITH RECURSIVE p(v) AS ( \
                WHERE state = 'ready' AND priority < p.v ORDER BY priority DESC LIMIT 1) \
        FROM p WHERE p.v IS NOT NULL) \
      SELECT v FROM p WHERE v IS NOT NULL";
+
+/// The unfinished runs (waiting, ready, running) as a subquery for
+/// `FROM (...)`: each state is read through its own partial index
+/// (`reflexr_runs_due`, `_running`, `_at_rest`), so finished runs cost
+/// nothing. Its columns: `ord, action, flow_key, state`.
+pub(super) const UNFINISHED: &str = "SELECT ord, action, flow_key, state FROM reflexr_runs \
+       WHERE state = 'ready' \
+     UNION ALL SELECT ord, action, flow_key, state FROM reflexr_runs WHERE state = 'running' \
+     UNION ALL SELECT ord, action, flow_key, state FROM reflexr_runs \
+       WHERE state = 'waiting' AND state NOT IN ('ready', 'running')";
+
+/// The term that lets SQLite read the runs neither ready nor running
+/// through their partial index (`reflexr_runs_at_rest`): it must appear in
+/// a query's `WHERE` as the index's `WHERE` spells it.
+pub(super) const AT_REST: &str = "state NOT IN ('ready', 'running')";
+
+/// Up to `limit` runs whose claim expired by `?1`, the oldest expiry first:
+/// a seek of the running runs' index.
+fn lapsed_sql(limit: i64) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM reflexr_runs INDEXED BY reflexr_runs_running \
+         WHERE state = 'running' AND claim_expires_at <= ?1 \
+         ORDER BY claim_expires_at LIMIT {limit}"
+    )
+}
+
+/// The runs in `?1` (`state`), oldest due first, through that state's
+/// partial index: the claim's for ready runs, the running runs' own, and
+/// the one of the runs at rest for the others.
+fn list_sql(state: &str, limit: i64) -> String {
+    let term = match state {
+        "ready" => "state = 'ready'",
+        "running" => "state = 'running'",
+        _ => AT_REST,
+    };
+    format!(
+        "SELECT {COLUMNS} FROM reflexr_runs WHERE state = ?1 AND {term} \
+         ORDER BY due_at, ord LIMIT {limit}"
+    )
+}
+
+/// How many runs there are in each state that has any, each state counted
+/// through its partial index, none read from the rows.
+fn counts_sql() -> String {
+    format!(
+        "SELECT state, n FROM ( \
+           SELECT 'ready' AS state, count(*) AS n FROM reflexr_runs WHERE state = 'ready' \
+           UNION ALL \
+           SELECT 'running', count(*) FROM reflexr_runs WHERE state = 'running' \
+           UNION ALL \
+           SELECT state, count(*) FROM reflexr_runs WHERE {AT_REST} GROUP BY state) \
+         WHERE n > 0 ORDER BY state"
+    )
+}
+
+/// Deletes up to `limit` runs that ended well before `?1`, returning their
+/// ids. `due_at <= finished_at`, so the range on `due_at` bounds the scan of
+/// the runs at rest to those old enough to qualify.
+fn prune_sql(limit: usize) -> String {
+    format!(
+        "DELETE FROM reflexr_runs WHERE ord IN \
+           (SELECT ord FROM reflexr_runs \
+            WHERE state IN ('succeeded', 'discarded') AND {AT_REST} AND due_at < ?1 \
+              AND coalesce(finished_at, updated_at) < ?1 \
+            LIMIT {limit}) \
+         RETURNING id"
+    )
+}
 
 /// One page of ready, due runs of a keyed `action` at `priority`, by due
 /// time, after the run `after` (`(due_at, ord)`): `(ord, due_at, key)`,
@@ -342,11 +410,11 @@ pub(super) const WORK_DUE: &str = "WITH RECURSIVE p(v) AS ( \
      SELECT EXISTS (SELECT 1 FROM p CROSS JOIN reflexr_runs r INDEXED BY reflexr_runs_due \
                     WHERE p.v IS NOT NULL AND r.state = 'ready' AND r.priority = p.v \
                       AND r.due_at <= ?1 AND r.action IN (SELECT value FROM json_each(?2))) \
-         OR EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
+         OR EXISTS (SELECT 1 FROM reflexr_runs INDEXED BY reflexr_runs_running \
                     WHERE state = 'running' AND claim_expires_at <= ?1)";
 
-/// The claim: ready runs by due time, through the `(state, due_at)` index, so
-/// waiting, blocked and finished runs cost it nothing. `{limit}` is written
+/// The claim: ready runs by due time, through the index that holds only
+/// them, so waiting, blocked, running and finished runs cost it nothing. `{limit}` is written
 /// in (see [`crate::store::events::page`] on bound limits).
 fn claim_sql(limit: i64) -> String {
     format!(
@@ -738,17 +806,9 @@ impl Runs for Connection {
     /// `before`. Dead runs stay until an operator resolves them.
     fn delete_finished(&self, before: i64, limit: usize) -> Result<usize> {
         let conn = self;
-        // due_at <= finished_at, so the range on due_at bounds the index scan to
-        // runs old enough to qualify. A workflow's steps go with its run.
+        // A workflow's steps go with its run.
         let gone: Vec<String> = conn
-            .prepare_cached(&format!(
-                "DELETE FROM reflexr_runs WHERE ord IN \
-                   (SELECT ord FROM reflexr_runs \
-                    WHERE state IN ('succeeded', 'discarded') AND due_at < ?1 \
-                      AND coalesce(finished_at, updated_at) < ?1 \
-                    LIMIT {limit}) \
-                 RETURNING id"
-            ))?
+            .prepare_cached(&prune_sql(limit))?
             .query_map([before], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?;
         crate::store::Steps::delete_steps_of(conn, &gone)?;
@@ -758,11 +818,7 @@ impl Runs for Connection {
     /// Runs whose claim lapsed (the executor stopped renewing it) at `now`.
     fn lapsed(&self, now: i64, limit: i64) -> Result<Vec<RunRow>> {
         let conn = self;
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM reflexr_runs INDEXED BY reflexr_runs_lapsed \
-             WHERE state = 'running' AND claim_expires_at <= ?1 \
-             ORDER BY claim_expires_at LIMIT {limit}"
-        ))?;
+        let mut stmt = conn.prepare_cached(&lapsed_sql(limit))?;
         let rows = stmt
             .query_map(params![now], from_row)?
             .collect::<rusqlite::Result<_>>()?;
@@ -821,17 +877,16 @@ impl Runs for Connection {
         cancel_requested(self, &ids)
     }
 
-    /// Runs in `state`, oldest due first, through the `(state, due_at)` index (a
-    /// million finished runs cost a listing of dead ones nothing); or every run,
-    /// in creation order.
+    /// Runs in `state`, oldest due first, through that state's partial index
+    /// (a million finished runs cost a listing of dead ones nothing); or
+    /// every run, in creation order.
     fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>> {
         let conn = self;
         let rows = match state {
+            // Each state through its partial index: the claim's for ready
+            // runs, the running runs' own, and the rest's for the others.
             Some(state) => conn
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM reflexr_runs WHERE state = ?1 \
-                     ORDER BY due_at, ord LIMIT {limit}"
-                ))?
+                .prepare_cached(&list_sql(state, limit))?
                 .query_map([state], from_row)?
                 .collect::<rusqlite::Result<_>>()?,
             None => conn
@@ -847,9 +902,7 @@ impl Runs for Connection {
     /// How many runs there are in each state.
     fn counts(&self) -> Result<Vec<(String, i64)>> {
         let conn = self;
-        let mut stmt = conn.prepare_cached(
-            "SELECT state, count(*) FROM reflexr_runs GROUP BY state ORDER BY state",
-        )?;
+        let mut stmt = conn.prepare_cached(&counts_sql())?;
         let rows = stmt
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
@@ -1033,39 +1086,120 @@ mod tests {
 
     #[test]
     fn the_claim_reads_only_ready_runs_by_index_whatever_else_the_queue_holds() {
-        // The claim's cost must not grow with waiting, blocked, finished or
-        // not-yet-due runs: per priority that ready runs have (found by a
-        // seek each), it searches the (state, priority, due_at) index for
-        // due ready runs, in due order, without sorting; so does the idle
-        // executor's check.
+        // Invariant: the claim's cost must not grow with waiting, blocked,
+        // running, finished or not-yet-due runs. Per priority that ready
+        // runs have (found by a seek each), it searches the index that holds
+        // only ready runs, (priority, due_at), for due ones, in due order,
+        // without sorting; so does the idle executor's check, and it finds a
+        // lapsed claim with a seek of the running runs' index.
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join("p.db")).unwrap();
         conn.execute_batch(crate::store::sqlite::schema::SCHEMA_SQL)
             .unwrap();
         let p = plan(&conn, &claim_sql(16));
         assert!(
-            p.contains("USING INDEX reflexr_runs_due (state=? AND priority=? AND due_at<?)"),
+            p.contains("USING INDEX reflexr_runs_due (priority=? AND due_at<?)"),
             "{p}"
         );
-        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
+        assert!(!scans_the_table(&p), "{p}");
         assert!(!p.contains("TEMP B-TREE"), "{p}");
         let p = plan(&conn, READY_PRIORITIES);
-        assert!(p.contains("reflexr_runs_due (state=?)"), "{p}");
-        assert!(
-            p.contains("reflexr_runs_due (state=? AND priority<?)"),
-            "{p}"
-        );
-        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
+        assert!(p.contains("COVERING INDEX reflexr_runs_due"), "{p}");
+        assert!(p.contains("reflexr_runs_due (priority<?)"), "{p}");
+        assert!(!scans_the_table(&p), "{p}");
         let p = plan(&conn, WORK_DUE);
         assert!(
-            p.contains("reflexr_runs_due (state=? AND priority=? AND due_at<?)"),
+            p.contains("reflexr_runs_due (priority=? AND due_at<?)"),
             "{p}"
         );
         assert!(
-            p.contains("reflexr_runs_lapsed (claim_expires_at<?)"),
+            p.contains("COVERING INDEX reflexr_runs_running (claim_expires_at<?)"),
             "{p}"
         );
-        assert!(!p.contains("SCAN reflexr_runs"), "{p}");
+        assert!(!scans_the_table(&p), "{p}");
+    }
+
+    /// Whether a plan reads every row of the runs' table (not an index).
+    fn scans_the_table(plan: &str) -> bool {
+        plan.lines()
+            .any(|l| l.starts_with("SCAN reflexr_runs") && !l.contains("INDEX"))
+    }
+
+    #[test]
+    fn listings_counts_and_pruning_read_each_state_through_its_partial_index() {
+        // Invariant: what operators and pruning read by state costs what
+        // that state holds, not the whole queue: each state is in one
+        // partial index (ready, running, or at rest), and the statements
+        // name its condition so SQLite can use it.
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("p.db")).unwrap();
+        conn.execute_batch(crate::store::sqlite::schema::SCHEMA_SQL)
+            .unwrap();
+        for (state, index) in [
+            ("ready", "reflexr_runs_due"),
+            ("running", "reflexr_runs_running"),
+            ("waiting", "reflexr_runs_at_rest (state=?)"),
+            ("dead", "reflexr_runs_at_rest (state=?)"),
+        ] {
+            let p = plan(&conn, &list_sql(state, 10));
+            assert!(p.contains(index), "{state}: {p}");
+            assert!(!scans_the_table(&p), "{state}: {p}");
+        }
+        let p = plan(&conn, &counts_sql());
+        assert!(p.contains("COVERING INDEX reflexr_runs_due"), "{p}");
+        assert!(p.contains("COVERING INDEX reflexr_runs_running"), "{p}");
+        assert!(p.contains("COVERING INDEX reflexr_runs_at_rest"), "{p}");
+        assert!(!scans_the_table(&p), "{p}");
+        let p = plan(&conn, &prune_sql(100));
+        assert!(
+            p.contains("reflexr_runs_at_rest (state=? AND due_at<?)"),
+            "{p}"
+        );
+        let p = plan(&conn, &lapsed_sql(10));
+        assert!(
+            p.contains("reflexr_runs_running (claim_expires_at<?)"),
+            "{p}"
+        );
+        assert!(!p.contains("TEMP B-TREE"), "{p}");
+        let p = plan(
+            &conn,
+            &format!("SELECT ord FROM ({UNFINISHED}) WHERE action = ?1 AND flow_key IS NULL"),
+        );
+        assert!(p.contains("reflexr_runs_due"), "{p}");
+        assert!(p.contains("reflexr_runs_running"), "{p}");
+        assert!(p.contains("reflexr_runs_at_rest (state=?)"), "{p}");
+        assert!(!scans_the_table(&p), "{p}");
+        // The same reads, run: each state is counted once.
+        let runs = |state: &str| {
+            format!(
+                "INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts, backoff_ms, \
+               backoff_max_ms, backoff_factor, jitter, due_at, created_at, updated_at) \
+             VALUES ('{state}-' || abs(random()), 'task', 'a', '{{}}', '{state}', 1, 0, 0, 1.0, 0.0, 1, 1, 1)"
+            )
+        };
+        for state in ["waiting", "ready", "ready", "running", "dead", "succeeded"] {
+            conn.execute_batch(&runs(state)).unwrap();
+        }
+        let counts = Runs::counts(&conn).unwrap();
+        let want: Vec<(String, i64)> = [
+            ("dead", 1),
+            ("ready", 2),
+            ("running", 1),
+            ("succeeded", 1),
+            ("waiting", 1),
+        ]
+        .into_iter()
+        .map(|(s, n)| (s.to_string(), n))
+        .collect();
+        assert_eq!(counts, want);
+        for (state, n) in &want {
+            assert_eq!(
+                Runs::list(&conn, Some(state), 10).unwrap().len() as i64,
+                *n,
+                "{state}"
+            );
+        }
+        assert!(Runs::list(&conn, Some("cancelled"), 10).unwrap().is_empty());
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
@@ -34,7 +34,25 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, MIGRATE_TO_9),
     (10, MIGRATE_TO_10),
     (11, MIGRATE_TO_11),
+    (12, MIGRATE_TO_12),
 ];
+
+/// Version 12: fewer index entries move when a run is claimed and settled.
+/// The claim's index holds only ready runs; the running runs' index also
+/// says when each claim expires (the index of lapsed claims goes); the runs
+/// neither ready nor running get an index of their own. No row changes.
+const MIGRATE_TO_12: &str = "
+DROP INDEX reflexr_runs_due;
+DROP INDEX reflexr_runs_lapsed;
+DROP INDEX reflexr_runs_running;
+CREATE INDEX reflexr_runs_due ON reflexr_runs (priority DESC, due_at)
+    WHERE state = 'ready';
+CREATE INDEX reflexr_runs_running ON reflexr_runs (claim_expires_at, action, flow_key)
+    WHERE state = 'running';
+CREATE INDEX reflexr_runs_at_rest ON reflexr_runs (state, due_at)
+    WHERE state NOT IN ('ready', 'running');
+PRAGMA user_version = 12;
+";
 
 /// Version 11: what runs' handlers logged, and how far they got; the W3C
 /// trace context of events and runs.
