@@ -9,7 +9,11 @@
 -- Conventions: every table is named reflexr_*, so the engine can share a file
 -- with the application's own tables. Times are integer milliseconds since the
 -- Unix epoch (the views show them as ISO-8601 text). Payloads are JSON text,
--- readable with json_extract().
+-- readable with json_extract(). A CHECK that a column holds one of a set of
+-- values, in a table written per run, step or log line, spells the set as
+-- `=` terms joined by OR: SQLite builds a temporary b-tree for an IN list of
+-- more than two values each time a statement checks it (half of what
+-- inserting a run cost).
 
 -- A named log inside the file: a tenant, an app, an edge device.
 CREATE TABLE reflexr_workspaces (
@@ -163,7 +167,8 @@ CREATE TABLE reflexr_rule_state (
 CREATE TABLE reflexr_runs (
     ord              INTEGER PRIMARY KEY,
     id               TEXT NOT NULL UNIQUE,
-    kind             TEXT NOT NULL CHECK (kind IN ('rule', 'delivery', 'job', 'task')),
+    kind             TEXT NOT NULL
+                     CHECK (kind = 'rule' OR kind = 'delivery' OR kind = 'job' OR kind = 'task'),
     action           TEXT NOT NULL,
     workspace        TEXT,
     rule             TEXT,
@@ -176,8 +181,9 @@ CREATE TABLE reflexr_runs (
     event_id         TEXT,
     depth            INTEGER NOT NULL DEFAULT 0,
     state            TEXT NOT NULL
-                     CHECK (state IN ('waiting', 'ready', 'running', 'succeeded', 'dead',
-                                      'discarded', 'cancelled')),
+                     CHECK (state = 'waiting' OR state = 'ready' OR state = 'running'
+                            OR state = 'succeeded' OR state = 'dead' OR state = 'discarded'
+                            OR state = 'cancelled'),
     attempt          INTEGER NOT NULL DEFAULT 0,
     max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 1),
     backoff_ms       INTEGER NOT NULL CHECK (backoff_ms >= 0),
@@ -194,7 +200,8 @@ CREATE TABLE reflexr_runs (
     finished_at      INTEGER,
     priority         INTEGER NOT NULL DEFAULT 0,
     unique_key       TEXT,
-    unique_mode      TEXT CHECK (unique_mode IS NULL OR unique_mode IN ('pending', 'active', 'period')),
+    unique_mode      TEXT CHECK (unique_mode IS NULL OR unique_mode = 'pending'
+                                 OR unique_mode = 'active' OR unique_mode = 'period'),
     started_at       INTEGER,
     cancel_requested_at INTEGER,
     cancelled_by     TEXT,
@@ -237,7 +244,7 @@ CREATE INDEX reflexr_runs_keyed ON reflexr_runs (action, priority, flow_key, due
 CREATE UNIQUE INDEX reflexr_runs_unique_pending ON reflexr_runs (action, unique_key)
     WHERE unique_mode = 'pending' AND state IN ('waiting', 'ready');
 CREATE UNIQUE INDEX reflexr_runs_unique_active ON reflexr_runs (action, unique_key)
-    WHERE unique_mode = 'active' AND state IN ('waiting', 'ready', 'running');
+    WHERE unique_mode = 'active' AND (state = 'waiting' OR state = 'ready' OR state = 'running');
 
 -- A workflow's children: the runs it spawned (id `<parent>/<step>`), for the
 -- cascade of a cancel and a parent's join.
@@ -428,7 +435,8 @@ CREATE TABLE reflexr_run_logs (
     n       INTEGER NOT NULL,
     attempt INTEGER NOT NULL,
     at      INTEGER NOT NULL,
-    level   TEXT NOT NULL CHECK (level IN ('error', 'warn', 'info', 'debug', 'trace')),
+    level   TEXT NOT NULL CHECK (level = 'error' OR level = 'warn' OR level = 'info'
+                                 OR level = 'debug' OR level = 'trace'),
     message TEXT NOT NULL,
     fields  TEXT CHECK (fields IS NULL OR json_valid(fields)),
     PRIMARY KEY (run, n)
@@ -460,7 +468,8 @@ CREATE TABLE reflexr_steps (
     name        TEXT NOT NULL,
     position    INTEGER NOT NULL CHECK (position >= 0),
     kind        TEXT NOT NULL
-                CHECK (kind IN ('begin', 'step', 'tx', 'sleep', 'wait', 'spawn', 'join', 'patch')),
+                CHECK (kind = 'begin' OR kind = 'step' OR kind = 'tx' OR kind = 'sleep'
+                       OR kind = 'wait' OR kind = 'spawn' OR kind = 'join' OR kind = 'patch'),
     state       TEXT NOT NULL CHECK (state IN ('done', 'waiting')),
     attempt     INTEGER NOT NULL,
     output      TEXT CHECK (output IS NULL OR json_valid(output)),
@@ -601,4 +610,4 @@ SELECT workspace, kind, name, position, failures, last_error,
 FROM reflexr_cursors
 WHERE failures >= 3;
 
-PRAGMA user_version = 12;
+PRAGMA user_version = 13;

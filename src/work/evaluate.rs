@@ -40,6 +40,7 @@
 //! [`crate::limits::STUCK_AFTER_FAILURES`] times at one position) and tried again.
 
 use std::any::Any;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -416,9 +417,9 @@ fn decide<'r, B: Backend>(
         .decide
         .as_ref()
         .expect("a registered rule has a decision");
-    let mut states: HashMap<String, Box<dyn Any + Send>> = HashMap::new();
-    // Scope → index of the last event that changed its state.
-    let mut dirty: HashMap<String, usize> = HashMap::new();
+    // Each scope's state, loaded at its first event of the batch: one look-up
+    // a decision (its key borrowed from `scopes`, never copied).
+    let mut states: HashMap<&str, Slot> = HashMap::new();
     let mut firings = Vec::new();
     let mut errors = Vec::new();
     let mut quiet_replays = Vec::new();
@@ -442,7 +443,6 @@ fn decide<'r, B: Backend>(
             scope,
             &stored,
             &mut states,
-            &mut dirty,
             &mut firings,
             &mut errors,
             max_json,
@@ -455,22 +455,22 @@ fn decide<'r, B: Backend>(
     // Only states that changed are written. A state the file cannot hold
     // is an error of the last event that changed it; the stored state stays.
     let mut changed = Vec::new();
-    for (scope, i) in &dirty {
-        let state = states.get(scope).expect("dirty states are loaded");
-        let json = decider.save(&**state).and_then(|json| {
+    for (scope, slot) in &states {
+        let Some(i) = &slot.changed_at else { continue };
+        let json = decider.save(&*slot.state).and_then(|json| {
             match changelog::check_serialized("state", &json, max_json) {
                 Ok(()) => Ok(json),
                 Err(e) => Err(e.to_string()),
             }
         });
         match json {
-            Ok(json) if stored.get(scope) != Some(&json) => {
-                changed.push((scope.clone(), json, page[*i].seq));
+            Ok(json) if stored.get(*scope) != Some(&json) => {
+                changed.push((scope.to_string(), json, page[*i].seq));
             }
             Ok(_) => {}
             Err(why) => errors.push(Errored {
                 event: *i,
-                scope: Some(scope.clone()),
+                scope: Some(scope.to_string()),
                 reason: Reason::StateRefused,
                 error: format!("the state cannot be stored, and stays as it was: {why}"),
             }),
@@ -489,17 +489,24 @@ fn decide<'r, B: Backend>(
     })
 }
 
+/// A scope's state during a batch's decisions.
+struct Slot {
+    state: Box<dyn Any + Send>,
+    /// The index of the last event that changed it (None: unchanged, not
+    /// written back).
+    changed_at: Option<usize>,
+}
+
 /// One decision: the scope's state (loaded once per batch), the decision on
 /// a copy of it, and what came of it.
 #[allow(clippy::too_many_arguments)]
-fn decide_one(
+fn decide_one<'s>(
     decider: &dyn crate::work::rule::Decide,
     rule: &Rule,
     (i, event): (usize, &Event),
-    scope: &std::result::Result<String, (Reason, String)>,
+    scope: &'s std::result::Result<String, (Reason, String)>,
     stored: &HashMap<String, String>,
-    states: &mut HashMap<String, Box<dyn Any + Send>>,
-    dirty: &mut HashMap<String, usize>,
+    states: &mut HashMap<&'s str, Slot>,
     firings: &mut Vec<Firing>,
     errors: &mut Vec<Errored>,
     max_json: usize,
@@ -522,20 +529,23 @@ fn decide_one(
         reason,
         error,
     };
-    if !states.contains_key(scope) {
-        let loaded = match stored.get(scope) {
-            Some(json) => decider.load(json),
-            None => Ok(decider.initial()),
-        };
-        match loaded {
-            Ok(s) => {
-                states.insert(scope.to_string(), s);
+    let slot = match states.entry(scope) {
+        Entry::Occupied(o) => o.into_mut(),
+        Entry::Vacant(v) => {
+            let loaded = match stored.get(scope) {
+                Some(json) => decider.load(json),
+                None => Ok(decider.initial()),
+            };
+            match loaded {
+                Ok(state) => v.insert(Slot {
+                    state,
+                    changed_at: None,
+                }),
+                Err(why) => return errors.push(error(Reason::StateUnreadable, why)),
             }
-            Err(why) => return errors.push(error(Reason::StateUnreadable, why)),
         }
-    }
-    let current = states.get_mut(scope).expect("loaded above");
-    let mut copy = decider.copy(&**current);
+    };
+    let mut copy = decider.copy(&*slot.state);
     match catch_unwind(AssertUnwindSafe(|| decider.decide(event, &mut *copy))) {
         Ok(Ok(decision)) => {
             let input = match &decision {
@@ -550,14 +560,8 @@ fn decide_one(
                     }
                 }
             };
-            *current = copy;
-            // A scope's key is allocated once per batch, not per decision.
-            match dirty.get_mut(scope) {
-                Some(last) => *last = i,
-                None => {
-                    dirty.insert(scope.to_string(), i);
-                }
-            }
+            slot.state = copy;
+            slot.changed_at = Some(i);
             if let Some(input) = input {
                 firings.push(Firing {
                     id: firing_id(&rule.name, event, 0),

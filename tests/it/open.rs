@@ -310,7 +310,7 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
     assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
     assert_eq!(engine.read(&Query::new("app")).unwrap().len(), 1);
     assert_eq!(engine.followers().unwrap().len(), 1);
-    // The runs table was rebuilt (version 5): its rows came along.
+    // The runs table was rebuilt (versions 5 and 13): its rows came along.
     let run = engine
         .run("r1")
         .unwrap()
@@ -342,6 +342,42 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
     );
     assert_eq!(pragma_i64(&old, "user_version"), SCHEMA_VERSION);
     assert_eq!(shape(&old), shape(&new));
+    // The tables rebuilt to respell their CHECKs (version 13) still refuse
+    // what the CHECKs refused, on both files.
+    for file in [&old, &new] {
+        let run = |kind: &str, state: &str, mode: &str| {
+            format!(
+                "INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts, \
+                   backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
+                   updated_at, unique_mode) \
+                 VALUES ('bad', '{kind}', 'act', '{{}}', '{state}', 3, 1000, 60000, 2.0, 0.1, \
+                   1, 1, 1, '{mode}')"
+            )
+        };
+        assert_eq!(
+            file.execute(&run("task", "ready", "active"), []).unwrap(),
+            1
+        );
+        file.execute("DELETE FROM reflexr_runs WHERE id = 'bad'", [])
+            .unwrap();
+        for bad in [
+            run("task", "lost", "active"),
+            run("chore", "ready", "active"),
+            run("task", "ready", "forever"),
+            "INSERT INTO reflexr_run_logs (run, n, attempt, at, level, message) \
+             VALUES ('r1', 1, 1, 1, 'loud', 'm')"
+                .to_string(),
+            "INSERT INTO reflexr_steps (run, name, position, kind, state, attempt, recorded_at) \
+             VALUES ('r1', 's', 0, 'hop', 'done', 1, 1)"
+                .to_string(),
+        ] {
+            let err = file.execute(&bad, []).unwrap_err();
+            assert!(
+                err.to_string().contains("CHECK constraint failed"),
+                "{bad}: {err}"
+            );
+        }
+    }
 }
 
 #[test]

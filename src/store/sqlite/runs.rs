@@ -124,7 +124,8 @@ fn holder_of_key(
         _ => conn
             .prepare_cached(
                 "SELECT id FROM reflexr_runs WHERE action = ?1 AND unique_key = ?2 \
-                 AND unique_mode = 'active' AND state IN ('waiting', 'ready', 'running')",
+                 AND unique_mode = 'active' \
+                 AND (state = 'waiting' OR state = 'ready' OR state = 'running')",
             )?
             .query_row(params![action, u.key], |r| r.get(0))
             .optional()?,

@@ -17,7 +17,7 @@ pub(crate) const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// The schema version this library writes (`PRAGMA user_version`). Must match
 /// the `PRAGMA user_version` line at the end of `schema.sql`.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 /// Steps that take an older file forward: the entry `(n, sql)` takes a file
 /// from version `n - 1` to `n`, and its SQL ends by setting `user_version` to
@@ -35,7 +35,140 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (10, MIGRATE_TO_10),
     (11, MIGRATE_TO_11),
     (12, MIGRATE_TO_12),
+    (13, MIGRATE_TO_13),
 ];
+
+/// Version 13: the CHECKs of the runs, their log lines and their steps
+/// spell their sets of values as `=` terms joined by OR, as does the
+/// partial index of runs unique while active: SQLite built a temporary
+/// b-tree for each IN list of more than two values at every statement that
+/// checked it (half of what inserting a run cost). SQLite cannot change a
+/// CHECK, so the three tables are rebuilt (their views and indexes with
+/// them); no value changes.
+const MIGRATE_TO_13: &str = "
+DROP VIEW reflexr_runs_by_state;
+DROP VIEW reflexr_runs_by_key;
+DROP VIEW reflexr_blocked_lanes;
+CREATE TABLE reflexr_runs_v13 (
+    ord              INTEGER PRIMARY KEY,
+    id               TEXT NOT NULL UNIQUE,
+    kind             TEXT NOT NULL
+                     CHECK (kind = 'rule' OR kind = 'delivery' OR kind = 'job' OR kind = 'task'),
+    action           TEXT NOT NULL,
+    workspace        TEXT,
+    rule             TEXT,
+    scope            TEXT,
+    lane             TEXT,
+    on_dead_letter   TEXT NOT NULL DEFAULT 'continue'
+                     CHECK (on_dead_letter IN ('continue', 'block')),
+    input            TEXT NOT NULL CHECK (json_valid(input)),
+    event_seq        INTEGER,
+    event_id         TEXT,
+    depth            INTEGER NOT NULL DEFAULT 0,
+    state            TEXT NOT NULL
+                     CHECK (state = 'waiting' OR state = 'ready' OR state = 'running'
+                            OR state = 'succeeded' OR state = 'dead' OR state = 'discarded'
+                            OR state = 'cancelled'),
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 1),
+    backoff_ms       INTEGER NOT NULL CHECK (backoff_ms >= 0),
+    backoff_max_ms   INTEGER NOT NULL CHECK (backoff_max_ms >= 0),
+    backoff_factor   REAL NOT NULL CHECK (backoff_factor >= 1.0),
+    jitter           REAL NOT NULL CHECK (jitter >= 0.0 AND jitter <= 1.0),
+    due_at           INTEGER NOT NULL,
+    claimed_by       TEXT,
+    claim_expires_at INTEGER,
+    checkpoint       TEXT CHECK (checkpoint IS NULL OR json_valid(checkpoint)),
+    last_error       TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    finished_at      INTEGER,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    unique_key       TEXT,
+    unique_mode      TEXT CHECK (unique_mode IS NULL OR unique_mode = 'pending'
+                                 OR unique_mode = 'active' OR unique_mode = 'period'),
+    started_at       INTEGER,
+    cancel_requested_at INTEGER,
+    cancelled_by     TEXT,
+    cancel_reason    TEXT,
+    output           TEXT CHECK (output IS NULL OR json_valid(output)),
+    parent           TEXT,
+    began_seq        INTEGER,
+    flow_key         TEXT,
+    traceparent      TEXT
+) STRICT;
+INSERT INTO reflexr_runs_v13 (ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq, flow_key, traceparent)
+SELECT ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq, flow_key, traceparent FROM reflexr_runs;
+DROP TABLE reflexr_runs;
+ALTER TABLE reflexr_runs_v13 RENAME TO reflexr_runs;
+CREATE INDEX reflexr_runs_due ON reflexr_runs (priority DESC, due_at)
+    WHERE state = 'ready';
+CREATE INDEX reflexr_runs_running ON reflexr_runs (claim_expires_at, action, flow_key)
+    WHERE state = 'running';
+CREATE INDEX reflexr_runs_at_rest ON reflexr_runs (state, due_at)
+    WHERE state NOT IN ('ready', 'running');
+CREATE INDEX reflexr_runs_waiting ON reflexr_runs (lane, ord)
+    WHERE state = 'waiting';
+CREATE INDEX reflexr_runs_by_change ON reflexr_runs (updated_at, ord);
+CREATE INDEX reflexr_runs_keyed ON reflexr_runs (action, priority, flow_key, due_at)
+    WHERE state = 'ready' AND flow_key IS NOT NULL;
+CREATE UNIQUE INDEX reflexr_runs_unique_pending ON reflexr_runs (action, unique_key)
+    WHERE unique_mode = 'pending' AND state IN ('waiting', 'ready');
+CREATE UNIQUE INDEX reflexr_runs_unique_active ON reflexr_runs (action, unique_key)
+    WHERE unique_mode = 'active' AND (state = 'waiting' OR state = 'ready' OR state = 'running');
+CREATE INDEX reflexr_runs_by_parent ON reflexr_runs (parent) WHERE parent IS NOT NULL;
+CREATE VIEW reflexr_runs_by_state AS
+SELECT kind, action, state, count(*) AS runs,
+       strftime('%Y-%m-%dT%H:%M:%fZ', min(due_at) / 1000.0, 'unixepoch') AS earliest_due
+FROM reflexr_runs
+GROUP BY kind, action, state;
+CREATE VIEW reflexr_runs_by_key AS
+SELECT action, flow_key AS key, state, count(*) AS runs
+FROM reflexr_runs
+WHERE flow_key IS NOT NULL
+GROUP BY action, flow_key, state;
+CREATE VIEW reflexr_blocked_lanes AS
+SELECT l.lane, l.head, r.rule, r.scope, r.last_error,
+       strftime('%Y-%m-%dT%H:%M:%fZ', l.updated_at / 1000.0, 'unixepoch') AS since
+FROM reflexr_lanes l JOIN reflexr_runs r ON r.id = l.head
+WHERE l.blocked = 1;
+CREATE TABLE reflexr_run_logs_v13 (
+    run     TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    at      INTEGER NOT NULL,
+    level   TEXT NOT NULL CHECK (level = 'error' OR level = 'warn' OR level = 'info'
+                                 OR level = 'debug' OR level = 'trace'),
+    message TEXT NOT NULL,
+    fields  TEXT CHECK (fields IS NULL OR json_valid(fields)),
+    PRIMARY KEY (run, n)
+) STRICT, WITHOUT ROWID;
+INSERT INTO reflexr_run_logs_v13 (run, n, attempt, at, level, message, fields)
+SELECT run, n, attempt, at, level, message, fields FROM reflexr_run_logs;
+DROP TABLE reflexr_run_logs;
+ALTER TABLE reflexr_run_logs_v13 RENAME TO reflexr_run_logs;
+CREATE TABLE reflexr_steps_v13 (
+    run         TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    position    INTEGER NOT NULL CHECK (position >= 0),
+    kind        TEXT NOT NULL
+                CHECK (kind = 'begin' OR kind = 'step' OR kind = 'tx' OR kind = 'sleep'
+                       OR kind = 'wait' OR kind = 'spawn' OR kind = 'join' OR kind = 'patch'),
+    state       TEXT NOT NULL CHECK (state IN ('done', 'waiting')),
+    attempt     INTEGER NOT NULL,
+    output      TEXT CHECK (output IS NULL OR json_valid(output)),
+    detail      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(detail)),
+    wake_at     INTEGER,
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (run, name)
+) STRICT, WITHOUT ROWID;
+INSERT INTO reflexr_steps_v13 (run, name, position, kind, state, attempt, output, detail, wake_at, recorded_at)
+SELECT run, name, position, kind, state, attempt, output, detail, wake_at, recorded_at FROM reflexr_steps;
+DROP TABLE reflexr_steps;
+ALTER TABLE reflexr_steps_v13 RENAME TO reflexr_steps;
+CREATE UNIQUE INDEX reflexr_steps_by_position ON reflexr_steps (run, position);
+PRAGMA user_version = 13;
+";
 
 /// Version 12: fewer index entries move when a run is claimed and settled.
 /// The claim's index holds only ready runs; the running runs' index also
@@ -627,6 +760,76 @@ mod tests {
             last.trim(),
             format!("PRAGMA user_version = {SCHEMA_VERSION};")
         );
+    }
+
+    /// The tables whose inserts are rare enough that a temporary b-tree
+    /// per insert costs nothing worth a rebuild: a row per consumer (made
+    /// when it is registered), per dead letter, per pause.
+    const WRITTEN_RARELY: &[&str] = &["reflexr_cursors", "reflexr_dead_letters", "reflexr_paused"];
+
+    fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+        let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
+        stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(1))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn writing_a_row_builds_no_temporary_table_for_its_checks() {
+        // What a firing, an enqueue, a claim, a settlement, a step or a log
+        // line writes is checked against the schema's CHECKs and partial
+        // indexes at every statement: one that builds a temporary b-tree
+        // (SQLite does for an IN list of more than two values) costs more
+        // than the row's own write. No insert into a table written per
+        // event, run, step or log line, and no change of a run's state,
+        // builds one.
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("t.db")).unwrap();
+        conn.execute_batch(SCHEMA_SQL).unwrap();
+        let tables: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        assert!(tables.len() > 20, "{tables:?}");
+        for table in tables
+            .iter()
+            .filter(|t| !WRITTEN_RARELY.contains(&t.as_str()))
+        {
+            let columns: Vec<String> = conn
+                .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .map(|r| r.unwrap())
+                .collect();
+            let insert = format!(
+                "INSERT INTO {table} ({}) VALUES ({})",
+                columns.join(", "),
+                vec!["?"; columns.len()].join(", ")
+            );
+            let ops = opcodes(&conn, &insert);
+            assert!(
+                !ops.iter().any(|o| o == "OpenEphemeral"),
+                "{table}: {ops:?}"
+            );
+        }
+        for set in ["state = ?1", "state = ?1, unique_mode = ?2", "kind = ?1"] {
+            let ops = opcodes(
+                &conn,
+                &format!("UPDATE reflexr_runs SET {set} WHERE ord = ?9"),
+            );
+            assert!(!ops.iter().any(|o| o == "OpenEphemeral"), "{set}: {ops:?}");
+        }
+        // The rare ones do build one: the list above says why they may.
+        for table in WRITTEN_RARELY {
+            let ops = opcodes(&conn, &format!("INSERT INTO {table} (kind) VALUES (?)"));
+            assert!(ops.iter().any(|o| o == "OpenEphemeral"), "{table}: {ops:?}");
+        }
     }
 
     #[test]
