@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 on_backends!(
     wait_for_run_returns_when_the_run_ends,
+    a_waiter_that_comes_as_its_run_settles_is_woken_by_the_settlement,
     higher_priorities_are_claimed_first_and_a_scope_keeps_its_order,
     four_executors_in_two_processes_never_exceed_a_concurrency_limit,
     a_run_going_back_to_pending_yields_its_key_to_the_run_that_took_it_and_claims_go_on,
@@ -118,6 +119,40 @@ fn wait_for_run_returns_when_the_run_ends<B: TestBackend>() {
             .unwrap_err()
             .is_not_found()
     );
+}
+
+/// Invariant 5 seen by a caller: a thread waiting for a run is woken when
+/// the run's settlement commits, whenever it began to wait — also when it
+/// came while the settlement's transaction was open (asked inside it
+/// whether anyone waited, a settlement told nobody of a waiter that came
+/// in between, and that waiter slept until the heartbeat). The heartbeat
+/// here is longer than the wait, so a wait not woken lasts its whole
+/// timeout (and then returns the run as it stands, settled by then); each
+/// waiter starts as its handler returns, when the settlement is on its
+/// way.
+fn a_waiter_that_comes_as_its_run_settles_is_woken_by_the_settlement<B: TestBackend>() {
+    let (_place, _clock, e) = setup::<B>(|o| o.heartbeat(Duration::from_secs(600)));
+    let (done_tx, done) = mpsc::channel::<()>();
+    let done_tx = Mutex::new(done_tx);
+    e.register_action("work", move |_, _| {
+        done_tx.lock().unwrap().send(()).unwrap();
+        Ok(())
+    })
+    .unwrap();
+    e.start().unwrap();
+    for n in 0..40 {
+        let id = e.enqueue(&task(n)).unwrap().id;
+        done.recv_timeout(PATIENCE).unwrap();
+        let wait = Duration::from_secs(10);
+        let began = std::time::Instant::now();
+        let run = e.wait_for_run(&id, wait).unwrap();
+        assert_eq!(run.state, RunState::Succeeded);
+        assert!(
+            began.elapsed() < wait,
+            "run {n}: the wait lasted its whole timeout: the settlement woke nobody"
+        );
+    }
+    e.shutdown();
 }
 
 /// Invariant 6 with priorities: within a scope, enqueue order; among the

@@ -153,11 +153,9 @@ pub(crate) fn execute<B: Backend>(
                         Lanes::advance_lane(tx.core(), lane, &lapsed.id, now)?;
                     }
                     waits::run_ended(tx, &lapsed.id, lapsed.parent.as_deref())?;
+                    // It ended: threads waiting for it look again, once
+                    // this commits (see `wake_run_waiters`).
                     lapsed_cancelled.fetch_add(1, Ordering::Relaxed);
-                    // It ended: threads waiting for it look again.
-                    if db.has_run_waiters() {
-                        tx.mark_nudge();
-                    }
                 }
                 Requeued::No => {}
             }
@@ -217,10 +215,14 @@ pub(crate) fn execute<B: Backend>(
     let mut seen = claims.epoch();
     let mut size = base;
     let mut fresh: Vec<RunRow> = if handed.is_empty() {
-        db.write_apart(|tx| {
+        let fresh = db.write_apart(|tx| {
             waits::match_waits(tx)?;
             claim(tx, size, &[])
-        })?
+        })?;
+        if lapsed_cancelled.load(Ordering::Relaxed) > 0 {
+            wake_run_waiters::<B>(db);
+        }
+        fresh
     } else {
         // Claimed before this turn: the pauses and cancels made here since
         // their transaction began are looked at before they start.
@@ -467,9 +469,9 @@ pub(crate) fn execute<B: Backend>(
                 }
             }
             Counters::bump(tx.core(), Counter::RunsSucceeded, round.succeeded)?;
-            // Runs ended or went back: threads waiting for them, and
-            // executors that may take them, look again.
-            if db.has_run_waiters() || !rest.is_empty() {
+            // Runs went back: executors that may take them look again
+            // (threads waiting for runs to end are woken after the commit).
+            if !rest.is_empty() {
                 tx.mark_nudge();
             }
             Counters::bump(tx.core(), Counter::RunsRetried, round.retried)?;
@@ -494,6 +496,8 @@ pub(crate) fn execute<B: Backend>(
                 .filter(|(id, _)| next.is_err() || !carried_ids.contains(id)),
         );
         let (round, next) = next?;
+        // Runs ended: threads waiting for them look again.
+        wake_run_waiters::<B>(db);
         carried = carry.into_iter().cloned().collect();
         done.succeeded += round.succeeded;
         done.retried += round.retried;
@@ -509,6 +513,19 @@ pub(crate) fn execute<B: Backend>(
 
 /// A claimed run: its row and what its handler gets.
 type Claimed = (RunRow, Run);
+
+/// Wakes the threads of this process waiting for runs to end
+/// (`Engine::wait_for_run`), after a commit that may have ended some. Asked
+/// after the commit, never inside the transaction: a waiter counts itself
+/// before it reads the run, so one that read the run unended read it before
+/// the commit and is counted by now. Asked inside, a waiter that came
+/// between the question and the commit was told nothing, and its wait
+/// lasted a heartbeat.
+fn wake_run_waiters<B: Backend>(db: &B::Db) {
+    if db.has_run_waiters() {
+        db.nudge();
+    }
+}
 
 /// Gives a claimed run back, unstarted and without an attempt; true when
 /// its cancellation had been asked for, so it ended cancelled instead (and
