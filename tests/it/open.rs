@@ -301,7 +301,10 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
              INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts,
                backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at,
                updated_at) VALUES ('r1', 'rule', 'act', '{\"n\":1}', 'ready', 3, 1000, 60000,
-               2.0, 0.1, 1, 1, 1);",
+               2.0, 0.1, 1, 1, 1);
+             -- The application's own view of reflexr's runs: the rebuilds
+             -- of the runs table must leave it working.
+             CREATE VIEW app_runs AS SELECT id, state FROM reflexr_runs;",
         )
         .unwrap();
         assert_eq!(pragma_i64(&raw, "user_version"), 1);
@@ -342,6 +345,12 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
     );
     assert_eq!(pragma_i64(&old, "user_version"), SCHEMA_VERSION);
     assert_eq!(shape(&old), shape(&new));
+    let through_view: (String, String) = old
+        .query_row("SELECT id, state FROM app_runs", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(through_view, ("r1".to_string(), "ready".to_string()));
     // The tables rebuilt to respell their CHECKs (version 13) still refuse
     // what the CHECKs refused, on both files.
     for file in [&old, &new] {

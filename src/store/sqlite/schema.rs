@@ -44,7 +44,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// b-tree for each IN list of more than two values at every statement that
 /// checked it (half of what inserting a run cost). SQLite cannot change a
 /// CHECK, so the three tables are rebuilt (their views and indexes with
-/// them); no value changes.
+/// them); no value changes. The renames are made the legacy way, which
+/// leaves other views alone: an application's view of these tables would
+/// otherwise fail the rename (it names a table dropped a moment before).
 const MIGRATE_TO_13: &str = "
 DROP VIEW reflexr_runs_by_state;
 DROP VIEW reflexr_runs_by_key;
@@ -100,7 +102,9 @@ CREATE TABLE reflexr_runs_v13 (
 INSERT INTO reflexr_runs_v13 (ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq, flow_key, traceparent)
 SELECT ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, last_error, created_at, updated_at, finished_at, priority, unique_key, unique_mode, started_at, cancel_requested_at, cancelled_by, cancel_reason, output, parent, began_seq, flow_key, traceparent FROM reflexr_runs;
 DROP TABLE reflexr_runs;
+PRAGMA legacy_alter_table = ON;
 ALTER TABLE reflexr_runs_v13 RENAME TO reflexr_runs;
+PRAGMA legacy_alter_table = OFF;
 CREATE INDEX reflexr_runs_due ON reflexr_runs (priority DESC, due_at)
     WHERE state = 'ready';
 CREATE INDEX reflexr_runs_running ON reflexr_runs (claim_expires_at, action, flow_key)
@@ -146,7 +150,9 @@ CREATE TABLE reflexr_run_logs_v13 (
 INSERT INTO reflexr_run_logs_v13 (run, n, attempt, at, level, message, fields)
 SELECT run, n, attempt, at, level, message, fields FROM reflexr_run_logs;
 DROP TABLE reflexr_run_logs;
+PRAGMA legacy_alter_table = ON;
 ALTER TABLE reflexr_run_logs_v13 RENAME TO reflexr_run_logs;
+PRAGMA legacy_alter_table = OFF;
 CREATE TABLE reflexr_steps_v13 (
     run         TEXT NOT NULL,
     name        TEXT NOT NULL,
@@ -165,7 +171,9 @@ CREATE TABLE reflexr_steps_v13 (
 INSERT INTO reflexr_steps_v13 (run, name, position, kind, state, attempt, output, detail, wake_at, recorded_at)
 SELECT run, name, position, kind, state, attempt, output, detail, wake_at, recorded_at FROM reflexr_steps;
 DROP TABLE reflexr_steps;
+PRAGMA legacy_alter_table = ON;
 ALTER TABLE reflexr_steps_v13 RENAME TO reflexr_steps;
+PRAGMA legacy_alter_table = OFF;
 CREATE UNIQUE INDEX reflexr_steps_by_position ON reflexr_steps (run, position);
 PRAGMA user_version = 13;
 ";
@@ -436,7 +444,9 @@ CREATE TABLE reflexr_runs_v5 (
 INSERT INTO reflexr_runs_v5 (ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, last_error, created_at, updated_at, finished_at)
 SELECT ord, id, kind, action, workspace, rule, scope, lane, on_dead_letter, input, event_seq, event_id, depth, state, attempt, max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, claimed_by, claim_expires_at, checkpoint, last_error, created_at, updated_at, finished_at FROM reflexr_runs;
 DROP TABLE reflexr_runs;
+PRAGMA legacy_alter_table = ON;
 ALTER TABLE reflexr_runs_v5 RENAME TO reflexr_runs;
+PRAGMA legacy_alter_table = OFF;
 CREATE INDEX reflexr_runs_due ON reflexr_runs (state, priority DESC, due_at);
 CREATE INDEX reflexr_runs_lapsed ON reflexr_runs (claim_expires_at)
     WHERE state = 'running';
