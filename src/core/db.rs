@@ -140,10 +140,14 @@ pub trait CoreDb<B: Backend>: Send + Sync {
     fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>>;
     /// Wakes every waiting thread of this process.
     fn nudge(&self);
-    /// Counts a thread waiting for runs to end, while the guard lives.
+    /// Counts a thread waiting for runs to end, while the guard lives. The
+    /// waiter takes it (and subscribes) before it reads the run.
     fn run_waiter(&self) -> RunWaiter<'_>;
     /// Whether a thread of this process waits for runs to end (settlements
-    /// nudge only then).
+    /// nudge only then). Asked after the settlement commits, never inside
+    /// its transaction: a waiter that read the run unended is counted by
+    /// then, one that came in between the question and the commit would not
+    /// be (see `work::queue::execute`'s `wake_run_waiters`).
     fn has_run_waiters(&self) -> bool;
     /// What the database is, for logs and operators: SQLite's file path,
     /// PostgreSQL's connection without its password.

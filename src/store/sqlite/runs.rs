@@ -884,8 +884,6 @@ impl Runs for Connection {
     fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>> {
         let conn = self;
         let rows = match state {
-            // Each state through its partial index: the claim's for ready
-            // runs, the running runs' own, and the rest's for the others.
             Some(state) => conn
                 .prepare_cached(&list_sql(state, limit))?
                 .query_map([state], from_row)?
