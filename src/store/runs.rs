@@ -299,15 +299,21 @@ pub trait Runs {
         checkpoint: &str,
         now: i64,
     ) -> Result<bool>;
-    /// Marks many claimed runs (`(id, attempt)`, all `holder`'s) succeeded
-    /// in one statement: the ids of those whose claims still held (and no
-    /// cancellation was asked for); the others are left as they were.
-    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>>;
+    /// Marks many claimed runs (`(ord, id, attempt)`, all `holder`'s)
+    /// succeeded in one statement: the ids of those whose claims still held
+    /// (and no cancellation was asked for); the others are left as they
+    /// were. A row is found by its position and must carry the id.
+    fn succeed_many(
+        &self,
+        holder: &str,
+        claims: &[(i64, &str, i64)],
+        now: i64,
+    ) -> Result<Vec<String>>;
     /// Ends a claimed run whose cancellation was asked for, cancelled;
     /// false when the claim is not ours or no cancellation was asked.
     fn end_cancelled(&self, id: &str, holder: &str, attempt: i64, now: i64) -> Result<bool>;
-    /// Of these runs, those asked to stop.
-    fn cancel_requested(&self, ids: &[&str]) -> Result<Vec<String>>;
+    /// Of these runs (`(ord, id)`), the ids of those asked to stop.
+    fn cancel_requested(&self, runs: &[(i64, &str)]) -> Result<Vec<String>>;
     /// Runs in `state`, oldest due first; or every run, in creation order.
     fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>>;
     /// How many runs there are in each state.

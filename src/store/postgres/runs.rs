@@ -716,9 +716,16 @@ impl Runs for PgConn {
             .is_some())
     }
 
-    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>> {
-        let ids: Vec<&str> = claims.iter().map(|c| c.0).collect();
-        let attempts: Vec<i64> = claims.iter().map(|c| c.1).collect();
+    /// Found by id here (the positions are not used: see below why the
+    /// rows are found by id first).
+    fn succeed_many(
+        &self,
+        holder: &str,
+        claims: &[(i64, &str, i64)],
+        now: i64,
+    ) -> Result<Vec<String>> {
+        let ids: Vec<&str> = claims.iter().map(|c| c.1).collect();
+        let attempts: Vec<i64> = claims.iter().map(|c| c.2).collect();
         // The rows are locked in id order first (bytewise, as the renewer
         // sorts them), so a settlement and a renewal of overlapping claims
         // never wait for each other in a circle. Each row's attempt is looked up
@@ -770,7 +777,8 @@ impl Runs for PgConn {
             .is_some())
     }
 
-    fn cancel_requested(&self, ids: &[&str]) -> Result<Vec<String>> {
+    fn cancel_requested(&self, runs: &[(i64, &str)]) -> Result<Vec<String>> {
+        let ids: Vec<&str> = runs.iter().map(|r| r.1).collect();
         self.query(
             "SELECT id FROM reflexr_runs WHERE id = ANY ($1) AND cancel_requested_at IS NOT NULL",
             &[(&ids, Type::TEXT_ARRAY)],

@@ -376,22 +376,27 @@ pub(super) fn claim_ords_sql() -> String {
 /// SQLite on the ids' index rather than every running run's entry).
 pub(super) const SUCCEED_MANY: &str = "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?3, updated_at = ?3, \
        claimed_by = NULL, claim_expires_at = NULL \
-     WHERE id IN (SELECT value ->> 0 FROM json_each(?2)) \
-       AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2)) \
+     FROM (SELECT value ->> 0 AS ord, value ->> 1 AS id, value ->> 2 AS attempt \
+           FROM json_each(?2)) AS c \
+     WHERE reflexr_runs.ord = c.ord AND reflexr_runs.id = c.id \
+       AND reflexr_runs.attempt = c.attempt \
        AND +state = 'running' AND claimed_by = ?1 AND cancel_requested_at IS NULL \
-     RETURNING id";
+     RETURNING reflexr_runs.id";
 
-/// Of these run ids (a JSON array), those asked to stop.
-pub(crate) fn cancel_requested(conn: &Connection, ids: &str) -> Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id FROM reflexr_runs WHERE id IN (SELECT value FROM json_each(?1)) \
-         AND cancel_requested_at IS NOT NULL",
-    )?;
+/// Of these runs (a JSON array of `[ord, id]`), those asked to stop: each a
+/// seek of its row by position, its id checked in the row.
+pub(crate) fn cancel_requested(conn: &Connection, runs: &str) -> Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(CANCEL_REQUESTED)?;
     let rows = stmt
-        .query_map([ids], |r| r.get(0))?
+        .query_map([runs], |r| r.get(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
 }
+
+pub(super) const CANCEL_REQUESTED: &str = "SELECT r.id \
+     FROM (SELECT value ->> 0 AS ord, value ->> 1 AS id FROM json_each(?1)) AS c \
+     CROSS JOIN reflexr_runs r ON r.ord = c.ord \
+     WHERE r.id = c.id AND r.cancel_requested_at IS NOT NULL";
 
 /// True when a run of these actions is ready and due, or a claim lapsed: the
 /// cheap read an idle executor makes before it opens a write transaction.
@@ -430,7 +435,10 @@ fn claim_sql(limit: i64) -> String {
 }
 
 /// Marks many claimed runs succeeded in one statement: `claims` is a JSON
-/// array of `[id, attempt]`, all held by `holder`. Returns the ids of those
+/// array of `[ord, id, attempt]`, all held by `holder`, each row sought by
+/// its position and its id checked in the row (a position is never another
+/// run's while the run it was is in the file; one deleted by hand is not
+/// mistaken for the run that takes its position). Returns the ids of those
 /// whose claims still held (and no cancellation was asked for): the others
 /// are left as they were.
 pub(crate) fn succeed_many(
@@ -852,8 +860,13 @@ impl Runs for Connection {
             == 1)
     }
 
-    fn succeed_many(&self, holder: &str, claims: &[(&str, i64)], now: i64) -> Result<Vec<String>> {
-        let claims = serde_json::to_string(claims).expect("ids and attempts encode");
+    fn succeed_many(
+        &self,
+        holder: &str,
+        claims: &[(i64, &str, i64)],
+        now: i64,
+    ) -> Result<Vec<String>> {
+        let claims = serde_json::to_string(claims).expect("positions, ids and attempts encode");
         succeed_many(self, holder, &claims, now)
     }
 
@@ -873,9 +886,9 @@ impl Runs for Connection {
             == 1)
     }
 
-    fn cancel_requested(&self, ids: &[&str]) -> Result<Vec<String>> {
-        let ids = serde_json::to_string(ids).expect("ids encode");
-        cancel_requested(self, &ids)
+    fn cancel_requested(&self, runs: &[(i64, &str)]) -> Result<Vec<String>> {
+        let runs = serde_json::to_string(runs).expect("positions and ids encode");
+        cancel_requested(self, &runs)
     }
 
     /// Runs in `state`, oldest due first, through that state's partial index
@@ -1214,8 +1227,15 @@ mod tests {
         let p = plan(&conn, &claim_ords_sql());
         assert!(p.contains("USING INTEGER PRIMARY KEY (rowid=?)"), "{p}");
         assert!(!p.contains("reflexr_runs_due"), "{p}");
-        let p = plan(&conn, SUCCEED_MANY);
-        assert!(p.contains("sqlite_autoindex_reflexr_runs_1 (id=?)"), "{p}");
+        // The settlement and the look for cancellations seek each row by
+        // its position: no search of the ids' index, no temporary table.
+        for sql in [SUCCEED_MANY, CANCEL_REQUESTED] {
+            let p = plan(&conn, sql);
+            assert!(p.contains("USING INTEGER PRIMARY KEY (rowid=?)"), "{p}");
+            assert!(!p.contains("autoindex"), "{p}");
+            assert!(!p.contains("SCAN reflexr_runs"), "{p}");
+            assert!(!p.contains("TEMP B-TREE"), "{p}");
+        }
         let p = plan(&conn, super::super::control::FAIR_HEADS);
         assert!(
             p.contains("reflexr_runs_keyed (action=? AND priority=? AND flow_key>?)"),

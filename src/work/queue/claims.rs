@@ -162,12 +162,12 @@ impl Claims {
     }
 
     /// The claims with less than two thirds of `ttl` left at `now` whose
-    /// handlers work: the ones to renew.
-    pub fn due(&self, now: i64, ttl: i64) -> Vec<(String, String, i64)> {
+    /// handlers work: the ones to renew, as `(id, holder, attempt, ord)`.
+    pub fn due(&self, now: i64, ttl: i64) -> Vec<(String, String, i64, i64)> {
         self.lock()
             .iter()
             .filter(|(_, h)| h.started && !h.given_back && h.expires_at - now <= ttl * 2 / 3)
-            .map(|(id, h)| (id.clone(), h.holder.clone(), h.attempt))
+            .map(|(id, h)| (id.clone(), h.holder.clone(), h.attempt, h.ord))
             .collect()
     }
 

@@ -413,9 +413,12 @@ pub(crate) fn execute<B: Backend>(
                 .collect();
             let mut settled = vec![false; ran.len()];
             if plain.len() > 1 {
-                let claims: Vec<(&str, i64)> = plain
+                let claims: Vec<(i64, &str, i64)> = plain
                     .iter()
-                    .map(|i| (ran[*i].0.id.as_str(), i64::from(ran[*i].0.attempt)))
+                    .map(|i| {
+                        let run = ran[*i].0;
+                        (run.ord, run.id.as_str(), i64::from(run.attempt))
+                    })
                     .collect();
                 let now = tx.now_ms();
                 let done: std::collections::HashSet<String> =
@@ -560,12 +563,12 @@ fn held_back<B: Backend>(db: &B::Db, rest: &[&Run]) -> Result<HashSet<String>> {
     db.read_with(&mut |c| {
         let paused = crate::work::control::paused_names(c, "action")?;
         let mut held: HashSet<String> = HashSet::new();
-        let mut others: Vec<&str> = Vec::new();
+        let mut others: Vec<(i64, &str)> = Vec::new();
         for run in rest {
             if paused.contains(&run.action) {
                 held.insert(run.id.clone());
             } else {
-                others.push(&run.id);
+                others.push((run.ord, &run.id));
             }
         }
         if !others.is_empty() {
@@ -862,7 +865,7 @@ pub(crate) fn renew_claims<B: Backend>(db: &impl CoreDb<B>, claims: &Claims) -> 
     let (renewed, cancelled) = db.write_apart(|tx| {
         let now = tx.now_ms();
         let mut renewed = Vec::new();
-        for (id, holder, attempt) in &due {
+        for (id, holder, attempt, _) in &due {
             if Runs::renew(tx.core(), id, holder, *attempt, now, now + ttl)? {
                 renewed.push(id.clone());
             }
@@ -885,8 +888,11 @@ pub(crate) fn renew_claims<B: Backend>(db: &impl CoreDb<B>, claims: &Claims) -> 
         }
         // A renewal is where a handler in another process learns that an
         // operator cancelled its run.
-        let ids: Vec<&str> = due.iter().map(|(id, _, _)| id.as_str()).collect();
-        let cancelled = Runs::cancel_requested(tx.core(), &ids)?;
+        let runs: Vec<(i64, &str)> = due
+            .iter()
+            .map(|(id, _, _, ord)| (*ord, id.as_str()))
+            .collect();
+        let cancelled = Runs::cancel_requested(tx.core(), &runs)?;
         Ok::<_, Error>((renewed, cancelled))
     })?;
     claims.renewed(&renewed, now + ttl);
