@@ -172,6 +172,105 @@ impl Event {
     }
 }
 
+impl Event {
+    /// The payload's top-level field `name`: `Ok(None)` when the payload is
+    /// not an object or has no such field (the last, if it has it twice, as
+    /// [`Event::json`] keeps it), `Err` when the payload is not JSON. Read
+    /// from the payload's one parse if [`Event::json`] made it; else only
+    /// the field is decoded, the rest of the text checked and skipped (a
+    /// rule scoped by a field pays for no map of the whole payload).
+    pub(crate) fn field(&self, name: &str) -> std::result::Result<Option<serde_json::Value>, ()> {
+        if let Some(parsed) = self.parsed.0.get() {
+            return parsed
+                .as_ref()
+                .map(|v| v.get(name).cloned())
+                .map_err(|_| ());
+        }
+        let mut de = serde_json::Deserializer::from_str(&self.payload);
+        let found = serde::de::DeserializeSeed::deserialize(field::Field(name), &mut de)
+            .and_then(|found| de.end().map(|()| found));
+        found.map_err(|_| ())
+    }
+}
+
+/// [`Event::field`]'s reader: one field of a JSON object decoded, every
+/// other value skipped (serde's `IgnoredAny`, which still checks it).
+mod field {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::fmt;
+
+    /// The field of this name, if the value is an object that has it.
+    pub(super) struct Field<'n>(pub &'n str);
+
+    impl<'de> DeserializeSeed<'de> for Field<'_> {
+        type Value = Option<serde_json::Value>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Field<'_> {
+        type Value = Option<serde_json::Value>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(is) = map.next_key_seed(KeyIs(self.0))? {
+                if is {
+                    found = Some(map.next_value()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+
+    /// Whether a key is `self.0`, read without copying it when it has no
+    /// escapes.
+    struct KeyIs<'n>(&'n str);
+
+    impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
+        type Value = bool;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for KeyIs<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a key")
+        }
+        fn visit_str<E>(self, key: &str) -> Result<bool, E> {
+            Ok(key == self.0)
+        }
+    }
+}
+
 /// An event to append. The type, the subject, the actor and the time (by the
 /// actor's clock) are required, so a call site cannot leave out who made the
 /// change or when.
@@ -550,5 +649,102 @@ impl Query {
             crate::base::limits::check_text("subject", s, crate::base::limits::MAX_SUBJECT_BYTES)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn event(payload: &str) -> Event {
+        Event {
+            seq: 1,
+            id: "e".into(),
+            workspace: "w".into(),
+            event_type: "t".into(),
+            subject: "s".into(),
+            version: 1,
+            actor: "a".into(),
+            occurred_at: 0,
+            recorded_at: 0,
+            causation_id: None,
+            correlation_id: None,
+            depth: 0,
+            traceparent: None,
+            payload: payload.into(),
+            parsed: Parsed::default(),
+        }
+    }
+
+    /// What `field` must say: what the full parse says.
+    fn by_parse(payload: &str, name: &str) -> std::result::Result<Option<serde_json::Value>, ()> {
+        serde_json::from_str::<serde_json::Value>(payload)
+            .map(|v| v.get(name).cloned())
+            .map_err(|_| ())
+    }
+
+    #[test]
+    fn a_field_read_alone_is_what_the_whole_parse_finds() {
+        // Invariant (rules decide exactly once, on what the event holds): a
+        // rule's scope read from one field is the scope the payload's full
+        // parse gives, for every shape of payload, without the parse.
+        for payload in [
+            r#"{"session": 7, "n": 1}"#,
+            r#"{"n": {"session": 1}, "session": "x"}"#,
+            r#"{"session": 1, "session": 2}"#,
+            r#"{"se\u0073sion": true}"#,
+            r#"{"other": [1, {"session": 3}]}"#,
+            r#"[{"session": 1}]"#,
+            r#""session""#,
+            "12",
+            "null",
+            r#"{"session": 1} trailing"#,
+            r#"{"session": 1, "n": }"#,
+            "",
+        ] {
+            let e = event(payload);
+            assert_eq!(
+                e.field("session"),
+                by_parse(payload, "session"),
+                "{payload}"
+            );
+            assert!(e.parsed.0.get().is_none(), "{payload}: parsed whole");
+            // Once parsed, the parse answers.
+            let _ = e.json();
+            assert_eq!(
+                e.field("session"),
+                by_parse(payload, "session"),
+                "{payload}"
+            );
+        }
+    }
+
+    fn json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            "[a-c\\\"é]{0,4}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::vec(("[a-c]{1,2}", inner), 0..4)
+                    .prop_map(|kv| { serde_json::Value::Object(kv.into_iter().collect()) }),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_payload_gives_the_same_field_read_alone_or_parsed(v in json(), name in "[a-c]{1,2}") {
+            let payload = v.to_string();
+            let e = event(&payload);
+            prop_assert_eq!(e.field(&name), by_parse(&payload, &name));
+        }
     }
 }

@@ -104,18 +104,23 @@ impl Scope {
         Scope::Custom(Arc::new(f))
     }
 
-    /// The scope of `event`, or a description of why there is none (a
-    /// payload field reads the event's one parse, [`Event::json`]).
+    /// The scope of `event`, or a description of why there is none. A
+    /// top-level payload field decodes that field alone ([`Event::field`]),
+    /// a JSON pointer reads the event's one parse ([`Event::json`]).
     pub(crate) fn of(&self, event: &Event) -> std::result::Result<String, String> {
         match self {
             Scope::Subject => Ok(event.subject.clone()),
             Scope::Global => Ok(String::new()),
             Scope::Payload(field) => {
-                let value = event.json().map_err(|_| "the payload is not JSON")?;
+                // A top-level field decodes that field alone (unless the
+                // payload was parsed already); a pointer reads the parse.
+                let field_only;
                 let found = if field.starts_with('/') {
+                    let value = event.json().map_err(|_| "the payload is not JSON")?;
                     value.pointer(field)
                 } else {
-                    value.get(field)
+                    field_only = event.field(field).map_err(|()| "the payload is not JSON")?;
+                    field_only.as_ref()
                 };
                 match found {
                     Some(serde_json::Value::String(s)) => Ok(s.clone()),
