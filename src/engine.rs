@@ -261,7 +261,8 @@ impl<B: Backend> Engine<B> {
     /// Appends one event in a transaction of its own (shorthand for a
     /// [`Engine::write`] with one [`Tx::append`]).
     pub fn append(&self, workspace: &str, event: &NewEvent) -> Result<Appended> {
-        self.write(|tx| tx.append(workspace, event))
+        // One INSERT at most, after checks and reads that write nothing.
+        self.db().write_single(|tx| tx.append(workspace, event))
     }
 
     /// The events `query` asks for, in seq order (DESIGN.md, invariant 1: a

@@ -91,6 +91,10 @@ impl Signal {
 struct Request<B: Backend> {
     work: NonNull<Work<'static, B>>,
     signal: Arc<Signal>,
+    /// The work makes at most one change, by one statement, and fails only
+    /// before it or by that statement's own failure (which the database
+    /// undoes): it needs no savepoint of its own (see [`Member::single`]).
+    single: bool,
 }
 
 // SAFETY: `work` points at a `Send` closure; it is used by one thread at a
@@ -121,6 +125,15 @@ impl<B: Backend> Member<B> {
         // leader is the only thread using it.
         let work = unsafe { self.request.work.as_mut() };
         work(tx)
+    }
+
+    /// Whether the caller said its work writes with one statement at most,
+    /// and fails only before it or by its own failure (a single append):
+    /// a writer may run it without a savepoint, provided it checks that a
+    /// failed run changed nothing (a panic after the statement would leave
+    /// its change in the transaction, which must then not commit).
+    pub(crate) fn single(&self) -> bool {
+        self.request.single
     }
 }
 
@@ -187,6 +200,7 @@ impl<B: Backend> Combiner<B> {
     pub(crate) fn submit(
         &self,
         work: &mut Work<'_, B>,
+        single: bool,
         run_batch: &mut dyn FnMut(Batch<B>),
     ) -> Ended {
         let work: NonNull<Work<'_, B>> = NonNull::from(work);
@@ -200,6 +214,7 @@ impl<B: Backend> Combiner<B> {
             q.requests.push_back(Request {
                 work,
                 signal: Arc::clone(&signal),
+                single,
             });
             !std::mem::replace(&mut q.leading, true)
         };
@@ -237,11 +252,13 @@ impl<B: Backend> Combiner<B> {
     /// committed — or `f`'s own error, or the batch's, or `f`'s panic
     /// re-raised here. `spoilt` is asked after `f` returned Ok, in its
     /// savepoint: an error from it fails the work instead (PostgreSQL's
-    /// transaction, aborted by a statement whose error `f` caught). Each
+    /// transaction, aborted by a statement whose error `f` caught). `single`:
+    /// `f` writes with one statement at most (see [`Member::single`]). Each
     /// writer (SQLite's, PostgreSQL's) calls this with its own `run_batch`.
     pub(crate) fn call<T, E, F>(
         &self,
         f: F,
+        single: bool,
         spoilt: &(dyn Fn(&Tx<'_, B>) -> Option<Error> + Sync),
         run_batch: &mut dyn FnMut(Batch<B>),
     ) -> Result<T, E>
@@ -269,7 +286,7 @@ impl<B: Backend> Combiner<B> {
                 nudge: tx.wants_nudge(),
             }
         };
-        let ended = self.submit(&mut work, run_batch);
+        let ended = self.submit(&mut work, single, run_batch);
         match slot {
             Some(Err(panic)) => resume_unwind(panic),
             Some(Ok(Err(e))) => Err(e),

@@ -131,6 +131,20 @@ pub trait CoreDb<B: Backend>: Send + Sync {
     {
         self.write_with(f)
     }
+    /// [`CoreDb::write_with`] for work that writes with one statement at
+    /// most, and fails only before it or by that statement's own failure
+    /// (a single append): a backend may share its transaction without a
+    /// savepoint of its own. SQLite does (it undoes a failed statement);
+    /// PostgreSQL keeps the savepoint (a statement that fails there aborts
+    /// the whole transaction, the other callers' work with it).
+    fn write_single<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, B>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.write_with(f)
+    }
     /// A subscription to commits (see [`Db::subscribe`]).
     fn subscribe(&self) -> Subscription;
     /// The writer's counters.

@@ -184,7 +184,7 @@ impl PgDb {
     {
         let _inside = Inside::enter(self.id);
         self.combiner
-            .call(f, &spoilt, &mut |batch| self.run_batch(batch))
+            .call(f, false, &spoilt, &mut |batch| self.run_batch(batch))
     }
 
     /// Runs `f` in a transaction of its own on a pooled connection, beside

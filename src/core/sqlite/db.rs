@@ -171,7 +171,19 @@ impl Db {
         T: Send,
         E: From<Error> + Send,
     {
-        self.writer.write(&self.env, f)
+        self.writer.write(&self.env, false, f)
+    }
+
+    /// [`Db::write`] for work that writes with one statement at most, and
+    /// fails only before it or by its own failure (a single append): it
+    /// shares the transaction without a savepoint of its own.
+    pub(crate) fn write_single<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.writer.write(&self.env, true, f)
     }
 
     pub(crate) fn writer_stats(&self) -> WriterStats {
@@ -263,6 +275,14 @@ impl CoreDb<Sqlite> for Db {
         E: From<Error> + Send,
     {
         self.write(f)
+    }
+    fn write_single<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        Db::write_single(self, f)
     }
     fn subscribe(&self) -> Subscription {
         Db::subscribe(self)

@@ -103,19 +103,29 @@ impl Writer {
     /// holds the transaction the nested call would wait for. Use the [`Tx`]
     /// you were given. A panic of `f` is re-raised here, after its work was
     /// rolled back.
-    pub(crate) fn write<T, E, F>(&self, env: &Env, f: F) -> std::result::Result<T, E>
+    ///
+    /// `single`: `f` writes with one statement at most, and fails only
+    /// before it or by its own failure (see `Member::single`); it runs
+    /// without a savepoint.
+    pub(crate) fn write<T, E, F>(&self, env: &Env, single: bool, f: F) -> std::result::Result<T, E>
     where
         F: FnOnce(&mut Tx<'_>) -> std::result::Result<T, E> + Send,
         T: Send,
         E: From<Error> + Send,
     {
         let _inside = Inside::enter(self.id);
-        self.combiner
-            .call(f, &|_| None, &mut |batch| self.run_batch(env, batch))
+        self.combiner.call(f, single, &|_| None, &mut |batch| {
+            self.run_batch(env, batch)
+        })
     }
 
     /// One transaction over the batch: each member in a savepoint, then the
-    /// commit; the batch, dropped on the way out, tells the members.
+    /// commit; the batch, dropped on the way out, tells the members. A
+    /// member that writes with one statement at most runs without one (two
+    /// statements fewer): SQLite undoes a statement that fails, so a failed
+    /// member changed nothing, which the count of changes confirms — if it
+    /// did change a row (a panic after its statement), the batch fails
+    /// whole rather than commit it.
     fn run_batch(&self, env: &Env, mut batch: Batch) {
         let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let mut txn = Transaction {
@@ -132,13 +142,20 @@ impl Writer {
         let (mut members, mut nudge) = (0u64, false);
         let mut failed = None;
         for member in batch.members() {
-            if let Err(e) = self.guard.control(&conn, Control::Call) {
+            let single = member.single();
+            if !single && let Err(e) = self.guard.control(&conn, Control::Call) {
                 failed = Some(e);
                 break;
             }
+            let changes = conn.total_changes();
             let mut tx = Tx::<Sqlite>::new(&conn, &self.guard, env);
             let outcome = member.run(&mut tx);
-            if let Err(e) = end_savepoint(&conn, &self.guard, outcome.ok) {
+            let ended = if single {
+                end_single(&conn, outcome.ok, changes)
+            } else {
+                end_savepoint(&conn, &self.guard, outcome.ok)
+            };
+            if let Err(e) = ended {
                 failed = Some(e);
                 break;
             }
@@ -211,16 +228,37 @@ impl Drop for Transaction<'_> {
 /// batch.
 fn end_savepoint(conn: &Connection, guard: &Guard, keep: bool) -> Result<()> {
     if conn.is_autocommit() {
-        return Err(Error::TransactionAborted {
-            detail: "SQLite rolled the transaction back during a write (an I/O error, \
-                     or a full disk mid-statement)"
-                .into(),
-        });
+        return Err(rolled_back());
     }
     if !keep {
         guard.control(conn, Control::RollbackCall)?;
     }
     guard.control(conn, Control::ReleaseCall)
+}
+
+/// After a member that ran without a savepoint: the transaction must still
+/// be open, and a member that failed must have changed nothing (`changes`:
+/// the connection's count of changed rows before it ran).
+fn end_single(conn: &Connection, ok: bool, changes: u64) -> Result<()> {
+    if conn.is_autocommit() {
+        return Err(rolled_back());
+    }
+    if !ok && conn.total_changes() != changes {
+        return Err(Error::TransactionAborted {
+            detail: "a write that runs without a savepoint failed after it changed a row; \
+                     the batch it shared is not committed"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+fn rolled_back() -> Error {
+    Error::TransactionAborted {
+        detail: "SQLite rolled the transaction back during a write (an I/O error, \
+                 or a full disk mid-statement)"
+            .into(),
+    }
 }
 
 /// Points in the leader's own code where a test can make it panic, to prove
@@ -277,6 +315,13 @@ mod tests {
             f: impl FnOnce(&mut crate::core::db::Tx<'_>) -> crate::Result<T> + Send,
         ) -> crate::Result<T> {
             self.0.write(f)
+        }
+
+        fn write_single<T: Send>(
+            &self,
+            f: impl FnOnce(&mut crate::core::db::Tx<'_>) -> crate::Result<T> + Send,
+        ) -> crate::Result<T> {
+            self.0.write_single(f)
         }
 
         fn read<T>(
@@ -393,6 +438,88 @@ mod tests {
             "the holder's commit, then one for all four"
         );
         assert_eq!(after.writes - before.writes, 3, "the holder, a and d");
+    }
+
+    fn insert(e: &Engine, name: &'static str) -> crate::Result<()> {
+        e.write_single(move |tx| tx.execute("INSERT INTO t VALUES (?1)", [name]).map(|_| ()))
+    }
+
+    #[test]
+    fn single_statement_callers_share_a_batch_without_savepoints_and_fail_alone() {
+        // Invariant 2, for work that writes with one statement at most (a
+        // single append) and so runs without a savepoint: one that fails by
+        // its own statement, or before it, leaves nothing, and its
+        // neighbours commit.
+        let (_dir, engine) = engine();
+        insert(&engine, "x").unwrap();
+        let before = engine.writer_stats();
+        let rest = batch_of(
+            &engine,
+            vec![
+                Box::new(|e: Engine| insert(&e, "a")),
+                // The primary key refuses it: SQLite undoes the statement.
+                Box::new(|e: Engine| insert(&e, "x")),
+                Box::new(|e: Engine| {
+                    e.write_single(|_| Err::<(), _>(Error::invalid("c", "refused before writing")))
+                }),
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('d')", []).map(|_| ()))
+                }),
+            ],
+        );
+        rest[0].as_ref().unwrap().as_ref().unwrap();
+        let dup = rest[1].as_ref().unwrap().as_ref().unwrap_err();
+        assert!(format!("{dup}").contains("UNIQUE"), "{dup}");
+        assert!(matches!(
+            rest[2].as_ref().unwrap(),
+            Err(Error::Invalid { .. })
+        ));
+        rest[3].as_ref().unwrap().as_ref().unwrap();
+        assert_eq!(names(&engine), ["a", "d", "x"]);
+        let after = engine.writer_stats();
+        assert_eq!(
+            after.commits - before.commits,
+            2,
+            "the holder's, then one for all"
+        );
+        assert_eq!(after.writes - before.writes, 3, "the holder, a and d");
+        assert_eq!(after.aborts, before.aborts);
+    }
+
+    #[test]
+    fn a_single_statement_caller_that_fails_after_writing_fails_its_whole_batch() {
+        // Invariant 2: work without a savepoint that panics after its
+        // statement cannot be undone alone; rather than commit its row, the
+        // batch fails, and every caller in it is told so.
+        let (_dir, engine) = engine();
+        let rest = batch_of(
+            &engine,
+            vec![
+                Box::new(|e: Engine| insert(&e, "a")),
+                Box::new(|e: Engine| {
+                    e.write_single(|tx| {
+                        tx.execute("INSERT INTO t VALUES ('b')", [])?;
+                        panic!("b panics after its insert");
+                    })
+                }),
+                Box::new(|e: Engine| {
+                    e.write(|tx| tx.execute("INSERT INTO t VALUES ('c')", []).map(|_| ()))
+                }),
+            ],
+        );
+        assert!(matches!(
+            rest[0].as_ref().unwrap(),
+            Err(Error::TransactionAborted { .. })
+        ));
+        assert!(rest[1].is_err(), "b's panic reaches b's thread");
+        assert!(matches!(
+            rest[2].as_ref().unwrap(),
+            Err(Error::TransactionAborted { .. })
+        ));
+        assert!(names(&engine).is_empty(), "{:?}", names(&engine));
+        // The writer goes on.
+        insert(&engine, "d").unwrap();
+        assert_eq!(names(&engine), ["d"]);
     }
 
     /// Inserts `name`, then tries `sql` (ignoring its refusal), then ends as
