@@ -120,12 +120,14 @@ impl Writer {
     }
 
     /// One transaction over the batch: each member in a savepoint, then the
-    /// commit; the batch, dropped on the way out, tells the members. A
-    /// member that writes with one statement at most runs without one (two
-    /// statements fewer): SQLite undoes a statement that fails, so a failed
-    /// member changed nothing, which the count of changes confirms — if it
-    /// did change a row (a panic after its statement), the batch fails
-    /// whole rather than commit it.
+    /// commit; the batch, dropped on the way out, tells the members. Two
+    /// kinds of member run without a savepoint (two statements fewer, and
+    /// no copies of the pages they change into SQLite's statement journal):
+    /// the lone member of a batch, whose transaction rolls back whole if it
+    /// fails, and a member that writes with one statement at most — SQLite
+    /// undoes a statement that fails, so a failed member changed nothing,
+    /// which the count of changes confirms; if it did change a row (a panic
+    /// after its statement), the batch fails whole rather than commit it.
     fn run_batch(&self, env: &Env, mut batch: Batch) {
         let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let mut txn = Transaction {
@@ -139,10 +141,13 @@ impl Writer {
             return batch.end(Err(Arc::new(e)));
         }
         txn.open = true;
+        // A batch of one needs no savepoint either: its transaction is its
+        // own, rolled back whole if it fails.
+        let alone = batch.members().len() == 1;
         let (mut members, mut nudge) = (0u64, false);
         let mut failed = None;
         for member in batch.members() {
-            let single = member.single();
+            let single = member.single() || alone;
             if !single && let Err(e) = self.guard.control(&conn, Control::Call) {
                 failed = Some(e);
                 break;
@@ -150,7 +155,9 @@ impl Writer {
             let changes = conn.total_changes();
             let mut tx = Tx::<Sqlite>::new(&conn, &self.guard, env);
             let outcome = member.run(&mut tx);
-            let ended = if single {
+            let ended = if alone {
+                end_alone(&conn)
+            } else if single {
                 end_single(&conn, outcome.ok, changes)
             } else {
                 end_savepoint(&conn, &self.guard, outcome.ok)
@@ -166,6 +173,12 @@ impl Writer {
         }
         if let Some(e) = failed {
             return batch.end(self.abort(&mut txn, e));
+        }
+        if alone && members == 0 {
+            // The lone member failed, and reports its own error: nothing
+            // of its work may commit.
+            txn.roll_back();
+            return batch.end(Ok(()));
         }
         #[cfg(test)]
         faults::at(faults::Fault::BeforeCommit);
@@ -234,6 +247,15 @@ fn end_savepoint(conn: &Connection, guard: &Guard, keep: bool) -> Result<()> {
         guard.control(conn, Control::RollbackCall)?;
     }
     guard.control(conn, Control::ReleaseCall)
+}
+
+/// After the lone member of a batch, which ran without a savepoint: the
+/// transaction must still be open (its outcome decides the commit).
+fn end_alone(conn: &Connection) -> Result<()> {
+    if conn.is_autocommit() {
+        return Err(rolled_back());
+    }
+    Ok(())
 }
 
 /// After a member that ran without a savepoint: the transaction must still
@@ -520,6 +542,40 @@ mod tests {
         // The writer goes on.
         insert(&engine, "d").unwrap();
         assert_eq!(names(&engine), ["d"]);
+    }
+
+    #[test]
+    fn a_lone_caller_that_fails_after_writing_leaves_nothing() {
+        // Invariant 2, for a batch of one, which runs without a savepoint:
+        // its transaction rolls back whole, by an error or a panic, and
+        // the writer goes on.
+        let (_dir, engine) = engine();
+        let before = engine.writer_stats();
+        let refused = engine.write(|tx| {
+            tx.execute("INSERT INTO t VALUES ('a')", [])?;
+            Err::<(), _>(Error::invalid("a", "refused after its insert"))
+        });
+        assert!(matches!(refused, Err(Error::Invalid { .. })));
+        let engine2 = engine.clone();
+        let panicked = std::thread::spawn(move || {
+            engine2.write(|tx| {
+                tx.execute("INSERT INTO t VALUES ('b')", [])?;
+                panic!("b panics after its insert");
+                #[allow(unreachable_code)]
+                Ok(())
+            })
+        })
+        .join();
+        assert!(panicked.is_err(), "b's panic reaches b's thread");
+        assert!(names(&engine).is_empty(), "{:?}", names(&engine));
+        let after = engine.writer_stats();
+        assert_eq!(after.commits, before.commits, "nothing to commit");
+        assert_eq!(
+            after.aborts, before.aborts,
+            "a caller's own failure is no abort"
+        );
+        insert(&engine, "c").unwrap();
+        assert_eq!(names(&engine), ["c"]);
     }
 
     /// Inserts `name`, then tries `sql` (ignoring its refusal), then ends as
