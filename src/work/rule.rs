@@ -124,9 +124,10 @@ impl Scope {
                 };
                 match found {
                     Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                    Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
-                        Ok(v.to_string())
-                    }
+                    // As the value prints (`Number`'s own formatting, not
+                    // the serializer's: the same text, for less).
+                    Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+                    Some(serde_json::Value::Bool(b)) => Ok(b.to_string()),
                     Some(other) => Err(format!("payload field {field} is {other}, not a scope")),
                     None => Err(format!("payload has no field {field}")),
                 }
@@ -582,5 +583,32 @@ impl Rule {
             "start": match self.start { Start::Beginning => "beginning", Start::Head => "head" },
         })
         .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_number_scope_is_the_text_the_value_prints() {
+        // Invariant (a rule's scopes are stable across versions of the
+        // engine): a number's scope is its JSON text, as printed before.
+        for text in [
+            "0",
+            "7",
+            "-3",
+            "18446744073709551615",
+            "-9223372036854775808",
+            "1.5",
+            "0.1",
+            "1e300",
+            "-2.5e-10",
+            "100.0",
+        ] {
+            let v: serde_json::Value = serde_json::from_str(text).unwrap();
+            let serde_json::Value::Number(n) = &v else {
+                unreachable!()
+            };
+            assert_eq!(n.to_string(), v.to_string(), "{text}");
+        }
     }
 }
