@@ -383,20 +383,19 @@ pub(super) const SUCCEED_MANY: &str = "UPDATE reflexr_runs SET state = 'succeede
        AND +state = 'running' AND claimed_by = ?1 AND cancel_requested_at IS NULL \
      RETURNING reflexr_runs.id";
 
-/// Of these runs (a JSON array of `[ord, id]`), those asked to stop: each a
-/// seek of its row by position, its id checked in the row.
-pub(crate) fn cancel_requested(conn: &Connection, runs: &str) -> Result<Vec<String>> {
+/// Of the runs at these positions (a JSON array of ords), the position and
+/// id of those asked to stop: each a seek of its row by position.
+pub(crate) fn cancel_requested(conn: &Connection, ords: &str) -> Result<Vec<(i64, String)>> {
     let mut stmt = conn.prepare_cached(CANCEL_REQUESTED)?;
     let rows = stmt
-        .query_map([runs], |r| r.get(0))?
+        .query_map([ords], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
 }
 
-pub(super) const CANCEL_REQUESTED: &str = "SELECT r.id \
-     FROM (SELECT value ->> 0 AS ord, value ->> 1 AS id FROM json_each(?1)) AS c \
-     CROSS JOIN reflexr_runs r ON r.ord = c.ord \
-     WHERE r.id = c.id AND r.cancel_requested_at IS NOT NULL";
+pub(super) const CANCEL_REQUESTED: &str = "SELECT r.ord, r.id \
+     FROM json_each(?1) AS c CROSS JOIN reflexr_runs r ON r.ord = c.value \
+     WHERE r.cancel_requested_at IS NOT NULL";
 
 /// True when a run of these actions is ready and due, or a claim lapsed: the
 /// cheap read an idle executor makes before it opens a write transaction.
@@ -886,9 +885,18 @@ impl Runs for Connection {
             == 1)
     }
 
+    /// The positions alone go to SQLite (a flat array: no element parsed
+    /// twice); a row found there is one of these runs if its id is the
+    /// run's (a run deleted by hand is not mistaken for the one that took
+    /// its position).
     fn cancel_requested(&self, runs: &[(i64, &str)]) -> Result<Vec<String>> {
-        let runs = serde_json::to_string(runs).expect("positions and ids encode");
-        cancel_requested(self, &runs)
+        let ords: Vec<i64> = runs.iter().map(|r| r.0).collect();
+        let ords = serde_json::to_string(&ords).expect("positions encode");
+        Ok(cancel_requested(self, &ords)?
+            .into_iter()
+            .filter(|(ord, id)| runs.iter().any(|r| r.0 == *ord && r.1 == id))
+            .map(|(_, id)| id)
+            .collect())
     }
 
     /// Runs in `state`, oldest due first, through that state's partial index
