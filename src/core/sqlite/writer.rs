@@ -13,7 +13,11 @@
 //! queued as a batch, opens `BEGIN IMMEDIATE`, runs each closure in a
 //! savepoint of its own (`ROLLBACK TO` it when the closure fails or panics,
 //! so one caller's failure undoes only its own part), commits, and tells each
-//! caller the outcome. While it commits (the fsync), new callers queue and
+//! caller the outcome. Two kinds of caller need no savepoint, which costs two
+//! statements and a copy of every page the caller changes into SQLite's
+//! statement journal: the lone member of a batch (its transaction is its
+//! own), and a single append (`CoreDb::write_single`: one statement, which
+//! SQLite undoes if it fails). While it commits (the fsync), new callers queue and
 //! form the next batch. A caller is woken once, for its outcome (or to lead)
 //! — no caller waits its turn on the connection, which is where a
 //! caller-by-caller handoff spent its time on two cores.
