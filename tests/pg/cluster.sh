@@ -40,23 +40,37 @@ case "$cmd" in
 start)
   mkdir -p "$dir"
   if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; fi
-  # A free port: one nothing answers on.
-  port=""
-  for _ in $(seq 1 50); do
-    candidate=$((20000 + RANDOM % 40000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then
-      port="$candidate"
+  as_owner "$bindir/initdb" -D "$dir/data" -U reflexr --auth=trust -E UTF8 --no-sync >/dev/null
+  # A port below Linux's ephemeral range (32768 and up by default), so no
+  # client connection's own port can take it between the check and the
+  # server's bind, and one nothing answers on. Three tries, each on a new
+  # port, with the server's log shown when a start fails.
+  started=""
+  for try in 1 2 3; do
+    port=""
+    for _ in $(seq 1 50); do
+      candidate=$((20000 + RANDOM % 12000))
+      if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then
+        port="$candidate"
+        break
+      fi
+    done
+    if [ -z "$port" ]; then
+      echo "no free port found" >&2
+      exit 1
+    fi
+    if as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
+      -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=on -c max_connections=200" \
+      start >/dev/null; then
+      started=1
       break
     fi
+    echo "== the server did not start on port $port (try $try); the end of its log:" >&2
+    tail -n 20 "$dir/server.log" >&2 || true
   done
-  if [ -z "$port" ]; then
-    echo "no free port found" >&2
+  if [ -z "$started" ]; then
     exit 1
   fi
-  as_owner "$bindir/initdb" -D "$dir/data" -U reflexr --auth=trust -E UTF8 --no-sync >/dev/null
-  as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=on -c max_connections=200" \
-    start >/dev/null
   as_owner "$bindir/createdb" -h 127.0.0.1 -p "$port" -U reflexr reflexr_test
   echo "$port" >"$dir/port"
   echo "export REFLEXR_PG_URL='host=127.0.0.1 port=$port user=reflexr dbname=reflexr_test'"
