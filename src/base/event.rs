@@ -170,9 +170,7 @@ impl Event {
                 message: e.clone(),
             })
     }
-}
 
-impl Event {
     /// The payload's top-level field `name`: `Ok(None)` when the payload is
     /// not an object or has no such field (the last, if it has it twice, as
     /// [`Event::json`] keeps it), `Err` when the payload is not JSON. Read
@@ -686,9 +684,9 @@ mod tests {
 
     #[test]
     fn a_field_read_alone_is_what_the_whole_parse_finds() {
-        // Invariant (rules decide exactly once, on what the event holds): a
-        // rule's scope read from one field is the scope the payload's full
-        // parse gives, for every shape of payload, without the parse.
+        // Invariant 4 (exact decisions): a rule's scope read from one field
+        // is the scope the payload's full parse gives, for every shape of
+        // payload, without the parse.
         for payload in [
             r#"{"session": 7, "n": 1}"#,
             r#"{"n": {"session": 1}, "session": "x"}"#,
@@ -740,6 +738,8 @@ mod tests {
     }
 
     proptest! {
+        /// Invariant 4 (exact decisions), by property: for any JSON value and
+        /// key, the field read alone is what the full parse finds.
         #[test]
         fn any_payload_gives_the_same_field_read_alone_or_parsed(v in json(), name in "[a-c]{1,2}") {
             let payload = v.to_string();

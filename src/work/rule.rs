@@ -112,8 +112,6 @@ impl Scope {
             Scope::Subject => Ok(event.subject.clone()),
             Scope::Global => Ok(String::new()),
             Scope::Payload(field) => {
-                // A top-level field decodes that field alone (unless the
-                // payload was parsed already); a pointer reads the parse.
                 let field_only;
                 let found = if field.starts_with('/') {
                     let value = event.json().map_err(|_| "the payload is not JSON")?;
@@ -590,8 +588,8 @@ impl Rule {
 mod tests {
     #[test]
     fn a_number_scope_is_the_text_the_value_prints() {
-        // Invariant (a rule's scopes are stable across versions of the
-        // engine): a number's scope is its JSON text, as printed before.
+        // Invariant 4 (exact decisions: a scope's state is found again): a
+        // number's scope is its JSON text, as the value printed it before.
         for text in [
             "0",
             "7",

@@ -372,8 +372,9 @@ pub(super) fn claim_ords_sql() -> String {
     )
 }
 
-/// Plain successes settled in one statement, by their ids (the `+` keeps
-/// SQLite on the ids' index rather than every running run's entry).
+/// Plain successes settled in one statement, each row by its position (the
+/// `+` keeps SQLite on the rows' keys rather than every running run's entry
+/// of the running runs' index).
 pub(super) const SUCCEED_MANY: &str = "UPDATE reflexr_runs SET state = 'succeeded', finished_at = ?3, updated_at = ?3, \
        claimed_by = NULL, claim_expires_at = NULL \
      FROM (SELECT value ->> 0 AS ord, value ->> 1 AS id, value ->> 2 AS attempt \
@@ -393,6 +394,7 @@ pub(crate) fn cancel_requested(conn: &Connection, ords: &str) -> Result<Vec<(i64
     Ok(rows)
 }
 
+/// [`cancel_requested`]'s statement: a rowid seek per position.
 pub(super) const CANCEL_REQUESTED: &str = "SELECT r.ord, r.id \
      FROM json_each(?1) AS c CROSS JOIN reflexr_runs r ON r.ord = c.value \
      WHERE r.cancel_requested_at IS NOT NULL";
