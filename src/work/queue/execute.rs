@@ -183,7 +183,7 @@ pub(crate) fn execute<B: Backend>(
                 .iter()
                 .any(|l| l.action == a && l.max_running.is_some())
         };
-        let caps = pace.caps(names, &held_to_one);
+        let caps = pace.caps(names, &held_to_one, ahead);
         let mut rows = crate::work::queue::claim::claim(
             tx.core(),
             plan,

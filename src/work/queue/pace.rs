@@ -5,8 +5,9 @@
 //! durations. A claim takes, of each action, no more runs than fit in
 //! [`BATCH_BUDGET`] at that pace (no cap for an action not timed yet), and of
 //! an action with a concurrency limit no more than one plus what fits in
-//! [`LIMITED_SLACK`] — so a limit of N means N handlers running at once, not
-//! N claims held by one executor that runs them one after another. After the
+//! [`LIMITED_SLACK`], counting the runs of it carried from the last batch —
+//! so a limit of N means N handlers running at once, not N claims held by
+//! one executor that runs them one after another. After the
 //! claim, the batch is cut where its expected duration — behind the runs
 //! carried from the last batch — passes the budget (keeping at least one
 //! run), and the cut runs are given back at once.
@@ -81,16 +82,27 @@ impl Pace {
         cap_at(self.estimate(action), limited)
     }
 
-    /// The caps of `actions` (see [`Pace::cap`]), under one lock; `limited`
-    /// names those with a concurrency limit.
-    pub fn caps(&self, actions: &[String], limited: &dyn Fn(&str) -> bool) -> Caps {
+    /// The caps of `actions` (see [`Pace::cap`]), under one lock, for a
+    /// claim made while the executor holds `ahead` (the runs carried from
+    /// its last batch, which go first in the next): `limited` names the
+    /// actions with a concurrency limit, and a limited action's cap counts
+    /// the runs of it already held, so what an executor holds of it, the
+    /// carried runs with the claimed, stays within [`LIMITED_SLACK`].
+    pub fn caps(&self, actions: &[String], limited: &dyn Fn(&str) -> bool, ahead: &[&str]) -> Caps {
         let recent = self.lock();
         Caps(
             actions
                 .iter()
                 .map(|a| {
                     let pace = recent.get(a).map(|ns| Duration::from_nanos(*ns as u64));
-                    (a.clone(), cap_at(pace, limited(a)))
+                    let limited = limited(a);
+                    let cap = cap_at(pace, limited);
+                    if limited && cap != usize::MAX {
+                        let held = ahead.iter().filter(|h| **h == a.as_str()).count();
+                        (a.clone(), cap.saturating_sub(held))
+                    } else {
+                        (a.clone(), cap)
+                    }
                 })
                 .collect(),
         )
@@ -179,6 +191,26 @@ mod tests {
         }
         assert_eq!(pace.cap("slow", false), 2);
         assert_eq!(pace.cap("slow", true), 1, "a limit's slots are not hoarded");
+    }
+
+    #[test]
+    fn a_limited_action_is_not_claimed_beside_its_runs_carried_ahead() {
+        let pace = Pace::default();
+        let names = ["limited".to_string(), "open".to_string()];
+        let limited = |a: &str| a == "limited";
+        for _ in 0..5 {
+            pace.record("limited", 20 * MS);
+            pace.record("open", 20 * MS);
+        }
+        let caps = pace.caps(&names, &limited, &[]);
+        assert_eq!((caps.of("limited"), caps.of("open")), (1, 2));
+        // One of each carried: the limited action's slot is held already;
+        // what else fits the budget is the batch's cut to make.
+        let caps = pace.caps(&names, &limited, &["limited", "open"]);
+        assert_eq!((caps.of("limited"), caps.of("open")), (0, 2));
+        // Not timed yet: no cap, carried runs or not.
+        let caps = Pace::default().caps(&names, &limited, &["limited"]);
+        assert_eq!(caps.of("limited"), usize::MAX);
     }
 
     #[test]
