@@ -135,8 +135,9 @@ pub trait CoreDb<B: Backend>: Send + Sync {
     /// most, and fails only before it or by that statement's own failure
     /// (a single append): a backend may share its transaction without a
     /// savepoint of its own. SQLite does (it undoes a failed statement);
-    /// PostgreSQL keeps the savepoint (a statement that fails there aborts
-    /// the whole transaction, the other callers' work with it).
+    /// so does PostgreSQL, where no input makes an append's statement fail
+    /// (a statement that fails there anyway aborts the whole transaction,
+    /// and the batch fails: see `PgDb::write_single`).
     fn write_single<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
         F: FnOnce(&mut Tx<'_, B>) -> std::result::Result<T, E> + Send,

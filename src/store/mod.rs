@@ -25,7 +25,7 @@
 
 pub(crate) mod audit;
 #[cfg(test)]
-mod conformance;
+pub(crate) mod conformance;
 pub(crate) mod control;
 pub(crate) mod counters;
 pub(crate) mod cursors;

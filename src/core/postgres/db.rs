@@ -10,8 +10,8 @@
 //!   tell, as with any database over a network (an append's id makes it
 //!   safe to append again).
 //! - **Writes.** Concurrent writers of this process share transactions,
-//!   each in a savepoint of its own (group commit by flat combining, as on
-//!   SQLite): appends take their seqs one transaction at a time across
+//!   each in a savepoint of its own but single appends (group commit by
+//!   flat combining, as on SQLite; see [`PgDb::write_single`]): appends take their seqs one transaction at a time across
 //!   every process (see `store::postgres`), so a commit that carries many
 //!   callers' appends turns the head's lock once for all of them. Other
 //!   processes write beside this one. An executor's round (settle a batch,
@@ -170,8 +170,9 @@ impl PgDb {
     /// Runs `f` in this process's shared write transaction and returns its
     /// value once committed: the writers that arrive while a transaction
     /// runs share the next (group commit, by the same flat combining as
-    /// SQLite's writer), each in a savepoint of its own, so an error (or a
-    /// panic) of `f` rolls back its work alone.
+    /// SQLite's writer), each in a savepoint of its own (but a batch's lone
+    /// member, whose transaction is its own), so an error (or a panic) of
+    /// `f` rolls back its work alone.
     ///
     /// # Panics
     /// When called from inside a write closure of the same engine; a panic
@@ -185,6 +186,28 @@ impl PgDb {
         let _inside = Inside::enter(self.id);
         self.combiner
             .call(f, false, &spoilt, &mut |batch| self.run_batch(batch))
+    }
+
+    /// [`PgDb::write`] for a single append (`Engine::append`): it shares
+    /// the transaction without a savepoint of its own, one round trip less
+    /// per caller. It may: the transaction holds the head from its BEGIN,
+    /// so the append's one statement finds its seq and version without a
+    /// race, skips an id already there (`ON CONFLICT DO NOTHING`) and
+    /// inserts only a registered type, and every field was checked before
+    /// it (names, lengths, no control characters, JSON) — no input makes it
+    /// fail on the server. If it fails there all the same (a
+    /// `statement_timeout`, a broken connection), or fails after it
+    /// appended, the batch it shared commits nothing and every caller in
+    /// it gets [`Error::TransactionAborted`].
+    pub(crate) fn write_single<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        let _inside = Inside::enter(self.id);
+        self.combiner
+            .call(f, true, &spoilt, &mut |batch| self.run_batch(batch))
     }
 
     /// Runs `f` in a transaction of its own on a pooled connection, beside
@@ -234,9 +257,10 @@ impl PgDb {
     }
 
     /// One transaction over the batch: each member in a savepoint (none
-    /// for a batch of one: its transaction is its own), then the commit;
-    /// the batch, dropped on the way out, tells the members. A failure of
-    /// the connection itself ends the batch, and nothing of it commits.
+    /// for a batch of one: its transaction is its own; none for a single
+    /// append, see [`PgDb::write_single`]), then the commit; the batch,
+    /// dropped on the way out, tells the members. A failure of the
+    /// connection itself ends the batch, and nothing of it commits.
     fn run_batch(&self, mut batch: Batch<Postgres>) {
         const SAVEPOINT: &str = "reflexr_call";
         // The head first (see `PgConn::begin_ordered`): any member may
@@ -252,7 +276,10 @@ impl PgDb {
         // one round trip between members.
         let mut release = false;
         for member in batch.members() {
-            if !alone {
+            // A single append runs inside whatever savepoint is open (the
+            // previous member's, released with the next one made).
+            let single = member.single();
+            if !alone && !single {
                 let sql = if release {
                     format!("RELEASE SAVEPOINT {SAVEPOINT}; SAVEPOINT {SAVEPOINT}")
                 } else {
@@ -269,11 +296,25 @@ impl PgDb {
             if outcome.ok {
                 kept += 1;
                 nudge |= outcome.nudge;
-            } else if !alone && let Err(e) = conn.rollback_to(SAVEPOINT, mark) {
+            } else if alone {
+            } else if single {
+                // Without a savepoint, a failure is the member's alone only
+                // if it left the transaction as it found it: not aborted by
+                // a failed statement, nothing appended.
+                if conn.is_aborted() || conn.last_seq() != mark {
+                    failed = Some(Error::TransactionAborted {
+                        detail: "a single append sharing this write's transaction failed \
+                                 on the server or after it appended; the transaction is not \
+                                 committed"
+                            .into(),
+                    });
+                    break;
+                }
+            } else if let Err(e) = conn.rollback_to(SAVEPOINT, mark) {
                 failed = Some(e);
                 break;
             }
-            release = true;
+            release |= !single;
         }
         let ended: Ended = match failed {
             Some(e) => Err(Arc::new(e)),
@@ -402,6 +443,14 @@ impl CoreDb<Postgres> for PgDb {
     {
         self.write(f)
     }
+    fn write_single<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        PgDb::write_single(self, f)
+    }
     fn write_apart<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
         F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
@@ -431,5 +480,211 @@ impl CoreDb<Postgres> for PgDb {
     }
     fn has_run_waiters(&self) -> bool {
         self.run_waiters.load(Ordering::SeqCst) > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Barrier};
+    use std::time::Duration;
+
+    use super::PgDb;
+    use crate::base::clock::ManualClock;
+    use crate::base::error::{Error, Result};
+    use crate::base::event::NewEvent;
+    use crate::core::db::CoreDb;
+    use crate::core::settings::{Limits, Settings};
+    use crate::core::workspace;
+    use crate::store::conformance::PgSchema;
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn open(schema: &PgSchema) -> Arc<PgDb> {
+        drop(schema.client());
+        let settings = Settings {
+            synchronous: Default::default(),
+            busy_timeout: Duration::from_secs(20),
+            heartbeat: Duration::from_millis(50),
+            heartbeat_set: true,
+            lease_ttl: Duration::from_secs(30),
+            holder_id: "test".into(),
+            limits: Limits {
+                max_payload_bytes: 1 << 20,
+                max_chain_depth: 8,
+            },
+            upcasters: Default::default(),
+            mergers: Default::default(),
+            telemetry: Default::default(),
+        };
+        let db = PgDb::open(
+            &schema.url(),
+            8,
+            settings,
+            Arc::new(ManualClock::new(NOW)),
+            false,
+        )
+        .unwrap();
+        db.write(|tx| {
+            workspace::create(tx.core(), NOW, "ws")?;
+            workspace::register_types(tx.core(), NOW, "ws", &["Opened"])
+        })
+        .unwrap();
+        Arc::new(db)
+    }
+
+    /// A single append (`Engine::append`'s write) of `subject`.
+    fn append(db: &PgDb, subject: &str) -> Result<()> {
+        let ev = NewEvent::new("Opened", subject, "tester", NOW).payload_json("{}");
+        db.write_single(move |tx| tx.append("ws", &ev).map(|_| ()))
+    }
+
+    fn subjects(db: &PgDb) -> Vec<String> {
+        db.read(|c| {
+            let rows = c.query_untyped(
+                "SELECT subject FROM reflexr_events WHERE workspace = 'ws' ORDER BY subject",
+                &[],
+            )?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+        .unwrap()
+    }
+
+    type Caller = Box<dyn FnOnce(&PgDb) -> Result<()> + Send>;
+
+    /// Holds the lead in a write until every caller is queued, so that
+    /// they all share the transaction after it; their outcomes in order.
+    fn batch_of(db: &Arc<PgDb>, callers: Vec<Caller>) -> Vec<Result<()>> {
+        let n = callers.len();
+        let gate = Arc::new(Barrier::new(n + 1));
+        let handles: Vec<_> = callers
+            .into_iter()
+            .map(|f| {
+                let (db, gate) = (Arc::clone(db), Arc::clone(&gate));
+                std::thread::spawn(move || {
+                    gate.wait();
+                    f(&db)
+                })
+            })
+            .collect();
+        db.write(|_| {
+            gate.wait();
+            while db.combiner.queued() < n {
+                std::thread::yield_now();
+            }
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn single_appends_share_a_batch_without_savepoints_and_fail_alone() {
+        // Invariant 2, for single appends sharing a transaction without
+        // savepoints: one refused before its statement (a malformed field)
+        // or by what its statement found (a type not registered, which
+        // fails no statement) leaves nothing, and its neighbours commit.
+        let schema = PgSchema::new();
+        let db = open(&schema);
+        let before = db.writer_stats();
+        let results = batch_of(
+            &db,
+            vec![
+                Box::new(|db| append(db, "a")),
+                Box::new(|db| append(db, "")),
+                Box::new(|db| {
+                    let ev = NewEvent::new("Unknown", "b", "tester", NOW).payload_json("{}");
+                    db.write_single(move |tx| tx.append("ws", &ev).map(|_| ()))
+                }),
+                Box::new(|db| {
+                    db.write(|tx| {
+                        let ev = NewEvent::new("Opened", "c", "tester", NOW).payload_json("{}");
+                        tx.append("ws", &ev).map(|_| ())
+                    })
+                }),
+                Box::new(|db| append(db, "d")),
+            ],
+        );
+        results[0].as_ref().unwrap();
+        assert!(
+            matches!(results[1], Err(Error::Invalid { .. })),
+            "{results:?}"
+        );
+        assert!(
+            matches!(results[2], Err(Error::NotFound { .. })),
+            "{results:?}"
+        );
+        results[3].as_ref().unwrap();
+        results[4].as_ref().unwrap();
+        assert_eq!(subjects(&db), ["a", "c", "d"]);
+        let after = db.writer_stats();
+        assert_eq!(
+            after.commits - before.commits,
+            2,
+            "the holder's, then one for all"
+        );
+        assert_eq!(after.writes - before.writes, 4, "the holder, a, c and d");
+        assert_eq!(after.aborts, before.aborts);
+    }
+
+    #[test]
+    fn a_single_append_that_fails_on_the_server_or_after_appending_fails_its_whole_batch() {
+        // Invariant 2: a single append has no savepoint to roll back to.
+        // If its statement fails on the server anyway (here a trigger of
+        // the application's refuses it), or its closure fails after it
+        // appended, the batch commits nothing, and every caller in it is
+        // told so; the writer goes on.
+        let schema = PgSchema::new();
+        let db = open(&schema);
+        db.write(|tx| {
+            tx.core().execute_untyped(
+                "CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'no bad subjects'; END $$",
+                &[],
+            )?;
+            tx.core().execute_untyped(
+                "CREATE TRIGGER refuse_bad BEFORE INSERT ON reflexr_events FOR EACH ROW \
+                 WHEN (NEW.subject = 'bad') EXECUTE FUNCTION refuse_bad()",
+                &[],
+            )
+        })
+        .unwrap();
+        for failing in [
+            Box::new(|db: &PgDb| append(db, "bad")) as Caller,
+            Box::new(|db: &PgDb| {
+                let ev = NewEvent::new("Opened", "late", "tester", NOW).payload_json("{}");
+                db.write_single(move |tx| {
+                    tx.append("ws", &ev)?;
+                    Err(Error::invalid("late", "refused after its append"))
+                })
+            }),
+        ] {
+            let before = db.writer_stats();
+            let results = batch_of(
+                &db,
+                vec![
+                    Box::new(|db| append(db, "a")),
+                    failing,
+                    Box::new(|db| {
+                        db.write(|tx| {
+                            let ev = NewEvent::new("Opened", "c", "tester", NOW).payload_json("{}");
+                            tx.append("ws", &ev).map(|_| ())
+                        })
+                    }),
+                ],
+            );
+            assert!(
+                matches!(results[0], Err(Error::TransactionAborted { .. })),
+                "{results:?}"
+            );
+            assert!(results[1].is_err(), "{results:?}");
+            assert!(
+                matches!(results[2], Err(Error::TransactionAborted { .. })),
+                "{results:?}"
+            );
+            assert!(subjects(&db).is_empty(), "{:?}", subjects(&db));
+            assert_eq!(db.writer_stats().aborts - before.aborts, 1);
+        }
+        append(&db, "d").unwrap();
+        assert_eq!(subjects(&db), ["d"]);
     }
 }

@@ -54,13 +54,13 @@ fn pg_url() -> String {
 /// A fresh, empty schema of its own on the test server: tests run side by
 /// side without seeing each other's rows. Dropped with the database.
 #[cfg(feature = "postgres")]
-struct PgSchema {
+pub(crate) struct PgSchema {
     name: String,
 }
 
 #[cfg(feature = "postgres")]
 impl PgSchema {
-    fn new() -> PgSchema {
+    pub(crate) fn new() -> PgSchema {
         let name = format!("t_{}", uuid::Uuid::now_v7().simple());
         let mut admin = Client::connect(&pg_url(), NoTls).expect("the test server answers");
         admin
@@ -69,12 +69,12 @@ impl PgSchema {
         PgSchema { name }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("{} options='-c search_path={}'", pg_url(), self.name)
     }
 
     /// A client whose tables live in this schema, with reflexr's applied.
-    fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         let mut client = Client::connect(&self.url(), NoTls).expect("the test server answers");
         pg::schema::apply(&mut client, &self.name).expect("the schema applies");
         client
