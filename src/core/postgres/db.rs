@@ -107,7 +107,7 @@ impl PgDb {
         let mut first = config.connect(NoTls)?;
         pg::schema::apply(&mut first, &what)?;
 
-        let manager = r2d2_postgres::PostgresConnectionManager::new(config.clone(), NoTls);
+        let manager = pg::Manager::new(config.clone());
         // Not tested on checkout (a round trip per operation): a broken
         // connection shows when its BEGIN fails, and `begin` takes another.
         let pool = r2d2::Pool::builder()

@@ -13,7 +13,8 @@ use crate::core::db::Tx;
 /// `ROLLBACK` (but `ROLLBACK TO SAVEPOINT`), `ABORT`, `PREPARE TRANSACTION`,
 /// `SET TRANSACTION`, the engine's `reflexr_*` savepoints — and `SET`
 /// without `LOCAL` (a session setting would outlive the write on a pooled
-/// connection) are refused with [`crate::Error::StatementRefused`]
+/// connection), `DEALLOCATE` and `DISCARD` (the connection keeps the
+/// engine's prepared statements) are refused with [`crate::Error::StatementRefused`]
 /// before they are sent. Savepoints of your own and `SET LOCAL` are fine.
 /// A statement that fails aborts the whole transaction on PostgreSQL
 /// (unlike SQLite): return the error, and the write is rolled back; a

@@ -81,12 +81,12 @@ impl PgSchema {
     }
 
     /// A pool of `n` connections on this schema, with reflexr's applied.
-    fn pool(&self, n: u32) -> pg::Pool {
+    pub(crate) fn pool(&self, n: u32) -> pg::Pool {
         drop(self.client());
         let config: postgres::Config = self.url().parse().unwrap();
         r2d2::Pool::builder()
             .max_size(n)
-            .build(r2d2_postgres::PostgresConnectionManager::new(config, NoTls))
+            .build(pg::Manager::new(config))
             .expect("a pool")
     }
 

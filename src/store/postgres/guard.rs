@@ -27,6 +27,8 @@ pub(crate) fn refuse_transaction_control(sql: &str) -> Result<()> {
                 !(w(1) == "TO" || (w(1) == "WORK" || w(1) == "TRANSACTION") && w(2) == "TO")
             }
             "PREPARE" => w(1) == "TRANSACTION",
+            // The engine's statements, prepared on the connection.
+            "DEALLOCATE" | "DISCARD" => true,
             _ => false,
         };
     if refused {
@@ -34,7 +36,8 @@ pub(crate) fn refuse_transaction_control(sql: &str) -> Result<()> {
             detail: "a write closure may not end or replace the engine's transaction \
                      (BEGIN, START TRANSACTION, COMMIT, END, ROLLBACK, ABORT, PREPARE \
                      TRANSACTION, SET TRANSACTION, the engine's reflexr_* savepoints), nor \
-                     change the pooled connection's session (SET without LOCAL); savepoints \
+                     change the pooled connection's session (SET without LOCAL, DEALLOCATE, \
+                     DISCARD: the engine's statements are prepared on it); savepoints \
                      of your own and SET LOCAL are fine"
                 .into(),
         });
@@ -120,6 +123,9 @@ mod tests {
             "SET search_path TO app",
             "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
             "set transaction isolation level serializable",
+            "DEALLOCATE ALL",
+            "deallocate prepare s1",
+            "DISCARD PLANS",
         ] {
             assert!(judge(sql).is_err(), "{sql:?} passed");
         }
