@@ -11,10 +11,11 @@
 //!   safe to append again).
 //! - **Writes.** Concurrent writers of this process share transactions,
 //!   each in a savepoint of its own but single appends (group commit by
-//!   flat combining, as on SQLite; see [`PgDb::write_single`]): appends take their seqs one transaction at a time across
-//!   every process (see `store::postgres`), so a commit that carries many
-//!   callers' appends turns the head's lock once for all of them. Other
-//!   processes write beside this one. An executor's round (settle a batch,
+//!   flat combining, as on SQLite; see [`PgDb::write_single`]): appends
+//!   take their seqs one transaction at a time across every process (see
+//!   `store::postgres`), so a commit that carries many callers' appends
+//!   turns the head's lock once for all of them. Other processes write
+//!   beside this one. An executor's round (settle a batch,
 //!   claim the next) takes a transaction of its own instead
 //!   (`CoreDb::write_apart`): rounds run side by side on their own
 //!   connections, and the server merges their commits' flushes itself.
@@ -296,8 +297,7 @@ impl PgDb {
             if outcome.ok {
                 kept += 1;
                 nudge |= outcome.nudge;
-            } else if alone {
-            } else if single {
+            } else if single && !alone {
                 // Without a savepoint, a failure is the member's alone only
                 // if it left the transaction as it found it: not aborted by
                 // a failed statement, nothing appended.
@@ -310,7 +310,7 @@ impl PgDb {
                     });
                     break;
                 }
-            } else if let Err(e) = conn.rollback_to(SAVEPOINT, mark) {
+            } else if !alone && let Err(e) = conn.rollback_to(SAVEPOINT, mark) {
                 failed = Some(e);
                 break;
             }
