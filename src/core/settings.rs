@@ -44,6 +44,27 @@ pub struct Limits {
 }
 
 impl Settings {
+    /// For the core's own tests, on either backend: the defaults, a
+    /// 50 ms heartbeat and the holder `test`.
+    #[cfg(test)]
+    pub(crate) fn for_test() -> Settings {
+        Settings {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(20),
+            heartbeat: Duration::from_millis(50),
+            heartbeat_set: true,
+            lease_ttl: Duration::from_secs(30),
+            holder_id: "test".into(),
+            limits: Limits {
+                max_payload_bytes: 1 << 20,
+                max_chain_depth: 8,
+            },
+            upcasters: Default::default(),
+            mergers: Default::default(),
+            telemetry: Default::default(),
+        }
+    }
+
     /// A lease's (or a claim's) time to live, in ms.
     pub(crate) fn lease_ttl_ms(&self) -> i64 {
         i64::try_from(self.lease_ttl.as_millis()).unwrap_or(i64::MAX)

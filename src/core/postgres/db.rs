@@ -184,9 +184,7 @@ impl PgDb {
         T: Send,
         E: From<Error> + Send,
     {
-        let _inside = Inside::enter(self.id);
-        self.combiner
-            .call(f, false, &spoilt, &mut |batch| self.run_batch(batch))
+        self.shared(false, f)
     }
 
     /// [`PgDb::write`] for a single append (`Engine::append`): it shares
@@ -206,9 +204,20 @@ impl PgDb {
         T: Send,
         E: From<Error> + Send,
     {
+        self.shared(true, f)
+    }
+
+    /// `f` as a member of the next shared batch; `single` as
+    /// [`PgDb::write_single`] says.
+    fn shared<T, E, F>(&self, single: bool, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
         let _inside = Inside::enter(self.id);
         self.combiner
-            .call(f, true, &spoilt, &mut |batch| self.run_batch(batch))
+            .call(f, single, &spoilt, &mut |batch| self.run_batch(batch))
     }
 
     /// Runs `f` in a transaction of its own on a pooled connection, beside
@@ -486,14 +495,13 @@ impl CoreDb<Postgres> for PgDb {
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Barrier};
-    use std::time::Duration;
 
     use super::PgDb;
     use crate::base::clock::ManualClock;
     use crate::base::error::{Error, Result};
     use crate::base::event::NewEvent;
     use crate::core::db::CoreDb;
-    use crate::core::settings::{Limits, Settings};
+    use crate::core::settings::Settings;
     use crate::core::workspace;
     use crate::store::conformance::PgSchema;
 
@@ -501,25 +509,10 @@ mod tests {
 
     fn open(schema: &PgSchema) -> Arc<PgDb> {
         drop(schema.client());
-        let settings = Settings {
-            synchronous: Default::default(),
-            busy_timeout: Duration::from_secs(20),
-            heartbeat: Duration::from_millis(50),
-            heartbeat_set: true,
-            lease_ttl: Duration::from_secs(30),
-            holder_id: "test".into(),
-            limits: Limits {
-                max_payload_bytes: 1 << 20,
-                max_chain_depth: 8,
-            },
-            upcasters: Default::default(),
-            mergers: Default::default(),
-            telemetry: Default::default(),
-        };
         let db = PgDb::open(
             &schema.url(),
             8,
-            settings,
+            Settings::for_test(),
             Arc::new(ManualClock::new(NOW)),
             false,
         )

@@ -217,21 +217,7 @@ impl Db {
     /// the system clock.
     #[cfg(test)]
     pub(crate) fn open_for_test(path: &Path) -> Db {
-        let settings = Settings {
-            synchronous: conn::Synchronous::Full,
-            busy_timeout: Duration::from_secs(20),
-            heartbeat: Duration::from_millis(50),
-            heartbeat_set: true,
-            lease_ttl: Duration::from_secs(30),
-            holder_id: "test".into(),
-            limits: crate::core::settings::Limits {
-                max_payload_bytes: 1 << 20,
-                max_chain_depth: 8,
-            },
-            upcasters: Default::default(),
-            mergers: Default::default(),
-            telemetry: Default::default(),
-        };
+        let settings = Settings::for_test();
         let open = Open {
             path: path.to_path_buf(),
             create: true,

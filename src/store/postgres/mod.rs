@@ -417,6 +417,10 @@ mod tests {
 
     #[test]
     fn an_engine_statement_is_prepared_once_per_connection_and_outlives_its_transaction() {
+        // No invariant of its own: the statements kept per connection are
+        // a cost, and what they must not change (every invariant on
+        // PostgreSQL) the conformance suite and the `it` suite check. This
+        // checks the keeping: one prepare, kept across a rollback.
         let schema = PgSchema::new();
         let pool = schema.pool(1);
         let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();

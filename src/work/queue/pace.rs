@@ -195,6 +195,9 @@ mod tests {
 
     #[test]
     fn a_limited_action_is_not_claimed_beside_its_runs_carried_ahead() {
+        // Control of the work: a limit of N is N handlers running, so an
+        // executor holding a carried run of a limited action claims no
+        // other run of it.
         let pace = Pace::default();
         let names = ["limited".to_string(), "open".to_string()];
         let limited = |a: &str| a == "limited";
