@@ -124,7 +124,13 @@ impl Scope {
                     Some(serde_json::Value::String(s)) => Ok(s.clone()),
                     // As the value prints (`Number`'s own formatting, not
                     // the serializer's: the same text, for less).
-                    Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+                    // An integer through the integers' own `to_string`
+                    // (the same digits, without the formatter).
+                    Some(serde_json::Value::Number(n)) => Ok(match (n.as_u64(), n.as_i64()) {
+                        (Some(u), _) => u.to_string(),
+                        (None, Some(i)) => i.to_string(),
+                        (None, None) => n.to_string(),
+                    }),
                     Some(serde_json::Value::Bool(b)) => Ok(b.to_string()),
                     Some(other) => Err(format!("payload field {field} is {other}, not a scope")),
                     None => Err(format!("payload has no field {field}")),
@@ -603,10 +609,40 @@ mod tests {
             "100.0",
         ] {
             let v: serde_json::Value = serde_json::from_str(text).unwrap();
-            let serde_json::Value::Number(n) = &v else {
-                unreachable!()
+            let event = crate::Event {
+                seq: 1,
+                id: "e".into(),
+                workspace: "w".into(),
+                event_type: "t".into(),
+                subject: "s".into(),
+                version: 1,
+                actor: "a".into(),
+                occurred_at: 0,
+                recorded_at: 0,
+                causation_id: None,
+                correlation_id: None,
+                depth: 0,
+                traceparent: None,
+                payload: format!(r#"{{"k": {text}}}"#),
+                parsed: Default::default(),
             };
-            assert_eq!(n.to_string(), v.to_string(), "{text}");
+            // The field read alone, and read from the parsed payload.
+            assert_eq!(
+                super::Scope::payload("k").of(&event),
+                Ok(v.to_string()),
+                "{text}"
+            );
+            event.json().unwrap();
+            assert_eq!(
+                super::Scope::payload("k").of(&event),
+                Ok(v.to_string()),
+                "{text}"
+            );
+            assert_eq!(
+                super::Scope::payload("/k").of(&event),
+                Ok(v.to_string()),
+                "{text}"
+            );
         }
     }
 }
