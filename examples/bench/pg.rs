@@ -88,6 +88,7 @@ pub const ALL: &[(&str, Stage)] = &[
     ("pg_enqueue_single", enqueue_single),
     ("pg_read_pages", read_pages),
     ("pg_runs_4processes", runs_4processes),
+    ("pg_runs_4processes_vs_1", runs_4processes_vs_1),
 ];
 
 /// One event per transaction, one caller: two round trips and a commit.
@@ -293,6 +294,23 @@ fn read_pages(url: &str, ctx: &Ctx) -> Vec<Figure> {
 fn runs_4processes(url: &str, ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.n(5_000, 20_000);
     let baseline = raw_claim_complete(url, n, 4);
+    let value = drain(url, n, 4);
+    vec![Figure::new("pg_runs_4processes", value, "runs/s", baseline)]
+}
+
+/// The same runs drained by four processes against one (both of four
+/// executors), measured in the stage one after the other: more workers on
+/// the queue should drain it at least as fast (a ratio of 1 or more).
+fn runs_4processes_vs_1(url: &str, ctx: &Ctx) -> Vec<Figure> {
+    let n = ctx.n(5_000, 20_000);
+    let one = drain(url, n, 1);
+    let four = drain(url, n, 4);
+    vec![Figure::new("pg_runs_4processes_vs_1", four, "runs/s", one)]
+}
+
+/// Runs per second: `n` no-op runs enqueued before the clock starts, then
+/// drained by `processes` child processes of four executors each.
+fn drain(url: &str, n: usize, processes: usize) -> f64 {
     let s = Schema::new(url);
     let engine = s.engine();
     for chunk in 0..n / 1_000 {
@@ -305,7 +323,7 @@ fn runs_4processes(url: &str, ctx: &Ctx) -> Vec<Figure> {
             })
             .unwrap();
     }
-    let mut children: Vec<Child> = (0..4)
+    let mut children: Vec<Child> = (0..processes)
         .map(|_| {
             Command::new(std::env::current_exe().unwrap())
                 .arg("--child-pg-runs")
@@ -359,7 +377,7 @@ fn runs_4processes(url: &str, ctx: &Ctx) -> Vec<Figure> {
         drop(c.stdin.take()); // end of input: shut down
         assert!(c.wait().unwrap().success());
     }
-    vec![Figure::new("pg_runs_4processes", value, "runs/s", baseline)]
+    value
 }
 
 /// A child of [`runs_4processes`]: four executors with a no-op handler,

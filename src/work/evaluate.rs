@@ -326,7 +326,9 @@ pub(crate) fn pass<B: Backend>(
 }
 
 /// A batch's scopes and their states, hashed by foldhash: a lookup per
-/// decision, where SipHash was a tenth of ten rules' decisions.
+/// decision, where SipHash was a tenth of ten rules' decisions. Its seed is
+/// random per process, and a map lives for one batch (a page of events at
+/// most), so scopes chosen to collide cost one batch, not the engine.
 type ScopeMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 type ScopeSet<'a> = std::collections::HashSet<&'a str, foldhash::fast::RandomState>;
 
