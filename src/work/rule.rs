@@ -122,10 +122,9 @@ impl Scope {
                 };
                 match found {
                     Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                    // As the value prints (`Number`'s own formatting, not
-                    // the serializer's: the same text, for less).
-                    // An integer through the integers' own `to_string`
-                    // (the same digits, without the formatter).
+                    // As the value prints: an integer by the integer's own
+                    // `to_string`, any other number by `Number`'s own
+                    // formatting (the same text, for less).
                     Some(serde_json::Value::Number(n)) => Ok(match (n.as_u64(), n.as_i64()) {
                         (Some(u), _) => u.to_string(),
                         (None, Some(i)) => i.to_string(),
