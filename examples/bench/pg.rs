@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reflexr::postgres::{Client, NoTls};
-use reflexr::{Engine, Enqueue, Postgres, Query, RunState};
+use reflexr::{Engine, Enqueue, NewEvent, Postgres, Query, RunState};
 
-use super::stages::event;
+use super::stages::{counting_rule, event, trivial_rule};
 use super::{Ctx, Figure, rate, raw};
 
 /// A schema of its own on the server, dropped with it.
@@ -87,6 +87,7 @@ pub const ALL: &[(&str, Stage)] = &[
     ("pg_append_batch1000", append_batch1000),
     ("pg_enqueue_single", enqueue_single),
     ("pg_read_pages", read_pages),
+    ("pg_evaluate_10rules", evaluate_10rules),
     ("pg_runs_4processes", runs_4processes),
     ("pg_runs_4processes_vs_1", runs_4processes_vs_1),
 ];
@@ -284,6 +285,67 @@ fn read_pages(url: &str, ctx: &Ctx) -> Vec<Figure> {
     }
     let value = rate(read, start.elapsed());
     vec![Figure::new("pg_read_pages", value, "events/s", baseline)]
+}
+
+/// Events decided per second by ten rules, half stateful and half trivial
+/// (as `evaluate_10rules` on SQLite: a firing for one event in ten), the
+/// engine not started (`Engine::run_until_idle`). Baseline: a raw paged
+/// scan of the same events, 1,000 a page, each payload decoded.
+fn evaluate_10rules(url: &str, ctx: &Ctx) -> Vec<Figure> {
+    let n = ctx.n(5_000, 20_000);
+    let s = Schema::new(url);
+    let engine = s.engine();
+    for chunk in 0..n / 1_000 {
+        engine
+            .write(|tx| {
+                for k in 0..1_000 {
+                    let i = chunk * 1_000 + k;
+                    let ev = NewEvent::new("tick", format!("tick/{i}"), "bench", 0)
+                        .payload(&serde_json::json!({ "session": i % 100, "n": i }));
+                    tx.append("bench", &ev)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    let mut c = Client::connect(&s.config(), NoTls).unwrap();
+    let start = Instant::now();
+    let (mut after, mut read) = (0i64, 0);
+    loop {
+        let rows = c
+            .query(
+                "SELECT seq, payload FROM reflexr_events \
+                 WHERE workspace = 'bench' AND seq > $1 ORDER BY seq LIMIT 1000",
+                &[&after],
+            )
+            .unwrap();
+        let Some(last) = rows.last() else { break };
+        after = last.get(0);
+        for r in &rows {
+            let v: serde_json::Value = serde_json::from_str(r.get(1)).unwrap();
+            std::hint::black_box(v);
+        }
+        read += rows.len();
+    }
+    let baseline = rate(read, start.elapsed());
+    for r in 0..10 {
+        let rule = if r % 2 == 0 {
+            counting_rule(&format!("r{r}"))
+        } else {
+            trivial_rule(&format!("r{r}"))
+        };
+        engine.register_rule(rule).unwrap();
+    }
+    let start = Instant::now();
+    let idle = engine.run_until_idle().unwrap();
+    let value = rate(n, start.elapsed());
+    assert_eq!(idle.decided, n * 10);
+    vec![Figure::new(
+        "pg_evaluate_10rules",
+        value,
+        "events/s",
+        baseline,
+    )]
 }
 
 /// No-op runs claimed, executed and completed per second by four processes

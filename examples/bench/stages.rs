@@ -191,7 +191,7 @@ fn evaluation_file(ctx: &Ctx, name: &str, n: usize) -> (Engine, f64) {
 }
 
 /// A stateful rule: counts per session, fires on every 100th (1 %).
-fn counting_rule(name: &str) -> Rule {
+pub(crate) fn counting_rule(name: &str) -> Rule {
     #[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
     struct Count {
         n: u64,
@@ -211,7 +211,7 @@ fn counting_rule(name: &str) -> Rule {
 }
 
 /// A trivial rule: looks at the payload, fires on 1 % of events.
-fn trivial_rule(name: &str) -> Rule {
+pub(crate) fn trivial_rule(name: &str) -> Rule {
     Rule::new(name, "bench")
         .on(["tick"])
         .scope(Scope::Global)

@@ -57,7 +57,11 @@ pub trait Rules {
     /// The stored states of `scopes` (those that have one).
     fn states(&self, rule: &str, scopes: &[&str]) -> Result<Vec<(String, String)>>;
     fn state(&self, rule: &str, scope: &str) -> Result<Option<String>>;
-    fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()>;
+    /// Writes the states of a batch's scopes: each `(scope, state, seq)`
+    /// inserted or put in place of the stored one. The scopes are distinct
+    /// (a batch's map has each once). PostgreSQL takes them in one
+    /// statement, one round trip for the batch.
+    fn save_states(&self, rule: &str, states: &[(&str, &str, i64)], now: i64) -> Result<()>;
     /// Forgets every scope's state; how many there were.
     fn clear_states(&self, rule: &str) -> Result<usize>;
     /// Deletes the rule's row; false if there was none.

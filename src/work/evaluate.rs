@@ -646,9 +646,12 @@ fn commit<B: Backend>(
 ) -> std::result::Result<Committed, CommitError> {
     let rule = d.rule;
     let now = tx.now_ms();
-    for (scope, json, seq) in &d.changed {
-        Rules::save_state(tx.core(), &rule.name, scope, json, *seq, now)?;
-    }
+    let changed: Vec<(&str, &str, i64)> = d
+        .changed
+        .iter()
+        .map(|(scope, json, seq)| (scope.as_str(), json.as_str(), *seq))
+        .collect();
+    Rules::save_states(tx.core(), &rule.name, &changed, now)?;
     if rule.shadow_of.is_some() {
         // A version in shadow fires nothing: what it would have done is
         // counted on its row, for operators to compare.

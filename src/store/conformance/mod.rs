@@ -11,6 +11,7 @@
 mod cursors;
 mod events;
 mod leases;
+mod rules;
 mod runs;
 #[cfg(feature = "postgres")]
 mod schema;
@@ -37,11 +38,11 @@ use crate::core::workspace;
 #[cfg(feature = "postgres")]
 use crate::store::postgres::{self as pg, PgConn};
 use crate::store::runs::{Inserted, NewRun, Requeued, Uniq};
-use crate::store::{Cursors, Events, Lanes, Leases, Runs, Workspaces};
+use crate::store::{Cursors, Events, Lanes, Leases, Rules, Runs, Workspaces};
 
 /// Every table group the tests use.
-trait Core: Events + Workspaces + Cursors + Leases + Runs + Lanes {}
-impl<T: Events + Workspaces + Cursors + Leases + Runs + Lanes + ?Sized> Core for T {}
+trait Core: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules {}
+impl<T: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules + ?Sized> Core for T {}
 
 #[cfg(feature = "postgres")]
 fn pg_url() -> String {

@@ -92,17 +92,25 @@ impl Rules for PgConn {
         .transpose()
     }
 
-    fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()> {
+    fn save_states(&self, rule: &str, states: &[(&str, &str, i64)], now: i64) -> Result<()> {
+        if states.is_empty() {
+            return Ok(());
+        }
+        // One round trip for the batch: the columns travel as arrays.
+        let scopes: Vec<&str> = states.iter().map(|s| s.0).collect();
+        let values: Vec<&str> = states.iter().map(|s| s.1).collect();
+        let seqs: Vec<i64> = states.iter().map(|s| s.2).collect();
         self.query(
             "INSERT INTO reflexr_rule_state (rule, scope, state, updated_seq, updated_at) \
-             VALUES ($1, $2, $3, $4, $5) \
+             SELECT $1, t.scope, t.state, t.seq, $5 \
+             FROM unnest($2::text[], $3::text[], $4::int8[]) AS t (scope, state, seq) \
              ON CONFLICT (rule, scope) DO UPDATE SET state = excluded.state, \
                updated_seq = excluded.updated_seq, updated_at = excluded.updated_at",
             &[
                 (&rule, Type::TEXT),
-                (&scope, Type::TEXT),
-                (&state, Type::TEXT),
-                (&seq, Type::INT8),
+                (&scopes, Type::TEXT_ARRAY),
+                (&values, Type::TEXT_ARRAY),
+                (&seqs, Type::INT8_ARRAY),
                 (&now, Type::INT8),
             ],
         )?;

@@ -143,15 +143,19 @@ impl Rules for Connection {
             .optional()?)
     }
 
-    fn save_state(&self, rule: &str, scope: &str, state: &str, seq: i64, now: i64) -> Result<()> {
-        let conn = self;
-        conn.prepare_cached(
+    fn save_states(&self, rule: &str, states: &[(&str, &str, i64)], now: i64) -> Result<()> {
+        // A statement a scope: one statement taking the batch as a JSON
+        // array cost SQLite more instructions than the calls it saved
+        // (there is no round trip to save here).
+        let mut stmt = self.prepare_cached(
             "INSERT INTO reflexr_rule_state (rule, scope, state, updated_seq, updated_at) \
              VALUES (?1, ?2, ?3, ?4, ?5) \
              ON CONFLICT (rule, scope) DO UPDATE SET state = excluded.state, \
                updated_seq = excluded.updated_seq, updated_at = excluded.updated_at",
-        )?
-        .execute(params![rule, scope, state, seq, now])?;
+        )?;
+        for (scope, state, seq) in states {
+            stmt.execute(params![rule, scope, state, seq, now])?;
+        }
         Ok(())
     }
 
