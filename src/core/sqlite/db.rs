@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use r2d2::Pool;
@@ -42,7 +42,10 @@ pub struct Open {
 pub struct Db {
     path: PathBuf,
     env: Env,
-    pool: Pool<SqliteConnectionManager>,
+    pool: Pool<Readers>,
+    /// Declared after the pool, so dropped after it: waits for the read
+    /// connections a job of the pool's own thread may still hold.
+    _readers_closed: ReadersClosed,
     writer: Writer,
     notifier: Arc<Notifier>,
     /// The WAL watch (feature `watch`), ended with the file.
@@ -52,6 +55,93 @@ pub struct Db {
     /// Threads waiting for runs to end ([`Db::run_waiter`]): settlements
     /// nudge only while there are some.
     run_waiters: std::sync::atomic::AtomicUsize,
+}
+
+/// The pool's read connections, each counted while it is open.
+///
+/// r2d2 opens connections on a thread of its own, and a job of that thread
+/// holds the pool while it connects: a file dropped meanwhile kept that
+/// connection — and SQLite's checkpoint at the last close — past its drop,
+/// so a caller that read or copied the file right after saw it change.
+/// [`Live`] makes the drop wait for them.
+struct Readers {
+    inner: SqliteConnectionManager,
+    live: Live,
+}
+
+/// A pooled read connection: a SQLite connection, counted in [`Live`]
+/// until it has closed (the fields drop in order: the connection, then
+/// its count).
+pub(crate) struct Reader {
+    conn: Connection,
+    _counted: Counted,
+}
+
+impl std::ops::Deref for Reader {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+/// One open connection's place in [`Live`].
+struct Counted(Live);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let (open, closed) = &*self.0.0;
+        let mut n = open.lock().unwrap_or_else(PoisonError::into_inner);
+        *n = n.saturating_sub(1);
+        closed.notify_all();
+    }
+}
+
+impl r2d2::ManageConnection for Readers {
+    type Connection = Reader;
+    type Error = rusqlite::Error;
+
+    fn connect(&self) -> std::result::Result<Reader, rusqlite::Error> {
+        let conn = self.inner.connect()?;
+        *self.live.0.0.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        Ok(Reader {
+            conn,
+            _counted: Counted(self.live.clone()),
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Reader) -> std::result::Result<(), rusqlite::Error> {
+        self.inner.is_valid(&mut conn.conn)
+    }
+
+    fn has_broken(&self, conn: &mut Reader) -> bool {
+        self.inner.has_broken(&mut conn.conn)
+    }
+}
+
+/// How many of a pool's read connections are open.
+#[derive(Clone, Default)]
+struct Live(Arc<(Mutex<usize>, Condvar)>);
+
+/// Set while a file's drop waits for its read connections (tests watch it).
+#[cfg(test)]
+static READERS_AWAITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The file's own hold on [`Live`]: dropped after the pool, it waits (up to
+/// ten seconds) until every read connection has closed.
+struct ReadersClosed(Live);
+
+impl Drop for ReadersClosed {
+    fn drop(&mut self) {
+        let (open, closed) = &*self.0.0;
+        let n = open.lock().unwrap_or_else(PoisonError::into_inner);
+        #[cfg(test)]
+        if *n > 0 {
+            READERS_AWAITED.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        let _ = closed
+            .wait_timeout_while(n, Duration::from_secs(10), |n| *n > 0)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
 }
 
 /// The default heartbeat while the WAL watch runs.
@@ -94,6 +184,11 @@ impl Db {
                 conn::configure(conn, sync, Role::Reader)
                     .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
             });
+        let live = Live::default();
+        let manager = Readers {
+            inner: manager,
+            live: live.clone(),
+        };
         let pool = Pool::builder()
             .max_size(open.pool_size)
             .min_idle(Some(1))
@@ -116,6 +211,7 @@ impl Db {
                 channels: RwLock::new(BTreeMap::new()),
             },
             pool,
+            _readers_closed: ReadersClosed(live),
             writer,
             notifier,
             _watch: watch,
@@ -287,5 +383,44 @@ impl CoreDb<Sqlite> for Db {
     }
     fn has_run_waiters(&self) -> bool {
         Db::has_run_waiters(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    use super::*;
+
+    /// Invariant 1 (one file, and nothing of the engine left on it once
+    /// closed): a read connection the pool's own thread still holds — as a
+    /// job that connects does — keeps the file's drop waiting until it has
+    /// closed, so nothing touches the file after the drop returns.
+    #[test]
+    fn a_file_is_dropped_only_once_its_read_connections_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open_for_test(&dir.path().join("f.db"));
+        let held = db.pool.get().unwrap();
+        let returned = Arc::new(AtomicBool::new(false));
+        let dropping = {
+            let returned = Arc::clone(&returned);
+            std::thread::spawn(move || {
+                drop(db);
+                returned.store(true, Ordering::SeqCst);
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !READERS_AWAITED.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the drop never waited");
+            std::thread::yield_now();
+        }
+        assert!(
+            !returned.load(Ordering::SeqCst),
+            "returned with a reader open"
+        );
+        drop(held);
+        dropping.join().unwrap();
+        assert!(returned.load(Ordering::SeqCst));
     }
 }
