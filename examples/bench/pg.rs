@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use reflexr::postgres::{Client, NoTls};
 use reflexr::{Engine, Enqueue, NewEvent, Postgres, Query, RunState};
 
-use super::stages::{counting_rule, event, trivial_rule};
+use super::stages::{event, register_mixed_rules, session_tick};
 use super::{Ctx, Figure, rate, raw};
 
 /// A schema of its own on the server, dropped with it.
@@ -75,6 +75,21 @@ fn raw_insert(c: &mut impl reflexr::postgres::GenericClient, i: usize) {
         &[&id, &raw::payload(i)],
     )
     .unwrap();
+}
+
+/// Appends `make(0)` to `make(n - 1)` before a stage's clock starts, 1,000
+/// a transaction.
+fn append_all(engine: &Engine<Postgres>, n: usize, make: fn(usize) -> NewEvent) {
+    for chunk in 0..n / 1_000 {
+        engine
+            .write(|tx| {
+                for k in 0..1_000 {
+                    tx.append("bench", &make(chunk * 1_000 + k))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
 }
 
 /// A stage on the server `url` names.
@@ -237,16 +252,7 @@ fn read_pages(url: &str, ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.n(20_000, 100_000);
     let s = Schema::new(url);
     let engine = s.engine();
-    for chunk in 0..n / 1_000 {
-        engine
-            .write(|tx| {
-                for k in 0..1_000 {
-                    tx.append("bench", &event(chunk * 1_000 + k))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
+    append_all(&engine, n, event);
     let mut c = Client::connect(&s.config(), NoTls).unwrap();
     // One pass first, not timed: the first read of new rows sets their
     // hint bits (it writes the pages), which neither timed pass should pay.
@@ -295,19 +301,7 @@ fn evaluate_10rules(url: &str, ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.n(5_000, 20_000);
     let s = Schema::new(url);
     let engine = s.engine();
-    for chunk in 0..n / 1_000 {
-        engine
-            .write(|tx| {
-                for k in 0..1_000 {
-                    let i = chunk * 1_000 + k;
-                    let ev = NewEvent::new("tick", format!("tick/{i}"), "bench", 0)
-                        .payload(&serde_json::json!({ "session": i % 100, "n": i }));
-                    tx.append("bench", &ev)?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
+    append_all(&engine, n, session_tick);
     let mut c = Client::connect(&s.config(), NoTls).unwrap();
     let start = Instant::now();
     let (mut after, mut read) = (0i64, 0);
@@ -328,14 +322,7 @@ fn evaluate_10rules(url: &str, ctx: &Ctx) -> Vec<Figure> {
         read += rows.len();
     }
     let baseline = rate(read, start.elapsed());
-    for r in 0..10 {
-        let rule = if r % 2 == 0 {
-            counting_rule(&format!("r{r}"))
-        } else {
-            trivial_rule(&format!("r{r}"))
-        };
-        engine.register_rule(rule).unwrap();
-    }
+    register_mixed_rules(&engine, 10);
     let start = Instant::now();
     let idle = engine.run_until_idle().unwrap();
     let value = rate(n, start.elapsed());

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use reflexr::{Decision, Engine, NewEvent, Rule, RunOrder, Scope, Start};
+use reflexr::{Backend, Decision, Engine, NewEvent, Rule, RunOrder, Scope, Start};
 
 use super::{Ctx, Figure, rate, raw};
 
@@ -168,6 +168,24 @@ fn append_batch1000(ctx: &Ctx) -> Vec<Figure> {
     vec![Figure::new("append_batch1000", value, "events/s", baseline)]
 }
 
+/// The `i`th event of the evaluation stages: one of 100 sessions in turn.
+pub(crate) fn session_tick(i: usize) -> NewEvent {
+    NewEvent::new("tick", format!("tick/{i}"), "bench", 0)
+        .payload(&serde_json::json!({ "session": i % 100, "n": i }))
+}
+
+/// Registers `rules` rules, stateful (`counting_rule`) and trivial in turn.
+pub(crate) fn register_mixed_rules<B: Backend>(engine: &Engine<B>, rules: usize) {
+    for r in 0..rules {
+        let rule = if r % 2 == 0 {
+            counting_rule(&format!("r{r}"))
+        } else {
+            trivial_rule(&format!("r{r}"))
+        };
+        engine.register_rule(rule).unwrap();
+    }
+}
+
 /// An engine holding `n` events spread over 100 sessions, and the raw
 /// baseline's scan of the same file.
 fn evaluation_file(ctx: &Ctx, name: &str, n: usize) -> (Engine, f64) {
@@ -176,10 +194,7 @@ fn evaluation_file(ctx: &Ctx, name: &str, n: usize) -> (Engine, f64) {
         engine
             .write(|tx| {
                 for k in 0..1_000.min(n - chunk * 1_000) {
-                    let i = chunk * 1_000 + k;
-                    let ev = NewEvent::new("tick", format!("tick/{i}"), "bench", 0)
-                        .payload(&serde_json::json!({ "session": i % 100, "n": i }));
-                    tx.append("bench", &ev)?;
+                    tx.append("bench", &session_tick(chunk * 1_000 + k))?;
                 }
                 Ok(())
             })
@@ -191,7 +206,7 @@ fn evaluation_file(ctx: &Ctx, name: &str, n: usize) -> (Engine, f64) {
 }
 
 /// A stateful rule: counts per session, fires on every 100th (1 %).
-pub(crate) fn counting_rule(name: &str) -> Rule {
+fn counting_rule(name: &str) -> Rule {
     #[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
     struct Count {
         n: u64,
@@ -211,7 +226,7 @@ pub(crate) fn counting_rule(name: &str) -> Rule {
 }
 
 /// A trivial rule: looks at the payload, fires on 1 % of events.
-pub(crate) fn trivial_rule(name: &str) -> Rule {
+fn trivial_rule(name: &str) -> Rule {
     Rule::new(name, "bench")
         .on(["tick"])
         .scope(Scope::Global)
@@ -231,14 +246,7 @@ pub(crate) fn trivial_rule(name: &str) -> Rule {
 fn evaluate(ctx: &Ctx, name: &str, rules: usize) -> Figure {
     let n = ctx.n(20_000, 100_000);
     let (engine, baseline) = evaluation_file(ctx, name, n);
-    for r in 0..rules {
-        let rule = if r % 2 == 0 {
-            counting_rule(&format!("r{r}"))
-        } else {
-            trivial_rule(&format!("r{r}"))
-        };
-        engine.register_rule(rule).unwrap();
-    }
+    register_mixed_rules(&engine, rules);
     let start = Instant::now();
     let idle = engine.run_until_idle().unwrap();
     let value = rate(n, start.elapsed());

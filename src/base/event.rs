@@ -650,29 +650,35 @@ impl Query {
     }
 }
 
+/// For the crate's tests: an event of seq 1 with `payload` (not checked).
+#[cfg(test)]
+pub(crate) fn event_for_test(payload: &str) -> Event {
+    Event {
+        seq: 1,
+        id: "e".into(),
+        workspace: "w".into(),
+        event_type: "t".into(),
+        subject: "s".into(),
+        version: 1,
+        actor: "a".into(),
+        occurred_at: 0,
+        recorded_at: 0,
+        causation_id: None,
+        correlation_id: None,
+        depth: 0,
+        traceparent: None,
+        payload: payload.into(),
+        parsed: Parsed::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     fn event(payload: &str) -> Event {
-        Event {
-            seq: 1,
-            id: "e".into(),
-            workspace: "w".into(),
-            event_type: "t".into(),
-            subject: "s".into(),
-            version: 1,
-            actor: "a".into(),
-            occurred_at: 0,
-            recorded_at: 0,
-            causation_id: None,
-            correlation_id: None,
-            depth: 0,
-            traceparent: None,
-            payload: payload.into(),
-            parsed: Parsed::default(),
-        }
+        event_for_test(payload)
     }
 
     /// What `field` must say: what the full parse says.

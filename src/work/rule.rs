@@ -608,23 +608,7 @@ mod tests {
             "100.0",
         ] {
             let v: serde_json::Value = serde_json::from_str(text).unwrap();
-            let event = crate::Event {
-                seq: 1,
-                id: "e".into(),
-                workspace: "w".into(),
-                event_type: "t".into(),
-                subject: "s".into(),
-                version: 1,
-                actor: "a".into(),
-                occurred_at: 0,
-                recorded_at: 0,
-                causation_id: None,
-                correlation_id: None,
-                depth: 0,
-                traceparent: None,
-                payload: format!(r#"{{"k": {text}}}"#),
-                parsed: Default::default(),
-            };
+            let event = crate::base::event::event_for_test(&format!(r#"{{"k": {text}}}"#));
             // The field read alone, and read from the parsed payload.
             assert_eq!(
                 super::Scope::payload("k").of(&event),

@@ -72,7 +72,7 @@ struct Readers {
 /// A pooled read connection: a SQLite connection, counted in [`Live`]
 /// until it has closed (the fields drop in order: the connection, then
 /// its count).
-pub(crate) struct Reader {
+struct Reader {
     conn: Connection,
     _counted: Counted,
 }
@@ -393,10 +393,11 @@ mod tests {
 
     use super::*;
 
-    /// Invariant 1 (one file, and nothing of the engine left on it once
-    /// closed): a read connection the pool's own thread still holds — as a
-    /// job that connects does — keeps the file's drop waiting until it has
-    /// closed, so nothing touches the file after the drop returns.
+    /// Invariant 10 (nothing committed is changed behind the caller's
+    /// back) once a file is closed: a read connection the pool's own thread
+    /// still holds — as a job that connects does — keeps the file's drop
+    /// waiting until it has closed, so no checkpoint at its close touches
+    /// the file after the drop returns.
     #[test]
     fn a_file_is_dropped_only_once_its_read_connections_closed() {
         let dir = tempfile::tempdir().unwrap();
