@@ -48,16 +48,34 @@ fn key_row(r: &Row<'_>) -> rusqlite::Result<KeyRow> {
 pub(crate) fn limited(conn: &Connection, actions: &str) -> Result<Vec<ActionRow>> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {ACTION_COLUMNS} FROM reflexr_actions a \
-         WHERE action IN (SELECT value FROM json_each(?1)) \
-           AND (max_running IS NOT NULL OR rate_count IS NOT NULL OR fair = 1 \
-                OR (partition_by IS NOT NULL \
-                    AND EXISTS (SELECT 1 FROM reflexr_action_keys k WHERE k.action = a.action)))"
+         WHERE action IN (SELECT value FROM json_each(?1)) AND {LIMITED}"
     ))?;
     let rows = stmt
         .query_map([actions], action_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
 }
+
+/// [`limited`] of one action (an evaluator handing a fresh run asks it
+/// once per action and write): a seek, with no list for SQLite to build a
+/// temporary b-tree of.
+fn limited_one(conn: &Connection, action: &str) -> Result<Vec<ActionRow>> {
+    let mut stmt = conn.prepare_cached(&limited_one_sql())?;
+    let rows = stmt
+        .query_map([action], action_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// [`limited_one`]'s statement.
+pub(crate) fn limited_one_sql() -> String {
+    format!("SELECT {ACTION_COLUMNS} FROM reflexr_actions a WHERE action = ?1 AND {LIMITED}")
+}
+
+/// An action whose claims count or order what they take.
+const LIMITED: &str = "(max_running IS NOT NULL OR rate_count IS NOT NULL OR fair = 1 \
+       OR (partition_by IS NOT NULL \
+           AND EXISTS (SELECT 1 FROM reflexr_action_keys k WHERE k.action = a.action)))";
 
 /// Each key of an action with ready runs at a priority, with its oldest
 /// one (`?1` action, `?2` priority; those due at `?3`): a loose index scan
@@ -323,6 +341,9 @@ impl Control for Connection {
     }
 
     fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>> {
+        if let [action] = actions {
+            return limited_one(self, action);
+        }
         let names = serde_json::to_string(actions).expect("names encode");
         limited(self, &names)
     }
@@ -357,6 +378,10 @@ impl Control for Connection {
         expires_at: i64,
         ords: &[i64],
     ) -> Result<Vec<RunRow>> {
+        if let [ord] = ords {
+            let claimed = super::runs::claim_ord(self, holder, now, expires_at, *ord)?;
+            return Ok(claimed.into_iter().collect());
+        }
         let ords = serde_json::to_string(ords).expect("ords encode");
         super::runs::claim_ords(self, holder, now, expires_at, &ords)
     }

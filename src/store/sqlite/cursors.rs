@@ -11,6 +11,12 @@ use crate::store::cursors::*;
 /// Moves the cursor to `position` if that is not behind where it is. Returns
 /// `Err(current)` when it would have moved backwards (nothing is written).
 /// A move clears the failures recorded at the old position.
+///
+/// A cursor that exists moves by [`ADVANCE`], an update: an insert (the
+/// upsert below, for a cursor's first move) checks the row's `kind`
+/// against its list of four, which SQLite does with a temporary b-tree
+/// every time, and an upsert checks it even when it ends as an update —
+/// that check was half of what moving a rule's cursor cost.
 pub(crate) fn advance(
     conn: &Connection,
     workspace: &str,
@@ -19,6 +25,10 @@ pub(crate) fn advance(
     position: i64,
     now: i64,
 ) -> Result<std::result::Result<(), i64>> {
+    let args = params![workspace, kind, name, position, now];
+    if conn.prepare_cached(ADVANCE)?.execute(args)? == 1 {
+        return Ok(Ok(()));
+    }
     let n = conn
         .prepare_cached(
             "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at, high_water) \
@@ -33,13 +43,22 @@ pub(crate) fn advance(
                                   reflexr_cursors.last_error) \
              WHERE excluded.position >= reflexr_cursors.position",
         )?
-        .execute(params![workspace, kind, name, position, now])?;
+        .execute(args)?;
     if n == 1 {
         return Ok(Ok(()));
     }
     let current = Cursors::get(conn, workspace, kind, name)?.unwrap_or(0);
     Ok(Err(current))
 }
+
+/// [`advance`] of a cursor that exists: what the upsert's update does, as
+/// an update (`?1`–`?3` the cursor, `?4` the position, `?5` now).
+pub(crate) const ADVANCE: &str = "UPDATE reflexr_cursors \
+     SET position = ?4, updated_at = max(?5, updated_at + 1), \
+         high_water = max(high_water, ?4), \
+         failures = iif(?4 > position, 0, failures), \
+         last_error = iif(?4 > position, NULL, last_error) \
+     WHERE workspace = ?1 AND kind = ?2 AND name = ?3 AND ?4 >= position";
 
 /// Every cursor, with the number of its workspace's events after it.
 pub(crate) fn list(conn: &Connection) -> Result<Vec<Listed>> {

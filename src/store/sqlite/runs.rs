@@ -350,6 +350,31 @@ pub(crate) fn claim_ords(
     Ok(rows)
 }
 
+/// [`claim_ords`] of one run (a fresh run handed to an idle executor):
+/// the update by its position, then its row read back. No list to search
+/// and no `RETURNING`: each made SQLite build a temporary b-tree, and the
+/// two cost half of what claiming one run did.
+pub(crate) fn claim_ord(
+    conn: &Connection,
+    holder: &str,
+    now: i64,
+    expires_at: i64,
+    ord: i64,
+) -> Result<Option<RunRow>> {
+    let claimed = conn
+        .prepare_cached(&claim_ord_sql())?
+        .execute(params![holder, now, expires_at, ord])?;
+    if claimed == 0 {
+        return Ok(None);
+    }
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_runs WHERE ord = ?1"
+        ))?
+        .query_row([ord], from_row)
+        .optional()?)
+}
+
 /// The `SET` term for a run that ended and is made pending again (an
 /// operator's retry or reset): a run that ended before its action became
 /// keyed gets its key now, as the configure gave the unfinished ones, so a
@@ -364,13 +389,22 @@ pub(super) const KEY_AGAIN: &str = "flow_key = coalesce(flow_key, \
 /// of the queue and test each against the list).
 pub(super) fn claim_ords_sql() -> String {
     format!(
-        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
-           claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2, \
-           began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
+        "UPDATE reflexr_runs SET {CLAIM_SET} \
          WHERE ord IN (SELECT value FROM json_each(?4)) AND +state = 'ready' \
          RETURNING {COLUMNS}"
     )
 }
+
+/// [`claim_ord`]'s update.
+pub(crate) fn claim_ord_sql() -> String {
+    format!("UPDATE reflexr_runs SET {CLAIM_SET} WHERE ord = ?4 AND +state = 'ready'")
+}
+
+/// What a claim of picked runs sets (`?1` holder, `?2` now, `?3` the
+/// claim's expiry).
+const CLAIM_SET: &str = "state = 'running', attempt = attempt + 1, \
+       claimed_by = ?1, claim_expires_at = ?3, updated_at = ?2, started_at = ?2, \
+       began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0)";
 
 /// Plain successes settled in one statement, each row by its position (the
 /// `+` keeps SQLite on the rows' keys rather than every running run's entry

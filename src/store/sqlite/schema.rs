@@ -774,7 +774,8 @@ mod tests {
 
     /// The tables whose inserts are rare enough that a temporary b-tree
     /// per insert costs nothing worth a rebuild: a row per consumer (made
-    /// when it is registered), per dead letter, per pause.
+    /// at its first move; every later move is an update), per dead letter,
+    /// per pause.
     const WRITTEN_RARELY: &[&str] = &["reflexr_cursors", "reflexr_dead_letters", "reflexr_paused"];
 
     fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
@@ -834,6 +835,17 @@ mod tests {
                 &format!("UPDATE reflexr_runs SET {set} WHERE ord = ?9"),
             );
             assert!(!ops.iter().any(|o| o == "OpenEphemeral"), "{set}: {ops:?}");
+        }
+        // Nor do the statements that write them once per batch or firing:
+        // a cursor's move, a fresh run claimed for an idle executor, the
+        // look at whether its action is limited.
+        for sql in [
+            crate::store::sqlite::cursors::ADVANCE.to_string(),
+            crate::store::sqlite::runs::claim_ord_sql(),
+            crate::store::sqlite::control::limited_one_sql(),
+        ] {
+            let ops = opcodes(&conn, &sql);
+            assert!(!ops.iter().any(|o| o == "OpenEphemeral"), "{sql}: {ops:?}");
         }
         // The rare ones do build one: the list above says why they may.
         for table in WRITTEN_RARELY {
