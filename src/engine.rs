@@ -868,6 +868,8 @@ impl<B: Backend> Engine<B> {
             .registry_mut()
             .projections
             .insert(name.to_string(), Arc::new(projection));
+        // A follower waiting for it relays now.
+        self.db().nudge();
         Ok(())
     }
 
@@ -886,7 +888,11 @@ impl<B: Backend> Engine<B> {
         {
             return Err(Error::not_found("postgres target", pg));
         }
-        self.write(|tx| follow::register(tx, &follow))
+        let name = self.write(|tx| follow::register(tx, &follow))?;
+        // The follower thread, which waits for appends only while there
+        // are followers, relays now.
+        self.db().nudge();
+        Ok(name)
     }
 
     /// Registers a PostgreSQL database (feature `postgres`) as the target
@@ -1162,16 +1168,16 @@ mod handoff_tests {
         let (e, ran) = engine(&dir, RunOrder::Scope);
         let cx = &e.cx;
         let handoff = cx.handoff();
-        handoff.park();
+        handoff.park(0);
         job(&e, "a");
         runtime::evaluate_step(cx, "app", true).unwrap();
         assert_eq!(handoff.idle(), 0, "the parked executor's slot was taken");
-        let handed = handoff.take(10);
+        let handed = handoff.take(0, 10);
         assert_eq!(handed.len(), 1);
         let run = e.run(&handed[0].row.id).unwrap().unwrap();
         assert_eq!(run.state, RunState::Running);
         assert_eq!(run.attempt, 1);
-        let done = runtime::execute_step(cx, handed).unwrap();
+        let done = runtime::execute_step(cx, Some(0), handed).unwrap();
         assert_eq!((done.claimed, done.succeeded), (1, 1));
         assert_eq!(ran.load(Ordering::SeqCst), 1);
         assert_eq!(e.run(&run.id).unwrap().unwrap().state, RunState::Succeeded);
@@ -1188,25 +1194,25 @@ mod handoff_tests {
         // Nobody parked: the run is ready, for a claim.
         job(&e, "a");
         runtime::evaluate_step(cx, "app", true).unwrap();
-        assert!(handoff.take(10).is_empty());
+        assert!(handoff.take(0, 10).is_empty());
         // Behind the lane's head (still ready): waiting, and the slot
         // goes back.
-        handoff.park();
+        handoff.park(0);
         job(&e, "a");
         runtime::evaluate_step(cx, "app", true).unwrap();
-        assert!(handoff.take(10).is_empty());
+        assert!(handoff.take(0, 10).is_empty());
         assert_eq!(handoff.idle(), 1);
         assert_eq!(e.runs(Some(RunState::Waiting), 10).unwrap().len(), 1);
         // A drain's evaluation hands nothing, whoever is parked.
         job(&e, "b");
         runtime::evaluate_step(cx, "app", false).unwrap();
-        assert!(handoff.take(10).is_empty());
+        assert!(handoff.take(0, 10).is_empty());
         // A paused action's runs wait for the claim, which holds them back.
         let op = e.operator("ops", "test").unwrap();
         op.pause(&Pausable::Action("work".into())).unwrap();
         job(&e, "c");
         runtime::evaluate_step(cx, "app", true).unwrap();
-        assert!(handoff.take(10).is_empty());
+        assert!(handoff.take(0, 10).is_empty());
         assert_eq!(handoff.idle(), 1);
         assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 3);
     }
@@ -1218,13 +1224,13 @@ mod handoff_tests {
         let dir = tempfile::tempdir().unwrap();
         let (e, ran) = engine(&dir, RunOrder::None);
         let cx = &e.cx;
-        cx.handoff().park();
+        cx.handoff().park(0);
         job(&e, "a");
         runtime::evaluate_step(cx, "app", true).unwrap();
-        let handed = cx.handoff().take(10);
+        let handed = cx.handoff().take(0, 10);
         assert_eq!(handed.len(), 1);
         cx.stop.store(true, Ordering::SeqCst);
-        runtime::execute_step(cx, handed).unwrap();
+        runtime::execute_step(cx, Some(0), handed).unwrap();
         cx.stop.store(false, Ordering::SeqCst);
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         let run = &e.runs(Some(RunState::Ready), 10).unwrap()[0];

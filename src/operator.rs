@@ -189,7 +189,7 @@ impl<B: Backend> Operator<'_, B> {
         let (op, why) = self.who();
         self.engine.write(|tx| {
             operate::reset_run_to_step(tx.core(), tx.now_ms(), id, step, op, why)?;
-            tx.mark_nudge();
+            tx.mark_runs();
             Ok(())
         })
     }

@@ -38,6 +38,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use crate::base::error::Error;
 use crate::core::db::Backend;
 use crate::core::db::Tx;
+use crate::core::wake::Wake;
 use crate::store::Sqlite;
 
 /// Most requests one batch (one transaction) holds.
@@ -47,12 +48,12 @@ pub(crate) const MAX_BATCH: usize = 512;
 pub(crate) type Ended = Result<(), Arc<Error>>;
 
 /// What one piece of work reports to the leader: whether it succeeded (and
-/// so awaits the commit), and whether the commit should wake this process's
-/// waiting threads.
+/// so awaits the commit), and what it made that the commit should wake
+/// this process's waiting threads for.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Outcome {
     pub ok: bool,
-    pub nudge: bool,
+    pub nudge: Wake,
 }
 
 /// A caller's work, as the leader runs it.

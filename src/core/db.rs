@@ -23,7 +23,7 @@ use crate::core::changelog::{self, Origin};
 use crate::core::cursor::{self, ConsumerKind};
 use crate::core::lease::{self, Lease};
 use crate::core::settings::{Limits, Settings};
-use crate::core::wake::Subscription;
+use crate::core::wake::{Subscription, WaitsHint, Wake};
 use crate::core::writer::WriterStats;
 use crate::store::{Sqlite, Work};
 
@@ -146,15 +146,27 @@ pub trait CoreDb<B: Backend>: Send + Sync {
     {
         self.write_with(f)
     }
-    /// A subscription to commits (see [`Db::subscribe`]).
-    fn subscribe(&self) -> Subscription;
+    /// A subscription to every commit of this process that made
+    /// something (see [`Db::subscribe`]).
+    fn subscribe(&self) -> Subscription {
+        self.subscribe_to(Wake::ALL)
+    }
+    /// A subscription to the commits that made what `wake` names (and to
+    /// whatever cannot say what it made: the heartbeat's change, another
+    /// process's commit on SQLite).
+    fn subscribe_to(&self, wake: Wake) -> Subscription;
+    /// Whether workflows may wait for an event (see [`WaitsHint`]): the
+    /// executors' looks keep it, and an append wakes them while it says so.
+    fn waits_hint(&self) -> &WaitsHint;
     /// The writer's counters.
     fn writer_stats(&self) -> WriterStats;
     /// The channels this process may enqueue deliveries on, with the retry
     /// policy each delivery is stored with.
     fn channels(&self) -> &RwLock<BTreeMap<String, crate::base::retry::RetryPolicy>>;
-    /// Wakes every waiting thread of this process.
+    /// Wakes every waiting thread of this process, whatever it waits for.
     fn nudge(&self);
+    /// Wakes the threads of this process that wait for what `made` names.
+    fn nudge_for(&self, made: Wake);
     /// Counts a thread waiting for runs to end, while the guard lives. The
     /// waiter takes it (and subscribes) before it reads the run.
     fn run_waiter(&self) -> RunWaiter<'_>;
@@ -205,9 +217,9 @@ pub struct Tx<'a, B: Backend = Sqlite> {
     conn: &'a B::Conn,
     guard: &'a B::Guard,
     env: &'a Env,
-    /// Set when the transaction created something to react to (events,
-    /// runs): its commit wakes this process's waiting threads.
-    nudge: bool,
+    /// What the transaction made that others react to (events, runs): its
+    /// commit wakes this process's threads that wait for it.
+    nudge: Wake,
     /// An append's expectation or a condition failed in this write: it
     /// commits nothing even if the closure went on and returned Ok
     /// (invariant 13).
@@ -244,7 +256,7 @@ impl<'a, B: Backend> Tx<'a, B> {
             conn,
             guard,
             env,
-            nudge: false,
+            nudge: Wake::NONE,
             conflict: None,
         }
     }
@@ -270,7 +282,7 @@ impl<'a, B: Backend> Tx<'a, B> {
         self.conn
     }
 
-    pub(crate) fn wants_nudge(&self) -> bool {
+    pub(crate) fn wants_nudge(&self) -> Wake {
         self.nudge
     }
 
@@ -287,10 +299,12 @@ impl<'a, B: Backend> Tx<'a, B> {
         &self.env.settings
     }
 
-    /// Records that the engine created events or runs through this
-    /// transaction, so its commit nudges the waiting threads.
-    pub(crate) fn mark_nudge(&mut self) {
-        self.nudge = true;
+    /// Records that the engine made runs claimable through this
+    /// transaction (or changed runs that threads wait for), so its commit
+    /// wakes the executors and those threads. Appends note their events
+    /// themselves.
+    pub(crate) fn mark_runs(&mut self) {
+        self.nudge = self.nudge.with(Wake::RUNS);
     }
 
     /// The engine clock's current time, in ms since the epoch.
@@ -402,7 +416,9 @@ impl<'a, B: Backend> Tx<'a, B> {
                 origin,
                 None,
             )?;
-            self.nudge |= !appended.existing;
+            if !appended.existing {
+                self.nudge = self.nudge.with(Wake::EVENTS);
+            }
             return Ok(appended);
         }
         let mut span = telemetry.start(Op::Append {
@@ -432,7 +448,9 @@ impl<'a, B: Backend> Tx<'a, B> {
             Err(e) => span.fail(crate::base::telemetry::error_type(e), &e.to_string()),
         }
         let appended = appended?;
-        self.nudge |= !appended.existing;
+        if !appended.existing {
+            self.nudge = self.nudge.with(Wake::EVENTS);
+        }
         Ok(appended)
     }
 

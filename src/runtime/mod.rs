@@ -50,6 +50,7 @@ use crate::core::db::Backend;
 use crate::core::db::CoreDb;
 use crate::core::lease::{self, Lease};
 use crate::core::settings::Settings;
+use crate::core::wake::Wake;
 use crate::runtime::registry::Registry;
 use crate::store::Sqlite;
 use crate::work::evaluate::{self, Pass};
@@ -190,12 +191,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<B: Backend> Context<B> {
     pub(crate) fn new(db: B::Db, config: Config) -> Context<B> {
+        let handoff = Handoff::new(config.executors);
         Context {
             db,
             config,
             registry: RwLock::new(Registry::default()),
             claims: Claims::default(),
-            handoff: Handoff::default(),
+            handoff,
             pace: Pace::default(),
             leases: Mutex::new(HashMap::new()),
             threads: Mutex::new(None),
@@ -409,8 +411,15 @@ pub(crate) fn evaluate_step<B: Backend>(
 /// third of the lease's TTL later. Returns how many envelopes the followers
 /// moved past.
 pub(crate) fn follow_step<B: Backend>(cx: &Context<B>) -> Result<usize> {
+    Ok(follow_turn(cx)?.0)
+}
+
+/// [`follow_step`], and whether the ledger has any follower (when it has
+/// none, the follower thread need not wake for appends).
+fn follow_turn<B: Backend>(cx: &Context<B>) -> Result<(usize, bool)> {
     let db = &cx.db;
     let rows = db.read_with(&mut |c| crate::store::Followers::follower_rows(c))?;
+    let any = !rows.is_empty();
     let mut moved = 0;
     for row in rows {
         {
@@ -502,7 +511,7 @@ pub(crate) fn follow_step<B: Backend>(cx: &Context<B>) -> Result<usize> {
             Err(e) => log::error!("follower {}: {e}", row.name),
         }
     }
-    Ok(moved)
+    Ok((moved, any))
 }
 
 /// Stops a follower in this engine; `requests` is the ledger's count of
@@ -636,14 +645,21 @@ pub(crate) fn loop_step<B: Backend>(cx: &Context<B>) -> Result<LoopPass> {
 }
 
 /// One executor's turn: runs what was handed to it, else claims and runs
-/// what is due, up to a few batches.
-pub(crate) fn execute_step<B: Backend>(cx: &Context<B>, handed: Vec<Handed>) -> Result<Executed> {
-    // What was handed since (to any executor) goes first too.
+/// what is due, up to a few batches. `place`: the executor thread's place
+/// in the handoff (none for a drain, whose evaluations hand nothing).
+pub(crate) fn execute_step<B: Backend>(
+    cx: &Context<B>,
+    place: Option<usize>,
+    handed: Vec<Handed>,
+) -> Result<Executed> {
+    // What was handed to this executor since goes first too.
     let mut handed = handed;
-    handed.extend(
-        cx.handoff
-            .take(execute::MAX_CLAIM.saturating_sub(handed.len())),
-    );
+    if let Some(i) = place {
+        handed.extend(
+            cx.handoff
+                .take(i, execute::MAX_CLAIM.saturating_sub(handed.len())),
+        );
+    }
     let actions = Arc::clone(&cx.registry().actions);
     execute::execute::<B>(
         &cx.db,
@@ -656,12 +672,16 @@ pub(crate) fn execute_step<B: Backend>(cx: &Context<B>, handed: Vec<Handed>) -> 
     )
 }
 
-/// An executor thread: turns while there is work; with none, it parks
-/// (counts itself idle for the evaluators' handoff) and waits for a nudge,
-/// a heartbeat or a run handed to it. A run handed and not run when the
-/// engine stops goes back through one last turn, which starts nothing.
-fn executor_loop<B: Backend>(cx: &Context<B>) {
-    let sub = cx.db.subscribe();
+/// Executor `place`'s thread: turns while there is work; with none, it
+/// parks (its place free for the evaluators' handoff) and waits for a
+/// nudge that runs were made, a heartbeat or a message in its place (a
+/// run handed to it). A run handed and not run when the engine stops goes
+/// back through one last turn, which starts nothing.
+fn executor_loop<B: Backend>(cx: &Context<B>, place: usize) {
+    // Runs made (and, while workflows may wait for one, events appended):
+    // an append that made no run wakes no executor, and the one its firing
+    // is handed to runs alone.
+    let sub = cx.db.subscribe_to(Wake::RUNS);
     let heartbeat = cx.db.settings().heartbeat;
     let handoff = &cx.handoff;
     let mut handed: Vec<Handed> = Vec::new();
@@ -670,7 +690,7 @@ fn executor_loop<B: Backend>(cx: &Context<B>) {
         if stopping && handed.is_empty() {
             break;
         }
-        match execute_step(cx, std::mem::take(&mut handed)) {
+        match execute_step(cx, Some(place), std::mem::take(&mut handed)) {
             Ok(e) if e.claimed > 0 && !stopping => continue,
             Ok(_) => {}
             Err(e) => log::error!(
@@ -681,9 +701,16 @@ fn executor_loop<B: Backend>(cx: &Context<B>) {
         if stopping {
             break;
         }
-        handoff.park();
-        handed.extend(sub.wait_or(heartbeat, Instant::now() + heartbeat, handoff.receiver()));
-        handoff.unpark();
+        handoff.park(place);
+        let deadline = Instant::now() + heartbeat;
+        loop {
+            let got = sub.wait_or(heartbeat, deadline, handoff.receiver(place));
+            // Err: its reservation ended without a run; still parked.
+            if let Ok(run) = handoff.wake(place, got) {
+                handed.extend(run);
+                break;
+            }
+        }
     }
 }
 
@@ -715,7 +742,7 @@ pub(crate) fn run_until_idle<B: Backend>(cx: &Context<B>) -> Result<Drained> {
             progress = true;
         }
         loop {
-            let e = execute_step(cx, Vec::new())?;
+            let e = execute_step(cx, None, Vec::new())?;
             total.add_executed(e);
             // Progress is a run settled; a claim given back is not.
             if e.succeeded + e.retried + e.dead + e.lost + e.cancelled == 0 {
@@ -748,7 +775,11 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
         let c = Arc::clone(cx);
         handles.push(spawn(
             format!("reflexr-eval-{ws}"),
-            Box::new(move || worker_loop(&c, |c| Ok(evaluate_step(c, &ws, true)?.events > 0))),
+            Box::new(move || {
+                worker_loop(&c, |c| {
+                    Ok((evaluate_step(c, &ws, true)?.events > 0, Wake::EVENTS))
+                })
+            }),
         )?);
     }
     {
@@ -758,7 +789,14 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
             Box::new(move || {
                 worker_loop(&c, |c| {
                     let l = loop_step(c)?;
-                    Ok(l.reacted + l.scheduled > 0)
+                    // Appends concern the loop only through its reactions;
+                    // jobs and pruning come due by the clock.
+                    let listen = if c.registry().reactions.is_empty() {
+                        Wake::NONE
+                    } else {
+                        Wake::EVENTS
+                    };
+                    Ok((l.reacted + l.scheduled > 0, listen))
                 })
             }),
         )?);
@@ -767,14 +805,19 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
         let c = Arc::clone(cx);
         handles.push(spawn(
             "reflexr-follow".into(),
-            Box::new(move || worker_loop(&c, |c| Ok(follow_step(c)? > 0))),
+            Box::new(move || {
+                worker_loop(&c, |c| {
+                    let (moved, any) = follow_turn(c)?;
+                    Ok((moved > 0, if any { Wake::EVENTS } else { Wake::NONE }))
+                })
+            }),
         )?);
     }
     for i in 0..cx.config.executors {
         let c = Arc::clone(cx);
         handles.push(spawn(
             format!("reflexr-exec-{i}"),
-            Box::new(move || executor_loop(&c)),
+            Box::new(move || executor_loop(&c, i)),
         )?);
     }
     {
@@ -802,16 +845,26 @@ pub(crate) fn start<B: Backend>(cx: &Arc<Context<B>>) -> Result<()> {
     Ok(())
 }
 
-/// Runs `step` while it finds work; when it finds none, waits for a nudge or
-/// a heartbeat.
-fn worker_loop<B: Backend>(cx: &Context<B>, mut step: impl FnMut(&Context<B>) -> Result<bool>) {
-    let sub = cx.db.subscribe();
+/// Runs `step` while it finds work; when it finds none, waits for a
+/// heartbeat or a nudge of the kind the step asked for (the evaluators,
+/// the loop's reactions and the followers read the log: appends; nothing,
+/// for a loop without reactions or a follower thread without followers),
+/// or one that wakes everyone (a registration, another process's commit).
+/// What else they do comes due by the clock.
+fn worker_loop<B: Backend>(
+    cx: &Context<B>,
+    mut step: impl FnMut(&Context<B>) -> Result<(bool, Wake)>,
+) {
+    let sub = cx.db.subscribe_to(Wake::EVENTS);
     let heartbeat = cx.db.settings().heartbeat;
     while !cx.stop.load(Ordering::SeqCst) {
         match step(cx) {
-            Ok(true) => continue,
-            Ok(false) => {}
-            Err(e) => log::error!("{}: {e}", std::thread::current().name().unwrap_or("worker")),
+            Ok((true, _)) => continue,
+            Ok((false, listen)) => sub.listen(listen),
+            Err(e) => {
+                sub.listen(Wake::EVENTS);
+                log::error!("{}: {e}", std::thread::current().name().unwrap_or("worker"));
+            }
         }
         // Work may come due by the clock alone (a retry's backoff, a lease
         // to renew), so no wait is longer than a heartbeat.
@@ -837,9 +890,9 @@ pub(crate) fn shutdown<B: Backend>(cx: &Context<B>) {
             }
         }
         // Handed after the executors' last look: back, unstarted.
-        let left = cx.handoff.take(usize::MAX);
+        let left = cx.handoff.take_all();
         if !left.is_empty()
-            && let Err(e) = execute_step(cx, left)
+            && let Err(e) = execute_step(cx, None, left)
         {
             log::warn!("giving back runs handed at shutdown: {e}");
         }

@@ -78,7 +78,7 @@ pub enum Inserted {
 }
 
 /// Every column of a run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct RunRow {
     pub ord: i64,
     pub id: String,

@@ -99,6 +99,8 @@ pub trait Steps {
     /// True when some workspace with waits has events its waits were not
     /// matched against: the cheap read before the match.
     fn waits_behind(&self) -> Result<bool>;
+    /// Whether any run waits for an event at all (an index's first entry).
+    fn any_event_wait(&self) -> Result<bool>;
     /// The workspaces whose waits are behind, with the seq they were
     /// matched up to.
     fn wait_positions_behind(&self) -> Result<Vec<(String, i64)>>;

@@ -213,7 +213,7 @@ impl<B: Backend> Tx<'_, B> {
     ) -> Result<crate::work::queue::enqueue::Enqueued> {
         let done = enqueue(self, delivery)?;
         if !done.deduplicated {
-            self.mark_nudge();
+            self.mark_runs();
         }
         Ok(done)
     }

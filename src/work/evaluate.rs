@@ -59,10 +59,10 @@ use crate::core::db::CoreDb;
 use crate::core::db::Tx;
 use crate::core::lease::Lease;
 use crate::store::dead_letters::NewDeadLetter;
-use crate::store::runs::{NewRun, RunRow};
+use crate::store::runs::NewRun;
 use crate::store::{Counters, Cursors, DeadLetters, Events, Rules, Runs};
 use crate::work::consumer::{self, Stand};
-use crate::work::queue::handoff::{Hand, Handing};
+use crate::work::queue::handoff::{Hand, HandedRow, Handing};
 use crate::work::queue::run::RunKind;
 use crate::work::rule::{Decision, Rule, RunOrder};
 
@@ -166,7 +166,7 @@ struct Committed {
     fired: usize,
     errored: usize,
     /// Runs claimed at their insert for idle executors of this process.
-    handed: Vec<RunRow>,
+    handed: Vec<HandedRow>,
 }
 
 /// One pass over the rules of a workspace, `batch` events at a time. Rules
@@ -222,25 +222,37 @@ pub(crate) fn pass<B: Backend>(
     let mut total = Pass::default();
     let mut pending: Vec<&Rule> = rules.iter().map(|r| &**r).collect();
     for _ in 0..10 {
-        // Paused rules decide nothing; their cursors stay where they are
-        // (a pause that commits while a batch is decided is seen by its
-        // commit, `consumer::advance`, and the batch is read again here).
-        let paused = db.read_with(&mut |c| crate::work::control::paused_names(c, "rule"))?;
-        pending.retain(|r| !paused.contains(&r.name));
-        if pending.is_empty() {
-            break;
-        }
-        let stands: Vec<(Stand, i64)> = db.read_with(&mut |c| {
-            pending
+        // One read: the pauses, where each rule not paused stands, and the
+        // page after them when they all stand at one position (the usual
+        // case: rules that keep up share their reads and commits).
+        let (paused, stands, mut first_page) = db.read_with(&mut |c| {
+            // Paused rules decide nothing; their cursors stay where they
+            // are (a pause that commits while a batch is decided is seen by
+            // its commit, `consumer::advance`, and the batch is read again
+            // here).
+            let paused = crate::work::control::paused_names(c, "rule")?;
+            let stands: Vec<(Stand, i64)> = pending
                 .iter()
+                .filter(|r| !paused.contains(&r.name))
                 .map(|r| {
                     let stand = consumer::stand(c, r.consumer())?;
                     let kind = ConsumerKind::Rule.as_str();
                     let high = Cursors::high_water(c, &workspace, kind, &r.name)?;
                     Ok((stand, high))
                 })
-                .collect()
+                .collect::<Result<_>>()?;
+            let page = match stands.first() {
+                Some((first, _)) if stands.iter().all(|(s, _)| s.position == first.position) => {
+                    Some(Events::page(c, &workspace, first.position, &[], batch)?)
+                }
+                _ => None,
+            };
+            Ok((paused, stands, page))
         })?;
+        pending.retain(|r| !paused.contains(&r.name));
+        if pending.is_empty() {
+            break;
+        }
         let mut groups: BTreeMap<i64, Vec<(&Rule, Stand, i64)>> = BTreeMap::new();
         for (r, (stand, high)) in pending.iter().zip(stands) {
             groups
@@ -253,8 +265,10 @@ pub(crate) fn pass<B: Backend>(
             let Some(lease) = lease()? else {
                 return Ok(total);
             };
-            let mut page =
-                db.read_with(&mut |c| Events::page(c, &workspace, position, &[], batch))?;
+            let mut page = match first_page.take() {
+                Some(page) => page,
+                None => db.read_with(&mut |c| Events::page(c, &workspace, position, &[], batch))?,
+            };
             // Rules decide on events as the application reads them.
             db.settings().upcasters.apply_all(&mut page);
             if page.is_empty() {
@@ -318,6 +332,9 @@ pub(crate) fn pass<B: Backend>(
             }
         }
         pending = again;
+        if pending.is_empty() {
+            break;
+        }
     }
     if !pending.is_empty() {
         ::log::warn!("rules whose cursors keep changing under the evaluator try again later");
@@ -723,8 +740,11 @@ fn commit<B: Backend>(
             )?;
         }
     }
-    if done.fired + done.errored > 0 {
-        tx.mark_nudge();
+    // Runs an executor must claim wake the executors; those claimed at
+    // their insert go to theirs directly, after the commit. (The
+    // `RuleFired` and `RuleErrored` events wake the log's consumers.)
+    if done.fired > done.handed.len() {
+        tx.mark_runs();
     }
     let conn = tx.core();
     Counters::bump(conn, Counter::Decisions, d.decided)?;
@@ -744,7 +764,7 @@ fn record_firing<B: Backend>(
     event: &Event,
     lease: &Lease,
     handing: Option<&Handing<'_>>,
-) -> Result<Option<RunRow>> {
+) -> Result<Option<HandedRow>> {
     let now = tx.now_ms();
     let max_depth = tx.limits().max_chain_depth;
     let actor = format!("rule:{}", rule.name);

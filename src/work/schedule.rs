@@ -440,7 +440,7 @@ pub(crate) fn step<B: Backend>(db: &B::Db, lease: &Lease, job: &Job<B>) -> Resul
             )?;
             let new = new == runs::Inserted::New;
             Counters::bump(tx.core(), Counter::Occurrences, usize::from(new))?;
-            tx.mark_nudge();
+            tx.mark_runs();
         }
         Ok(true)
     })

@@ -11,18 +11,20 @@
 
 use reflexr_testkit as common;
 
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use common::backend::{Opts, TestBackend, child, parent_engine};
 use common::{children_on_backends, on_backends};
-use reflexr::{Engine, ManualClock, NewEvent, Query};
+use reflexr::{Engine, Enqueue, EventMatch, Follow, ManualClock, NewEvent, Query, RunState};
 
 on_backends!(
     a_commit_that_appends_wakes_a_waiter_in_the_same_process_at_once,
     a_waiter_returns_what_is_already_there_without_waiting,
     a_commit_by_another_engine_is_noticed_by_the_heartbeat,
     a_commit_by_another_process_is_noticed_by_the_heartbeat,
+    an_append_wakes_the_workflow_waiting_for_it_without_a_heartbeat,
+    a_reaction_and_a_follower_made_after_the_start_are_woken_without_a_heartbeat,
 );
 
 children_on_backends!(child_process_appends_on_cue);
@@ -101,6 +103,84 @@ fn a_commit_by_another_engine_is_noticed_by_the_heartbeat<B: TestBackend>() {
     started.recv().unwrap();
     other.append("app", &tick(1)).unwrap();
     assert_eq!(waiter.join().unwrap().len(), 1);
+}
+
+/// Invariant 12, live: with the engine's threads and a heartbeat of an
+/// hour, an append wakes the workflow suspended waiting for it. An append
+/// wakes this process's executors (which match waits) only while a
+/// workflow may wait for an event: the wait's record says so, and the
+/// executors' looks keep it said (`core::wake::WaitsHint`); a wake-up that
+/// depended on the heartbeat would fail the minute's patience.
+fn an_append_wakes_the_workflow_waiting_for_it_without_a_heartbeat<B: TestBackend>() {
+    let place = B::place();
+    let engine = open::<B>(&place, "test", NEVER);
+    let (done_tx, done) = mpsc::channel();
+    let done_tx = Mutex::new(done_tx);
+    engine
+        .register_action("flow", move |_, ctx| {
+            let m = EventMatch::new("app", "tick").subject("t/1");
+            let got = ctx.wait_for_event("ticked", &m, None)?;
+            done_tx.lock().unwrap().send(got.map(|e| e.seq)).unwrap();
+            Ok(())
+        })
+        .unwrap();
+    // Subscribed before anything commits, so no commit goes unseen.
+    let watch = engine.watch();
+    engine.start().unwrap();
+    let id = engine
+        .enqueue(&Enqueue::new("flow", &serde_json::Value::Null))
+        .unwrap()
+        .id;
+    // Until it is suspended: started, ready again with nothing due.
+    loop {
+        let run = engine.run(&id).unwrap().unwrap();
+        if run.started_at.is_some()
+            && run.state == RunState::Ready
+            && run.due_at == reflexr::limits::NEVER
+        {
+            break;
+        }
+        assert!(
+            watch.wait(PATIENCE),
+            "the workflow never suspended: {run:?}"
+        );
+    }
+    let seq = engine.append("app", &tick(1)).unwrap().seq;
+    assert_eq!(done.recv_timeout(PATIENCE).unwrap(), Some(seq));
+    let run = engine.wait_for_run(&id, PATIENCE).unwrap();
+    assert_eq!(run.state, RunState::Succeeded);
+    engine.shutdown();
+}
+
+/// "Threads": the loop waits for appends only while it has reactions, and
+/// the follower thread only while the ledger has followers; registering a
+/// reaction and making a follower wake them, so with a heartbeat of an hour
+/// both see the next append at once (and the follower relays it).
+fn a_reaction_and_a_follower_made_after_the_start_are_woken_without_a_heartbeat<B: TestBackend>() {
+    let place = B::place();
+    let engine = open::<B>(&place, "test", NEVER);
+    engine.ensure_workspace("copy", &["tick"]).unwrap();
+    engine.start().unwrap();
+    let (seen_tx, seen) = mpsc::channel();
+    let seen_tx = Mutex::new(seen_tx);
+    engine
+        .register_reaction(
+            B::reaction("seen", "app")
+                .on(["tick"])
+                .handle(move |event, _| {
+                    seen_tx.lock().unwrap().send(event.seq).unwrap();
+                    Ok(())
+                }),
+        )
+        .unwrap();
+    engine.follow(Follow::new("app", "copy")).unwrap();
+    let seq = engine.append("app", &tick(1)).unwrap().seq;
+    assert_eq!(seen.recv_timeout(PATIENCE).unwrap(), seq);
+    let copied = engine
+        .wait_for_events(&Query::new("copy"), PATIENCE)
+        .unwrap();
+    assert_eq!(copied.len(), 1, "relayed at once");
+    engine.shutdown();
 }
 
 /// The child's side of the cross-process test: appends one event when told.

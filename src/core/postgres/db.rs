@@ -46,7 +46,7 @@ use crate::core::db::{CoreDb, RunWaiter};
 use crate::core::db::{Env, Tx};
 use crate::core::postgres::listen::PgListen;
 use crate::core::settings::Settings;
-use crate::core::wake::{Notifier, Subscription};
+use crate::core::wake::{Notifier, Subscription, WaitsHint, Wake};
 use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
 use crate::store::Postgres;
 use crate::store::postgres::{self as pg, PgConn, Pool, Pooled};
@@ -249,10 +249,10 @@ impl PgDb {
         let Ok(v) = value else {
             return value;
         };
-        let committed = if nudge {
-            conn.commit_notifying(CHANNEL)
-        } else {
+        let committed = if nudge.is_none() {
             conn.commit()
+        } else {
+            conn.commit_notifying(CHANNEL, nudge.payload())
         };
         if let Err(e) = committed {
             self.aborts.fetch_add(1, Ordering::Relaxed);
@@ -260,9 +260,7 @@ impl PgDb {
         }
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.writes.fetch_add(1, Ordering::Relaxed);
-        if nudge {
-            self.notifier.nudge();
-        }
+        self.notifier.nudge_for(nudge);
         Ok(v)
     }
 
@@ -280,7 +278,7 @@ impl PgDb {
             Err(e) => return batch.end(Err(Arc::new(e))),
         };
         let alone = batch.members().len() == 1;
-        let (mut nudge, mut kept) = (false, 0usize);
+        let (mut nudge, mut kept) = (Wake::NONE, 0usize);
         let mut failed: Option<Error> = None;
         // The previous member's savepoint, released with the next's making:
         // one round trip between members.
@@ -305,7 +303,7 @@ impl PgDb {
             let outcome = member.run(&mut tx);
             if outcome.ok {
                 kept += 1;
-                nudge |= outcome.nudge;
+                nudge = nudge.with(outcome.nudge);
             } else if single && !alone {
                 // Without a savepoint, a failure is the member's alone only
                 // if it left the transaction as it found it: not aborted by
@@ -331,10 +329,10 @@ impl PgDb {
             // `conn` is dropped), and the member reports its own error.
             None if kept == 0 => Ok(()),
             None => {
-                let committed = if nudge {
-                    conn.commit_notifying(CHANNEL)
-                } else {
+                let committed = if nudge.is_none() {
                     conn.commit()
+                } else {
+                    conn.commit_notifying(CHANNEL, nudge.payload())
                 };
                 committed.map_err(Arc::new)
             }
@@ -349,12 +347,10 @@ impl PgDb {
                 self.aborts.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let woke = nudge && ended.is_ok();
+        let woke = if ended.is_ok() { nudge } else { Wake::NONE };
         batch.end(ended);
         drop(batch);
-        if woke {
-            self.notifier.nudge();
-        }
+        self.notifier.nudge_for(woke);
     }
 
     /// A transaction on a pooled connection. A connection the server cut
@@ -468,8 +464,11 @@ impl CoreDb<Postgres> for PgDb {
     {
         self.write_alone(f)
     }
-    fn subscribe(&self) -> Subscription {
-        self.notifier.subscribe()
+    fn subscribe_to(&self, wake: Wake) -> Subscription {
+        self.notifier.subscribe(wake)
+    }
+    fn waits_hint(&self) -> &WaitsHint {
+        self.notifier.waits()
     }
     fn writer_stats(&self) -> WriterStats {
         WriterStats {
@@ -483,6 +482,9 @@ impl CoreDb<Postgres> for PgDb {
     }
     fn nudge(&self) {
         self.notifier.nudge();
+    }
+    fn nudge_for(&self, made: Wake) {
+        self.notifier.nudge_for(made);
     }
     fn run_waiter(&self) -> RunWaiter<'_> {
         RunWaiter::new(&self.run_waiters)

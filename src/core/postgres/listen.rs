@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::core::wake::Notifier;
+use crate::core::wake::{Look, Notifier, Wake};
 
 /// A connection string for the notifier's own connections: the
 /// application's, with a connect timeout when it has none, so a server out
@@ -32,11 +32,16 @@ impl Notifier {
             if slot.as_ref().is_none_or(postgres::Client::is_closed) {
                 *slot = config.connect(postgres::NoTls).ok();
             }
-            let seq = crate::store::postgres::committed_head(slot.as_mut()?);
-            if seq.is_err() {
-                *slot = None;
+            let Some(client) = slot.as_mut() else {
+                return Look::Failed;
+            };
+            match crate::store::postgres::committed_head(client) {
+                Ok(seq) => Look::Version(seq),
+                Err(_) => {
+                    *slot = None;
+                    Look::Failed
+                }
             }
-            seq.ok()
         }))
     }
 
@@ -93,7 +98,8 @@ impl Drop for PgListen {
 }
 
 /// The listener: `LISTEN` on `channel` on a connection of its own, a nudge for
-/// every notification (the nudge coalesces a burst), reconnecting half a
+/// every notification, for what its payload says the commit made (the
+/// nudge coalesces a burst), reconnecting half a
 /// second after the connection broke, until `stop`.
 fn listen_for_commits(
     config: &postgres::Config,
@@ -128,8 +134,12 @@ fn listen_for_commits(
                 client.notifications().timeout_iter(TURN).next()
             };
             match next {
-                // Nudged at once; a burst costs a waiter one wake-up.
-                Ok(Some(_)) => notifier.nudge(),
+                // Nudged at once, for what the commit made; a burst costs a
+                // waiter one wake-up.
+                Ok(Some(n)) => match Wake::from_payload(n.payload()) {
+                    Some(made) => notifier.nudge_for(made),
+                    None => notifier.nudge_for(Wake::ALL),
+                },
                 Ok(None) => {}
                 Err(e) => {
                     log::debug!("reflexr: the PostgreSQL listener lost its connection: {e}");

@@ -19,7 +19,7 @@ use crate::core::db::{Env, Tx};
 use crate::core::settings::Settings;
 use crate::core::sqlite::watch::FileWatch;
 use crate::core::sqlite::writer::Writer;
-use crate::core::wake::{Notifier, Subscription};
+use crate::core::wake::{Notifier, Subscription, WaitsHint, Wake};
 use crate::core::writer::WriterStats;
 use crate::store::Sqlite;
 use crate::store::sqlite::conn::{self, Role};
@@ -174,7 +174,9 @@ impl Db {
         conn::retry_busy(settings.busy_timeout, || {
             conn::configure(&first, settings.synchronous, Role::Reader)
         })?;
-        let notifier = Arc::new(Notifier::sqlite(first));
+        drop(first);
+        let writer_conn = Arc::new(Mutex::new(writer_conn));
+        let notifier = Arc::new(Notifier::sqlite(Arc::clone(&writer_conn)));
 
         let sync = settings.synchronous;
         let (target, flags) = conn::target(path, open.vfs.as_deref(), false)?;
@@ -286,12 +288,6 @@ impl Db {
         self.writer.stats()
     }
 
-    /// Wakes every waiting thread of this process (a commit made through
-    /// another path, a registration, shutdown).
-    pub(crate) fn nudge(&self) {
-        self.notifier.nudge();
-    }
-
     /// Counts a thread waiting for runs to end, while the guard lives.
     pub(crate) fn run_waiter(&self) -> RunWaiter<'_> {
         RunWaiter::new(&self.run_waiters)
@@ -302,11 +298,11 @@ impl Db {
         self.run_waiters.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
-    /// A subscription to commits: this process's at once (the nudge),
-    /// other processes' within a heartbeat. Subscribe before reading what
-    /// you will wait for.
-    pub(crate) fn subscribe(&self) -> Subscription {
-        self.notifier.subscribe()
+    /// A subscription to commits that made what `wake` names: this
+    /// process's at once (the nudge), other processes' within a heartbeat.
+    /// Subscribe before reading what you will wait for.
+    pub(crate) fn subscribe_to(&self, wake: Wake) -> Subscription {
+        self.notifier.subscribe(wake)
     }
 
     /// For the core's own tests: a new file with the default settings and
@@ -366,8 +362,11 @@ impl CoreDb<Sqlite> for Db {
     {
         Db::write_single(self, f)
     }
-    fn subscribe(&self) -> Subscription {
-        Db::subscribe(self)
+    fn subscribe_to(&self, wake: Wake) -> Subscription {
+        Db::subscribe_to(self, wake)
+    }
+    fn waits_hint(&self) -> &WaitsHint {
+        self.notifier.waits()
     }
     fn writer_stats(&self) -> WriterStats {
         Db::writer_stats(self)
@@ -376,7 +375,10 @@ impl CoreDb<Sqlite> for Db {
         Db::channels(self)
     }
     fn nudge(&self) {
-        Db::nudge(self)
+        self.notifier.nudge();
+    }
+    fn nudge_for(&self, made: Wake) {
+        self.notifier.nudge_for(made);
     }
     fn run_waiter(&self) -> RunWaiter<'_> {
         Db::run_waiter(self)

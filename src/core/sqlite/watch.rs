@@ -1,9 +1,17 @@
 //! SQLite's wake-ups (see `core::wake`): the heartbeat's `PRAGMA
-//! data_version` on a connection kept for it, and the WAL watch (feature
+//! data_version` on the writer's connection, and the WAL watch (feature
 //! `watch`) that polls it at once when the operating system says the file's
 //! WAL was written.
+//!
+//! The number is read on the writer's connection because there it changes
+//! only when *another* connection committed: this process's own commits,
+//! which nudge their waiters themselves (for what they made), do not read
+//! as news. Read on a connection of its own, every commit of the writer
+//! changed it, and the watch — which sees this process's WAL writes too —
+//! woke every waiting thread a few hundred microseconds after each of
+//! them, beside the handler its commit had just handed a run to.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, TryLockError};
 #[cfg(feature = "watch")]
 use std::time::Duration;
 
@@ -11,17 +19,40 @@ use std::time::Duration;
 use crossbeam_channel::{RecvTimeoutError, bounded};
 use rusqlite::Connection;
 
-use crate::core::wake::Notifier;
+use crate::core::wake::{Look, Notifier};
 
 impl Notifier {
-    /// `conn` is a dedicated read connection on the file, used only to poll
-    /// `data_version`.
-    pub(crate) fn sqlite(conn: Connection) -> Notifier {
+    /// A notifier that reads `data_version` on `writer`, the writer's
+    /// connection, when the writer is not in a transaction (a look that
+    /// would wait for it is [`Look::Busy`]).
+    pub(crate) fn sqlite(writer: Arc<Mutex<Connection>>) -> Notifier {
         Notifier::polling(Box::new(move || {
-            conn.query_row("PRAGMA data_version", [], |r| r.get(0)).ok()
+            let conn = match writer.try_lock() {
+                Ok(c) => c,
+                Err(TryLockError::WouldBlock) => return Look::Busy,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            };
+            match conn.query_row("PRAGMA data_version", [], |r| r.get(0)) {
+                Ok(v) => Look::Version(v),
+                Err(_) => Look::Failed,
+            }
         }))
     }
 }
+
+/// The pauses between the WAL watch's polls after a write, in µs: dense at
+/// first (a commit's fsync, between its last WAL write and its being seen,
+/// is usually a few hundred microseconds), then backing off for a slow
+/// disk.
+#[cfg(feature = "watch")]
+const POLL_PAUSES_US: [u64; 12] = [
+    100, 100, 100, 200, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000,
+];
+
+/// How many of [`POLL_PAUSES_US`] are the dense ones: a write seen past
+/// them starts the pauses over.
+#[cfg(feature = "watch")]
+const DENSE_POLLS: usize = 5;
 
 /// The WAL watch of one open file (feature `watch`): dropped with the file,
 /// which ends its thread.
@@ -96,21 +127,27 @@ impl Notifier {
             .spawn(move || {
                 // Ends when the watcher (and with it the sender) is dropped.
                 'events: while rx.recv().is_ok() {
-                    // µs: dense at first (a commit's fsync is usually under
-                    // a millisecond), then backing off; a new write starts
-                    // over.
-                    for pause in [
-                        0u64, 200, 300, 500, 1_000, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000,
-                    ] {
-                        if pause > 0 {
-                            match rx.recv_timeout(Duration::from_micros(pause)) {
-                                Ok(()) => {}
-                                Err(RecvTimeoutError::Timeout) => {}
-                                Err(RecvTimeoutError::Disconnected) => break 'events,
-                            }
-                        }
-                        if notifier.poll() {
+                    let mut step = 0;
+                    loop {
+                        if notifier.poll_soon() {
                             break;
+                        }
+                        let Some(&pause) = POLL_PAUSES_US.get(step) else {
+                            break;
+                        };
+                        step += 1;
+                        match rx.recv_timeout(Duration::from_micros(pause)) {
+                            // A new write: dense again (this process's own
+                            // writes, which are no news, come too; a
+                            // commit of another process's after a while of
+                            // them is still seen within a pause or two).
+                            Ok(()) => {
+                                if step > DENSE_POLLS {
+                                    step = 0;
+                                }
+                            }
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => break 'events,
                         }
                     }
                 }

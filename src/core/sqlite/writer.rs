@@ -45,7 +45,7 @@ use rusqlite::Connection;
 use crate::base::error::{Error, Result};
 use crate::core::combiner::{Batch, Combiner, Ended};
 use crate::core::db::{Env, Tx};
-use crate::core::wake::Notifier;
+use crate::core::wake::{Notifier, Wake};
 use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
 use crate::store::Sqlite;
 use crate::store::sqlite::conn::{Control, Guard, retry_busy};
@@ -56,8 +56,9 @@ pub(crate) struct Writer {
     writes: AtomicU64,
     aborts: AtomicU64,
     combiner: Combiner,
-    /// Locked by the leader only.
-    conn: Mutex<Connection>,
+    /// Locked by the leader, and by the notifier's polls when no leader
+    /// holds it (`core::sqlite::watch`).
+    conn: Arc<Mutex<Connection>>,
     guard: Guard,
     busy_timeout: Duration,
     notifier: Arc<Notifier>,
@@ -67,18 +68,18 @@ impl Writer {
     /// The writer on `conn` (configured, schema current); it installs the
     /// connection's guard. Commits that created work wake `notifier`.
     pub(crate) fn new(
-        conn: Connection,
+        conn: Arc<Mutex<Connection>>,
         busy_timeout: Duration,
         notifier: Arc<Notifier>,
     ) -> Result<Writer> {
-        let guard = Guard::install(&conn)?;
+        let guard = Guard::install(&conn.lock().unwrap_or_else(PoisonError::into_inner))?;
         Ok(Writer {
             id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             aborts: AtomicU64::new(0),
             combiner: Combiner::new(),
-            conn: Mutex::new(conn),
+            conn,
             guard,
             busy_timeout,
             notifier,
@@ -148,7 +149,7 @@ impl Writer {
         // A batch of one needs no savepoint either: its transaction is its
         // own, rolled back whole if it fails.
         let alone = batch.members().len() == 1;
-        let (mut members, mut nudge) = (0u64, false);
+        let (mut members, mut nudge) = (0u64, Wake::NONE);
         let mut failed = None;
         for member in batch.members() {
             let single = member.single() || alone;
@@ -172,7 +173,7 @@ impl Writer {
             }
             if outcome.ok {
                 members += 1;
-                nudge |= outcome.nudge;
+                nudge = nudge.with(outcome.nudge);
             }
         }
         if let Some(e) = failed {
@@ -200,9 +201,7 @@ impl Writer {
         drop(batch);
         #[cfg(test)]
         faults::at(faults::Fault::AfterWake);
-        if nudge {
-            self.notifier.nudge();
-        }
+        self.notifier.nudge_for(nudge);
     }
 
     /// Rolls the open transaction back (if SQLite has not already) and

@@ -275,23 +275,28 @@ impl PgConn {
         self.finish(None)
     }
 
-    /// Commits the transaction with a notification on `channel` (a name
-    /// of the engine's own, not the caller's), delivered to listeners with
-    /// the commit.
-    pub(crate) fn commit_notifying(self, channel: &'static str) -> Result<()> {
+    /// Commits the transaction with a notification on `channel` whose
+    /// payload says what the commit made (both the engine's own words, not
+    /// the caller's: `core::wake::Wake::payload`), delivered to listeners
+    /// with the commit.
+    pub(crate) fn commit_notifying(
+        self,
+        channel: &'static str,
+        payload: &'static str,
+    ) -> Result<()> {
         debug_assert!(
-            channel
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            [channel, payload]
+                .iter()
+                .all(|w| w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
         );
-        self.finish(Some(channel))
+        self.finish(Some((channel, payload)))
     }
 
     /// The commit, in one round trip: the head row moved to the last seq
     /// appended (if any), the notification (if any), `COMMIT`. If a
     /// statement fails, the rest are not run, and dropping the connection
     /// rolls back.
-    fn finish(self, notify: Option<&'static str>) -> Result<()> {
+    fn finish(self, notify: Option<(&'static str, &'static str)>) -> Result<()> {
         if self.aborted.get() {
             // Dropping `self` rolls back.
             return Err(Error::TransactionAborted {
@@ -307,8 +312,8 @@ impl PgConn {
                 "UPDATE reflexr_head SET seq = greatest(seq, {last}); "
             ));
         }
-        if let Some(channel) = notify {
-            sql.push_str(&format!("NOTIFY {channel}; "));
+        if let Some((channel, payload)) = notify {
+            sql.push_str(&format!("NOTIFY {channel}, '{payload}'; "));
         }
         sql.push_str("COMMIT");
         self.client.borrow_mut().batch_execute(&sql)?;

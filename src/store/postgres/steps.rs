@@ -264,6 +264,11 @@ impl Steps for PgConn {
         })
     }
 
+    fn any_event_wait(&self) -> Result<bool> {
+        let rows = self.query("SELECT EXISTS (SELECT 1 FROM reflexr_event_waits)", &[])?;
+        col(&rows[0], 0)
+    }
+
     fn wait_positions_behind(&self) -> Result<Vec<(String, i64)>> {
         self.query(
             "SELECT p.workspace, p.position FROM reflexr_wait_positions p \

@@ -216,6 +216,12 @@ impl Steps for Connection {
             .query_row([], |r| r.get(0))?)
     }
 
+    fn any_event_wait(&self) -> Result<bool> {
+        Ok(self
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM reflexr_event_waits)")?
+            .query_row([], |r| r.get(0))?)
+    }
+
     fn wait_positions_behind(&self) -> Result<Vec<(String, i64)>> {
         let mut stmt = self.prepare_cached(
             "SELECT p.workspace, p.position FROM reflexr_wait_positions p \

@@ -573,13 +573,15 @@ impl<'a> Limited<'a> {
     }
 }
 
-/// Whether `actions` have work an executor could claim now: a ready, due
-/// run of an action that is not paused (limits are the claim's to judge).
+/// Whether `actions` have work an executor could claim now — a ready, due
+/// run of an action that is not paused (limits are the claim's to judge),
+/// or events appended that a workflow may be waiting for — and whether any
+/// workflow waits for an event at all.
 pub(crate) fn work_due<C: Control + crate::store::Steps + ?Sized>(
     conn: &C,
     now: i64,
     actions: &[String],
-) -> Result<bool> {
+) -> Result<(bool, bool)> {
     let paused = paused_names(conn, "action")?;
     let open: Vec<&String> = actions.iter().filter(|a| !paused.contains(*a)).collect();
     let due = if open.is_empty() {
@@ -589,5 +591,9 @@ pub(crate) fn work_due<C: Control + crate::store::Steps + ?Sized>(
     };
     // Events appended that waiting workflows may be waiting for: the
     // claim's transaction matches them.
-    Ok(due || crate::store::Steps::waits_behind(conn)?)
+    let waits = crate::store::Steps::any_event_wait(conn)?;
+    Ok((
+        due || (waits && crate::store::Steps::waits_behind(conn)?),
+        waits,
+    ))
 }

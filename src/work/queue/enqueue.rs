@@ -432,7 +432,7 @@ impl<B: Backend> Tx<'_, B> {
     pub fn enqueue(&mut self, e: &Enqueue) -> Result<Enqueued> {
         let done = enqueue(self, e)?;
         if !done.deduplicated {
-            self.mark_nudge();
+            self.mark_runs();
         }
         Ok(done)
     }

@@ -117,12 +117,19 @@ pub(crate) fn execute<B: Backend>(
         return Ok(Executed::default());
     }
     let names = &actions.names;
-    // A cheap read first: an idle executor opens no write transaction.
+    // A cheap read first: an idle executor opens no write transaction. It
+    // also tells whether workflows wait for events, which decides whether
+    // appends wake this process's executors (`core::wake::WaitsHint`).
     let now = db.now_ms();
-    if handed.is_empty()
-        && !db.read_with(&mut |c| crate::work::queue::claim::work_due(c, now, names))?
-    {
-        return Ok(Executed::default());
+    if handed.is_empty() {
+        let hint = db.waits_hint();
+        let before = hint.before_look();
+        let (due, waits) =
+            db.read_with(&mut |c| crate::work::queue::claim::work_due(c, now, names))?;
+        hint.looked(before, waits);
+        if !due {
+            return Ok(Executed::default());
+        }
     }
     let handlers = &actions.handlers;
     let batches = &actions.batches;
@@ -475,7 +482,7 @@ pub(crate) fn execute<B: Backend>(
             // Runs went back: executors that may take them look again
             // (threads waiting for runs to end are woken after the commit).
             if !rest.is_empty() {
-                tx.mark_nudge();
+                tx.mark_runs();
             }
             Counters::bump(tx.core(), Counter::RunsRetried, round.retried)?;
             Counters::bump(tx.core(), Counter::RunsDead, round.dead)?;
@@ -884,7 +891,7 @@ pub(crate) fn renew_claims<B: Backend>(db: &impl CoreDb<B>, claims: &Claims) -> 
             )?;
         }
         if !overdue.is_empty() {
-            tx.mark_nudge();
+            tx.mark_runs();
         }
         // A renewal is where a handler in another process learns that an
         // operator cancelled its run.

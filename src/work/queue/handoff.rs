@@ -2,29 +2,31 @@
 //! transaction that creates it: one durable commit between an append and
 //! its handler instead of two (the firing's, then the claim's).
 //!
-//! An executor that finds no work *parks*: it counts itself idle here and
-//! waits for a nudge, a heartbeat or a handed run. The evaluator, writing a
-//! firing whose run would be ready at once, takes one idle executor's slot
-//! ([`Handoff::take_slot`]) and claims the run in the same transaction,
-//! under this process's holder and the run's first attempt, exactly as a
-//! claim would (`Control::claim_ords`); after the commit it sends the
-//! claimed row here, and a parked executor receives it and runs it as the
-//! first batch of its turn. Nothing else changes:
+//! An executor that finds no work *parks* in its place here and waits for
+//! a nudge that runs were made, a heartbeat, or a message in its place. The
+//! evaluator, writing a firing whose run would be ready at once, reserves
+//! one parked executor's place ([`Handoff::reserve`]) and claims the run in
+//! the same transaction, under this process's holder and the run's first
+//! attempt, exactly as a claim would (`Control::claim_ords`); after the
+//! commit it sends that executor the claimed row, and the executor runs it
+//! as the first batch of its turn. Nothing else changes:
 //!
 //! - A crash between the commit and the handler leaves a claimed run whose
 //!   claim lapses and is claimed again, as after any claim (invariant 5).
 //! - A commit that fails sends nothing: the claim was rolled back with the
-//!   run. Slots taken for runs that were not handed go back.
+//!   run.
 //! - Only runs an executor of this process would claim at once are handed:
 //!   the action is registered here, not paused, without concurrency, rate,
 //!   fairness or partition limits (their claims count and order what they
 //!   take), and the run is ready (the head of its lane, not dead). Every
 //!   other run is claimed as before.
-//! - The slots are a hint: an executor that wakes for something else first
-//!   gives its slot back only if nobody took it. A run handed while no
-//!   executor is parked waits in the channel for the next executor's turn
-//!   (each turn starts by taking what was handed), at most a heartbeat;
-//!   shutdown gives back, unstarted and without an attempt, what was
+//! - A reservation always ends with a message to its executor: the row, or
+//!   word that none comes (the run was not handed, the write failed, or
+//!   the evaluator unwound). An executor woken for something else while
+//!   its place is reserved waits for that message first (the length of a
+//!   commit), so a run handed to it is never left behind its other work,
+//!   and an executor parked is never counted as busy: the places are exact.
+//!   Shutdown gives back, unstarted and without an attempt, what was
 //!   handed and not taken.
 //! - The pauses and cancels made in this process after the claim are seen
 //!   before the run starts: each handed run carries the pause epoch
@@ -32,8 +34,9 @@
 //!   looks at the file again when the epoch moved since.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
@@ -51,76 +54,159 @@ pub(crate) struct Handed {
     pub epoch: u64,
 }
 
-/// The idle executors of this process and the runs handed to them.
-pub(crate) struct Handoff {
-    /// Executors parked now, less the slots evaluators took since.
-    idle: AtomicUsize,
-    tx: Sender<Handed>,
-    rx: Receiver<Handed>,
+/// An executor's place: what it is doing, and what is sent to it (a run,
+/// or `None`: its reservation ended without one).
+struct Place {
+    state: AtomicU8,
+    tx: Sender<Option<Handed>>,
+    rx: Receiver<Option<Handed>>,
 }
 
-impl Default for Handoff {
-    fn default() -> Self {
-        let (tx, rx) = unbounded();
-        Handoff {
-            idle: AtomicUsize::new(0),
-            tx,
-            rx,
-        }
-    }
+/// Running a turn (or not started).
+const BUSY: u8 = 0;
+/// Waiting for work, free to be reserved.
+const PARKED: u8 = 1;
+/// Reserved by an evaluator's write: a message is on its way.
+const RESERVED: u8 = 2;
+
+/// The longest an executor woken while its place is reserved waits for the
+/// reservation's message (a write's commit normally; a write stuck longer
+/// sends it to an executor that has gone on, which takes it at its next
+/// turn).
+const RESERVATION_WAIT: Duration = Duration::from_secs(5);
+
+/// The places of this process's executors, and the runs handed to them.
+pub(crate) struct Handoff {
+    places: Vec<Place>,
 }
 
 impl Handoff {
-    /// An executor found no work and waits: one more idle slot.
-    pub fn park(&self) {
-        self.idle.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// An executor woke: its slot, unless an evaluator took it (a run is
-    /// then on its way to whichever executor looks first).
-    pub fn unpark(&self) {
-        let _ = self
-            .idle
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-    }
-
-    /// Takes one idle executor's slot for a run about to be claimed at its
-    /// insert; false when no executor is idle.
-    pub fn take_slot(&self) -> bool {
-        self.idle
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-    }
-
-    /// Gives back slots taken for runs that were not handed (not ready,
-    /// or their transaction failed).
-    pub fn return_slots(&self, n: usize) {
-        if n > 0 {
-            self.idle.fetch_add(n, Ordering::SeqCst);
+    /// Places for `executors` executor threads.
+    pub fn new(executors: usize) -> Handoff {
+        Handoff {
+            places: (0..executors)
+                .map(|_| {
+                    let (tx, rx) = unbounded();
+                    Place {
+                        state: AtomicU8::new(BUSY),
+                        tx,
+                        rx,
+                    }
+                })
+                .collect(),
         }
     }
 
-    /// Idle slots now (for tests and the evaluator's cheap check).
+    /// Executor `i` found no work and waits: its place may be reserved.
+    pub fn park(&self, i: usize) {
+        self.places[i].state.store(PARKED, Ordering::SeqCst);
+    }
+
+    /// What executor `i` waits on besides the nudges.
+    pub fn receiver(&self, i: usize) -> &Receiver<Option<Handed>> {
+        &self.places[i].rx
+    }
+
+    /// Executor `i` woke, for `got` (a message in its place) or for
+    /// something else (`None`): its place is busy from now on, and it
+    /// returns the run it was handed, if any. Woken otherwise while its
+    /// place is reserved, it waits for the reservation's message first.
+    /// `Err(())` when the message said a reservation ended without a run
+    /// and the executor woke for nothing else: it stays parked.
+    pub fn wake(
+        &self,
+        i: usize,
+        got: Option<Option<Handed>>,
+    ) -> std::result::Result<Option<Handed>, ()> {
+        let place = &self.places[i];
+        match got {
+            Some(Some(handed)) => {
+                place.state.store(BUSY, Ordering::SeqCst);
+                Ok(Some(handed))
+            }
+            // Parked again by `send` (or reserved anew since).
+            Some(None) => Err(()),
+            None => {
+                let until = Instant::now() + RESERVATION_WAIT;
+                loop {
+                    if place
+                        .state
+                        .compare_exchange(PARKED, BUSY, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                    {
+                        return Ok(None);
+                    }
+                    if place.state.load(Ordering::SeqCst) == BUSY {
+                        return Ok(None);
+                    }
+                    // Reserved: the message comes once the write ends (a
+                    // word that none comes may be an earlier reservation's,
+                    // so the state is read again).
+                    match place
+                        .rx
+                        .recv_timeout(until.saturating_duration_since(Instant::now()))
+                    {
+                        Ok(Some(handed)) => {
+                            place.state.store(BUSY, Ordering::SeqCst);
+                            return Ok(Some(handed));
+                        }
+                        Ok(None) => {}
+                        Err(_) => {
+                            place.state.store(BUSY, Ordering::SeqCst);
+                            return Ok(None);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reserves a parked executor's place for a run about to be claimed at
+    /// its insert; None when no executor is parked. The reservation must
+    /// end with [`Handoff::send`].
+    pub fn reserve(&self) -> Option<usize> {
+        self.places.iter().position(|p| {
+            p.state
+                .compare_exchange(PARKED, RESERVED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        })
+    }
+
+    /// Ends the reservation of place `i`: the run claimed for it in a write
+    /// that committed, or `None` (the place is free again at once).
+    pub fn send(&self, i: usize, handed: Option<Handed>) {
+        let place = &self.places[i];
+        if handed.is_none() {
+            let _ =
+                place
+                    .state
+                    .compare_exchange(RESERVED, PARKED, Ordering::SeqCst, Ordering::SeqCst);
+        }
+        // The receiver lives as long as the sender (both are ours).
+        let _ = place.tx.send(handed);
+    }
+
+    /// Executors parked now, free to be reserved (the evaluator's cheap
+    /// check, and tests).
     pub fn idle(&self) -> usize {
-        self.idle.load(Ordering::SeqCst)
+        self.places
+            .iter()
+            .filter(|p| p.state.load(Ordering::SeqCst) == PARKED)
+            .count()
     }
 
-    /// Sends runs claimed in a transaction that committed.
-    pub fn hand(&self, rows: Vec<RunRow>, epoch: u64) {
-        for row in rows {
-            // The receiver lives as long as the sender (both are ours).
-            let _ = self.tx.send(Handed { row, epoch });
-        }
+    /// Up to `most` runs handed to executor `i` and not taken yet.
+    pub fn take(&self, i: usize, most: usize) -> Vec<Handed> {
+        self.places[i].rx.try_iter().flatten().take(most).collect()
     }
 
-    /// What parked executors wait on beside the nudges.
-    pub fn receiver(&self) -> &Receiver<Handed> {
-        &self.rx
-    }
-
-    /// Up to `most` runs handed and not taken yet.
-    pub fn take(&self, most: usize) -> Vec<Handed> {
-        self.rx.try_iter().take(most).collect()
+    /// Every run handed and not taken, whoever it was handed to (shutdown,
+    /// after the executors stopped).
+    pub fn take_all(&self) -> Vec<Handed> {
+        self.places
+            .iter()
+            .flat_map(|p| p.rx.try_iter().flatten())
+            .collect()
     }
 }
 
@@ -133,14 +219,17 @@ pub(crate) struct Hand<'a> {
 }
 
 /// One write's handing: the pause epoch read before it, which actions'
-/// runs may be handed (read once per action in the write), and how many
-/// idle executors' slots it took.
+/// runs may be handed (read once per action in the write), and the places
+/// it reserved.
 pub(crate) struct Handing<'a> {
     hand: &'a Hand<'a>,
     epoch: u64,
     eligible: Mutex<HashMap<String, bool>>,
-    taken: AtomicUsize,
+    reserved: Mutex<Vec<usize>>,
 }
+
+/// A run claimed at its insert, and the place of the executor it goes to.
+pub(crate) type HandedRow = (usize, RunRow);
 
 impl<'a> Handing<'a> {
     pub fn new(hand: &'a Hand<'a>) -> Handing<'a> {
@@ -148,7 +237,7 @@ impl<'a> Handing<'a> {
             hand,
             epoch: hand.claims.epoch(),
             eligible: Mutex::new(HashMap::new()),
-            taken: AtomicUsize::new(0),
+            reserved: Mutex::new(Vec::new()),
         }
     }
 
@@ -170,21 +259,27 @@ impl<'a> Handing<'a> {
         Ok(ok)
     }
 
-    /// Claims the run `id` of `action`, just inserted, for an idle executor
-    /// of this process, if one is idle, the action may be handed and the
-    /// run is ready (the head of its lane): as a claim would, by its
-    /// position, under this process's holder.
+    /// Claims the run `id` of `action`, just inserted, for a parked
+    /// executor of this process, if one is parked, the action may be handed
+    /// and the run is ready (the head of its lane): as a claim would, by
+    /// its position, under this process's holder.
     pub fn hand_over<B: Backend>(
         &self,
         tx: &mut Tx<'_, B>,
         action: &str,
         id: &str,
         now: i64,
-    ) -> Result<Option<RunRow>> {
-        if !self.may_hand(tx, action)? || !self.hand.handoff.take_slot() {
+    ) -> Result<Option<HandedRow>> {
+        if !self.may_hand(tx, action)? {
             return Ok(None);
         }
-        self.taken.fetch_add(1, Ordering::SeqCst);
+        let Some(place) = self.hand.handoff.reserve() else {
+            return Ok(None);
+        };
+        self.reserved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(place);
         let conn = tx.core();
         let Some(row) = Runs::get(conn, id)?.filter(|r| r.state == "ready") else {
             return Ok(None);
@@ -194,16 +289,32 @@ impl<'a> Handing<'a> {
         Ok(
             Control::claim_ords(conn, holder, now, expires_at, &[row.ord])?
                 .into_iter()
-                .next(),
+                .next()
+                .map(|row| (place, row)),
         )
     }
 
-    /// After the write: sends the rows of the commits that held, and gives
-    /// back the slots taken for any other.
-    pub fn sent(&self, rows: Vec<RunRow>) {
-        let handoff = self.hand.handoff;
-        handoff.return_slots(self.taken.load(Ordering::SeqCst).saturating_sub(rows.len()));
-        handoff.hand(rows, self.epoch);
+    /// After the write: sends each reserved place its run, claimed in a
+    /// commit that held, or word that none comes.
+    pub fn sent(&self, rows: Vec<HandedRow>) {
+        let reserved =
+            std::mem::take(&mut *self.reserved.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut rows = rows;
+        for place in reserved {
+            let handed = rows.iter().position(|(p, _)| *p == place).map(|i| Handed {
+                row: rows.swap_remove(i).1,
+                epoch: self.epoch,
+            });
+            self.hand.handoff.send(place, handed);
+        }
+    }
+}
+
+impl Drop for Handing<'_> {
+    /// A write that unwound before [`Handing::sent`]: its reservations end
+    /// without a run (the claims rolled back with the write).
+    fn drop(&mut self) {
+        self.sent(Vec::new());
     }
 }
 
@@ -212,20 +323,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_are_taken_only_from_parked_executors_and_never_go_below_zero() {
+    fn places_are_reserved_only_when_parked_and_each_reservation_ends_with_a_message() {
         // Invariant 5's fast path: a run is claimed at its insert only for
-        // an executor that is waiting for work.
-        let h = Handoff::default();
-        assert!(!h.take_slot(), "nobody parked");
-        h.park();
-        h.park();
-        assert!(h.take_slot());
-        h.unpark(); // the other executor woke for something else
+        // an executor that is waiting for work, and that executor — no
+        // other — gets it, or word that it does not come.
+        let h = Handoff::new(2);
+        assert_eq!(h.reserve(), None, "nobody parked");
+        h.park(0);
+        h.park(1);
+        assert_eq!(h.idle(), 2);
+        let a = h.reserve().unwrap();
+        assert_eq!(h.idle(), 1);
+        let b = h.reserve().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(h.reserve(), None, "both reserved");
+        // `a`'s reservation ends without a run: it is parked again, and the
+        // word of it does not wake it.
+        h.send(a, None);
+        assert_eq!(h.idle(), 1);
+        let got = h.receiver(a).try_recv().unwrap();
+        assert!(h.wake(a, Some(got)).is_err());
+        // `b` woke for something else while reserved: it waits for the
+        // message, and takes its run with it.
+        let row = RunRow::default();
+        h.send(b, Some(Handed { row, epoch: 7 }));
+        assert!(matches!(h.wake(b, None), Ok(Some(Handed { epoch: 7, .. }))));
+        assert_eq!(h.idle(), 1, "b is busy, a parked");
+        // A parked executor woken by a nudge is busy, and not reserved.
+        assert!(matches!(h.wake(a, None), Ok(None)));
         assert_eq!(h.idle(), 0);
-        assert!(!h.take_slot());
-        h.unpark(); // the executor whose slot was taken: nothing to give back
-        assert_eq!(h.idle(), 0);
-        h.return_slots(1); // a transaction that failed
-        assert!(h.take_slot());
+        assert_eq!(h.reserve(), None);
     }
 }

@@ -95,7 +95,7 @@ pub(crate) fn match_waits<B: Backend>(tx: &mut Tx<'_, B>) -> Result<usize> {
         Steps::set_wait_position(tx.core(), &workspace, head)?;
     }
     if woke > 0 {
-        tx.mark_nudge();
+        tx.mark_runs();
     }
     Ok(woke)
 }
@@ -109,7 +109,7 @@ pub(crate) fn child_ended<B: Backend>(
 ) -> Result<()> {
     let now = tx.now_ms();
     if child_ended_on(tx.core(), id, parent, now)? {
-        tx.mark_nudge();
+        tx.mark_runs();
     }
     Ok(())
 }

@@ -44,6 +44,7 @@ use crate::base::step::{EventMatch, MAX_STEPS_PER_RUN, StepInfo, StepKind, StepN
 use crate::base::upcast::Upcasters;
 use crate::core::changelog;
 use crate::core::db::{Backend, CoreDb, Tx};
+use crate::core::wake::Wake;
 use crate::store::runs::Requeued;
 use crate::store::steps::{EventWait, StepRow};
 use crate::store::{Events, Runs, Steps, Workspaces};
@@ -730,7 +731,14 @@ impl<'a, B: Backend> RunContext<'a, B> {
                 self.recorded(row);
                 match waited {
                     Waited::Over(event) => Ok(event),
-                    Waited::Suspended => Err(self.suspended_at(&name)),
+                    Waited::Suspended => {
+                        // Appends wake this process's executors from now
+                        // on, and this one wakes them for what came since
+                        // the commit (`core::wake::WaitsHint`).
+                        self.db.waits_hint().recorded();
+                        self.db.nudge_for(Wake::RUNS);
+                        Err(self.suspended_at(&name))
+                    }
                 }
             }
             Err(e) => {
@@ -844,7 +852,7 @@ impl<'a, B: Backend> RunContext<'a, B> {
                     ),
                 ));
             }
-            tx.mark_nudge();
+            tx.mark_runs();
             Ok(())
         });
         self.noted(&name, row, written).map(|()| id)
@@ -1045,7 +1053,7 @@ fn suspend<B: Backend>(tx: &mut Tx<'_, B>, run: &Run, due_at: i64) -> Result<()>
         Requeued::No | Requeued::Cancelled => Err(claim_lost(run)),
         Requeued::Ready => {
             // Threads waiting for runs, and executors, look again.
-            tx.mark_nudge();
+            tx.mark_runs();
             Ok(())
         }
     }
