@@ -82,6 +82,20 @@ pub trait Events {
         types: &[String],
         limit: usize,
     ) -> Result<Vec<Event>>;
+    /// [`Events::page`] of every type into `out`, which it replaces; a
+    /// backend may reuse the events already there (their strings' room),
+    /// so a reader that keeps `out` between pages allocates a page's
+    /// strings once rather than once a page.
+    fn page_into(
+        &self,
+        workspace: &str,
+        after: i64,
+        limit: usize,
+        out: &mut Vec<Event>,
+    ) -> Result<()> {
+        *out = self.page(workspace, after, &[], limit)?;
+        Ok(())
+    }
     /// Up to `limit` of the workspace's events after `after` with this
     /// subject (and a type in `types` unless it is empty), in seq order.
     fn by_subject(

@@ -62,6 +62,49 @@ pub(super) fn from_row(r: &Row<'_>) -> rusqlite::Result<Event> {
     })
 }
 
+/// [`from_row`] into an event read before: each text copied into the
+/// string already there, which keeps its room (a page read this way
+/// allocates nothing once its strings have grown to fit), and the parse of
+/// the old payload dropped.
+fn refill(e: &mut Event, r: &Row<'_>) -> rusqlite::Result<()> {
+    e.seq = r.get(0)?;
+    set_text(&mut e.id, r, 1)?;
+    set_text(&mut e.workspace, r, 2)?;
+    set_text(&mut e.event_type, r, 3)?;
+    set_text(&mut e.subject, r, 4)?;
+    set_text(&mut e.actor, r, 5)?;
+    e.occurred_at = r.get(6)?;
+    e.recorded_at = r.get(7)?;
+    set_optional(&mut e.causation_id, r, 8)?;
+    set_optional(&mut e.correlation_id, r, 9)?;
+    e.depth = r.get(10)?;
+    set_text(&mut e.payload, r, 11)?;
+    e.version = r.get(12)?;
+    set_optional(&mut e.traceparent, r, 13)?;
+    e.parsed = Default::default();
+    Ok(())
+}
+
+/// Column `i`'s text, into `s`.
+fn set_text(s: &mut String, r: &Row<'_>, i: usize) -> rusqlite::Result<()> {
+    let v = r.get_ref(i)?;
+    let text = v
+        .as_str()
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, v.data_type(), Box::new(e)))?;
+    s.clear();
+    s.push_str(text);
+    Ok(())
+}
+
+/// Column `i`'s text or NULL, into `s`.
+fn set_optional(s: &mut Option<String>, r: &Row<'_>, i: usize) -> rusqlite::Result<()> {
+    if r.get_ref(i)? == rusqlite::types::ValueRef::Null {
+        *s = None;
+        return Ok(());
+    }
+    set_text(s.get_or_insert_with(String::new), r, i)
+}
+
 /// The workspace's events after `after` that match `types` (any, if empty)
 /// and `subject`, in seq order: at most `limit` of them, found among at most
 /// `window` of the workspace's events after `after`. Returns them and the
@@ -225,6 +268,40 @@ impl Events for Connection {
                 .collect::<rusqlite::Result<Vec<_>>>()?
         };
         Ok(events)
+    }
+
+    fn page_into(
+        &self,
+        workspace: &str,
+        after: i64,
+        limit: usize,
+        out: &mut Vec<Event>,
+    ) -> Result<()> {
+        let mut stmt = self.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM reflexr_events \
+             WHERE workspace = ?1 AND seq > ?2 ORDER BY seq LIMIT {limit}"
+        ))?;
+        let mut rows = stmt.query(params![workspace, after])?;
+        let mut n = 0;
+        let read = loop {
+            let row = match rows.next() {
+                Ok(Some(row)) => row,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            let filled = match out.get_mut(n) {
+                Some(event) => refill(event, row),
+                None => from_row(row).map(|e| out.push(e)),
+            };
+            if let Err(e) = filled {
+                break Err(e);
+            }
+            n += 1;
+        };
+        // A page that failed half-way is no page: nothing half-filled is
+        // left for a caller to read.
+        out.truncate(if read.is_ok() { n } else { 0 });
+        Ok(read?)
     }
 
     fn by_subject(
