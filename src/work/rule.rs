@@ -112,12 +112,16 @@ impl Scope {
             Scope::Subject => Ok(event.subject.clone()),
             Scope::Global => Ok(String::new()),
             Scope::Payload(field) => {
-                let field_only;
+                let mut field_only;
                 let found = if field.starts_with('/') {
                     let value = event.json().map_err(|_| "the payload is not JSON")?;
                     value.pointer(field)
                 } else {
                     field_only = event.field(field).map_err(|()| "the payload is not JSON")?;
+                    // A string read alone is the scope as it is.
+                    if let Some(serde_json::Value::String(s)) = &mut field_only {
+                        return Ok(std::mem::take(s));
+                    }
                     field_only.as_ref()
                 };
                 match found {
