@@ -10,11 +10,11 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use reflexr::{Decision, Engine, NewEvent, Rule, RunOrder};
+use reflexr::{Backend, Decision, Engine, NewEvent, Rule, RunOrder};
 
 use super::{Ctx, Figure, raw};
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
+pub(crate) fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -33,6 +33,14 @@ fn reacting_engine(ctx: &Ctx, name: &str) -> (Engine, mpsc::Receiver<(i64, i64)>
         .open()
         .unwrap();
     e.ensure_workspace("bench", &["tick"]).unwrap();
+    let handled = react(&e);
+    (e, handled)
+}
+
+/// Registers on `e` a rule firing on every tick and an action that reports
+/// when its handler starts (the event's seq and the wall clock in µs), and
+/// starts its threads.
+pub(crate) fn react<B: Backend>(e: &Engine<B>) -> mpsc::Receiver<(i64, i64)> {
     e.register_rule(
         Rule::new("every", "bench")
             .on(["tick"])
@@ -50,7 +58,30 @@ fn reacting_engine(ctx: &Ctx, name: &str) -> (Engine, mpsc::Receiver<(i64, i64)>
     })
     .unwrap();
     e.start().unwrap();
-    (e, rx)
+    rx
+}
+
+/// `samples` appends to `e`, each once the last one's handler started: the
+/// milliseconds from each append's return to its handler's start.
+pub(crate) fn measure<B: Backend>(
+    e: &Engine<B>,
+    handled: &mpsc::Receiver<(i64, i64)>,
+    samples: usize,
+) -> Vec<f64> {
+    let mut lat = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let a = e
+            .append(
+                "bench",
+                &NewEvent::new("tick", format!("t/{i}"), "bench", 0),
+            )
+            .unwrap();
+        let committed = micros_now();
+        let (seq, started) = handled.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(seq, a.seq);
+        lat.push(((started - committed).max(0)) as f64 / 1e3);
+    }
+    lat
 }
 
 fn raw_commit_ms(ctx: &Ctx, name: &str, samples: usize) -> f64 {
@@ -69,19 +100,7 @@ pub fn latency_inprocess(ctx: &Ctx) -> Vec<Figure> {
     let samples = ctx.n(200, 1_000);
     let baseline = raw_commit_ms(ctx, "latency-in-raw", samples);
     let (e, handled) = reacting_engine(ctx, "latency-in");
-    let mut lat = Vec::with_capacity(samples);
-    for i in 0..samples {
-        let a = e
-            .append(
-                "bench",
-                &NewEvent::new("tick", format!("t/{i}"), "bench", 0),
-            )
-            .unwrap();
-        let committed = micros_now();
-        let (seq, started) = handled.recv_timeout(Duration::from_secs(30)).unwrap();
-        assert_eq!(seq, a.seq);
-        lat.push(((started - committed).max(0)) as f64 / 1e3);
-    }
+    let mut lat = measure(&e, &handled, samples);
     e.shutdown();
     vec![
         Figure::new(

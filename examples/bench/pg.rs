@@ -105,6 +105,7 @@ pub const ALL: &[(&str, Stage)] = &[
     ("pg_evaluate_10rules", evaluate_10rules),
     ("pg_runs_4processes", runs_4processes),
     ("pg_runs_4processes_vs_1", runs_4processes_vs_1),
+    ("pg_latency_inprocess", latency_inprocess),
 ];
 
 /// One event per transaction, one caller: two round trips and a commit.
@@ -210,6 +211,43 @@ fn enqueue_single(url: &str, ctx: &Ctx) -> Vec<Figure> {
         "enqueues/s",
         baseline,
     )]
+}
+
+/// From an append's return to its action's handler starting, with the
+/// engine's threads, on the server: the commit's nudge wakes the evaluator,
+/// whose firing's commit hands the run to a parked executor (the `NOTIFY`
+/// reaches other processes). Baseline: the median raw insert and commit
+/// (its round trip and the server's flush), the floor any of this pays.
+fn latency_inprocess(url: &str, ctx: &Ctx) -> Vec<Figure> {
+    let samples = ctx.n(200, 1_000);
+    let s = Schema::new(url);
+    let mut c = s.raw();
+    let mut raw: Vec<f64> = (0..samples)
+        .map(|i| {
+            let t = Instant::now();
+            raw_insert(&mut c, i);
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    let baseline = super::latency::percentile(&mut raw, 0.5);
+    let engine = s.engine();
+    let handled = super::latency::react(&engine);
+    let mut lat = super::latency::measure(&engine, &handled, samples);
+    engine.shutdown();
+    vec![
+        Figure::new(
+            "pg_latency_inprocess_p50_ms",
+            super::latency::percentile(&mut lat, 0.5),
+            "ms",
+            baseline,
+        ),
+        Figure::new(
+            "pg_latency_inprocess_p99_ms",
+            super::latency::percentile(&mut lat, 0.99),
+            "ms",
+            baseline,
+        ),
+    ]
 }
 
 /// 1,000 events per transaction: one round trip per append.
