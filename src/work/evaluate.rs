@@ -296,11 +296,28 @@ pub(crate) fn pass<B: Backend>(
             // Runs claimed at their insert for idle executors (`handoff`),
             // sent once the commit holds; the slots of the others go back.
             let handing = hand.filter(|h| h.handoff.idle() > 0).map(Handing::new);
+            let page_end = page.last().map_or(position, |e| e.seq);
             let outcomes = db.write_with(|tx| -> Result<Vec<Result<Option<Committed>>>> {
-                Ok(decided
+                // Nothing after the page in the log yet: what this write
+                // appends after it is its own envelopes.
+                let reached_head = Events::head(tx.core())? == page_end;
+                let outcomes: Vec<_> = decided
                     .iter()
                     .map(|d| commit_rule(tx, d, &page, &lease, handing.as_ref()))
-                    .collect())
+                    .collect();
+                if reached_head {
+                    // An optimisation: if it fails, its savepoint goes, and
+                    // the next pass moves the cursors as it did before.
+                    let moved = tx.nested(|tx| {
+                        past_own_envelopes(tx, &decided, &outcomes, page.len(), page_end)
+                    });
+                    if let Err(e) = moved {
+                        ::log::debug!(
+                            "rules of {workspace}: cursors left before their envelopes: {e}"
+                        );
+                    }
+                }
+                Ok(outcomes)
             });
             let outcomes = match (outcomes, &handing) {
                 (Ok(mut outcomes), Some(h)) => {
@@ -642,6 +659,40 @@ fn decide_one<'s>(
         Ok(Err(e)) => errors.push(error(Reason::DecisionError, e.to_string())),
         Err(panic) => errors.push(error(Reason::DecisionPanic, panic_text(&*panic))),
     }
+}
+
+/// Moves the cursors of the rules that decided a whole page, which reached
+/// the log's head, past the `RuleFired` and `RuleErrored` envelopes their
+/// write appended after it (in the same transaction, under the same lease
+/// check): no rule decides on the engine's own envelopes (registration
+/// refuses those types), so reading them again would only move the
+/// cursors — a durable commit (on PostgreSQL with the log's head held)
+/// for every page that fired, which the next append waited behind. Only
+/// when every event between the page and the head is this write's:
+/// nothing was after the page when the write began (`page_end` the head
+/// then), and the write appends nothing else.
+fn past_own_envelopes<B: Backend>(
+    tx: &mut Tx<'_, B>,
+    decided: &[Decided<'_>],
+    outcomes: &[Result<Option<Committed>>],
+    page_len: usize,
+    page_end: i64,
+) -> Result<()> {
+    let head = Events::head(tx.core())?;
+    if head <= page_end {
+        return Ok(());
+    }
+    let now = tx.now_ms();
+    let kind = ConsumerKind::Rule.as_str();
+    for (d, outcome) in decided.iter().zip(outcomes) {
+        // Only a rule whose batch committed, through the whole page.
+        if !matches!(outcome, Ok(Some(_))) || d.through != page_len {
+            continue;
+        }
+        // Behind where it stands (`Err`): it moved meanwhile; leave it.
+        let _ = Cursors::advance(tx.core(), &d.rule.workspace, kind, &d.rule.name, head, now)?;
+    }
+    Ok(())
 }
 
 /// True when the firing `id` was recorded before: its run exists, or its

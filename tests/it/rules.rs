@@ -33,6 +33,7 @@ on_backends!(
     a_new_rule_version_continues_resets_its_state_or_replays_as_it_says,
     a_rule_gone_from_the_code_keeps_its_rows_until_deleted,
     a_state_reset_while_a_batch_is_being_decided_makes_it_decide_again,
+    a_page_that_fires_passes_its_own_envelopes_in_its_commit,
 );
 
 children_on_backends!(child_process_evaluator);
@@ -1153,4 +1154,67 @@ mod every_backend {
             "then a, in order"
         );
     }
+}
+
+/// Invariant 4 at one commit a firing: a page that reached the log's head
+/// and fired moves each rule's cursor past the `RuleFired` envelopes its
+/// commit appended, in that commit (no rule decides on them), so an event
+/// that fires costs one commit, not a second one that moves the cursors
+/// over the envelopes; and every event is still decided once.
+fn a_page_that_fires_passes_its_own_envelopes_in_its_commit<B: TestBackend>() {
+    let (place, clock) = scene::<B>();
+    // No action registered: the drain runs nothing, so every commit below
+    // is the evaluator's.
+    let e = B::open(&place, &clock, "test");
+    e.ensure_workspace("app", APP_TYPES).unwrap();
+    e.register_rule(every_nth("each", 1)).unwrap();
+    e.register_rule(every_nth("second", 2)).unwrap();
+    e.run_until_idle().unwrap(); // takes the evaluator's lease
+    let rsvp = |n: i64| {
+        NewEvent::new("rsvp", format!("guest/{n}"), "web", 0)
+            .payload(&serde_json::json!({ "session": "s-1", "n": n }))
+    };
+    e.append("app", &rsvp(1)).unwrap();
+    e.append("app", &rsvp(2)).unwrap();
+    let before = e.writer_stats().commits;
+    let drained = e.run_until_idle().unwrap();
+    assert_eq!(drained.decided, 4);
+    assert_eq!(drained.fired, 3);
+    assert_eq!(e.writer_stats().commits - before, 1, "one commit");
+    let head = e.head_seq().unwrap();
+    assert_eq!(head, 5, "two events and three envelopes");
+    let positions = |e: &Engine<B>| {
+        let mut p: Vec<(String, i64, i64)> = e
+            .cursors()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.kind == ConsumerKind::Rule)
+            .map(|c| (c.name, c.position, c.lag))
+            .collect();
+        p.sort();
+        p
+    };
+    assert_eq!(
+        positions(&e),
+        [("each".into(), 5, 0), ("second".into(), 5, 0)]
+    );
+    // From there, the next events are decided once each, as ever.
+    e.append("app", &rsvp(3)).unwrap();
+    e.append("app", &rsvp(4)).unwrap();
+    let drained = e.run_until_idle().unwrap();
+    assert_eq!((drained.decided, drained.fired), (4, 3));
+    assert_eq!(e.head_seq().unwrap(), 10);
+    assert_eq!(
+        positions(&e),
+        [("each".into(), 10, 0), ("second".into(), 10, 0)]
+    );
+    // Decided once each: the firings the two rules' folds predict.
+    let fired: Vec<String> = e
+        .read(&Query::new("app").types(["RuleFired"]))
+        .unwrap()
+        .iter()
+        .map(|ev| ev.json().unwrap()["rule"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(fired.iter().filter(|r| *r == "each").count(), 4);
+    assert_eq!(fired.iter().filter(|r| *r == "second").count(), 2);
 }
