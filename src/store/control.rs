@@ -146,6 +146,16 @@ pub trait Control {
         after: (i64, i64),
         limit: usize,
     ) -> Result<Vec<(i64, i64, String)>>;
+    /// Claims the run `id` if it is ready: a run this transaction inserted,
+    /// claimed for an executor of this process at its insert (the handoff),
+    /// so no other transaction can hold it.
+    fn claim_fresh(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        id: &str,
+    ) -> Result<Option<RunRow>>;
     /// Claims the ready runs at these positions.
     fn claim_ords(
         &self,

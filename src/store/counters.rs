@@ -10,6 +10,14 @@ use crate::base::error::Result;
 pub trait Counters {
     /// Adds `by` to `name` in the caller's transaction (nothing for 0).
     fn bump(&self, name: Counter, by: usize) -> Result<()>;
+    /// [`Counters::bump`] of each, where a backend may take them in one
+    /// statement (PostgreSQL: one round trip).
+    fn bump_all(&self, bumps: &[(Counter, usize)]) -> Result<()> {
+        for (name, by) in bumps {
+            self.bump(*name, *by)?;
+        }
+        Ok(())
+    }
     /// Every counter this version knows.
     fn all(&self) -> Result<Vec<(Counter, i64)>>;
 }

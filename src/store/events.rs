@@ -48,6 +48,14 @@ pub enum Inserted {
 /// cursor relies on never to skip an event).
 pub trait Events {
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted>;
+    /// Whether [`Events::insert`] of an id the workspace has already
+    /// leaves the log as it was, so an append need not look the id up
+    /// first: PostgreSQL's, whose seq comes from the head row only when a
+    /// row goes in. SQLite's AUTOINCREMENT moves on at a conflicting
+    /// insert (a gap, and a head that counts an event never appended).
+    fn insert_finds_ids(&self) -> bool {
+        false
+    }
     /// Takes the log's head before a transaction that will append takes
     /// anything else, where writers run side by side (PostgreSQL: see
     /// `PgConn::begin_ordered`); SQLite's one writer needs nothing.

@@ -306,16 +306,7 @@ pub(crate) fn pass<B: Backend>(
                     .map(|d| commit_rule(tx, d, &page, &lease, handing.as_ref()))
                     .collect();
                 if reached_head {
-                    // An optimisation: if it fails, its savepoint goes, and
-                    // the next pass moves the cursors as it did before.
-                    let moved = tx.nested(|tx| {
-                        past_own_envelopes(tx, &decided, &outcomes, page.len(), page_end)
-                    });
-                    if let Err(e) = moved {
-                        ::log::debug!(
-                            "rules of {workspace}: cursors left before their envelopes: {e}"
-                        );
-                    }
+                    past_own_envelopes(tx, &decided, &outcomes, page.len(), page_end)?;
                 }
                 Ok(outcomes)
             });
@@ -839,12 +830,16 @@ fn commit<B: Backend>(
     if done.fired > done.handed.len() {
         tx.mark_runs();
     }
-    let conn = tx.core();
-    Counters::bump(conn, Counter::Decisions, d.decided)?;
-    Counters::bump(conn, Counter::Fired, done.fired)?;
-    Counters::bump(conn, Counter::Errored, done.errored)?;
-    Counters::bump(conn, Counter::ReplayExisting, existing)?;
-    Counters::bump(conn, Counter::ReplayKept, kept)?;
+    Counters::bump_all(
+        tx.core(),
+        &[
+            (Counter::Decisions, d.decided),
+            (Counter::Fired, done.fired),
+            (Counter::Errored, done.errored),
+            (Counter::ReplayExisting, existing),
+            (Counter::ReplayKept, kept),
+        ],
+    )?;
     Ok(done)
 }
 

@@ -8,6 +8,7 @@
 //! writer makes them hold by construction. A new backend adds its variant
 //! to [`Db`] and passes every test here.
 
+mod counters;
 mod cursors;
 mod events;
 mod leases;
@@ -38,11 +39,14 @@ use crate::core::workspace;
 #[cfg(feature = "postgres")]
 use crate::store::postgres::{self as pg, PgConn};
 use crate::store::runs::{Inserted, NewRun, Requeued, Uniq};
-use crate::store::{Cursors, Events, Lanes, Leases, Rules, Runs, Workspaces};
+use crate::store::{Counters, Cursors, Events, Lanes, Leases, Rules, Runs, Workspaces};
 
 /// Every table group the tests use.
-trait Core: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules {}
-impl<T: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules + ?Sized> Core for T {}
+trait Core: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules + Counters {}
+impl<T: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules + Counters + ?Sized> Core
+    for T
+{
+}
 
 #[cfg(feature = "postgres")]
 fn pg_url() -> String {

@@ -493,6 +493,16 @@ impl Control for PgConn {
         .collect()
     }
 
+    fn claim_fresh(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        id: &str,
+    ) -> Result<Option<RunRow>> {
+        self.claim_fresh_row(holder, now, expires_at, id)
+    }
+
     fn claim_ords(
         &self,
         holder: &str,

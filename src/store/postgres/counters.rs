@@ -31,6 +31,32 @@ impl Counters for PgConn {
         Ok(())
     }
 
+    fn bump_all(&self, bumps: &[(Counter, usize)]) -> Result<()> {
+        let nonzero: Vec<(Counter, usize)> =
+            bumps.iter().copied().filter(|(_, by)| *by > 0).collect();
+        match nonzero[..] {
+            [] => return Ok(()),
+            [(name, by)] => return self.bump(name, by),
+            _ => {}
+        }
+        let names: Vec<&str> = nonzero.iter().map(|(name, _)| name.as_str()).collect();
+        let values: Vec<i64> = nonzero
+            .iter()
+            .map(|(_, by)| i64::try_from(*by).unwrap_or(i64::MAX))
+            .collect();
+        self.query(
+            "INSERT INTO reflexr_counters (name, value) \
+             SELECT * FROM unnest($1::text[], $2::int8[])",
+            &[(&names, Type::TEXT_ARRAY), (&values, Type::INT8_ARRAY)],
+        )?;
+        for name in names {
+            if fastrand::u32(..FOLD_EVERY) == 0 {
+                self.fold_counter(name)?;
+            }
+        }
+        Ok(())
+    }
+
     fn all(&self) -> Result<Vec<(Counter, i64)>> {
         let rows = self.query(
             "SELECT name, sum(value)::bigint FROM reflexr_counters GROUP BY name ORDER BY name",

@@ -116,6 +116,10 @@ impl PgConn {
 }
 
 impl Events for PgConn {
+    fn insert_finds_ids(&self) -> bool {
+        true
+    }
+
     fn lock_head(&self) -> Result<()> {
         // A transaction begun ordered holds it from its BEGIN, to the end.
         if self.holds_head.get() {
@@ -349,6 +353,10 @@ impl Events for PgConn {
         // This transaction's own appends count before its commit moves
         // the row.
         let last = self.last_seq.get();
+        // Held from the BEGIN: nobody else can have moved it.
+        if self.holds_head.get() {
+            return Ok(self.head_at_begin.get().max(last));
+        }
         let rows = self.query(
             "SELECT greatest(seq, $1) FROM reflexr_head",
             &[(&last, Type::INT8)],

@@ -189,6 +189,10 @@ pub struct PgConn {
     /// Begun ordered: the head row's lock is held from the BEGIN to the
     /// end (a lock taken in a savepoint is not: rolling it back lets go).
     pub(super) holds_head: std::cell::Cell<bool>,
+    /// The head seq the ordered BEGIN read with its lock: while the lock is
+    /// held no other transaction can move it, so the head is this, or
+    /// this transaction's own last append (no round trip to ask).
+    pub(super) head_at_begin: std::cell::Cell<i64>,
 }
 
 type Param<'p> = (&'p (dyn ToSql + Sync), Type);
@@ -226,7 +230,7 @@ impl PgConn {
         PgConn::begin_with(
             client,
             "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; \
-             SELECT 1 FROM reflexr_head FOR UPDATE",
+             SELECT seq FROM reflexr_head FOR UPDATE",
             true,
         )
     }
@@ -234,14 +238,27 @@ impl PgConn {
     /// `begin` opens the transaction; `holds_head` says it also takes the
     /// head row's lock, held to the end.
     fn begin_with(mut client: Pooled, begin: &str, holds_head: bool) -> Result<PgConn> {
-        if let Err(e) = client.batch_execute(begin) {
-            // A statement sent with the BEGIN failed (the head's lock met a
-            // `lock_timeout`, say): the transaction is open and aborted.
-            // End it, or the connection would go back to the pool in it
-            // and fail every BEGIN after (on a broken connection this
-            // fails too, and the pool drops it).
+        let head = match client.simple_query(begin) {
+            Ok(messages) => messages.iter().find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse::<i64>().ok(),
+                _ => None,
+            }),
+            Err(e) => {
+                // A statement sent with the BEGIN failed (the head's lock
+                // met a `lock_timeout`, say): the transaction is open and
+                // aborted. End it, or the connection would go back to the
+                // pool in it and fail every BEGIN after (on a broken
+                // connection this fails too, and the pool drops it).
+                let _ = client.batch_execute("ROLLBACK");
+                return Err(e.into());
+            }
+        };
+        if holds_head && head.is_none() {
             let _ = client.batch_execute("ROLLBACK");
-            return Err(e.into());
+            return Err(Error::Storage {
+                code: None,
+                message: "PostgreSQL: the log's head row (reflexr_head) is missing".into(),
+            });
         }
         Ok(PgConn {
             client: RefCell::new(client),
@@ -249,6 +266,7 @@ impl PgConn {
             aborted: std::cell::Cell::new(false),
             last_seq: std::cell::Cell::new(0),
             holds_head: std::cell::Cell::new(holds_head),
+            head_at_begin: std::cell::Cell::new(head.unwrap_or(0)),
         })
     }
 

@@ -116,6 +116,20 @@ static CLAIM_PICKED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(
     )
 });
 
+/// [`Control::claim_fresh`](crate::store::Control::claim_fresh)'s
+/// statement: the run by its id, which no other transaction can hold (this
+/// one inserted it), in one round trip.
+static CLAIM_FRESH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
+           claimed_by = $1, claim_expires_at = $3, updated_at = $2, \
+           changed_tx = pg_current_xact_id()::text::bigint, started_at = $2, \
+           began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
+         WHERE id = $4 AND state = 'ready' \
+         RETURNING {COLUMNS}"
+    )
+});
+
 /// The first key of the advisory locks enqueues of one uniqueness key take
 /// ("rfxu" in ASCII, as an int4).
 const UNIQUE_LOCK: i32 = 0x7266_7875;
@@ -141,6 +155,28 @@ impl PgConn {
         let mut claimed: Vec<RunRow> = rows.iter().map(run_from).collect::<Result<_>>()?;
         claimed.sort_by_key(|r| (r.due_at, r.ord));
         Ok(claimed)
+    }
+
+    /// [`Control::claim_fresh`](crate::store::Control::claim_fresh).
+    pub(super) fn claim_fresh_row(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        id: &str,
+    ) -> Result<Option<RunRow>> {
+        self.query_opt(
+            &CLAIM_FRESH_SQL,
+            &[
+                (&holder, Type::TEXT),
+                (&now, Type::INT8),
+                (&expires_at, Type::INT8),
+                (&id, Type::TEXT),
+            ],
+        )?
+        .as_ref()
+        .map(run_from)
+        .transpose()
     }
 
     fn run_exists(&self, id: &str) -> Result<bool> {

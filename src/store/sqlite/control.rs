@@ -340,6 +340,16 @@ impl Control for Connection {
         Ok(rows)
     }
 
+    fn claim_fresh(
+        &self,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        id: &str,
+    ) -> Result<Option<RunRow>> {
+        super::runs::claim_fresh(self, holder, now, expires_at, id)
+    }
+
     fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>> {
         if let [action] = actions {
             return limited_one(self, action);

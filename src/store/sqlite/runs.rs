@@ -375,6 +375,33 @@ pub(crate) fn claim_ord(
         .optional()?)
 }
 
+/// [`Control::claim_fresh`](crate::store::Control::claim_fresh): the
+/// update by the run's id, then its row read back (no `RETURNING`, which
+/// makes SQLite build a temporary b-tree).
+pub(crate) fn claim_fresh(
+    conn: &Connection,
+    holder: &str,
+    now: i64,
+    expires_at: i64,
+    id: &str,
+) -> Result<Option<RunRow>> {
+    let claimed = conn
+        .prepare_cached(&claim_fresh_sql())?
+        .execute(params![holder, now, expires_at, id])?;
+    if claimed == 0 {
+        return Ok(None);
+    }
+    Ok(conn
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM reflexr_runs WHERE id = ?1"))?
+        .query_row([id], from_row)
+        .optional()?)
+}
+
+/// [`claim_fresh`]'s update.
+pub(crate) fn claim_fresh_sql() -> String {
+    format!("UPDATE reflexr_runs SET {CLAIM_SET} WHERE id = ?4 AND +state = 'ready'")
+}
+
 /// The `SET` term for a run that ended and is made pending again (an
 /// operator's retry or reset): a run that ended before its action became
 /// keyed gets its key now, as the configure gave the unfinished ones, so a

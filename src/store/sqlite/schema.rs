@@ -842,6 +842,7 @@ mod tests {
         for sql in [
             crate::store::sqlite::cursors::ADVANCE.to_string(),
             crate::store::sqlite::runs::claim_ord_sql(),
+            crate::store::sqlite::runs::claim_fresh_sql(),
             crate::store::sqlite::control::limited_one_sql(),
         ] {
             let ops = opcodes(&conn, &sql);

@@ -7,7 +7,7 @@
 //! evaluator, writing a firing whose run would be ready at once, reserves
 //! one parked executor's place ([`Handoff::reserve`]) and claims the run in
 //! the same transaction, under this process's holder and the run's first
-//! attempt, exactly as a claim would (`Control::claim_ords`); after the
+//! attempt, exactly as a claim would (`Control::claim_fresh`); after the
 //! commit it sends that executor the claimed row, and the executor runs it
 //! as the first batch of its turn. Nothing else changes:
 //!
@@ -42,8 +42,8 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::base::error::Result;
 use crate::core::db::{Backend, Tx};
+use crate::store::Control;
 use crate::store::runs::RunRow;
-use crate::store::{Control, Runs};
 use crate::work::queue::claims::Claims;
 
 /// A run claimed at its insert for an idle executor, with the pause epoch
@@ -280,18 +280,9 @@ impl<'a> Handing<'a> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(place);
-        let conn = tx.core();
-        let Some(row) = Runs::get(conn, id)?.filter(|r| r.state == "ready") else {
-            return Ok(None);
-        };
         let holder = &tx.settings().holder_id;
         let expires_at = now + tx.settings().lease_ttl_ms();
-        Ok(
-            Control::claim_ords(conn, holder, now, expires_at, &[row.ord])?
-                .into_iter()
-                .next()
-                .map(|row| (place, row)),
-        )
+        Ok(Control::claim_fresh(tx.core(), holder, now, expires_at, id)?.map(|row| (place, row)))
     }
 
     /// After the write: sends each reserved place its run, claimed in a
