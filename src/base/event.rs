@@ -291,29 +291,44 @@ mod scan {
         /// key, `None` when unsure.
         fn object_field(&mut self, name: &[u8]) -> Option<Option<(usize, usize)>> {
             self.ws();
-            self.eat(b'{')?;
             let mut found = None;
+            self.object(0, false, |key, value| {
+                if key == name {
+                    found = Some(value);
+                }
+            })?;
+            Some(found)
+        }
+
+        /// Skips an object at `depth`, checked, telling `member` each key
+        /// (between its quotes) and its value's bounds. With `escapes`
+        /// false, a key with an escape is unsure.
+        fn object(
+            &mut self,
+            depth: usize,
+            escapes: bool,
+            mut member: impl FnMut(&[u8], (usize, usize)),
+        ) -> Option<()> {
+            self.eat(b'{')?;
             self.ws();
             if self.eat(b'}').is_some() {
-                return Some(None);
+                return Some(());
             }
             loop {
                 self.ws();
-                let key = self.string(false)?;
+                let (k0, k1) = self.string(escapes)?;
                 self.ws();
                 self.eat(b':')?;
                 self.ws();
                 let from = self.i;
-                self.value(1)?;
-                if &self.b[key.0 + 1..key.1 - 1] == name {
-                    found = Some((from, self.i));
-                }
+                self.value(depth + 1)?;
+                member(&self.b[k0 + 1..k1 - 1], (from, self.i));
                 self.ws();
                 match self.peek()? {
                     b',' => self.i += 1,
                     b'}' => {
                         self.i += 1;
-                        return Some(found);
+                        return Some(());
                     }
                     _ => return None,
                 }
@@ -327,30 +342,7 @@ mod scan {
             }
             match self.peek()? {
                 b'"' => self.string(true).map(|_| ()),
-                b'{' => {
-                    self.i += 1;
-                    self.ws();
-                    if self.eat(b'}').is_some() {
-                        return Some(());
-                    }
-                    loop {
-                        self.ws();
-                        self.string(true)?;
-                        self.ws();
-                        self.eat(b':')?;
-                        self.ws();
-                        self.value(depth + 1)?;
-                        self.ws();
-                        match self.peek()? {
-                            b',' => self.i += 1,
-                            b'}' => {
-                                self.i += 1;
-                                return Some(());
-                            }
-                            _ => return None,
-                        }
-                    }
-                }
+                b'{' => self.object(depth, true, |_, _| {}),
                 b'[' => {
                     self.i += 1;
                     self.ws();
