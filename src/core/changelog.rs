@@ -80,16 +80,14 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
     let id = match &ev.id {
         Some(id) => {
             limits::check_text("id", id, MAX_ID_BYTES)?;
-            // Looked up first where an INSERT that conflicts would still
-            // take a seq (SQLite's AUTOINCREMENT: sqlite_sequence moves on,
-            // leaving a gap and a head that counts an event never
-            // appended), and before an expectation is checked (an append
-            // made already is found, whatever its subject's version is
-            // now); otherwise PostgreSQL's insert finds it itself, a round
-            // trip less. A fresh generated id cannot be there, and skips
-            // both.
-            let finds = Events::insert_finds_ids(conn) && matches!(ev.expected, Expected::Any);
-            if !finds && let Some(seq) = Events::seq_of(conn, workspace, id)? {
+            // Looked up first only before an expectation is checked (an
+            // append made already is found, whatever its subject's version
+            // is now); otherwise the insert finds it itself, which takes no
+            // seq (see `Events::insert`): a statement less. A fresh
+            // generated id cannot be there, and skips both.
+            if !matches!(ev.expected, Expected::Any)
+                && let Some(seq) = Events::seq_of(conn, workspace, id)?
+            {
                 return existing(conn, seq, id.clone());
             }
             id.clone()

@@ -47,15 +47,11 @@ pub enum Inserted {
 /// `n` will never later see a new event below `n` (invariant 1, and what a
 /// cursor relies on never to skip an event).
 pub trait Events {
+    /// Appends the row, or finds its id there already
+    /// ([`Inserted::Existing`]) and leaves the log as it was: no seq taken,
+    /// no gap. So an append without an expected version need not look its
+    /// id up first.
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted>;
-    /// Whether [`Events::insert`] of an id the workspace has already
-    /// leaves the log as it was, so an append need not look the id up
-    /// first: PostgreSQL's, whose seq comes from the head row only when a
-    /// row goes in. SQLite's AUTOINCREMENT moves on at a conflicting
-    /// insert (a gap, and a head that counts an event never appended).
-    fn insert_finds_ids(&self) -> bool {
-        false
-    }
     /// Takes the log's head before a transaction that will append takes
     /// anything else, where writers run side by side (PostgreSQL: see
     /// `PgConn::begin_ordered`); SQLite's one writer needs nothing.

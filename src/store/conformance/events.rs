@@ -26,16 +26,31 @@ fn appends_are_dense_once_per_id_and_read_in_seq_order() {
         assert_eq!((later.seq, later.existing), (1, true));
         db.tx(|c| {
             assert_eq!(changelog::head(c)?, 2);
+            Ok(())
+        })
+        .unwrap();
+        // The id found by the insert itself (no look-up first) took no seq
+        // either: the next append is the next seq.
+        let (found, next) = db
+            .tx(|c| {
+                let found = append(c, "shop", &event("Closed", "s-3").id("e-1"))?;
+                Ok((found, append(c, "shop", &event("Closed", "s-3"))?))
+            })
+            .unwrap();
+        assert_eq!((found.seq, found.existing), (1, true), "{}", db.name());
+        assert_eq!(next.seq, 3, "{}", db.name());
+        db.tx(|c| {
+            assert_eq!(changelog::head(c)?, 3);
             let all = changelog::read(c, &query("shop", 0))?;
-            assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+            assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
             assert_eq!(all[0].id, "e-1");
             assert_eq!(all[0].payload, r#"{"n":1}"#);
             let closed = changelog::read(c, &query("shop", 0).types(["Closed"]))?;
-            assert_eq!(closed.len(), 1);
+            assert_eq!(closed.len(), 2);
             assert_eq!(closed[0].subject, "s-2");
             let s1 = changelog::read(c, &query("shop", 0).subject("s-1"))?;
             assert_eq!(s1.len(), 1);
-            assert_eq!(changelog::read(c, &query("shop", 1))?.len(), 1);
+            assert_eq!(changelog::read(c, &query("shop", 1))?.len(), 2);
             assert_eq!(
                 changelog::event_by_id(c, "shop", "e-1")?.map(|e| e.seq),
                 Some(1)

@@ -116,10 +116,6 @@ impl PgConn {
 }
 
 impl Events for PgConn {
-    fn insert_finds_ids(&self) -> bool {
-        true
-    }
-
     fn lock_head(&self) -> Result<()> {
         // A transaction begun ordered holds it from its BEGIN, to the end.
         if self.holds_head.get() {

@@ -8,35 +8,37 @@ use crate::base::event::Event;
 use crate::store::Events;
 use crate::store::events::*;
 
-/// Inserts the row and returns its seq, or `None` when the workspace already
-/// has an event with this id (nothing is inserted then).
-pub(crate) fn insert(conn: &Connection, row: &NewRow<'_>) -> rusqlite::Result<Option<i64>> {
+/// Inserts the row and returns its seq. An id the workspace has already
+/// fails the statement (`SQLITE_CONSTRAINT_UNIQUE`), which leaves the
+/// transaction as it was: not `ON CONFLICT DO NOTHING`, whose skipped row
+/// still moves AUTOINCREMENT's counter on (a gap in the log, and a head
+/// that counts an event never appended); a failed statement's change to
+/// `sqlite_sequence` is undone with it.
+fn insert(conn: &Connection, row: &NewRow<'_>) -> rusqlite::Result<i64> {
     // Not `RETURNING seq`: SQLite runs a RETURNING statement through a
     // statement journal and a temporary table, which halved the append rate.
-    // The row count and the last rowid say the same.
-    let inserted = conn
-        .prepare_cached(
-            "INSERT INTO reflexr_events (workspace, id, type, subject, actor, occurred_at, \
-             recorded_at, payload, causation_id, correlation_id, depth, version, traceparent) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
-             ON CONFLICT (workspace, id) DO NOTHING",
-        )?
-        .execute(params![
-            row.workspace,
-            row.id,
-            row.event_type,
-            row.subject,
-            row.actor,
-            row.occurred_at,
-            row.recorded_at,
-            row.payload,
-            row.causation_id,
-            row.correlation_id,
-            row.depth,
-            row.version,
-            row.traceparent,
-        ])?;
-    Ok((inserted == 1).then(|| conn.last_insert_rowid()))
+    // The last rowid says the same.
+    conn.prepare_cached(
+        "INSERT INTO reflexr_events (workspace, id, type, subject, actor, occurred_at, \
+         recorded_at, payload, causation_id, correlation_id, depth, version, traceparent) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )?
+    .execute(params![
+        row.workspace,
+        row.id,
+        row.event_type,
+        row.subject,
+        row.actor,
+        row.occurred_at,
+        row.recorded_at,
+        row.payload,
+        row.causation_id,
+        row.correlation_id,
+        row.depth,
+        row.version,
+        row.traceparent,
+    ])?;
+    Ok(conn.last_insert_rowid())
 }
 
 pub(super) const COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
@@ -172,13 +174,24 @@ impl Events for Connection {
             ..*row
         };
         match insert(self, row) {
-            Ok(Some(seq)) => Ok(Inserted::At { seq, version }),
-            Ok(None) => Ok(Inserted::Existing),
+            Ok(seq) => Ok(Inserted::At { seq, version }),
             // The only foreign key is (workspace, type).
             Err(rusqlite::Error::SqliteFailure(f, _))
                 if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY =>
             {
                 Ok(Inserted::Unregistered)
+            }
+            // Two unique keys: the id, and the subject's version (which the
+            // one writer found above, so only the id conflicts in practice;
+            // the look-up tells them apart).
+            Err(rusqlite::Error::SqliteFailure(f, m))
+                if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE =>
+            {
+                if Events::seq_of(self, row.workspace, row.id)?.is_some() {
+                    Ok(Inserted::Existing)
+                } else {
+                    Err(rusqlite::Error::SqliteFailure(f, m).into())
+                }
             }
             Err(e) => Err(e.into()),
         }
