@@ -31,10 +31,15 @@ struct Held {
 /// holder, attempt and lane.
 pub(crate) type Overdue = (String, i64, String, i64, Option<String>, Option<String>);
 
+/// Run ids hashed by foldhash (seeded at random, as the evaluator's scopes
+/// are): several look-ups a run on the executors' path, each a few times
+/// cheaper than SipHash's.
+type ById<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 pub(crate) struct Claims {
     /// run id → its claim.
-    held: Mutex<HashMap<String, Held>>,
+    held: Mutex<ById<Held>>,
     /// Bumped by every pause or cancel made in this process once it has
     /// committed: an executor that sees it move looks at the file before it
     /// starts another run.
@@ -44,7 +49,7 @@ pub(crate) struct Claims {
 }
 
 impl Claims {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ById<Held>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
