@@ -146,11 +146,7 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
             existing: false,
             version,
         }),
-        Inserted::Existing => {
-            let seq = Events::seq_of(conn, workspace, &id)?
-                .expect("the insert conflicted on this id, so the row exists");
-            existing(conn, seq, id)
-        }
+        Inserted::Existing { seq } => existing(conn, seq, id),
         Inserted::Unregistered => {
             // The only foreign key is (workspace, type): find out which half.
             if !Workspaces::exists(conn, workspace)? {
@@ -298,8 +294,11 @@ fn checked_payload(ev: &NewEvent, max: usize, origin: Origin) -> Result<&str> {
         }
     };
     match origin {
-        // One more level of nesting: the wrapper around the input.
-        Origin::Engine { .. } => check_json_within(
+        // The engine's envelopes (`RuleFired`, `RuleErrored`) are serde's
+        // text of a value, JSON by construction: their size and depth are
+        // checked, not parsed again. One more level of nesting: the wrapper
+        // around the input.
+        Origin::Engine { .. } => check_size_and_depth(
             "payload",
             payload,
             max + ENVELOPE_ALLOWANCE_BYTES,
@@ -322,31 +321,22 @@ pub(crate) fn check_json(field: &'static str, text: &str, max: usize) -> Result<
 /// state, a firing's input): valid JSON by construction, so only its size
 /// and depth are checked, not parsed again.
 pub(crate) fn check_serialized(field: &'static str, text: &str, max: usize) -> Result<()> {
-    if text.len() > max {
-        return Err(Error::invalid(
-            field,
-            format!("{} bytes, more than the limit of {max}", text.len()),
-        ));
-    }
-    let depth = json_depth(text);
-    if depth > MAX_JSON_DEPTH {
-        return Err(Error::invalid(
-            field,
-            format!("nested {depth} levels deep; at most {MAX_JSON_DEPTH}"),
-        ));
-    }
-    Ok(())
+    check_size_and_depth(field, text, max, MAX_JSON_DEPTH)
 }
 
-fn check_json_within(field: &'static str, text: &str, max: usize, max_depth: usize) -> Result<()> {
+/// At most `max` bytes and `max_depth` levels of nesting.
+fn check_size_and_depth(
+    field: &'static str,
+    text: &str,
+    max: usize,
+    max_depth: usize,
+) -> Result<()> {
     if text.len() > max {
         return Err(Error::invalid(
             field,
             format!("{} bytes, more than the limit of {max}", text.len()),
         ));
     }
-    // Depth first: serde skips an ignored value without its recursion
-    // limit, and SQLite's json_valid refuses more than 1,000 levels.
     let depth = json_depth(text);
     if depth > max_depth {
         return Err(Error::invalid(
@@ -354,6 +344,13 @@ fn check_json_within(field: &'static str, text: &str, max: usize, max_depth: usi
             format!("nested {depth} levels deep; at most {max_depth}"),
         ));
     }
+    Ok(())
+}
+
+fn check_json_within(field: &'static str, text: &str, max: usize, max_depth: usize) -> Result<()> {
+    // Depth first: serde skips an ignored value without its recursion
+    // limit, and SQLite's json_valid refuses more than 1,000 levels.
+    check_size_and_depth(field, text, max, max_depth)?;
     if let Err(e) = serde_json::from_str::<IgnoredAny>(text) {
         return Err(Error::invalid(field, format!("not JSON: {e}")));
     }

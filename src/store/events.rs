@@ -33,8 +33,9 @@ pub struct NewRow<'a> {
 pub enum Inserted {
     /// Appended at this seq, at this subject version.
     At { seq: i64, version: i64 },
-    /// The workspace has an event with this id already; nothing inserted.
-    Existing,
+    /// The workspace has an event with this id already, at this seq;
+    /// nothing inserted.
+    Existing { seq: i64 },
     /// The (workspace, type) pair is not registered: the workspace does
     /// not exist, or does not accept the type. Nothing inserted.
     Unregistered,

@@ -300,7 +300,8 @@ pub trait Runs {
         now: i64,
     ) -> Result<bool>;
     /// Marks many claimed runs (`(ord, id, attempt)`, all `holder`'s)
-    /// succeeded in one statement: the ids of those whose claims still held
+    /// succeeded in one call (one statement on PostgreSQL, a prepared one a
+    /// run on SQLite, where a statement costs no round trip): the ids of those whose claims still held
     /// (and no cancellation was asked for); the others are left as they
     /// were. A row is found by its position and must carry the id.
     fn succeed_many(

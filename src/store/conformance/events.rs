@@ -31,13 +31,26 @@ fn appends_are_dense_once_per_id_and_read_in_seq_order() {
         .unwrap();
         // The id found by the insert itself (no look-up first) took no seq
         // either: the next append is the next seq.
-        let (found, next) = db
+        let (found, unregistered, next) = db
             .tx(|c| {
                 let found = append(c, "shop", &event("Closed", "s-3").id("e-1"))?;
-                Ok((found, append(c, "shop", &event("Closed", "s-3"))?))
+                // An id already there is found whatever the type sent again
+                // (one the workspace does not accept included).
+                let unregistered = append(c, "shop", &event("Refunded", "s-3").id("e-1"))?;
+                Ok((
+                    found,
+                    unregistered,
+                    append(c, "shop", &event("Closed", "s-3"))?,
+                ))
             })
             .unwrap();
         assert_eq!((found.seq, found.existing), (1, true), "{}", db.name());
+        assert_eq!(
+            (unregistered.seq, unregistered.existing),
+            (1, true),
+            "{}",
+            db.name()
+        );
         assert_eq!(next.seq, 3, "{}", db.name());
         db.tx(|c| {
             assert_eq!(changelog::head(c)?, 3);

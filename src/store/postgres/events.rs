@@ -183,10 +183,11 @@ impl Events for PgConn {
                 self.last_seq.set(seq);
                 return Ok(Inserted::At { seq, version });
             }
-            // Another transaction appended this id first (the core looked it
-            // up before, so only a race gets here). No seq was taken.
-            if Events::seq_of(self, row.workspace, row.id)?.is_some() {
-                return Ok(Inserted::Existing);
+            // The id is there already (committed before, or by another
+            // transaction meanwhile): found by this insert, which took no
+            // seq.
+            if let Some(seq) = Events::seq_of(self, row.workspace, row.id)? {
+                return Ok(Inserted::Existing { seq });
             }
             let registered = self
                 .query_opt(

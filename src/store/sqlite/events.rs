@@ -187,10 +187,9 @@ impl Events for Connection {
             Err(rusqlite::Error::SqliteFailure(f, m))
                 if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE =>
             {
-                if Events::seq_of(self, row.workspace, row.id)?.is_some() {
-                    Ok(Inserted::Existing)
-                } else {
-                    Err(rusqlite::Error::SqliteFailure(f, m).into())
+                match Events::seq_of(self, row.workspace, row.id)? {
+                    Some(seq) => Ok(Inserted::Existing { seq }),
+                    None => Err(rusqlite::Error::SqliteFailure(f, m).into()),
                 }
             }
             Err(e) => Err(e.into()),
