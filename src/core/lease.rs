@@ -176,7 +176,8 @@ pub(crate) fn list<C: Leases + ?Sized>(conn: &C) -> Result<Vec<LeaseInfo>> {
     Ok(Leases::list(conn)?.into_iter().map(Into::into).collect())
 }
 
-fn lost(lease: &Lease) -> Error {
+/// What a write fenced by `lease` says when the lease is no longer held.
+pub(crate) fn lost(lease: &Lease) -> Error {
     Error::LeaseLost {
         name: lease.name.clone(),
         holder: lease.holder.clone(),

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 
 use crate::base::error::Result;
 use crate::store::runs::RunRow;
+use crate::store::{Cursors, Leases};
 
 /// A pause as stored: kind, name, since, operator, reason.
 pub type PausedRow = (String, String, i64, String, String);
@@ -64,9 +65,21 @@ pub struct ClaimPlan {
     pub lapsed: bool,
 }
 
+/// What [`Control::fenced_stand`] read under a lease still held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FencedStand {
+    /// The cursor's position and the stamp of its last change; None if it
+    /// was never saved.
+    pub stand: Option<(i64, i64)>,
+    /// Whether the consumer is paused (false when not asked).
+    pub paused: bool,
+}
+
 /// Control of the work as the claim reads it: pauses, each action's
-/// limits and what counts against them (`store::control`, `store::runs`).
-pub trait Control {
+/// limits and what counts against them (`store::control`, `store::runs`);
+/// and what a consumer's commit checks before it writes (its lease, its
+/// cursor, its pause).
+pub trait Control: Leases + Cursors {
     /// What a claim for `actions` reads first, at `now`: by default one
     /// statement each; a backend a round trip away reads them in one.
     fn claim_plan(&self, now: i64, actions: &[String]) -> Result<ClaimPlan> {
@@ -76,6 +89,38 @@ pub trait Control {
             priorities: self.ready_priorities()?,
             lapsed: self.lapsed_due(now)?,
         })
+    }
+    /// What a consumer's commit checks first, in the order it checks it:
+    /// `None` when `lease` (name, holder, generation) is not held at `now`;
+    /// else where the cursor `(workspace, kind, name)` stands (its
+    /// position and stamp, if it was ever saved) and, if `pausable`,
+    /// whether `(kind, name)` is paused. By default one statement each; a
+    /// backend a round trip away reads them in one.
+    #[allow(clippy::too_many_arguments)]
+    fn fenced_stand(
+        &self,
+        lease: (&str, &str, i64),
+        now: i64,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        pausable: bool,
+    ) -> Result<Option<FencedStand>> {
+        let (lease, holder, generation) = lease;
+        if !self.is_held(lease, holder, generation, now)? {
+            return Ok(None);
+        }
+        Ok(Some(FencedStand {
+            stand: self.get_stamped(workspace, kind, name)?,
+            paused: pausable && self.is_paused(kind, name)?,
+        }))
+    }
+    /// Whether a fresh run of `action` may be claimed at its insert for an
+    /// idle executor: the action is neither paused nor limited (a limited
+    /// action's runs go through the claim, which counts them). By default
+    /// one statement each; a backend a round trip away reads both in one.
+    fn may_hand_over(&self, action: &str) -> Result<bool> {
+        Ok(!self.is_paused("action", action)? && self.limited(&[action.to_string()])?.is_empty())
     }
     /// The names of this kind (`action`, `rule`, `reaction`) paused.
     fn paused_names(&self, kind: &str) -> Result<HashSet<String>>;

@@ -53,6 +53,19 @@ pub trait Cursors {
     fn touch(&self, workspace: &str, kind: &str, name: &str, now: i64) -> Result<()>;
     /// The furthest the cursor has ever been (0: never saved).
     fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64>;
+    /// [`Cursors::get_stamped`] and [`Cursors::high_water`] in one read
+    /// of the cursor's row.
+    fn stamped_and_high_water(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<(Option<(i64, i64)>, i64)> {
+        Ok((
+            self.get_stamped(workspace, kind, name)?,
+            self.high_water(workspace, kind, name)?,
+        ))
+    }
     /// Deletes the cursor; false if there was none.
     fn delete(&self, workspace: &str, kind: &str, name: &str) -> Result<bool>;
     /// Records that the consumer's commit failed at `position` (nothing if

@@ -40,11 +40,23 @@ pub(crate) struct Stand {
     stamp: i64,
 }
 
+impl Stand {
+    /// The stand of a cursor read as `Cursors::get_stamped` reads it
+    /// (position 0 for a cursor never saved).
+    pub(crate) fn from_stamped(stamped: Option<(i64, i64)>) -> Stand {
+        let (position, stamp) = stamped.unwrap_or((0, 0));
+        Stand { position, stamp }
+    }
+}
+
 /// The cursor's stand (position 0 for a cursor never saved).
 pub(crate) fn stand<C: Cursors + ?Sized>(conn: &C, c: Consumer<'_>) -> Result<Stand> {
-    let (position, stamp) =
-        Cursors::get_stamped(conn, c.workspace, c.kind.as_str(), c.name)?.unwrap_or((0, 0));
-    Ok(Stand { position, stamp })
+    Ok(Stand::from_stamped(Cursors::get_stamped(
+        conn,
+        c.workspace,
+        c.kind.as_str(),
+        c.name,
+    )?))
 }
 
 /// Step 1: the consumer's stand and up to `limit` events after it.
@@ -86,16 +98,23 @@ pub(crate) fn advance<B: Backend, T, E: From<Error>>(
     write: impl FnOnce(&mut Tx<'_, B>) -> std::result::Result<(T, i64), E>,
 ) -> std::result::Result<Option<T>, E> {
     let done = tx.nested(|tx| -> std::result::Result<T, Halt<E>> {
-        lease::fence(tx.core(), tx.now_ms(), lease)?;
-        if stand(tx.core(), c)? != at {
-            return Err(Halt::Moved);
-        }
-        // A rule or reaction paused while its batch was decided writes
-        // nothing: once a pause commits, its cursor stays (the next turn
-        // skips it).
-        if matches!(c.kind, ConsumerKind::Rule | ConsumerKind::Reaction)
-            && Control::is_paused(tx.core(), c.kind.as_str(), c.name)?
-        {
+        // Under the lease, the cursor where the batch was read from, and
+        // (a rule or reaction paused while its batch was decided writes
+        // nothing: once a pause commits, its cursor stays, and the next
+        // turn skips it) not paused: one look.
+        let Some(seen) = Control::fenced_stand(
+            tx.core(),
+            (&lease.name, &lease.holder, lease.generation),
+            tx.now_ms(),
+            c.workspace,
+            c.kind.as_str(),
+            c.name,
+            matches!(c.kind, ConsumerKind::Rule | ConsumerKind::Reaction),
+        )?
+        else {
+            return Err(Halt::Failed(lease::lost(lease).into()));
+        };
+        if Stand::from_stamped(seen.stand) != at || seen.paused {
             return Err(Halt::Moved);
         }
         let (value, to) = write(tx).map_err(Halt::Failed)?;

@@ -236,10 +236,16 @@ pub(crate) fn pass<B: Backend>(
                 .iter()
                 .filter(|r| !paused.contains(&r.name))
                 .map(|r| {
-                    let stand = consumer::stand(c, r.consumer())?;
-                    let kind = ConsumerKind::Rule.as_str();
-                    let high = Cursors::high_water(c, &workspace, kind, &r.name)?;
-                    Ok((stand, high))
+                    // Where it stands and how far it decided before, in
+                    // one read of its cursor's row.
+                    let me = r.consumer();
+                    let (stamped, high) = Cursors::stamped_and_high_water(
+                        c,
+                        me.workspace,
+                        me.kind.as_str(),
+                        me.name,
+                    )?;
+                    Ok((Stand::from_stamped(stamped), high))
                 })
                 .collect::<Result<_>>()?;
             let read_at = match stands.first() {

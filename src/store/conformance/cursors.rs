@@ -46,3 +46,58 @@ fn a_cursor_moves_only_forward_and_never_past_the_head() {
         assert_eq!(pos, 3);
     });
 }
+
+/// Invariants 4 and 7, as a consumer's commit checks them: under a lease
+/// still held, where the cursor stands (and its stamp) and whether the
+/// consumer is paused, in one look (one round trip on PostgreSQL); nothing
+/// under a lease that lapsed or went to another holder.
+#[test]
+fn a_consumers_commit_reads_its_lease_its_stand_and_its_pause_in_one_look() {
+    on_every_backend(|db| {
+        setup(db, "shop");
+        let ttl = Duration::from_secs(30);
+        let held = db
+            .tx(|c| lease::acquire(c, NOW, "evaluator/shop", "proc-a", ttl))
+            .unwrap();
+        let look = |db: &mut Db, now: i64, generation: i64, pausable: bool| {
+            db.tx(|c| {
+                Control::fenced_stand(
+                    c,
+                    ("evaluator/shop", "proc-a", generation),
+                    now,
+                    "shop",
+                    "rule",
+                    "mailer",
+                    pausable,
+                )
+            })
+            .unwrap()
+        };
+        let first = look(db, NOW + 1, held.generation, true).expect("held");
+        assert_eq!((first.stand, first.paused), (None, false), "{}", db.name());
+        db.tx(|c| {
+            append(c, "shop", &event("Opened", "s-1"))?;
+            append(c, "shop", &event("Opened", "s-2"))?;
+            cursor::save(c, NOW + 2, ("shop", ConsumerKind::Rule, "mailer"), 2)?;
+            Control::pause(c, "rule", "mailer", NOW + 2, "ops", "a test")?;
+            Ok(())
+        })
+        .unwrap();
+        let stamped = db
+            .tx(|c| Cursors::get_stamped(c, "shop", "rule", "mailer"))
+            .unwrap();
+        let after = look(db, NOW + 3, held.generation, true).expect("held");
+        assert_eq!(after.stand.map(|s| s.0), Some(2), "{}", db.name());
+        assert_eq!(after.stand, stamped);
+        assert!(after.paused);
+        // Not asked, not looked at.
+        assert!(
+            !look(db, NOW + 3, held.generation, false)
+                .expect("held")
+                .paused
+        );
+        // Another generation, or past the expiry: not held.
+        assert_eq!(look(db, NOW + 3, held.generation + 1, true), None);
+        assert_eq!(look(db, NOW + 30_000, held.generation, true), None);
+    });
+}

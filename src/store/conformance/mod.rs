@@ -39,12 +39,12 @@ use crate::core::workspace;
 #[cfg(feature = "postgres")]
 use crate::store::postgres::{self as pg, PgConn};
 use crate::store::runs::{Inserted, NewRun, Requeued, Uniq};
-use crate::store::{Counters, Cursors, Events, Lanes, Leases, Rules, Runs, Workspaces};
+use crate::store::{Control, Counters, Cursors, Events, Lanes, Leases, Rules, Runs, Workspaces};
 
 /// Every table group the tests use.
-trait Core: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules + Counters {}
-impl<T: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules + Counters + ?Sized> Core
-    for T
+trait Core: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules + Counters + Control {}
+impl<T: Events + Workspaces + Cursors + Leases + Runs + Lanes + Rules + Counters + Control + ?Sized>
+    Core for T
 {
 }
 

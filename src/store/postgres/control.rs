@@ -18,7 +18,7 @@ use postgres::types::Type;
 
 use super::{PgConn, col};
 use crate::base::error::{Error, Result};
-use crate::store::control::{ActionRow, FairState, KeyRow, PausedRow};
+use crate::store::control::{ActionRow, FairState, FencedStand, KeyRow, PausedRow};
 use crate::store::runs::RunRow;
 use crate::store::{ClaimPlan, Control};
 
@@ -102,6 +102,52 @@ pub(super) fn path_elements(path: &str) -> Result<Vec<String>> {
 }
 
 impl Control for PgConn {
+    /// One round trip instead of three: the lease's row is locked `FOR
+    /// SHARE` as `Leases::is_held` locks it (a takeover waits for this
+    /// write to end).
+    fn fenced_stand(
+        &self,
+        lease: (&str, &str, i64),
+        now: i64,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+        pausable: bool,
+    ) -> Result<Option<FencedStand>> {
+        let (lease, holder, generation) = lease;
+        let row = self
+            .query_opt(
+                "SELECT EXISTS (SELECT 1 FROM reflexr_leases \
+                     WHERE name = $1 AND holder = $2 AND generation = $3 AND expires_at > $4 \
+                     FOR SHARE), \
+                   c.position, c.updated_at, \
+                   $8 AND EXISTS (SELECT 1 FROM reflexr_paused WHERE kind = $6 AND name = $7) \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN reflexr_cursors c ON c.workspace = $5 AND c.kind = $6 AND c.name = $7",
+                &[
+                    (&lease, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&generation, Type::INT8),
+                    (&now, Type::INT8),
+                    (&workspace, Type::TEXT),
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&pausable, Type::BOOL),
+                ],
+            )?
+            .ok_or_else(|| Error::invalid("lease and cursor look", "no row"))?;
+        let held: bool = col(&row, 0)?;
+        if !held {
+            return Ok(None);
+        }
+        let position: Option<i64> = col(&row, 1)?;
+        let stamp: Option<i64> = col(&row, 2)?;
+        Ok(Some(FencedStand {
+            stand: position.zip(stamp),
+            paused: col(&row, 3)?,
+        }))
+    }
+
     /// One round trip instead of four.
     fn claim_plan(&self, now: i64, actions: &[String]) -> Result<ClaimPlan> {
         let rows = self.query(
@@ -430,6 +476,22 @@ impl Control for PgConn {
         .iter()
         .map(action_from)
         .collect()
+    }
+
+    /// One round trip instead of two.
+    fn may_hand_over(&self, action: &str) -> Result<bool> {
+        let row = self
+            .query_opt(
+                &format!(
+                    "SELECT NOT EXISTS (SELECT 1 FROM reflexr_paused \
+                                        WHERE kind = 'action' AND name = $1) \
+                        AND NOT EXISTS (SELECT 1 FROM reflexr_actions a \
+                                        WHERE action = $1 AND {LIMITED})"
+                ),
+                &[(&action, Type::TEXT)],
+            )?
+            .ok_or_else(|| Error::invalid("hand-over look", "no row"))?;
+        col(&row, 0)
     }
 
     fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>> {

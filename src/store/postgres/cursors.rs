@@ -113,6 +113,28 @@ impl Cursors for PgConn {
         Ok(())
     }
 
+    /// One round trip instead of two.
+    fn stamped_and_high_water(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<(Option<(i64, i64)>, i64)> {
+        Ok(self
+            .query_opt(
+                "SELECT position, updated_at, high_water FROM reflexr_cursors \
+                 WHERE workspace = $1 AND kind = $2 AND name = $3",
+                &[
+                    (&workspace, Type::TEXT),
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                ],
+            )?
+            .map(|r| -> Result<_> { Ok((Some((col(&r, 0)?, col(&r, 1)?)), col(&r, 2)?)) })
+            .transpose()?
+            .unwrap_or((None, 0)))
+    }
+
     fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64> {
         Ok(self
             .query_opt(

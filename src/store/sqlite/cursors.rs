@@ -176,6 +176,25 @@ impl Cursors for Connection {
 
     /// The furthest the cursor has ever been (its position, unless an operator
     /// moved it back since): below it, a rule is replaying.
+    /// One statement instead of two.
+    fn stamped_and_high_water(
+        &self,
+        workspace: &str,
+        kind: &str,
+        name: &str,
+    ) -> Result<(Option<(i64, i64)>, i64)> {
+        Ok(self
+            .prepare_cached(
+                "SELECT position, updated_at, high_water FROM reflexr_cursors \
+                 WHERE workspace = ?1 AND kind = ?2 AND name = ?3",
+            )?
+            .query_row(params![workspace, kind, name], |r| {
+                Ok((Some((r.get(0)?, r.get(1)?)), r.get(2)?))
+            })
+            .optional()?
+            .unwrap_or((None, 0)))
+    }
+
     fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64> {
         let conn = self;
         Ok(conn

@@ -252,9 +252,7 @@ impl<'a> Handing<'a> {
         if let Some(&ok) = eligible.get(action) {
             return Ok(ok);
         }
-        let conn = tx.core();
-        let ok = !Control::is_paused(conn, "action", action)?
-            && Control::limited(conn, &[action.to_string()])?.is_empty();
+        let ok = Control::may_hand_over(tx.core(), action)?;
         eligible.insert(action.to_string(), ok);
         Ok(ok)
     }
