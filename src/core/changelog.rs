@@ -314,7 +314,13 @@ fn checked_payload(ev: &NewEvent, max: usize, origin: Origin) -> Result<&str> {
 /// [`MAX_JSON_DEPTH`] levels deep, and JSON. A malformed value is a typed
 /// error here rather than a CHECK constraint failure in SQLite.
 pub(crate) fn check_json(field: &'static str, text: &str, max: usize) -> Result<()> {
-    check_json_within(field, text, max, MAX_JSON_DEPTH)
+    // Depth first: serde skips an ignored value without its recursion
+    // limit, and SQLite's json_valid refuses more than 1,000 levels.
+    check_size_and_depth(field, text, max, MAX_JSON_DEPTH)?;
+    if let Err(e) = serde_json::from_str::<IgnoredAny>(text) {
+        return Err(Error::invalid(field, format!("not JSON: {e}")));
+    }
+    Ok(())
 }
 
 /// [`check_json`] for text serde produced from a typed value (a rule's
@@ -343,16 +349,6 @@ fn check_size_and_depth(
             field,
             format!("nested {depth} levels deep; at most {max_depth}"),
         ));
-    }
-    Ok(())
-}
-
-fn check_json_within(field: &'static str, text: &str, max: usize, max_depth: usize) -> Result<()> {
-    // Depth first: serde skips an ignored value without its recursion
-    // limit, and SQLite's json_valid refuses more than 1,000 levels.
-    check_size_and_depth(field, text, max, max_depth)?;
-    if let Err(e) = serde_json::from_str::<IgnoredAny>(text) {
-        return Err(Error::invalid(field, format!("not JSON: {e}")));
     }
     Ok(())
 }

@@ -60,12 +60,7 @@ pub trait Cursors {
         workspace: &str,
         kind: &str,
         name: &str,
-    ) -> Result<(Option<(i64, i64)>, i64)> {
-        Ok((
-            self.get_stamped(workspace, kind, name)?,
-            self.high_water(workspace, kind, name)?,
-        ))
-    }
+    ) -> Result<(Option<(i64, i64)>, i64)>;
     /// Deletes the cursor; false if there was none.
     fn delete(&self, workspace: &str, kind: &str, name: &str) -> Result<bool>;
     /// Records that the consumer's commit failed at `position` (nothing if

@@ -3,9 +3,10 @@
 use super::*;
 use crate::base::counter::Counter;
 
-/// The counters add up, bumped one at a time or several in one call (one
-/// statement on PostgreSQL): `Engine::stats` reads the same totals either
-/// way, and a bump of 0 counts nothing.
+/// The totals beside invariant 4 (the decisions, firings and errors a rule
+/// batch counts in its commit) add up, bumped one at a time or several in
+/// one call (one statement on PostgreSQL): `Engine::stats` reads the same
+/// totals either way, and a bump of 0 counts nothing.
 #[test]
 fn bumps_one_at_a_time_or_together_add_up() {
     on_every_backend(|db| {

@@ -361,17 +361,36 @@ pub(crate) fn claim_ord(
     expires_at: i64,
     ord: i64,
 ) -> Result<Option<RunRow>> {
+    claim_one(
+        conn,
+        &claim_ord_sql(),
+        "ord",
+        (holder, now, expires_at),
+        &ord,
+    )
+}
+
+/// Claims the one run whose `key` column is `value` with `update` (which
+/// takes `?1` holder, `?2` now, `?3` the claim's expiry, `?4` the key),
+/// then reads its row back.
+fn claim_one(
+    conn: &Connection,
+    update: &str,
+    key: &str,
+    (holder, now, expires_at): (&str, i64, i64),
+    value: &dyn rusqlite::ToSql,
+) -> Result<Option<RunRow>> {
     let claimed = conn
-        .prepare_cached(&claim_ord_sql())?
-        .execute(params![holder, now, expires_at, ord])?;
+        .prepare_cached(update)?
+        .execute(params![holder, now, expires_at, value])?;
     if claimed == 0 {
         return Ok(None);
     }
     Ok(conn
         .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM reflexr_runs WHERE ord = ?1"
+            "SELECT {COLUMNS} FROM reflexr_runs WHERE {key} = ?1"
         ))?
-        .query_row([ord], from_row)
+        .query_row([value], from_row)
         .optional()?)
 }
 
@@ -385,16 +404,13 @@ pub(crate) fn claim_fresh(
     expires_at: i64,
     id: &str,
 ) -> Result<Option<RunRow>> {
-    let claimed = conn
-        .prepare_cached(&claim_fresh_sql())?
-        .execute(params![holder, now, expires_at, id])?;
-    if claimed == 0 {
-        return Ok(None);
-    }
-    Ok(conn
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM reflexr_runs WHERE id = ?1"))?
-        .query_row([id], from_row)
-        .optional()?)
+    claim_one(
+        conn,
+        &claim_fresh_sql(),
+        "id",
+        (holder, now, expires_at),
+        &id,
+    )
 }
 
 /// [`claim_fresh`]'s update.
