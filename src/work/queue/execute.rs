@@ -238,7 +238,7 @@ pub(crate) fn execute<B: Backend>(
     };
     // Claimed in an earlier round and not started within its budget: still
     // ours, tracked, and first in the next round (within their priority).
-    let mut carried: Vec<(RunRow, Run)> = Vec::new();
+    let mut carried: Vec<Claimed> = Vec::new();
     // When the batches last looked at the file for other processes' pauses
     // and cancels (a claim reads them too).
     let mut looked = Instant::now();
@@ -254,16 +254,19 @@ pub(crate) fn execute<B: Backend>(
             base
         };
         done.claimed += fresh.len();
-        let mut fresh_runs: Vec<(RunRow, Run)> = fresh
+        let mut fresh_runs: Vec<Claimed> = fresh
             .into_iter()
-            .map(|row| {
-                let run = Run::from_row(&row);
-                (row, run)
+            .map(|mut row| {
+                let kept = Kept {
+                    priority: row.priority,
+                    last_error: row.last_error.take(),
+                };
+                (kept, Run::from_row(row))
             })
             .collect();
         claims.track(fresh_runs.iter_mut().map(|(_, r)| r));
         // Higher priorities first; within one, what was carried first.
-        let mut batch: Vec<(RunRow, Run)> = carried.drain(..).chain(fresh_runs).collect();
+        let mut batch: Vec<Claimed> = carried.drain(..).chain(fresh_runs).collect();
         batch.sort_by_key(|(row, _)| std::cmp::Reverse(row.priority));
 
         let started = Instant::now();
@@ -385,7 +388,7 @@ pub(crate) fn execute<B: Backend>(
         // What the renewer gave back already is not released again.
         let ids: Vec<&str> = rest.iter().map(|(_, r)| r.id.as_str()).collect();
         let mine = claims.take_back(&ids);
-        let rest: Vec<&(RunRow, Run)> = rest
+        let rest: Vec<&Claimed> = rest
             .into_iter()
             .filter(|(_, r)| mine.contains(&r.id))
             .collect();
@@ -465,11 +468,11 @@ pub(crate) fn execute<B: Backend>(
                     Err(e) => return Err(e),
                 }
             }
-            for (row, run) in &rest {
+            for (_, run) in &rest {
                 if give_back(
                     tx,
                     &run.id,
-                    row.ord,
+                    run.ord,
                     &run.holder,
                     i64::from(run.attempt),
                     run.lane.as_deref(),
@@ -521,8 +524,19 @@ pub(crate) fn execute<B: Backend>(
     Ok(done)
 }
 
-/// A claimed run: its row and what its handler gets.
-type Claimed = (RunRow, Run);
+/// A claimed run: what the batch keeps of its row, and what its handler
+/// gets.
+type Claimed = (Kept, Run);
+
+/// What the batch needs of a claimed run's row beside its [`Run`] (whose
+/// text is moved out of the row, not copied): its priority, for the
+/// batch's order, and its last error, which a run out of attempts dies
+/// with.
+#[derive(Clone, Debug)]
+struct Kept {
+    priority: i64,
+    last_error: Option<String>,
+}
 
 /// Wakes the threads of this process waiting for runs to end
 /// (`Engine::wait_for_run`), after a commit that may have ended some. Asked

@@ -72,27 +72,28 @@ pub struct Run {
 }
 
 impl Run {
-    pub(crate) fn from_row(r: &RunRow) -> Run {
+    /// The run a claimed row stands for, its text moved, not copied.
+    pub(crate) fn from_row(r: RunRow) -> Run {
         Run {
-            id: r.id.clone(),
-            action: r.action.clone(),
-            rule: r.rule.clone(),
-            workspace: r.workspace.clone(),
-            scope: r.scope.clone(),
+            id: r.id,
+            action: r.action,
+            rule: r.rule,
+            workspace: r.workspace,
+            scope: r.scope,
             attempt: u32::try_from(r.attempt).unwrap_or(u32::MAX),
             max_attempts: u32::try_from(r.max_attempts).unwrap_or(u32::MAX),
             event_seq: r.event_seq,
-            event_id: r.event_id.clone(),
+            event_id: r.event_id,
             depth: r.depth,
-            key: r.flow_key.clone(),
-            traceparent: r.traceparent.clone(),
-            input: r.input.clone(),
-            checkpoint: r.checkpoint.clone(),
-            holder: r.claimed_by.clone().unwrap_or_default(),
+            key: r.flow_key,
+            traceparent: r.traceparent,
+            input: r.input,
+            checkpoint: r.checkpoint,
+            holder: r.claimed_by.unwrap_or_default(),
             claim_expires_at: r.claim_expires_at.unwrap_or(0),
-            lane: r.lane.clone(),
+            lane: r.lane,
             ord: r.ord,
-            parent: r.parent.clone(),
+            parent: r.parent,
             began_seq: r.began_seq.unwrap_or(0),
             token: 0,
         }
