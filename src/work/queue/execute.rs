@@ -267,14 +267,14 @@ pub(crate) fn execute<B: Backend>(
         claims.track(fresh_runs.iter_mut().map(|(_, r)| r));
         // Higher priorities first; within one, what was carried first.
         let mut batch: Vec<Claimed> = carried.drain(..).chain(fresh_runs).collect();
-        batch.sort_by_key(|(row, _)| std::cmp::Reverse(row.priority));
+        batch.sort_by_key(|(kept, _)| std::cmp::Reverse(kept.priority));
 
         let started = Instant::now();
         let mut held: HashSet<String> = HashSet::new();
         let mut outcomes: Vec<Option<Outcome>> = (0..batch.len()).map(|_| None).collect();
         // The handlers' durations, for the pace of the claims to come.
         let mut took: Vec<(&str, std::time::Duration)> = Vec::with_capacity(batch.len());
-        for (i, (row, run)) in batch.iter().enumerate() {
+        for (i, (kept, run)) in batch.iter().enumerate() {
             if outcomes[i].is_some() {
                 // Ran already, in a batch action's call.
                 continue;
@@ -303,7 +303,7 @@ pub(crate) fn execute<B: Backend>(
                 // This run and the next of the action in the batch that may
                 // start, up to `max`, in one call.
                 let mut together: Vec<usize> = Vec::new();
-                for (j, (row, other)) in batch.iter().enumerate().skip(i) {
+                for (j, (kept, other)) in batch.iter().enumerate().skip(i) {
                     if together.len() >= *max {
                         break;
                     }
@@ -316,7 +316,7 @@ pub(crate) fn execute<B: Backend>(
                     }
                     if other.attempt > other.max_attempts {
                         outcomes[j] = Some(Outcome::Failed(
-                            row.last_error
+                            kept.last_error
                                 .clone()
                                 .unwrap_or_else(|| "no attempts left".into()),
                             Vec::new(),
@@ -343,7 +343,7 @@ pub(crate) fn execute<B: Backend>(
             }
             let outcome = if run.attempt > run.max_attempts {
                 Outcome::Failed(
-                    row.last_error
+                    kept.last_error
                         .clone()
                         .unwrap_or_else(|| "no attempts left".into()),
                     Vec::new(),
