@@ -224,21 +224,83 @@ fn a_commit_by_another_process_is_noticed_by_the_heartbeat<B: TestBackend>() {
 #[test]
 fn a_commit_by_another_process_is_noticed_by_the_file_watch_without_a_heartbeat() {
     // Feature `watch`: the WAL's writes wake the waiter; the heartbeat is an
-    // hour, so without the watch this would wait out its patience, empty.
+    // hour, so without the watch this would wait out its patience.
     let place = <reflexr::Sqlite as TestBackend>::place();
     let engine = open::<reflexr::Sqlite>(&place, "test", NEVER);
     let mut child = child::<reflexr::Sqlite>(&place, "child_process_appends_on_cue", &[]);
     let waiter = {
         let engine = engine.clone();
         std::thread::spawn(move || {
-            engine
+            let t = Instant::now();
+            let page = engine
                 .wait_for_events(&Query::new("app"), PATIENCE)
-                .unwrap()
+                .unwrap();
+            (page, t.elapsed())
         })
     };
     child.send("go\n");
-    let page = waiter.join().unwrap();
+    let (page, waited) = waiter.join().unwrap();
+    assert!(waited < PATIENCE, "woken by the watch, not at the deadline");
     assert_eq!(page.len(), 1, "woken by the watch, with the event");
+    let ended = child.finish();
+    assert!(ended.success);
+}
+
+#[cfg(feature = "watch")]
+#[test]
+fn a_commit_by_another_process_is_noticed_by_the_file_watch_while_this_one_writes_on() {
+    // Feature `watch`, on Linux deaf to the file while it polls densely:
+    // this process commits rows of its own without a pause (each commit a
+    // burst of WAL writes, none of them news, and none nudging the
+    // waiter: they made no event or run), so the watch spends its time in
+    // its dense polls; another process's commit meanwhile must still wake
+    // the waiter. The heartbeat is an hour.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let place = <reflexr::Sqlite as TestBackend>::place();
+    let engine = open::<reflexr::Sqlite>(&place, "test", NEVER);
+    engine
+        .write(|tx| {
+            tx.conn()
+                .execute_batch("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")?;
+            Ok(())
+        })
+        .unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (engine, stop) = (engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut commits = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                engine
+                    .write(|tx| {
+                        tx.conn()
+                            .execute("INSERT INTO notes (body) VALUES ('busy')", [])?;
+                        Ok(())
+                    })
+                    .unwrap();
+                commits += 1;
+            }
+            commits
+        })
+    };
+    let mut child = child::<reflexr::Sqlite>(&place, "child_process_appends_on_cue", &[]);
+    let waiter = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let page = engine
+                .wait_for_events(&Query::new("app"), PATIENCE)
+                .unwrap();
+            (page, t.elapsed())
+        })
+    };
+    child.send("go\n");
+    let (page, waited) = waiter.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let commits = busy.join().unwrap();
+    assert!(waited < PATIENCE, "woken by the watch, not at the deadline");
+    assert_eq!(page.len(), 1, "woken by the watch, with the event");
+    assert!(commits > 0, "this process wrote meanwhile");
     let ended = child.finish();
     assert!(ended.success);
 }
