@@ -249,29 +249,32 @@ fn a_commit_by_another_process_is_noticed_by_the_file_watch_without_a_heartbeat(
 #[cfg(feature = "watch")]
 #[test]
 fn a_commit_by_another_process_is_noticed_by_the_file_watch_while_this_one_writes_on() {
-    // Feature `watch`, on Linux deaf to the file while it polls densely:
-    // this process commits rows of its own without a pause (each commit a
-    // burst of WAL writes, none of them news, and none nudging the
-    // waiter: they made no event or run), so the watch spends its time in
-    // its dense polls; another process's commit meanwhile must still wake
-    // the waiter. The heartbeat is an hour.
+    // Feature `watch`, on Linux deaf to the directory while it polls
+    // densely: this process commits rows of its own without a pause, in
+    // turn to the file and to a neighbouring file of the same directory
+    // (each commit a burst of WAL writes, none of them news, and none
+    // nudging the waiter: they made no event or run), so the watch spends
+    // its time in its dense polls; another process's commit meanwhile must
+    // still wake the waiter. The heartbeat is an hour.
     use std::sync::atomic::{AtomicBool, Ordering};
     let place = <reflexr::Sqlite as TestBackend>::place();
     let engine = open::<reflexr::Sqlite>(&place, "test", NEVER);
-    engine
-        .write(|tx| {
+    let neighbour = Engine::open(engine.path().with_file_name("neighbour.db")).unwrap();
+    for e in [&engine, &neighbour] {
+        e.write(|tx| {
             tx.conn()
                 .execute_batch("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")?;
             Ok(())
         })
         .unwrap();
+    }
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let busy = {
-        let (engine, stop) = (engine.clone(), stop.clone());
+        let (engines, stop) = ([engine.clone(), neighbour], stop.clone());
         std::thread::spawn(move || {
             let mut commits = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                engine
+                engines[(commits % 2) as usize]
                     .write(|tx| {
                         tx.conn()
                             .execute("INSERT INTO notes (body) VALUES ('busy')", [])?;

@@ -4,9 +4,11 @@
 //! WAL was written.
 //!
 //! On Linux the watch stops listening while it polls densely (for the
-//! first ~700 µs after a write): inotify reports every `write` to the WAL,
-//! a dozen a commit, and woke the watch's reader for each — on the path of
-//! the thread that wrote, most of them this process's own commits. The
+//! first ~700 µs after a write): inotify reports every `write` in the
+//! file's directory — a dozen a commit to the WAL — and woke the watch's
+//! reader for each, on the path of the thread that wrote, most of them this
+//! process's own commits or a neighbouring file's. Any event there starts
+//! the polls. The
 //! side-by-side figures are in the performance guide ("The WAL watch stops
 //! listening while it polls"): 15–20 % more single appends and
 //! enqueues, and 16 concurrent appenders at the raw loop's pace.
@@ -104,17 +106,23 @@ impl Notifier {
             _ => std::path::Path::new("."),
         };
         let dir = dir.canonicalize().ok()?;
-        let mut wal_name = db.file_name()?.to_os_string();
-        wal_name.push("-wal");
+        let mut wal = db.file_name()?.to_os_string();
+        wal.push("-wal");
         let (tx, rx) = bounded::<()>(1);
-        let wal = wal_name.clone();
         let handler = move |res: notify::Result<notify::Event>| {
             let Ok(event) = res else { return };
-            let ours = matches!(event.kind, EventKind::Modify(_) | EventKind::Create(_))
-                && event
-                    .paths
-                    .iter()
-                    .any(|p| p.file_name().is_some_and(|n| n == wal.as_os_str()));
+            // On Linux any event of the directory, whatever file it
+            // names, starts the polls and with them the watch's deaf spell
+            // (`DEAF_WHILE_DENSE`): a busy neighbour — another reflexr
+            // file, the application's own — would otherwise wake the
+            // reader at each of its writes too. A poll costs a
+            // `data_version` read.
+            let ours = DEAF_WHILE_DENSE
+                || matches!(event.kind, EventKind::Modify(_) | EventKind::Create(_))
+                    && event
+                        .paths
+                        .iter()
+                        .any(|p| p.file_name().is_some_and(|n| n == wal.as_os_str()));
             if ours {
                 // Full: a poll is pending already.
                 let _ = tx.try_send(());
