@@ -253,11 +253,14 @@ fn watch_loop(notifier: &Notifier, rx: &Receiver<()>, ears: &Ears) {
             // ends the polls until the next write; a write meanwhile starts
             // the dense polls over (this process's own writes, which are no
             // news, come too; another process's commit after a while of
-            // them is still seen within a pause or two).
+            // them is still seen within a pause or two). After a deaf
+            // spell the news found may be an older commit's, while a
+            // commit whose writes came unheard is still in its fsync: the
+            // backing-off polls then run to their end.
             let first = if DEAF_WHILE_DENSE { DENSE_POLLS } else { 0 };
             let mut step = first;
             loop {
-                if notifier.poll_soon() {
+                if notifier.poll_soon() && !DEAF_WHILE_DENSE {
                     continue 'events;
                 }
                 let Some(&us) = POLL_PAUSES_US.get(step) else {
