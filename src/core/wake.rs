@@ -31,7 +31,8 @@
 //! waiters within a millisecond or two instead of a heartbeat. On Linux it
 //! does not listen during its first, dense polls (every 100–200 µs for
 //! ~700 µs): a commit meanwhile is seen by the next of them, and the
-//! dozen events each commit's WAL writes raise wake no one. The
+//! events a commit's writes raise in the directory (a dozen to the WAL)
+//! wake no one. The
 //! heartbeat stays: it is the correctness path if the watch misses or
 //! cannot be set up.
 //!

@@ -301,9 +301,10 @@ pub trait Runs {
     ) -> Result<bool>;
     /// Marks many claimed runs (`(ord, id, attempt)`, all `holder`'s)
     /// succeeded in one call (one statement on PostgreSQL, a prepared one a
-    /// run on SQLite, where a statement costs no round trip): the ids of those whose claims still held
-    /// (and no cancellation was asked for); the others are left as they
-    /// were. A row is found by its position and must carry the id.
+    /// run on SQLite, where a statement costs no round trip): the ids of
+    /// those whose claims still held (and no cancellation was asked for);
+    /// the others are left as they were. A row is found by its position and
+    /// must carry the id.
     fn succeed_many(
         &self,
         holder: &str,

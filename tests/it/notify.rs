@@ -220,24 +220,32 @@ fn a_commit_by_another_process_is_noticed_by_the_heartbeat<B: TestBackend>() {
     assert!(ended.success);
 }
 
+/// A thread waiting (up to [`PATIENCE`]) for the workspace `app`'s events:
+/// what it read, and how long it waited.
+#[cfg(feature = "watch")]
+fn waits_for_app(
+    engine: &Engine<reflexr::Sqlite>,
+) -> std::thread::JoinHandle<(Vec<reflexr::Event>, Duration)> {
+    let engine = engine.clone();
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        let page = engine
+            .wait_for_events(&Query::new("app"), PATIENCE)
+            .unwrap();
+        (page, t.elapsed())
+    })
+}
+
+/// "Threads", feature `watch`: another process's commit wakes a waiter
+/// through the WAL's writes. The heartbeat is an hour, so without the
+/// watch this would wait out its patience.
 #[cfg(feature = "watch")]
 #[test]
 fn a_commit_by_another_process_is_noticed_by_the_file_watch_without_a_heartbeat() {
-    // Feature `watch`: the WAL's writes wake the waiter; the heartbeat is an
-    // hour, so without the watch this would wait out its patience.
     let place = <reflexr::Sqlite as TestBackend>::place();
     let engine = open::<reflexr::Sqlite>(&place, "test", NEVER);
     let mut child = child::<reflexr::Sqlite>(&place, "child_process_appends_on_cue", &[]);
-    let waiter = {
-        let engine = engine.clone();
-        std::thread::spawn(move || {
-            let t = Instant::now();
-            let page = engine
-                .wait_for_events(&Query::new("app"), PATIENCE)
-                .unwrap();
-            (page, t.elapsed())
-        })
-    };
+    let waiter = waits_for_app(&engine);
     child.send("go\n");
     let (page, waited) = waiter.join().unwrap();
     assert!(waited < PATIENCE, "woken by the watch, not at the deadline");
@@ -246,16 +254,16 @@ fn a_commit_by_another_process_is_noticed_by_the_file_watch_without_a_heartbeat(
     assert!(ended.success);
 }
 
+/// "Threads", feature `watch`, on Linux deaf to the directory while it
+/// polls densely: this process commits rows of its own without a pause, in
+/// turn to the file and to a neighbouring file of the same directory (each
+/// commit a burst of WAL writes, none of them news, and none nudging the
+/// waiter: they made no event or run), so the watch spends its time in its
+/// dense polls; another process's commit meanwhile must still wake the
+/// waiter. The heartbeat is an hour.
 #[cfg(feature = "watch")]
 #[test]
 fn a_commit_by_another_process_is_noticed_by_the_file_watch_while_this_one_writes_on() {
-    // Feature `watch`, on Linux deaf to the directory while it polls
-    // densely: this process commits rows of its own without a pause, in
-    // turn to the file and to a neighbouring file of the same directory
-    // (each commit a burst of WAL writes, none of them news, and none
-    // nudging the waiter: they made no event or run), so the watch spends
-    // its time in its dense polls; another process's commit meanwhile must
-    // still wake the waiter. The heartbeat is an hour.
     use std::sync::atomic::{AtomicBool, Ordering};
     let place = <reflexr::Sqlite as TestBackend>::place();
     let engine = open::<reflexr::Sqlite>(&place, "test", NEVER);
@@ -287,16 +295,7 @@ fn a_commit_by_another_process_is_noticed_by_the_file_watch_while_this_one_write
         })
     };
     let mut child = child::<reflexr::Sqlite>(&place, "child_process_appends_on_cue", &[]);
-    let waiter = {
-        let engine = engine.clone();
-        std::thread::spawn(move || {
-            let t = Instant::now();
-            let page = engine
-                .wait_for_events(&Query::new("app"), PATIENCE)
-                .unwrap();
-            (page, t.elapsed())
-        })
-    };
+    let waiter = waits_for_app(&engine);
     child.send("go\n");
     let (page, waited) = waiter.join().unwrap();
     stop.store(true, Ordering::Relaxed);

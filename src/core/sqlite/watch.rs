@@ -8,10 +8,8 @@
 //! file's directory — a dozen a commit to the WAL — and woke the watch's
 //! reader for each, on the path of the thread that wrote, most of them this
 //! process's own commits or a neighbouring file's. Any event there starts
-//! the polls. The
-//! side-by-side figures are in the performance guide ("The WAL watch stops
-//! listening while it polls"): 15–20 % more single appends and
-//! enqueues, and 16 concurrent appenders at the raw loop's pace.
+//! the polls. What it measured is in the performance guide ("The WAL watch
+//! stops listening while it polls densely").
 //!
 //! The number is read on the writer's connection because there it changes
 //! only when *another* connection committed: this process's own commits,
@@ -95,7 +93,8 @@ impl Drop for FileWatch {
 pub(crate) struct FileWatch;
 
 impl Notifier {
-    /// Watches `db`'s WAL for writes (feature `watch`). None, with a log
+    /// Watches `db`'s directory for writes to its WAL (on Linux, for any
+    /// event there: see `DEAF_WHILE_DENSE`; feature `watch`). None, with a log
     /// line, when the operating system will not watch it: the heartbeat
     /// alone then notices other processes' commits.
     #[cfg(feature = "watch")]
@@ -117,13 +116,13 @@ impl Notifier {
             // file, the application's own — would otherwise wake the
             // reader at each of its writes too. A poll costs a
             // `data_version` read.
-            let ours = DEAF_WHILE_DENSE
+            let wanted = DEAF_WHILE_DENSE
                 || matches!(event.kind, EventKind::Modify(_) | EventKind::Create(_))
                     && event
                         .paths
                         .iter()
                         .any(|p| p.file_name().is_some_and(|n| n == wal.as_os_str()));
-            if ours {
+            if wanted {
                 // Full: a poll is pending already.
                 let _ = tx.try_send(());
             }

@@ -174,8 +174,6 @@ impl Cursors for Connection {
         Ok(())
     }
 
-    /// The furthest the cursor has ever been (its position, unless an operator
-    /// moved it back since): below it, a rule is replaying.
     /// One statement instead of two.
     fn stamped_and_high_water(
         &self,
@@ -195,6 +193,8 @@ impl Cursors for Connection {
             .unwrap_or((None, 0)))
     }
 
+    /// The furthest the cursor has ever been (its position, unless an operator
+    /// moved it back since): below it, a rule is replaying.
     fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64> {
         let conn = self;
         Ok(conn

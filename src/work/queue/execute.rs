@@ -409,8 +409,9 @@ pub(crate) fn execute<B: Backend>(
             let mut round = Executed::default();
             // Plain successes (nothing emitted, no lane to move on) settle in
             // one call (`Runs::succeed_many`), which succeeds those whose
-            // claims still hold and says which; the rest (a claim lost, a cancellation asked for)
-            // and the other outcomes settle one by one.
+            // claims still hold and says which; the rest (a claim lost, a
+            // cancellation asked for) and the other outcomes settle one by
+            // one.
             let plain: Vec<usize> = ran
                 .iter()
                 .enumerate()
