@@ -203,6 +203,23 @@ impl Event {
                 .map_err(|_| ()),
         }
     }
+
+    /// The payload's top-level field `name` as its text prints, when the
+    /// scan is sure of it and the value is plain: a string without escapes
+    /// (its text), an integer (its digits, as `u64`'s or `i64`'s
+    /// `to_string` prints them) or a boolean. `Some(None)`: the payload is
+    /// an object without the field. `None`: anything else, which
+    /// [`Event::field`] reads. A rule scoped by a field takes its scope this
+    /// way, with no JSON value made and printed again, whether or not the
+    /// payload was parsed (a number read from the parse would be printed
+    /// into a new string).
+    pub(crate) fn plain_field_text(&self, name: &str) -> Option<Option<&str>> {
+        match scan::field(&self.payload, name) {
+            scan::Found::Missing => Some(None),
+            scan::Found::Value(raw) => scan::plain_text(raw).map(Some),
+            scan::Found::Unsure => None,
+        }
+    }
 }
 
 /// [`Event::field`]'s reader: a scan of the payload's text for one
@@ -245,23 +262,38 @@ mod scan {
         }
     }
 
-    /// A value's text made a JSON value without serde, when it is plain: a
-    /// string without escapes, an integer (but `-0`, which serde reads as
-    /// the float), `true` or `false`.
+    /// A value's text made a JSON value without serde, when it is plain
+    /// ([`plain_text`]).
     pub(super) fn plain(raw: &str) -> Option<serde_json::Value> {
+        let text = plain_text(raw)?;
+        Some(match raw.as_bytes()[0] {
+            b'"' => serde_json::Value::String(text.to_owned()),
+            b't' => serde_json::Value::Bool(true),
+            b'f' => serde_json::Value::Bool(false),
+            _ => match text.parse::<u64>() {
+                Ok(u) => u.into(),
+                Err(_) => text.parse::<i64>().ok()?.into(),
+            },
+        })
+    }
+
+    /// The text a plain value prints as (a scope's text): a string without
+    /// escapes (between its quotes), an integer serde reads as one — `u64`
+    /// or `i64`, but `-0`, which serde reads as the float — (its digits,
+    /// which are what the integer's `to_string` prints: the scan let no
+    /// leading zero through), `true` or `false`. `raw` is a value the
+    /// scan checked.
+    pub(super) fn plain_text(raw: &str) -> Option<&str> {
         match raw.as_bytes().first()? {
             b'"' => {
                 let inner = &raw[1..raw.len() - 1];
-                (!inner.contains('\\')).then(|| serde_json::Value::String(inner.to_owned()))
+                (!inner.contains('\\')).then_some(inner)
             }
-            b't' => Some(serde_json::Value::Bool(true)),
-            b'f' => Some(serde_json::Value::Bool(false)),
+            b't' | b'f' => Some(raw),
             b'-' | b'0'..=b'9' if raw.bytes().skip(1).all(|c| c.is_ascii_digit()) => {
-                if let Ok(u) = raw.parse::<u64>() {
-                    Some(u.into())
-                } else {
-                    raw.parse::<i64>().ok().filter(|i| *i != 0).map(Into::into)
-                }
+                let integer =
+                    raw.parse::<u64>().is_ok() || raw.parse::<i64>().is_ok_and(|i| i != 0);
+                integer.then_some(raw)
             }
             _ => None,
         }
@@ -880,6 +912,33 @@ mod tests {
             .map_err(|_| ())
     }
 
+    /// What `plain_field_text` must say when it answers: the full parse's
+    /// value as a scope prints it (a string's text, an integer's digits, a
+    /// boolean), or that the payload is an object without the field.
+    fn plain_agrees(payload: &str, name: &str) -> bool {
+        let e = event(payload);
+        let Some(found) = e.plain_field_text(name) else {
+            return true;
+        };
+        let parsed = by_parse(payload, name);
+        match (found, parsed) {
+            (None, Ok(None)) => {
+                serde_json::from_str::<serde_json::Value>(payload).is_ok_and(|v| v.is_object())
+            }
+            (Some(text), Ok(Some(v))) => match v {
+                serde_json::Value::String(s) => s == text,
+                serde_json::Value::Bool(b) => b.to_string() == text,
+                serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+                    (Some(u), _) => u.to_string() == text,
+                    (None, Some(i)) => i.to_string() == text,
+                    (None, None) => false,
+                },
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     #[test]
     fn a_field_read_alone_is_what_the_whole_parse_finds() {
         // Invariant 4 (exact decisions): a rule's scope read from one field
@@ -946,6 +1005,7 @@ mod tests {
                 by_parse(payload, "session"),
                 "{payload}"
             );
+            assert!(plain_agrees(payload, "session"), "{payload}: plain text");
             assert!(e.parsed.0.get().is_none(), "{payload}: parsed whole");
             // Once parsed, the parse answers.
             let _ = e.json();
@@ -984,6 +1044,7 @@ mod tests {
             let payload = v.to_string();
             let e = event(&payload);
             prop_assert_eq!(e.field(&name), by_parse(&payload, &name));
+            prop_assert!(plain_agrees(&payload, &name), "plain text of {}", payload);
         }
 
         /// The same for text that is JSON laid out otherwise, or not quite
@@ -1021,6 +1082,7 @@ mod tests {
             }
             let e = event(&payload);
             prop_assert_eq!(e.field(&name), by_parse(&payload, &name), "{}", payload);
+            prop_assert!(plain_agrees(&payload, &name), "plain text of {}", payload);
         }
     }
 }

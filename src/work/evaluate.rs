@@ -40,6 +40,7 @@
 //! [`crate::limits::STUCK_AFTER_FAILURES`] times at one position) and tried again.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -405,6 +406,10 @@ impl std::ops::DerefMut for PageBuffer {
 type ScopeMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 type ScopeSet<'a> = std::collections::HashSet<&'a str, foldhash::fast::RandomState>;
 
+/// An event's scope (borrowed from the event where it can be), or why it
+/// has none.
+type ScopeOf<'e> = std::result::Result<Cow<'e, str>, (Reason, String)>;
+
 /// Where each version waiting for a handover stops, by its row's name.
 type Caps = HashMap<String, i64>;
 
@@ -454,7 +459,7 @@ fn decide<'r, B: Backend>(
     max_json: usize,
 ) -> Result<Decided<'r>> {
     // Scopes of the events the rule watches, and their stored states.
-    let scopes: Vec<Option<std::result::Result<String, (Reason, String)>>> = page
+    let scopes: Vec<Option<ScopeOf<'_>>> = page
         .iter()
         .map(|e| {
             rule.types.contains(&e.event_type).then(|| {
@@ -507,6 +512,9 @@ fn decide<'r, B: Backend>(
     let mut quiet_replays = Vec::new();
     let mut decided = 0;
     let mut last = 0usize;
+    // The box a decision's copy of its state is made in: the state it
+    // replaces, or the copy it dropped, is the next one's.
+    let mut spare = None;
     let started = Instant::now();
     for (i, event) in page.iter().enumerate() {
         // The clock is read every 32 events: reading it costs more than a
@@ -525,6 +533,7 @@ fn decide<'r, B: Backend>(
             scope,
             &stored,
             &mut states,
+            &mut spare,
             &mut firings,
             &mut errors,
             max_json,
@@ -586,15 +595,16 @@ fn decide_one<'s>(
     decider: &dyn crate::work::rule::Decide,
     rule: &Rule,
     (i, event): (usize, &Event),
-    scope: &'s std::result::Result<String, (Reason, String)>,
+    scope: &'s ScopeOf<'_>,
     stored: &ScopeMap<String, String>,
     states: &mut ScopeMap<&'s str, Slot>,
+    spare: &mut Option<Box<dyn Any + Send>>,
     firings: &mut Vec<Firing>,
     errors: &mut Vec<Errored>,
     max_json: usize,
 ) {
     let scope = match scope {
-        Ok(s) => s.as_str(),
+        Ok(s) => &**s,
         Err((reason, why)) => {
             errors.push(Errored {
                 event: i,
@@ -627,7 +637,15 @@ fn decide_one<'s>(
             }
         }
     };
-    let mut copy = decider.copy(&*slot.state);
+    let mut copy = match spare.take() {
+        Some(mut spare) => {
+            decider.copy_into(&*slot.state, &mut *spare);
+            spare
+        }
+        None => decider.copy(&*slot.state),
+    };
+    // The box left over (the state replaced, or the copy dropped) is the
+    // next decision's; but the copy a panic left, whatever it holds.
     match catch_unwind(AssertUnwindSafe(|| decider.decide(event, &mut *copy))) {
         Ok(Ok(decision)) => {
             let input = match &decision {
@@ -638,11 +656,14 @@ fn decide_one<'s>(
                         Ok(()) => Some(text),
                         // The firing cannot be recorded: an error like any
                         // other, and the decision's state changes go too.
-                        Err(e) => return errors.push(error(Reason::InputRefused, e.to_string())),
+                        Err(e) => {
+                            *spare = Some(copy);
+                            return errors.push(error(Reason::InputRefused, e.to_string()));
+                        }
                     }
                 }
             };
-            slot.state = copy;
+            *spare = Some(std::mem::replace(&mut slot.state, copy));
             slot.changed_at = Some(i);
             if let Some(input) = input {
                 firings.push(Firing {
@@ -653,7 +674,10 @@ fn decide_one<'s>(
                 });
             }
         }
-        Ok(Err(e)) => errors.push(error(Reason::DecisionError, e.to_string())),
+        Ok(Err(e)) => {
+            *spare = Some(copy);
+            errors.push(error(Reason::DecisionError, e.to_string()));
+        }
         Err(panic) => errors.push(error(Reason::DecisionPanic, panic_text(&*panic))),
     }
 }

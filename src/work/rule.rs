@@ -31,6 +31,7 @@
 //! ```
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -107,39 +108,53 @@ impl Scope {
     /// The scope of `event`, or a description of why there is none. A
     /// top-level payload field decodes that field alone ([`Event::field`]),
     /// a JSON pointer reads the event's one parse ([`Event::json`]).
-    pub(crate) fn of(&self, event: &Event) -> std::result::Result<String, String> {
+    /// Borrowed from the event where it can be (the subject, a plain
+    /// field's text), so that a batch's scopes cost no allocation each.
+    pub(crate) fn of<'e>(&self, event: &'e Event) -> std::result::Result<Cow<'e, str>, String> {
         match self {
-            Scope::Subject => Ok(event.subject.clone()),
-            Scope::Global => Ok(String::new()),
+            Scope::Subject => Ok(Cow::Borrowed(&event.subject)),
+            Scope::Global => Ok(Cow::Borrowed("")),
             Scope::Payload(field) => {
                 let mut field_only;
                 let found = if field.starts_with('/') {
                     let value = event.json().map_err(|_| "the payload is not JSON")?;
                     value.pointer(field)
                 } else {
+                    // The field's own text when it is plain (the common
+                    // scope: an id, a number); else its value, decoded.
+                    match event.plain_field_text(field) {
+                        Some(Some(text)) => return Ok(Cow::Borrowed(text)),
+                        Some(None) => return Err(format!("payload has no field {field}")),
+                        None => {}
+                    }
                     field_only = event.field(field).map_err(|()| "the payload is not JSON")?;
                     // A string read alone is the scope as it is.
                     if let Some(serde_json::Value::String(s)) = &mut field_only {
-                        return Ok(std::mem::take(s));
+                        return Ok(Cow::Owned(std::mem::take(s)));
                     }
                     field_only.as_ref()
                 };
-                match found {
-                    Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                let text = match found {
+                    Some(serde_json::Value::String(s)) => s.clone(),
                     // As the value prints: an integer by the integer's own
                     // `to_string`, any other number by `Number`'s own
                     // formatting (the same text, for less).
-                    Some(serde_json::Value::Number(n)) => Ok(match (n.as_u64(), n.as_i64()) {
+                    Some(serde_json::Value::Number(n)) => match (n.as_u64(), n.as_i64()) {
                         (Some(u), _) => u.to_string(),
                         (None, Some(i)) => i.to_string(),
                         (None, None) => n.to_string(),
-                    }),
-                    Some(serde_json::Value::Bool(b)) => Ok(b.to_string()),
-                    Some(other) => Err(format!("payload field {field} is {other}, not a scope")),
-                    None => Err(format!("payload has no field {field}")),
-                }
+                    },
+                    Some(serde_json::Value::Bool(b)) => b.to_string(),
+                    Some(other) => {
+                        return Err(format!("payload field {field} is {other}, not a scope"));
+                    }
+                    None => return Err(format!("payload has no field {field}")),
+                };
+                Ok(Cow::Owned(text))
             }
-            Scope::Custom(f) => f(event).ok_or_else(|| "the scope function returned None".into()),
+            Scope::Custom(f) => f(event)
+                .map(Cow::Owned)
+                .ok_or_else(|| "the scope function returned None".into()),
         }
     }
 
@@ -223,6 +238,10 @@ pub(crate) trait Decide: Send + Sync {
     fn load(&self, json: &str) -> std::result::Result<Box<dyn Any + Send>, String>;
     fn save(&self, state: &(dyn Any + Send)) -> std::result::Result<String, String>;
     fn copy(&self, state: &(dyn Any + Send)) -> Box<dyn Any + Send>;
+    /// [`Decide::copy`] into `into`, a box of this rule's state type
+    /// already (a spare one, kept between decisions: a decision then
+    /// allocates no box for its copy).
+    fn copy_into(&self, state: &(dyn Any + Send), into: &mut (dyn Any + Send));
     fn decide(
         &self,
         event: &Event,
@@ -261,6 +280,12 @@ where
 
     fn copy(&self, state: &(dyn Any + Send)) -> Box<dyn Any + Send> {
         Box::new(state.downcast_ref::<S>().expect("the rule's type").clone())
+    }
+
+    fn copy_into(&self, state: &(dyn Any + Send), into: &mut (dyn Any + Send)) {
+        into.downcast_mut::<S>()
+            .expect("the rule's type")
+            .clone_from(state.downcast_ref::<S>().expect("the rule's type"));
     }
 
     fn decide(
@@ -615,18 +640,24 @@ mod tests {
             let event = crate::base::event::event_for_test(&format!(r#"{{"k": {text}}}"#));
             // The field read alone, and read from the parsed payload.
             assert_eq!(
-                super::Scope::payload("k").of(&event),
+                super::Scope::payload("k")
+                    .of(&event)
+                    .map(std::borrow::Cow::into_owned),
                 Ok(v.to_string()),
                 "{text}"
             );
             event.json().unwrap();
             assert_eq!(
-                super::Scope::payload("k").of(&event),
+                super::Scope::payload("k")
+                    .of(&event)
+                    .map(std::borrow::Cow::into_owned),
                 Ok(v.to_string()),
                 "{text}"
             );
             assert_eq!(
-                super::Scope::payload("/k").of(&event),
+                super::Scope::payload("/k")
+                    .of(&event)
+                    .map(std::borrow::Cow::into_owned),
                 Ok(v.to_string()),
                 "{text}"
             );

@@ -34,6 +34,7 @@ on_backends!(
     a_rule_gone_from_the_code_keeps_its_rows_until_deleted,
     a_state_reset_while_a_batch_is_being_decided_makes_it_decide_again,
     a_page_that_fires_passes_its_own_envelopes_in_its_commit,
+    a_failed_decision_leaves_its_scopes_state_as_the_last_good_one_left_it,
 );
 
 children_on_backends!(child_process_evaluator);
@@ -525,6 +526,75 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on<B: Tes
     );
     let errored = e.read(&Query::new("app").types(["RuleErrored"])).unwrap();
     assert_eq!(errored.len(), 5);
+}
+
+/// Invariant 4 with errors per (rule, event): a decision that fails — an
+/// error, a panic, an input the file cannot hold — after changing its copy
+/// of the scope's state changes nothing; the next decision of the scope, in
+/// the same batch, starts from the state the last good one left. (A
+/// batch's decisions make their copies in one reused box.)
+fn a_failed_decision_leaves_its_scopes_state_as_the_last_good_one_left_it<B: TestBackend>() {
+    let (place, clock) = scene::<B>();
+    let e = rules_engine::<B>(&place, &clock, "test");
+    e.register_rule(
+        Rule::new("careful", "app")
+            .on(["other"])
+            .scope(Scope::payload("session"))
+            .action("noop")
+            .decide_with_state(Count::default(), move |ev, state| {
+                // Every decision counts, then some fail after counting.
+                state.n += 100;
+                let how = ev.json()?["how"].as_str().unwrap_or_default().to_string();
+                match how.as_str() {
+                    "error" => Err("refused after counting".into()),
+                    "panic" => panic!("panicked after counting"),
+                    "too-big" => Ok(Decision::Fire(serde_json::json!("y".repeat(2 << 20)))),
+                    _ => {
+                        state.n -= 99;
+                        Ok(Decision::fire(&serde_json::json!({ "n": state.n })))
+                    }
+                }
+            }),
+    )
+    .unwrap();
+    let hows = [
+        "ok", "error", "ok", "panic", "panic", "ok", "too-big", "error", "ok",
+    ];
+    e.write(|tx| {
+        for (i, how) in hows.iter().enumerate() {
+            for session in ["a", "b"] {
+                tx.append(
+                    "app",
+                    &NewEvent::new("other", format!("{session}/{i}"), "app", 0)
+                        .payload(&serde_json::json!({ "session": session, "how": how })),
+                )?;
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.fired, idle.errored), (18, 8, 10));
+    for session in ["a", "b"] {
+        assert_eq!(
+            e.rule_state::<Count>("careful", session).unwrap(),
+            Some(Count { n: 4 }),
+            "{session}: four good decisions, each one up"
+        );
+    }
+    // Each firing carries the count its good decision reached: 1, 2, 3, 4.
+    let mut inputs: Vec<u64> = e
+        .runs(None, 100)
+        .unwrap()
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(&r.input).unwrap()["n"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    inputs.sort_unstable();
+    assert_eq!(inputs, [1, 1, 2, 2, 3, 3, 4, 4]);
 }
 
 /// Invariant 4 with errors per (rule, event): a firing whose run cannot be

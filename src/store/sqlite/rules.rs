@@ -146,15 +146,23 @@ impl Rules for Connection {
     fn save_states(&self, rule: &str, states: &[(&str, &str, i64)], now: i64) -> Result<()> {
         // A statement a scope: one statement taking the batch as a JSON
         // array cost SQLite more instructions than the calls it saved
-        // (there is no round trip to save here).
-        let mut stmt = self.prepare_cached(
+        // (there is no round trip to save here). An update first, as a
+        // scope's state is mostly there already: an upsert that meets its
+        // row checks the new state's JSON twice (the insert's CHECK, then
+        // the update's) and builds the insert's record for nothing.
+        let mut update = self.prepare_cached(
+            "UPDATE reflexr_rule_state SET state = ?3, updated_seq = ?4, updated_at = ?5 \
+             WHERE rule = ?1 AND scope = ?2",
+        )?;
+        let mut insert = self.prepare_cached(
             "INSERT INTO reflexr_rule_state (rule, scope, state, updated_seq, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5) \
-             ON CONFLICT (rule, scope) DO UPDATE SET state = excluded.state, \
-               updated_seq = excluded.updated_seq, updated_at = excluded.updated_at",
+             VALUES (?1, ?2, ?3, ?4, ?5)",
         )?;
         for (scope, state, seq) in states {
-            stmt.execute(params![rule, scope, state, seq, now])?;
+            let p = params![rule, scope, state, seq, now];
+            if update.execute(p)? == 0 {
+                insert.execute(p)?;
+            }
         }
         Ok(())
     }
