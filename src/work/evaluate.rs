@@ -65,7 +65,7 @@ use crate::store::{Counters, Cursors, DeadLetters, Events, Rules, Runs};
 use crate::work::consumer::{self, Stand};
 use crate::work::queue::handoff::{Hand, HandedRow, Handing};
 use crate::work::queue::run::RunKind;
-use crate::work::rule::{Decision, Rule, RunOrder};
+use crate::work::rule::{Decision, Rule, RunOrder, Scope};
 
 /// Longest a rule decides before its batch is committed.
 pub(crate) const DECIDE_BUDGET: Duration = Duration::from_millis(50);
@@ -286,6 +286,7 @@ pub(crate) fn pass<B: Backend>(
             }
             let max_json = db.settings().limits.max_payload_bytes;
             let mut decided = Vec::with_capacity(group.len());
+            let mut shared = PageScopes::new(page.len(), group.iter().map(|(r, _, _)| *r));
             for (rule, stand, high_water) in group {
                 // A version waiting for a handover decides up to it only.
                 let page = match caps.get(&rule.name) {
@@ -295,7 +296,7 @@ pub(crate) fn pass<B: Backend>(
                 if page.is_empty() {
                     continue;
                 }
-                match decide::<B>(db, rule, (stand, high_water), page, max_json) {
+                match decide::<B>(db, rule, (stand, high_water), page, &mut shared, max_json) {
                     Ok(d) => decided.push(d),
                     Err(e) => consumer::failed(db, rule.consumer(), position, &e),
                 }
@@ -410,6 +411,61 @@ type ScopeSet<'a> = std::collections::HashSet<&'a str, foldhash::fast::RandomSta
 /// has none.
 type ScopeOf<'e> = std::result::Result<Cow<'e, str>, (Reason, String)>;
 
+/// The scope of `event` by `scope`, checked for length.
+fn scope_of<'e>(scope: &Scope, event: &'e Event) -> ScopeOf<'e> {
+    let scope = catch_unwind(AssertUnwindSafe(|| scope.of(event)))
+        .unwrap_or_else(|p| Err(format!("the scope function panicked: {}", panic_text(&*p))))
+        .map_err(|why| (Reason::MissingScope, why))?;
+    if scope.len() > MAX_SUBJECT_BYTES {
+        return Err((
+            Reason::ScopeTooLong,
+            format!(
+                "the scope is {} bytes, more than the limit of {MAX_SUBJECT_BYTES}",
+                scope.len()
+            ),
+        ));
+    }
+    Ok(scope)
+}
+
+/// A page's scopes by payload field, for the fields more than one rule of
+/// the group reads: each event's is found once a page, however many rules
+/// ask (ten rules scoped by one field scanned each payload ten times). The
+/// other scopes are cheap already (the subject and the global scope are
+/// borrowed), read by one rule (keeping them would cost more than it
+/// saves), or the application's own (a function's, called for each rule).
+struct PageScopes<'p, 'r> {
+    by_field: HashMap<&'r str, Vec<Option<ScopeOf<'p>>>>,
+}
+
+impl<'p, 'r> PageScopes<'p, 'r> {
+    /// For a page of `len` events (a rule may decide a prefix of it) and
+    /// the rules that decide it.
+    fn new(len: usize, rules: impl Iterator<Item = &'r Rule>) -> Self {
+        let mut readers: HashMap<&'r str, usize> = HashMap::new();
+        for rule in rules {
+            if let Scope::Payload(field) = &rule.scope {
+                *readers.entry(field.as_str()).or_default() += 1;
+            }
+        }
+        let by_field = readers
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(field, _)| (field, std::iter::repeat_with(|| None).take(len).collect()))
+            .collect();
+        PageScopes { by_field }
+    }
+
+    /// The page's scopes by `scope`, by event, found so far, if they are
+    /// shared.
+    fn slots(&mut self, scope: &Scope) -> Option<&mut Vec<Option<ScopeOf<'p>>>> {
+        match scope {
+            Scope::Payload(field) => self.by_field.get_mut(field.as_str()),
+            _ => None,
+        }
+    }
+}
+
 /// Where each version waiting for a handover stops, by its row's name.
 type Caps = HashMap<String, i64>;
 
@@ -451,34 +507,28 @@ fn resolve_shadows<C: Rules + ?Sized>(
 
 /// Decides `rule` over `page` (which starts right after its cursor):
 /// scopes, states, decisions; writes nothing.
-fn decide<'r, B: Backend>(
+fn decide<'r, 'p, B: Backend>(
     db: &B::Db,
     rule: &'r Rule,
     (stand, high_water): (Stand, i64),
-    page: &[Event],
+    page: &'p [Event],
+    shared: &mut PageScopes<'p, 'r>,
     max_json: usize,
 ) -> Result<Decided<'r>> {
     // Scopes of the events the rule watches, and their stored states.
-    let scopes: Vec<Option<ScopeOf<'_>>> = page
+    let mut cached = shared.slots(&rule.scope);
+    let scopes: Vec<Option<ScopeOf<'p>>> = page
         .iter()
-        .map(|e| {
-            rule.types.contains(&e.event_type).then(|| {
-                let scope = catch_unwind(AssertUnwindSafe(|| rule.scope.of(e)))
-                    .unwrap_or_else(|p| {
-                        Err(format!("the scope function panicked: {}", panic_text(&*p)))
-                    })
-                    .map_err(|why| (Reason::MissingScope, why))?;
-                if scope.len() > MAX_SUBJECT_BYTES {
-                    return Err((
-                        Reason::ScopeTooLong,
-                        format!(
-                            "the scope is {} bytes, more than the limit of {MAX_SUBJECT_BYTES}",
-                            scope.len()
-                        ),
-                    ));
-                }
-                Ok(scope)
-            })
+        .enumerate()
+        .map(|(i, e)| {
+            rule.types
+                .contains(&e.event_type)
+                .then(|| match &mut cached {
+                    Some(slots) => slots[i]
+                        .get_or_insert_with(|| scope_of(&rule.scope, e))
+                        .clone(),
+                    None => scope_of(&rule.scope, e),
+                })
         })
         .collect();
     // Each scope once, in the order of its first event (a set of them cost

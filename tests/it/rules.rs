@@ -35,6 +35,7 @@ on_backends!(
     a_state_reset_while_a_batch_is_being_decided_makes_it_decide_again,
     a_page_that_fires_passes_its_own_envelopes_in_its_commit,
     a_failed_decision_leaves_its_scopes_state_as_the_last_good_one_left_it,
+    rules_scoped_by_one_field_each_decide_as_they_would_alone,
 );
 
 children_on_backends!(child_process_evaluator);
@@ -595,6 +596,76 @@ fn a_failed_decision_leaves_its_scopes_state_as_the_last_good_one_left_it<B: Tes
         .collect();
     inputs.sort_unstable();
     assert_eq!(inputs, [1, 1, 2, 2, 3, 3, 4, 4]);
+}
+
+/// Invariant 4 with rules side by side: rules scoped by the same payload
+/// field, watching different types, each find every event's scope (or its
+/// error) as they would alone — a batch finds a field's scopes once for all
+/// of them — and each records its own errors.
+fn rules_scoped_by_one_field_each_decide_as_they_would_alone<B: TestBackend>() {
+    let (place, clock) = scene::<B>();
+    let e = rules_engine::<B>(&place, &clock, "test");
+    let counting = |name: &str, types: &[&str]| {
+        Rule::new(name, "app")
+            .on(types.iter().copied())
+            .scope(Scope::payload("session"))
+            .action("noop")
+            .decide_with_state(Count::default(), |_, state| {
+                state.n += 1;
+                Ok(Decision::Skip)
+            })
+    };
+    e.register_rule(counting("rsvps", &["rsvp"])).unwrap();
+    e.register_rule(counting("both", &["rsvp", "other"]))
+        .unwrap();
+    e.register_rule(counting("others", &["other"])).unwrap();
+    let long = "s".repeat(5_000);
+    e.write(|tx| {
+        for (ty, session) in [
+            ("rsvp", serde_json::json!(1)),
+            ("other", serde_json::json!("b")),
+            ("rsvp", serde_json::json!("b")),
+            ("other", serde_json::json!(null)),
+            ("rsvp", serde_json::json!(long)),
+            ("other", serde_json::json!(1)),
+            ("rsvp", serde_json::json!(1)),
+        ] {
+            tx.append(
+                "app",
+                &NewEvent::new(ty, "s", "app", 0)
+                    .payload(&serde_json::json!({ "session": session })),
+            )?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    // rsvps: 4 rsvps, one too long; others: 3 others, one null; both: all 7.
+    assert_eq!((idle.decided, idle.errored), (14, 4));
+    let state = |rule: &str, scope: &str| {
+        e.rule_state::<Count>(rule, scope)
+            .unwrap()
+            .map_or(0, |c| c.n)
+    };
+    assert_eq!((state("rsvps", "1"), state("rsvps", "b")), (2, 1));
+    assert_eq!((state("others", "1"), state("others", "b")), (1, 1));
+    assert_eq!((state("both", "1"), state("both", "b")), (3, 2));
+    let mut errors: Vec<(String, String)> = e
+        .dead_letters(false, 10)
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.consumer, d.reason.to_string()))
+        .collect();
+    errors.sort();
+    assert_eq!(
+        errors,
+        [
+            ("both".to_string(), "missing_scope".to_string()),
+            ("both".to_string(), "scope_too_long".to_string()),
+            ("others".to_string(), "missing_scope".to_string()),
+            ("rsvps".to_string(), "scope_too_long".to_string()),
+        ]
+    );
 }
 
 /// Invariant 4 with errors per (rule, event): a firing whose run cannot be
