@@ -39,7 +39,7 @@ use crate::work::prune::Retention;
 /// | [`holder_id`](Builder::holder_id) | `pid<pid>-<8 random hex digits>` |
 /// | [`executors`](Builder::executors) | 2 threads |
 /// | [`claim_batch`](Builder::claim_batch) | 16 runs per claim (growing to 256 while claims come back full) |
-/// | [`evaluate_batch`](Builder::evaluate_batch) | 2,000 events per rule and batch |
+/// | [`evaluate_batch`](Builder::evaluate_batch) | 4,000 events per rule and batch |
 /// | [`retention`](Builder::retention) | none: nothing is pruned automatically |
 /// | `pool_size` | SQLite: 4 read connections; PostgreSQL: 8 connections (reads and writes) |
 /// | SQLite's [`synchronous`](Builder::synchronous) | [`Synchronous::Full`] |
@@ -89,7 +89,7 @@ impl<B: Backend> Builder<B> {
             runtime: runtime::Config {
                 executors: 2,
                 claim_batch: 16,
-                evaluate_batch: 2_000,
+                evaluate_batch: 4_000,
                 retention: None,
                 hubs: HUBS,
             },
@@ -168,7 +168,14 @@ impl<B: Backend> Builder<B> {
         self
     }
 
-    /// How many events a rule reads per batch (1 to 10,000). Default 2,000.
+    /// How many events a rule reads per batch (1 to 10,000). Default 4,000.
+    ///
+    /// A batch is one commit for the rules at one position: its states,
+    /// firings and cursors, so a larger batch writes each scope's state and
+    /// makes a durable commit less often when the rules have a backlog.
+    /// Its events are held in memory while they are decided (the
+    /// evaluating thread keeps their buffer for its next batch), so with
+    /// large payloads a smaller batch holds less.
     pub fn evaluate_batch(mut self, n: usize) -> Self {
         self.runtime.evaluate_batch = n;
         self
