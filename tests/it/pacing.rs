@@ -28,6 +28,7 @@ on_backends!(
     a_higher_priority_run_starts_behind_only_what_the_executors_hold,
     two_processes_with_a_backlog_both_run_handlers,
     a_claimed_run_paused_or_cancelled_before_it_started_goes_back_unattempted,
+    a_pause_another_process_committed_holds_what_a_batch_carried_from_the_next_commit,
     a_run_held_behind_a_long_first_handler_is_given_back_at_its_renewal,
 );
 
@@ -380,6 +381,61 @@ fn two_processes_with_a_backlog_both_run_handlers<B: TestBackend>() {
         (40..=160).contains(&parent),
         "{parent} of 200 ran in the parent"
     );
+}
+
+/// A pause another process committed holds the runs a batch carried
+/// over (claimed before it, not started within the batch's budget) from
+/// the commit of this process's next round, whose claim reads it — not a
+/// heartbeat later: they go back unattempted. Here the other process is
+/// another engine on the file, the heartbeat an hour, and the first
+/// handler pauses the action there and outlasts the batch's budget.
+fn a_pause_another_process_committed_holds_what_a_batch_carried_from_the_next_commit<
+    B: TestBackend,
+>() {
+    let place = B::place();
+    let e = B::open_opts(
+        &place,
+        &Opts::system("test")
+            .executors(1)
+            .claim_batch(8)
+            .heartbeat(Duration::from_secs(3600)),
+    );
+    let other = B::open_opts(&place, &Opts::system("other"));
+    let started = Arc::new(Mutex::new(Vec::<String>::new()));
+    {
+        let started = Arc::clone(&started);
+        e.register_action("slow", move |run, _| {
+            let first = {
+                let mut started = started.lock().unwrap();
+                started.push(run.id.clone());
+                started.len() == 1
+            };
+            if first {
+                other
+                    .operator("ops", "the provider is down")
+                    .unwrap()
+                    .pause(&Pausable::Action("slow".into()))
+                    .unwrap();
+                // Past the batch's budget (50 ms): the rest is carried.
+                std::thread::sleep(Duration::from_millis(60));
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+    for n in 0..8 {
+        e.enqueue(&Enqueue::new("slow", &json!({ "n": n })))
+            .unwrap();
+    }
+    e.run_until_idle().unwrap();
+    let ran = started.lock().unwrap().clone();
+    assert_eq!(ran.len(), 1, "only the first handler started: {ran:?}");
+    assert_eq!(in_state(&e, "succeeded"), 1);
+    let ready = count(
+        &e,
+        "SELECT count(*) FROM reflexr_runs WHERE state = 'ready' AND attempt = 0",
+    );
+    assert_eq!(ready, 7, "the carried runs went back, unattempted");
 }
 
 /// The bound, driven by hand: a batch holds runs claimed but not started;

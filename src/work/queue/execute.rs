@@ -141,9 +141,17 @@ pub(crate) fn execute<B: Backend>(
     let most = MAX_CLAIM.max(base);
     // Runs that ended cancelled when their lapsed claim was found.
     let lapsed_cancelled = std::sync::atomic::AtomicUsize::new(0);
+    // The actions the last claim read as paused: what a round carries of
+    // them does not start (a pause another process committed before the
+    // round's commit holds from that commit, not a heartbeat later).
+    let paused_at_claim: std::sync::Mutex<HashSet<String>> = Default::default();
     let claim = |tx: &mut Tx<'_, B>, n: usize, ahead: &[&str]| -> Result<Vec<RunRow>> {
         let now = tx.now_ms();
         let mut plan = Control::claim_plan(tx.core(), now, names)?;
+        paused_at_claim
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone_from(&plan.paused);
         let mut rescued = 0;
         let lapsed = if plan.lapsed {
             Runs::lapsed(tx.core(), now, 100)?
@@ -270,7 +278,18 @@ pub(crate) fn execute<B: Backend>(
         batch.sort_by_key(|(kept, _)| std::cmp::Reverse(kept.priority));
 
         let started = Instant::now();
-        let mut held: HashSet<String> = HashSet::new();
+        // What the claim in this round's transaction read as paused holds
+        // back what was carried into it (claimed before the pause).
+        let mut held: HashSet<String> = {
+            let paused = paused_at_claim
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            batch
+                .iter()
+                .filter(|(_, r)| paused.contains(&r.action))
+                .map(|(_, r)| r.id.clone())
+                .collect()
+        };
         let mut outcomes: Vec<Option<Outcome>> = (0..batch.len()).map(|_| None).collect();
         // The handlers' durations, for the pace of the claims to come.
         let mut took: Vec<(&str, std::time::Duration)> = Vec::with_capacity(batch.len());
