@@ -36,9 +36,10 @@
 //! one each: a firing the log refuses (it should not happen once inputs are
 //! checked; this is the guard) rolls the rule's savepoint back, and the
 //! batch is written again with that firing a `RuleErrored` and a dead
-//! letter for that (rule, event); the rule moves on. A commit that still fails is recorded against the rule's cursor
-//! (`reflexr_stuck_consumers` once it failed
-//! [`crate::limits::STUCK_AFTER_FAILURES`] times at one position) and tried again.
+//! letter for that (rule, event); the rule moves on. A commit that still
+//! fails is recorded against the rule's cursor (`reflexr_stuck_consumers`
+//! once it failed [`crate::limits::STUCK_AFTER_FAILURES`] times at one
+//! position) and tried again.
 
 use std::any::Any;
 use std::borrow::Cow;
