@@ -383,12 +383,15 @@ fn two_processes_with_a_backlog_both_run_handlers<B: TestBackend>() {
     );
 }
 
-/// A pause another process committed holds the runs a batch carried
-/// over (claimed before it, not started within the batch's budget) from
-/// the commit of this process's next round, whose claim reads it — not a
-/// heartbeat later: they go back unattempted. Here the other process is
-/// another engine on the file, the heartbeat an hour, and the first
-/// handler pauses the action there and outlasts the batch's budget.
+/// Invariant 14 (claims match the work): a pause another process
+/// committed holds the runs a batch carried over (claimed before it, not
+/// started within the batch's budget) from the commit of this process's
+/// next round, whose claim reads it — not a heartbeat later: they go back
+/// unattempted. Here the other process is another engine on the file, the
+/// heartbeat an hour, and the first handler pauses the action there and
+/// outlasts the batch's budget. The budget is the executor's own wall
+/// time (50 ms of `Instant`), which no clock of the engine's drives, so
+/// the handler sleeps past it; nothing waits for another thread.
 fn a_pause_another_process_committed_holds_what_a_batch_carried_from_the_next_commit<
     B: TestBackend,
 >() {

@@ -19,7 +19,9 @@
 //! woke every waiting thread a few hundred microseconds after each of
 //! them, beside the handler its commit had just handed a run to.
 
-use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+#[cfg(feature = "watch")]
+use std::sync::PoisonError;
+use std::sync::{Arc, Mutex, TryLockError};
 #[cfg(feature = "watch")]
 use std::time::Duration;
 
