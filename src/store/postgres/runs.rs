@@ -130,6 +130,20 @@ static CLAIM_FRESH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
     )
 });
 
+/// The term that lets PostgreSQL read the runs neither ready nor running
+/// through their partial index (`reflexr_runs_at_rest`), as the index's
+/// `WHERE` spells it.
+const AT_REST: &str = "state NOT IN ('ready', 'running')";
+
+/// The term of the partial index that holds the runs in `state`.
+fn state_term(state: &str) -> &'static str {
+    match state {
+        "ready" => "state = 'ready'",
+        "running" => "state = 'running'",
+        _ => AT_REST,
+    }
+}
+
 /// The first key of the advisory locks enqueues of one uniqueness key take
 /// ("rfxu" in ASCII, as an int4).
 const UNIQUE_LOCK: i32 = 0x7266_7875;
@@ -826,10 +840,13 @@ impl Runs for PgConn {
 
     fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>> {
         let rows = match state {
+            // The state's partial index's own term beside the parameter: a
+            // plan made for any state could use none of them.
             Some(state) => self.query(
                 &format!(
-                    "SELECT {COLUMNS} FROM reflexr_runs WHERE state = $1 \
-                     ORDER BY due_at, ord LIMIT $2"
+                    "SELECT {COLUMNS} FROM reflexr_runs WHERE state = $1 AND {} \
+                     ORDER BY due_at, ord LIMIT $2",
+                    state_term(state)
                 ),
                 &[(&state, Type::TEXT), (&limit, Type::INT8)],
             )?,
