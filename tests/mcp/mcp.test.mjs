@@ -50,10 +50,38 @@ async function cli(db, args) {
   return JSON.parse(r.stdout);
 }
 
+/**
+ * `f` to run when test `t` ends, after whatever was deferred later: the
+ * last made is the first undone. (`t.after` hooks run in the order they
+ * were added, and stop at the first that fails: a file's directory removed
+ * first raced the server still open on it, failed, and left the server's
+ * process — and the runner waiting on it — alive.)
+ */
+const deferred = new WeakMap();
+function defer(t, f) {
+  let undo = deferred.get(t);
+  if (!undo) {
+    undo = [];
+    deferred.set(t, undo);
+    t.after(async () => {
+      let failed = null;
+      for (const g of undo.reverse()) {
+        try {
+          await g();
+        } catch (e) {
+          failed ??= e;
+        }
+      }
+      if (failed) throw failed;
+    });
+  }
+  undo.push(f);
+}
+
 /** A file with three dead push deliveries (the demo's and two more). */
 async function demo(t) {
   const dir = await mkdtemp(join(tmpdir(), 'reflexr-mcp-'));
-  t.after(() => rm(dir, { recursive: true, force: true }));
+  defer(t, () => rm(dir, { recursive: true, force: true }));
   const db = join(dir, 'events.db');
   const r = await run(eventsApp, [db, '--expired-tablets', '2']);
   assert.equal(r.code, 0, r.stderr);
@@ -66,7 +94,7 @@ async function connect(t, db, args = [], { v2 = false } = {}) {
     ? new ClientV2({ name: 'reflexr-test', version: '1.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } })
     : new Client({ name: 'reflexr-test', version: '1.0.0' });
   await client.connect(v2 ? new StdioClientTransportV2(params) : new StdioClientTransport(params));
-  t.after(() => client.close());
+  defer(t, () => client.close());
   return client;
 }
 
