@@ -106,6 +106,81 @@ fn a_claim_is_settled_only_by_its_holder_at_its_attempt() {
     });
 }
 
+/// Invariant 5, for a batch's plain successes settled in one call: of the
+/// claims given, exactly those still held — by this holder, at this attempt,
+/// still running, with no cancellation asked for — succeed, and the call
+/// names them; a claim of another holder or of a later attempt, a run
+/// asked to stop, and one settled already are left as they were.
+#[test]
+fn a_batch_of_successes_settles_only_the_claims_that_still_hold() {
+    on_every_backend(|db| {
+        db.tx(|c| {
+            for id in ["s1", "s2", "s3", "s4", "s5"] {
+                Runs::insert(c, &task(id, None, None))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let claimed = db
+            .tx(|c| Runs::claim_at(c, "a", NOW, NOW + 30_000, 5, &send(), 0))
+            .unwrap();
+        assert_eq!(claimed.len(), 5, "{}", db.name());
+        let by_id = |id: &str| claimed.iter().find(|r| r.id == id).expect("claimed");
+        db.tx(|c| {
+            // s2 settled already; s3 asked to stop; s4 retried, and claimed
+            // again by the same holder at the next attempt.
+            assert!(Runs::succeed(c, "s2", "a", 1, NOW)?);
+            assert!(Runs::cancel(c, "s3", NOW, "operator", "stop")?.is_some());
+            assert!(Runs::retry_later(c, "s4", "a", 1, NOW, NOW, "again")?);
+            Ok(())
+        })
+        .unwrap();
+        let retaken = db
+            .tx(|c| Runs::claim_at(c, "a", NOW + 1, NOW + 30_000, 5, &send(), 0))
+            .unwrap();
+        assert_eq!(
+            retaken
+                .iter()
+                .map(|r| (r.id.as_str(), r.attempt))
+                .collect::<Vec<_>>(),
+            [("s4", 2)],
+            "{}",
+            db.name()
+        );
+        let mut done = db
+            .tx(|c| {
+                let s1 = [(by_id("s1").ord, "s1", 1)];
+                assert!(
+                    Runs::succeed_many(c, "b", &s1, NOW + 2)?.is_empty(),
+                    "another holder"
+                );
+                let claims: Vec<(i64, &str, i64)> = ["s1", "s2", "s3", "s4", "s5"]
+                    .iter()
+                    .map(|id| (by_id(id).ord, *id, 1))
+                    .collect();
+                Runs::succeed_many(c, "a", &claims, NOW + 2)
+            })
+            .unwrap();
+        done.sort();
+        assert_eq!(done, ["s1", "s5"], "{}", db.name());
+        db.tx(|c| {
+            let state = |id: &str| Runs::get(c, id).map(|r| r.expect("the run").state);
+            assert_eq!(state("s1")?, "succeeded");
+            assert_eq!(state("s5")?, "succeeded");
+            assert_eq!(state("s2")?, "succeeded");
+            assert_eq!(state("s3")?, "running", "asked to stop, not settled");
+            assert_eq!(state("s4")?, "running", "the claim of a later attempt");
+            let s4 = Runs::get(c, "s4")?.expect("s4");
+            assert_eq!((s4.claimed_by.as_deref(), s4.attempt), (Some("a"), 2));
+            // The same claims again: nothing holds any more.
+            let claims = [(by_id("s1").ord, "s1", 1), (by_id("s5").ord, "s5", 1)];
+            assert!(Runs::succeed_many(c, "a", &claims, NOW + 3)?.is_empty());
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
 /// Invariant 6 (scope order) and uniqueness, as runs are created: the first run
 /// of a lane is ready and the next waits; a key another pending run holds
 /// creates nothing and names that run.
