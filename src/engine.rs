@@ -435,6 +435,12 @@ impl<B: Backend> Engine<B> {
     /// Enqueues a run of an action in a transaction of its own (shorthand for
     /// a [`Engine::write`] with one [`Tx::enqueue`]). See [`Enqueue`].
     ///
+    /// It appends nothing, so on PostgreSQL it shares a transaction only
+    /// with other such calls (enqueues, deliveries), which does not take
+    /// the log's head: it waits for no appending transaction of any
+    /// process. An enqueue inside an [`Engine::write`] closure waits with
+    /// the rest of that write (the closure may append).
+    ///
     /// ```
     /// # fn main() -> reflexr::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
@@ -452,7 +458,7 @@ impl<B: Backend> Engine<B> {
     /// # Ok(()) }
     /// ```
     pub fn enqueue(&self, e: &Enqueue) -> Result<Enqueued> {
-        self.write(|tx| tx.enqueue(e))
+        self.db().write_quiet(|tx| tx.enqueue(e))
     }
 
     /// Waits until the run ends (succeeded, dead, discarded or cancelled) or
@@ -682,9 +688,11 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Enqueues a delivery in a transaction of its own (shorthand for a
-    /// [`Engine::write`] with one [`Tx::deliver`]).
+    /// [`Engine::write`] with one [`Tx::deliver`]). Like
+    /// [`Engine::enqueue`], it waits for no appending transaction on
+    /// PostgreSQL.
     pub fn deliver(&self, delivery: &Delivery) -> Result<Enqueued> {
-        self.write(|tx| tx.deliver(delivery))
+        self.db().write_quiet(|tx| tx.deliver(delivery))
     }
 
     /// Registers a reaction (see [`Reaction`]): the loop will hand it each

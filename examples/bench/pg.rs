@@ -101,6 +101,7 @@ pub const ALL: &[(&str, Stage)] = &[
     ("pg_append_concurrent16", append_concurrent16),
     ("pg_append_batch1000", append_batch1000),
     ("pg_enqueue_single", enqueue_single),
+    ("pg_enqueue_beside_appends", enqueue_beside_appends),
     ("pg_read_pages", read_pages),
     ("pg_evaluate_10rules", evaluate_10rules),
     ("pg_runs_4processes", runs_4processes),
@@ -210,6 +211,54 @@ fn enqueue_single(url: &str, ctx: &Ctx) -> Vec<Figure> {
         value,
         "enqueues/s",
         baseline,
+    )]
+}
+
+/// One caller's `Engine::enqueue`s while another engine on the schema
+/// (another process, as far as the server can tell) appends from 16
+/// threads, against the same enqueues with the server to themselves: an
+/// enqueue appends nothing, so it takes no lock an appender holds (a
+/// shared write that may append takes the log's head with its BEGIN).
+fn enqueue_beside_appends(url: &str, ctx: &Ctx) -> Vec<Figure> {
+    const APPENDERS: usize = 16;
+    let n = ctx.n(1_000, 5_000);
+    let s = Schema::new(url);
+    let enqueuer = s.engine();
+    let enqueue = |from: usize| {
+        let start = Instant::now();
+        for i in from..from + n {
+            enqueuer
+                .enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": i })))
+                .unwrap();
+        }
+        rate(n, start.elapsed())
+    };
+    let alone = enqueue(0);
+    let appender = s.engine();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let value = std::thread::scope(|scope| {
+        for t in 0..APPENDERS {
+            let (appender, stop) = (&appender, &stop);
+            scope.spawn(move || {
+                let mut k = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Subjects apart from every other thread's.
+                    appender
+                        .append("bench", &event((t + 1) * 10_000_000 + k))
+                        .unwrap();
+                    k += 1;
+                }
+            });
+        }
+        let value = enqueue(n);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        value
+    });
+    vec![Figure::new(
+        "pg_enqueue_beside_appends",
+        value,
+        "enqueues/s",
+        alone,
     )]
 }
 

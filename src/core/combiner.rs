@@ -87,15 +87,30 @@ impl Signal {
     }
 }
 
+/// What a caller says of its work, so a writer may run it cheaper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// Any work: a savepoint of its own when it shares its batch, and on
+    /// PostgreSQL the log's head taken first (it may append).
+    Any,
+    /// At most one change, by one statement, failing only before it or by
+    /// that statement's own failure (which the database undoes): no
+    /// savepoint of its own (see [`Member::single`]). A single append.
+    Single,
+    /// Work that appends nothing (an enqueue, a delivery): on PostgreSQL a
+    /// batch of such work alone begins without the log's head (see
+    /// [`Member::may_append`]). (SQLite's one writer has no use for it.)
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Quiet,
+}
+
 /// A queued request: the caller's work, lifetime erased (see the module's
 /// safety notes), and where the caller waits.
 struct Request<B: Backend> {
     work: NonNull<Work<'static, B>>,
     signal: Arc<Signal>,
-    /// The work makes at most one change, by one statement, and fails only
-    /// before it or by that statement's own failure (which the database
-    /// undoes): it needs no savepoint of its own (see [`Member::single`]).
-    single: bool,
+    /// What the caller said of the work.
+    shape: Shape,
 }
 
 // SAFETY: `work` points at a `Send` closure; it is used by one thread at a
@@ -134,7 +149,14 @@ impl<B: Backend> Member<B> {
     /// failed run changed nothing (a panic after the statement would leave
     /// its change in the transaction, which must then not commit).
     pub(crate) fn single(&self) -> bool {
-        self.request.single
+        self.request.shape == Shape::Single
+    }
+
+    /// Whether the work may append: false only when its caller said it
+    /// appends nothing ([`Shape::Quiet`]).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn may_append(&self) -> bool {
+        self.request.shape != Shape::Quiet
     }
 }
 
@@ -201,7 +223,7 @@ impl<B: Backend> Combiner<B> {
     pub(crate) fn submit(
         &self,
         work: &mut Work<'_, B>,
-        single: bool,
+        shape: Shape,
         run_batch: &mut dyn FnMut(Batch<B>),
     ) -> Ended {
         let work: NonNull<Work<'_, B>> = NonNull::from(work);
@@ -215,7 +237,7 @@ impl<B: Backend> Combiner<B> {
             q.requests.push_back(Request {
                 work,
                 signal: Arc::clone(&signal),
-                single,
+                shape,
             });
             !std::mem::replace(&mut q.leading, true)
         };
@@ -253,13 +275,13 @@ impl<B: Backend> Combiner<B> {
     /// committed — or `f`'s own error, or the batch's, or `f`'s panic
     /// re-raised here. `spoilt` is asked after `f` returned Ok, in its
     /// savepoint: an error from it fails the work instead (PostgreSQL's
-    /// transaction, aborted by a statement whose error `f` caught). `single`:
-    /// `f` writes with one statement at most (see [`Member::single`]). Each
+    /// transaction, aborted by a statement whose error `f` caught). `shape`:
+    /// what the caller says of `f` (see [`Shape`]). Each
     /// writer (SQLite's, PostgreSQL's) calls this with its own `run_batch`.
     pub(crate) fn call<T, E, F>(
         &self,
         f: F,
-        single: bool,
+        shape: Shape,
         spoilt: &(dyn Fn(&Tx<'_, B>) -> Option<Error> + Sync),
         run_batch: &mut dyn FnMut(Batch<B>),
     ) -> Result<T, E>
@@ -287,7 +309,7 @@ impl<B: Backend> Combiner<B> {
                 nudge: tx.wants_nudge(),
             }
         };
-        let ended = self.submit(&mut work, single, run_batch);
+        let ended = self.submit(&mut work, shape, run_batch);
         match slot {
             Some(Err(panic)) => resume_unwind(panic),
             Some(Ok(Err(e))) => Err(e),

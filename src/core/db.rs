@@ -146,6 +146,19 @@ pub trait CoreDb<B: Backend>: Send + Sync {
     {
         self.write_with(f)
     }
+    /// [`CoreDb::write_with`] for work that appends nothing (an enqueue, a
+    /// delivery): where writers run side by side, a batch of such work
+    /// alone need not take the log's head, and waits for no appender
+    /// (PostgreSQL; see `PgDb::write_quiet`). On SQLite, whose one writer
+    /// runs one transaction at a time, the same as [`CoreDb::write_with`].
+    fn write_quiet<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, B>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.write_with(f)
+    }
     /// A subscription to every commit of this process that made
     /// something (see [`Db::subscribe`]).
     fn subscribe(&self) -> Subscription {

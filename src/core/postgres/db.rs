@@ -23,10 +23,12 @@
 //!   lock before anything else: the shared write with its BEGIN
 //!   (`PgConn::begin_ordered`), a round that appends what its runs emitted
 //!   before it appends (`Events::lock_head`). Lease updates and claim
-//!   renewals append nothing and run apart. So no transaction waits for the
-//!   head while holding a row another waits for: processes never deadlock
-//!   over the head, whatever the members of a shared write do in what
-//!   order.
+//!   renewals append nothing and run apart; a shared write whose members
+//!   all append nothing (enqueues and deliveries, `PgDb::write_quiet`)
+//!   begins without the head, and so never waits for it. So no transaction
+//!   waits for the head while holding a row another waits for: processes
+//!   never deadlock over the head, whatever the members of a shared write
+//!   do in what order.
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
 //!   its commit; the notifier's listener and heartbeat (`crate::core::wake`)
 //!   wake this process's waiters. A missed notification costs a heartbeat,
@@ -41,7 +43,7 @@ use postgres::NoTls;
 
 use crate::base::clock::Clock;
 use crate::base::error::{Error, Result};
-use crate::core::combiner::{Batch, Combiner, Ended};
+use crate::core::combiner::{Batch, Combiner, Ended, Shape};
 use crate::core::db::{CoreDb, RunWaiter};
 use crate::core::db::{Env, Tx};
 use crate::core::postgres::listen::PgListen;
@@ -184,7 +186,23 @@ impl PgDb {
         T: Send,
         E: From<Error> + Send,
     {
-        self.shared(false, f)
+        self.shared(Shape::Any, f)
+    }
+
+    /// [`PgDb::write`] for work that appends nothing (an enqueue, a
+    /// delivery): a batch whose members all say so begins without the
+    /// log's head, so it never waits for another process's appends (see
+    /// the module's notes on the order of locks). Work that appends anyway
+    /// still gets its seqs in order (the append's statement takes the head
+    /// itself), but outside the order that keeps processes from
+    /// deadlocking: say so only of work that cannot append.
+    pub(crate) fn write_quiet<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        self.shared(Shape::Quiet, f)
     }
 
     /// [`PgDb::write`] for a single append (`Engine::append`): it shares
@@ -204,12 +222,12 @@ impl PgDb {
         T: Send,
         E: From<Error> + Send,
     {
-        self.shared(true, f)
+        self.shared(Shape::Single, f)
     }
 
-    /// `f` as a member of the next shared batch; `single` as
-    /// [`PgDb::write_single`] says.
-    fn shared<T, E, F>(&self, single: bool, f: F) -> std::result::Result<T, E>
+    /// `f` as a member of the next shared batch, of the shape its caller
+    /// says (see [`Shape`]).
+    fn shared<T, E, F>(&self, shape: Shape, f: F) -> std::result::Result<T, E>
     where
         F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
         T: Send,
@@ -217,7 +235,7 @@ impl PgDb {
     {
         let _inside = Inside::enter(self.id);
         self.combiner
-            .call(f, single, &spoilt, &mut |batch| self.run_batch(batch))
+            .call(f, shape, &spoilt, &mut |batch| self.run_batch(batch))
     }
 
     /// Runs `f` in a transaction of its own on a pooled connection, beside
@@ -271,9 +289,15 @@ impl PgDb {
     /// connection itself ends the batch, and nothing of it commits.
     fn run_batch(&self, mut batch: Batch<Postgres>) {
         const SAVEPOINT: &str = "reflexr_call";
-        // The head first (see `PgConn::begin_ordered`): any member may
-        // append.
-        let conn = match self.begin_ordered() {
+        // The head first (see `PgConn::begin_ordered`) when any member may
+        // append; a batch of work that appends nothing waits for no
+        // appender.
+        let begun = if batch.members().iter().any(|m| m.may_append()) {
+            self.begin_ordered()
+        } else {
+            self.begin()
+        };
+        let conn = match begun {
             Ok(c) => c,
             Err(e) => return batch.end(Err(Arc::new(e))),
         };
@@ -463,6 +487,14 @@ impl CoreDb<Postgres> for PgDb {
         E: From<Error> + Send,
     {
         self.write_alone(f)
+    }
+    fn write_quiet<T, E, F>(&self, f: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        PgDb::write_quiet(self, f)
     }
     fn subscribe_to(&self, wake: Wake) -> Subscription {
         self.notifier.subscribe(wake)

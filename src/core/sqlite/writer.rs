@@ -43,7 +43,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use crate::base::error::{Error, Result};
-use crate::core::combiner::{Batch, Combiner, Ended};
+use crate::core::combiner::{Batch, Combiner, Ended, Shape};
 use crate::core::db::{Env, Tx};
 use crate::core::wake::{Notifier, Wake};
 use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
@@ -119,9 +119,9 @@ impl Writer {
         E: From<Error> + Send,
     {
         let _inside = Inside::enter(self.id);
-        self.combiner.call(f, single, &|_| None, &mut |batch| {
-            self.run_batch(env, batch)
-        })
+        let shape = if single { Shape::Single } else { Shape::Any };
+        self.combiner
+            .call(f, shape, &|_| None, &mut |batch| self.run_batch(env, batch))
     }
 
     /// One transaction over the batch: each member in a savepoint, then the

@@ -1,5 +1,6 @@
-//! Locks on PostgreSQL (feature `postgres`): a shared write takes the
-//! log's head with its BEGIN (the one lock order, see `core::postgres::db`), and a
+//! Locks on PostgreSQL (feature `postgres`): a shared write that may append
+//! takes the log's head with its BEGIN (the one lock order, see
+//! `core::postgres::db`; enqueues and deliveries do not), and a
 //! server setting that makes lock waits fail (`lock_timeout`) fails that
 //! write alone, with a typed error, and leaves its pooled connection
 //! clean for the next (invariant 10: nothing committed is lost or
@@ -12,10 +13,49 @@ use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
 use common::backend::{PgSchema, TestBackend};
-use reflexr::{Engine, ManualClock, NewEvent, Postgres, Query};
+use reflexr::{
+    ChannelPolicy, Delivery, Engine, Enqueue, ManualClock, NewEvent, Postgres, Query, RunState,
+};
 
 fn tick(i: usize) -> NewEvent {
     NewEvent::new("tick", format!("t/{i}"), "test", 0)
+}
+
+/// An engine on `place` with one connection, whose lock waits give up
+/// after 100 ms: a wait fails its write, it does not hang the test.
+fn impatient(place: &PgSchema) -> Engine<Postgres> {
+    let config = place.config();
+    let config = format!(
+        "{} -c lock_timeout=100'",
+        config.strip_suffix('\'').expect("options in quotes")
+    );
+    Engine::builder_postgres(config)
+        .pool_size(1)
+        .holder_id("impatient")
+        .open()
+        .unwrap()
+}
+
+/// Opens a write of `holder`'s that appends, and so holds the log's head,
+/// until the returned sender is told to let it commit (then join the
+/// thread).
+fn hold_head(holder: &Engine<Postgres>) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (held_tx, held) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (held_tx, go) = (Mutex::new(held_tx), Mutex::new(go));
+    let holder = holder.clone();
+    let writer = std::thread::spawn(move || {
+        holder
+            .write(|tx| {
+                tx.append("app", &tick(1))?;
+                held_tx.lock().unwrap().send(()).unwrap();
+                go.lock().unwrap().recv().unwrap();
+                Ok(())
+            })
+            .unwrap();
+    });
+    held.recv_timeout(Duration::from_secs(60)).unwrap();
+    (go_tx, writer)
 }
 
 #[test]
@@ -23,36 +63,10 @@ fn a_write_that_meets_a_lock_timeout_fails_alone_and_its_connection_serves_the_n
     let place = PgSchema::new();
     let holder = Postgres::open(&place, &ManualClock::new(1_800_000_000_000), "holder");
     holder.ensure_workspace("app", &["tick"]).unwrap();
-    // One connection, whose lock waits give up after 100 ms.
-    let config = place.config();
-    let config = format!(
-        "{} -c lock_timeout=100'",
-        config.strip_suffix('\'').expect("options in quotes")
-    );
-    let impatient = Engine::builder_postgres(config)
-        .pool_size(1)
-        .holder_id("impatient")
-        .open()
-        .unwrap();
+    let impatient = impatient(&place);
 
     // The holder's write holds the head until told to commit.
-    let (held_tx, held) = mpsc::channel();
-    let (go_tx, go) = mpsc::channel::<()>();
-    let (held_tx, go) = (Mutex::new(held_tx), Mutex::new(go));
-    let writer = {
-        let holder = holder.clone();
-        std::thread::spawn(move || {
-            holder
-                .write(|tx| {
-                    tx.append("app", &tick(1))?;
-                    held_tx.lock().unwrap().send(()).unwrap();
-                    go.lock().unwrap().recv().unwrap();
-                    Ok(())
-                })
-                .unwrap()
-        })
-    };
-    held.recv_timeout(Duration::from_secs(60)).unwrap();
+    let (go_tx, writer) = hold_head(&holder);
     let err = impatient.append("app", &tick(2)).unwrap_err();
     assert!(err.is_busy(), "a lock wait given up is Busy: {err:?}");
     go_tx.send(()).unwrap();
@@ -67,4 +81,44 @@ fn a_write_that_meets_a_lock_timeout_fails_alone_and_its_connection_serves_the_n
         .map(|e| e.subject)
         .collect();
     assert_eq!(ids, ["t/1", "t/3"], "the refused write left nothing");
+}
+
+/// The one lock order, narrowed: only what may append takes the log's
+/// head. An enqueue and a delivery append nothing, so they commit while
+/// another engine's write holds the head (on a connection whose lock waits
+/// give up after 100 ms: a wait would fail them); a
+/// write that may append still waits for it, and gives up.
+#[test]
+fn an_enqueue_and_a_delivery_wait_for_no_appender() {
+    let place = PgSchema::new();
+    let holder = Postgres::open(&place, &ManualClock::new(1_800_000_000_000), "holder");
+    holder.ensure_workspace("app", &["tick"]).unwrap();
+    let impatient = impatient(&place);
+    impatient
+        .register_channel("email", ChannelPolicy::BestEffort, |_, _| Ok(()))
+        .unwrap();
+
+    let (go_tx, writer) = hold_head(&holder);
+    let task = impatient
+        .enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })))
+        .expect("an enqueue takes no head");
+    let mail = impatient
+        .deliver(&Delivery::new("email", "hello").to("a@example.com"))
+        .expect("a delivery takes no head");
+    let err = impatient
+        .write(|tx| tx.enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 2 }))))
+        .unwrap_err();
+    assert!(
+        err.is_busy(),
+        "a write that may append waits for the head: {err:?}"
+    );
+    go_tx.send(()).unwrap();
+    writer.join().unwrap();
+
+    let ready = impatient.runs(Some(RunState::Ready), 10).unwrap();
+    let mut ids: Vec<&str> = ready.iter().map(|r| r.id.as_str()).collect();
+    ids.sort_unstable();
+    let mut want = vec![task.id.as_str(), mail.id.as_str()];
+    want.sort_unstable();
+    assert_eq!(ids, want, "both committed; the refused write left nothing");
 }
