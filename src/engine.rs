@@ -435,11 +435,13 @@ impl<B: Backend> Engine<B> {
     /// Enqueues a run of an action in a transaction of its own (shorthand for
     /// a [`Engine::write`] with one [`Tx::enqueue`]). See [`Enqueue`].
     ///
-    /// It appends nothing, so on PostgreSQL it shares a transaction only
-    /// with other such calls (enqueues, deliveries), which does not take
-    /// the log's head: it waits for no appending transaction of any
-    /// process. An enqueue inside an [`Engine::write`] closure waits with
-    /// the rest of that write (the closure may append).
+    /// It appends nothing, and says so: on PostgreSQL a transaction of
+    /// enqueues and deliveries alone begins without the log's head, so it
+    /// waits for no appending transaction of another process. Called while
+    /// this engine's other writes are under way, it may share their
+    /// transaction (one commit for all), which takes the head when any of
+    /// them may append; so does an enqueue inside an [`Engine::write`]
+    /// closure.
     ///
     /// ```
     /// # fn main() -> reflexr::Result<()> {
@@ -689,8 +691,9 @@ impl<B: Backend> Engine<B> {
 
     /// Enqueues a delivery in a transaction of its own (shorthand for a
     /// [`Engine::write`] with one [`Tx::deliver`]). Like
-    /// [`Engine::enqueue`], it waits for no appending transaction on
-    /// PostgreSQL.
+    /// [`Engine::enqueue`], it appends nothing and says so: on PostgreSQL,
+    /// unless it shares a transaction with this engine's writes that may
+    /// append, it waits for no appending transaction.
     pub fn deliver(&self, delivery: &Delivery) -> Result<Enqueued> {
         self.db().write_quiet(|tx| tx.deliver(delivery))
     }
