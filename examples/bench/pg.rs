@@ -10,6 +10,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use reflexr::postgres::{Client, NoTls};
@@ -235,13 +236,13 @@ fn enqueue_beside_appends(url: &str, ctx: &Ctx) -> Vec<Figure> {
     };
     let alone = enqueue(0);
     let appender = s.engine();
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
     let value = std::thread::scope(|scope| {
         for t in 0..APPENDERS {
             let (appender, stop) = (&appender, &stop);
             scope.spawn(move || {
                 let mut k = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     // Subjects apart from every other thread's.
                     appender
                         .append("bench", &event((t + 1) * 10_000_000 + k))
@@ -251,7 +252,7 @@ fn enqueue_beside_appends(url: &str, ctx: &Ctx) -> Vec<Figure> {
             });
         }
         let value = enqueue(n);
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         value
     });
     vec![Figure::new(

@@ -84,10 +84,11 @@ fn a_write_that_meets_a_lock_timeout_fails_alone_and_its_connection_serves_the_n
 }
 
 /// The one lock order, narrowed: only what may append takes the log's
-/// head. An enqueue and a delivery append nothing, so they commit while
-/// another engine's write holds the head (on a connection whose lock waits
-/// give up after 100 ms: a wait would fail them); a
-/// write that may append still waits for it, and gives up.
+/// head (invariant 1 stays the appenders': an enqueue takes no seq). An
+/// enqueue and a delivery append nothing, so they commit while another
+/// engine's write holds the head, on a connection whose lock waits give
+/// up after 100 ms (a wait would fail them); a write that may append
+/// still waits for it and gives up, leaving nothing (invariant 10).
 #[test]
 fn an_enqueue_and_a_delivery_wait_for_no_appender() {
     let place = PgSchema::new();
