@@ -432,16 +432,22 @@ impl<B: Backend> Engine<B> {
 
     // ----- actions and their runs (every backend) --------------------------
 
-    /// Enqueues a run of an action in a transaction of its own (shorthand for
-    /// a [`Engine::write`] with one [`Tx::enqueue`]). See [`Enqueue`].
+    /// Enqueues a run of an action as a write of its own: the run exists
+    /// once this returns Ok (the same as an [`Engine::write`] with one
+    /// [`Tx::enqueue`]). See [`Enqueue`].
     ///
-    /// It appends nothing, and says so: on PostgreSQL a transaction of
-    /// enqueues and deliveries alone begins without the log's head, so it
-    /// waits for no appending transaction of another process. Called while
-    /// this engine's other writes are under way, it may share their
-    /// transaction (one commit for all), which takes the head when any of
-    /// them may append; so does an enqueue inside an [`Engine::write`]
-    /// closure.
+    /// It appends nothing. On SQLite it goes through the one writer,
+    /// sharing a commit with this engine's writes under way. On
+    /// PostgreSQL, an enqueue without a scope, a uniqueness key or a
+    /// debounce is one statement sent outside any transaction block: its
+    /// own commit, in one round trip, with the notification that wakes
+    /// other processes' executors in it; it waits for no other write. Any
+    /// other runs in a transaction of enqueues and deliveries, which begins
+    /// without the log's head and so waits for no appending transaction of
+    /// another process — or, while this engine's other writes are under
+    /// way, shares theirs (one commit for all), which takes the head when
+    /// any of them may append; so does an enqueue inside an
+    /// [`Engine::write`] closure.
     ///
     /// ```
     /// # fn main() -> reflexr::Result<()> {
@@ -460,7 +466,7 @@ impl<B: Backend> Engine<B> {
     /// # Ok(()) }
     /// ```
     pub fn enqueue(&self, e: &Enqueue) -> Result<Enqueued> {
-        self.db().write_quiet(|tx| tx.enqueue(e))
+        crate::work::queue::enqueue::enqueue_alone::<B>(self.db(), e)
     }
 
     /// Waits until the run ends (succeeded, dead, discarded or cancelled) or

@@ -25,7 +25,8 @@ use crate::core::lease::{self, Lease};
 use crate::core::settings::{Limits, Settings};
 use crate::core::wake::{Subscription, WaitsHint, Wake};
 use crate::core::writer::WriterStats;
-use crate::store::{Sqlite, Work};
+use crate::store::runs::{Inserted, NewRun};
+use crate::store::{Runs, Sqlite, Work};
 
 pub(crate) mod sealed {
     /// Only this crate's backends are backends.
@@ -158,6 +159,21 @@ pub trait CoreDb<B: Backend>: Send + Sync {
         E: From<Error> + Send,
     {
         self.write_with(f)
+    }
+    /// Inserts a ready run that takes no lane and holds no key (a plain
+    /// `Engine::enqueue`: one statement makes it) as a write of its own,
+    /// and wakes the executors once it committed. A backend may send it
+    /// outside any transaction block, as its own commit (PostgreSQL: one
+    /// round trip, with its notification in it; see `PgDb::insert_run_alone`);
+    /// the default is a [`CoreDb::write_quiet`] of the insert.
+    fn insert_run_alone(&self, run: &NewRun<'_>) -> Result<Inserted> {
+        self.write_quiet(|tx| {
+            let inserted = Runs::insert(tx.core(), run)?;
+            if inserted == Inserted::New {
+                tx.mark_runs();
+            }
+            Ok(inserted)
+        })
     }
     /// A subscription to every commit of this process that made
     /// something (see [`Db::subscribe`]).

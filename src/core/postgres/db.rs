@@ -19,6 +19,8 @@
 //!   claim the next) takes a transaction of its own instead
 //!   (`CoreDb::write_apart`): rounds run side by side on their own
 //!   connections, and the server merges their commits' flushes itself.
+//!   A plain enqueue shares nothing: its one statement is sent outside any
+//!   transaction block, its own commit (see [`PgDb::insert_run_alone`]).
 //! - **One lock order.** A transaction that may append takes the head's
 //!   lock before anything else: the shared write with its BEGIN
 //!   (`PgConn::begin_ordered`), a round that appends what its runs emitted
@@ -30,7 +32,7 @@
 //!   never deadlock over the head, whatever the members of a shared write
 //!   do in what order.
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
-//!   its commit; the notifier's listener and heartbeat (`crate::core::wake`)
+//!   its commit (a plain enqueue's statement, `pg_notify` in it); the notifier's listener and heartbeat (`crate::core::wake`)
 //!   wake this process's waiters. A missed notification costs a heartbeat,
 //!   never an event; a burst of them wakes a waiter once.
 
@@ -52,6 +54,7 @@ use crate::core::wake::{Notifier, Subscription, WaitsHint, Wake};
 use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
 use crate::store::Postgres;
 use crate::store::postgres::{self as pg, PgConn, Pool, Pooled};
+use crate::store::runs::{Inserted, NewRun};
 
 /// The channel commits are announced on.
 pub(crate) const CHANNEL: &str = "reflexr";
@@ -282,6 +285,42 @@ impl PgDb {
         Ok(v)
     }
 
+    /// A ready run that takes no lane and holds no key (a plain
+    /// `Engine::enqueue`), inserted outside any transaction block by one
+    /// statement that is its own commit, with the notification that wakes
+    /// other processes' executors in that commit
+    /// (`store::postgres::runs::insert_alone`): one round trip, where a
+    /// write in a transaction takes three (its `BEGIN`, the insert, its
+    /// `COMMIT`). It appends nothing and shares no transaction, so it
+    /// waits for no appender and for no other caller's write.
+    ///
+    /// A connection the server cut (a restart, a failover) fails the
+    /// statement, and it is sent again on another, up to the pool's size
+    /// and one more, as a failed `BEGIN` is (see [`PgDb::begin`]): safe,
+    /// since the run's id makes it once. Had the server committed it before
+    /// the connection broke, the next try finds the id and reports
+    /// [`Inserted::Existed`].
+    ///
+    /// # Panics
+    /// When called from inside a write closure of the same engine.
+    pub(crate) fn insert_run_alone(&self, run: &NewRun<'_>) -> Result<Inserted> {
+        let _inside = Inside::enter(self.id);
+        let mut tries = self.pool.max_size() + 1;
+        let inserted = loop {
+            let mut client = self.pool.get()?;
+            match pg::insert_alone(&mut client, run, (CHANNEL, Wake::RUNS.payload())) {
+                Err(Error::Io { .. }) if tries > 1 => tries -= 1,
+                other => break other?,
+            }
+        };
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if inserted == Inserted::New {
+            self.notifier.nudge_for(Wake::RUNS);
+        }
+        Ok(inserted)
+    }
+
     /// One transaction over the batch: each member in a savepoint (none
     /// for a batch of one: its transaction is its own; none for a single
     /// append, see [`PgDb::write_single`]), then the commit; the batch,
@@ -495,6 +534,9 @@ impl CoreDb<Postgres> for PgDb {
         E: From<Error> + Send,
     {
         PgDb::write_quiet(self, f)
+    }
+    fn insert_run_alone(&self, run: &NewRun<'_>) -> Result<Inserted> {
+        PgDb::insert_run_alone(self, run)
     }
     fn subscribe_to(&self, wake: Wake) -> Subscription {
         self.notifier.subscribe(wake)

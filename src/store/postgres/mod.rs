@@ -48,6 +48,8 @@ pub(crate) mod schema;
 mod steps;
 mod workspaces;
 
+pub(crate) use runs::insert_alone;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 

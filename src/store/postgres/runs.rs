@@ -144,6 +144,131 @@ fn state_term(state: &str) -> &'static str {
     }
 }
 
+/// A run's insert: what [`Runs::insert`] sends once its lane and key are
+/// settled, and [`insert_alone`] inside its statement. Its parameters are
+/// [`RunValues::params`]'. `ON CONFLICT DO NOTHING`: an id (or a key) taken
+/// already inserts nothing and returns no row.
+const INSERT_RUN: &str = "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
+       on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
+       backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
+       created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
+       flow_key, traceparent) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+       $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
+       coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
+       $23, $24, $25, \
+       coalesce($26, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
+                             THEN coalesce($9::jsonb #>> key_path, '') END \
+                      FROM reflexr_actions WHERE action = $3)), $27) \
+     ON CONFLICT DO NOTHING RETURNING 1";
+
+/// [`insert_alone`]'s statement: [`INSERT_RUN`], and the notification that
+/// wakes other processes' executors, sent only if it inserted.
+static INSERT_ALONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("WITH inserted AS ({INSERT_RUN}) SELECT pg_notify($28, $29) FROM inserted")
+});
+
+/// What a run's insert computes from its [`NewRun`] before it is sent.
+struct RunValues<'r> {
+    lane: Option<&'r str>,
+    state: &'static str,
+    unique_key: Option<&'r str>,
+    unique_mode: Option<&'r str>,
+    error: Option<std::borrow::Cow<'r, str>>,
+    max_attempts: i64,
+    backoff_ms: i64,
+    backoff_max_ms: i64,
+}
+
+impl<'r> RunValues<'r> {
+    fn of(r: &NewRun<'r>, lane: Option<&'r str>, state: &'static str) -> RunValues<'r> {
+        let (unique_key, unique_mode) = r
+            .unique
+            .map_or((None, None), |u| (Some(u.key), Some(u.mode)));
+        RunValues {
+            lane,
+            state,
+            unique_key,
+            unique_mode,
+            error: r.dead.map(crate::base::limits::clip_error),
+            max_attempts: i64::from(r.retry.max_attempts),
+            backoff_ms: ms(r.retry.initial),
+            backoff_max_ms: ms(r.retry.max_delay),
+        }
+    }
+
+    /// [`INSERT_RUN`]'s 27 parameters.
+    fn params<'p>(&'p self, r: &'p NewRun<'_>) -> Vec<super::Param<'p>> {
+        vec![
+            (&r.id, Type::TEXT),
+            (&r.kind, Type::TEXT),
+            (&r.action, Type::TEXT),
+            (&r.workspace, Type::TEXT),
+            (&r.rule, Type::TEXT),
+            (&r.scope, Type::TEXT),
+            (&self.lane, Type::TEXT),
+            (&r.on_dead_letter, Type::TEXT),
+            (&r.input, Type::TEXT),
+            (&r.event_seq, Type::INT8),
+            (&r.event_id, Type::TEXT),
+            (&r.depth, Type::INT8),
+            (&self.state, Type::TEXT),
+            (&self.max_attempts, Type::INT8),
+            (&self.backoff_ms, Type::INT8),
+            (&self.backoff_max_ms, Type::INT8),
+            (&r.retry.factor, Type::FLOAT8),
+            (&r.retry.jitter, Type::FLOAT8),
+            (&r.due_at, Type::INT8),
+            (&self.error, Type::TEXT),
+            (&r.now, Type::INT8),
+            (&r.priority, Type::INT8),
+            (&self.unique_key, Type::TEXT),
+            (&self.unique_mode, Type::TEXT),
+            (&r.parent, Type::TEXT),
+            (&r.key, Type::TEXT),
+            (&r.traceparent, Type::TEXT),
+        ]
+    }
+}
+
+/// Inserts a ready run that takes no lane and holds no key — one
+/// statement makes it — on `client` outside any transaction block: the
+/// statement is its own transaction, so the run commits in one round trip
+/// (a write in a transaction takes three: its `BEGIN`, its statement, its
+/// `COMMIT`), with `notify` (a channel and a payload, the engine's own
+/// words) in the same commit when it inserted. An id already there
+/// inserts nothing: [`Inserted::Existed`].
+///
+/// Sending it again after a failure is safe: the id makes it once.
+pub(crate) fn insert_alone(
+    client: &mut super::Client,
+    r: &NewRun<'_>,
+    notify: (&'static str, &'static str),
+) -> Result<Inserted> {
+    debug_assert!(r.lane.is_none() && r.unique.is_none() && r.dead.is_none());
+    if holds_nul(r.input) {
+        return Err(nul_refused());
+    }
+    let values = RunValues::of(r, None, "ready");
+    let mut params = values.params(r);
+    params.push((&notify.0, Type::TEXT));
+    params.push((&notify.1, Type::TEXT));
+    let rows = client.query_prepared(&INSERT_ALONE, &params)?;
+    Ok(if rows.is_empty() {
+        Inserted::Existed
+    } else {
+        Inserted::New
+    })
+}
+
+/// An input PostgreSQL's jsonb cannot hold, refused before it is sent.
+fn nul_refused() -> Error {
+    Error::invalid(
+        "input",
+        "holds the character U+0000 (\\u0000), which PostgreSQL's jsonb cannot hold",
+    )
+}
+
 /// The first key of the advisory locks enqueues of one uniqueness key take
 /// ("rfxu" in ASCII, as an int4).
 const UNIQUE_LOCK: i32 = 0x7266_7875;
@@ -407,10 +532,7 @@ impl Runs for PgConn {
         // anything is sent (an enqueue's typed error; a rule's firing
         // refused, as what the database cannot hold).
         if holds_nul(r.input) {
-            return Err(Error::invalid(
-                "input",
-                "holds the character U+0000 (\\u0000), which PostgreSQL's jsonb cannot hold",
-            ));
+            return Err(nul_refused());
         }
         if let Some(u) = &r.unique {
             // Enqueues of one (action, key) take turns, so the holder read
@@ -465,56 +587,8 @@ impl Runs for PgConn {
             (None, Some(_)) if !headed => "waiting",
             _ => "ready",
         };
-        let (unique_key, unique_mode) = r
-            .unique
-            .map_or((None, None), |u| (Some(u.key), Some(u.mode)));
-        let error = r.dead.map(crate::base::limits::clip_error);
-        let max_attempts = i64::from(r.retry.max_attempts);
-        let (backoff_ms, backoff_max_ms) = (ms(r.retry.initial), ms(r.retry.max_delay));
-        let inserted = self.query_opt(
-            "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
-               on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
-               backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
-               created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
-               flow_key, traceparent) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-               $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
-               coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
-               $23, $24, $25, \
-               coalesce($26, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
-                                     THEN coalesce($9::jsonb #>> key_path, '') END \
-                              FROM reflexr_actions WHERE action = $3)), $27) \
-             ON CONFLICT DO NOTHING RETURNING 1",
-            &[
-                (&r.id, Type::TEXT),
-                (&r.kind, Type::TEXT),
-                (&r.action, Type::TEXT),
-                (&r.workspace, Type::TEXT),
-                (&r.rule, Type::TEXT),
-                (&r.scope, Type::TEXT),
-                (&lane, Type::TEXT),
-                (&r.on_dead_letter, Type::TEXT),
-                (&r.input, Type::TEXT),
-                (&r.event_seq, Type::INT8),
-                (&r.event_id, Type::TEXT),
-                (&r.depth, Type::INT8),
-                (&state, Type::TEXT),
-                (&max_attempts, Type::INT8),
-                (&backoff_ms, Type::INT8),
-                (&backoff_max_ms, Type::INT8),
-                (&r.retry.factor, Type::FLOAT8),
-                (&r.retry.jitter, Type::FLOAT8),
-                (&r.due_at, Type::INT8),
-                (&error, Type::TEXT),
-                (&r.now, Type::INT8),
-                (&r.priority, Type::INT8),
-                (&unique_key, Type::TEXT),
-                (&unique_mode, Type::TEXT),
-                (&r.parent, Type::TEXT),
-                (&r.key, Type::TEXT),
-                (&r.traceparent, Type::TEXT),
-            ],
-        )?;
+        let values = RunValues::of(r, lane, state);
+        let inserted = self.query_opt(INSERT_RUN, &values.params(r))?;
         if inserted.is_none() {
             // Another transaction inserted this id, or took the key, first:
             // give up the lane's head this insert made.

@@ -14,8 +14,8 @@ use crate::base::error::{Error, Result};
 use crate::base::limits;
 use crate::base::retry::RetryPolicy;
 use crate::base::telemetry::Op;
-use crate::core::db::Backend;
-use crate::core::db::Tx;
+use crate::core::db::{Backend, CoreDb, Tx};
+use crate::core::settings::Settings;
 use crate::store::Runs;
 use crate::store::runs::{Inserted, NewRun, Uniq};
 
@@ -236,13 +236,60 @@ pub(crate) fn uniq(key: &str, u: Unique) -> Result<Uniq<'_>> {
 }
 
 /// Inserts an enqueued run (or finds the one that holds its key).
-pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueued> {
+/// What an enqueue made of its [`Enqueue`] before anything is written:
+/// its fields checked, its id, due time and lane, and its span (a child of
+/// the given traceparent, else of the caller's current span), which lasts
+/// as long as this does.
+struct Prepared<'e> {
+    e: &'e Enqueue,
+    input: &'e str,
+    unique: Option<Uniq<'e>>,
+    id: String,
+    now: i64,
+    due_at: i64,
+    lane: Option<String>,
+    traceparent: Option<String>,
+    _span: crate::base::telemetry::Span,
+}
+
+impl Prepared<'_> {
+    /// The run to insert.
+    fn new_run(&self) -> NewRun<'_> {
+        let e = self.e;
+        NewRun {
+            id: &self.id,
+            kind: "task",
+            action: &e.action,
+            workspace: None,
+            rule: None,
+            scope: e.scope.as_deref(),
+            lane: self.lane.as_deref(),
+            on_dead_letter: "continue",
+            input: self.input,
+            event_seq: None,
+            event_id: None,
+            depth: 0,
+            retry: &e.retry,
+            due_at: self.due_at,
+            now: self.now,
+            dead: None,
+            priority: e.priority,
+            unique: self.unique,
+            parent: e.parent.as_deref(),
+            key: e.key.as_deref(),
+            traceparent: self.traceparent.as_deref(),
+        }
+    }
+}
+
+/// Checks `e` and makes what its insert needs, at `now`.
+fn prepare<'e>(settings: &Settings, now: i64, e: &'e Enqueue) -> Result<Prepared<'e>> {
     limits::check_name("action", &e.action)?;
     let input = e
         .input
         .as_ref()
         .map_err(|m| Error::Encode { message: m.clone() })?;
-    crate::core::changelog::check_json("input", input, tx.limits().max_payload_bytes)?;
+    crate::core::changelog::check_json("input", input, settings.limits.max_payload_bytes)?;
     e.retry.validate()?;
     if let Some(s) = &e.scope {
         limits::check_text("scope", s, limits::MAX_SUBJECT_BYTES)?;
@@ -280,7 +327,6 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
         }
         None => crate::core::changelog::new_id(),
     };
-    let now = tx.now_ms();
     let after = |d: Duration| now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     let due_at = match (e.at, e.after, &e.debounce) {
         (_, _, Some(d)) => after(d.window).min(d.max_wait.map_or(i64::MAX, after)),
@@ -292,37 +338,61 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
         .scope
         .as_ref()
         .map(|s| format!("{}{} {s}", limits::TASK_LANE_PREFIX, e.action));
-    // An application's enqueue: its span, a child of the given
-    // traceparent (else of the caller's current span), is the run's.
-    let span = tx.settings().telemetry.start(Op::Enqueue {
+    let span = settings.telemetry.start(Op::Enqueue {
         action: &e.action,
         run_id: &id,
         parent: e.traceparent.as_deref(),
     });
     let traceparent = span.traceparent().or_else(|| e.traceparent.clone());
-    let new_run = || NewRun {
-        id: &id,
-        kind: "task",
-        action: &e.action,
-        workspace: None,
-        rule: None,
-        scope: e.scope.as_deref(),
-        lane: lane.as_deref(),
-        on_dead_letter: "continue",
+    Ok(Prepared {
+        e,
         input,
-        event_seq: None,
-        event_id: None,
-        depth: 0,
-        retry: &e.retry,
-        due_at,
-        now,
-        dead: None,
-        priority: e.priority,
         unique,
-        parent: e.parent.as_deref(),
-        key: e.key.as_deref(),
-        traceparent: traceparent.as_deref(),
-    };
+        id,
+        now,
+        due_at,
+        lane,
+        traceparent,
+        _span: span,
+    })
+}
+
+/// [`crate::Engine::enqueue`]: an enqueue that one statement makes — no
+/// scope, no key to hold, no debounce — as a write of its own
+/// ([`CoreDb::insert_run_alone`]: on PostgreSQL, one round trip that is
+/// its own commit); any other in a quiet shared write.
+pub(crate) fn enqueue_alone<B: Backend>(db: &B::Db, e: &Enqueue) -> Result<Enqueued> {
+    if e.scope.is_some() || e.unique.is_some() || e.debounce.is_some() || e.parent.is_some() {
+        return db.write_quiet(|tx| tx.enqueue(e));
+    }
+    let p = prepare(db.settings(), db.now_ms(), e)?;
+    Ok(match db.insert_run_alone(&p.new_run())? {
+        Inserted::New => Enqueued {
+            id: p.id,
+            deduplicated: false,
+        },
+        // An id this call made, which nothing else has: the run is this
+        // call's, made by a try whose commit's answer a broken connection
+        // lost (see `PgDb::insert_run_alone`).
+        Inserted::Existed if e.id.is_none() => Enqueued {
+            id: p.id,
+            deduplicated: false,
+        },
+        Inserted::Existed => Enqueued {
+            id: p.id,
+            deduplicated: true,
+        },
+        Inserted::Duplicate(other) => Enqueued {
+            id: other,
+            deduplicated: true,
+        },
+    })
+}
+
+pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueued> {
+    let p = prepare(tx.settings(), tx.now_ms(), e)?;
+    let (id, input, now) = (&p.id, p.input, p.now);
+    let new_run = || p.new_run();
     let mut inserted = Runs::insert(tx.core(), &new_run())?;
     if let Some(d) = &e.debounce {
         // The key's holder may start, end or give the key up between two
@@ -341,7 +411,7 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
                         });
                     }
                 }
-                Inserted::Existed if Runs::get(tx.core(), &id)?.is_some() => break,
+                Inserted::Existed if Runs::get(tx.core(), id)?.is_some() => break,
                 Inserted::Existed => {}
             }
             tries += 1;
@@ -359,11 +429,11 @@ pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueue
     }
     Ok(match inserted {
         Inserted::New => Enqueued {
-            id,
+            id: id.clone(),
             deduplicated: false,
         },
         Inserted::Existed => Enqueued {
-            id,
+            id: id.clone(),
             deduplicated: true,
         },
         Inserted::Duplicate(other) => Enqueued {

@@ -2,6 +2,7 @@
 //! order, lock order across processes, a server restart, many processes on
 //! one server, followers into a PostgreSQL hub.
 
+mod enqueue;
 mod feed;
 mod follow;
 mod locks;
