@@ -258,8 +258,15 @@ impl<B: Backend> Engine<B> {
         self.db().write_with(f)
     }
 
-    /// Appends one event in a transaction of its own (shorthand for a
+    /// Appends one event as a write of its own (shorthand for a
     /// [`Engine::write`] with one [`Tx::append`]).
+    ///
+    /// Called while this engine's other writes are under way, it shares
+    /// their commit (group commit). On PostgreSQL, an append alone with no
+    /// expected version (and no causation id to look up) is one statement
+    /// sent outside any transaction block: it locks the log's head, takes
+    /// the next seq, moves the head and notifies other processes in its
+    /// own commit, one round trip.
     pub fn append(&self, workspace: &str, event: &NewEvent) -> Result<Appended> {
         // One INSERT at most, after checks and reads that write nothing.
         self.db().write_single(|tx| tx.append(workspace, event))

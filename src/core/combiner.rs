@@ -94,8 +94,10 @@ pub(crate) enum Shape {
     /// PostgreSQL the log's head taken first (it may append).
     Any,
     /// At most one change, by one statement, failing only before it or by
-    /// that statement's own failure (which the database undoes): no
-    /// savepoint of its own (see [`Member::single`]). A single append.
+    /// that statement's own failure (which the database undoes), and
+    /// nothing but reads after it: no savepoint of its own (see
+    /// [`Member::single`]), and on PostgreSQL, alone in its batch, no
+    /// transaction at all (its statement is its own). A single append.
     Single,
     /// Work that appends nothing (an enqueue, a delivery): on PostgreSQL a
     /// batch of such work alone begins without the log's head (see

@@ -19,7 +19,8 @@
 //!   claim the next) takes a transaction of its own instead
 //!   (`CoreDb::write_apart`): rounds run side by side on their own
 //!   connections, and the server merges their commits' flushes itself.
-//!   A plain enqueue shares nothing: its one statement is sent outside any
+//!   A single append alone in its batch is one statement, its own
+//!   transaction (`PgConn::deferred`); a plain enqueue shares nothing: its one statement is sent outside any
 //!   transaction block, its own commit (see [`PgDb::insert_run_alone`]).
 //! - **One lock order.** A transaction that may append takes the head's
 //!   lock before anything else: the shared write with its BEGIN
@@ -219,6 +220,13 @@ impl PgDb {
     /// `statement_timeout`, a broken connection), or fails after it
     /// appended, the batch it shared commits nothing and every caller in
     /// it gets [`Error::TransactionAborted`].
+    ///
+    /// Alone in its batch (no other caller waiting), it takes no
+    /// transaction: its statement is sent as its own, which locks the head,
+    /// inserts, moves the head and notifies in one round trip where a
+    /// transaction takes three (see `PgConn::deferred`). The closure must
+    /// then keep its word — a write after the append, or a failure after
+    /// it, would find the append committed already.
     pub(crate) fn write_single<T, E, F>(&self, f: F) -> std::result::Result<T, E>
     where
         F: FnOnce(&mut Tx<'_, Postgres>) -> std::result::Result<T, E> + Send,
@@ -331,7 +339,14 @@ impl PgDb {
         // The head first (see `PgConn::begin_ordered`) when any member may
         // append; a batch of work that appends nothing waits for no
         // appender.
-        let begun = if batch.members().iter().any(|m| m.may_append()) {
+        let alone = batch.members().len() == 1;
+        let begun = if alone && batch.members()[0].single() {
+            // A single append alone: its statement may be its own
+            // transaction (`PgConn::deferred`).
+            self.pool.get().map_err(Error::from).map(|client| {
+                PgConn::deferred(client, self.pool.clone(), (CHANNEL, Wake::EVENTS.payload()))
+            })
+        } else if batch.members().iter().any(|m| m.may_append()) {
             self.begin_ordered()
         } else {
             self.begin()
@@ -340,7 +355,6 @@ impl PgDb {
             Ok(c) => c,
             Err(e) => return batch.end(Err(Arc::new(e))),
         };
-        let alone = batch.members().len() == 1;
         let (mut nudge, mut kept) = (Wake::NONE, 0usize);
         let mut failed: Option<Error> = None;
         // The previous member's savepoint, released with the next's making:

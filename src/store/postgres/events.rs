@@ -60,22 +60,73 @@ macro_rules! version_of {
 }
 const VERSION_OF_2: &str = concat!("SELECT ", version_of!("$1", "$2"));
 
-/// The append's statement (see [`PgConn::insert_once`]).
-const INSERT: &str = concat!(
-    "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
-          next AS (SELECT greatest(head.seq, $12) + 1 AS seq FROM head \
-                   WHERE EXISTS (SELECT 1 FROM reflexr_event_types \
-                                 WHERE workspace = $1 AND type = $3)), \
-          ins AS (INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, \
-            occurred_at, recorded_at, payload, causation_id, correlation_id, depth, version, \
-            traceparent) \
-          SELECT next.seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, coalesce($13, ",
-    version_of!("$1", "$4"),
-    " + 1), $14 FROM next \
-          ON CONFLICT (workspace, id) DO NOTHING \
-          RETURNING seq, version) \
-     SELECT seq, version FROM ins"
+/// The append's common expressions: the head locked, the next seq taken
+/// only when the type is registered, the row inserted at it (see
+/// [`PgConn::insert_once`]).
+macro_rules! append_ctes {
+    () => {
+        concat!(
+            "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
+                  next AS (SELECT greatest(head.seq, $12) + 1 AS seq FROM head \
+                           WHERE EXISTS (SELECT 1 FROM reflexr_event_types \
+                                         WHERE workspace = $1 AND type = $3)), \
+                  ins AS (INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, \
+                    occurred_at, recorded_at, payload, causation_id, correlation_id, depth, version, \
+                    traceparent) \
+                  SELECT next.seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, coalesce($13, ",
+            version_of!("$1", "$4"),
+            " + 1), $14 FROM next \
+                  ON CONFLICT (workspace, id) DO NOTHING \
+                  RETURNING seq, version)"
+        )
+    };
+}
+
+/// The append's statement in a transaction (see [`PgConn::insert_once`]).
+const INSERT: &str = concat!(append_ctes!(), " SELECT seq, version FROM ins");
+
+/// A lone append's statement, its own transaction (see
+/// [`PgConn::insert_alone`]): the append's, the head moved to the seq it
+/// took and the notification `$15, $16` sent, both only if it inserted.
+const INSERT_ALONE: &str = concat!(
+    append_ctes!(),
+    ", moved AS (UPDATE reflexr_head SET seq = ins.seq FROM ins) \
+     SELECT ins.seq, ins.version, pg_notify($15, $16) FROM ins"
 );
+
+/// The append's statement's 14 parameters ([`append_ctes`]): the row,
+/// its depth, and the last seq its transaction took (0: none).
+fn append_params<'p>(row: &'p NewRow<'_>, depth: &'p i32, last: &'p i64) -> Vec<super::Param<'p>> {
+    vec![
+        (&row.workspace, Type::TEXT),
+        (&row.id, Type::TEXT),
+        (&row.event_type, Type::TEXT),
+        (&row.subject, Type::TEXT),
+        (&row.actor, Type::TEXT),
+        (&row.occurred_at, Type::INT8),
+        (&row.recorded_at, Type::INT8),
+        (&row.payload, Type::TEXT),
+        (&row.causation_id, Type::TEXT),
+        (&row.correlation_id, Type::TEXT),
+        (depth, Type::INT4),
+        (last, Type::INT8),
+        (&row.version, Type::INT8),
+        (&row.traceparent, Type::TEXT),
+    ]
+}
+
+/// What a lone append's statement did.
+enum Lone {
+    /// Inserted at this seq and version, and committed.
+    At(i64, i64),
+    /// Inserted nothing: the id is there, or the type is not registered
+    /// (as the statement's snapshot saw them).
+    Nothing,
+    /// The subject's next version was taken by an append that committed
+    /// after the statement's snapshot (its unique index refused the row):
+    /// nothing was done.
+    VersionTaken,
+}
 
 impl PgConn {
     /// The append's one statement: the row at the next seq, or None when
@@ -92,26 +143,63 @@ impl PgConn {
     /// from `last_seq`.
     fn insert_once(&self, row: &NewRow<'_>, depth: i32) -> Result<Option<(i64, i64)>> {
         let last = self.last_seq.get();
-        let inserted = self.query_opt(
-            INSERT,
-            &[
-                (&row.workspace, Type::TEXT),
-                (&row.id, Type::TEXT),
-                (&row.event_type, Type::TEXT),
-                (&row.subject, Type::TEXT),
-                (&row.actor, Type::TEXT),
-                (&row.occurred_at, Type::INT8),
-                (&row.recorded_at, Type::INT8),
-                (&row.payload, Type::TEXT),
-                (&row.causation_id, Type::TEXT),
-                (&row.correlation_id, Type::TEXT),
-                (&depth, Type::INT4),
-                (&last, Type::INT8),
-                (&row.version, Type::INT8),
-                (&row.traceparent, Type::TEXT),
-            ],
-        )?;
+        let inserted = self.query_opt(INSERT, &append_params(row, &depth, &last))?;
         inserted.map(|r| Ok((col(&r, 0)?, col(&r, 1)?))).transpose()
+    }
+
+    /// A single append alone in its write, on a deferred connection, as
+    /// one statement that is its own transaction ([`INSERT_ALONE`]): the
+    /// head locked, the row at the next seq, the head moved and the
+    /// notification sent, committed together — the order every reader
+    /// relies on (the head's lock from before the seq is taken to the
+    /// commit) in one round trip, where a transaction takes three.
+    ///
+    /// The subject's version is read with the statement's snapshot, taken
+    /// before it waited for the head: an append of the same subject that
+    /// committed meanwhile has taken that version, the subject's unique
+    /// index refuses the row, and nothing is done ([`Lone::VersionTaken`]:
+    /// the caller appends again in a transaction that holds the head
+    /// first). Sent again on another connection when the server had cut
+    /// this one: the id makes it once (had the cut come after the server
+    /// committed it, the next try finds the id, and the append reports the
+    /// event as one that was there).
+    fn insert_alone(&self, row: &NewRow<'_>, depth: i32) -> Result<Lone> {
+        let notify = self.lone_notify().expect("a deferred connection");
+        let last = 0i64;
+        let mut params = append_params(row, &depth, &last);
+        params.push((&notify.0, Type::TEXT));
+        params.push((&notify.1, Type::TEXT));
+        let lone =
+            self.on_live_connection(
+                |client| match client.query_prepared(INSERT_ALONE, &params) {
+                    Ok(rows) => match rows.first() {
+                        Some(r) => Ok(Lone::At(col(r, 0)?, col(r, 1)?)),
+                        None => Ok(Lone::Nothing),
+                    },
+                    Err(e)
+                        if e.code() == Some(&postgres::error::SqlState::UNIQUE_VIOLATION)
+                            && e.as_db_error().and_then(|d| d.constraint())
+                                == Some("reflexr_events_by_subject") =>
+                    {
+                        Ok(Lone::VersionTaken)
+                    }
+                    Err(e) => Err(e.into()),
+                },
+            )?;
+        if !matches!(lone, Lone::VersionTaken) {
+            self.begun.set(super::Begun::Alone);
+        }
+        Ok(lone)
+    }
+
+    /// Whether the workspace registered the event type.
+    fn type_registered(&self, workspace: &str, event_type: &str) -> Result<bool> {
+        Ok(self
+            .query_opt(
+                "SELECT 1 FROM reflexr_event_types WHERE workspace = $1 AND type = $2",
+                &[(&workspace, Type::TEXT), (&event_type, Type::TEXT)],
+            )?
+            .is_some())
     }
 }
 
@@ -160,6 +248,28 @@ impl Events for PgConn {
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted> {
         let depth = i32::try_from(row.depth)
             .map_err(|_| Error::invalid("depth", "more than 2^31 causes deep"))?;
+        // A single append alone in its write, its version not fixed by an
+        // expectation: one statement, its own transaction (see
+        // `insert_alone`); in a transaction after all if another append
+        // took its subject's version meanwhile.
+        let alone = self.begun.get() != super::Begun::Yes && row.version.is_none();
+        if alone {
+            for _ in 0..2 {
+                match self.insert_alone(row, depth)? {
+                    Lone::At(seq, version) => return Ok(Inserted::At { seq, version }),
+                    Lone::VersionTaken => break,
+                    Lone::Nothing => {}
+                }
+                if let Some(seq) = Events::seq_of(self, row.workspace, row.id)? {
+                    return Ok(Inserted::Existing { seq });
+                }
+                if !self.type_registered(row.workspace, row.event_type)? {
+                    return Ok(Inserted::Unregistered);
+                }
+            }
+            // Nothing was written: a transaction of its own, the head first.
+            self.begin_now()?;
+        }
         // Twice at most: the statement checks the type's registration with
         // the snapshot it began with, before it waited for the head's lock,
         // so a type another process registered meanwhile looks missing to
@@ -189,13 +299,7 @@ impl Events for PgConn {
             if let Some(seq) = Events::seq_of(self, row.workspace, row.id)? {
                 return Ok(Inserted::Existing { seq });
             }
-            let registered = self
-                .query_opt(
-                    "SELECT 1 FROM reflexr_event_types WHERE workspace = $1 AND type = $2",
-                    &[(&row.workspace, Type::TEXT), (&row.event_type, Type::TEXT)],
-                )?
-                .is_some();
-            if !registered {
+            if !self.type_registered(row.workspace, row.event_type)? {
                 return Ok(Inserted::Unregistered);
             }
         }

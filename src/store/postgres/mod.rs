@@ -170,15 +170,18 @@ pub(crate) fn listen(client: &mut postgres::Client, channel: &str) -> Result<()>
 }
 
 /// One pooled connection inside a transaction, as the core's table groups
-/// see it: `BEGIN` when made, `COMMIT` by [`PgConn::commit`], `ROLLBACK`
-/// when dropped uncommitted (the connection goes back to the pool clean).
+/// see it: `BEGIN` when made (or, made [`PgConn::deferred`], by its first
+/// statement, unless that is a lone append sent as its own transaction),
+/// `COMMIT` by [`PgConn::commit`], `ROLLBACK` when dropped uncommitted (the
+/// connection goes back to the pool clean).
 ///
 /// The core's methods take `&self` (SQLite's connection does); the
 /// PostgreSQL client needs `&mut` for every statement, so it sits in a
 /// `RefCell`. No method holds the borrow across a call into another, so it
 /// is never borrowed twice.
 pub struct PgConn {
-    client: RefCell<Pooled>,
+    /// None only while a cut connection is swapped for another.
+    client: RefCell<Option<Pooled>>,
     open: std::cell::Cell<bool>,
     /// A statement failed on the server: PostgreSQL has aborted the
     /// transaction (or the savepoint's part of it), and refuses every
@@ -195,9 +198,64 @@ pub struct PgConn {
     /// held no other transaction can move it, so the head is this, or
     /// this transaction's own last append (no round trip to ask).
     pub(super) head_at_begin: std::cell::Cell<i64>,
+    /// Whether the transaction is open yet (see [`PgConn::deferred`]).
+    pub(super) begun: std::cell::Cell<Begun>,
+    /// A deferred connection's pool, to replace a connection the server
+    /// cut before its first statement; and the notification a lone
+    /// append's statement carries (a channel and a payload, the engine's
+    /// own words).
+    deferred: Option<(Pool, (&'static str, &'static str))>,
 }
 
+/// Whether a [`PgConn`] is inside its transaction yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Begun {
+    /// Inside it: begun when made, or by a deferred connection's first
+    /// statement.
+    Yes,
+    /// A deferred connection before its first statement: outside any
+    /// transaction block, nothing sent.
+    NotYet,
+    /// A deferred connection whose single append was sent as its own
+    /// transaction (committed, or finding its id there or its type not
+    /// registered): still outside any transaction block, and what follows
+    /// (reads, by the single append's contract) runs so too.
+    Alone,
+}
+
+/// The ordered BEGIN (see [`PgConn::begin_ordered`]).
+const BEGIN_ORDERED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; \
+                             SELECT seq FROM reflexr_head FOR UPDATE";
+
 type Param<'p> = (&'p (dyn ToSql + Sync), Type);
+
+/// Sends `begin` (a BEGIN, and with `holds_head` the head's lock) on
+/// `client`: the head seq it read, if it took the lock.
+fn begin_on(client: &mut Pooled, begin: &str, holds_head: bool) -> Result<Option<i64>> {
+    let head = match client.simple_query(begin) {
+        Ok(messages) => messages.iter().find_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse::<i64>().ok(),
+            _ => None,
+        }),
+        Err(e) => {
+            // A statement sent with the BEGIN failed (the head's lock
+            // met a `lock_timeout`, say): the transaction is open and
+            // aborted. End it, or the connection would go back to the
+            // pool in it and fail every BEGIN after (on a broken
+            // connection this fails too, and the pool drops it).
+            let _ = client.batch_execute("ROLLBACK");
+            return Err(e.into());
+        }
+    };
+    if holds_head && head.is_none() {
+        let _ = client.batch_execute("ROLLBACK");
+        return Err(Error::Storage {
+            code: None,
+            message: "PostgreSQL: the log's head row (reflexr_head) is missing".into(),
+        });
+    }
+    Ok(head)
+}
 
 impl PgConn {
     /// Begins a transaction on `client`: READ COMMITTED whatever the
@@ -229,46 +287,102 @@ impl PgConn {
     /// then an enqueue) would otherwise do now and then. With the head
     /// first, a transaction waiting for it holds nothing anyone waits for.
     pub(crate) fn begin_ordered(client: Pooled) -> Result<PgConn> {
-        PgConn::begin_with(
-            client,
-            "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; \
-             SELECT seq FROM reflexr_head FOR UPDATE",
-            true,
-        )
+        PgConn::begin_with(client, BEGIN_ORDERED, true)
+    }
+
+    /// A connection for a single append alone in its write
+    /// (`PgDb::run_batch`), outside any transaction block until its first
+    /// statement. The append's statement, if that is the first, is sent
+    /// as its own transaction — the head locked, the event inserted at
+    /// the next seq, the head moved to it and `notify` sent, in one
+    /// statement and one round trip (see `Events::insert`); any other
+    /// first statement begins the transaction ordered, as
+    /// [`PgConn::begin_ordered`] does. A connection the server cut fails
+    /// that first statement, and another from `pool` takes its place
+    /// (nothing was done; the append's id makes sending it again safe).
+    pub(crate) fn deferred(
+        client: Pooled,
+        pool: Pool,
+        notify: (&'static str, &'static str),
+    ) -> PgConn {
+        PgConn {
+            client: RefCell::new(Some(client)),
+            open: std::cell::Cell::new(false),
+            aborted: std::cell::Cell::new(false),
+            last_seq: std::cell::Cell::new(0),
+            holds_head: std::cell::Cell::new(false),
+            head_at_begin: std::cell::Cell::new(0),
+            begun: std::cell::Cell::new(Begun::NotYet),
+            deferred: Some((pool, notify)),
+        }
+    }
+
+    /// The connection.
+    fn client(&self) -> std::cell::RefMut<'_, Pooled> {
+        std::cell::RefMut::map(self.client.borrow_mut(), |c| {
+            c.as_mut()
+                .expect("a connection: only a failed swap leaves none")
+        })
+    }
+
+    /// Opens a deferred connection's transaction, ordered, before its first
+    /// statement (and, after a lone append that made nothing, before a
+    /// transaction of its own: see `Events::insert`).
+    pub(super) fn begin_now(&self) -> Result<()> {
+        if self.begun.get() == Begun::Yes {
+            return Ok(());
+        }
+        let head = self.on_live_connection(|client| begin_on(client, BEGIN_ORDERED, true))?;
+        self.open.set(true);
+        self.holds_head.set(true);
+        self.head_at_begin.set(head.unwrap_or(0));
+        self.begun.set(Begun::Yes);
+        Ok(())
+    }
+
+    /// `f` on the connection; for a deferred one, again on another from
+    /// its pool while the server had cut the one it holds (up to the
+    /// pool's size and one more, as `PgDb::begin` does). `f` must be safe
+    /// to run twice: it fails before it changed anything, or is made once
+    /// by an id.
+    pub(super) fn on_live_connection<T>(
+        &self,
+        mut f: impl FnMut(&mut Pooled) -> Result<T>,
+    ) -> Result<T> {
+        let Some((pool, _)) = &self.deferred else {
+            return f(&mut self.client());
+        };
+        let mut tries = pool.max_size() + 1;
+        loop {
+            match f(&mut self.client()) {
+                Err(Error::Io { .. }) if tries > 1 => tries -= 1,
+                other => return other,
+            }
+            // The cut one back to the pool first (which drops it as
+            // broken): a pool of one has no other to give.
+            drop(self.client.borrow_mut().take());
+            *self.client.borrow_mut() = Some(pool.get()?);
+        }
+    }
+
+    /// The notification a deferred connection's lone append carries.
+    pub(super) fn lone_notify(&self) -> Option<(&'static str, &'static str)> {
+        self.deferred.as_ref().map(|(_, n)| *n)
     }
 
     /// `begin` opens the transaction; `holds_head` says it also takes the
     /// head row's lock, held to the end.
     fn begin_with(mut client: Pooled, begin: &str, holds_head: bool) -> Result<PgConn> {
-        let head = match client.simple_query(begin) {
-            Ok(messages) => messages.iter().find_map(|m| match m {
-                postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse::<i64>().ok(),
-                _ => None,
-            }),
-            Err(e) => {
-                // A statement sent with the BEGIN failed (the head's lock
-                // met a `lock_timeout`, say): the transaction is open and
-                // aborted. End it, or the connection would go back to the
-                // pool in it and fail every BEGIN after (on a broken
-                // connection this fails too, and the pool drops it).
-                let _ = client.batch_execute("ROLLBACK");
-                return Err(e.into());
-            }
-        };
-        if holds_head && head.is_none() {
-            let _ = client.batch_execute("ROLLBACK");
-            return Err(Error::Storage {
-                code: None,
-                message: "PostgreSQL: the log's head row (reflexr_head) is missing".into(),
-            });
-        }
+        let head = begin_on(&mut client, begin, holds_head)?;
         Ok(PgConn {
-            client: RefCell::new(client),
+            client: RefCell::new(Some(client)),
             open: std::cell::Cell::new(true),
             aborted: std::cell::Cell::new(false),
             last_seq: std::cell::Cell::new(0),
             holds_head: std::cell::Cell::new(holds_head),
             head_at_begin: std::cell::Cell::new(head.unwrap_or(0)),
+            begun: std::cell::Cell::new(Begun::Yes),
+            deferred: None,
         })
     }
 
@@ -317,6 +431,20 @@ impl PgConn {
     /// statement fails, the rest are not run, and dropping the connection
     /// rolls back.
     fn finish(self, notify: Option<(&'static str, &'static str)>) -> Result<()> {
+        if self.begun.get() != Begun::Yes {
+            // Nothing open: a lone append committed itself, with its
+            // notification (or made nothing). A notification it did not
+            // carry goes alone (a transaction that only notifies waits for
+            // no flush).
+            if let Some((channel, payload)) = notify
+                && self.begun.get() == Begun::Alone
+                && self.lone_notify() != Some((channel, payload))
+            {
+                self.client()
+                    .batch_execute(&format!("NOTIFY {channel}, '{payload}'"))?;
+            }
+            return Ok(());
+        }
         if self.aborted.get() {
             // Dropping `self` rolls back.
             return Err(Error::TransactionAborted {
@@ -336,7 +464,7 @@ impl PgConn {
             sql.push_str(&format!("NOTIFY {channel}, '{payload}'; "));
         }
         sql.push_str("COMMIT");
-        self.client.borrow_mut().batch_execute(&sql)?;
+        self.client().batch_execute(&sql)?;
         self.open.set(false);
         Ok(())
     }
@@ -349,7 +477,8 @@ impl PgConn {
     /// Runs the engine's own transaction-control statements (savepoints),
     /// in one round trip.
     pub(crate) fn control(&self, sql: &str) -> Result<()> {
-        let r = self.client.borrow_mut().batch_execute(sql);
+        self.ensure_begun()?;
+        let r = self.client().batch_execute(sql);
         self.note(r)
     }
 
@@ -373,7 +502,8 @@ impl PgConn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
         guard::refuse_transaction_control(sql)?;
-        let r = self.client.borrow_mut().query(sql, params);
+        self.ensure_begun()?;
+        let r = self.client().query(sql, params);
         self.note(r)
     }
 
@@ -381,12 +511,24 @@ impl PgConn {
     /// the number of rows it changed.
     pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         guard::refuse_transaction_control(sql)?;
-        let r = self.client.borrow_mut().execute(sql, params);
+        self.ensure_begun()?;
+        let r = self.client().execute(sql, params);
         self.note(r)
     }
 
+    /// A deferred connection's first statement begins its transaction
+    /// (after a lone append, what follows runs outside one: see
+    /// [`Begun::Alone`]).
+    fn ensure_begun(&self) -> Result<()> {
+        if self.begun.get() == Begun::NotYet {
+            self.begin_now()?;
+        }
+        Ok(())
+    }
+
     fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
-        let r = self.client.borrow_mut().query_prepared(sql, params);
+        self.ensure_begun()?;
+        let r = self.client().query_prepared(sql, params);
         self.note(r)
     }
 
@@ -405,7 +547,9 @@ impl Drop for PgConn {
         if self.open.get() {
             // Best effort: a connection that cannot roll back is broken,
             // and the pool drops broken connections.
-            let _ = self.client.get_mut().batch_execute("ROLLBACK");
+            if let Some(client) = self.client.get_mut() {
+                let _ = client.batch_execute("ROLLBACK");
+            }
         }
     }
 }

@@ -123,3 +123,67 @@ fn an_enqueue_and_a_delivery_wait_for_no_appender() {
     want.sort_unstable();
     assert_eq!(ids, want, "both committed; the refused write left nothing");
 }
+
+/// Invariants 1 and 13's versions for a single append alone, whose one
+/// statement reads its subject's version with a snapshot taken before it
+/// waited for the head: another process's append of the same subject,
+/// committed while it waited, took that version, the subject's unique
+/// index refuses the row, and the append is made again in a transaction
+/// that holds the head first — at the next seq and the next version,
+/// without an error.
+#[test]
+fn a_lone_append_whose_subject_version_was_taken_while_it_waited_appends_after_it() {
+    let place = PgSchema::new();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let holder = Postgres::open(&place, &clock, "holder");
+    holder.ensure_workspace("app", &["tick"]).unwrap();
+    let lone = Postgres::open(&place, &clock, "lone");
+    let (held_tx, held) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    let (held_tx, go) = (Mutex::new(held_tx), Mutex::new(go));
+    let writer = {
+        let holder = holder.clone();
+        std::thread::spawn(move || {
+            holder
+                .write(|tx| {
+                    let a = tx.append("app", &NewEvent::new("tick", "s", "test", 0))?;
+                    held_tx.lock().unwrap().send(()).unwrap();
+                    go.lock().unwrap().recv().unwrap();
+                    Ok(a)
+                })
+                .unwrap()
+        })
+    };
+    held.recv_timeout(Duration::from_secs(60)).unwrap();
+    let appender =
+        std::thread::spawn(move || lone.append("app", &NewEvent::new("tick", "s", "test", 0)));
+    // The lone append's statement waits for the head (its snapshot taken).
+    let mut admin =
+        reflexr::postgres::Client::connect(&place.config(), reflexr::postgres::NoTls).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%moved AS (UPDATE reflexr_head%'",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lone append never waited"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    go_tx.send(()).unwrap();
+    let first = writer.join().unwrap();
+    let second = appender
+        .join()
+        .unwrap()
+        .expect("appended after the holder's");
+    assert_eq!(first.version, 1);
+    assert_eq!((second.seq, second.version), (first.seq + 1, 2));
+    assert_eq!(holder.head_seq().unwrap(), second.seq);
+}

@@ -2,10 +2,10 @@
 //! order, lock order across processes, a server restart, many processes on
 //! one server, followers into a PostgreSQL hub.
 
-mod enqueue;
 mod feed;
 mod follow;
 mod locks;
+mod lone;
 mod processes;
 mod reader;
 mod restart;

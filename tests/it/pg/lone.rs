@@ -1,0 +1,183 @@
+//! Writes alone on PostgreSQL (feature `postgres`): a plain
+//! `Engine::enqueue`, and an `Engine::append` with no other caller
+//! waiting, are each one statement outside any transaction block — its
+//! own commit, with the notification that wakes other processes in it.
+#![cfg(feature = "postgres")]
+
+use reflexr_testkit as common;
+
+use std::time::{Duration, Instant};
+
+use common::backend::{PgSchema, TestBackend};
+use reflexr::postgres::fallible_iterator::FallibleIterator;
+use reflexr::postgres::{Client, NoTls};
+use reflexr::{Enqueue, ManualClock, NewEvent, Postgres, Query};
+
+/// Payloads of the engine's notifications `listener` hears until the
+/// test's own `end`, in order.
+fn heard_until_end(listener: &mut Client) -> Vec<String> {
+    let mut heard = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "no end after {heard:?}");
+        let mut notes = listener.notifications();
+        let mut iter = notes.timeout_iter(Duration::from_secs(1));
+        while let Some(n) = iter.next().expect("the listener's connection") {
+            if n.payload() == "end" {
+                return heard;
+            }
+            heard.push(n.payload().to_string());
+        }
+    }
+}
+
+/// Invariant 5's start (a run exists once its enqueue returns, and wakes
+/// the executors that may run it): a plain enqueue's commit carries one
+/// notification to other processes, and an enqueue that made nothing (its
+/// id there already) carries none.
+#[test]
+fn a_plain_enqueue_notifies_other_processes_in_its_own_commit() {
+    let place = PgSchema::new();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let e = Postgres::open(&place, &clock, "test");
+    let mut listener = Client::connect(&place.config(), NoTls).unwrap();
+    listener.batch_execute("LISTEN reflexr").unwrap();
+    let first = e
+        .enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })).id("mail-1"))
+        .unwrap();
+    assert!(!first.deduplicated);
+    let again = e
+        .enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })).id("mail-1"))
+        .unwrap();
+    assert!(again.deduplicated && again.id == "mail-1", "{again:?}");
+    let second = e
+        .enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 2 })))
+        .unwrap();
+    assert!(!second.deduplicated);
+    // A mark after the three: notifications come in commit order.
+    Client::connect(&place.config(), NoTls)
+        .unwrap()
+        .batch_execute("NOTIFY reflexr, 'end'")
+        .unwrap();
+    assert_eq!(heard_until_end(&mut listener), ["r", "r"]);
+    assert_eq!(e.runs(None, 10).unwrap().len(), 2);
+}
+
+/// Cuts every session of the server tagged `tag` (an engine opened on
+/// `Postgres::tagged`), and waits until they are gone.
+fn cut_sessions(place: &PgSchema, tag: &str) {
+    let mut admin = Client::connect(&place.config(), NoTls).unwrap();
+    let cut: Vec<i32> = admin
+        .query(
+            // The engine's sessions first, then each cut: a filter beside
+            // the cut could be run after it, on every session.
+            "WITH mine AS MATERIALIZED \
+               (SELECT pid FROM pg_stat_activity WHERE application_name = $1) \
+             SELECT pid FROM mine WHERE pg_terminate_backend(pid)",
+            &[&tag],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!cut.is_empty(), "no connection of the engine's to cut");
+    // Gone from the server (the engine's listener may connect again).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+            &[&cut],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        > 0
+    {
+        assert!(Instant::now() < deadline, "the cut sessions stayed");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// An engine whose sessions carry `tag`.
+fn tagged_engine(place: &PgSchema, clock: &ManualClock, tag: &str) -> reflexr::Engine<Postgres> {
+    <Postgres as TestBackend>::open_at(
+        &Postgres::tagged(&place.config(), tag),
+        &common::backend::Opts::new(clock, "test"),
+    )
+}
+
+/// Invariant 10 (a failure loses nothing and makes nothing twice) for the
+/// connection under a plain enqueue: one the server cut while it sat in
+/// the pool fails the statement, which is sent again on another; the run
+/// is made once, and the call says it made it.
+#[test]
+fn a_plain_enqueue_on_a_connection_the_server_cut_is_sent_again() {
+    let place = PgSchema::new();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let tag = format!("enqueue-cut-{}", std::process::id());
+    let e = tagged_engine(&place, &clock, &tag);
+    // A pooled connection that has served an enqueue.
+    e.enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })))
+        .unwrap();
+    cut_sessions(&place, &tag);
+    let made = e
+        .enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 2 })))
+        .expect("sent again on a new connection");
+    assert!(!made.deduplicated);
+    let runs = e.runs(None, 10).unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.iter().any(|r| r.id == made.id));
+}
+
+fn tick(subject: &str) -> NewEvent {
+    NewEvent::new("tick", subject, "test", 0)
+}
+
+/// Invariants 1 and 3 for a single append alone: its statement locks the
+/// head, takes the next seq, moves the head and notifies in one commit;
+/// the next append goes on from it, and an id there already appends
+/// nothing and notifies nothing.
+#[test]
+fn a_lone_append_moves_the_head_and_notifies_in_its_own_commit() {
+    let place = PgSchema::new();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let e = Postgres::open(&place, &clock, "test");
+    e.ensure_workspace("app", &["tick"]).unwrap();
+    let mut listener = Client::connect(&place.config(), NoTls).unwrap();
+    listener.batch_execute("LISTEN reflexr").unwrap();
+    let first = e.append("app", &tick("a").id("one")).unwrap();
+    let again = e.append("app", &tick("a").id("one")).unwrap();
+    assert!(again.existing && again.seq == first.seq, "{again:?}");
+    let second = e.append("app", &tick("a")).unwrap();
+    assert_eq!((second.seq, second.version), (first.seq + 1, 2));
+    assert_eq!(e.head_seq().unwrap(), second.seq);
+    Client::connect(&place.config(), NoTls)
+        .unwrap()
+        .batch_execute("NOTIFY reflexr, 'end'")
+        .unwrap();
+    assert_eq!(heard_until_end(&mut listener), ["e", "e"]);
+}
+
+/// Invariant 10 for the connection under a lone append: one the server cut
+/// while it sat in the pool fails the statement, which is sent again on
+/// another; the event is appended once.
+#[test]
+fn a_lone_append_on_a_connection_the_server_cut_is_sent_again() {
+    let place = PgSchema::new();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let tag = format!("append-cut-{}", std::process::id());
+    let e = tagged_engine(&place, &clock, &tag);
+    e.ensure_workspace("app", &["tick"]).unwrap();
+    e.append("app", &tick("a")).unwrap();
+    cut_sessions(&place, &tag);
+    let made = e
+        .append("app", &tick("b"))
+        .expect("sent again on a new connection");
+    assert!(!made.existing);
+    let subjects: Vec<String> = e
+        .read(&Query::new("app"))
+        .unwrap()
+        .into_iter()
+        .map(|ev| ev.subject)
+        .collect();
+    assert_eq!(subjects, ["a", "b"]);
+}
