@@ -146,6 +146,13 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
             existing: false,
             version,
         }),
+        // An id this call made, which nothing else has: the event is this
+        // call's, committed by a try whose answer a cut connection lost
+        // (a lone append on PostgreSQL is sent again on another).
+        Inserted::Existing { seq } if ev.id.is_none() => Ok(Appended {
+            existing: false,
+            ..existing(conn, seq, id)?
+        }),
         Inserted::Existing { seq } => existing(conn, seq, id),
         Inserted::Unregistered => {
             // The only foreign key is (workspace, type): find out which half.

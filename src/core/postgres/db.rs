@@ -19,8 +19,9 @@
 //!   claim the next) takes a transaction of its own instead
 //!   (`CoreDb::write_apart`): rounds run side by side on their own
 //!   connections, and the server merges their commits' flushes itself.
-//!   A single append alone in its batch is one statement, its own
-//!   transaction (`PgConn::deferred`); a plain enqueue shares nothing: its one statement is sent outside any
+//!   A single append alone in its batch (no expected version, no
+//!   causation to look up) is one statement, its own transaction
+//!   (`PgConn::deferred`); a plain enqueue shares nothing: its one statement is sent outside any
 //!   transaction block, its own commit (see [`PgDb::insert_run_alone`]).
 //! - **One lock order.** A transaction that may append takes the head's
 //!   lock before anything else: the shared write with its BEGIN
@@ -221,10 +222,12 @@ impl PgDb {
     /// appended, the batch it shared commits nothing and every caller in
     /// it gets [`Error::TransactionAborted`].
     ///
-    /// Alone in its batch (no other caller waiting), it takes no
-    /// transaction: its statement is sent as its own, which locks the head,
-    /// inserts, moves the head and notifies in one round trip where a
-    /// transaction takes three (see `PgConn::deferred`). The closure must
+    /// Alone in its batch (no other caller waiting), with no expected
+    /// version and no causation to look up, it takes no transaction: its
+    /// statement is sent as its own, which locks the head, inserts, moves
+    /// the head and notifies in one round trip where a transaction takes
+    /// three (see `PgConn::deferred`; a subject's version taken meanwhile
+    /// sends it once more, then in a transaction). The closure must
     /// then keep its word — a write after the append, or a failure after
     /// it, would find the append committed already.
     pub(crate) fn write_single<T, E, F>(&self, f: F) -> std::result::Result<T, E>

@@ -61,10 +61,10 @@ macro_rules! version_of {
 const VERSION_OF_2: &str = concat!("SELECT ", version_of!("$1", "$2"));
 
 /// The append's common expressions: the head locked, the next seq taken
-/// only when the type is registered, the row inserted at it (see
-/// [`PgConn::insert_once`]).
+/// only when the type is registered, the row inserted at it unless
+/// `$on_conflict` says otherwise (see [`PgConn::insert_once`]).
 macro_rules! append_ctes {
-    () => {
+    ($on_conflict:literal) => {
         concat!(
             "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
                   next AS (SELECT greatest(head.seq, $12) + 1 AS seq FROM head \
@@ -75,21 +75,26 @@ macro_rules! append_ctes {
                     traceparent) \
                   SELECT next.seq, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, coalesce($13, ",
             version_of!("$1", "$4"),
-            " + 1), $14 FROM next \
-                  ON CONFLICT (workspace, id) DO NOTHING \
-                  RETURNING seq, version)"
+            " + 1), $14 FROM next ",
+            $on_conflict,
+            " RETURNING seq, version)"
         )
     };
 }
 
 /// The append's statement in a transaction (see [`PgConn::insert_once`]).
-const INSERT: &str = concat!(append_ctes!(), " SELECT seq, version FROM ins");
+const INSERT: &str = concat!(
+    append_ctes!("ON CONFLICT (workspace, id) DO NOTHING"),
+    " SELECT seq, version FROM ins"
+);
 
 /// A lone append's statement, its own transaction (see
 /// [`PgConn::insert_alone`]): the append's, the head moved to the seq it
-/// took and the notification `$15, $16` sent, both only if it inserted.
+/// took and the notification `$15, $16` sent, both only if it inserted. Any
+/// unique key it meets inserts nothing: its id, or its subject's version
+/// taken by an append committed after the statement's snapshot.
 const INSERT_ALONE: &str = concat!(
-    append_ctes!(),
+    append_ctes!("ON CONFLICT DO NOTHING"),
     ", moved AS (UPDATE reflexr_head SET seq = ins.seq FROM ins) \
      SELECT ins.seq, ins.version, pg_notify($15, $16) FROM ins"
 );
@@ -119,13 +124,10 @@ fn append_params<'p>(row: &'p NewRow<'_>, depth: &'p i32, last: &'p i64) -> Vec<
 enum Lone {
     /// Inserted at this seq and version, and committed.
     At(i64, i64),
-    /// Inserted nothing: the id is there, or the type is not registered
-    /// (as the statement's snapshot saw them).
+    /// Inserted nothing: the id is there, the type is not registered (as
+    /// the statement's snapshot saw it), or the subject's version the
+    /// snapshot read was taken by an append committed after it.
     Nothing,
-    /// The subject's next version was taken by an append that committed
-    /// after the statement's snapshot (its unique index refused the row):
-    /// nothing was done.
-    VersionTaken,
 }
 
 impl PgConn {
@@ -156,39 +158,36 @@ impl PgConn {
     ///
     /// The subject's version is read with the statement's snapshot, taken
     /// before it waited for the head: an append of the same subject that
-    /// committed meanwhile has taken that version, the subject's unique
-    /// index refuses the row, and nothing is done ([`Lone::VersionTaken`]:
-    /// the caller appends again in a transaction that holds the head
-    /// first). Sent again on another connection when the server had cut
-    /// this one: the id makes it once (had the cut come after the server
-    /// committed it, the next try finds the id, and the append reports the
-    /// event as one that was there).
+    /// committed meanwhile has taken that version, and the statement
+    /// inserts nothing ([`Lone::Nothing`]; the caller tries once more, then
+    /// appends in a transaction that holds the head first). Sent again on
+    /// another connection when the server had cut this one: the id makes it
+    /// once (had the cut come after the server committed it, the next try
+    /// finds the id).
     fn insert_alone(&self, row: &NewRow<'_>, depth: i32) -> Result<Lone> {
         let notify = self.lone_notify().expect("a deferred connection");
         let last = 0i64;
         let mut params = append_params(row, &depth, &last);
         params.push((&notify.0, Type::TEXT));
         params.push((&notify.1, Type::TEXT));
-        let lone =
-            self.on_live_connection(
-                |client| match client.query_prepared(INSERT_ALONE, &params) {
-                    Ok(rows) => match rows.first() {
-                        Some(r) => Ok(Lone::At(col(r, 0)?, col(r, 1)?)),
-                        None => Ok(Lone::Nothing),
-                    },
-                    Err(e)
-                        if e.code() == Some(&postgres::error::SqlState::UNIQUE_VIOLATION)
-                            && e.as_db_error().and_then(|d| d.constraint())
-                                == Some("reflexr_events_by_subject") =>
-                    {
-                        Ok(Lone::VersionTaken)
-                    }
-                    Err(e) => Err(e.into()),
-                },
-            )?;
-        if !matches!(lone, Lone::VersionTaken) {
-            self.begun.set(super::Begun::Alone);
-        }
+        let lone = self.on_live_connection(|client| {
+            match client.query_prepared(INSERT_ALONE, &params) {
+                Ok(rows) => Ok(match rows.first() {
+                    Some(r) => Lone::At(col(r, 0)?, col(r, 1)?),
+                    None => Lone::Nothing,
+                }),
+                // A session above READ COMMITTED (the pool sets it, but a
+                // pooler in transaction mode does not keep it) whose head
+                // moved meanwhile: nothing done, made again as above.
+                Err(e)
+                    if e.code() == Some(&postgres::error::SqlState::T_R_SERIALIZATION_FAILURE) =>
+                {
+                    Ok(Lone::Nothing)
+                }
+                Err(e) => Err(e.into()),
+            }
+        })?;
+        self.begun.set(super::Begun::Alone);
         Ok(lone)
     }
 
@@ -205,7 +204,9 @@ impl PgConn {
 
 impl Events for PgConn {
     fn lock_head(&self) -> Result<()> {
-        // A transaction begun ordered holds it from its BEGIN, to the end.
+        // A transaction begun ordered holds it from its BEGIN, to the end
+        // (a deferred connection's begins so).
+        self.ensure_begun()?;
         if self.holds_head.get() {
             return Ok(());
         }
@@ -254,11 +255,12 @@ impl Events for PgConn {
         // took its subject's version meanwhile.
         let alone = self.begun.get() != super::Begun::Yes && row.version.is_none();
         if alone {
+            // Twice at most, each with a snapshot of its own: a type
+            // registered, or a subject's version taken, while the last
+            // waited for the head.
             for _ in 0..2 {
-                match self.insert_alone(row, depth)? {
-                    Lone::At(seq, version) => return Ok(Inserted::At { seq, version }),
-                    Lone::VersionTaken => break,
-                    Lone::Nothing => {}
+                if let Lone::At(seq, version) = self.insert_alone(row, depth)? {
+                    return Ok(Inserted::At { seq, version });
                 }
                 if let Some(seq) = Events::seq_of(self, row.workspace, row.id)? {
                     return Ok(Inserted::Existing { seq });

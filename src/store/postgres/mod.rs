@@ -135,9 +135,18 @@ impl r2d2::ManageConnection for Manager {
     type Connection = Client;
     type Error = postgres::Error;
 
+    /// A new connection whose transactions default to READ COMMITTED, READ
+    /// WRITE, whatever the server's, database's or role's defaults: the
+    /// engine's transactions say so in their BEGIN, and a statement sent
+    /// as its own transaction (a plain enqueue, a lone append) takes the
+    /// session's default.
     fn connect(&self) -> std::result::Result<Client, postgres::Error> {
+        let mut client = self.0.connect()?;
+        client.batch_execute(
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE",
+        )?;
         Ok(Client {
-            client: self.0.connect()?,
+            client,
             prepared: HashMap::new(),
         })
     }
@@ -477,7 +486,7 @@ impl PgConn {
     /// Runs the engine's own transaction-control statements (savepoints),
     /// in one round trip.
     pub(crate) fn control(&self, sql: &str) -> Result<()> {
-        self.ensure_begun()?;
+        self.ensure_begun_to_write()?;
         let r = self.client().batch_execute(sql);
         self.note(r)
     }
@@ -502,7 +511,7 @@ impl PgConn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
         guard::refuse_transaction_control(sql)?;
-        self.ensure_begun()?;
+        self.ensure_begun_to_write()?;
         let r = self.client().query(sql, params);
         self.note(r)
     }
@@ -511,7 +520,7 @@ impl PgConn {
     /// the number of rows it changed.
     pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         guard::refuse_transaction_control(sql)?;
-        self.ensure_begun()?;
+        self.ensure_begun_to_write()?;
         let r = self.client().execute(sql, params);
         self.note(r)
     }
@@ -524,6 +533,17 @@ impl PgConn {
             self.begin_now()?;
         }
         Ok(())
+    }
+
+    /// [`PgConn::ensure_begun`] for what may write (the caller's SQL, a
+    /// savepoint): never after a lone append committed itself, which the
+    /// single append's contract rules out.
+    fn ensure_begun_to_write(&self) -> Result<()> {
+        debug_assert!(
+            self.begun.get() != Begun::Alone,
+            "a write after a lone append committed itself"
+        );
+        self.ensure_begun()
     }
 
     fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {

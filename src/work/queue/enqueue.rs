@@ -235,7 +235,6 @@ pub(crate) fn uniq(key: &str, u: Unique) -> Result<Uniq<'_>> {
     })
 }
 
-/// Inserts an enqueued run (or finds the one that holds its key).
 /// What an enqueue made of its [`Enqueue`] before anything is written:
 /// its fields checked, its id, due time and lane, and its span (a child of
 /// the given traceparent, else of the caller's current span), which lasts
@@ -389,6 +388,7 @@ pub(crate) fn enqueue_alone<B: Backend>(db: &B::Db, e: &Enqueue) -> Result<Enque
     })
 }
 
+/// Inserts an enqueued run in `tx` (or finds the one that holds its key).
 pub(crate) fn enqueue<B: Backend>(tx: &Tx<'_, B>, e: &Enqueue) -> Result<Enqueued> {
     let p = prepare(tx.settings(), tx.now_ms(), e)?;
     let (id, input, now) = (&p.id, p.input, p.now);

@@ -181,3 +181,32 @@ fn a_lone_append_on_a_connection_the_server_cut_is_sent_again() {
         .collect();
     assert_eq!(subjects, ["a", "b"]);
 }
+
+/// Invariant 10 for a database or role whose defaults differ: a session
+/// that defaults to read-only SERIALIZABLE transactions still makes a lone
+/// append and a plain enqueue (the pool's sessions default to READ
+/// COMMITTED, READ WRITE, as the engine's transactions say in their BEGIN).
+#[test]
+fn statements_sent_as_their_own_transactions_ignore_the_sessions_defaults() {
+    let place = PgSchema::new();
+    let clock = ManualClock::new(1_800_000_000_000);
+    // The schema made first (its migration is not the point here).
+    Postgres::open(&place, &clock, "maker")
+        .ensure_workspace("app", &["tick"])
+        .unwrap();
+    let config = place.config();
+    let config = format!(
+        "{} -c default_transaction_isolation=serializable -c default_transaction_read_only=on'",
+        config.strip_suffix('\'').expect("options in quotes")
+    );
+    let e = <Postgres as TestBackend>::open_at(
+        &config,
+        &common::backend::Opts::new(&clock, "test"),
+    );
+    let a = e.append("app", &tick("a")).expect("a lone append");
+    let b = e.append("app", &tick("a")).expect("another");
+    assert_eq!((b.seq, b.version), (a.seq + 1, 2));
+    e.enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })))
+        .expect("a plain enqueue");
+    assert_eq!(e.runs(None, 10).unwrap().len(), 1);
+}
