@@ -199,10 +199,8 @@ fn statements_sent_as_their_own_transactions_ignore_the_sessions_defaults() {
         "{} -c default_transaction_isolation=serializable -c default_transaction_read_only=on'",
         config.strip_suffix('\'').expect("options in quotes")
     );
-    let e = <Postgres as TestBackend>::open_at(
-        &config,
-        &common::backend::Opts::new(&clock, "test"),
-    );
+    let e =
+        <Postgres as TestBackend>::open_at(&config, &common::backend::Opts::new(&clock, "test"));
     let a = e.append("app", &tick("a")).expect("a lone append");
     let b = e.append("app", &tick("a")).expect("another");
     assert_eq!((b.seq, b.version), (a.seq + 1, 2));
