@@ -21,8 +21,8 @@
 //!   connections, and the server merges their commits' flushes itself.
 //!   A single append alone in its batch (no expected version, no
 //!   causation to look up) is one statement, its own transaction
-//!   (`PgConn::deferred`); a plain enqueue shares nothing: its one statement is sent outside any
-//!   transaction block, its own commit (see [`PgDb::insert_run_alone`]).
+//!   (`PgConn::deferred`); so is a plain enqueue, which shares nothing
+//!   (see [`PgDb::insert_run_alone`]).
 //! - **One lock order.** A transaction that may append takes the head's
 //!   lock before anything else: the shared write with its BEGIN
 //!   (`PgConn::begin_ordered`), a round that appends what its runs emitted
@@ -34,8 +34,9 @@
 //!   never deadlock over the head, whatever the members of a shared write
 //!   do in what order.
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
-//!   its commit (a plain enqueue's statement, `pg_notify` in it); the notifier's listener and heartbeat (`crate::core::wake`)
-//!   wake this process's waiters. A missed notification costs a heartbeat,
+//!   its commit (a lone append's or a plain enqueue's statement, with
+//!   `pg_notify` in it); the notifier's listener and heartbeat
+//!   (`crate::core::wake`) wake this process's waiters. A missed notification costs a heartbeat,
 //!   never an event; a burst of them wakes a waiter once.
 
 use std::collections::BTreeMap;
@@ -300,7 +301,7 @@ impl PgDb {
     /// `Engine::enqueue`), inserted outside any transaction block by one
     /// statement that is its own commit, with the notification that wakes
     /// other processes' executors in that commit
-    /// (`store::postgres::runs::insert_alone`): one round trip, where a
+    /// (`PgConn::insert_run_alone`): one round trip, where a
     /// write in a transaction takes three (its `BEGIN`, the insert, its
     /// `COMMIT`). It appends nothing and shares no transaction, so it
     /// waits for no appender and for no other caller's write.
@@ -316,14 +317,12 @@ impl PgDb {
     /// When called from inside a write closure of the same engine.
     pub(crate) fn insert_run_alone(&self, run: &NewRun<'_>) -> Result<Inserted> {
         let _inside = Inside::enter(self.id);
-        let mut tries = self.pool.max_size() + 1;
-        let inserted = loop {
-            let mut client = self.pool.get()?;
-            match pg::insert_alone(&mut client, run, (CHANNEL, Wake::RUNS.payload())) {
-                Err(Error::Io { .. }) if tries > 1 => tries -= 1,
-                other => break other?,
-            }
-        };
+        let conn = PgConn::deferred(
+            self.pool.get()?,
+            self.pool.clone(),
+            (CHANNEL, Wake::RUNS.payload()),
+        );
+        let inserted = conn.insert_run_alone(run)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.writes.fetch_add(1, Ordering::Relaxed);
         if inserted == Inserted::New {

@@ -48,8 +48,6 @@ pub(crate) mod schema;
 mod steps;
 mod workspaces;
 
-pub(crate) use runs::insert_alone;
-
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -300,8 +298,9 @@ impl PgConn {
     }
 
     /// A connection for a single append alone in its write
-    /// (`PgDb::run_batch`), outside any transaction block until its first
-    /// statement. The append's statement, if that is the first, is sent
+    /// (`PgDb::run_batch`) or a plain enqueue ([`PgConn::insert_run_alone`]),
+    /// outside any transaction block until its first statement. The
+    /// append's statement, if that is the first, is sent
     /// as its own transaction — the head locked, the event inserted at
     /// the next seq, the head moved to it and `notify` sent, in one
     /// statement and one round trip (see `Events::insert`); any other

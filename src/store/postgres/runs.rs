@@ -145,8 +145,8 @@ fn state_term(state: &str) -> &'static str {
 }
 
 /// A run's insert: what [`Runs::insert`] sends once its lane and key are
-/// settled, and [`insert_alone`] inside its statement. Its parameters are
-/// [`RunValues::params`]'. `ON CONFLICT DO NOTHING`: an id (or a key) taken
+/// settled, and [`PgConn::insert_run_alone`] inside its statement, with
+/// the parameters [`RunValues::params`] makes. `ON CONFLICT DO NOTHING`: an id (or a key) taken
 /// already inserts nothing and returns no row.
 const INSERT_RUN: &str = "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
        on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
@@ -162,7 +162,7 @@ const INSERT_RUN: &str = "INSERT INTO reflexr_runs (id, kind, action, workspace,
                       FROM reflexr_actions WHERE action = $3)), $27) \
      ON CONFLICT DO NOTHING RETURNING 1";
 
-/// [`insert_alone`]'s statement: [`INSERT_RUN`], and the notification that
+/// [`PgConn::insert_run_alone`]'s statement: [`INSERT_RUN`], and the notification that
 /// wakes other processes' executors, sent only if it inserted.
 static INSERT_ALONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!("WITH inserted AS ({INSERT_RUN}) SELECT pg_notify($28, $29) FROM inserted")
@@ -231,34 +231,34 @@ impl<'r> RunValues<'r> {
     }
 }
 
-/// Inserts a ready run that takes no lane and holds no key — one
-/// statement makes it — on `client` outside any transaction block: the
-/// statement is its own transaction, so the run commits in one round trip
-/// (a write in a transaction takes three: its `BEGIN`, its statement, its
-/// `COMMIT`), with `notify` (a channel and a payload, the engine's own
-/// words) in the same commit when it inserted. An id already there
-/// inserts nothing: [`Inserted::Existed`].
-///
-/// Sending it again after a failure is safe: the id makes it once.
-pub(crate) fn insert_alone(
-    client: &mut super::Client,
-    r: &NewRun<'_>,
-    notify: (&'static str, &'static str),
-) -> Result<Inserted> {
-    debug_assert!(r.lane.is_none() && r.unique.is_none() && r.dead.is_none());
-    if holds_nul(r.input) {
-        return Err(nul_refused());
+impl PgConn {
+    /// Inserts a ready run that takes no lane and holds no key — one
+    /// statement makes it — on a deferred connection ([`PgConn::deferred`]),
+    /// outside any transaction block: the statement is its own transaction,
+    /// so the run commits in one round trip (a write in a transaction takes
+    /// three: its `BEGIN`, its statement, its `COMMIT`), with the
+    /// connection's notification in the same commit when it inserted. An id
+    /// already there inserts nothing: [`Inserted::Existed`]. Sent again on
+    /// another connection when the server had cut this one: the id makes
+    /// it once.
+    pub(crate) fn insert_run_alone(&self, r: &NewRun<'_>) -> Result<Inserted> {
+        debug_assert!(r.lane.is_none() && r.unique.is_none() && r.dead.is_none());
+        if holds_nul(r.input) {
+            return Err(nul_refused());
+        }
+        let notify = self.lone_notify().expect("a deferred connection");
+        let values = RunValues::of(r, None, "ready");
+        let mut params = values.params(r);
+        params.push((&notify.0, Type::TEXT));
+        params.push((&notify.1, Type::TEXT));
+        let rows =
+            self.on_live_connection(|client| Ok(client.query_prepared(&INSERT_ALONE, &params)?))?;
+        Ok(if rows.is_empty() {
+            Inserted::Existed
+        } else {
+            Inserted::New
+        })
     }
-    let values = RunValues::of(r, None, "ready");
-    let mut params = values.params(r);
-    params.push((&notify.0, Type::TEXT));
-    params.push((&notify.1, Type::TEXT));
-    let rows = client.query_prepared(&INSERT_ALONE, &params)?;
-    Ok(if rows.is_empty() {
-        Inserted::Existed
-    } else {
-        Inserted::New
-    })
 }
 
 /// An input PostgreSQL's jsonb cannot hold, refused before it is sent.
