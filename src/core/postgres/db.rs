@@ -114,6 +114,9 @@ impl PgDb {
             .map_err(|e| Error::invalid("postgres config", format!("{e}")))?;
         let what = describe(&config);
         let mut first = config.connect(NoTls)?;
+        // The migration's transaction, too, writes whatever the session's
+        // defaults.
+        first.batch_execute(pg::SESSION_DEFAULTS)?;
         pg::schema::apply(&mut first, &what)?;
 
         let manager = pg::Manager::new(config.clone());

@@ -117,6 +117,15 @@ impl std::ops::DerefMut for Client {
 }
 
 /// Makes the pool's connections ([`Client`]s): r2d2_postgres's manager,
+/// What each of the engine's sessions that writes says first: its
+/// transactions default to READ COMMITTED, READ WRITE, whatever the
+/// server's, database's or role's defaults (a role kept read-only by
+/// default, say). The engine's transactions say so in their BEGIN; a
+/// statement sent as its own transaction (a plain enqueue, a lone append)
+/// and the schema's migration at open take the session's default.
+pub(crate) const SESSION_DEFAULTS: &str =
+    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE";
+
 /// each connection with its prepared statements beside it.
 pub(crate) struct Manager(r2d2_postgres::PostgresConnectionManager<postgres::NoTls>);
 
@@ -133,16 +142,11 @@ impl r2d2::ManageConnection for Manager {
     type Connection = Client;
     type Error = postgres::Error;
 
-    /// A new connection whose transactions default to READ COMMITTED, READ
-    /// WRITE, whatever the server's, database's or role's defaults: the
-    /// engine's transactions say so in their BEGIN, and a statement sent
-    /// as its own transaction (a plain enqueue, a lone append) takes the
-    /// session's default.
+    /// A new connection with the engine's session defaults
+    /// ([`SESSION_DEFAULTS`]).
     fn connect(&self) -> std::result::Result<Client, postgres::Error> {
         let mut client = self.0.connect()?;
-        client.batch_execute(
-            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE",
-        )?;
+        client.batch_execute(SESSION_DEFAULTS)?;
         Ok(Client {
             client,
             prepared: HashMap::new(),

@@ -182,6 +182,17 @@ fn a_lone_append_on_a_connection_the_server_cut_is_sent_again() {
     assert_eq!(subjects, ["a", "b"]);
 }
 
+/// An engine on `place` through sessions that default to read-only
+/// SERIALIZABLE transactions (as a role or database can be set).
+fn open_read_only_by_default(place: &PgSchema, clock: &ManualClock) -> reflexr::Engine<Postgres> {
+    let config = place.config();
+    let config = format!(
+        "{} -c default_transaction_isolation=serializable -c default_transaction_read_only=on'",
+        config.strip_suffix('\'').expect("options in quotes")
+    );
+    <Postgres as TestBackend>::open_at(&config, &common::backend::Opts::new(clock, "test"))
+}
+
 /// Invariant 10 for a database or role whose defaults differ: a session
 /// that defaults to read-only SERIALIZABLE transactions still makes a lone
 /// append and a plain enqueue (the pool's sessions default to READ
@@ -194,17 +205,31 @@ fn statements_sent_as_their_own_transactions_ignore_the_sessions_defaults() {
     Postgres::open(&place, &clock, "maker")
         .ensure_workspace("app", &["tick"])
         .unwrap();
-    let config = place.config();
-    let config = format!(
-        "{} -c default_transaction_isolation=serializable -c default_transaction_read_only=on'",
-        config.strip_suffix('\'').expect("options in quotes")
-    );
-    let e =
-        <Postgres as TestBackend>::open_at(&config, &common::backend::Opts::new(&clock, "test"));
+    let e = open_read_only_by_default(&place, &clock);
     let a = e.append("app", &tick("a")).expect("a lone append");
     let b = e.append("app", &tick("a")).expect("another");
     assert_eq!((b.seq, b.version), (a.seq + 1, 2));
     e.enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })))
         .expect("a plain enqueue");
+    assert_eq!(e.runs(None, 10).unwrap().len(), 1);
+}
+
+/// Invariant 10 from the first open: an engine opened where sessions
+/// default to read-only SERIALIZABLE transactions makes its schema (the
+/// migration's transaction), then writes and notifies as anywhere else.
+#[test]
+fn an_engine_makes_its_schema_where_sessions_default_to_read_only() {
+    let place = PgSchema::new();
+    let clock = ManualClock::new(1_800_000_000_000);
+    let e = open_read_only_by_default(&place, &clock);
+    e.ensure_workspace("app", &["tick"]).unwrap();
+    e.write(|tx| {
+        tx.append("app", &tick("a"))?;
+        tx.append("app", &tick("b"))
+    })
+    .expect("a write of two appends");
+    e.enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })))
+        .expect("a plain enqueue");
+    assert_eq!(e.read(&Query::new("app")).unwrap().len(), 2);
     assert_eq!(e.runs(None, 10).unwrap().len(), 1);
 }
