@@ -98,3 +98,71 @@ fn a_version_1_database_migrates_to_the_shape_of_a_new_one() {
         .get(0);
     assert_eq!(v, pg::schema::SCHEMA_VERSION);
 }
+
+/// Invariant 10 (bad input changes nothing): the runs' sets of values and
+/// bounds, their columns' domains since version 16, refuse what the
+/// table's checks refused — in an insert and in an update — and let a good
+/// row through.
+#[test]
+fn the_runs_columns_refuse_values_outside_their_sets_and_bounds() {
+    let schema = PgSchema::new();
+    let mut client = schema.client();
+    let insert = |client: &mut Client, column: &str, value: &str| {
+        let mut row = vec![
+            ("kind", "'job'"),
+            ("on_dead_letter", "'continue'"),
+            ("state", "'ready'"),
+            ("unique_mode", "NULL"),
+            ("max_attempts", "3"),
+            ("backoff_ms", "100"),
+            ("backoff_max_ms", "1000"),
+            ("backoff_factor", "2.0"),
+            ("jitter", "0.1"),
+        ];
+        for (c, v) in &mut row {
+            if *c == column {
+                *v = value;
+            }
+        }
+        let (names, values): (Vec<&str>, Vec<&str>) = row.into_iter().unzip();
+        client.batch_execute(&format!(
+            "INSERT INTO reflexr_runs (id, action, input, due_at, created_at, updated_at, {}) \
+             VALUES ('r-{column}-{}', 'a', '{{}}', 0, 0, 0, {})",
+            names.join(", "),
+            value.len(),
+            values.join(", ")
+        ))
+    };
+    let refused = [
+        ("kind", "'chore'"),
+        ("on_dead_letter", "'drop'"),
+        ("state", "'sleeping'"),
+        ("unique_mode", "'always'"),
+        ("max_attempts", "0"),
+        ("backoff_ms", "-1"),
+        ("backoff_max_ms", "-1"),
+        ("backoff_factor", "0.5"),
+        ("jitter", "1.5"),
+        ("jitter", "-0.1"),
+    ];
+    for (column, value) in refused {
+        let e = insert(&mut client, column, value).expect_err(column);
+        assert_eq!(
+            e.code(),
+            Some(&postgres::error::SqlState::CHECK_VIOLATION),
+            "{column} = {value}: {e}"
+        );
+    }
+    insert(&mut client, "unique_mode", "'active'").expect("a good row");
+    let e = client
+        .batch_execute("UPDATE reflexr_runs SET state = 'sleeping'")
+        .expect_err("an update out of the set");
+    assert_eq!(e.code(), Some(&postgres::error::SqlState::CHECK_VIOLATION));
+    let states: Vec<String> = client
+        .query("SELECT state FROM reflexr_runs", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(states, ["ready"], "the good row, unchanged");
+}
