@@ -44,15 +44,16 @@ fn the_schema_is_applied_once_and_a_newer_one_is_refused() {
     );
 }
 
-/// A schema's shape: (table, column, type, nullable) of the engine's
-/// tables, and the indexes' definitions.
+/// A schema's shape: (table, column, type and domain, nullable) of the
+/// engine's tables, and the indexes' definitions.
 type Shape = (Vec<(String, String, String, String)>, Vec<String>);
 
 /// The shape of the engine's tables in a schema.
 fn shape(client: &mut Client, schema: &str) -> Shape {
     let columns = client
         .query(
-            "SELECT table_name::text, column_name::text, data_type::text, is_nullable::text \
+            "SELECT table_name::text, column_name::text, \
+                    data_type::text || coalesce(' ' || domain_name::text, ''), is_nullable::text \
              FROM information_schema.columns \
              WHERE table_schema = $1 AND table_name LIKE 'reflexr%' \
              ORDER BY table_name, column_name",
@@ -97,6 +98,79 @@ fn a_version_1_database_migrates_to_the_shape_of_a_new_one() {
         .unwrap()
         .get(0);
     assert_eq!(v, pg::schema::SCHEMA_VERSION);
+}
+
+/// Invariant 10 (nothing committed is changed): a database at version 15
+/// holding runs migrates to the runs' domains with its rows as they were,
+/// and the domains then refuse what the table's checks refused.
+#[test]
+fn a_version_15_database_with_runs_keeps_them_through_the_domains() {
+    let old = PgSchema::new();
+    let mut client = Client::connect(&old.url(), NoTls).unwrap();
+    client.batch_execute(pg::schema::SCHEMA_SQL).unwrap();
+    for (to, sql) in pg::schema::MIGRATIONS {
+        if *to <= 15 {
+            client.batch_execute(sql).unwrap();
+        }
+    }
+    let row = "SELECT id, kind::text, on_dead_letter::text, state::text, \
+               coalesce(unique_mode::text, '-'), max_attempts::bigint, backoff_ms::bigint, \
+               backoff_max_ms::bigint, backoff_factor::float8, jitter::float8 \
+               FROM reflexr_runs ORDER BY id";
+    client
+        .batch_execute(
+            "INSERT INTO reflexr_runs (id, kind, action, input, state, unique_mode, unique_key, \
+               max_attempts, backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, \
+               created_at, updated_at) VALUES \
+             ('a', 'rule', 'x', '{}', 'succeeded', NULL, NULL, 1, 0, 0, 1.0, 0.0, 0, 0, 0), \
+             ('b', 'task', 'x', '{}', 'waiting', 'active', 'k', 9, 5, 50, 3.5, 1.0, 0, 0, 0)",
+        )
+        .unwrap();
+    type Row = (
+        String,
+        String,
+        String,
+        String,
+        String,
+        i64,
+        i64,
+        i64,
+        f64,
+        f64,
+    );
+    let read = |client: &mut Client| -> Vec<Row> {
+        client
+            .query(row, &[])
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r.get(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get(4),
+                    r.get(5),
+                    r.get(6),
+                    r.get(7),
+                    r.get(8),
+                    r.get(9),
+                )
+            })
+            .collect()
+    };
+    let before = read(&mut client);
+    pg::schema::apply(&mut client, "old").unwrap();
+    assert_eq!(read(&mut client), before, "the runs as they were");
+    let e = client
+        .batch_execute("UPDATE reflexr_runs SET jitter = 2.0 WHERE id = 'a'")
+        .expect_err("a jitter past 1");
+    assert_eq!(e.code(), Some(&postgres::error::SqlState::CHECK_VIOLATION));
+    let by_key: i64 = client
+        .query_one("SELECT count(*) FROM reflexr_runs_by_key", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(by_key, 0, "the view made again");
 }
 
 /// Invariant 10 (bad input changes nothing): the runs' sets of values and
