@@ -116,7 +116,6 @@ impl std::ops::DerefMut for Client {
     }
 }
 
-/// Makes the pool's connections ([`Client`]s): r2d2_postgres's manager,
 /// What each of the engine's sessions that writes says first: its
 /// transactions default to READ COMMITTED, READ WRITE, whatever the
 /// server's, database's or role's defaults (a role kept read-only by
@@ -126,6 +125,7 @@ impl std::ops::DerefMut for Client {
 pub(crate) const SESSION_DEFAULTS: &str =
     "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE";
 
+/// Makes the pool's connections ([`Client`]s): r2d2_postgres's manager,
 /// each connection with its prepared statements beside it.
 pub(crate) struct Manager(r2d2_postgres::PostgresConnectionManager<postgres::NoTls>);
 
