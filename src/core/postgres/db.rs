@@ -36,8 +36,9 @@
 //! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
 //!   its commit (a lone append's or a plain enqueue's statement, with
 //!   `pg_notify` in it); the notifier's listener and heartbeat
-//!   (`crate::core::wake`) wake this process's waiters. A missed notification costs a heartbeat,
-//!   never an event; a burst of them wakes a waiter once.
+//!   (`crate::core::wake`) wake this process's waiters. A missed
+//!   notification costs a heartbeat, never an event; a burst of them wakes
+//!   a waiter once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

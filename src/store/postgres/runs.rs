@@ -146,8 +146,8 @@ fn state_term(state: &str) -> &'static str {
 
 /// A run's insert: what [`Runs::insert`] sends once its lane and key are
 /// settled, and [`PgConn::insert_run_alone`] inside its statement, with
-/// the parameters [`RunValues::params`] makes. `ON CONFLICT DO NOTHING`: an id (or a key) taken
-/// already inserts nothing and returns no row.
+/// the parameters [`RunValues::params`] makes. `ON CONFLICT DO NOTHING`:
+/// an id (or a key) taken already inserts nothing and returns no row.
 const INSERT_RUN: &str = "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
        on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
        backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
@@ -162,9 +162,10 @@ const INSERT_RUN: &str = "INSERT INTO reflexr_runs (id, kind, action, workspace,
                       FROM reflexr_actions WHERE action = $3)), $27) \
      ON CONFLICT DO NOTHING RETURNING 1";
 
-/// [`PgConn::insert_run_alone`]'s statement: [`INSERT_RUN`], and the notification that
-/// wakes other processes' executors, sent only if it inserted.
-static INSERT_ALONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+/// [`PgConn::insert_run_alone`]'s statement: [`INSERT_RUN`], and the
+/// notification that wakes other processes' executors, sent only if it
+/// inserted.
+static INSERT_RUN_ALONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!("WITH inserted AS ({INSERT_RUN}) SELECT pg_notify($28, $29) FROM inserted")
 });
 
@@ -251,8 +252,8 @@ impl PgConn {
         let mut params = values.params(r);
         params.push((&notify.0, Type::TEXT));
         params.push((&notify.1, Type::TEXT));
-        let rows =
-            self.on_live_connection(|client| Ok(client.query_prepared(&INSERT_ALONE, &params)?))?;
+        let rows = self
+            .on_live_connection(|client| Ok(client.query_prepared(&INSERT_RUN_ALONE, &params)?))?;
         Ok(if rows.is_empty() {
             Inserted::Existed
         } else {

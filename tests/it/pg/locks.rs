@@ -138,25 +138,9 @@ fn a_lone_append_whose_subject_version_was_taken_while_it_waited_appends_after_i
     let holder = Postgres::open(&place, &clock, "holder");
     holder.ensure_workspace("app", &["tick"]).unwrap();
     let lone = Postgres::open(&place, &clock, "lone");
-    let (held_tx, held) = mpsc::channel();
-    let (go_tx, go) = mpsc::channel::<()>();
-    let (held_tx, go) = (Mutex::new(held_tx), Mutex::new(go));
-    let writer = {
-        let holder = holder.clone();
-        std::thread::spawn(move || {
-            holder
-                .write(|tx| {
-                    let a = tx.append("app", &NewEvent::new("tick", "s", "test", 0))?;
-                    held_tx.lock().unwrap().send(()).unwrap();
-                    go.lock().unwrap().recv().unwrap();
-                    Ok(a)
-                })
-                .unwrap()
-        })
-    };
-    held.recv_timeout(Duration::from_secs(60)).unwrap();
-    let appender =
-        std::thread::spawn(move || lone.append("app", &NewEvent::new("tick", "s", "test", 0)));
+    // The holder's append of `t/1` holds the head until told to commit.
+    let (go_tx, writer) = hold_head(&holder);
+    let appender = std::thread::spawn(move || lone.append("app", &tick(1)));
     // The lone append's statement waits for the head (its snapshot taken).
     let mut admin =
         reflexr::postgres::Client::connect(&place.config(), reflexr::postgres::NoTls).unwrap();
@@ -178,7 +162,8 @@ fn a_lone_append_whose_subject_version_was_taken_while_it_waited_appends_after_i
         std::thread::sleep(Duration::from_millis(2));
     }
     go_tx.send(()).unwrap();
-    let first = writer.join().unwrap();
+    writer.join().unwrap();
+    let first = holder.read(&Query::new("app")).unwrap().remove(0);
     let second = appender
         .join()
         .unwrap()
