@@ -1263,3 +1263,80 @@ mod handoff_tests {
         assert_eq!(ran.load(Ordering::SeqCst), 1);
     }
 }
+
+#[cfg(test)]
+mod follow_tests {
+    //! A follower's turn, driven one at a time (`runtime::follow_step`).
+
+    use std::time::Duration;
+
+    use crate::runtime;
+    use crate::work::follow::same_event;
+    use crate::{Engine, Follow, ManualClock, NewEvent};
+
+    /// ADR-0015, stop against dead letter, with a target file whose
+    /// transaction fails as a whole (busy: another connection holds its
+    /// write lock): a batch that begins with an envelope to dead-letter
+    /// records the dead letter and the stop, at the first publish, in one
+    /// turn (the stop was missed by that turn, and made by the next one
+    /// after a second wait on the busy target).
+    #[test]
+    fn a_target_failing_a_whole_batch_stops_the_follower_at_its_first_publish_in_one_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub_path = dir.path().join("hub.db");
+        let hub = Engine::open(&hub_path).unwrap();
+        hub.ensure_workspace("fleet", &["reading"]).unwrap();
+        let e = Engine::builder(dir.path().join("edge.db"))
+            .clock(ManualClock::new(1_800_000_000_000))
+            .busy_timeout(Duration::from_millis(50))
+            .open()
+            .unwrap();
+        e.ensure_workspace("edge", &["reading"]).unwrap();
+        e.register_projection("all-but-the-first", |ev| {
+            if ev.subject == "reading/0" {
+                return Err("cannot map the first reading".into());
+            }
+            Ok(Some(same_event(ev)))
+        })
+        .unwrap();
+        e.follow(
+            Follow::new("edge", "fleet")
+                .to_file(&hub_path)
+                .projection("all-but-the-first"),
+        )
+        .unwrap();
+        // A first turn opens the hub (nothing to relay yet).
+        assert_eq!(runtime::follow_step(&e.cx).unwrap(), 0);
+        for i in 0..3 {
+            e.append(
+                "edge",
+                &NewEvent::new("reading", format!("reading/{i}"), "edge", 0),
+            )
+            .unwrap();
+        }
+
+        let holder = rusqlite::Connection::open(&hub_path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        assert_eq!(
+            runtime::follow_step(&e.cx).unwrap(),
+            1,
+            "past the dead letter"
+        );
+        let f = &e.followers().unwrap()[0];
+        assert_eq!((f.cursor, f.dead_letters, f.published), (1, 1, 0), "{f:?}");
+        assert_eq!(f.stops, 1, "stopped in this turn: {f:?}");
+        assert!(f.stopped_here);
+        assert!(f.last_error.as_deref().unwrap().contains("busy"), "{f:?}");
+
+        // Restarted once the lock is gone: the rest arrive.
+        holder.execute_batch("ROLLBACK").unwrap();
+        e.operator("ops", "hub free again")
+            .unwrap()
+            .restart_follower("edge-to-fleet")
+            .unwrap();
+        e.run_until_idle().unwrap();
+        let f = &e.followers().unwrap()[0];
+        assert_eq!((f.cursor, f.published, f.stops), (3, 2, 1), "{f:?}");
+        assert_eq!(hub.head_seq().unwrap(), 2);
+    }
+}

@@ -364,8 +364,23 @@ fn publish_elsewhere<B: Backend>(
     });
     match result {
         Ok(out) => out,
-        Err(e) => vec![Some(Published::Stop(e))],
+        Err(e) => whole_batch_failed(items, e),
     }
+}
+
+/// What each item did when the target's transaction failed as a whole: the
+/// items before the first publish made nothing there (a skip, a dead
+/// letter: their outcome is the source's), and the first publish stops the
+/// batch with the error, so `step` records the stop with the items before
+/// it rather than passing them and meeting no outcome at the publish.
+fn whole_batch_failed(items: &[(&Event, Item)], e: Error) -> Vec<Option<Published>> {
+    let first = items
+        .iter()
+        .position(|(_, item)| matches!(item, Item::Publish(_)))
+        .unwrap_or(0);
+    let mut out: Vec<Option<Published>> = (0..first).map(|_| None).collect();
+    out.push(Some(Published::Stop(e)));
+    out
 }
 
 /// Relays one batch of `row`'s source under `lease`, into `target` (None:
