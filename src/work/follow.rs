@@ -337,6 +337,15 @@ fn publish_elsewhere<B: Backend>(
     target: &str,
     items: &[(&Event, Item)],
 ) -> Vec<Option<Published>> {
+    // A batch that publishes nothing (its envelopes skipped or
+    // dead-lettered) makes no transaction in the target: none to wait for
+    // on a busy file, no round trips to a hub.
+    if !items
+        .iter()
+        .any(|(_, item)| matches!(item, Item::Publish(_)))
+    {
+        return items.iter().map(|_| None).collect();
+    }
     let result = db.write_with(|ttx| {
         let mut out = Vec::with_capacity(items.len());
         for (_, item) in items {
@@ -372,7 +381,8 @@ fn publish_elsewhere<B: Backend>(
 /// items before the first publish made nothing there (a skip, a dead
 /// letter: their outcome is the source's), and the first publish stops the
 /// batch with the error, so `step` records the stop with the items before
-/// it rather than passing them and meeting no outcome at the publish.
+/// it rather than passing them and meeting no outcome at the publish. (A
+/// batch without a publish makes no transaction there.)
 fn whole_batch_failed(items: &[(&Event, Item)], e: Error) -> Vec<Option<Published>> {
     let first = items
         .iter()
@@ -549,5 +559,52 @@ pub(crate) fn step<B: Backend>(
             })
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::sqlite::db::Db;
+    use crate::store::Sqlite;
+
+    fn envelope(seq: i64) -> Event {
+        Event::from_json(&format!(
+            r#"{{"seq": {seq}, "id": "e{seq}", "workspace": "edge", "type": "reading",
+                "subject": "s", "actor": "a", "occurred_at": 0, "recorded_at": 0,
+                "depth": 0, "payload": {{}}}}"#
+        ))
+        .unwrap()
+    }
+
+    /// ADR-0015: an envelope that bridges nothing writes nothing in the
+    /// target; a batch of them makes no transaction there (the hub's write
+    /// lock, held by another connection, is not waited for), and one with a
+    /// publish does.
+    #[test]
+    fn a_batch_that_publishes_nothing_makes_no_transaction_in_the_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        let hub = Db::open_for_test(&path);
+        let (a, b) = (envelope(1), envelope(2));
+        let nothing = [
+            (&a, Item::Skip),
+            (&b, Item::Dead(Reason::ProjectionError, "no".into())),
+        ];
+        let holder = rusqlite::Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let out = publish_elsewhere::<Sqlite>(&hub, "fleet", &nothing);
+        assert!(out.iter().all(Option::is_none), "no outcome in the target");
+        let stats = hub.writer_stats();
+        assert_eq!((stats.commits, stats.aborts), (0, 0), "{stats:?}");
+        holder.execute_batch("ROLLBACK").unwrap();
+
+        // A publish (into a workspace the hub lacks: a stop, not the
+        // envelope's fault) is tried there, in one transaction.
+        let one = [(&a, Item::Skip), (&b, Item::Publish(same_event(&b)))];
+        let out = publish_elsewhere::<Sqlite>(&hub, "fleet", &one);
+        assert!(out[0].is_none());
+        assert!(matches!(&out[1], Some(Published::Stop(e)) if e.is_not_found()));
+        assert_eq!(hub.writer_stats().commits, 1);
     }
 }
