@@ -354,7 +354,10 @@ fn publish_elsewhere<B: Backend>(
                     let p = publish(ttx, target, e);
                     // An error that ends the transaction (a busy or cut
                     // database, a deadlock on PostgreSQL) fails the batch
-                    // with that error: the runtime tries it again.
+                    // with that error, a stop at its first publish: a
+                    // PostgreSQL target out of reach or busy is tried
+                    // again, anything else stops the follower until it is
+                    // restarted (`runtime::follow_turn`).
                     if let Published::Stop(err) = &p
                         && err.dooms_transaction()
                     {
@@ -578,9 +581,9 @@ mod tests {
     }
 
     /// ADR-0015: an envelope that bridges nothing writes nothing in the
-    /// target; a batch of them makes no transaction there (the hub's write
-    /// lock, held by another connection, is not waited for), and one with a
-    /// publish does.
+    /// target; a batch of them makes no transaction there (none committed,
+    /// and none waiting while another connection holds the hub's write
+    /// lock), and one with a publish does.
     #[test]
     fn a_batch_that_publishes_nothing_makes_no_transaction_in_the_target() {
         let dir = tempfile::tempdir().unwrap();
@@ -591,12 +594,17 @@ mod tests {
             (&a, Item::Skip),
             (&b, Item::Dead(Reason::ProjectionError, "no".into())),
         ];
-        let holder = rusqlite::Connection::open(&path).unwrap();
-        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let out = publish_elsewhere::<Sqlite>(&hub, "fleet", &nothing);
         assert!(out.iter().all(Option::is_none), "no outcome in the target");
         let stats = hub.writer_stats();
         assert_eq!((stats.commits, stats.aborts), (0, 0), "{stats:?}");
+
+        // Behind another connection's write: not held up (a transaction
+        // would fail busy after the busy timeout, a stop at index 0).
+        let holder = rusqlite::Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let out = publish_elsewhere::<Sqlite>(&hub, "fleet", &nothing);
+        assert!(out.iter().all(Option::is_none), "{}", out.len());
         holder.execute_batch("ROLLBACK").unwrap();
 
         // A publish (into a workspace the hub lacks: a stop, not the
