@@ -1279,7 +1279,9 @@ mod follow_tests {
     /// write lock): a batch that begins with an envelope to dead-letter
     /// records the dead letter and the stop, at the first publish, in one
     /// turn (the stop was missed by that turn, and made by the next one
-    /// after a second wait on the busy target).
+    /// after a second wait on the busy target). Invariants 8 and 3: the
+    /// cursor stops before the envelope not published, and after the
+    /// restart each of the rest arrives once.
     #[test]
     fn a_target_failing_a_whole_batch_stops_the_follower_at_its_first_publish_in_one_turn() {
         let dir = tempfile::tempdir().unwrap();

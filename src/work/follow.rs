@@ -340,12 +340,12 @@ fn publish_elsewhere<B: Backend>(
     // A batch that publishes nothing (its envelopes skipped or
     // dead-lettered) makes no transaction in the target: none to wait for
     // on a busy file, no round trips to a hub.
-    if !items
+    let Some(first) = items
         .iter()
-        .any(|(_, item)| matches!(item, Item::Publish(_)))
-    {
+        .position(|(_, item)| matches!(item, Item::Publish(_)))
+    else {
         return items.iter().map(|_| None).collect();
-    }
+    };
     let result = db.write_with(|ttx| {
         let mut out = Vec::with_capacity(items.len());
         for (_, item) in items {
@@ -376,24 +376,17 @@ fn publish_elsewhere<B: Backend>(
     });
     match result {
         Ok(out) => out,
-        Err(e) => whole_batch_failed(items, e),
+        // The target's transaction failed as a whole: the items before the
+        // first publish made nothing there (a skip, a dead letter: their
+        // outcome is the source's), and that publish stops the batch, so
+        // `step` records the stop with the items before it rather than
+        // passing them and meeting no outcome at the publish.
+        Err(e) => {
+            let mut out: Vec<Option<Published>> = (0..first).map(|_| None).collect();
+            out.push(Some(Published::Stop(e)));
+            out
+        }
     }
-}
-
-/// What each item did when the target's transaction failed as a whole: the
-/// items before the first publish made nothing there (a skip, a dead
-/// letter: their outcome is the source's), and the first publish stops the
-/// batch with the error, so `step` records the stop with the items before
-/// it rather than passing them and meeting no outcome at the publish. (A
-/// batch without a publish makes no transaction there.)
-fn whole_batch_failed(items: &[(&Event, Item)], e: Error) -> Vec<Option<Published>> {
-    let first = items
-        .iter()
-        .position(|(_, item)| matches!(item, Item::Publish(_)))
-        .unwrap_or(0);
-    let mut out: Vec<Option<Published>> = (0..first).map(|_| None).collect();
-    out.push(Some(Published::Stop(e)));
-    out
 }
 
 /// Relays one batch of `row`'s source under `lease`, into `target` (None:
@@ -580,7 +573,8 @@ mod tests {
         .unwrap()
     }
 
-    /// ADR-0015: an envelope that bridges nothing writes nothing in the
+    /// ADR-0015 (the cursor's save policy): an envelope that bridges
+    /// nothing writes nothing in the
     /// target; a batch of them makes no transaction there (none committed,
     /// and none waiting while another connection holds the hub's write
     /// lock), and one with a publish does.
@@ -600,7 +594,7 @@ mod tests {
         assert_eq!((stats.commits, stats.aborts), (0, 0), "{stats:?}");
 
         // Behind another connection's write: not held up (a transaction
-        // would fail busy after the busy timeout, a stop at index 0).
+        // would wait out the busy timeout and fail busy).
         let holder = rusqlite::Connection::open(&path).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let out = publish_elsewhere::<Sqlite>(&hub, "fleet", &nothing);
