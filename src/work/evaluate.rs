@@ -64,7 +64,7 @@ use crate::core::lease::Lease;
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::NewRun;
 use crate::store::{Counters, Cursors, DeadLetters, Events, Rules, Runs};
-use crate::work::consumer::{self, Stand};
+use crate::work::consumer::{self, PageBuffer, Stand};
 use crate::work::queue::handoff::{Hand, HandedRow, Handing};
 use crate::work::queue::run::RunKind;
 use crate::work::rule::{Decision, Rule, RunOrder, Scope};
@@ -361,45 +361,6 @@ pub(crate) fn pass<B: Backend>(
         ::log::warn!("rules whose cursors keep changing under the evaluator try again later");
     }
     Ok(total)
-}
-
-thread_local! {
-    /// The page of events each evaluating thread reads into, kept between
-    /// pages so that its events' strings are allocated once, not once a
-    /// page (`Events::page_into`): allocating and freeing them was a
-    /// quarter of what one rule's evaluation cost.
-    static PAGE: std::cell::RefCell<Vec<Event>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// This thread's page of events, taken for one pass and put back when
-/// dropped (a pass inside a pass — a rule's code that drains the engine —
-/// takes an empty one).
-struct PageBuffer(Vec<Event>);
-
-impl PageBuffer {
-    fn take() -> PageBuffer {
-        PageBuffer(PAGE.with(|p| std::mem::take(&mut *p.borrow_mut())))
-    }
-}
-
-impl Drop for PageBuffer {
-    fn drop(&mut self) {
-        let page = std::mem::take(&mut self.0);
-        let _ = PAGE.try_with(|p| *p.borrow_mut() = page);
-    }
-}
-
-impl std::ops::Deref for PageBuffer {
-    type Target = Vec<Event>;
-    fn deref(&self) -> &Vec<Event> {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for PageBuffer {
-    fn deref_mut(&mut self) -> &mut Vec<Event> {
-        &mut self.0
-    }
 }
 
 /// A batch's scopes and their states, hashed by foldhash: a lookup per

@@ -419,7 +419,7 @@ pub(crate) fn step<B: Backend>(
     // lives until the batch is done; the published event carries it.
     let telemetry = &db.settings().telemetry;
     let mut spans = Vec::new();
-    for event in &page {
+    for event in page.iter() {
         if publishes == PUBLISH_BATCH {
             break;
         }

@@ -247,7 +247,7 @@ pub(crate) fn step<B: Backend>(
             let started = Instant::now();
             let mut last = None;
             let (mut handled, mut failed) = (0, 0);
-            for event in &page {
+            for event in page.iter() {
                 if last.is_some() && started.elapsed() >= BUDGET {
                     break;
                 }
