@@ -257,10 +257,18 @@ fn shape(conn: &Connection) -> Vec<String> {
         .map(Result::unwrap)
         .collect();
     for (kind, name) in objects {
+        // An index's columns, in its order; a table's or a view's with
+        // their types.
+        let sql = if kind == "index" {
+            format!(
+                "SELECT coalesce(name, '<expr>'), '', 0, NULL FROM pragma_index_info('{name}') \
+                 ORDER BY seqno"
+            )
+        } else {
+            format!("SELECT name, type, \"notnull\", dflt_value FROM pragma_table_info('{name}')")
+        };
         let columns: Vec<String> = conn
-            .prepare(&format!(
-                "SELECT name, type, \"notnull\", dflt_value FROM pragma_table_info('{name}')"
-            ))
+            .prepare(&sql)
             .unwrap()
             .query_map([], |r| {
                 Ok(format!(

@@ -41,6 +41,16 @@ fn insert(conn: &Connection, row: &NewRow<'_>) -> rusqlite::Result<i64> {
     Ok(conn.last_insert_rowid())
 }
 
+/// The seq of a workspace's event by id.
+const SEQ_OF: &str = "SELECT seq FROM reflexr_events WHERE workspace = ?1 AND id = ?2";
+/// The depth of a workspace's event by id.
+const DEPTH_OF: &str = "SELECT depth FROM reflexr_events WHERE workspace = ?1 AND id = ?2";
+/// A subject's version: its last event's, through the index's last entry
+/// for the subject; a subject pruned to nothing has its floor.
+const SUBJECT_VERSION: &str = "SELECT coalesce( \
+       (SELECT max(version) FROM reflexr_events WHERE workspace = ?1 AND subject = ?2), \
+       (SELECT version FROM reflexr_subject_floors WHERE workspace = ?1 AND subject = ?2), 0)";
+
 pub(super) const COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
                        causation_id, correlation_id, depth, payload, version, traceparent";
 
@@ -200,13 +210,7 @@ impl Events for Connection {
         // The last event's version through the index's last entry for the
         // subject; a subject pruned to nothing has its floor.
         Ok(self
-            .prepare_cached(
-                "SELECT coalesce( \
-                   (SELECT max(version) FROM reflexr_events \
-                     WHERE workspace = ?1 AND subject = ?2), \
-                   (SELECT version FROM reflexr_subject_floors \
-                     WHERE workspace = ?1 AND subject = ?2), 0)",
-            )?
+            .prepare_cached(SUBJECT_VERSION)?
             .query_row(params![workspace, subject], |r| r.get(0))?)
     }
 
@@ -232,7 +236,7 @@ impl Events for Connection {
     fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
         let conn = self;
         Ok(conn
-            .prepare_cached("SELECT seq FROM reflexr_events WHERE workspace = ?1 AND id = ?2")?
+            .prepare_cached(SEQ_OF)?
             .query_row(params![workspace, id], |r| r.get(0))
             .optional()?)
     }
@@ -241,7 +245,7 @@ impl Events for Connection {
     fn depth_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
         let conn = self;
         Ok(conn
-            .prepare_cached("SELECT depth FROM reflexr_events WHERE workspace = ?1 AND id = ?2")?
+            .prepare_cached(DEPTH_OF)?
             .query_row(params![workspace, id], |r| r.get(0))
             .optional()?)
     }
@@ -414,5 +418,42 @@ impl Events for Connection {
                     ORDER BY seq LIMIT {limit})"
             ))?
             .execute(params![workspace, up_to, recorded_before])?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::store::sqlite::plans::{plan, schema_file};
+
+    /// Invariant 3 (once per id) and 13 (a subject's version) at a cost
+    /// that does not grow with the log: an append's look-ups by id and by
+    /// subject seek the id's and the subject's indexes on both of their
+    /// columns (the id or the subject first, then the workspace), and the
+    /// ids of a run's emitted events are one range of the id index — none
+    /// walks a workspace's events.
+    #[test]
+    fn the_log_s_look_ups_by_id_and_subject_seek_their_indexes() {
+        let (_dir, conn) = schema_file();
+        for sql in [SEQ_OF, DEPTH_OF] {
+            let p = plan(&conn, sql);
+            assert!(
+                p.contains("reflexr_events_by_id (id=? AND workspace=?)"),
+                "{p}"
+            );
+        }
+        let p = plan(&conn, SUBJECT_VERSION);
+        assert!(
+            p.contains("COVERING INDEX reflexr_events_by_subject (subject=? AND workspace=?)"),
+            "{p}"
+        );
+        assert!(
+            p.contains("reflexr_subject_floors USING PRIMARY KEY"),
+            "{p}"
+        );
+        let p = plan(&conn, &super::super::inspect::id_prefix_sql(100));
+        assert!(p.contains("reflexr_events_by_id (id>? AND id<?)"), "{p}");
+        assert!(!p.contains("reflexr_events_by_workspace"), "{p}");
     }
 }

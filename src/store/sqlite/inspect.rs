@@ -10,6 +10,17 @@ use crate::store::inspect::*;
 use crate::store::runs::{BlockedRow, RunRow};
 use rusqlite::params;
 
+/// Events in any workspace whose id is in `[?1, ?2)`, in seq order: a range
+/// of the id index (whose keys begin with the id), named so the planner
+/// does not walk a workspace's events instead.
+pub(super) fn id_prefix_sql(limit: usize) -> String {
+    use super::events::COLUMNS;
+    format!(
+        "SELECT {COLUMNS} FROM reflexr_events INDEXED BY reflexr_events_by_id \
+         WHERE id >= ?1 AND id < ?2 ORDER BY seq LIMIT {limit}"
+    )
+}
+
 impl Inspect for Connection {
     fn scan_events(
         &self,
@@ -24,20 +35,16 @@ impl Inspect for Connection {
     }
 
     /// Events in any workspace whose id starts with `prefix` (a run's emitted
-    /// events: `<run id>/<key>`), through the id index of each workspace.
+    /// events: `<run id>/<key>`), through one range of the id index.
     fn events_with_id_prefix(&self, prefix: &str, limit: usize) -> Result<Vec<Event>> {
-        use super::events::{COLUMNS, from_row};
+        use super::events::from_row;
         let conn = self;
         // Every id with the prefix sorts between the prefix and the prefix with
         // its last byte raised by one ('/' + 1 = '0').
         let mut upper = prefix.to_string();
         let last = upper.pop().map_or(0, |c| c as u32 + 1);
         upper.push(char::from_u32(last).unwrap_or(char::MAX));
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM reflexr_events \
-             WHERE workspace IN (SELECT name FROM reflexr_workspaces) \
-               AND id >= ?1 AND id < ?2 ORDER BY seq LIMIT {limit}"
-        ))?;
+        let mut stmt = conn.prepare_cached(&id_prefix_sql(limit))?;
         let events = stmt
             .query_map(params![prefix, upper], from_row)?
             .collect::<rusqlite::Result<Vec<_>>>()?;

@@ -1173,16 +1173,7 @@ impl Lanes for Connection {
 mod tests {
     use super::*;
 
-    fn plan(conn: &Connection, sql: &str) -> String {
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
-        let rows: Vec<String> = stmt
-            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
-            .unwrap()
-            .map(|r| r.unwrap())
-            .collect();
-        rows.join("\n")
-    }
+    use crate::store::sqlite::plans::{plan, schema_file};
 
     #[test]
     fn the_claim_reads_only_ready_runs_by_index_whatever_else_the_queue_holds() {
@@ -1192,10 +1183,7 @@ mod tests {
         // only ready runs, (priority, due_at), for due ones, in due order,
         // without sorting; so does the idle executor's check, and it finds a
         // lapsed claim with a seek of the running runs' index.
-        let dir = tempfile::tempdir().unwrap();
-        let conn = Connection::open(dir.path().join("p.db")).unwrap();
-        conn.execute_batch(crate::store::sqlite::schema::SCHEMA_SQL)
-            .unwrap();
+        let (_dir, conn) = schema_file();
         let p = plan(&conn, &claim_sql(16));
         assert!(
             p.contains("USING INDEX reflexr_runs_due (priority=? AND due_at<?)"),
@@ -1231,10 +1219,7 @@ mod tests {
         // that state holds, not the whole queue: each state is in one
         // partial index (ready, running, or at rest), and the statements
         // name its condition so SQLite can use it.
-        let dir = tempfile::tempdir().unwrap();
-        let conn = Connection::open(dir.path().join("p.db")).unwrap();
-        conn.execute_batch(crate::store::sqlite::schema::SCHEMA_SQL)
-            .unwrap();
+        let (_dir, conn) = schema_file();
         for (state, index) in [
             ("ready", "reflexr_runs_due"),
             ("running", "reflexr_runs_running"),
@@ -1308,10 +1293,7 @@ mod tests {
         // must go through the runs' keys, not search every ready (or
         // running) run and test it against the list; a fair claim finds each
         // key's oldest ready run with a seek of the keyed index.
-        let dir = tempfile::tempdir().unwrap();
-        let conn = Connection::open(dir.path().join("p.db")).unwrap();
-        conn.execute_batch(crate::store::sqlite::schema::SCHEMA_SQL)
-            .unwrap();
+        let (_dir, conn) = schema_file();
         let p = plan(&conn, &claim_ords_sql());
         assert!(p.contains("USING INTEGER PRIMARY KEY (rowid=?)"), "{p}");
         assert!(!p.contains("reflexr_runs_due"), "{p}");
@@ -1341,10 +1323,7 @@ mod tests {
 
     #[test]
     fn the_claim_is_not_prepared_again_on_every_call() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = Connection::open(dir.path().join("p.db")).unwrap();
-        conn.execute_batch(crate::store::sqlite::schema::SCHEMA_SQL)
-            .unwrap();
+        let (_dir, conn) = schema_file();
         for now in 0..5 {
             claim_at(&conn, "h", now, now + 10, 16, "[\"a\"]", 0).unwrap();
         }
