@@ -71,6 +71,14 @@ impl PartialEq for Parsed {
 
 impl Eq for Parsed {}
 
+impl Parsed {
+    /// Whether the payload was parsed (the parse is kept).
+    #[cfg(test)]
+    pub(crate) fn is_kept(&self) -> bool {
+        self.0.get().is_some()
+    }
+}
+
 impl std::fmt::Debug for Parsed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("..")

@@ -65,8 +65,9 @@ pub trait Events {
     /// move it before this transaction's commits.
     fn subject_version(&self, workspace: &str, subject: &str) -> Result<i64>;
     /// Up to `limit` of the subject's events from version `from` on, in
-    /// order, through the (workspace, subject, version) index: the cost
-    /// does not grow with the log.
+    /// order, through the subject's index (on SQLite its keys begin with
+    /// the subject, then the workspace and the version): the cost does not
+    /// grow with the log.
     fn subject_events(
         &self,
         workspace: &str,

@@ -59,14 +59,14 @@ pub(crate) fn stand<C: Cursors + ?Sized>(conn: &C, c: Consumer<'_>) -> Result<St
     )?))
 }
 
-/// Step 1: the consumer's stand and up to `limit` events after it.
-/// The page is this thread's [`PageBuffer`], refilled.
+/// Step 1: the consumer's stand and up to `limit` events after it, read
+/// into this thread's page for the consumer's kind ([`PageBuffer`]).
 pub(crate) fn read<B: Backend>(
     db: &impl CoreDb<B>,
     c: Consumer<'_>,
     limit: usize,
 ) -> Result<(Stand, PageBuffer)> {
-    let mut page = PageBuffer::take();
+    let mut page = PageBuffer::take(c.kind);
     let stand = db.read_with(&mut |conn| {
         let stand = stand(conn, c)?;
         Events::page_into(conn, c.workspace, stand.position, limit, &mut page)?;
@@ -76,50 +76,75 @@ pub(crate) fn read<B: Backend>(
 }
 
 thread_local! {
-    /// The page of events each consuming thread reads into, kept between
-    /// pages so that its events' strings are allocated once, not once a
-    /// page (`Events::page_into`): allocating and freeing them was a
-    /// quarter of what one rule's evaluation cost, and a twentieth of a
-    /// follower's relay.
-    static PAGE: std::cell::RefCell<Vec<Event>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The pages of events each thread reads into, one for each kind of
+    /// consumer (pages of different sizes in one slot would free and
+    /// allocate the difference at every turn, as `run_until_idle` reads
+    /// for all of them in the caller's thread). Kept between pages so that
+    /// their events' strings are allocated once, not once a page
+    /// (`Events::page_into` on SQLite; on PostgreSQL a page is read anew):
+    /// allocating and freeing them was a quarter of what one rule's
+    /// evaluation cost, and a twentieth of a follower's relay.
+    static PAGES: [std::cell::RefCell<Vec<Event>>; 3] = const {
+        [const { std::cell::RefCell::new(Vec::new()) }; 3]
+    };
 }
 
-/// This thread's page of events, taken for one pass and put back when
-/// dropped (a pass inside a pass — a rule's or a handler's code that
-/// drains the engine — takes an empty one).
-pub(crate) struct PageBuffer(Vec<Event>);
+/// This thread's page of events for one kind of consumer, taken for one
+/// pass and put back when dropped (a pass inside a pass — a rule's or a
+/// handler's code that drains the engine — takes an empty one).
+pub(crate) struct PageBuffer {
+    page: Vec<Event>,
+    slot: usize,
+}
 
 impl PageBuffer {
-    pub(crate) fn take() -> PageBuffer {
-        PageBuffer(PAGE.with(|p| std::mem::take(&mut *p.borrow_mut())))
+    pub(crate) fn take(kind: ConsumerKind) -> PageBuffer {
+        let slot = match kind {
+            ConsumerKind::Rule => 0,
+            ConsumerKind::Reaction => 1,
+            // The engine reads for no application consumer; one would
+            // share the followers' page.
+            ConsumerKind::Follower | ConsumerKind::App => 2,
+        };
+        let page = PAGES.with(|p| std::mem::take(&mut *p[slot].borrow_mut()));
+        PageBuffer { page, slot }
     }
 }
 
-/// The payloads' room a thread keeps between pages, at most: a page of
-/// large events (up to the payload limit each) is freed rather than kept,
-/// so a burst of them does not hold its memory for the thread's life.
+/// The payloads' room a page keeps between passes, at most: past it, the
+/// payloads of the page's later events are freed (the events and their
+/// other strings kept), so a burst of large events does not hold its
+/// memory for the thread's life.
 const KEEP_PAYLOAD_BYTES: usize = 16 << 20;
 
 impl Drop for PageBuffer {
     fn drop(&mut self) {
-        let page = std::mem::take(&mut self.0);
-        if page.iter().map(|e| e.payload.capacity()).sum::<usize>() > KEEP_PAYLOAD_BYTES {
-            return;
+        let mut page = std::mem::take(&mut self.page);
+        let mut kept = 0;
+        for e in &mut page {
+            kept += e.payload.capacity();
+            if kept > KEEP_PAYLOAD_BYTES {
+                kept -= e.payload.capacity();
+                e.payload = String::new();
+            }
+            // A payload's parse is made again from the next page's text:
+            // not kept while the thread waits.
+            e.parsed = Default::default();
         }
-        let _ = PAGE.try_with(|p| *p.borrow_mut() = page);
+        let _ = PAGES.try_with(|p| *p[self.slot].borrow_mut() = page);
     }
 }
 
 impl std::ops::Deref for PageBuffer {
     type Target = Vec<Event>;
     fn deref(&self) -> &Vec<Event> {
-        &self.0
+        &self.page
     }
 }
 
 impl std::ops::DerefMut for PageBuffer {
     fn deref_mut(&mut self) -> &mut Vec<Event> {
-        &mut self.0
+        &mut self.page
     }
 }
 
@@ -229,24 +254,37 @@ mod tests {
     }
 
     /// A thread's page is kept between passes (its strings' room reused),
-    /// unless its payloads hold more than `KEEP_PAYLOAD_BYTES`: the memory
-    /// a burst of large events took is given back, not held for the
-    /// thread's life. Each test runs in a thread of its own, so the page
-    /// taken first is this test's.
+    /// one for each kind of consumer, with no payload's parse; past
+    /// `KEEP_PAYLOAD_BYTES` of payloads, the later events' payloads are
+    /// freed: the memory a burst of large events took is given back, not
+    /// held for the thread's life. Each test runs in a thread of its own,
+    /// so the pages taken first are this test's.
     #[test]
-    fn a_page_is_kept_between_passes_unless_its_payloads_are_large() {
-        let mut page = PageBuffer::take();
+    fn a_page_is_kept_between_passes_with_its_payloads_bounded() {
+        let mut page = PageBuffer::take(ConsumerKind::Follower);
         assert!(page.is_empty());
         page.push(event_with_payload(1_000));
+        page[0].json().unwrap();
+        assert!(page[0].parsed.is_kept());
         drop(page);
-        let mut page = PageBuffer::take();
-        assert_eq!(page.len(), 1, "a small page is kept");
+        // Another kind's page is its own.
+        assert!(PageBuffer::take(ConsumerKind::Rule).is_empty());
+        let mut page = PageBuffer::take(ConsumerKind::Follower);
+        assert_eq!(page.len(), 1, "a page is kept");
+        assert!(
+            page[0].payload.capacity() >= 1_000,
+            "with its payload's room"
+        );
+        assert!(!page[0].parsed.is_kept(), "and no parse");
         // A pass inside a pass takes an empty page of its own.
-        assert!(PageBuffer::take().is_empty());
+        assert!(PageBuffer::take(ConsumerKind::Follower).is_empty());
         page.push(event_with_payload(KEEP_PAYLOAD_BYTES));
+        page.push(event_with_payload(1_000));
         drop(page);
-        let page = PageBuffer::take();
-        assert!(page.is_empty(), "a page of large payloads is not kept");
-        assert_eq!(page.capacity(), 0);
+        let page = PageBuffer::take(ConsumerKind::Follower);
+        assert_eq!(page.len(), 3, "the events are kept");
+        let room: Vec<usize> = page.iter().map(|e| e.payload.capacity()).collect();
+        assert!(room[0] >= 1_000 && room[2] >= 1_000, "{room:?}");
+        assert_eq!(room[1], 0, "the payload past the bound is freed");
     }
 }

@@ -224,7 +224,7 @@ pub(crate) fn pass<B: Backend>(
     };
     let mut total = Pass::default();
     let mut pending: Vec<&Rule> = rules.iter().map(|r| &**r).collect();
-    let mut page = PageBuffer::take();
+    let mut page = PageBuffer::take(ConsumerKind::Rule);
     for _ in 0..10 {
         // One read: the pauses, where each rule not paused stands, and the
         // page after them when they all stand at one position (the usual

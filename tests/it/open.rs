@@ -282,7 +282,22 @@ fn shape(conn: &Connection) -> Vec<String> {
             .unwrap()
             .map(Result::unwrap)
             .collect();
-        out.push(format!("{kind} {name} ({})", columns.join(", ")));
+        // An index's kind too: unique or not, partial or not.
+        let flags: String = if kind == "index" {
+            conn.query_row(
+                &format!(
+                    "SELECT \"unique\" || '/' || partial FROM pragma_index_list( \
+                       (SELECT tbl_name FROM sqlite_schema WHERE name = '{name}')) \
+                     WHERE name = '{name}'"
+                ),
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        } else {
+            String::new()
+        };
+        out.push(format!("{kind} {name} ({}) {flags}", columns.join(", ")));
     }
     out
 }
