@@ -336,6 +336,19 @@ fn a_version_1_file_is_migrated_forward_keeping_its_rows_and_gets_the_new_shape(
     assert_eq!(engine.cursor("mailer", "app").unwrap(), 1);
     assert_eq!(engine.read(&Query::new("app")).unwrap().len(), 1);
     assert_eq!(engine.followers().unwrap().len(), 1);
+    // The log's id and subject indexes, built again by version 14, answer
+    // as before: an id the log has is found (nothing appended), and the
+    // subject's next event takes the next version (its first was numbered
+    // by version 8).
+    let again = engine
+        .append("app", &NewEvent::new("tick", "s", "a", 2).id("e1"))
+        .unwrap();
+    assert_eq!((again.seq, again.existing, again.version), (1, true, 1));
+    let next = engine
+        .append("app", &NewEvent::new("tick", "s", "a", 3))
+        .unwrap();
+    assert_eq!((next.existing, next.version), (false, 2));
+    assert_eq!(engine.read_subject("app", "s", 1, 10).unwrap().len(), 2);
     // The runs table was rebuilt (versions 5 and 13): its rows came along.
     let run = engine
         .run("r1")
