@@ -574,10 +574,9 @@ mod tests {
     }
 
     /// ADR-0015 (the cursor's save policy): an envelope that bridges
-    /// nothing writes nothing in the
-    /// target; a batch of them makes no transaction there (none committed,
-    /// and none waiting while another connection holds the hub's write
-    /// lock), and one with a publish does.
+    /// nothing writes nothing in the target; a batch of them makes no
+    /// transaction there (none committed, and none waiting while another
+    /// connection holds the hub's write lock), and one with a publish does.
     #[test]
     fn a_batch_that_publishes_nothing_makes_no_transaction_in_the_target() {
         let dir = tempfile::tempdir().unwrap();

@@ -110,3 +110,21 @@ impl Inspect for Connection {
         super::dead_letters::find(self, f)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::store::sqlite::plans::{plan, schema_file};
+
+    /// The ids of a run's emitted events (`<run id>/<key>`) are one range
+    /// of the id index, whatever the workspaces: a run's detail does not
+    /// walk a workspace's events, so its cost does not grow with the log.
+    #[test]
+    fn a_run_s_emitted_events_are_one_range_of_the_id_index() {
+        let (_dir, conn) = schema_file();
+        let p = plan(&conn, &id_prefix_sql(100));
+        assert!(p.contains("reflexr_events_by_id (id>? AND id<?)"), "{p}");
+        assert!(!p.contains("reflexr_events_by_workspace"), "{p}");
+    }
+}
