@@ -379,3 +379,53 @@ fn a_lapsed_claim_is_claimed_again_and_a_released_one_keeps_its_attempt() {
         .unwrap();
     });
 }
+
+/// Invariant 5 (an executor acts on the claim it holds): what a claim
+/// returns is each run as the store now holds it — its holder, attempt,
+/// expiry, start and the log's head at its first claim, which a run
+/// claimed again keeps.
+#[test]
+fn a_claim_returns_each_run_as_the_store_now_holds_it() {
+    on_every_backend(|db| {
+        let name = db.name();
+        setup(db, "shop");
+        db.tx(|c| {
+            append(c, "shop", &event("Opened", "a"))?;
+            for id in ["r1", "r2", "r3"] {
+                Runs::insert(c, &task(id, None, None))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let first = db
+            .tx(|c| Runs::claim_at(c, "a", NOW, NOW + 10, 1, &send(), 0))
+            .unwrap();
+        db.tx(|c| {
+            append(c, "shop", &event("Closed", "a"))?;
+            Runs::requeue_lapsed(c, first[0].ord, NOW + 10).map(|_| ())
+        })
+        .unwrap();
+        let claimed = db
+            .tx(|c| Runs::claim_at(c, "b", NOW + 11, NOW + 40, 3, &send(), 0))
+            .unwrap();
+        assert_eq!(claimed.len(), 3, "{name}");
+        db.tx(|c| {
+            for r in &claimed {
+                let stored = Runs::get(c, &r.id)?.expect("claimed runs are there");
+                assert_eq!(format!("{r:?}"), format!("{stored:?}"), "{name}");
+                assert_eq!(
+                    (r.claimed_by.as_deref(), r.claim_expires_at, r.started_at),
+                    (Some("b"), Some(NOW + 40), Some(NOW + 11)),
+                    "{name}"
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+        let again = claimed.iter().find(|r| r.id == first[0].id).unwrap();
+        let fresh = claimed.iter().find(|r| r.id != first[0].id).unwrap();
+        assert_eq!(again.attempt, 2, "{name}");
+        assert_eq!(again.began_seq, first[0].began_seq, "{name}");
+        assert!(again.began_seq < fresh.began_seq, "{name}");
+    });
+}
