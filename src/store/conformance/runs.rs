@@ -427,5 +427,22 @@ fn a_claim_returns_each_run_as_the_store_now_holds_it() {
         assert_eq!(again.attempt, 2, "{name}");
         assert_eq!(again.began_seq, first[0].began_seq, "{name}");
         assert!(again.began_seq < fresh.began_seq, "{name}");
+        // A claim of picked runs (a keyed action's) by their positions.
+        db.tx(|c| {
+            let mut ords = Vec::new();
+            for id in ["r4", "r5"] {
+                Runs::insert(c, &task(id, None, None))?;
+                ords.push(Runs::get(c, id)?.expect("inserted").ord);
+            }
+            let picked = Control::claim_ords(c, "c", NOW + 12, NOW + 50, &ords)?;
+            assert_eq!(picked.len(), 2, "{name}");
+            for r in &picked {
+                let stored = Runs::get(c, &r.id)?.expect("claimed runs are there");
+                assert_eq!(format!("{r:?}"), format!("{stored:?}"), "{name}");
+                assert_eq!(r.claimed_by.as_deref(), Some("c"), "{name}");
+            }
+            Ok(())
+        })
+        .unwrap();
     });
 }

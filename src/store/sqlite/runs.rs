@@ -224,12 +224,13 @@ pub(crate) fn claim_at(
         .query_map(params![now, actions, priority], from_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     claim_rows(conn, (holder, now, expires_at), &mut rows)?;
+    rows.sort_unstable_by_key(|r| (r.due_at, r.ord));
     Ok(rows)
 }
 
 /// Claims `rows`, ready runs this write transaction has just read, each by
-/// its position, and sets in each what its claim wrote (so none is read
-/// again); in position order, as a claim returns them. Not one
+/// its position (in the table's order, so each page is visited once), and
+/// sets in each what its claim wrote (so none is read again). Not one
 /// `UPDATE … WHERE ord IN (…) RETURNING`: SQLite built a temporary b-tree
 /// of the positions, and another of the 40-column rows to return (8 % of
 /// what claiming a run cost, by callgrind).
@@ -243,14 +244,14 @@ fn claim_rows(
     }
     rows.sort_unstable_by_key(|r| r.ord);
     // The log's head, which the update gives the runs claimed for the
-    // first time (in this transaction, the same for each).
+    // first time: read once, as the one statement's subquery was.
     let head: i64 = if rows.iter().any(|r| r.began_seq.is_none()) {
         conn.prepare_cached("SELECT coalesce(max(seq), 0) FROM reflexr_events")?
             .query_row([], |r| r.get(0))?
     } else {
         0
     };
-    let mut stmt = conn.prepare_cached(CLAIM_READ)?;
+    let mut stmt = conn.prepare_cached(CLAIM_BY_ORD)?;
     let mut claimed = Vec::with_capacity(rows.len());
     for mut r in rows.drain(..) {
         if stmt.execute(params![holder, now, expires_at, r.ord, head])? == 1 {
@@ -499,9 +500,9 @@ const CLAIM_SET: &str = concat!(
 );
 
 /// [`claim_rows`]'s update of a ready run it read (`?4` its position),
-/// given the log's head (`?5`, read once for the batch: a look-up of the
-/// log's last row in each update cost 4 % of a claim).
-const CLAIM_READ: &str = concat!(
+/// given the log's head (`?5`, read once a batch: the update looking it up
+/// itself, once a run, cost 4 % more a claim).
+const CLAIM_BY_ORD: &str = concat!(
     "UPDATE reflexr_runs SET ",
     claimed!(),
     ", began_seq = coalesce(began_seq, ?5) WHERE ord = ?4 AND +state = 'ready'"
@@ -1249,7 +1250,7 @@ mod tests {
         assert!(!scans_the_table(&p), "{p}");
         assert!(!p.contains("TEMP B-TREE"), "{p}");
         // Then each run it read is claimed by its position.
-        let p = plan(&conn, CLAIM_READ);
+        let p = plan(&conn, CLAIM_BY_ORD);
         assert!(p.contains("USING INTEGER PRIMARY KEY (rowid=?)"), "{p}");
         let p = plan(&conn, READY_PRIORITIES);
         assert!(p.contains("COVERING INDEX reflexr_runs_due"), "{p}");
