@@ -13,9 +13,11 @@ use reflexr::postgres::fallible_iterator::FallibleIterator;
 use reflexr::postgres::{Client, NoTls};
 use reflexr::{Enqueue, ManualClock, NewEvent, Postgres, Query};
 
-/// Payloads of the engine's notifications `listener` hears until the
-/// test's own `end`, in order.
-fn heard_until_end(listener: &mut Client) -> Vec<String> {
+/// Payloads of the notifications `listener` hears from the sessions
+/// `from` until the `end` that the session `end_from` sent, in order. The
+/// server's channel is the same for every schema, so the tests running
+/// beside this one are heard too: their notifications are left out.
+fn heard_until_end(listener: &mut Client, from: &[i32], end_from: i32) -> Vec<String> {
     let mut heard = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -23,12 +25,38 @@ fn heard_until_end(listener: &mut Client) -> Vec<String> {
         let mut notes = listener.notifications();
         let mut iter = notes.timeout_iter(Duration::from_secs(1));
         while let Some(n) = iter.next().expect("the listener's connection") {
-            if n.payload() == "end" {
+            if n.process_id() == end_from && n.payload() == "end" {
                 return heard;
             }
-            heard.push(n.payload().to_string());
+            if from.contains(&n.process_id()) {
+                heard.push(n.payload().to_string());
+            }
         }
     }
+}
+
+/// Sends the mark [`heard_until_end`] waits for, after what was committed
+/// so far (notifications come in commit order); returns its session's id.
+fn send_end(place: &PgSchema) -> i32 {
+    let mut c = Client::connect(&place.config(), NoTls).unwrap();
+    let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    c.batch_execute("NOTIFY reflexr, 'end'").unwrap();
+    pid
+}
+
+/// The server's ids of the sessions tagged `tag` (an engine's, opened by
+/// [`tagged_engine`]: its pool keeps them open).
+fn sessions_of(place: &PgSchema, tag: &str) -> Vec<i32> {
+    Client::connect(&place.config(), NoTls)
+        .unwrap()
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            &[&tag],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 /// Invariant 5's start (a run exists once its enqueue returns, and wakes
@@ -39,7 +67,8 @@ fn heard_until_end(listener: &mut Client) -> Vec<String> {
 fn a_plain_enqueue_notifies_other_processes_in_its_own_commit() {
     let place = PgSchema::new();
     let clock = ManualClock::new(1_800_000_000_000);
-    let e = Postgres::open(&place, &clock, "test");
+    let tag = format!("enqueue-notify-{}", std::process::id());
+    let e = tagged_engine(&place, &clock, &tag);
     let mut listener = Client::connect(&place.config(), NoTls).unwrap();
     listener.batch_execute("LISTEN reflexr").unwrap();
     let first = e
@@ -55,11 +84,9 @@ fn a_plain_enqueue_notifies_other_processes_in_its_own_commit() {
         .unwrap();
     assert!(!second.deduplicated);
     // A mark after the three: notifications come in commit order.
-    Client::connect(&place.config(), NoTls)
-        .unwrap()
-        .batch_execute("NOTIFY reflexr, 'end'")
-        .unwrap();
-    assert_eq!(heard_until_end(&mut listener), ["r", "r"]);
+    let engine = sessions_of(&place, &tag);
+    let end = send_end(&place);
+    assert_eq!(heard_until_end(&mut listener, &engine, end), ["r", "r"]);
     assert_eq!(e.runs(None, 10).unwrap().len(), 2);
 }
 
@@ -140,7 +167,8 @@ fn tick(subject: &str) -> NewEvent {
 fn a_lone_append_moves_the_head_and_notifies_in_its_own_commit() {
     let place = PgSchema::new();
     let clock = ManualClock::new(1_800_000_000_000);
-    let e = Postgres::open(&place, &clock, "test");
+    let tag = format!("append-notify-{}", std::process::id());
+    let e = tagged_engine(&place, &clock, &tag);
     e.ensure_workspace("app", &["tick"]).unwrap();
     let mut listener = Client::connect(&place.config(), NoTls).unwrap();
     listener.batch_execute("LISTEN reflexr").unwrap();
@@ -150,11 +178,9 @@ fn a_lone_append_moves_the_head_and_notifies_in_its_own_commit() {
     let second = e.append("app", &tick("a")).unwrap();
     assert_eq!((second.seq, second.version), (first.seq + 1, 2));
     assert_eq!(e.head_seq().unwrap(), second.seq);
-    Client::connect(&place.config(), NoTls)
-        .unwrap()
-        .batch_execute("NOTIFY reflexr, 'end'")
-        .unwrap();
-    assert_eq!(heard_until_end(&mut listener), ["e", "e"]);
+    let engine = sessions_of(&place, &tag);
+    let end = send_end(&place);
+    assert_eq!(heard_until_end(&mut listener, &engine, end), ["e", "e"]);
 }
 
 /// Invariant 10 for the connection under a lone append: one the server cut
