@@ -229,8 +229,9 @@ pub(crate) fn claim_at(
 }
 
 /// Claims `rows`, ready runs this write transaction has just read, in one
-/// update by their positions (each row sought by its key, in the table's
-/// order), and sets in each what its claim wrote, so none is read again.
+/// update by their positions (each row sought by its key, SQLite taking
+/// the positions in order), and sets in each what its claim wrote, so none
+/// is read again.
 /// Without `RETURNING`, for which SQLite built a temporary b-tree of the
 /// 40-column rows it returned; and one statement, not one a run, whose
 /// start and end cost an eighth of a claim (callgrind).
@@ -242,7 +243,6 @@ fn claim_rows(
     if rows.is_empty() {
         return Ok(());
     }
-    rows.sort_unstable_by_key(|r| r.ord);
     // The log's head, which the update gives the runs claimed for the
     // first time: read once, as the one statement's subquery was.
     let head: i64 = if rows.iter().any(|r| r.began_seq.is_none()) {
