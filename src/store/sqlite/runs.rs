@@ -204,6 +204,14 @@ pub(crate) fn requeue_lapsed(conn: &Connection, ord: i64, now: i64) -> Result<Re
     Ok(Requeued::from_state(changed))
 }
 
+/// The log's head that a run's first claim records (`began_seq`): the
+/// last seq in the log, 0 for an empty one.
+macro_rules! last_seq {
+    () => {
+        "SELECT coalesce(max(seq), 0) FROM reflexr_events"
+    };
+}
+
 /// Claims up to `limit` ready runs at `priority` that are due and whose
 /// action is in `actions` (a JSON array), oldest due first: each becomes
 /// `running` under `holder` at its next attempt until `expires_at`. A range
@@ -246,7 +254,7 @@ fn claim_rows(
     // The log's head, which the update gives the runs claimed for the
     // first time: read once, as the one statement's subquery was.
     let head: i64 = if rows.iter().any(|r| r.began_seq.is_none()) {
-        conn.prepare_cached("SELECT coalesce(max(seq), 0) FROM reflexr_events")?
+        conn.prepare_cached(last_seq!())?
             .query_row([], |r| r.get(0))?
     } else {
         0
@@ -507,7 +515,9 @@ macro_rules! claimed {
 /// What a claim of one run sets: [`claimed!`], and the log's head.
 const CLAIM_SET: &str = concat!(
     claimed!(),
-    ", began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0)"
+    ", began_seq = coalesce(began_seq, (",
+    last_seq!(),
+    "))"
 );
 
 /// [`claim_rows`]'s update of the ready runs it read (`?4`, a JSON array
