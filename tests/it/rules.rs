@@ -36,6 +36,7 @@ on_backends!(
     a_page_that_fires_passes_its_own_envelopes_in_its_commit,
     a_failed_decision_leaves_its_scopes_state_as_the_last_good_one_left_it,
     rules_scoped_by_one_field_each_decide_as_they_would_alone,
+    rules_scoped_alike_by_a_function_the_subject_or_globally_decide_as_they_would_alone,
 );
 
 children_on_backends!(child_process_evaluator);
@@ -665,6 +666,86 @@ fn rules_scoped_by_one_field_each_decide_as_they_would_alone<B: TestBackend>() {
             ("others".to_string(), "missing_scope".to_string()),
             ("rsvps".to_string(), "scope_too_long".to_string()),
         ]
+    );
+}
+
+/// Invariant 4 with rules side by side, for the other ways of scoping: two
+/// rules sharing one scope function (a page finds each event's scope once
+/// for both), a rule with a function of its own, and rules scoped by the
+/// subject and globally, watching different types of one page, each keep
+/// the states they would keep alone, and each records its own missing
+/// scopes.
+fn rules_scoped_alike_by_a_function_the_subject_or_globally_decide_as_they_would_alone<
+    B: TestBackend,
+>() {
+    let (place, clock) = scene::<B>();
+    let e = rules_engine::<B>(&place, &clock, "test");
+    let counting = |name: &str, types: &[&str], scope: Scope| {
+        Rule::new(name, "app")
+            .on(types.iter().copied())
+            .scope(scope)
+            .action("noop")
+            .decide_with_state(Count::default(), |_, state| {
+                state.n += 1;
+                Ok(Decision::Skip)
+            })
+    };
+    // The session's text, upper-cased; none for a number.
+    let upper = Scope::with(|ev| ev.json().ok()?["session"].as_str().map(str::to_uppercase));
+    let own = Scope::with(|ev| Some(format!("own-{}", ev.subject)));
+    e.register_rule(counting("fn-rsvps", &["rsvp"], upper.clone()))
+        .unwrap();
+    e.register_rule(counting("fn-others", &["other"], upper))
+        .unwrap();
+    e.register_rule(counting("fn-own", &["rsvp", "other"], own))
+        .unwrap();
+    e.register_rule(counting("subjects", &["other"], Scope::subject()))
+        .unwrap();
+    e.register_rule(counting("global", &["rsvp"], Scope::global()))
+        .unwrap();
+    e.write(|tx| {
+        for (ty, subject, session) in [
+            ("rsvp", "s1", serde_json::json!("a")),
+            ("other", "s2", serde_json::json!("b")),
+            ("rsvp", "s2", serde_json::json!(7)),
+            ("other", "s1", serde_json::json!("a")),
+            ("rsvp", "s1", serde_json::json!("b")),
+        ] {
+            tx.append(
+                "app",
+                &NewEvent::new(ty, subject, "app", 0)
+                    .payload(&serde_json::json!({ "session": session })),
+            )?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let idle = e.run_until_idle().unwrap();
+    // fn-rsvps 3, fn-others 2, fn-own 5, subjects 2, global 3; the rsvp
+    // of session 7 has no upper-cased scope.
+    assert_eq!((idle.decided, idle.errored), (15, 1));
+    let state = |rule: &str, scope: &str| {
+        e.rule_state::<Count>(rule, scope)
+            .unwrap()
+            .map_or(0, |c| c.n)
+    };
+    assert_eq!((state("fn-rsvps", "A"), state("fn-rsvps", "B")), (1, 1));
+    assert_eq!((state("fn-others", "A"), state("fn-others", "B")), (1, 1));
+    assert_eq!(
+        (state("fn-own", "own-s1"), state("fn-own", "own-s2")),
+        (3, 2)
+    );
+    assert_eq!((state("subjects", "s1"), state("subjects", "s2")), (1, 1));
+    assert_eq!(state("global", ""), 3);
+    let dead: Vec<(String, String)> = e
+        .dead_letters(false, 10)
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.consumer, d.reason.to_string()))
+        .collect();
+    assert_eq!(
+        dead,
+        [("fn-rsvps".to_string(), "missing_scope".to_string())]
     );
 }
 
