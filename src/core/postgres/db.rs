@@ -33,9 +33,11 @@
 //!   waits for the head while holding a row another waits for: processes
 //!   never deadlock over the head, whatever the members of a shared write
 //!   do in what order.
-//! - **Wake-ups.** A transaction that appended sends `NOTIFY reflexr` with
-//!   its commit (a lone append's or a plain enqueue's statement, with
-//!   `pg_notify` in it); the notifier's listener and heartbeat
+//! - **Wake-ups.** A transaction that appended or made runs claimable
+//!   notifies its schema's channel (`pg::channel_of`: the server's
+//!   channels are per database, and engines of other schemas must not
+//!   wake) with its commit (a lone append's or a plain enqueue's
+//!   statement, with `pg_notify` in it); the notifier's listener and heartbeat
 //!   (`crate::core::wake`) wake this process's waiters. A missed
 //!   notification costs a heartbeat, never an event; a burst of them wakes
 //!   a waiter once.
@@ -60,9 +62,6 @@ use crate::store::Postgres;
 use crate::store::postgres::{self as pg, PgConn, Pool, Pooled};
 use crate::store::runs::{Inserted, NewRun};
 
-/// The channel commits are announced on.
-pub(crate) const CHANNEL: &str = "reflexr";
-
 /// Where a PostgreSQL database is, and how many connections to keep, as a
 /// [`crate::Builder`] holds them.
 #[derive(Clone)]
@@ -79,6 +78,9 @@ pub struct PgDb {
     env: Env,
     pool: Pool,
     notifier: Arc<Notifier>,
+    /// The channel its commits are announced on (`pg::channel_of` its
+    /// schema).
+    channel: Arc<str>,
     /// Other processes' commits, heard at once (None for a follower's
     /// target, which nobody waits on).
     listener: Option<PgListen>,
@@ -119,6 +121,9 @@ impl PgDb {
         // defaults.
         first.batch_execute(pg::SESSION_DEFAULTS)?;
         pg::schema::apply(&mut first, &what)?;
+        // The schema the tables are in: its commits' channel.
+        let schema: Option<String> = first.query_one("SELECT current_schema()", &[])?.get(0);
+        let channel: Arc<str> = pg::channel_of(&schema.unwrap_or_default()).into();
 
         let manager = pg::Manager::new(config.clone());
         // Not tested on checkout (a round trip per operation): a broken
@@ -133,7 +138,7 @@ impl PgDb {
 
         let notifier = Arc::new(Notifier::postgres(first, &config));
         let listener = if listen {
-            Some(notifier.listen_postgres(&config, CHANNEL)?)
+            Some(notifier.listen_postgres(&config, Arc::clone(&channel))?)
         } else {
             None
         };
@@ -146,6 +151,7 @@ impl PgDb {
             },
             pool,
             notifier,
+            channel,
             listener,
             combiner: Combiner::new(),
             id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
@@ -289,7 +295,7 @@ impl PgDb {
         let committed = if nudge.is_none() {
             conn.commit()
         } else {
-            conn.commit_notifying(CHANNEL, nudge.payload())
+            conn.commit_notifying(&self.channel, nudge.payload())
         };
         if let Err(e) = committed {
             self.aborts.fetch_add(1, Ordering::Relaxed);
@@ -324,7 +330,7 @@ impl PgDb {
         let conn = PgConn::deferred(
             self.pool.get()?,
             self.pool.clone(),
-            (CHANNEL, Wake::RUNS.payload()),
+            (Arc::clone(&self.channel), Wake::RUNS.payload()),
         );
         let inserted = conn.insert_run_alone(run)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
@@ -350,7 +356,11 @@ impl PgDb {
             // A single append alone: its statement may be its own
             // transaction (`PgConn::deferred`).
             self.pool.get().map_err(Error::from).map(|client| {
-                PgConn::deferred(client, self.pool.clone(), (CHANNEL, Wake::EVENTS.payload()))
+                PgConn::deferred(
+                    client,
+                    self.pool.clone(),
+                    (Arc::clone(&self.channel), Wake::EVENTS.payload()),
+                )
             })
         } else if batch.members().iter().any(|m| m.may_append()) {
             self.begin_ordered()
@@ -415,7 +425,7 @@ impl PgDb {
                 let committed = if nudge.is_none() {
                     conn.commit()
                 } else {
-                    conn.commit_notifying(CHANNEL, nudge.payload())
+                    conn.commit_notifying(&self.channel, nudge.payload())
                 };
                 committed.map_err(Arc::new)
             }

@@ -52,7 +52,7 @@ impl Notifier {
     pub(crate) fn listen_postgres(
         self: &Arc<Self>,
         config: &postgres::Config,
-        channel: &'static str,
+        channel: Arc<str>,
     ) -> std::io::Result<PgListen> {
         let config = with_timeout(config);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -60,7 +60,7 @@ impl Notifier {
             let (notifier, stop) = (Arc::clone(self), Arc::clone(&stop));
             std::thread::Builder::new()
                 .name("reflexr-listen".into())
-                .spawn(move || listen_for_commits(&config, channel, &notifier, &stop))?
+                .spawn(move || listen_for_commits(&config, &channel, &notifier, &stop))?
         };
         Ok(PgListen {
             stop,

@@ -50,6 +50,7 @@ mod workspaces;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use postgres::types::{ToSql, Type};
 use postgres::{Row, Statement};
@@ -170,14 +171,41 @@ pub(crate) fn committed_head(client: &mut postgres::Client) -> Result<i64> {
         .try_get(0)?)
 }
 
-/// Has `client` listen on `channel` (a name of the engine's own).
+/// Has `client` listen on `channel` (a name of the engine's own,
+/// [`channel_of`]).
 pub(crate) fn listen(client: &mut postgres::Client, channel: &str) -> Result<()> {
-    debug_assert!(
-        channel
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-    );
+    debug_assert!(is_plain(channel));
     Ok(client.batch_execute(&format!("LISTEN {channel}"))?)
+}
+
+/// The channel the commits of the engine's tables in `schema` are announced
+/// on: `reflexr_<schema>` for a schema named in lower-case letters, digits
+/// and underscores that fits PostgreSQL's 63 bytes, else `reflexr_` and 16
+/// hex digits of the name's SHA-1 (a UUID v5: the same in every process
+/// and every build). The server's channels are per database, not per
+/// schema: engines of different schemas of one database wake only their
+/// own schema's listeners.
+pub(crate) fn channel_of(schema: &str) -> String {
+    // The name's hash, against this namespace of the engine's own.
+    const NAMESPACE: uuid::Uuid = uuid::uuid!("5b0c9114-6e0f-5a1e-9c3d-2f4a8e7b1d60");
+    let plain = format!("reflexr_{schema}");
+    if plain.len() <= 63 && is_plain(&plain) {
+        return plain;
+    }
+    let hash = uuid::Uuid::new_v5(&NAMESPACE, schema.as_bytes())
+        .simple()
+        .to_string();
+    format!("reflexr_{}", &hash[..16])
+}
+
+/// Whether `word` needs no quotes in SQL and keeps its case there: a
+/// channel or a payload of the engine's, written into `LISTEN` and
+/// `NOTIFY` as it is.
+fn is_plain(word: &str) -> bool {
+    !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 /// One pooled connection inside a transaction, as the core's table groups
@@ -215,7 +243,7 @@ pub struct PgConn {
     /// cut before its first statement; and the notification a lone
     /// append's statement carries (a channel and a payload, the engine's
     /// own words).
-    deferred: Option<(Pool, (&'static str, &'static str))>,
+    deferred: Option<(Pool, (Arc<str>, &'static str))>,
 }
 
 /// Whether a [`PgConn`] is inside its transaction yet.
@@ -312,11 +340,7 @@ impl PgConn {
     /// [`PgConn::begin_ordered`] does. A connection the server cut fails
     /// that first statement, and another from `pool` takes its place
     /// (nothing was done; the append's id makes sending it again safe).
-    pub(crate) fn deferred(
-        client: Pooled,
-        pool: Pool,
-        notify: (&'static str, &'static str),
-    ) -> PgConn {
+    pub(crate) fn deferred(client: Pooled, pool: Pool, notify: (Arc<str>, &'static str)) -> PgConn {
         PgConn {
             client: RefCell::new(Some(client)),
             open: std::cell::Cell::new(false),
@@ -378,8 +402,8 @@ impl PgConn {
     }
 
     /// The notification a deferred connection's lone append carries.
-    pub(super) fn lone_notify(&self) -> Option<(&'static str, &'static str)> {
-        self.deferred.as_ref().map(|(_, n)| *n)
+    pub(super) fn lone_notify(&self) -> Option<(&str, &'static str)> {
+        self.deferred.as_ref().map(|(_, (c, p))| (&**c, *p))
     }
 
     /// `begin` opens the transaction; `holds_head` says it also takes the
@@ -425,16 +449,8 @@ impl PgConn {
     /// payload says what the commit made (both the engine's own words, not
     /// the caller's: `core::wake::Wake::payload`), delivered to listeners
     /// with the commit.
-    pub(crate) fn commit_notifying(
-        self,
-        channel: &'static str,
-        payload: &'static str,
-    ) -> Result<()> {
-        debug_assert!(
-            [channel, payload]
-                .iter()
-                .all(|w| w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
-        );
+    pub(crate) fn commit_notifying(self, channel: &str, payload: &'static str) -> Result<()> {
+        debug_assert!(is_plain(channel) && is_plain(payload));
         self.finish(Some((channel, payload)))
     }
 
@@ -442,7 +458,7 @@ impl PgConn {
     /// appended (if any), the notification (if any), `COMMIT`. If a
     /// statement fails, the rest are not run, and dropping the connection
     /// rolls back.
-    fn finish(self, notify: Option<(&'static str, &'static str)>) -> Result<()> {
+    fn finish(self, notify: Option<(&str, &'static str)>) -> Result<()> {
         if self.begun.get() != Begun::Yes {
             // Nothing open: a lone append committed itself, with its
             // notification (or made nothing). A notification it did not
@@ -592,6 +608,30 @@ mod tests {
     use super::PgConn;
     use crate::store::Events;
     use crate::store::conformance::PgSchema;
+
+    /// A schema's channel: its name when that is a plain identifier that
+    /// fits, else a hash of the name, the same in every process; never two
+    /// schemas' one, nor a name the SQL would fold or need quoted.
+    #[test]
+    fn a_schemas_channel_is_its_plain_name_or_a_stable_hash_of_it() {
+        use super::{channel_of, is_plain};
+        assert_eq!(channel_of("public"), "reflexr_public");
+        assert_eq!(channel_of("tenant_7"), "reflexr_tenant_7");
+        let upper = channel_of("Tenant7");
+        let long = channel_of(&"s".repeat(60));
+        let odd = channel_of("a b\"c");
+        for c in [&upper, &long, &odd] {
+            assert!(is_plain(c) && c.len() == "reflexr_".len() + 16, "{c}");
+        }
+        assert_ne!(upper, channel_of("tenant7"));
+        assert_ne!(upper, long);
+        // The hash is SHA-1's (UUID v5), not the standard library's hasher,
+        // which may change between builds: pinned here (Python's
+        // `uuid.uuid5` gives the same).
+        assert_eq!(upper, "reflexr_6fd783be0f1d5c6c");
+        assert_eq!(channel_of(""), channel_of(""));
+        assert!(channel_of(&"s".repeat(55)).ends_with(&"s".repeat(55)));
+    }
 
     /// The engine's statements prepared on this connection (the look-up,
     /// prepared while it runs, left out).

@@ -14,9 +14,8 @@ use reflexr::postgres::{Client, NoTls};
 use reflexr::{Enqueue, ManualClock, NewEvent, Postgres, Query};
 
 /// Payloads of the notifications `listener` hears from the sessions
-/// `from` until the `end` that the session `end_from` sent, in order. The
-/// server's channel is the same for every schema, so the tests running
-/// beside this one are heard too: their notifications are left out.
+/// `from` until the `end` that the session `end_from` sent, in order: only
+/// the engine's own sessions count, whatever else the channel carries.
 fn heard_until_end(listener: &mut Client, from: &[i32], end_from: i32) -> Vec<String> {
     let mut heard = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -40,8 +39,16 @@ fn heard_until_end(listener: &mut Client, from: &[i32], end_from: i32) -> Vec<St
 fn send_end(place: &PgSchema) -> i32 {
     let mut c = Client::connect(&place.config(), NoTls).unwrap();
     let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
-    c.batch_execute("NOTIFY reflexr, 'end'").unwrap();
+    c.batch_execute(&format!("NOTIFY {}, 'end'", channel(place)))
+        .unwrap();
     pid
+}
+
+/// The channel an engine of `place` announces its commits on, as the
+/// PostgreSQL chapter names it: `reflexr_<schema>` for a schema named in
+/// lower-case letters, digits and underscores (a test's schema is).
+fn channel(place: &PgSchema) -> String {
+    format!("reflexr_{}", place.name)
 }
 
 /// The server's ids of the sessions tagged `tag` (an engine's, opened by
@@ -70,7 +77,9 @@ fn a_plain_enqueue_notifies_other_processes_in_its_own_commit() {
     let tag = format!("enqueue-notify-{}", std::process::id());
     let e = tagged_engine(&place, &clock, &tag);
     let mut listener = Client::connect(&place.config(), NoTls).unwrap();
-    listener.batch_execute("LISTEN reflexr").unwrap();
+    listener
+        .batch_execute(&format!("LISTEN {}", channel(&place)))
+        .unwrap();
     let first = e
         .enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })).id("mail-1"))
         .unwrap();
@@ -171,7 +180,9 @@ fn a_lone_append_moves_the_head_and_notifies_in_its_own_commit() {
     let e = tagged_engine(&place, &clock, &tag);
     e.ensure_workspace("app", &["tick"]).unwrap();
     let mut listener = Client::connect(&place.config(), NoTls).unwrap();
-    listener.batch_execute("LISTEN reflexr").unwrap();
+    listener
+        .batch_execute(&format!("LISTEN {}", channel(&place)))
+        .unwrap();
     let first = e.append("app", &tick("a").id("one")).unwrap();
     let again = e.append("app", &tick("a").id("one")).unwrap();
     assert!(again.existing && again.seq == first.seq, "{again:?}");
@@ -258,4 +269,60 @@ fn an_engine_makes_its_schema_where_sessions_default_to_read_only() {
         .expect("a plain enqueue");
     assert_eq!(e.read(&Query::new("app")).unwrap().len(), 2);
     assert_eq!(e.runs(None, 10).unwrap().len(), 1);
+}
+
+/// Wake-ups stay in their schema: engines of two schemas of one database
+/// announce their commits on channels of their own, so a process listening
+/// for one schema's commits hears none of the other's (a wasted wake for
+/// every commit of every other schema, before).
+#[test]
+fn engines_of_two_schemas_announce_their_commits_on_channels_of_their_own() {
+    let (a, b) = (PgSchema::new(), PgSchema::new());
+    assert_ne!(channel(&a), channel(&b));
+    let clock = ManualClock::new(1_800_000_000_000);
+    let tags = [
+        format!("schema-a-{}", std::process::id()),
+        format!("schema-b-{}", std::process::id()),
+    ];
+    let ea = tagged_engine(&a, &clock, &tags[0]);
+    let eb = tagged_engine(&b, &clock, &tags[1]);
+    ea.ensure_workspace("app", &["tick"]).unwrap();
+    let mut listener = Client::connect(&a.config(), NoTls).unwrap();
+    listener
+        .batch_execute(&format!("LISTEN {}; LISTEN {}", channel(&a), channel(&b)))
+        .unwrap();
+    ea.append("app", &tick("a")).unwrap();
+    eb.enqueue(&Enqueue::new("mail", &serde_json::json!({ "n": 1 })))
+        .unwrap();
+    let (sessions_a, sessions_b) = (sessions_of(&a, &tags[0]), sessions_of(&b, &tags[1]));
+    let end = send_end(&b);
+    // (schema, channel, payload) of each engine's notifications, in commit
+    // order, until the end mark on b's channel.
+    let mut heard = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    'wait: loop {
+        assert!(Instant::now() < deadline, "no end after {heard:?}");
+        let mut notes = listener.notifications();
+        let mut iter = notes.timeout_iter(Duration::from_secs(1));
+        while let Some(n) = iter.next().expect("the listener's connection") {
+            if n.process_id() == end && n.payload() == "end" {
+                break 'wait;
+            }
+            let from = if sessions_a.contains(&n.process_id()) {
+                "a"
+            } else if sessions_b.contains(&n.process_id()) {
+                "b"
+            } else {
+                continue;
+            };
+            heard.push((from, n.channel().to_string(), n.payload().to_string()));
+        }
+    }
+    assert_eq!(
+        heard,
+        [
+            ("a", channel(&a), "e".to_string()),
+            ("b", channel(&b), "r".to_string()),
+        ]
+    );
 }
