@@ -671,13 +671,16 @@ fn rules_scoped_by_one_field_each_decide_as_they_would_alone<B: TestBackend>() {
 
 /// Invariant 4 with rules side by side, for the other ways of scoping: two
 /// rules sharing one scope function (a page finds each event's scope once
-/// for both), a rule with a function of its own, and rules scoped by the
-/// subject and globally, watching different types of one page, each keep
-/// the states they would keep alone, and each records its own missing
-/// scopes.
+/// for both: the function is called once an event), a rule with a function
+/// of its own, and pairs of rules scoped by the subject and globally,
+/// watching different types of one page, each keep the states they would
+/// keep alone, and each records its own missing scopes.
 fn rules_scoped_alike_by_a_function_the_subject_or_globally_decide_as_they_would_alone<
     B: TestBackend,
 >() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     let (place, clock) = scene::<B>();
     let e = rules_engine::<B>(&place, &clock, "test");
     let counting = |name: &str, types: &[&str], scope: Scope| {
@@ -691,18 +694,27 @@ fn rules_scoped_alike_by_a_function_the_subject_or_globally_decide_as_they_would
             })
     };
     // The session's text, upper-cased; none for a number.
-    let upper = Scope::with(|ev| ev.json().ok()?["session"].as_str().map(str::to_uppercase));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let upper = {
+        let calls = Arc::clone(&calls);
+        Scope::with(move |ev| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            ev.json().ok()?["session"].as_str().map(str::to_uppercase)
+        })
+    };
     let own = Scope::with(|ev| Some(format!("own-{}", ev.subject)));
-    e.register_rule(counting("fn-rsvps", &["rsvp"], upper.clone()))
-        .unwrap();
-    e.register_rule(counting("fn-others", &["other"], upper))
-        .unwrap();
-    e.register_rule(counting("fn-own", &["rsvp", "other"], own))
-        .unwrap();
-    e.register_rule(counting("subjects", &["other"], Scope::subject()))
-        .unwrap();
-    e.register_rule(counting("global", &["rsvp"], Scope::global()))
-        .unwrap();
+    let all: &[&str] = &["rsvp", "other"];
+    for rule in [
+        counting("fn-rsvps", &["rsvp"], upper.clone()),
+        counting("fn-all", all, upper),
+        counting("fn-own", all, own),
+        counting("subjects", &["other"], Scope::subject()),
+        counting("subjects-all", all, Scope::subject()),
+        counting("global", &["rsvp"], Scope::global()),
+        counting("global-all", all, Scope::global()),
+    ] {
+        e.register_rule(rule).unwrap();
+    }
     e.write(|tx| {
         for (ty, subject, session) in [
             ("rsvp", "s1", serde_json::json!("a")),
@@ -721,31 +733,42 @@ fn rules_scoped_alike_by_a_function_the_subject_or_globally_decide_as_they_would
     })
     .unwrap();
     let idle = e.run_until_idle().unwrap();
-    // fn-rsvps 3, fn-others 2, fn-own 5, subjects 2, global 3; the rsvp
-    // of session 7 has no upper-cased scope.
-    assert_eq!((idle.decided, idle.errored), (15, 1));
+    // fn-rsvps 3, fn-all 5, fn-own 5, subjects 2, subjects-all 5, global 3,
+    // global-all 5; the rsvp of session 7 has no upper-cased scope, for
+    // either rule of the shared function.
+    assert_eq!((idle.decided, idle.errored), (28, 2));
+    // Once an event for both rules (3 + 5 calls were it asked for each).
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
     let state = |rule: &str, scope: &str| {
         e.rule_state::<Count>(rule, scope)
             .unwrap()
             .map_or(0, |c| c.n)
     };
     assert_eq!((state("fn-rsvps", "A"), state("fn-rsvps", "B")), (1, 1));
-    assert_eq!((state("fn-others", "A"), state("fn-others", "B")), (1, 1));
+    assert_eq!((state("fn-all", "A"), state("fn-all", "B")), (2, 2));
     assert_eq!(
         (state("fn-own", "own-s1"), state("fn-own", "own-s2")),
         (3, 2)
     );
     assert_eq!((state("subjects", "s1"), state("subjects", "s2")), (1, 1));
-    assert_eq!(state("global", ""), 3);
-    let dead: Vec<(String, String)> = e
+    assert_eq!(
+        (state("subjects-all", "s1"), state("subjects-all", "s2")),
+        (3, 2)
+    );
+    assert_eq!((state("global", ""), state("global-all", "")), (3, 5));
+    let mut dead: Vec<(String, String)> = e
         .dead_letters(false, 10)
         .unwrap()
         .into_iter()
         .map(|d| (d.consumer, d.reason.to_string()))
         .collect();
+    dead.sort();
     assert_eq!(
         dead,
-        [("fn-rsvps".to_string(), "missing_scope".to_string())]
+        [
+            ("fn-all".to_string(), "missing_scope".to_string()),
+            ("fn-rsvps".to_string(), "missing_scope".to_string()),
+        ]
     );
 }
 

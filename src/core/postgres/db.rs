@@ -121,9 +121,18 @@ impl PgDb {
         // defaults.
         first.batch_execute(pg::SESSION_DEFAULTS)?;
         pg::schema::apply(&mut first, &what)?;
-        // The schema the tables are in: its commits' channel.
-        let schema: Option<String> = first.query_one("SELECT current_schema()", &[])?.get(0);
-        let channel: Arc<str> = pg::channel_of(&schema.unwrap_or_default()).into();
+        // The schema the tables are in (found through `search_path`, as
+        // every statement finds them; not `current_schema()`, which may be
+        // an earlier schema of the path without them): its commits' channel.
+        let schema: String = first
+            .query_one(
+                "SELECT n.nspname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = 'reflexr_head'::regclass",
+                &[],
+            )?
+            .get(0);
+        let channel: Arc<str> = pg::channel_of(&schema).into();
 
         let manager = pg::Manager::new(config.clone());
         // Not tested on checkout (a round trip per operation): a broken

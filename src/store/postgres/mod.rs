@@ -180,11 +180,13 @@ pub(crate) fn listen(client: &mut postgres::Client, channel: &str) -> Result<()>
 
 /// The channel the commits of the engine's tables in `schema` are announced
 /// on: `reflexr_<schema>` for a schema named in lower-case letters, digits
-/// and underscores that fits PostgreSQL's 63 bytes, else `reflexr_` and 16
-/// hex digits of the name's SHA-1 (a UUID v5: the same in every process
-/// and every build). The server's channels are per database, not per
-/// schema: engines of different schemas of one database wake only their
-/// own schema's listeners.
+/// and underscores that fits PostgreSQL's 63 bytes, else `reflexr_` and the
+/// first 16 hex digits of the name's UUID v5 (a SHA-1: the same in every
+/// process and every build; 60 bits of it, the 13th digit being the UUID's
+/// version). The server's channels are per database, not per schema:
+/// engines of different schemas of one database wake only their own
+/// schema's listeners (two schemas whose channels met would cost each
+/// other wasted wakes, never an event).
 pub(crate) fn channel_of(schema: &str) -> String {
     // The name's hash, against this namespace of the engine's own.
     const NAMESPACE: uuid::Uuid = uuid::uuid!("5b0c9114-6e0f-5a1e-9c3d-2f4a8e7b1d60");
@@ -610,8 +612,8 @@ mod tests {
     use crate::store::conformance::PgSchema;
 
     /// A schema's channel: its name when that is a plain identifier that
-    /// fits, else a hash of the name, the same in every process; never two
-    /// schemas' one, nor a name the SQL would fold or need quoted.
+    /// fits, else a hash of the name, the same in every process; never a
+    /// name the SQL would fold or need quoted.
     #[test]
     fn a_schemas_channel_is_its_plain_name_or_a_stable_hash_of_it() {
         use super::{channel_of, is_plain};

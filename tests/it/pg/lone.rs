@@ -326,3 +326,43 @@ fn engines_of_two_schemas_announce_their_commits_on_channels_of_their_own() {
         ]
     );
 }
+
+/// Wake-ups follow the tables: an engine whose `search_path` names first a
+/// schema without them uses the tables further along the path, as every
+/// statement finds them, and announces its commits on that schema's
+/// channel, where the engines of that schema listen (not on the channel of
+/// the path's first schema, `current_schema()`).
+#[test]
+fn an_engine_announces_on_the_channel_of_the_schema_its_tables_are_in() {
+    let url = std::env::var("REFLEXR_PG_URL").expect("the test server");
+    let (place, empty) = (PgSchema::new(), PgSchema::new());
+    let clock = ManualClock::new(1_800_000_000_000);
+    // The tables, made in `place` by an engine of its own.
+    tagged_engine(
+        &place,
+        &clock,
+        &format!("path-setup-{}", std::process::id()),
+    )
+    .ensure_workspace("app", &["tick"])
+    .unwrap();
+    let tag = format!("path-{}", std::process::id());
+    let config = format!(
+        "{url} options='-c search_path={},{}'",
+        empty.name, place.name
+    );
+    let e = <Postgres as TestBackend>::open_at(
+        &Postgres::tagged(&config, &tag),
+        &common::backend::Opts::new(&clock, "test"),
+    );
+    let mut listener = Client::connect(&place.config(), NoTls).unwrap();
+    listener
+        .batch_execute(&format!("LISTEN {}", channel(&place)))
+        .unwrap();
+    e.append("app", &tick("a")).unwrap();
+    // The engine's rows are the place's: the event is there.
+    let read = tagged_engine(&place, &clock, &format!("path-read-{}", std::process::id()));
+    assert_eq!(read.head_seq().unwrap(), 1);
+    let engine = sessions_of(&place, &tag);
+    let end = send_end(&place);
+    assert_eq!(heard_until_end(&mut listener, &engine, end), ["e"]);
+}
