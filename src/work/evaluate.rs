@@ -984,6 +984,30 @@ fn commit<B: Backend>(
     Ok(done)
 }
 
+/// A `RuleFired` event's payload, written straight from its parts (a JSON
+/// value built to be printed cost a firing a tenth of its instructions).
+/// Its keys in the order the JSON object of a build without serde_json's
+/// `preserve_order` printed them (sorted), so the text is what it was.
+#[derive(serde::Serialize)]
+struct FiredPayload<'a> {
+    action: &'a str,
+    evaluator: Evaluator<'a>,
+    event_id: &'a str,
+    event_seq: i64,
+    firing_id: &'a str,
+    input: &'a serde_json::value::RawValue,
+    rule: &'a str,
+    run: &'static str,
+    scope: &'a str,
+}
+
+/// The evaluator lease a firing was made under.
+#[derive(serde::Serialize)]
+struct Evaluator<'a> {
+    generation: i64,
+    holder: &'a str,
+}
+
 /// Records one firing: its `RuleFired` event and its run (or, past the
 /// chain depth limit, its dead run and dead letter).
 fn record_firing<B: Backend>(
@@ -1002,22 +1026,32 @@ fn record_firing<B: Backend>(
         .as_deref()
         .expect("a registered rule has an action");
     let too_deep = event.depth + 1 > max_depth;
-    let input: serde_json::Value = serde_json::from_str(&f.input).map_err(|e| Error::Encode {
-        message: e.to_string(),
-    })?;
+    // The decision's input as it was written (checked JSON), not parsed
+    // into a value to be written again.
+    let input: &serde_json::value::RawValue =
+        serde_json::from_str(&f.input).map_err(|e| Error::Encode {
+            message: e.to_string(),
+        })?;
     let fired = NewEvent::new("RuleFired", &event.subject, &actor, event.occurred_at)
         .id(format!("{}:fired", f.id))
-        .payload(&serde_json::json!({
-            "rule": rule.name,
-            "firing_id": f.id,
-            "action": action,
-            "scope": f.scope,
-            "input": input,
-            "event_seq": event.seq,
-            "event_id": event.id,
-            "run": if too_deep { "dead: chain depth limit" } else { "created" },
-            "evaluator": { "holder": lease.holder, "generation": lease.generation },
-        }));
+        .payload(&FiredPayload {
+            action,
+            evaluator: Evaluator {
+                generation: lease.generation,
+                holder: &lease.holder,
+            },
+            event_id: &event.id,
+            event_seq: event.seq,
+            firing_id: &f.id,
+            input,
+            rule: &rule.name,
+            run: if too_deep {
+                "dead: chain depth limit"
+            } else {
+                "created"
+            },
+            scope: &f.scope,
+        });
     let fired = with_cause(fired, event);
     tx.append_as(
         &rule.workspace,
@@ -1150,6 +1184,80 @@ fn with_cause(ev: NewEvent, cause: &Event) -> NewEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `RuleFired` payload written from its parts is the text the JSON
+    /// value of the same fields printed, for inputs of every shape: the
+    /// log's envelopes read the same whichever way they were made.
+    #[test]
+    fn a_fired_payload_is_the_text_its_json_value_printed() {
+        for input in [
+            serde_json::json!(null),
+            serde_json::json!(7),
+            serde_json::json!(-0.1),
+            serde_json::json!(1e300),
+            serde_json::json!("é \"quoted\" \u{1}"),
+            serde_json::json!({ "z": [1, { "b": 2, "a": null }], "a": true }),
+        ] {
+            let text = input.to_string();
+            let raw: &serde_json::value::RawValue = serde_json::from_str(&text).unwrap();
+            let made = serde_json::to_string(&FiredPayload {
+                action: "notify",
+                evaluator: Evaluator {
+                    generation: 3,
+                    holder: "host-1",
+                },
+                event_id: "0190-abc",
+                event_seq: 42,
+                firing_id: "f-1",
+                input: raw,
+                rule: "r",
+                run: "created",
+                scope: "s/1",
+            })
+            .unwrap();
+            let value = serde_json::json!({
+                "rule": "r",
+                "firing_id": "f-1",
+                "action": "notify",
+                "scope": "s/1",
+                "input": serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+                "event_seq": 42,
+                "event_id": "0190-abc",
+                "run": "created",
+                "evaluator": { "holder": "host-1", "generation": 3 },
+            });
+            let read: serde_json::Value = serde_json::from_str(&made).unwrap();
+            assert_eq!(read, value, "{input}");
+            // The input's text as the decision's value printed it.
+            assert!(made.contains(&format!("\"input\":{text},")), "{made}");
+        }
+    }
+
+    /// The payload's text, pinned: keys sorted, as a JSON object printed
+    /// them without serde_json's `preserve_order`.
+    #[test]
+    fn a_fired_payload_reads_as_before() {
+        let raw: &serde_json::value::RawValue = serde_json::from_str(r#"{"n":1}"#).unwrap();
+        let made = serde_json::to_string(&FiredPayload {
+            action: "a",
+            evaluator: Evaluator {
+                generation: 2,
+                holder: "h",
+            },
+            event_id: "e",
+            event_seq: 9,
+            firing_id: "f",
+            input: raw,
+            rule: "r",
+            run: "created",
+            scope: "s",
+        })
+        .unwrap();
+        assert_eq!(
+            made,
+            r#"{"action":"a","evaluator":{"generation":2,"holder":"h"},"event_id":"e","event_seq":9,"firing_id":"f","input":{"n":1},"rule":"r","run":"created","scope":"s"}"#
+        );
+    }
 
     fn event(workspace: &str, id: &str, recorded_at: i64) -> Event {
         Event {
