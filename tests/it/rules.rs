@@ -447,11 +447,17 @@ struct Unstorable {
 /// Invariant 4 with errors per rule (ADR-0005): an input over the limit or
 /// too deep, a scope too long, a state that cannot be stored, a decision
 /// error of a megabyte — each a RuleErrored and a dead letter for its
-/// event, and the rule's cursor moves past them all.
+/// event, and the rule's cursor moves past them all; an input as deep as
+/// the limit allows fires.
 fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on<B: TestBackend>() {
     let (place, clock) = scene::<B>();
     let e = rules_engine::<B>(&place, &clock, "test");
     let deep = (0..300).fold(serde_json::json!(1), |v, _| serde_json::json!([v]));
+    // As deep as the limit allows: it fires (serde_json's parse, which
+    // stops at 128 levels, once refused it in the firing's envelope).
+    let at_limit = (0..reflexr::limits::MAX_JSON_DEPTH)
+        .fold(serde_json::json!(1), |v, _| serde_json::json!([v]));
+    let at_limit_text = at_limit.to_string();
     e.register_rule(
         Rule::new("fussy", "app")
             .on(["other"])
@@ -467,6 +473,7 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on<B: Tes
                 Ok(match ev.subject.as_str() {
                     "too-big" => Decision::Fire(serde_json::json!("y".repeat(2 << 20))),
                     "too-deep" => Decision::Fire(deep.clone()),
+                    "deep-enough" => Decision::Fire(at_limit.clone()),
                     "unstorable" => {
                         state.by_pair.insert((1, 2), 3);
                         Decision::Skip
@@ -481,6 +488,7 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on<B: Tes
         "fine-1",
         "too-big",
         "too-deep",
+        "deep-enough",
         "long-scope",
         "unstorable",
         "long-error",
@@ -494,7 +502,14 @@ fn what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on<B: Tes
     })
     .unwrap();
     let idle = e.run_until_idle().unwrap();
-    assert_eq!((idle.decided, idle.fired, idle.errored), (7, 2, 5));
+    assert_eq!((idle.decided, idle.fired, idle.errored), (8, 3, 5));
+    let inputs: Vec<String> = e
+        .runs(None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.input)
+        .collect();
+    assert!(inputs.contains(&at_limit_text), "{}", inputs.len());
     assert_eq!(
         e.rules().unwrap()[0].lag,
         0,
