@@ -81,6 +81,9 @@ pub enum Scope {
     /// One scope for every event (the rule's state is global).
     Global,
     /// Computed by a function of the application's; `None` is a missing scope.
+    /// The rules that share one function (clones of one `Scope`) have it
+    /// called once an event of a batch for them all; an event decided again
+    /// (a replay, a batch read again) calls it again: keep it pure.
     Custom(Arc<ScopeFn>),
 }
 
