@@ -1190,10 +1190,11 @@ fn with_cause(ev: NewEvent, cause: &Event) -> NewEvent {
 mod tests {
     use super::*;
 
-    /// A `RuleFired` payload written from its parts is the text the JSON
-    /// value of the same fields printed (the input parsed into it, as the
-    /// firing did before), for inputs of several shapes: the log's
-    /// envelopes read the same whichever way they were made.
+    /// Invariant 4's `RuleFired` envelopes: a payload written from its
+    /// parts is the text the JSON value of the same fields printed (the
+    /// input parsed into it, as the firing did before), for inputs of
+    /// several shapes: the log's envelopes read the same whichever way
+    /// they were made.
     #[test]
     fn a_fired_payload_is_the_text_its_json_value_printed() {
         for input in [
@@ -1236,8 +1237,9 @@ mod tests {
         }
     }
 
-    /// The payload's text, pinned: keys sorted, as a JSON object printed
-    /// them without serde_json's `preserve_order`.
+    /// Invariant 4's `RuleFired` envelopes: the payload's text, pinned:
+    /// keys sorted, as a JSON object printed them without serde_json's
+    /// `preserve_order`.
     #[test]
     fn a_fired_payload_reads_as_before() {
         let raw: &serde_json::value::RawValue = serde_json::from_str(r#"{"n":1}"#).unwrap();

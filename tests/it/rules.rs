@@ -614,6 +614,38 @@ fn a_failed_decision_leaves_its_scopes_state_as_the_last_good_one_left_it<B: Tes
     assert_eq!(inputs, [1, 1, 2, 2, 3, 3, 4, 4]);
 }
 
+/// A rule of `app` watching `types`, scoped by `scope`, counting each
+/// scope's events in its state and firing nothing.
+fn counting(name: &str, types: &[&str], scope: Scope) -> Rule {
+    Rule::new(name, "app")
+        .on(types.iter().copied())
+        .scope(scope)
+        .action("noop")
+        .decide_with_state(Count::default(), |_, state| {
+            state.n += 1;
+            Ok(Decision::Skip)
+        })
+}
+
+/// What `rule` counted for `scope` (0: no state).
+fn count_of<B: TestBackend>(e: &Engine<B>, rule: &str, scope: &str) -> u32 {
+    e.rule_state::<Count>(rule, scope)
+        .unwrap()
+        .map_or(0, |c| c.n)
+}
+
+/// The open dead letters as (consumer, reason), sorted.
+fn dead_letter_reasons<B: TestBackend>(e: &Engine<B>) -> Vec<(String, String)> {
+    let mut dead: Vec<(String, String)> = e
+        .dead_letters(false, 10)
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.consumer, d.reason.to_string()))
+        .collect();
+    dead.sort();
+    dead
+}
+
 /// Invariant 4 with rules side by side: rules scoped by the same payload
 /// field, watching different types, each find every event's scope (or its
 /// error) as they would alone — a batch finds a field's scopes once for all
@@ -621,20 +653,11 @@ fn a_failed_decision_leaves_its_scopes_state_as_the_last_good_one_left_it<B: Tes
 fn rules_scoped_by_one_field_each_decide_as_they_would_alone<B: TestBackend>() {
     let (place, clock) = scene::<B>();
     let e = rules_engine::<B>(&place, &clock, "test");
-    let counting = |name: &str, types: &[&str]| {
-        Rule::new(name, "app")
-            .on(types.iter().copied())
-            .scope(Scope::payload("session"))
-            .action("noop")
-            .decide_with_state(Count::default(), |_, state| {
-                state.n += 1;
-                Ok(Decision::Skip)
-            })
-    };
-    e.register_rule(counting("rsvps", &["rsvp"])).unwrap();
-    e.register_rule(counting("both", &["rsvp", "other"]))
+    let by_session = |name: &str, types: &[&str]| counting(name, types, Scope::payload("session"));
+    e.register_rule(by_session("rsvps", &["rsvp"])).unwrap();
+    e.register_rule(by_session("both", &["rsvp", "other"]))
         .unwrap();
-    e.register_rule(counting("others", &["other"])).unwrap();
+    e.register_rule(by_session("others", &["other"])).unwrap();
     let long = "s".repeat(5_000);
     e.write(|tx| {
         for (ty, session) in [
@@ -658,23 +681,12 @@ fn rules_scoped_by_one_field_each_decide_as_they_would_alone<B: TestBackend>() {
     let idle = e.run_until_idle().unwrap();
     // rsvps: 4 rsvps, one too long; others: 3 others, one null; both: all 7.
     assert_eq!((idle.decided, idle.errored), (14, 4));
-    let state = |rule: &str, scope: &str| {
-        e.rule_state::<Count>(rule, scope)
-            .unwrap()
-            .map_or(0, |c| c.n)
-    };
+    let state = |rule: &str, scope: &str| count_of(&e, rule, scope);
     assert_eq!((state("rsvps", "1"), state("rsvps", "b")), (2, 1));
     assert_eq!((state("others", "1"), state("others", "b")), (1, 1));
     assert_eq!((state("both", "1"), state("both", "b")), (3, 2));
-    let mut errors: Vec<(String, String)> = e
-        .dead_letters(false, 10)
-        .unwrap()
-        .into_iter()
-        .map(|d| (d.consumer, d.reason.to_string()))
-        .collect();
-    errors.sort();
     assert_eq!(
-        errors,
+        dead_letter_reasons(&e),
         [
             ("both".to_string(), "missing_scope".to_string()),
             ("both".to_string(), "scope_too_long".to_string()),
@@ -698,16 +710,6 @@ fn rules_scoped_alike_by_a_function_the_subject_or_globally_decide_as_they_would
 
     let (place, clock) = scene::<B>();
     let e = rules_engine::<B>(&place, &clock, "test");
-    let counting = |name: &str, types: &[&str], scope: Scope| {
-        Rule::new(name, "app")
-            .on(types.iter().copied())
-            .scope(scope)
-            .action("noop")
-            .decide_with_state(Count::default(), |_, state| {
-                state.n += 1;
-                Ok(Decision::Skip)
-            })
-    };
     // The session's text, upper-cased; none for a number.
     let calls = Arc::new(AtomicUsize::new(0));
     let upper = {
@@ -754,11 +756,7 @@ fn rules_scoped_alike_by_a_function_the_subject_or_globally_decide_as_they_would
     assert_eq!((idle.decided, idle.errored), (28, 2));
     // Once an event for both rules (3 + 5 calls were it asked for each).
     assert_eq!(calls.load(Ordering::SeqCst), 5);
-    let state = |rule: &str, scope: &str| {
-        e.rule_state::<Count>(rule, scope)
-            .unwrap()
-            .map_or(0, |c| c.n)
-    };
+    let state = |rule: &str, scope: &str| count_of(&e, rule, scope);
     assert_eq!((state("fn-rsvps", "A"), state("fn-rsvps", "B")), (1, 1));
     assert_eq!((state("fn-all", "A"), state("fn-all", "B")), (2, 2));
     assert_eq!(
@@ -771,15 +769,8 @@ fn rules_scoped_alike_by_a_function_the_subject_or_globally_decide_as_they_would
         (3, 2)
     );
     assert_eq!((state("global", ""), state("global-all", "")), (3, 5));
-    let mut dead: Vec<(String, String)> = e
-        .dead_letters(false, 10)
-        .unwrap()
-        .into_iter()
-        .map(|d| (d.consumer, d.reason.to_string()))
-        .collect();
-    dead.sort();
     assert_eq!(
-        dead,
+        dead_letter_reasons(&e),
         [
             ("fn-all".to_string(), "missing_scope".to_string()),
             ("fn-rsvps".to_string(), "missing_scope".to_string()),

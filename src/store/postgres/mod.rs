@@ -611,9 +611,10 @@ mod tests {
     use crate::store::Events;
     use crate::store::conformance::PgSchema;
 
-    /// A schema's channel: its name when that is a plain identifier that
-    /// fits, else a hash of the name, the same in every process; never a
-    /// name the SQL would fold or need quoted.
+    /// DESIGN.md, Threads (wake-ups across processes): a schema's channel
+    /// is its name when that is a plain identifier that fits, else a hash
+    /// of the name, the same in every process; never a name the SQL would
+    /// fold or need quoted.
     #[test]
     fn a_schemas_channel_is_its_plain_name_or_a_stable_hash_of_it() {
         use super::{channel_of, is_plain};

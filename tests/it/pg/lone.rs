@@ -13,10 +13,10 @@ use reflexr::postgres::fallible_iterator::FallibleIterator;
 use reflexr::postgres::{Client, NoTls};
 use reflexr::{Enqueue, ManualClock, NewEvent, Postgres, Query};
 
-/// Payloads of the notifications `listener` hears from the sessions
-/// `from` until the `end` that the session `end_from` sent, in order: only
-/// the engine's own sessions count, whatever else the channel carries.
-fn heard_until_end(listener: &mut Client, from: &[i32], end_from: i32) -> Vec<String> {
+/// The notifications `listener` hears until the `end` that the session
+/// `end_from` sent, in order, as (session, channel, payload). Waits for
+/// the server's own delivery (at most a minute), not for a time.
+fn heard_until(listener: &mut Client, end_from: i32) -> Vec<(i32, String, String)> {
     let mut heard = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -27,11 +27,24 @@ fn heard_until_end(listener: &mut Client, from: &[i32], end_from: i32) -> Vec<St
             if n.process_id() == end_from && n.payload() == "end" {
                 return heard;
             }
-            if from.contains(&n.process_id()) {
-                heard.push(n.payload().to_string());
-            }
+            heard.push((
+                n.process_id(),
+                n.channel().to_string(),
+                n.payload().to_string(),
+            ));
         }
     }
+}
+
+/// Payloads of the notifications `listener` hears from the sessions
+/// `from` until the `end` that the session `end_from` sent, in order: only
+/// the engine's own sessions count, whatever else the channel carries.
+fn heard_until_end(listener: &mut Client, from: &[i32], end_from: i32) -> Vec<String> {
+    heard_until(listener, end_from)
+        .into_iter()
+        .filter(|(session, _, _)| from.contains(session))
+        .map(|(_, _, payload)| payload)
+        .collect()
 }
 
 /// Sends the mark [`heard_until_end`] waits for, after what was committed
@@ -271,10 +284,12 @@ fn an_engine_makes_its_schema_where_sessions_default_to_read_only() {
     assert_eq!(e.runs(None, 10).unwrap().len(), 1);
 }
 
-/// Wake-ups stay in their schema: engines of two schemas of one database
-/// announce their commits on channels of their own, so a process listening
-/// for one schema's commits hears none of the other's (a wasted wake for
-/// every commit of every other schema, before).
+/// DESIGN.md, Threads (a commit wakes the waiting workers; across
+/// processes, by a PostgreSQL notification): wake-ups stay in their
+/// schema. Engines of two schemas of one database announce their commits
+/// on channels of their own, so a process listening for one schema's
+/// commits hears none of the other's (a wasted wake for every commit of
+/// every other schema, before).
 #[test]
 fn engines_of_two_schemas_announce_their_commits_on_channels_of_their_own() {
     let (a, b) = (PgSchema::new(), PgSchema::new());
@@ -298,26 +313,19 @@ fn engines_of_two_schemas_announce_their_commits_on_channels_of_their_own() {
     let end = send_end(&b);
     // (schema, channel, payload) of each engine's notifications, in commit
     // order, until the end mark on b's channel.
-    let mut heard = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    'wait: loop {
-        assert!(Instant::now() < deadline, "no end after {heard:?}");
-        let mut notes = listener.notifications();
-        let mut iter = notes.timeout_iter(Duration::from_secs(1));
-        while let Some(n) = iter.next().expect("the listener's connection") {
-            if n.process_id() == end && n.payload() == "end" {
-                break 'wait;
-            }
-            let from = if sessions_a.contains(&n.process_id()) {
+    let heard: Vec<(&str, String, String)> = heard_until(&mut listener, end)
+        .into_iter()
+        .filter_map(|(session, channel, payload)| {
+            let from = if sessions_a.contains(&session) {
                 "a"
-            } else if sessions_b.contains(&n.process_id()) {
+            } else if sessions_b.contains(&session) {
                 "b"
             } else {
-                continue;
+                return None;
             };
-            heard.push((from, n.channel().to_string(), n.payload().to_string()));
-        }
-    }
+            Some((from, channel, payload))
+        })
+        .collect();
     assert_eq!(
         heard,
         [
@@ -327,11 +335,12 @@ fn engines_of_two_schemas_announce_their_commits_on_channels_of_their_own() {
     );
 }
 
-/// Wake-ups follow the tables: an engine whose `search_path` names first a
-/// schema without them uses the tables further along the path, as every
-/// statement finds them, and announces its commits on that schema's
-/// channel, where the engines of that schema listen (not on the channel of
-/// the path's first schema, `current_schema()`).
+/// DESIGN.md, Threads, as above: wake-ups follow the tables. An engine
+/// whose `search_path` names first a schema without them uses the tables
+/// further along the path, as every statement finds them, and announces
+/// its commits on that schema's channel, where the engines of that schema
+/// listen (not on the channel of the path's first schema,
+/// `current_schema()`).
 #[test]
 fn an_engine_announces_on_the_channel_of_the_schema_its_tables_are_in() {
     let url = std::env::var("REFLEXR_PG_URL").expect("the test server");
