@@ -103,7 +103,7 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
     };
 
     // An expectation is checked after the head's lock; without one, the
-    // insert finds the version itself (on PostgreSQL in its one statement).
+    // insert finds the version itself, in its one statement.
     let version = match ev.expected {
         Expected::Any => None,
         expected => {

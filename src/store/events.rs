@@ -14,8 +14,9 @@ pub struct NewRow<'a> {
     pub subject: &'a str,
     /// The subject's version this event takes, one more than
     /// [`Events::subject_version`] read in the same transaction after
-    /// [`Events::lock_head`]; `None`: the insert finds it (PostgreSQL in
-    /// its one statement, where the transaction holds the head already).
+    /// [`Events::lock_head`]; `None`: the insert finds it in its one
+    /// statement (on PostgreSQL where the transaction holds the head
+    /// already; SQLite's one writer holds the file).
     pub version: Option<i64>,
     pub actor: &'a str,
     pub occurred_at: i64,

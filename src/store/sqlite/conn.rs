@@ -92,8 +92,9 @@ pub(crate) fn configure(conn: &Connection, sync: Synchronous, role: Role) -> Res
     // Each caller's work runs in a savepoint, for which SQLite keeps a
     // statement journal; in memory it costs no file writes (2 = MEMORY).
     set_and_check(conn, "temp_store", 2)?;
-    if role == Role::Reader {
-        set_and_check(conn, "query_only", 1)?;
+    match role {
+        Role::Reader => set_and_check(conn, "query_only", 1)?,
+        Role::Writer => super::events::add_functions(conn)?,
     }
     Ok(())
 }

@@ -30,6 +30,7 @@ pub(crate) mod plans {
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join("p.db")).unwrap();
         conn.execute_batch(super::schema::SCHEMA_SQL).unwrap();
+        super::events::add_functions(&conn).unwrap();
         (dir, conn)
     }
 
