@@ -103,7 +103,8 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
     };
 
     // An expectation is checked after the head's lock; without one, the
-    // insert finds the version itself, in its one statement.
+    // insert finds the version itself (SQLite's in its one statement;
+    // PostgreSQL's too when its transaction holds the head already).
     let version = match ev.expected {
         Expected::Any => None,
         expected => {

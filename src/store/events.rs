@@ -14,9 +14,10 @@ pub struct NewRow<'a> {
     pub subject: &'a str,
     /// The subject's version this event takes, one more than
     /// [`Events::subject_version`] read in the same transaction after
-    /// [`Events::lock_head`]; `None`: the insert finds it in its one
-    /// statement (on PostgreSQL where the transaction holds the head
-    /// already; SQLite's one writer holds the file).
+    /// [`Events::lock_head`]; `None`: the insert finds it (SQLite in its
+    /// one statement, the one writer holding the file; PostgreSQL in its
+    /// one statement where the transaction holds the head already, else
+    /// after taking it).
     pub version: Option<i64>,
     pub actor: &'a str,
     pub occurred_at: i64,
