@@ -94,20 +94,46 @@ pub(crate) fn median(ctx: &Ctx, runs: usize, mut f: impl FnMut(usize) -> f64) ->
     v[v.len() / 2]
 }
 
+/// The medians of `runs` measurements of a baseline and of reflexr (one of
+/// each in quick mode), taken in turn — baseline, reflexr, baseline, … —
+/// so that a disk or a neighbour slower for a few seconds weighs on both
+/// sides alike, not on whichever ran in those seconds. Returns (baseline,
+/// value).
+pub(crate) fn medians_in_turn(
+    ctx: &Ctx,
+    runs: usize,
+    mut baseline: impl FnMut(usize) -> f64,
+    mut value: impl FnMut(usize) -> f64,
+) -> (f64, f64) {
+    let runs = if ctx.quick { 1 } else { runs };
+    let (mut b, mut v) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for r in 0..runs {
+        b.push(baseline(r));
+        v.push(value(r));
+    }
+    let mid = |mut x: Vec<f64>| {
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    (mid(b), mid(v))
+}
+
 /// One event per transaction, one caller.
 fn append_single(ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.n(2_000, 10_000);
-    let baseline = median(ctx, 3, |r| {
-        raw::batched(&ctx.db(&format!("single-raw-{r}")), ctx.sync, n, 1)
-    });
-    let value = median(ctx, 3, |r| {
-        let engine = engine(ctx, &format!("single-{r}"));
-        let start = Instant::now();
-        for i in 0..n {
-            engine.append("bench", &event(i)).unwrap();
-        }
-        rate(n, start.elapsed())
-    });
+    let (baseline, value) = medians_in_turn(
+        ctx,
+        3,
+        |r| raw::batched(&ctx.db(&format!("single-raw-{r}")), ctx.sync, n, 1),
+        |r| {
+            let engine = engine(ctx, &format!("single-{r}"));
+            let start = Instant::now();
+            for i in 0..n {
+                engine.append("bench", &event(i)).unwrap();
+            }
+            rate(n, start.elapsed())
+        },
+    );
     vec![Figure::new("append_single", value, "events/s", baseline)]
 }
 
@@ -115,27 +141,29 @@ fn append_single(ctx: &Ctx) -> Vec<Figure> {
 fn append_concurrent16(ctx: &Ctx) -> Vec<Figure> {
     const CALLERS: usize = 16;
     let each = ctx.n(250, 2_000);
-    let baseline = median(ctx, 3, |r| {
-        raw::group_commit(&ctx.db(&format!("c16-raw-{r}")), ctx.sync, CALLERS, each)
-    });
-    let value = median(ctx, 3, |r| {
-        let engine = engine(ctx, &format!("c16-{r}"));
-        let start = Instant::now();
-        let threads: Vec<_> = (0..CALLERS)
-            .map(|c| {
-                let engine = engine.clone();
-                std::thread::spawn(move || {
-                    for k in 0..each {
-                        engine.append("bench", &event(c * each + k)).unwrap();
-                    }
+    let (baseline, value) = medians_in_turn(
+        ctx,
+        3,
+        |r| raw::group_commit(&ctx.db(&format!("c16-raw-{r}")), ctx.sync, CALLERS, each),
+        |r| {
+            let engine = engine(ctx, &format!("c16-{r}"));
+            let start = Instant::now();
+            let threads: Vec<_> = (0..CALLERS)
+                .map(|c| {
+                    let engine = engine.clone();
+                    std::thread::spawn(move || {
+                        for k in 0..each {
+                            engine.append("bench", &event(c * each + k)).unwrap();
+                        }
+                    })
                 })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        rate(CALLERS * each, start.elapsed())
-    });
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            rate(CALLERS * each, start.elapsed())
+        },
+    );
     vec![Figure::new(
         "append_concurrent16",
         value,
@@ -147,24 +175,26 @@ fn append_concurrent16(ctx: &Ctx) -> Vec<Figure> {
 /// 1,000 events per transaction.
 fn append_batch1000(ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.n(50_000, 300_000);
-    let baseline = median(ctx, 3, |r| {
-        raw::batched(&ctx.db(&format!("b1000-raw-{r}")), ctx.sync, n, 1_000)
-    });
-    let value = median(ctx, 3, |r| {
-        let engine = engine(ctx, &format!("b1000-{r}"));
-        let start = Instant::now();
-        for chunk in 0..n / 1_000 {
-            engine
-                .write(|tx| {
-                    for k in 0..1_000 {
-                        tx.append("bench", &event(chunk * 1_000 + k))?;
-                    }
-                    Ok(())
-                })
-                .unwrap();
-        }
-        rate(n, start.elapsed())
-    });
+    let (baseline, value) = medians_in_turn(
+        ctx,
+        3,
+        |r| raw::batched(&ctx.db(&format!("b1000-raw-{r}")), ctx.sync, n, 1_000),
+        |r| {
+            let engine = engine(ctx, &format!("b1000-{r}"));
+            let start = Instant::now();
+            for chunk in 0..n / 1_000 {
+                engine
+                    .write(|tx| {
+                        for k in 0..1_000 {
+                            tx.append("bench", &event(chunk * 1_000 + k))?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+            }
+            rate(n, start.elapsed())
+        },
+    );
     vec![Figure::new("append_batch1000", value, "events/s", baseline)]
 }
 
@@ -424,26 +454,28 @@ fn runs_4executors_blocked10k(ctx: &Ctx) -> Vec<Figure> {
 /// raw row into a bare queue table per transaction.
 fn enqueue_single(ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.n(1_000, 5_000);
-    let baseline = median(ctx, 3, |r| {
-        raw::enqueue_one(&ctx.db(&format!("enqueue-raw-{r}")), ctx.sync, n)
-    });
-    let value = median(ctx, 3, |r| {
-        let engine = engine(ctx, &format!("enqueue-{r}"));
-        engine
-            .register_channel("mail", reflexr::ChannelPolicy::BestEffort, |_, _| Ok(()))
-            .unwrap();
-        let start = Instant::now();
-        for i in 0..n {
+    let (baseline, value) = medians_in_turn(
+        ctx,
+        3,
+        |r| raw::enqueue_one(&ctx.db(&format!("enqueue-raw-{r}")), ctx.sync, n),
+        |r| {
+            let engine = engine(ctx, &format!("enqueue-{r}"));
             engine
-                .deliver(
-                    &reflexr::Delivery::new("mail", "welcome")
-                        .to(format!("user{i}@example.com"))
-                        .props(&serde_json::json!({ "n": i })),
-                )
+                .register_channel("mail", reflexr::ChannelPolicy::BestEffort, |_, _| Ok(()))
                 .unwrap();
-        }
-        rate(n, start.elapsed())
-    });
+            let start = Instant::now();
+            for i in 0..n {
+                engine
+                    .deliver(
+                        &reflexr::Delivery::new("mail", "welcome")
+                            .to(format!("user{i}@example.com"))
+                            .props(&serde_json::json!({ "n": i })),
+                    )
+                    .unwrap();
+            }
+            rate(n, start.elapsed())
+        },
+    );
     vec![Figure::new("enqueue_single", value, "enqueues/s", baseline)]
 }
 
