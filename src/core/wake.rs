@@ -42,7 +42,7 @@
 //! half a second after the connection broke. The heartbeat stays the
 //! correctness path here too.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -165,6 +165,10 @@ pub(crate) struct Notifier {
     version: AtomicU64,
     poll: Mutex<Poller>,
     waits: WaitsHint,
+    /// Whether the writer should look at the number after each of its
+    /// commits (SQLite: while the WAL watch is deaf, see
+    /// `core::sqlite::watch`).
+    writer_looks: AtomicBool,
 }
 
 /// What the heartbeat reads: a number that changes whenever another
@@ -199,6 +203,7 @@ impl Notifier {
             version: AtomicU64::new(0),
             poll: Mutex::new(Poller { read, last: None }),
             waits: WaitsHint::default(),
+            writer_looks: AtomicBool::new(false),
         }
     }
 
@@ -282,6 +287,31 @@ impl Notifier {
     #[cfg_attr(not(feature = "watch"), allow(dead_code))]
     pub(crate) fn poll_soon(&self) -> bool {
         self.poll_as(false)
+    }
+
+    /// As [`Notifier::poll`], with the number read by the caller: the
+    /// writer, after a commit of its own, while [`Notifier::writer_looks`].
+    pub(crate) fn observe(&self, version: i64) -> bool {
+        let mut p = self.poll.lock().unwrap_or_else(PoisonError::into_inner);
+        let changed = p.last != Some(version);
+        p.last = Some(version);
+        drop(p);
+        if changed {
+            self.nudge_for(Wake::ALL);
+        }
+        changed
+    }
+
+    /// Whether the writer should read the number after each commit of its
+    /// own and hand it to [`Notifier::observe`].
+    pub(crate) fn writer_looks(&self) -> bool {
+        self.writer_looks.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Notifier::writer_looks`].
+    #[cfg_attr(not(feature = "watch"), allow(dead_code))]
+    pub(crate) fn set_writer_looks(&self, on: bool) {
+        self.writer_looks.store(on, Ordering::Relaxed);
     }
 
     fn poll_as(&self, busy_is_news: bool) -> bool {

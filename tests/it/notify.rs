@@ -259,8 +259,10 @@ fn a_commit_by_another_process_is_noticed_by_the_file_watch_without_a_heartbeat(
 /// turn to the file and to a neighbouring file of the same directory (each
 /// commit a burst of WAL writes, none of them news, and none nudging the
 /// waiter: they made no event or run), so the watch spends its time in its
-/// dense polls; another process's commit meanwhile must still wake the
-/// waiter. The heartbeat is an hour.
+/// dense polls, then deaf for as long as the process commits on, its
+/// writer looking for other processes' commits as its transactions begin;
+/// another process's commit meanwhile must still wake the waiter. The
+/// heartbeat is an hour.
 #[cfg(feature = "watch")]
 #[test]
 fn a_commit_by_another_process_is_noticed_by_the_file_watch_while_this_one_writes_on() {

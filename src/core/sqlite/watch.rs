@@ -11,6 +11,16 @@
 //! the polls. What it measured is in the performance guide ("The WAL watch
 //! stops listening while it polls densely").
 //!
+//! It stays deaf for as long as this process goes on committing (to any of
+//! its files: `OWN_COMMITS`), since listening again would only hear those
+//! commits and start the polls over. Meanwhile the writer looks for other
+//! processes' commits at the start of its transactions
+//! (`Notifier::writer_looks`), and the watch polls once a millisecond, for
+//! a writer of this file that is quiet while another file is written. It
+//! listens again after a millisecond without a commit of the process's
+//! (the performance guide: "The WAL watch stays deaf while the process
+//! commits").
+//!
 //! The number is read on the writer's connection because there it changes
 //! only when *another* connection committed: this process's own commits,
 //! which nudge their waiters themselves (for what they made), do not read
@@ -21,6 +31,7 @@
 
 #[cfg(feature = "watch")]
 use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 #[cfg(feature = "watch")]
 use std::time::Duration;
@@ -50,6 +61,20 @@ impl Notifier {
     }
 }
 
+/// Commits of this process's writers, whatever their file: while they go
+/// on, a watch polling densely stays deaf ([`watch_loop`]).
+static OWN_COMMITS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a commit of this process's (the writer, after each).
+pub(crate) fn own_commit() {
+    OWN_COMMITS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(feature = "watch")]
+fn own_commits() -> u64 {
+    OWN_COMMITS.load(Ordering::Relaxed)
+}
+
 /// The pauses between the WAL watch's polls after a write, in µs: dense at
 /// first (a commit's fsync, between its last WAL write and its being seen,
 /// is usually a few hundred microseconds), then backing off for a slow
@@ -58,6 +83,11 @@ impl Notifier {
 const POLL_PAUSES_US: [u64; 12] = [
     100, 100, 100, 200, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000,
 ];
+
+/// The pause between the polls of a deaf watch while this process goes on
+/// committing, in µs.
+#[cfg(feature = "watch")]
+const BUSY_POLL_US: u64 = 1_000;
 
 /// How many of [`POLL_PAUSES_US`] are the dense ones: a write seen past
 /// them starts the pauses over.
@@ -218,9 +248,12 @@ impl Ears {
 /// the dense polls ([`DEAF_WHILE_DENSE`]): they come every 100–200 µs
 /// whatever was written, so another process's commit meanwhile is seen by
 /// the next of them, and this process's own writes — a burst of events a
-/// commit — wake no one. It listens again before the last look, so a
-/// commit after the dense polls is an event again. Ends when the file's
-/// watch is dropped (the events' sender goes with the watcher).
+/// commit — wake no one. If the process committed meanwhile, it stays
+/// deaf until a millisecond passes without a commit of the process's,
+/// polling once a millisecond, while the writer looks at the start of its
+/// transactions. It listens again before the last looks, so a commit after
+/// them is an event again. Ends when the file's watch is dropped (the
+/// events' sender goes with the watcher).
 #[cfg(feature = "watch")]
 fn watch_loop(notifier: &Notifier, rx: &Receiver<()>, ears: &Ears) {
     // Wait for a pause, or an event: false when the watch is gone.
@@ -240,11 +273,32 @@ fn watch_loop(notifier: &Notifier, rx: &Receiver<()>, ears: &Ears) {
                 // Events queued before the watch stopped: no news beyond
                 // the one that began these polls.
                 while rx.try_recv().is_ok() {}
+                // The dense polls, and again while this process goes on
+                // committing: listening again would only hear its own
+                // writes, and start the polls over.
+                let mut before = own_commits();
                 for &us in &POLL_PAUSES_US[..DENSE_POLLS] {
                     notifier.poll_soon();
                     if pause(us).is_err() {
                         return;
                     }
+                }
+                if own_commits() != before {
+                    // This process commits on: its writer looks for other
+                    // processes' commits as its transactions begin (a poll
+                    // here would mostly find it busy), and a slow poll
+                    // covers a writer of this file that is quiet while
+                    // another file of the process is written.
+                    notifier.set_writer_looks(true);
+                    while own_commits() != before {
+                        before = own_commits();
+                        notifier.poll_soon();
+                        if pause(BUSY_POLL_US).is_err() {
+                            notifier.set_writer_looks(false);
+                            return;
+                        }
+                    }
+                    notifier.set_writer_looks(false);
                 }
                 if !ears.listen(true) {
                     return;

@@ -38,7 +38,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
@@ -62,7 +62,15 @@ pub(crate) struct Writer {
     guard: Guard,
     busy_timeout: Duration,
     notifier: Arc<Notifier>,
+    /// When the writer was made, and when (µs after) it last looked for
+    /// other processes' commits ([`Notifier::writer_looks`]).
+    born: Instant,
+    looked_at_us: AtomicU64,
 }
+
+/// The writer looks for other processes' commits at most this often (µs)
+/// while the WAL watch is deaf ([`Writer::look_for_others`]).
+const LOOK_EVERY_US: u64 = 500;
 
 impl Writer {
     /// The writer on `conn` (configured, schema current); it installs the
@@ -83,6 +91,8 @@ impl Writer {
             guard,
             busy_timeout,
             notifier,
+            born: Instant::now(),
+            looked_at_us: AtomicU64::new(0),
         })
     }
 
@@ -146,6 +156,7 @@ impl Writer {
             return batch.end(Err(Arc::new(e)));
         }
         txn.open = true;
+        self.look_for_others(&conn);
         // A batch of one needs no savepoint either: its transaction is its
         // own, rolled back whole if it fails.
         let alone = batch.members().len() == 1;
@@ -193,6 +204,7 @@ impl Writer {
                 batch.end(Ok(()));
                 self.commits.fetch_add(1, Ordering::Relaxed);
                 self.writes.fetch_add(members, Ordering::Relaxed);
+                super::watch::own_commit();
             }
             Err(e) => return batch.end(self.abort(&mut txn, e)),
         }
@@ -202,6 +214,29 @@ impl Writer {
         #[cfg(test)]
         faults::at(faults::Fault::AfterWake);
         self.notifier.nudge_for(nudge);
+    }
+
+    /// While the WAL watch is deaf ([`Notifier::writer_looks`]: this
+    /// process commits on), looks for other processes' commits at the
+    /// start of a transaction, at most every [`LOOK_EVERY_US`]: its
+    /// snapshot already holds them, so `PRAGMA data_version` here costs no
+    /// read of the WAL's index of its own, and on this connection the
+    /// number changes only for other connections' commits.
+    fn look_for_others(&self, conn: &Connection) {
+        if !self.notifier.writer_looks() {
+            return;
+        }
+        let now = u64::try_from(self.born.elapsed().as_micros()).unwrap_or(u64::MAX);
+        if now.saturating_sub(self.looked_at_us.load(Ordering::Relaxed)) < LOOK_EVERY_US {
+            return;
+        }
+        self.looked_at_us.store(now, Ordering::Relaxed);
+        let version = conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut s| s.query_row([], |r| r.get(0)));
+        if let Ok(v) = version {
+            self.notifier.observe(v);
+        }
     }
 
     /// Rolls the open transaction back (if SQLite has not already) and
