@@ -165,8 +165,8 @@ pub(crate) struct Notifier {
     version: AtomicU64,
     poll: Mutex<Poller>,
     waits: WaitsHint,
-    /// Whether the writer should look at the number after each of its
-    /// commits (SQLite: while the WAL watch is deaf, see
+    /// Whether the writer should look at the number as its transactions
+    /// begin (SQLite: while the WAL watch is deaf, see
     /// `core::sqlite::watch`).
     writer_looks: AtomicBool,
 }
@@ -290,7 +290,8 @@ impl Notifier {
     }
 
     /// As [`Notifier::poll`], with the number read by the caller: the
-    /// writer, after a commit of its own, while [`Notifier::writer_looks`].
+    /// writer, at the start of a transaction, while
+    /// [`Notifier::writer_looks`].
     pub(crate) fn observe(&self, version: i64) -> bool {
         let mut p = self.poll.lock().unwrap_or_else(PoisonError::into_inner);
         let changed = p.last != Some(version);
@@ -302,8 +303,8 @@ impl Notifier {
         changed
     }
 
-    /// Whether the writer should read the number after each commit of its
-    /// own and hand it to [`Notifier::observe`].
+    /// Whether the writer should read the number as its transactions begin
+    /// (at most every 500 µs) and hand it to [`Notifier::observe`].
     pub(crate) fn writer_looks(&self) -> bool {
         self.writer_looks.load(Ordering::Relaxed)
     }
