@@ -9,7 +9,7 @@ use reflexr_admin::AdminConfig;
 use serde_json::{Value, json};
 use tungstenite::Message;
 
-use super::stages::{engine, event};
+use super::stages::{append_in_thousands, engine, event};
 use super::{Ctx, Figure, rate};
 
 /// An engine holding `n` events, appended 1,000 to a transaction.
@@ -20,16 +20,7 @@ fn filled(ctx: &Ctx, name: &str, n: usize) -> Engine {
 }
 
 fn append_batches(engine: &Engine, from: usize, n: usize) {
-    for chunk in 0..n / 1_000 {
-        engine
-            .write(|tx| {
-                for k in 0..1_000 {
-                    tx.append("bench", &event(from + chunk * 1_000 + k))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
+    append_in_thousands(engine, from, n, event);
 }
 
 /// What the client makes of a page: it reads every byte and counts the

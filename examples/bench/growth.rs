@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use reflexr::{Decision, Engine, Rule, Scope, Start};
 
-use super::stages::{event, run_rate};
+use super::stages::{append_in_thousands, event, run_rate};
 use super::{Ctx, Figure, peak_rss_mib, rate, raw};
 
 struct Rates {
@@ -30,15 +30,7 @@ fn measure(ctx: &Ctx, size: usize) -> Rates {
     // Appends: 20,000 in transactions of 1,000.
     let n = 20_000;
     let start = Instant::now();
-    for chunk in 0..n / 1_000 {
-        e.write(|tx| {
-            for k in 0..1_000 {
-                tx.append("bench", &event(size + chunk * 1_000 + k))?;
-            }
-            Ok(())
-        })
-        .unwrap();
-    }
+    append_in_thousands(&e, size, n, event);
     let append = rate(n, start.elapsed());
 
     // Evaluation: a stateful rule from the head, over 20,000 new events.
@@ -58,15 +50,7 @@ fn measure(ctx: &Ctx, size: usize) -> Rates {
             }),
     )
     .unwrap();
-    for chunk in 0..n / 1_000 {
-        e.write(|tx| {
-            for k in 0..1_000 {
-                tx.append("bench", &event(size + n + chunk * 1_000 + k))?;
-            }
-            Ok(())
-        })
-        .unwrap();
-    }
+    append_in_thousands(&e, size + n, n, event);
     let start = Instant::now();
     assert_eq!(e.run_until_idle().unwrap().decided, n);
     let evaluate = rate(n, start.elapsed());

@@ -14,9 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use reflexr::postgres::{Client, NoTls};
-use reflexr::{Engine, Enqueue, NewEvent, Postgres, Query, RunState};
+use reflexr::{Engine, Enqueue, Postgres, Query, RunState};
 
-use super::stages::{event, register_mixed_rules, session_tick};
+use super::stages::{
+    append_concurrently, append_in_thousands, event, register_mixed_rules, session_tick,
+};
 use super::{Ctx, Figure, rate, raw};
 
 /// A schema of its own on the server, dropped with it.
@@ -76,21 +78,6 @@ fn raw_insert(c: &mut impl reflexr::postgres::GenericClient, i: usize) {
         &[&id, &raw::payload(i)],
     )
     .unwrap();
-}
-
-/// Appends `make(0)` to `make(n - 1)` before a stage's clock starts, 1,000
-/// a transaction.
-fn append_all(engine: &Engine<Postgres>, n: usize, make: fn(usize) -> NewEvent) {
-    for chunk in 0..n / 1_000 {
-        engine
-            .write(|tx| {
-                for k in 0..1_000 {
-                    tx.append("bench", &make(chunk * 1_000 + k))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
 }
 
 /// A stage on the server `url` names.
@@ -153,22 +140,7 @@ fn append_concurrent16(url: &str, ctx: &Ctx) -> Vec<Figure> {
         t.join().unwrap();
     }
     let baseline = rate(CALLERS * each, start.elapsed());
-    let engine = s.engine();
-    let start = Instant::now();
-    let threads: Vec<_> = (0..CALLERS)
-        .map(|t| {
-            let engine = engine.clone();
-            std::thread::spawn(move || {
-                for k in 0..each {
-                    engine.append("bench", &event(t * each + k)).unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    let value = rate(CALLERS * each, start.elapsed());
+    let value = append_concurrently(&s.engine(), CALLERS, each);
     vec![Figure::new(
         "pg_append_concurrent16",
         value,
@@ -316,16 +288,7 @@ fn append_batch1000(url: &str, ctx: &Ctx) -> Vec<Figure> {
     let baseline = rate(n, start.elapsed());
     let engine = s.engine();
     let start = Instant::now();
-    for chunk in 0..n / 1_000 {
-        engine
-            .write(|tx| {
-                for k in 0..1_000 {
-                    tx.append("bench", &event(chunk * 1_000 + k))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
+    append_in_thousands(&engine, 0, n, event);
     let value = rate(n, start.elapsed());
     vec![Figure::new(
         "pg_append_batch1000",
@@ -340,7 +303,7 @@ fn read_pages(url: &str, ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.n(20_000, 100_000);
     let s = Schema::new(url);
     let engine = s.engine();
-    append_all(&engine, n, event);
+    append_in_thousands(&engine, 0, n, event);
     let mut c = Client::connect(&s.config(), NoTls).unwrap();
     // One pass first, not timed: the first read of new rows sets their
     // hint bits (it writes the pages), which neither timed pass should pay.
@@ -389,7 +352,7 @@ fn evaluate_10rules(url: &str, ctx: &Ctx) -> Vec<Figure> {
     let n = ctx.n(5_000, 20_000);
     let s = Schema::new(url);
     let engine = s.engine();
-    append_all(&engine, n, session_tick);
+    append_in_thousands(&engine, 0, n, session_tick);
     let mut c = Client::connect(&s.config(), NoTls).unwrap();
     let start = Instant::now();
     let (mut after, mut read) = (0i64, 0);

@@ -5,19 +5,11 @@ use std::time::Instant;
 
 use reflexr::{Engine, Follow};
 
-use super::stages::{engine, event};
+use super::stages::{append_in_thousands, engine, event};
 use super::{Ctx, Figure, rate, raw};
 
 fn fill(e: &Engine, n: usize) {
-    for chunk in 0..n.div_ceil(1_000) {
-        e.write(|tx| {
-            for k in 0..1_000.min(n - chunk * 1_000) {
-                tx.append("bench", &event(chunk * 1_000 + k))?;
-            }
-            Ok(())
-        })
-        .unwrap();
-    }
+    append_in_thousands(e, 0, n, event);
 }
 
 /// A follower publishing every event into another workspace of the file.

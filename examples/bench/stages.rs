@@ -89,7 +89,11 @@ pub(crate) fn event(i: usize) -> NewEvent {
 /// shared, and one slow run should not be the figure.
 pub(crate) fn median(ctx: &Ctx, runs: usize, mut f: impl FnMut(usize) -> f64) -> f64 {
     let runs = if ctx.quick { 1 } else { runs };
-    let mut v: Vec<f64> = (0..runs).map(&mut f).collect();
+    middle((0..runs).map(&mut f).collect())
+}
+
+/// The middle of `v` once sorted (the upper one of an even count).
+fn middle(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -111,11 +115,51 @@ pub(crate) fn medians_in_turn(
         b.push(baseline(r));
         v.push(value(r));
     }
-    let mid = |mut x: Vec<f64>| {
-        x.sort_by(f64::total_cmp);
-        x[x.len() / 2]
-    };
-    (mid(b), mid(v))
+    (middle(b), middle(v))
+}
+
+/// Appends `make(from)` to `make(from + n - 1)` to the workspace `bench`,
+/// 1,000 a transaction (the last holds what is left).
+pub(crate) fn append_in_thousands<B: Backend>(
+    engine: &Engine<B>,
+    from: usize,
+    n: usize,
+    make: fn(usize) -> NewEvent,
+) {
+    for chunk in 0..n.div_ceil(1_000) {
+        engine
+            .write(|tx| {
+                for k in chunk * 1_000..((chunk + 1) * 1_000).min(n) {
+                    tx.append("bench", &make(from + k))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+/// `callers` threads each appending `each` events ([`event`]), one a
+/// transaction, each waiting for its commit. Returns events per second.
+pub(crate) fn append_concurrently<B: Backend>(
+    engine: &Engine<B>,
+    callers: usize,
+    each: usize,
+) -> f64 {
+    let start = Instant::now();
+    let threads: Vec<_> = (0..callers)
+        .map(|c| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                for k in 0..each {
+                    engine.append("bench", &event(c * each + k)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    rate(callers * each, start.elapsed())
 }
 
 /// One event per transaction, one caller.
@@ -145,24 +189,7 @@ fn append_concurrent16(ctx: &Ctx) -> Vec<Figure> {
         ctx,
         3,
         |r| raw::group_commit(&ctx.db(&format!("c16-raw-{r}")), ctx.sync, CALLERS, each),
-        |r| {
-            let engine = engine(ctx, &format!("c16-{r}"));
-            let start = Instant::now();
-            let threads: Vec<_> = (0..CALLERS)
-                .map(|c| {
-                    let engine = engine.clone();
-                    std::thread::spawn(move || {
-                        for k in 0..each {
-                            engine.append("bench", &event(c * each + k)).unwrap();
-                        }
-                    })
-                })
-                .collect();
-            for t in threads {
-                t.join().unwrap();
-            }
-            rate(CALLERS * each, start.elapsed())
-        },
+        |r| append_concurrently(&engine(ctx, &format!("c16-{r}")), CALLERS, each),
     );
     vec![Figure::new(
         "append_concurrent16",
@@ -182,16 +209,7 @@ fn append_batch1000(ctx: &Ctx) -> Vec<Figure> {
         |r| {
             let engine = engine(ctx, &format!("b1000-{r}"));
             let start = Instant::now();
-            for chunk in 0..n / 1_000 {
-                engine
-                    .write(|tx| {
-                        for k in 0..1_000 {
-                            tx.append("bench", &event(chunk * 1_000 + k))?;
-                        }
-                        Ok(())
-                    })
-                    .unwrap();
-            }
+            append_in_thousands(&engine, 0, n, event);
             rate(n, start.elapsed())
         },
     );
@@ -220,16 +238,7 @@ pub(crate) fn register_mixed_rules<B: Backend>(engine: &Engine<B>, rules: usize)
 /// baseline's scan of the same file.
 fn evaluation_file(ctx: &Ctx, name: &str, n: usize) -> (Engine, f64) {
     let engine = engine(ctx, name);
-    for chunk in 0..n.div_ceil(1_000) {
-        engine
-            .write(|tx| {
-                for k in 0..1_000.min(n - chunk * 1_000) {
-                    tx.append("bench", &session_tick(chunk * 1_000 + k))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
+    append_in_thousands(&engine, 0, n, session_tick);
     let conn = rusqlite::Connection::open(engine.path()).unwrap();
     let baseline = raw::scan(&conn, n);
     (engine, baseline)
@@ -353,16 +362,7 @@ pub(crate) fn run_rate_with(
                 .decide(|_| Ok(Decision::Fire(serde_json::Value::Null))),
         )
         .unwrap();
-    for chunk in 0..n / 1_000 {
-        engine
-            .write(|tx| {
-                for k in 0..1_000 {
-                    tx.append("bench", &event(chunk * 1_000 + k))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-    }
+    append_in_thousands(&engine, 0, n, event);
     // Decide first (no handler yet, so nothing runs): only execution is timed.
     assert_eq!(engine.run_until_idle().unwrap().fired, n);
     let done = Arc::new(AtomicUsize::new(0));

@@ -240,15 +240,7 @@ pub fn append_batch1000_beside_100k_waiting(ctx: &Ctx) -> Vec<Figure> {
         let e = Engine::builder(&path).synchronous(ctx.sync).open().unwrap();
         e.ensure_workspace("bench", &["tick", "confirmed"]).unwrap();
         let start = Instant::now();
-        for chunk in 0..n / 1_000 {
-            e.write(|tx| {
-                for k in 0..1_000 {
-                    tx.append("bench", &super::stages::event(chunk * 1_000 + k))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        }
+        super::stages::append_in_thousands(&e, 0, n, super::stages::event);
         rate(n, start.elapsed())
     };
     let baseline = measure("append-beside-none", false);
