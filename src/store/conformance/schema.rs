@@ -240,3 +240,54 @@ fn the_runs_columns_refuse_values_outside_their_sets_and_bounds() {
         .collect();
     assert_eq!(states, ["ready"], "the good row, unchanged");
 }
+
+/// Invariant 14 (a cancel stops what has not started), at the cost of what
+/// a batch holds: the look for the runs asked to stop, among a batch's 255
+/// ids, reads the index of such runs, not every run of the table — in the
+/// plan made for these ids and in the generic one the server keeps for
+/// the statement after five executions.
+#[test]
+fn the_look_for_cancelled_runs_does_not_read_the_whole_table() {
+    let schema = PgSchema::new();
+    let mut client = schema.client();
+    client
+        .batch_execute(
+            "INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts, \
+               backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
+               updated_at, claimed_by) \
+             SELECT 'run-' || i, 'task', 'x', '{}', 'running', 1, 0, 0, 1.0, 0.0, 0, 0, 0, 'h' \
+             FROM generate_series(1, 20000) AS i; \
+             UPDATE reflexr_runs SET cancel_requested_at = 1 WHERE id = 'run-7'; \
+             ANALYZE reflexr_runs;",
+        )
+        .unwrap();
+    let ids: Vec<String> = (1..=255).map(|i| format!("run-{i}")).collect();
+    let asked: Vec<String> = client
+        .query(pg::runs::CANCEL_REQUESTED, &[&ids])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(asked, ["run-7"]);
+    client
+        .batch_execute(&format!(
+            "PREPARE look(text[]) AS {}",
+            pg::runs::CANCEL_REQUESTED
+        ))
+        .unwrap();
+    let literal = format!("'{{{}}}'", ids.join(","));
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        client
+            .batch_execute(&format!("SET plan_cache_mode = {mode}"))
+            .unwrap();
+        let plan: Vec<String> = client
+            .query(&format!("EXPLAIN EXECUTE look({literal})"), &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        assert!(plan.contains("reflexr_runs_cancelling"), "{mode}: {plan}");
+        assert!(!plan.contains("Seq Scan"), "{mode}: {plan}");
+    }
+}

@@ -42,7 +42,7 @@ mod guard;
 mod inspect;
 mod leases;
 mod rules;
-mod runs;
+pub(crate) mod runs;
 mod schedules;
 pub(crate) mod schema;
 mod steps;

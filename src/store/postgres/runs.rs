@@ -135,6 +135,12 @@ static CLAIM_FRESH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
 /// `WHERE` spells it.
 const AT_REST: &str = "state NOT IN ('ready', 'running')";
 
+/// Of the runs with these ids, those asked to stop: read through the index
+/// that holds only such runs (`reflexr_runs_cancelling`, schema version
+/// 17), whose term the statement repeats.
+pub(crate) const CANCEL_REQUESTED: &str =
+    "SELECT id FROM reflexr_runs WHERE id = ANY ($1) AND cancel_requested_at IS NOT NULL";
+
 /// The term of the partial index that holds the runs in `state`.
 fn state_term(state: &str) -> &'static str {
     match state {
@@ -905,15 +911,14 @@ impl Runs for PgConn {
             .is_some())
     }
 
+    /// Through the index of the runs asked to stop
+    /// ([`CANCEL_REQUESTED`]).
     fn cancel_requested(&self, runs: &[(i64, &str)]) -> Result<Vec<String>> {
         let ids: Vec<&str> = runs.iter().map(|r| r.1).collect();
-        self.query(
-            "SELECT id FROM reflexr_runs WHERE id = ANY ($1) AND cancel_requested_at IS NOT NULL",
-            &[(&ids, Type::TEXT_ARRAY)],
-        )?
-        .iter()
-        .map(|r| col(r, 0))
-        .collect()
+        self.query(CANCEL_REQUESTED, &[(&ids, Type::TEXT_ARRAY)])?
+            .iter()
+            .map(|r| col(r, 0))
+            .collect()
     }
 
     fn list(&self, state: Option<&str>, limit: i64) -> Result<Vec<RunRow>> {
