@@ -250,17 +250,11 @@ fn the_runs_columns_refuse_values_outside_their_sets_and_bounds() {
 fn the_look_for_cancelled_runs_does_not_read_the_whole_table() {
     let schema = PgSchema::new();
     let mut client = schema.client();
-    client
-        .batch_execute(
-            "INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts, \
-               backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
-               updated_at, claimed_by) \
-             SELECT 'run-' || i, 'task', 'x', '{}', 'running', 1, 0, 0, 1.0, 0.0, 0, 0, 0, 'h' \
-             FROM generate_series(1, 20000) AS i; \
-             UPDATE reflexr_runs SET cancel_requested_at = 1 WHERE id = 'run-7'; \
-             ANALYZE reflexr_runs;",
-        )
-        .unwrap();
+    runs_then(
+        &mut client,
+        "UPDATE reflexr_runs SET cancel_requested_at = 1 WHERE id = 'run-7'; \
+         ANALYZE reflexr_runs;",
+    );
     let ids: Vec<String> = (1..=255).map(|i| format!("run-{i}")).collect();
     let asked: Vec<String> = client
         .query(pg::runs::CANCEL_REQUESTED, &[&ids])
@@ -276,18 +270,92 @@ fn the_look_for_cancelled_runs_does_not_read_the_whole_table() {
         ))
         .unwrap();
     let literal = format!("'{{{}}}'", ids.join(","));
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        client
-            .batch_execute(&format!("SET plan_cache_mode = {mode}"))
-            .unwrap();
-        let plan: Vec<String> = client
-            .query(&format!("EXPLAIN EXECUTE look({literal})"), &[])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let plan = plan.join("\n");
+    for mode in PLAN_MODES {
+        let plan = plan_of(&mut client, mode, &format!("look({literal})"));
         assert!(plan.contains("reflexr_runs_cancelling"), "{mode}: {plan}");
         assert!(!plan.contains("Seq Scan"), "{mode}: {plan}");
     }
+}
+
+/// 20,000 ready runs, `run-1` to `run-20000` at positions 1 to 20,000,
+/// then `then`.
+fn runs_then(client: &mut Client, then: &str) {
+    client
+        .batch_execute(&format!(
+            "INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts, \
+               backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
+               updated_at) \
+             SELECT 'run-' || i, 'task', 'x', '{{}}', 'ready', 1, 0, 0, 1.0, 0.0, i, 0, 0 \
+             FROM generate_series(1, 20000) AS i; {then}"
+        ))
+        .unwrap();
+}
+
+/// The server's two ways of planning a prepared statement: for the values
+/// given (its first five executions on a connection, and later ones while
+/// the generic plan costs more), and once for any values.
+const PLAN_MODES: [&str; 2] = ["force_custom_plan", "force_generic_plan"];
+
+/// The plan the server makes, in `mode` (one of [`PLAN_MODES`]), for the
+/// execution `call` of a prepared statement (`name(args)`).
+fn plan_of(client: &mut Client, mode: &str, call: &str) -> String {
+    client
+        .batch_execute(&format!("SET plan_cache_mode = {mode}"))
+        .unwrap();
+    let lines: Vec<String> = client
+        .query(&format!("EXPLAIN EXECUTE {call}"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    lines.join("\n")
+}
+
+/// Invariant 5 (a run is executed until it succeeds), at the cost of what a
+/// batch holds: a batch's settlement, and the claim of runs picked by
+/// position, read their runs through the primary key — in a plan made for
+/// the positions given (the server's first executions of a statement on a
+/// connection) as in the generic one — on a table of 20,000 runs whose
+/// statistics were never gathered, where a plan that counted the 256
+/// positions read the whole table.
+#[test]
+fn a_batch_reads_its_runs_by_position_whatever_the_statistics() {
+    let schema = PgSchema::new();
+    let mut client = schema.client();
+    runs_then(
+        &mut client,
+        "UPDATE reflexr_runs SET state = 'succeeded' WHERE ord <= 5000; \
+         UPDATE reflexr_runs SET state = 'running', claimed_by = 'h', attempt = 1 \
+           WHERE ord > 5000 AND ord <= 5256;",
+    );
+    let list = |from: i64| {
+        let ords: Vec<String> = (from..from + 256).map(|o| o.to_string()).collect();
+        format!("'{{{}}}'", ords.join(","))
+    };
+    let ones = format!("'{{{}}}'", vec!["1"; 256].join(","));
+    client
+        .batch_execute(&format!(
+            "PREPARE settle AS {}; PREPARE pick AS {}",
+            pg::runs::SUCCEED_MANY,
+            *pg::runs::CLAIM_PICKED_SQL
+        ))
+        .unwrap();
+    for mode in PLAN_MODES {
+        for call in [
+            format!("settle('h', {}, {ones}, 9)", list(5001)),
+            format!("pick('h', 9, 99, {})", list(6001)),
+        ] {
+            let plan = plan_of(&mut client, mode, &call);
+            assert!(plan.contains("reflexr_runs_pkey"), "{mode}: {plan}");
+            assert!(!plan.contains("Seq Scan"), "{mode}: {plan}");
+        }
+    }
+    // And they do their work: the settlement succeeds the 256 claims.
+    let settled = client
+        .query(
+            &format!("EXECUTE settle('h', {}, {ones}, 9)", list(5001)),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(settled.len(), 256);
 }

@@ -100,19 +100,71 @@ static CLAIM_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
+/// An array of positions (`bigint[]`) as the value of a subquery run once
+/// before the statement (an InitPlan), so that a plan made for the
+/// parameter's value counts as few positions as a generic plan does and
+/// reads them through the primary key, whatever the table's statistics
+/// say; the executor still looks up every position given.
+macro_rules! positions {
+    ($param:literal) => {
+        concat!("((SELECT ", $param, "::bigint[])::bigint[])")
+    };
+}
+
+/// A batch's settlement of its plain successes
+/// ([`Runs::succeed_many`](crate::store::Runs::succeed_many)): `$1` the
+/// holder, `$2` the claims' positions, `$3` their attempts, `$4` the time.
+///
+/// The rows are locked in id order first (bytewise, as the renewer sorts
+/// them), so a settlement and a renewal of overlapping claims never wait
+/// for each other in a circle. They are read by their positions (the
+/// claims say them) through the primary key, with no join for the planner
+/// to order, and each row's attempt is looked up in the arrays. Nothing in
+/// the statement is a condition the index of running runs could answer:
+/// the state test is spelled in the "C" collation, which that partial
+/// index's predicate (`state = 'running'` in the database's collation) is
+/// not proven from. The planner, whose statistics lag behind busy
+/// executors (it thinks few runs are running, and none by this holder),
+/// chose that index, or a scan of the table, and joined what it read with
+/// the claims' list row by row: 26 to 90 ms for a settlement of 256 under
+/// four busy processes (`auto_explain`), 0.6 ms through the key. The
+/// positions reach the planner as a subquery's value ([`POSITIONS`]), not
+/// as the array itself: a plan made for the array's 256 positions — the
+/// server's first five executions of a statement on each connection, and
+/// every one while its generic plan costs more — costed 256 seeks above a
+/// read of a table of 20,000 runs whose statistics were not yet gathered,
+/// and read the table (6 ms against 0.7). Once locked, a row cannot change
+/// before this commits, so the update tests nothing more.
+pub(crate) const SUCCEED_MANY: &str = concat!(
+    "WITH locked AS ( \
+       SELECT r.ord FROM reflexr_runs r \
+       WHERE r.ord = ANY ",
+    positions!("$2"),
+    " \
+         AND r.attempt = ($3::bigint[])[array_position($2::bigint[], r.ord)] \
+         AND r.state = 'running' COLLATE \"C\" AND r.claimed_by = $1 \
+         AND r.cancel_requested_at IS NULL \
+       ORDER BY r.id COLLATE \"C\" FOR UPDATE OF r) \
+     UPDATE reflexr_runs r SET state = 'succeeded', finished_at = $4, updated_at = $4, \
+       changed_tx = pg_current_xact_id()::text::bigint, \
+       claimed_by = NULL, claim_expires_at = NULL \
+     FROM locked WHERE r.ord = locked.ord RETURNING r.id"
+);
+
 /// The claim of runs picked by position (a partitioned action's, whose
 /// limits chose them): those another claimer holds are passed over.
-static CLAIM_PICKED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+pub(crate) static CLAIM_PICKED_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let columns = qualified_columns();
     format!(
         "WITH picked AS MATERIALIZED ( \
-           SELECT ord FROM reflexr_runs WHERE ord = ANY ($4) AND state = 'ready' \
+           SELECT ord FROM reflexr_runs WHERE ord = ANY {} AND state = 'ready' \
            FOR UPDATE SKIP LOCKED) \
          UPDATE reflexr_runs r SET state = 'running', attempt = r.attempt + 1, \
            claimed_by = $1, claim_expires_at = $3, updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, started_at = $2, \
            began_seq = coalesce(r.began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
          FROM picked WHERE r.ord = picked.ord AND r.state = 'ready' \
-         RETURNING {columns}"
+         RETURNING {columns}",
+        positions!("$4")
     )
 });
 
@@ -847,7 +899,8 @@ impl Runs for PgConn {
             .is_some())
     }
 
-    /// Found by their positions, through the primary key alone.
+    /// Found by their positions, through the primary key alone
+    /// ([`SUCCEED_MANY`]).
     fn succeed_many(
         &self,
         holder: &str,
@@ -856,34 +909,8 @@ impl Runs for PgConn {
     ) -> Result<Vec<String>> {
         let ords: Vec<i64> = claims.iter().map(|c| c.0).collect();
         let attempts: Vec<i64> = claims.iter().map(|c| c.2).collect();
-        // The rows are locked in id order first (bytewise, as the renewer
-        // sorts them), so a settlement and a renewal of overlapping claims
-        // never wait for each other in a circle. They are read by their
-        // positions (the claims say them) through the primary key, with
-        // no join for the planner to order, and each row's attempt is
-        // looked up in the arrays. Nothing in the statement is a condition
-        // the index of running runs could answer: the state test is
-        // spelled in the "C" collation, which that partial index's
-        // predicate (`state = 'running'` in the database's collation) is
-        // not proven from. The planner, whose statistics lag behind busy
-        // executors (it thinks few runs are running, and none by this
-        // holder), chose that index, or a scan of the table, and joined
-        // what it read with the claims' list row by row: 26 to 90 ms for
-        // a settlement of 256 under four busy processes (`auto_explain`),
-        // 0.6 ms through the key. Once locked, a row cannot change before
-        // this commits, so the update tests nothing more.
         let rows = self.query(
-            "WITH locked AS ( \
-               SELECT r.ord FROM reflexr_runs r \
-               WHERE r.ord = ANY ($2::bigint[]) \
-                 AND r.attempt = ($3::bigint[])[array_position($2::bigint[], r.ord)] \
-                 AND r.state = 'running' COLLATE \"C\" AND r.claimed_by = $1 \
-                 AND r.cancel_requested_at IS NULL \
-               ORDER BY r.id COLLATE \"C\" FOR UPDATE OF r) \
-             UPDATE reflexr_runs r SET state = 'succeeded', finished_at = $4, updated_at = $4, \
-               changed_tx = pg_current_xact_id()::text::bigint, \
-               claimed_by = NULL, claim_expires_at = NULL \
-             FROM locked WHERE r.ord = locked.ord RETURNING r.id",
+            SUCCEED_MANY,
             &[
                 (&holder, Type::TEXT),
                 (&ords, Type::INT8_ARRAY),
