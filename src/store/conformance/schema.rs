@@ -359,3 +359,50 @@ fn a_batch_reads_its_runs_by_position_whatever_the_statistics() {
         .unwrap();
     assert_eq!(settled.len(), 256);
 }
+
+/// Invariant 5 (a run is executed until it succeeds), at the cost of one
+/// run: on a new database, the plan the server keeps for the claim of a
+/// run by its id — made after the statement's first five executions, while
+/// the table held a handful of runs — still reads that run by the ids'
+/// index once the table holds 20,000 (a table known to be empty got a plan
+/// that read every run).
+#[test]
+fn a_new_database_claims_a_run_by_its_id_after_the_table_grew() {
+    let schema = PgSchema::new();
+    let mut client = schema.client();
+    let analysed: f32 = client
+        .query_one(
+            "SELECT reltuples FROM pg_class WHERE oid = 'reflexr_runs'::regclass",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(analysed, -1.0, "a new table is left as never analysed");
+    let insert = |client: &mut Client, prefix: &str, n: i32| {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts, \
+                   backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
+                   updated_at) \
+                 SELECT '{prefix}-' || i, 'task', 'x', '{{}}', 'ready', 1, 0, 0, 1.0, 0.0, i, \
+                   0, 0 \
+                 FROM generate_series(1, {n}) AS i"
+            ))
+            .unwrap();
+    };
+    insert(&mut client, "run", 6);
+    client
+        .batch_execute(&format!("PREPARE claim AS {}", *pg::runs::CLAIM_FRESH_SQL))
+        .unwrap();
+    for i in 1..=6 {
+        let claimed = client
+            .query(&format!("EXECUTE claim('h', 1, 2, 'run-{i}')"), &[])
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+    }
+    insert(&mut client, "more", 20_000);
+    // The server's own choice between the kept plan and a new one.
+    let plan = plan_of(&mut client, "auto", "claim('h', 1, 2, 'more-19000')");
+    assert!(plan.contains("reflexr_runs_id_key"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+}

@@ -9,6 +9,14 @@
 //! 'ready'` on its new version. And nothing here relies on a statement
 //! failing (that would abort the transaction): an insert that races
 //! another for an id or a uniqueness key does nothing and says so.
+//!
+//! A statement that names its run, by id or by position, and tests its
+//! state spells that test in the `"C"` collation (`state = 'running'
+//! COLLATE "C"`): the same test for these ASCII states, but one no partial
+//! index's predicate (`WHERE state = 'running'`, in the database's
+//! collation) is proven from. On a table without statistics the planner
+//! otherwise read one run through the partial index of its state, passing
+//! over every run in that state; this way the run is read by its key.
 
 use postgres::Row;
 use postgres::types::Type;
@@ -171,13 +179,13 @@ pub(crate) static CLAIM_PICKED_SQL: std::sync::LazyLock<String> = std::sync::Laz
 /// [`Control::claim_fresh`](crate::store::Control::claim_fresh)'s
 /// statement: the run by its id, which no other transaction can hold (this
 /// one inserted it), in one round trip.
-static CLAIM_FRESH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+pub(crate) static CLAIM_FRESH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
            claimed_by = $1, claim_expires_at = $3, updated_at = $2, \
            changed_tx = pg_current_xact_id()::text::bigint, started_at = $2, \
            began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
-         WHERE id = $4 AND state = 'ready' \
+         WHERE id = $4 AND state = 'ready' COLLATE \"C\" \
          RETURNING {COLUMNS}"
     )
 });
@@ -432,7 +440,7 @@ impl Runs for PgConn {
             .query_opt(
                 "UPDATE reflexr_runs SET updated_at = $4, \
                    changed_tx = pg_current_xact_id()::text::bigint \
-                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                    AND cancel_requested_at IS NULL RETURNING 1",
                 &[
                     (&id, Type::TEXT),
@@ -457,7 +465,7 @@ impl Runs for PgConn {
                 "UPDATE reflexr_runs SET state = 'ready', attempt = attempt - 1, due_at = $4, \
                    updated_at = $5, changed_tx = pg_current_xact_id()::text::bigint, \
                    claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
-                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                    AND cancel_requested_at IS NULL \
                  RETURNING state"
             ),
@@ -479,7 +487,7 @@ impl Runs for PgConn {
             .query_opt(
                 "UPDATE reflexr_runs SET due_at = $2, updated_at = $2, \
                    changed_tx = pg_current_xact_id()::text::bigint \
-                 WHERE id = $1 AND state = 'ready' AND due_at > $2 RETURNING 1",
+                 WHERE id = $1 AND state = 'ready' COLLATE \"C\" AND due_at > $2 RETURNING 1",
                 &[(&id, Type::TEXT), (&now, Type::INT8)],
             )?
             .is_some())
@@ -507,7 +515,7 @@ impl Runs for PgConn {
         Ok(self
             .query_opt(
                 "UPDATE reflexr_runs SET output = $4 \
-                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                  RETURNING 1",
                 &[
                     (&id, Type::TEXT),
@@ -543,7 +551,7 @@ impl Runs for PgConn {
                 "UPDATE reflexr_runs SET input = $2, updated_at = $5, \
                    changed_tx = pg_current_xact_id()::text::bigint, \
                    due_at = least($3, coalesce(created_at + $4, $3)) \
-                 WHERE id = $1 AND state IN ('waiting', 'ready') AND started_at IS NULL \
+                 WHERE id = $1 AND state COLLATE \"C\" IN ('waiting', 'ready') AND started_at IS NULL \
                  RETURNING 1",
                 &[
                     (&id, Type::TEXT),
@@ -561,7 +569,7 @@ impl Runs for PgConn {
             .query_opt(
                 "UPDATE reflexr_runs SET unique_key = NULL, updated_at = $2, \
                    changed_tx = pg_current_xact_id()::text::bigint \
-                 WHERE id = $1 AND state IN ('waiting', 'ready') AND started_at IS NOT NULL \
+                 WHERE id = $1 AND state COLLATE \"C\" IN ('waiting', 'ready') AND started_at IS NOT NULL \
                  RETURNING 1",
                 &[(&id, Type::TEXT), (&now, Type::INT8)],
             )?
@@ -718,7 +726,7 @@ impl Runs for PgConn {
             .query_opt(
                 "UPDATE reflexr_runs SET state = 'succeeded', finished_at = $4, updated_at = $4, changed_tx = pg_current_xact_id()::text::bigint, \
                    claimed_by = NULL, claim_expires_at = NULL \
-                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                    AND cancel_requested_at IS NULL RETURNING 1",
                 &[
                     (&id, Type::TEXT),
@@ -745,7 +753,7 @@ impl Runs for PgConn {
                 &format!(
                     "UPDATE reflexr_runs SET state = 'ready', due_at = $5, last_error = $6, \
                        updated_at = $4, changed_tx = pg_current_xact_id()::text::bigint, claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
-                     WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                     WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                        AND cancel_requested_at IS NULL RETURNING 1"
                 ),
                 &[
@@ -766,7 +774,7 @@ impl Runs for PgConn {
             .query_opt(
                 "UPDATE reflexr_runs SET state = 'dead', last_error = $5, finished_at = $4, \
                    updated_at = $4, changed_tx = pg_current_xact_id()::text::bigint, claimed_by = NULL, claim_expires_at = NULL \
-                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                    AND cancel_requested_at IS NULL RETURNING 1",
                 &[
                     (&id, Type::TEXT),
@@ -790,7 +798,7 @@ impl Runs for PgConn {
         Ok(self
             .query_opt(
                 "UPDATE reflexr_runs SET claim_expires_at = greatest(claim_expires_at, $5) \
-                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                    AND claim_expires_at > $4 RETURNING 1",
                 &[
                     (&id, Type::TEXT),
@@ -846,7 +854,7 @@ impl Runs for PgConn {
                    due_at = $2, claimed_by = NULL, \
                    claim_expires_at = NULL, updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, {YIELD_KEY}, \
                    last_error = 'the claim lapsed: its executor stopped renewing it' \
-                 WHERE ord = $1 AND state = 'running' AND claim_expires_at <= $2 \
+                 WHERE ord = $1 AND state = 'running' COLLATE \"C\" AND claim_expires_at <= $2 \
                  RETURNING state"
             ),
             &[(&ord, Type::INT8), (&now, Type::INT8)],
@@ -862,7 +870,7 @@ impl Runs for PgConn {
                    finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE $4 END, \
                    attempt = attempt - 1, updated_at = $4, changed_tx = pg_current_xact_id()::text::bigint, \
                    claimed_by = NULL, claim_expires_at = NULL, {YIELD_KEY} \
-                 WHERE ord = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE ord = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                  RETURNING state"
             ),
             &[
@@ -886,7 +894,7 @@ impl Runs for PgConn {
         Ok(self
             .query_opt(
                 "UPDATE reflexr_runs SET checkpoint = $4, updated_at = $5, changed_tx = pg_current_xact_id()::text::bigint \
-                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                  RETURNING 1",
                 &[
                     (&id, Type::TEXT),
@@ -926,7 +934,7 @@ impl Runs for PgConn {
             .query_opt(
                 "UPDATE reflexr_runs SET state = 'cancelled', finished_at = $4, updated_at = $4, changed_tx = pg_current_xact_id()::text::bigint, \
                    claimed_by = NULL, claim_expires_at = NULL \
-                 WHERE id = $1 AND state = 'running' AND claimed_by = $2 AND attempt = $3 \
+                 WHERE id = $1 AND state = 'running' COLLATE \"C\" AND claimed_by = $2 AND attempt = $3 \
                    AND cancel_requested_at IS NOT NULL RETURNING 1",
                 &[
                     (&id, Type::TEXT),
@@ -979,7 +987,7 @@ impl Runs for PgConn {
                     .query_opt(
                         "UPDATE reflexr_runs SET state = 'cancelled', finished_at = $2, \
                            updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, cancelled_by = $3, cancel_reason = $4 \
-                         WHERE id = $1 AND state = $5 RETURNING $5",
+                         WHERE id = $1 AND state = $5 COLLATE \"C\" RETURNING $5",
                         &[
                             (&id, Type::TEXT),
                             (&now, Type::INT8),
@@ -1005,7 +1013,7 @@ impl Runs for PgConn {
                     "UPDATE reflexr_runs SET \
                        cancel_requested_at = coalesce(cancel_requested_at, $2), \
                        updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint, cancelled_by = $3, cancel_reason = $4 \
-                     WHERE id = $1 AND state = 'running'",
+                     WHERE id = $1 AND state = 'running' COLLATE \"C\"",
                     &[
                         (&id, Type::TEXT),
                         (&now, Type::INT8),
@@ -1049,7 +1057,7 @@ impl Runs for PgConn {
                     "UPDATE reflexr_runs SET state = $2, attempt = 0, due_at = $3, \
                        updated_at = $3, changed_tx = pg_current_xact_id()::text::bigint, finished_at = NULL, {YIELD_KEY}, \
                        {KEY_AGAIN} \
-                     WHERE id = $1 AND state = 'dead' RETURNING 1"
+                     WHERE id = $1 AND state = 'dead' COLLATE \"C\" RETURNING 1"
                 ),
                 &[(&id, Type::TEXT), (&state, Type::TEXT), (&now, Type::INT8)],
             )?
@@ -1060,7 +1068,7 @@ impl Runs for PgConn {
         Ok(self
             .query_opt(
                 "UPDATE reflexr_runs SET state = 'discarded', updated_at = $2, changed_tx = pg_current_xact_id()::text::bigint \
-                 WHERE id = $1 AND state = 'dead' RETURNING 1",
+                 WHERE id = $1 AND state = 'dead' COLLATE \"C\" RETURNING 1",
                 &[(&id, Type::TEXT), (&now, Type::INT8)],
             )?
             .is_some())

@@ -112,7 +112,7 @@ impl Steps for PgConn {
         // one number (the claim check reads it anyway).
         Ok(self
             .query_opt(
-                "WITH claim AS (SELECT 1 FROM reflexr_runs WHERE id = $1 AND state = 'running' \
+                "WITH claim AS (SELECT 1 FROM reflexr_runs WHERE id = $1 AND state = 'running' COLLATE \"C\" \
                                   AND claimed_by = $7 AND attempt = $2 FOR UPDATE) \
                  INSERT INTO reflexr_run_logs (run, n, attempt, at, level, message, fields) \
                  SELECT $1, coalesce((SELECT max(n) FROM reflexr_run_logs WHERE run = $1), 0) + 1, \
@@ -171,7 +171,7 @@ impl Steps for PgConn {
             .query_opt(
                 "INSERT INTO reflexr_run_progress (run, attempt, done, total, at) \
                  SELECT $1, $2, $3, $4, $5 \
-                 WHERE EXISTS (SELECT 1 FROM reflexr_runs WHERE id = $1 AND state = 'running' \
+                 WHERE EXISTS (SELECT 1 FROM reflexr_runs WHERE id = $1 AND state = 'running' COLLATE \"C\" \
                                  AND claimed_by = $6 AND attempt = $2) \
                  ON CONFLICT (run) DO UPDATE SET attempt = excluded.attempt, \
                    done = excluded.done, total = excluded.total, at = excluded.at \
