@@ -101,6 +101,15 @@ pub(super) fn path_elements(path: &str) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// Whether a run of these actions (`$2`) is ready and due at `$1`, or a
+/// claim lapsed: an idle executor's look before it opens a transaction.
+/// Each side names its partial index's state, so it reads that index (the
+/// ready runs', the running runs'), not the table's finished runs.
+pub(crate) const WORK_DUE: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'ready' \
+                      AND due_at <= $1 AND action = ANY ($2)) \
+         OR EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'running' \
+                      AND claim_expires_at <= $1)";
+
 impl Control for PgConn {
     /// One round trip instead of three: the lease's row is locked `FOR
     /// SHARE` as `Leases::is_held` locks it (a takeover waits for this
@@ -652,13 +661,7 @@ impl Control for PgConn {
 
     fn work_due(&self, now: i64, actions: &[&String]) -> Result<bool> {
         let names: Vec<&str> = actions.iter().map(|a| a.as_str()).collect();
-        let row = self.query(
-            "SELECT EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'ready' \
-                              AND due_at <= $1 AND action = ANY ($2)) \
-                 OR EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'running' \
-                              AND claim_expires_at <= $1)",
-            &[(&now, Type::INT8), (&names, Type::TEXT_ARRAY)],
-        )?;
+        let row = self.query(WORK_DUE, &[(&now, Type::INT8), (&names, Type::TEXT_ARRAY)])?;
         row.first().map_or(Ok(false), |r| col(r, 0))
     }
 

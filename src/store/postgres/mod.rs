@@ -32,7 +32,7 @@
 //!   statements are not kept (`Tx::query` on PostgreSQL).
 
 mod audit;
-mod control;
+pub(crate) mod control;
 mod counters;
 mod cursors;
 mod dead_letters;
