@@ -136,7 +136,7 @@ macro_rules! positions {
 /// chose that index, or a scan of the table, and joined what it read with
 /// the claims' list row by row: 26 to 90 ms for a settlement of 256 under
 /// four busy processes (`auto_explain`), 0.6 ms through the key. The
-/// positions reach the planner as a subquery's value ([`POSITIONS`]), not
+/// positions reach the planner as a subquery's value (`positions!`), not
 /// as the array itself: a plan made for the array's 256 positions — the
 /// server's first five executions of a statement on each connection, and
 /// every one while its generic plan costs more — costed 256 seeks above a
