@@ -280,13 +280,20 @@ fn the_look_for_cancelled_runs_does_not_read_the_whole_table() {
 /// 20,000 ready runs, `run-1` to `run-20000` at positions 1 to 20,000,
 /// then `then`.
 fn runs_then(client: &mut Client, then: &str) {
+    ready_runs(client, "run", 20_000);
+    client.batch_execute(then).unwrap();
+}
+
+/// `n` ready runs of action `x`, `{prefix}-1` to `{prefix}-{n}`, due at 1
+/// to `n`.
+fn ready_runs(client: &mut Client, prefix: &str, n: i32) {
     client
         .batch_execute(&format!(
             "INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts, \
                backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
                updated_at) \
-             SELECT 'run-' || i, 'task', 'x', '{{}}', 'ready', 1, 0, 0, 1.0, 0.0, i, 0, 0 \
-             FROM generate_series(1, 20000) AS i; {then}"
+             SELECT '{prefix}-' || i, 'task', 'x', '{{}}', 'ready', 1, 0, 0, 1.0, 0.0, i, 0, 0 \
+             FROM generate_series(1, {n}) AS i"
         ))
         .unwrap();
 }
@@ -378,19 +385,7 @@ fn a_new_database_claims_a_run_by_its_id_after_the_table_grew() {
         .unwrap()
         .get(0);
     assert_eq!(analysed, -1.0, "a new table is left as never analysed");
-    let insert = |client: &mut Client, prefix: &str, n: i32| {
-        client
-            .batch_execute(&format!(
-                "INSERT INTO reflexr_runs (id, kind, action, input, state, max_attempts, \
-                   backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
-                   updated_at) \
-                 SELECT '{prefix}-' || i, 'task', 'x', '{{}}', 'ready', 1, 0, 0, 1.0, 0.0, i, \
-                   0, 0 \
-                 FROM generate_series(1, {n}) AS i"
-            ))
-            .unwrap();
-    };
-    insert(&mut client, "run", 6);
+    ready_runs(&mut client, "run", 6);
     client
         .batch_execute(&format!("PREPARE claim AS {}", *pg::runs::CLAIM_FRESH_SQL))
         .unwrap();
@@ -400,7 +395,7 @@ fn a_new_database_claims_a_run_by_its_id_after_the_table_grew() {
             .unwrap();
         assert_eq!(claimed.len(), 1);
     }
-    insert(&mut client, "more", 20_000);
+    ready_runs(&mut client, "more", 20_000);
     // The server's own choice between the kept plan and a new one.
     let plan = plan_of(&mut client, "auto", "claim('h', 1, 2, 'more-19000')");
     assert!(plan.contains("reflexr_runs_id_key"), "{plan}");

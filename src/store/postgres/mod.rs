@@ -32,7 +32,7 @@
 //!   statements are not kept (`Tx::query` on PostgreSQL).
 
 mod audit;
-pub(crate) mod control;
+pub(in crate::store) mod control;
 mod counters;
 mod cursors;
 mod dead_letters;
@@ -42,7 +42,7 @@ mod guard;
 mod inspect;
 mod leases;
 mod rules;
-pub(crate) mod runs;
+pub(in crate::store) mod runs;
 mod schedules;
 pub(crate) mod schema;
 mod steps;

@@ -10,13 +10,15 @@
 //! failing (that would abort the transaction): an insert that races
 //! another for an id or a uniqueness key does nothing and says so.
 //!
-//! A statement that names its run, by id or by position, and tests its
-//! state spells that test in the `"C"` collation (`state = 'running'
+//! A statement that names one run, by its id or its position, and tests
+//! its state spells that test in the `"C"` collation (`state = 'running'
 //! COLLATE "C"`): the same test for these ASCII states, but one no partial
 //! index's predicate (`WHERE state = 'running'`, in the database's
 //! collation) is proven from. On a table without statistics the planner
 //! otherwise read one run through the partial index of its state, passing
-//! over every run in that state; this way the run is read by its key.
+//! over every run in that state; this way the run is read by its key. A
+//! statement that names a batch's positions hands them to the planner
+//! through `positions!` (below), and the batch's settlement does both.
 
 use postgres::Row;
 use postgres::types::Type;
@@ -190,16 +192,16 @@ pub(crate) static CLAIM_FRESH_SQL: std::sync::LazyLock<String> = std::sync::Lazy
     )
 });
 
-/// The term that lets PostgreSQL read the runs neither ready nor running
-/// through their partial index (`reflexr_runs_at_rest`), as the index's
-/// `WHERE` spells it.
-const AT_REST: &str = "state NOT IN ('ready', 'running')";
-
 /// Of the runs with these ids, those asked to stop: read through the index
 /// that holds only such runs (`reflexr_runs_cancelling`, schema version
 /// 17), whose term the statement repeats.
 pub(crate) const CANCEL_REQUESTED: &str =
     "SELECT id FROM reflexr_runs WHERE id = ANY ($1) AND cancel_requested_at IS NOT NULL";
+
+/// The term that lets PostgreSQL read the runs neither ready nor running
+/// through their partial index (`reflexr_runs_at_rest`), as the index's
+/// `WHERE` spells it.
+const AT_REST: &str = "state NOT IN ('ready', 'running')";
 
 /// The term of the partial index that holds the runs in `state`.
 fn state_term(state: &str) -> &'static str {

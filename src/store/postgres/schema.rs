@@ -47,10 +47,9 @@ const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].0 == SCHEMA_VERSION);
 /// read them by, the planner costed 256 seeks above reading the whole
 /// table while it held some 20,000 runs or fewer, and read every run at
 /// each look (7–13 ms of the server's time on average under a drain of
-/// 20,000). This
-/// index holds only the runs asked to stop — few, and none on most
-/// pages — so the look costs what the batch holds, whatever the table
-/// holds. No row changes.
+/// 20,000). This index holds only the runs asked to stop — few, and none
+/// on most pages — so the look costs what the batch holds, whatever the
+/// table holds. No row changes.
 const MIGRATE_TO_17: &str = "
 CREATE INDEX reflexr_runs_cancelling ON reflexr_runs (id)
     WHERE cancel_requested_at IS NOT NULL;
