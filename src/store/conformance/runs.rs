@@ -218,6 +218,110 @@ fn a_lane_runs_one_at_a_time_and_a_unique_key_is_held_once() {
     });
 }
 
+/// Invariant 6 (scope order), as runs are created: a run whose id is there
+/// already (a firing made before, decided again) enters no lane — not the
+/// one it asked for, nor its own a second time.
+#[test]
+fn a_run_whose_id_is_there_already_enters_no_lane() {
+    on_every_backend(|db| {
+        db.tx(|c| {
+            assert_eq!(
+                Runs::insert(c, &task("l1", Some("lane/a"), None))?,
+                Inserted::New
+            );
+            assert_eq!(
+                Runs::insert(c, &task("l1", Some("lane/b"), None))?,
+                Inserted::Existed
+            );
+            assert_eq!(
+                Runs::insert(c, &task("l1", Some("lane/a"), None))?,
+                Inserted::Existed
+            );
+            Ok(())
+        })
+        .unwrap();
+        db.tx(|c| {
+            assert_eq!(Lanes::lane_head(c, "lane/b")?, None, "no lane made");
+            assert_eq!(Lanes::lane_head(c, "lane/a")?, Some(("l1".into(), false)));
+            let run = Runs::get(c, "l1")?.expect("the first insert's");
+            assert_eq!(
+                (run.state.as_str(), run.lane.as_deref()),
+                ("ready", Some("lane/a"))
+            );
+            // The lane's next run waits behind its head.
+            assert_eq!(
+                Runs::insert(c, &task("l2", Some("lane/a"), None))?,
+                Inserted::New
+            );
+            assert_eq!(Runs::get(c, "l2")?.map(|r| r.state), Some("waiting".into()));
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 6 on PostgreSQL: a laned run's insert that meets its id
+/// inserted by a transaction that committed while it waited inserts
+/// nothing, and leaves no lane behind — the lane's row it made, with the
+/// run its head, is given up (a lane whose head never exists would hold
+/// every later run of the lane waiting).
+#[test]
+#[cfg(feature = "postgres")]
+fn a_laned_run_another_transaction_inserted_first_leaves_no_lane() {
+    let schema = Arc::new(PgSchema::new());
+    let first = schema.begin();
+    assert_eq!(
+        Runs::insert(&first, &task("x", Some("lane/c"), None)).unwrap(),
+        Inserted::New
+    );
+    let second = schema.begin();
+    let pid: i32 = second
+        .query_untyped("SELECT pg_backend_pid()", &[])
+        .unwrap()[0]
+        .get(0);
+    let inserting = std::thread::spawn(move || {
+        let inserted = Runs::insert(&second, &task("x", Some("lane/d"), None));
+        (inserted, second)
+    });
+    // The second insert waits for the first transaction (the run's id).
+    let mut admin = Client::connect(&schema.url(), NoTls).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+            &[&pid],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second insert never waited"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    first.commit().unwrap();
+    let (inserted, second) = inserting.join().unwrap();
+    assert_eq!(inserted.unwrap(), Inserted::Existed);
+    assert_eq!(
+        Lanes::lane_head(&second, "lane/d").unwrap(),
+        None,
+        "given up"
+    );
+    second.commit().unwrap();
+    let check = schema.begin();
+    assert_eq!(Lanes::lane_head(&check, "lane/d").unwrap(), None);
+    assert_eq!(
+        Lanes::lane_head(&check, "lane/c").unwrap(),
+        Some(("x".into(), false))
+    );
+    assert_eq!(
+        Runs::get(&check, "x").unwrap().and_then(|r| r.lane),
+        Some("lane/c".into())
+    );
+}
+
 /// Invariant 5: claims on PostgreSQL: four claimers at once over 2,000 runs,
 /// each claiming batches in transactions of its own and settling them. Every
 /// run is claimed exactly once; and a claimer never waits for another's

@@ -212,23 +212,63 @@ fn state_term(state: &str) -> &'static str {
     }
 }
 
+/// A run's insert, its row made by `$open … $close` around its values,
+/// the state's among them `$state`: `ON CONFLICT DO NOTHING`, so an id (or
+/// a key) taken already inserts nothing and returns no row. Its parameters
+/// are the 27 [`RunValues::params`] makes.
+macro_rules! insert_run {
+    ($open:literal, $state:literal, $close:literal) => {
+        concat!(
+            "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
+               on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
+               backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
+               created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
+               flow_key, traceparent) ",
+            $open,
+            "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ",
+            $state,
+            ", $14, $15, $16, \
+               $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
+               coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
+               $23, $24, $25, \
+               coalesce($26, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
+                                     THEN coalesce($9::jsonb #>> key_path, '') END \
+                              FROM reflexr_actions WHERE action = $3)), $27",
+            $close,
+            " ON CONFLICT DO NOTHING RETURNING 1"
+        )
+    };
+}
+
 /// A run's insert: what [`Runs::insert`] sends once its lane and key are
-/// settled, and [`PgConn::insert_run_alone`] inside its statement, with
-/// the parameters [`RunValues::params`] makes. `ON CONFLICT DO NOTHING`:
-/// an id (or a key) taken already inserts nothing and returns no row.
-const INSERT_RUN: &str = "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
-       on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
-       backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
-       created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
-       flow_key, traceparent) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-       $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
-       coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
-       $23, $24, $25, \
-       coalesce($26, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
-                             THEN coalesce($9::jsonb #>> key_path, '') END \
-                      FROM reflexr_actions WHERE action = $3)), $27) \
-     ON CONFLICT DO NOTHING RETURNING 1";
+/// settled, and [`PgConn::insert_run_alone`] inside its statement, in the
+/// state `$13`.
+const INSERT_RUN: &str = insert_run!("VALUES (", "$13", ")");
+
+/// A run that takes a lane and holds no key, inserted in one statement
+/// (where three would look for its id, enter its lane, insert it): nothing
+/// when its id is there already (`gone`); else the lane's row made with
+/// this run its head, or the lane's existing row locked (the no-op update,
+/// as in [`Runs::insert`]); and the run, `$13` (ready) at its lane's head,
+/// waiting behind it otherwise. Returns whether the id was there, whether
+/// the run heads its lane, and whether it was inserted (not, when another
+/// transaction inserted the id meanwhile: the caller then gives up the
+/// lane's head this statement made).
+const INSERT_LANED_RUN: &str = concat!(
+    "WITH gone AS (SELECT 1 FROM reflexr_runs WHERE id = $1), \
+          lane AS (INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
+                   SELECT $7, $1, false, $21 WHERE NOT EXISTS (SELECT 1 FROM gone) \
+                   ON CONFLICT (lane) DO UPDATE SET updated_at = reflexr_lanes.updated_at \
+                   RETURNING head = $1 AS headed), \
+          ins AS (",
+    insert_run!(
+        "SELECT ",
+        "CASE WHEN lane.headed THEN $13 ELSE 'waiting' END",
+        " FROM lane"
+    ),
+    ") SELECT EXISTS (SELECT 1 FROM gone), coalesce((SELECT headed FROM lane), false), \
+              EXISTS (SELECT 1 FROM ins)"
+);
 
 /// [`PgConn::insert_run_alone`]'s statement: [`INSERT_RUN`], and the
 /// notification that wakes other processes' executors, sent only if it
@@ -385,6 +425,16 @@ impl PgConn {
         .as_ref()
         .map(run_from)
         .transpose()
+    }
+
+    /// Deletes `lane`'s row that an insert which then inserted nothing made
+    /// with `id` its head.
+    fn give_up_lane(&self, lane: &str, id: &str) -> Result<()> {
+        self.query(
+            "DELETE FROM reflexr_lanes WHERE lane = $1 AND head = $2",
+            &[(&lane, Type::TEXT), (&id, Type::TEXT)],
+        )?;
+        Ok(())
     }
 
     fn run_exists(&self, id: &str) -> Result<bool> {
@@ -616,10 +666,30 @@ impl Runs for PgConn {
                 ],
             )?;
         }
-        // An id already there: found before a lane or a key is touched;
-        // without either, the insert's `ON CONFLICT DO NOTHING` finds it
-        // (one round trip fewer).
-        if (r.lane.is_some() || r.unique.is_some()) && self.run_exists(r.id)? {
+        // A lane and no key (a rule's firing, an ordered enqueue): one
+        // statement (one round trip where three were).
+        if let (Some(lane), None, None) = (r.lane, &r.unique, r.dead) {
+            let values = RunValues::of(r, Some(lane), "ready");
+            let rows = self.query(INSERT_LANED_RUN, &values.params(r))?;
+            let (gone, headed, inserted): (bool, bool, bool) =
+                (col(&rows[0], 0)?, col(&rows[0], 1)?, col(&rows[0], 2)?);
+            if gone {
+                return Ok(Inserted::Existed);
+            }
+            if !inserted {
+                // Another transaction inserted this id first: give up the
+                // lane's head this statement made.
+                if headed {
+                    self.give_up_lane(lane, r.id)?;
+                }
+                return self.why_not_inserted(r);
+            }
+            return Ok(Inserted::New);
+        }
+        // An id already there: found before a key is touched; without
+        // one, the insert's `ON CONFLICT DO NOTHING` finds it (one round
+        // trip fewer).
+        if r.unique.is_some() && self.run_exists(r.id)? {
             return Ok(Inserted::Existed);
         }
         if let Some(u) = &r.unique
@@ -661,11 +731,8 @@ impl Runs for PgConn {
         if inserted.is_none() {
             // Another transaction inserted this id, or took the key, first:
             // give up the lane's head this insert made.
-            if headed {
-                self.query(
-                    "DELETE FROM reflexr_lanes WHERE lane = $1 AND head = $2",
-                    &[(&lane, Type::TEXT), (&r.id, Type::TEXT)],
-                )?;
+            if let (true, Some(lane)) = (headed, lane) {
+                self.give_up_lane(lane, r.id)?;
             }
             return self.why_not_inserted(r);
         }
