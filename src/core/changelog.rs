@@ -47,6 +47,143 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
     origin: Origin,
     span: Option<&str>,
 ) -> Result<Appended> {
+    let checked = match check(conn, limits, workspace, ev, origin)? {
+        Checked::Existing(appended) => return Ok(appended),
+        Checked::New(checked) => checked,
+    };
+
+    // An expectation is checked after the head's lock; without one, the
+    // insert finds the version itself (SQLite's in its one statement;
+    // PostgreSQL's too when its transaction holds the head already).
+    let version = match ev.expected {
+        Expected::Any => None,
+        expected => {
+            Events::lock_head(conn)?;
+            let version = Events::subject_version(conn, workspace, &ev.subject)?;
+            if !expected.holds(version) {
+                let last = Events::subject_events(conn, workspace, &ev.subject, version, 1)?;
+                return Err(Error::AppendConflict {
+                    workspace: workspace.to_string(),
+                    subject: Some(ev.subject.clone()),
+                    expected: expected.to_string(),
+                    actual_version: Some(version),
+                    seq: last.first().map(|e| e.seq),
+                });
+            }
+            Some(version + 1)
+        }
+    };
+    let row = checked.row(workspace, ev, version, now, span);
+    let inserted = Events::insert(conn, &row)?;
+    appended(conn, workspace, ev, checked.id, inserted)
+}
+
+/// Appends `events`, the engine's own (`RuleFired`, each at its depth), to
+/// `workspace`'s log in order, in the caller's transaction, as
+/// [`append`] each would — in one statement where the backend can
+/// ([`Events::insert_all`]). What each append did; or, when one is
+/// refused, its index and why (`None`: the backend's statement for the
+/// whole batch failed, and the caller may append them one by one to find
+/// which).
+pub(crate) fn append_all<C: Events + Workspaces + ?Sized>(
+    conn: &C,
+    now: i64,
+    limits: Limits,
+    workspace: &str,
+    events: &[(NewEvent, Origin)],
+) -> std::result::Result<Vec<Appended>, (Option<usize>, Error)> {
+    // An expectation is checked one append at a time, after the head.
+    if events
+        .iter()
+        .any(|(ev, _)| !matches!(ev.expected, Expected::Any))
+    {
+        return events
+            .iter()
+            .enumerate()
+            .map(|(i, (ev, origin))| {
+                append(conn, now, limits, workspace, ev, *origin, None).map_err(|e| (Some(i), e))
+            })
+            .collect();
+    }
+    let mut checked = Vec::with_capacity(events.len());
+    for (i, (ev, origin)) in events.iter().enumerate() {
+        match check(conn, limits, workspace, ev, *origin).map_err(|e| (Some(i), e))? {
+            Checked::New(c) => checked.push(c),
+            // Only an expectation looks an id up first.
+            Checked::Existing(_) => unreachable!("no expectation, no look-up"),
+        }
+    }
+    let rows: Vec<events::NewRow<'_>> = checked
+        .iter()
+        .zip(events)
+        .map(|(c, (ev, _))| c.row(workspace, ev, None, now, None))
+        .collect();
+    let inserted = Events::insert_all(conn, &rows)?;
+    drop(rows);
+    checked
+        .into_iter()
+        .zip(inserted)
+        .zip(events)
+        .enumerate()
+        .map(|(i, ((c, inserted), (ev, _)))| {
+            appended(conn, workspace, ev, c.id, inserted).map_err(|e| (Some(i), e))
+        })
+        .collect()
+}
+
+/// An append's checks passed: what its row is made of.
+struct CheckedEvent<'e> {
+    id: String,
+    depth: i64,
+    payload: &'e str,
+}
+
+impl<'e> CheckedEvent<'e> {
+    fn row<'r>(
+        &'r self,
+        workspace: &'r str,
+        ev: &'r NewEvent,
+        version: Option<i64>,
+        now: i64,
+        span: Option<&'r str>,
+    ) -> events::NewRow<'r> {
+        events::NewRow {
+            workspace,
+            id: &self.id,
+            event_type: &ev.event_type,
+            subject: &ev.subject,
+            version,
+            actor: &ev.actor,
+            occurred_at: ev.occurred_at,
+            recorded_at: now,
+            payload: self.payload,
+            causation_id: ev.causation_id.as_deref(),
+            correlation_id: ev.correlation_id.as_deref(),
+            depth: self.depth,
+            // The append's span when there is one (a child of the given
+            // traceparent), else what it was given.
+            traceparent: span.or(ev.traceparent.as_deref()),
+        }
+    }
+}
+
+/// What an append's checks found.
+enum Checked<'e> {
+    /// Its id is there already (looked up only before an expectation).
+    Existing(Appended),
+    New(CheckedEvent<'e>),
+}
+
+/// An append's checks, before its row is written: its fields, its
+/// payload, its id (an expectation's append finds one there already
+/// first), its depth.
+fn check<'e, C: Events + ?Sized>(
+    conn: &C,
+    limits: Limits,
+    workspace: &str,
+    ev: &'e NewEvent,
+    origin: Origin,
+) -> Result<Checked<'e>> {
     limits::check_name("workspace", workspace)?;
     limits::check_name("event type", &ev.event_type)?;
     if !matches!(origin, Origin::Engine { .. }) && RESERVED_TYPES.contains(&ev.event_type.as_str())
@@ -88,7 +225,7 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
             if !matches!(ev.expected, Expected::Any)
                 && let Some(seq) = Events::seq_of(conn, workspace, id)?
             {
-                return existing(conn, seq, id.clone());
+                return Ok(Checked::Existing(existing(conn, seq, id.clone())?));
             }
             id.clone()
         }
@@ -101,46 +238,18 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
         }
         (Origin::App, None) => 0,
     };
+    Ok(Checked::New(CheckedEvent { id, depth, payload }))
+}
 
-    // An expectation is checked after the head's lock; without one, the
-    // insert finds the version itself (SQLite's in its one statement;
-    // PostgreSQL's too when its transaction holds the head already).
-    let version = match ev.expected {
-        Expected::Any => None,
-        expected => {
-            Events::lock_head(conn)?;
-            let version = Events::subject_version(conn, workspace, &ev.subject)?;
-            if !expected.holds(version) {
-                let last = Events::subject_events(conn, workspace, &ev.subject, version, 1)?;
-                return Err(Error::AppendConflict {
-                    workspace: workspace.to_string(),
-                    subject: Some(ev.subject.clone()),
-                    expected: expected.to_string(),
-                    actual_version: Some(version),
-                    seq: last.first().map(|e| e.seq),
-                });
-            }
-            Some(version + 1)
-        }
-    };
-    let row = events::NewRow {
-        workspace,
-        id: &id,
-        event_type: &ev.event_type,
-        subject: &ev.subject,
-        version,
-        actor: &ev.actor,
-        occurred_at: ev.occurred_at,
-        recorded_at: now,
-        payload,
-        causation_id: ev.causation_id.as_deref(),
-        correlation_id: ev.correlation_id.as_deref(),
-        depth,
-        // The append's span when there is one (a child of the given
-        // traceparent), else what it was given.
-        traceparent: span.or(ev.traceparent.as_deref()),
-    };
-    match Events::insert(conn, &row)? {
+/// What an append whose insert did `inserted` reports.
+fn appended<C: Events + Workspaces + ?Sized>(
+    conn: &C,
+    workspace: &str,
+    ev: &NewEvent,
+    id: String,
+    inserted: Inserted,
+) -> Result<Appended> {
+    match inserted {
         Inserted::At { seq, version } => Ok(Appended {
             seq,
             id,

@@ -483,6 +483,28 @@ impl<'a, B: Backend> Tx<'a, B> {
         Ok(appended)
     }
 
+    /// Appends the engine's own `events` (each at its [`Origin::Engine`]
+    /// depth; they make no spans) to `workspace`'s log, in order, in as few
+    /// statements as the backend can ([`changelog::append_all`]): what each
+    /// did, or which was refused and why (`None`: the batch's statement).
+    pub(crate) fn append_all_as(
+        &mut self,
+        workspace: &str,
+        events: &[(NewEvent, Origin)],
+    ) -> std::result::Result<Vec<Appended>, (Option<usize>, Error)> {
+        debug_assert!(
+            events
+                .iter()
+                .all(|(_, o)| matches!(o, Origin::Engine { .. }))
+        );
+        let now = self.now_ms();
+        let appended = changelog::append_all(self.conn, now, self.limits(), workspace, events)?;
+        if appended.iter().any(|a| !a.existing) {
+            self.nudge = self.nudge.with(Wake::EVENTS);
+        }
+        Ok(appended)
+    }
+
     /// Moves the application consumer `consumer`'s cursor on `workspace` to
     /// `seq`, in this transaction: the rows the consumer wrote for the events
     /// it handled commit with the cursor's advance.

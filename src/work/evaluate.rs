@@ -40,6 +40,13 @@
 //! fails is recorded against the rule's cursor (`reflexr_stuck_consumers`
 //! once it failed [`crate::limits::STUCK_AFTER_FAILURES`] times at one
 //! position) and tried again.
+//!
+//! A batch's `RuleFired` envelopes are appended together, then its runs:
+//! on PostgreSQL the envelopes are one statement (where each was a round
+//! trip), and a refusal still names its firing — its checks are made
+//! before anything is sent, and what the statement does not insert is
+//! reported for its row. Should that statement fail as a whole, the batch
+//! is written again one firing at a time, to find the firing to blame.
 
 use std::any::Any;
 use std::borrow::Cow;
@@ -839,6 +846,9 @@ enum CommitError {
     /// The firing at this index of [`Decided::firings`] could not be
     /// recorded: the batch is written again with it as an error.
     Firing(usize, Error),
+    /// The one statement of the firings' envelopes failed, no firing to
+    /// blame: the batch is written again one firing at a time.
+    Batch(Error),
     Other(Error),
 }
 
@@ -861,23 +871,35 @@ fn commit_rule<B: Backend>(
 ) -> Result<Option<Committed>> {
     let to = page[d.through - 1].seq;
     let mut refused: Vec<(usize, Error)> = Vec::new();
+    let mut one_by_one = false;
     loop {
         let attempt = consumer::advance(tx, d.rule.consumer(), lease, d.stand, |tx| {
-            Ok((commit(tx, d, page, lease, &refused, handing)?, to))
+            Ok((
+                commit(tx, d, page, lease, &refused, handing, one_by_one)?,
+                to,
+            ))
         });
         match attempt {
             Ok(done) => return Ok(done),
             Err(CommitError::Firing(i, e)) if !refused.iter().any(|(r, _)| *r == i) => {
                 refused.push((i, e));
             }
-            Err(CommitError::Firing(_, e) | CommitError::Other(e)) => return Err(e),
+            // The envelopes' statement failed as a whole: written again one
+            // firing at a time, to find the firing to blame.
+            Err(CommitError::Batch(_)) if !one_by_one => one_by_one = true,
+            Err(CommitError::Firing(_, e) | CommitError::Batch(e) | CommitError::Other(e)) => {
+                return Err(e);
+            }
         }
     }
 }
 
 /// Writes what one rule decided, inside [`consumer::advance`] (which checked
 /// the evaluator lease and the cursor, and moves the cursor after); the
-/// firings in `refused` are recorded as errors instead.
+/// firings in `refused` are recorded as errors instead. The firings'
+/// `RuleFired` envelopes are appended together (one statement on
+/// PostgreSQL), then their runs; `one_by_one` records each firing's
+/// envelope and run in turn.
 fn commit<B: Backend>(
     tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
@@ -885,6 +907,7 @@ fn commit<B: Backend>(
     lease: &Lease,
     refused: &[(usize, Error)],
     handing: Option<&Handing<'_>>,
+    one_by_one: bool,
 ) -> std::result::Result<Committed, CommitError> {
     let rule = d.rule;
     let now = tx.now_ms();
@@ -904,6 +927,8 @@ fn commit<B: Backend>(
     let mut done = Committed::default();
     let (mut existing, mut kept) = (0, 0);
     let mut refused_errors = Vec::new();
+    // The firings to record, by their index in `d.firings`.
+    let mut fresh = Vec::with_capacity(d.firings.len());
     for (i, f) in d.firings.iter().enumerate() {
         let event = &page[f.event];
         if let Some((_, e)) = refused.iter().find(|(r, _)| *r == i) {
@@ -919,13 +944,45 @@ fn commit<B: Backend>(
             existing += 1;
             continue;
         }
-        match record_firing(tx, rule, f, event, lease, handing) {
+        fresh.push(i);
+    }
+    // A firing's failure is its own, unless the transaction cannot go on.
+    let blame = |i: usize, e: Error| {
+        if e.dooms_transaction() {
+            CommitError::Other(e)
+        } else {
+            CommitError::Firing(i, e)
+        }
+    };
+    if !one_by_one && !fresh.is_empty() {
+        let mut envelopes = Vec::with_capacity(fresh.len());
+        for &i in &fresh {
+            let event = &page[d.firings[i].event];
+            let envelope =
+                fired_envelope(tx, rule, &d.firings[i], event, lease).map_err(|e| blame(i, e))?;
+            envelopes.push((envelope, Origin::Engine { depth: event.depth }));
+        }
+        match tx.append_all_as(&rule.workspace, &envelopes) {
+            Ok(_) => {}
+            Err((Some(k), e)) => return Err(blame(fresh[k], e)),
+            Err((None, e)) if e.dooms_transaction() => return Err(CommitError::Other(e)),
+            Err((None, e)) => return Err(CommitError::Batch(e)),
+        }
+    }
+    for &i in &fresh {
+        let f = &d.firings[i];
+        let event = &page[f.event];
+        let recorded = if one_by_one {
+            record_firing(tx, rule, f, event, lease, handing)
+        } else {
+            record_run(tx, rule, f, event, handing)
+        };
+        match recorded {
             Ok(handed) => {
                 done.fired += 1;
                 done.handed.extend(handed);
             }
-            Err(e) if e.dooms_transaction() => return Err(CommitError::Other(e)),
-            Err(e) => return Err(CommitError::Firing(i, e)),
+            Err(e) => return Err(blame(i, e)),
         }
     }
     let refused = refused_errors;
@@ -1023,7 +1080,23 @@ fn record_firing<B: Backend>(
     lease: &Lease,
     handing: Option<&Handing<'_>>,
 ) -> Result<Option<HandedRow>> {
-    let now = tx.now_ms();
+    let fired = fired_envelope(tx, rule, f, event, lease)?;
+    tx.append_as(
+        &rule.workspace,
+        &fired,
+        Origin::Engine { depth: event.depth },
+    )?;
+    record_run(tx, rule, f, event, handing)
+}
+
+/// A firing's `RuleFired` event, made under `lease`.
+fn fired_envelope<B: Backend>(
+    tx: &Tx<'_, B>,
+    rule: &Rule,
+    f: &Firing,
+    event: &Event,
+    lease: &Lease,
+) -> Result<NewEvent> {
     let max_depth = tx.limits().max_chain_depth;
     let actor = format!("rule:{}", rule.name);
     let action = rule
@@ -1057,12 +1130,26 @@ fn record_firing<B: Backend>(
             },
             scope: &f.scope,
         });
-    let fired = with_cause(fired, event);
-    tx.append_as(
-        &rule.workspace,
-        &fired,
-        Origin::Engine { depth: event.depth },
-    )?;
+    Ok(with_cause(fired, event))
+}
+
+/// Records a firing's run, its envelope appended (or, past the chain depth
+/// limit, its dead run and dead letter); hands it to an idle executor when
+/// `handing` has one.
+fn record_run<B: Backend>(
+    tx: &mut Tx<'_, B>,
+    rule: &Rule,
+    f: &Firing,
+    event: &Event,
+    handing: Option<&Handing<'_>>,
+) -> Result<Option<HandedRow>> {
+    let now = tx.now_ms();
+    let max_depth = tx.limits().max_chain_depth;
+    let action = rule
+        .action
+        .as_deref()
+        .expect("a registered rule has an action");
+    let too_deep = event.depth + 1 > max_depth;
     let conn = tx.core();
     let dead = too_deep.then(|| {
         format!(

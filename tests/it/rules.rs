@@ -29,6 +29,7 @@ on_backends!(
     a_pass_through_rule_fires_on_an_event_just_under_the_payload_limit,
     what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on,
     a_firing_the_file_refuses_is_an_evaluation_error_and_the_others_are_recorded,
+    a_firing_whose_envelope_the_log_refuses_is_an_evaluation_error_and_the_others_are_recorded,
     a_rule_whose_commit_keeps_failing_shows_as_stuck_until_it_moves,
     a_new_rule_version_continues_resets_its_state_or_replays_as_it_says,
     a_rule_gone_from_the_code_keeps_its_rows_until_deleted,
@@ -819,6 +820,58 @@ fn a_firing_the_file_refuses_is_an_evaluation_error_and_the_others_are_recorded<
         4,
         "a refused firing leaves no RuleFired behind"
     );
+    assert_eq!(
+        e.rule_state::<Count>("each", "1").unwrap(),
+        Some(Count { n: 2 })
+    );
+    assert_eq!(e.rules().unwrap()[0].lag, 0);
+}
+
+/// Invariant 4 with errors per (rule, event), for the envelopes: a batch's
+/// `RuleFired` envelopes are appended together (one statement on
+/// PostgreSQL, which a refusal fails as a whole: the batch is written again
+/// one firing at a time to find the one to blame). A firing whose envelope
+/// the log refuses (an application trigger, here, on one scope's) becomes
+/// a RuleErrored and a dead letter; the others, the state and the cursor
+/// commit as decided.
+fn a_firing_whose_envelope_the_log_refuses_is_an_evaluation_error_and_the_others_are_recorded<
+    B: TestBackend,
+>() {
+    let (place, clock) = scene::<B>();
+    let e = rules_engine::<B>(&place, &clock, "test");
+    e.register_rule(every_nth("each", 1)).unwrap();
+    B::refuse(
+        &e,
+        "no_envelopes_for_1",
+        "INSERT ON reflexr_events",
+        "NEW.type = 'RuleFired' AND NEW.payload LIKE '%\"scope\":\"1\"%'",
+        "no envelopes for session 1",
+    );
+    append_rsvps(&e, 3, 2);
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.fired, idle.errored), (6, 4, 2));
+    let mut scopes: Vec<String> = e
+        .runs(None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.scope.unwrap())
+        .collect();
+    scopes.sort();
+    assert_eq!(scopes, ["0", "0", "2", "2"]);
+    let dead = e.dead_letters(false, 10).unwrap();
+    assert_eq!(dead.len(), 2);
+    assert!(
+        dead.iter()
+            .all(|d| d.reason == reflexr::inspect::Reason::FiringRefused
+                && d.error.contains("no envelopes for session 1")),
+        "{dead:?}"
+    );
+    let fired = e.read(&Query::new("app").types(["RuleFired"])).unwrap();
+    assert_eq!(fired.len(), 4);
+    // Dense seqs: the refused envelopes took none.
+    let all = e.read(&Query::new("app")).unwrap();
+    let seqs: Vec<i64> = all.iter().map(|ev| ev.seq).collect();
+    assert_eq!(seqs, (1..=all.len() as i64).collect::<Vec<_>>());
     assert_eq!(
         e.rule_state::<Count>("each", "1").unwrap(),
         Some(Count { n: 2 })

@@ -2,6 +2,102 @@
 
 use super::*;
 
+/// Invariants 1 and 3 for appends made together (a rule's `RuleFired`
+/// envelopes: one statement on PostgreSQL): in order at the next dense
+/// seqs, after the transaction's own appends; each subject's versions in
+/// order after its last; an id there already found, taking no seq; a type
+/// the workspace has not registered refused for that append, by its index.
+#[test]
+fn appends_made_together_are_dense_in_order_and_once_per_id() {
+    on_every_backend(|db| {
+        setup(db, "shop");
+        db.tx(|c| append(c, "shop", &event("Opened", "s-1").id("e-1")))
+            .unwrap();
+        let engine = |e: NewEvent| (e, Origin::Engine { depth: 2 });
+        let (before, all) = db
+            .tx_ordered(|c| {
+                let before = append(c, "shop", &event("Opened", "s-2"))?;
+                let all = changelog::append_all(
+                    c,
+                    NOW,
+                    LIMITS,
+                    "shop",
+                    &[
+                        engine(event("Closed", "s-1").id("e-2")),
+                        engine(event("Closed", "s-9").id("e-1")),
+                        engine(event("Opened", "s-3").id("e-3")),
+                        engine(event("Closed", "s-1").id("e-4")),
+                        engine(event("Closed", "s-2").id("e-5")),
+                    ],
+                )
+                .map_err(|(_, e)| e)?;
+                Ok((before, all))
+            })
+            .unwrap();
+        assert_eq!((before.seq, before.version), (2, 1), "{}", db.name());
+        let got: Vec<_> = all
+            .iter()
+            .map(|a| (a.id.as_str(), a.seq, a.version, a.existing))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("e-2", 3, 2, false),
+                ("e-1", 1, 1, true),
+                ("e-3", 4, 1, false),
+                ("e-4", 5, 3, false),
+                ("e-5", 6, 2, false),
+            ],
+            "{}",
+            db.name()
+        );
+        db.tx(|c| {
+            assert_eq!(changelog::head(c)?, 6);
+            let read = changelog::read(c, &query("shop", 0))?;
+            let rows: Vec<_> = read
+                .iter()
+                .map(|e| (e.seq, e.id.as_str(), e.subject.as_str(), e.version, e.depth))
+                .collect();
+            assert_eq!(
+                rows[2..],
+                [
+                    (3, "e-2", "s-1", 2, 2),
+                    (4, "e-3", "s-3", 1, 2),
+                    (5, "e-4", "s-1", 3, 2),
+                    (6, "e-5", "s-2", 2, 2),
+                ]
+            );
+            Ok(())
+        })
+        .unwrap();
+        // A type the workspace does not accept: that append is refused
+        // (and the write, rolled back, leaves nothing).
+        let mut refused = None;
+        let rolled_back = db.tx_ordered(|c| {
+            let all = changelog::append_all(
+                c,
+                NOW,
+                LIMITS,
+                "shop",
+                &[
+                    engine(event("Opened", "s-4").id("e-6")),
+                    engine(event("Refunded", "s-4").id("e-7")),
+                ],
+            );
+            let (i, e) = all.expect_err("a type not accepted");
+            refused = Some((i, e.is_not_found()));
+            Err::<(), _>(e)
+        });
+        assert!(rolled_back.is_err());
+        assert_eq!(refused, Some((Some(1), true)), "{}", db.name());
+        // The next append takes the next seq: nothing was left behind.
+        let next = db
+            .tx(|c| append(c, "shop", &event("Opened", "s-4")))
+            .unwrap();
+        assert_eq!(next.seq, 7, "{}", db.name());
+    });
+}
+
 /// Invariants 1 and 3: seqs are dense and increasing; an id is appended once,
 /// and appending it again reports the first seq.
 #[test]

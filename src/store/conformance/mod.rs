@@ -167,6 +167,24 @@ impl Db {
     }
 }
 
+impl Db {
+    /// [`Db::tx`] in a transaction that takes the log's head with its
+    /// `BEGIN`, as the engine's shared writes do (PostgreSQL; on SQLite the
+    /// one writer holds it).
+    fn tx_ordered<T>(&mut self, f: impl FnOnce(&dyn Core) -> Result<T>) -> Result<T> {
+        match self {
+            Db::Sqlite(..) => self.tx(f),
+            #[cfg(feature = "postgres")]
+            Db::Pg(pool, _) => {
+                let conn = PgConn::begin_ordered(pool.get()?)?;
+                let out = f(&conn)?;
+                conn.commit()?;
+                Ok(out)
+            }
+        }
+    }
+}
+
 /// Runs `body` on a fresh SQLite file, then — with the feature `postgres`
 /// — on a fresh PostgreSQL schema.
 fn on_every_backend(body: impl Fn(&mut Db)) {

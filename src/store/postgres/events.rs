@@ -99,6 +99,45 @@ const INSERT_ALONE: &str = concat!(
      SELECT ins.seq, ins.version, pg_notify($15, $16) FROM ins"
 );
 
+/// Appends of one workspace in one statement ([`Events::insert_all`]),
+/// in a transaction that holds the head: `$1` the workspace, `$2` the last
+/// seq the transaction took (0: none), `$3`–`$13` the rows' columns as
+/// arrays in order. The ids there already (found by their index: the
+/// array passed as a subquery's value, whatever the statistics) and the
+/// rows whose type the workspace has not registered insert nothing; the
+/// rest take the seqs after the head in order, with no gap, and each the
+/// next version of its subject (rows of one subject in order). No other
+/// transaction can append while this one holds the head, so no insert
+/// meets an id: nothing to do on a conflict. Returns the inserted rows'
+/// ids with their seqs and versions, and the ids found there with their
+/// seqs (a null version).
+const INSERT_ALL: &str = concat!(
+    "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
+          rows AS (SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], \
+                     $7::bigint[], $8::bigint[], $9::text[], $10::text[], $11::text[], \
+                     $12::int[], $13::text[]) \
+                   WITH ORDINALITY AS r (id, type, subject, actor, occurred_at, recorded_at, \
+                     payload, causation_id, correlation_id, depth, traceparent, ord)), \
+          there AS (SELECT id, seq FROM reflexr_events \
+                    WHERE workspace = $1 AND id = ANY ((SELECT $3::text[])::text[])), \
+          fresh AS (SELECT r.*, row_number() OVER (ORDER BY r.ord) AS n FROM rows r \
+                    WHERE r.id NOT IN (SELECT id FROM there) \
+                      AND EXISTS (SELECT 1 FROM reflexr_event_types \
+                                  WHERE workspace = $1 AND type = r.type)), \
+          ins AS (INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, \
+                    occurred_at, recorded_at, payload, causation_id, correlation_id, depth, \
+                    version, traceparent) \
+                  SELECT greatest(head.seq, $2) + f.n, $1, f.id, f.type, f.subject, f.actor, \
+                    f.occurred_at, f.recorded_at, f.payload, f.causation_id, f.correlation_id, \
+                    f.depth, ",
+    version_of!("$1", "f.subject"),
+    " + row_number() OVER (PARTITION BY f.subject ORDER BY f.ord), f.traceparent \
+                  FROM head, fresh f \
+                  RETURNING id, seq, version) \
+     SELECT id, seq, version FROM ins \
+     UNION ALL SELECT id, seq, NULL FROM there"
+);
+
 /// The append's statement's 14 parameters ([`append_ctes`]): the row,
 /// its depth, and the last seq its transaction took (0: none).
 fn append_params<'p>(row: &'p NewRow<'_>, depth: &'p i32, last: &'p i64) -> Vec<super::Param<'p>> {
@@ -308,6 +347,92 @@ impl Events for PgConn {
         Err(Error::Busy {
             detail: "the event type was registered while this append ran; try again".into(),
         })
+    }
+
+    fn insert_all(
+        &self,
+        rows: &[NewRow<'_>],
+    ) -> std::result::Result<Vec<Inserted>, (Option<usize>, Error)> {
+        let one_by_one = |rows: &[NewRow<'_>]| {
+            rows.iter()
+                .enumerate()
+                .map(|(i, row)| self.insert(row).map_err(|e| (Some(i), e)))
+                .collect()
+        };
+        // One statement where the transaction holds the head (the engine's
+        // shared writes do), for rows of one workspace, distinct ids, their
+        // versions left to the insert; else one insert after another.
+        let Some(first) = rows.first() else {
+            return Ok(Vec::new());
+        };
+        let ids: std::collections::HashMap<&str, usize> =
+            rows.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
+        if rows.len() < 2
+            || self.begun.get() != super::Begun::Yes
+            || !self.holds_head.get()
+            || ids.len() != rows.len()
+            || rows
+                .iter()
+                .any(|r| r.workspace != first.workspace || r.version.is_some())
+        {
+            return one_by_one(rows);
+        }
+        let mut depths = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            depths.push(i32::try_from(row.depth).map_err(|_| {
+                (
+                    Some(i),
+                    Error::invalid("depth", "more than 2^31 causes deep"),
+                )
+            })?);
+        }
+        let id: Vec<&str> = rows.iter().map(|r| r.id).collect();
+        let event_type: Vec<&str> = rows.iter().map(|r| r.event_type).collect();
+        let subject: Vec<&str> = rows.iter().map(|r| r.subject).collect();
+        let actor: Vec<&str> = rows.iter().map(|r| r.actor).collect();
+        let payload: Vec<&str> = rows.iter().map(|r| r.payload).collect();
+        let causation: Vec<Option<&str>> = rows.iter().map(|r| r.causation_id).collect();
+        let correlation: Vec<Option<&str>> = rows.iter().map(|r| r.correlation_id).collect();
+        let traceparent: Vec<Option<&str>> = rows.iter().map(|r| r.traceparent).collect();
+        let occurred: Vec<i64> = rows.iter().map(|r| r.occurred_at).collect();
+        let recorded: Vec<i64> = rows.iter().map(|r| r.recorded_at).collect();
+        let last = self.last_seq.get();
+        let found = self
+            .query(
+                INSERT_ALL,
+                &[
+                    (&first.workspace, Type::TEXT),
+                    (&last, Type::INT8),
+                    (&id, Type::TEXT_ARRAY),
+                    (&event_type, Type::TEXT_ARRAY),
+                    (&subject, Type::TEXT_ARRAY),
+                    (&actor, Type::TEXT_ARRAY),
+                    (&occurred, Type::INT8_ARRAY),
+                    (&recorded, Type::INT8_ARRAY),
+                    (&payload, Type::TEXT_ARRAY),
+                    (&causation, Type::TEXT_ARRAY),
+                    (&correlation, Type::TEXT_ARRAY),
+                    (&depths, Type::INT4_ARRAY),
+                    (&traceparent, Type::TEXT_ARRAY),
+                ],
+            )
+            .map_err(|e| (None, e))?;
+        // A row neither inserted nor found: its type is not registered.
+        let mut out = vec![Inserted::Unregistered; rows.len()];
+        for row in &found {
+            let (row_id, seq, version): (&str, i64, Option<i64>) =
+                (|| Ok::<_, Error>((col(row, 0)?, col(row, 1)?, col(row, 2)?)))()
+                    .map_err(|e| (None, e))?;
+            let i = ids[row_id];
+            out[i] = match version {
+                Some(version) => {
+                    self.last_seq.set(self.last_seq.get().max(seq));
+                    Inserted::At { seq, version }
+                }
+                None => Inserted::Existing { seq },
+            };
+        }
+        Ok(out)
     }
 
     fn seq_of(&self, workspace: &str, id: &str) -> Result<Option<i64>> {
