@@ -298,6 +298,64 @@ fn ready_runs(client: &mut Client, prefix: &str, n: i32) {
         .unwrap();
 }
 
+/// Invariant 3 (an id is appended once), at the cost of a batch: the one
+/// statement of a rule's envelopes finds the ids there already through the
+/// ids' index, and each subject's last version through the subjects' — in
+/// a plan made for the values given as in the generic one — on a log of
+/// 20,000 events whose statistics were never gathered (a new database).
+#[test]
+fn appends_made_together_read_the_log_by_its_indexes_whatever_the_statistics() {
+    let schema = PgSchema::new();
+    let mut client = schema.client();
+    client
+        .batch_execute(&format!(
+            "INSERT INTO reflexr_workspaces (name, created_at) VALUES ('w', 0); \
+             INSERT INTO reflexr_event_types (workspace, type, registered_at) \
+               VALUES ('w', 'tick', 0); \
+             INSERT INTO reflexr_events (seq, workspace, id, type, subject, actor, \
+               occurred_at, recorded_at, payload, version) \
+             SELECT i, 'w', 'e-' || i, 'tick', 's-' || i, 'a', 0, 0, '{{}}', 1 \
+             FROM generate_series(1, 20000) AS i; \
+             UPDATE reflexr_head SET seq = 20000; \
+             PREPARE batch AS {}",
+            pg::events::INSERT_ALL
+        ))
+        .unwrap();
+    let texts = |v: &[&str]| format!("'{{{}}}'", v.join(","));
+    let call = format!(
+        "batch('w', 0, {ids}, {types}, {subjects}, {texts}, '{{0,0}}', '{{0,0}}', {payloads}, \
+         '{{NULL,NULL}}', '{{NULL,NULL}}', '{{0,0}}', '{{NULL,NULL}}')",
+        ids = texts(&["e-7", "f-1"]),
+        types = texts(&["tick", "tick"]),
+        subjects = texts(&["s-7", "s-9"]),
+        texts = texts(&["a", "a"]),
+        payloads = "'{\"{}\",\"{}\"}'",
+    );
+    for mode in PLAN_MODES {
+        let plan = plan_of(&mut client, mode, &call);
+        assert!(plan.contains("reflexr_events_by_id"), "{mode}: {plan}");
+        assert!(plan.contains("reflexr_events_by_subject"), "{mode}: {plan}");
+        assert!(
+            !plan.contains("Seq Scan on reflexr_events"),
+            "{mode}: {plan}"
+        );
+    }
+    // And it does its work: `e-7` found, `f-1` appended after the head.
+    let rows: Vec<(String, i64, Option<i64>)> = client
+        .query(&format!("EXECUTE {call}"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("f-1".to_string(), 20_001, Some(2)),
+            ("e-7".to_string(), 7, None)
+        ]
+    );
+}
+
 /// The server's two ways of planning a prepared statement: for the values
 /// given (its first five executions on a connection, and later ones while
 /// the generic plan costs more), and once for any values.

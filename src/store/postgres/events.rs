@@ -102,8 +102,9 @@ const INSERT_ALONE: &str = concat!(
 /// Appends of one workspace in one statement ([`Events::insert_all`]),
 /// in a transaction that holds the head: `$1` the workspace, `$2` the last
 /// seq the transaction took (0: none), `$3`–`$13` the rows' columns as
-/// arrays in order. The ids there already (found by their index: the
-/// array passed as a subquery's value, whatever the statistics) and the
+/// arrays in order. The ids there already (found through the ids' index,
+/// the array passed as a subquery's value as a batch of runs passes its
+/// positions; a unit test pins the plan on a log never analysed) and the
 /// rows whose type the workspace has not registered insert nothing; the
 /// rest take the seqs after the head in order, with no gap, and each the
 /// next version of its subject (rows of one subject in order). No other
@@ -111,7 +112,7 @@ const INSERT_ALONE: &str = concat!(
 /// meets an id: nothing to do on a conflict. Returns the inserted rows'
 /// ids with their seqs and versions, and the ids found there with their
 /// seqs (a null version).
-const INSERT_ALL: &str = concat!(
+pub(in crate::store) const INSERT_ALL: &str = concat!(
     "WITH head AS (SELECT seq FROM reflexr_head FOR UPDATE), \
           rows AS (SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], \
                      $7::bigint[], $8::bigint[], $9::text[], $10::text[], $11::text[], \

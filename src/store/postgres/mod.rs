@@ -36,7 +36,7 @@ pub(in crate::store) mod control;
 mod counters;
 mod cursors;
 mod dead_letters;
-mod events;
+pub(in crate::store) mod events;
 mod followers;
 mod guard;
 mod inspect;
