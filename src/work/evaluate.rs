@@ -41,12 +41,13 @@
 //! once it failed [`crate::limits::STUCK_AFTER_FAILURES`] times at one
 //! position) and tried again.
 //!
-//! A batch's `RuleFired` envelopes are appended together, then its runs:
-//! on PostgreSQL the envelopes are one statement (where each was a round
-//! trip), and a refusal still names its firing — its checks are made
-//! before anything is sent, and what the statement does not insert is
-//! reported for its row. Should that statement fail as a whole, the batch
-//! is written again one firing at a time, to find the firing to blame.
+//! A batch's `RuleFired` envelopes are appended together, then its runs
+//! together: on PostgreSQL each is one statement (where each firing's
+//! envelope and run were round trips of their own), and a refusal still
+//! names its firing — the checks are made before anything is sent, and
+//! what a statement does not insert is reported for its row. Should a
+//! statement fail as a whole, the batch is written again one firing at a
+//! time, to find the firing to blame.
 
 use std::any::Any;
 use std::borrow::Cow;
@@ -846,8 +847,9 @@ enum CommitError {
     /// The firing at this index of [`Decided::firings`] could not be
     /// recorded: the batch is written again with it as an error.
     Firing(usize, Error),
-    /// The one statement of the firings' envelopes failed, no firing to
-    /// blame: the batch is written again one firing at a time.
+    /// The one statement of the firings' envelopes, or of their runs,
+    /// failed, no firing to blame: the batch is written again one firing
+    /// at a time.
     Batch(Error),
     Other(Error),
 }
@@ -897,9 +899,9 @@ fn commit_rule<B: Backend>(
 /// Writes what one rule decided, inside [`consumer::advance`] (which checked
 /// the evaluator lease and the cursor, and moves the cursor after); the
 /// firings in `refused` are recorded as errors instead. The firings'
-/// `RuleFired` envelopes are appended together (one statement on
-/// PostgreSQL), then their runs; `one_by_one` records each firing's
-/// envelope and run in turn.
+/// `RuleFired` envelopes are appended together, then their runs are made
+/// together (one statement each on PostgreSQL); `one_by_one` records each
+/// firing's envelope and run in turn.
 fn commit<B: Backend>(
     tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
@@ -969,20 +971,45 @@ fn commit<B: Backend>(
             Err((None, e)) => return Err(CommitError::Batch(e)),
         }
     }
-    for &i in &fresh {
-        let f = &d.firings[i];
-        let event = &page[f.event];
-        let recorded = if one_by_one {
-            record_firing(tx, rule, f, event, lease, handing)
-        } else {
-            record_run(tx, rule, f, event, handing)
-        };
-        match recorded {
-            Ok(handed) => {
-                done.fired += 1;
-                done.handed.extend(handed);
+    if one_by_one {
+        for &i in &fresh {
+            let f = &d.firings[i];
+            match record_firing(tx, rule, f, &page[f.event], lease, handing) {
+                Ok(handed) => {
+                    done.fired += 1;
+                    done.handed.extend(handed);
+                }
+                Err(e) => return Err(blame(i, e)),
             }
-            Err(e) => return Err(blame(i, e)),
+        }
+    } else if !fresh.is_empty() {
+        // The runs together too (one statement on PostgreSQL), then each
+        // dead one's dead letter, or its hand-over.
+        let runs: Vec<FiringRun> = fresh
+            .iter()
+            .map(|&i| FiringRun::of(tx, rule, &d.firings[i], &page[d.firings[i].event]))
+            .collect();
+        let rows: Vec<NewRun<'_>> = fresh
+            .iter()
+            .zip(&runs)
+            .map(|(&i, run)| run.new_run(rule, &d.firings[i], &page[d.firings[i].event]))
+            .collect();
+        match Runs::insert_all(tx.core(), &rows) {
+            Ok(_) => {}
+            Err((Some(k), e)) => return Err(blame(fresh[k], e)),
+            Err((None, e)) if e.dooms_transaction() => return Err(CommitError::Other(e)),
+            Err((None, e)) => return Err(CommitError::Batch(e)),
+        }
+        drop(rows);
+        for (&i, run) in fresh.iter().zip(runs) {
+            let f = &d.firings[i];
+            match run.finish(tx, rule, f, &page[f.event], handing) {
+                Ok(handed) => {
+                    done.fired += 1;
+                    done.handed.extend(handed);
+                }
+                Err(e) => return Err(blame(i, e)),
+            }
         }
     }
     let refused = refused_errors;
@@ -1099,10 +1126,7 @@ fn fired_envelope<B: Backend>(
 ) -> Result<NewEvent> {
     let max_depth = tx.limits().max_chain_depth;
     let actor = format!("rule:{}", rule.name);
-    let action = rule
-        .action
-        .as_deref()
-        .expect("a registered rule has an action");
+    let action = rule_action(rule);
     let too_deep = event.depth + 1 > max_depth;
     // The decision's input as it was written (checked JSON), not parsed
     // into a value to be written again.
@@ -1143,80 +1167,118 @@ fn record_run<B: Backend>(
     event: &Event,
     handing: Option<&Handing<'_>>,
 ) -> Result<Option<HandedRow>> {
-    let now = tx.now_ms();
-    let max_depth = tx.limits().max_chain_depth;
-    let action = rule
-        .action
-        .as_deref()
-        .expect("a registered rule has an action");
-    let too_deep = event.depth + 1 > max_depth;
-    let conn = tx.core();
-    let dead = too_deep.then(|| {
-        format!(
-            "the firing event is {} deep; a run would emit events past the chain depth limit of \
-             {max_depth}",
-            event.depth
-        )
-    });
-    let lane = (rule.ordering == RunOrder::Scope).then(|| format!("{} {}", rule.name, f.scope));
-    // The decision's span, a child of the event's: the run carries it.
-    let span = tx.settings().telemetry.start(Op::Decide {
-        workspace: &rule.workspace,
-        rule: &rule.name,
-        event_id: &event.id,
-        run_id: &f.id,
-        action,
-        parent: event.traceparent.as_deref(),
-    });
-    let traceparent = span.traceparent().or_else(|| event.traceparent.clone());
-    Runs::insert(
-        conn,
-        &NewRun {
+    let run = FiringRun::of(tx, rule, f, event);
+    Runs::insert(tx.core(), &run.new_run(rule, f, event))?;
+    run.finish(tx, rule, f, event, handing)
+}
+
+/// A firing's run, before its insert: what the row is made of besides the
+/// firing, and the decision's span, which lives until the run is recorded.
+struct FiringRun {
+    now: i64,
+    lane: Option<String>,
+    /// Past the chain depth limit: why the run is dead.
+    dead: Option<String>,
+    traceparent: Option<String>,
+    _span: crate::base::telemetry::Span,
+}
+
+impl FiringRun {
+    fn of<B: Backend>(tx: &Tx<'_, B>, rule: &Rule, f: &Firing, event: &Event) -> FiringRun {
+        let max_depth = tx.limits().max_chain_depth;
+        let dead = (event.depth + 1 > max_depth).then(|| {
+            format!(
+                "the firing event is {} deep; a run would emit events past the chain depth \
+                 limit of {max_depth}",
+                event.depth
+            )
+        });
+        let lane = (rule.ordering == RunOrder::Scope).then(|| format!("{} {}", rule.name, f.scope));
+        // The decision's span, a child of the event's: the run carries it.
+        let span = tx.settings().telemetry.start(Op::Decide {
+            workspace: &rule.workspace,
+            rule: &rule.name,
+            event_id: &event.id,
+            run_id: &f.id,
+            action: rule_action(rule),
+            parent: event.traceparent.as_deref(),
+        });
+        let traceparent = span.traceparent().or_else(|| event.traceparent.clone());
+        FiringRun {
+            now: tx.now_ms(),
+            lane,
+            dead,
+            traceparent,
+            _span: span,
+        }
+    }
+
+    fn new_run<'a>(&'a self, rule: &'a Rule, f: &'a Firing, event: &'a Event) -> NewRun<'a> {
+        NewRun {
             id: &f.id,
             kind: RunKind::Rule.as_str(),
-            action,
+            action: rule_action(rule),
             workspace: Some(&rule.workspace),
             rule: Some(&rule.name),
             scope: Some(&f.scope),
-            lane: lane.as_deref(),
+            lane: self.lane.as_deref(),
             on_dead_letter: rule.on_dead_letter.as_str(),
             input: &f.input,
             event_seq: Some(event.seq),
             event_id: Some(&event.id),
             depth: event.depth,
             retry: &rule.retry,
-            due_at: now,
-            now,
-            dead: dead.as_deref(),
+            due_at: self.now,
+            now: self.now,
+            dead: self.dead.as_deref(),
             priority: None,
             unique: None,
             parent: None,
             key: None,
-            traceparent: traceparent.as_deref(),
-        },
-    )?;
-    if let Some(why) = &dead {
-        DeadLetters::insert(
-            conn,
-            &NewDeadLetter {
-                kind: DeadLetterKind::Run,
-                consumer: &rule.name,
-                workspace: Some(&rule.workspace),
-                event_seq: Some(event.seq),
-                event_id: Some(&event.id),
-                run_id: Some(&f.id),
-                reason: Reason::DepthLimit,
-                error: why,
-                attempts: 0,
-                now,
-            },
-        )?;
-        return Ok(None);
+            traceparent: self.traceparent.as_deref(),
+        }
     }
-    match handing {
-        Some(h) => h.hand_over(tx, action, &f.id, now),
-        None => Ok(None),
+
+    /// After the run's insert: a dead run's dead letter, or the run handed
+    /// to an idle executor when `handing` has one.
+    fn finish<B: Backend>(
+        self,
+        tx: &mut Tx<'_, B>,
+        rule: &Rule,
+        f: &Firing,
+        event: &Event,
+        handing: Option<&Handing<'_>>,
+    ) -> Result<Option<HandedRow>> {
+        if let Some(why) = &self.dead {
+            DeadLetters::insert(
+                tx.core(),
+                &NewDeadLetter {
+                    kind: DeadLetterKind::Run,
+                    consumer: &rule.name,
+                    workspace: Some(&rule.workspace),
+                    event_seq: Some(event.seq),
+                    event_id: Some(&event.id),
+                    run_id: Some(&f.id),
+                    reason: Reason::DepthLimit,
+                    error: why,
+                    attempts: 0,
+                    now: self.now,
+                },
+            )?;
+            return Ok(None);
+        }
+        match handing {
+            Some(h) => h.hand_over(tx, rule_action(rule), &f.id, self.now),
+            None => Ok(None),
+        }
     }
+}
+
+/// A registered rule's action.
+fn rule_action(rule: &Rule) -> &str {
+    rule.action
+        .as_deref()
+        .expect("a registered rule has an action")
 }
 
 /// Records an evaluation error: a `RuleErrored` event (its id derived from

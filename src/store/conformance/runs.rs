@@ -260,6 +260,149 @@ fn a_run_whose_id_is_there_already_enters_no_lane() {
     });
 }
 
+/// Invariant 6 (scope order), for runs made together (a rule's firings:
+/// one statement on PostgreSQL): in order, each as made alone — an id
+/// there already makes nothing and enters no lane; a new lane's first run
+/// is its head and ready, the next waits; a lane that has a head keeps it;
+/// a run with no lane is ready.
+#[test]
+fn runs_made_together_take_their_lanes_in_order() {
+    on_every_backend(|db| {
+        let name = db.name();
+        db.tx(|c| {
+            assert_eq!(
+                Runs::insert(c, &task("old", Some("lane/a"), None))?,
+                Inserted::New
+            );
+            Ok(())
+        })
+        .unwrap();
+        let made = db
+            .tx(|c| {
+                Runs::insert_all(
+                    c,
+                    &[
+                        task("b1", Some("lane/b"), None),
+                        task("old", Some("lane/c"), None),
+                        task("a1", Some("lane/a"), None),
+                        task("free", None, None),
+                        task("b2", Some("lane/b"), None),
+                    ],
+                )
+                .map_err(|(_, e)| e)
+            })
+            .unwrap();
+        assert_eq!(
+            made,
+            [
+                Inserted::New,
+                Inserted::Existed,
+                Inserted::New,
+                Inserted::New,
+                Inserted::New
+            ],
+            "{}",
+            name
+        );
+        db.tx(|c| {
+            let state = |id: &str| Runs::get(c, id).map(|r| r.map(|r| (r.state, r.ord)));
+            let (b1, a1, free, b2) = (state("b1")?, state("a1")?, state("free")?, state("b2")?);
+            let (b1, a1, free, b2) = (b1.unwrap(), a1.unwrap(), free.unwrap(), b2.unwrap());
+            assert_eq!(
+                [&b1.0, &a1.0, &free.0, &b2.0],
+                ["ready", "waiting", "ready", "waiting"],
+                "{}",
+                name
+            );
+            assert!(b1.1 < a1.1 && a1.1 < free.1 && free.1 < b2.1, "in order");
+            assert_eq!(Lanes::lane_head(c, "lane/b")?, Some(("b1".into(), false)));
+            assert_eq!(Lanes::lane_head(c, "lane/a")?, Some(("old".into(), false)));
+            assert_eq!(Lanes::lane_head(c, "lane/c")?, None, "no lane made");
+            assert_eq!(
+                Runs::get(c, "old")?.and_then(|r| r.lane),
+                Some("lane/a".into())
+            );
+            // The lane hands on in order: b1, then b2.
+            Lanes::advance_lane(c, "lane/b", "b1", NOW + 1)?;
+            assert_eq!(Lanes::lane_head(c, "lane/b")?, Some(("b2".into(), false)));
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 6 on PostgreSQL, for runs made together: a run whose id a
+/// transaction that committed while the batch's statement waited inserted
+/// is not made, and the lane's row the statement made it the head of is
+/// given up; the batch's other runs are made.
+#[test]
+#[cfg(feature = "postgres")]
+fn runs_made_together_give_up_the_lane_of_one_another_transaction_inserted_first() {
+    let schema = Arc::new(PgSchema::new());
+    let first = schema.begin();
+    assert_eq!(
+        Runs::insert(&first, &task("x", Some("lane/c"), None)).unwrap(),
+        Inserted::New
+    );
+    let second = schema.begin();
+    let pid: i32 = second
+        .query_untyped("SELECT pg_backend_pid()", &[])
+        .unwrap()[0]
+        .get(0);
+    let inserting = std::thread::spawn(move || {
+        let made = Runs::insert_all(
+            &second,
+            &[
+                task("y", Some("lane/e"), None),
+                task("x", Some("lane/d"), None),
+            ],
+        );
+        (made.map_err(|(_, e)| e), second)
+    });
+    await_lock_wait(&schema, pid);
+    first.commit().unwrap();
+    let (made, second) = inserting.join().unwrap();
+    assert_eq!(made.unwrap(), [Inserted::New, Inserted::Existed]);
+    second.commit().unwrap();
+    let check = schema.begin();
+    assert_eq!(
+        Lanes::lane_head(&check, "lane/d").unwrap(),
+        None,
+        "given up"
+    );
+    assert_eq!(
+        Lanes::lane_head(&check, "lane/e").unwrap(),
+        Some(("y".into(), false))
+    );
+    assert_eq!(
+        Runs::get(&check, "x").unwrap().and_then(|r| r.lane),
+        Some("lane/c".into())
+    );
+}
+
+/// Returns once the server's backend `pid` waits for a lock (another
+/// transaction's), asked of the server until it does (a minute at most).
+#[cfg(feature = "postgres")]
+fn await_lock_wait(schema: &PgSchema, pid: i32) {
+    let mut admin = Client::connect(&schema.url(), NoTls).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+            &[&pid],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "backend {pid} never waited for a lock"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Invariant 6 on PostgreSQL: a laned run's insert that meets its id
 /// inserted by a transaction that committed while it waited inserts
 /// nothing, and leaves no lane behind — the lane's row it made, with the
@@ -284,23 +427,7 @@ fn a_laned_run_another_transaction_inserted_first_leaves_no_lane() {
         (inserted, second)
     });
     // The second insert waits for the first transaction (the run's id).
-    let mut admin = Client::connect(&schema.url(), NoTls).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while admin
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
-            &[&pid],
-        )
-        .unwrap()
-        .get::<_, i64>(0)
-        == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second insert never waited"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    await_lock_wait(&schema, pid);
     first.commit().unwrap();
     let (inserted, second) = inserting.join().unwrap();
     assert_eq!(inserted.unwrap(), Inserted::Existed);

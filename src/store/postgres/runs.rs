@@ -277,6 +277,57 @@ static INSERT_RUN_ALONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(
     format!("WITH inserted AS ({INSERT_RUN}) SELECT pg_notify($28, $29) FROM inserted")
 });
 
+/// Runs that hold no key and are not dead, inserted in one statement
+/// ([`Runs::insert_all`]): `$1`–`$23` their columns as arrays, in order.
+/// A run whose id is there already (found through the ids' index) is not
+/// inserted and enters no lane. Each lane the others take gets its row,
+/// the first of them in order its head when the row is new (an existing
+/// lane's row is locked, the no-op update, as in [`Runs::insert`]); a run
+/// is `ready` with no lane or at its lane's head, `waiting` behind it
+/// otherwise. The runs are inserted in order (their positions follow it),
+/// `ON CONFLICT DO NOTHING`. Returns `('gone', id, NULL)` for each id
+/// there, `('new', id, NULL)` for each run inserted and `('lane', head,
+/// lane)` for each lane's row: a run neither, another transaction inserted
+/// meanwhile, and the caller gives up the lane's row it made it the head
+/// of.
+const INSERT_RUNS: &str = "WITH rows AS (SELECT * FROM unnest($1::text[], $2::text[], \
+       $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], \
+       $10::bigint[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], \
+       $16::float8[], $17::float8[], $18::bigint[], $19::bigint[], $20::bigint[], $21::text[], \
+       $22::text[], $23::text[]) \
+     WITH ORDINALITY AS r (id, kind, action, workspace, rule, scope, lane, on_dead_letter, \
+       input, event_seq, event_id, depth, max_attempts, backoff_ms, backoff_max_ms, \
+       backoff_factor, jitter, due_at, now, priority, parent, flow_key, traceparent, ord)), \
+   gone AS (SELECT id FROM reflexr_runs WHERE id = ANY ((SELECT $1::text[])::text[])), \
+   fresh AS (SELECT * FROM rows WHERE id NOT IN (SELECT id FROM gone)), \
+   lanes AS (INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
+             SELECT DISTINCT ON (lane) lane, id, false, now FROM fresh \
+             WHERE lane IS NOT NULL ORDER BY lane, ord \
+             ON CONFLICT (lane) DO UPDATE SET updated_at = reflexr_lanes.updated_at \
+             RETURNING lane, head), \
+   ins AS (INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
+             on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
+             backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
+             updated_at, priority, parent, flow_key, traceparent) \
+           SELECT f.id, f.kind, f.action, f.workspace, f.rule, f.scope, f.lane, \
+             f.on_dead_letter, f.input, f.event_seq, f.event_id, f.depth, \
+             CASE WHEN f.lane IS NULL \
+                    OR EXISTS (SELECT 1 FROM lanes l WHERE l.lane = f.lane AND l.head = f.id) \
+                  THEN 'ready' ELSE 'waiting' END, \
+             f.max_attempts, f.backoff_ms, f.backoff_max_ms, f.backoff_factor, f.jitter, \
+             f.due_at, f.now, f.now, \
+             coalesce(f.priority, (SELECT priority FROM reflexr_actions \
+                                   WHERE action = f.action), 0), \
+             f.parent, \
+             coalesce(f.flow_key, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
+                                          THEN coalesce(f.input::jsonb #>> key_path, '') END \
+                                   FROM reflexr_actions WHERE action = f.action)), \
+             f.traceparent \
+           FROM fresh f ORDER BY f.ord \
+           ON CONFLICT DO NOTHING RETURNING id) \
+   SELECT 'gone', id, NULL FROM gone UNION ALL SELECT 'new', id, NULL FROM ins \
+   UNION ALL SELECT 'lane', head, lane FROM lanes";
+
 /// What a run's insert computes from its [`NewRun`] before it is sent.
 struct RunValues<'r> {
     lane: Option<&'r str>,
@@ -751,6 +802,118 @@ impl Runs for PgConn {
             )?;
         }
         Ok(Inserted::New)
+    }
+
+    fn insert_all(
+        &self,
+        runs: &[NewRun<'_>],
+    ) -> std::result::Result<Vec<Inserted>, (Option<usize>, Error)> {
+        // One statement for runs that hold no key and are not dead, of
+        // distinct ids; else one insert after another.
+        let ids: std::collections::HashSet<&str> = runs.iter().map(|r| r.id).collect();
+        if runs.len() < 2
+            || ids.len() != runs.len()
+            || runs.iter().any(|r| r.unique.is_some() || r.dead.is_some())
+        {
+            return runs
+                .iter()
+                .enumerate()
+                .map(|(i, run)| self.insert(run).map_err(|e| (Some(i), e)))
+                .collect();
+        }
+        if let Some(i) = runs.iter().position(|r| holds_nul(r.input)) {
+            return Err((Some(i), nul_refused()));
+        }
+        fn column<'r, T>(runs: &'r [NewRun<'_>], f: impl Fn(&'r NewRun<'_>) -> T) -> Vec<T> {
+            runs.iter().map(f).collect()
+        }
+        let id = column(runs, |r| r.id);
+        let kind = column(runs, |r| r.kind);
+        let action = column(runs, |r| r.action);
+        let workspace = column(runs, |r| r.workspace);
+        let rule = column(runs, |r| r.rule);
+        let scope = column(runs, |r| r.scope);
+        let lane = column(runs, |r| r.lane);
+        let on_dead_letter = column(runs, |r| r.on_dead_letter);
+        let input = column(runs, |r| r.input);
+        let event_seq = column(runs, |r| r.event_seq);
+        let event_id = column(runs, |r| r.event_id);
+        let depth = column(runs, |r| r.depth);
+        let max_attempts = column(runs, |r| i64::from(r.retry.max_attempts));
+        let backoff_ms = column(runs, |r| ms(r.retry.initial));
+        let backoff_max_ms = column(runs, |r| ms(r.retry.max_delay));
+        let factor = column(runs, |r| r.retry.factor);
+        let jitter = column(runs, |r| r.retry.jitter);
+        let due_at = column(runs, |r| r.due_at);
+        let now = column(runs, |r| r.now);
+        let priority = column(runs, |r| r.priority);
+        let parent = column(runs, |r| r.parent);
+        let key = column(runs, |r| r.key);
+        let traceparent = column(runs, |r| r.traceparent);
+        let rows = self
+            .query(
+                INSERT_RUNS,
+                &[
+                    (&id, Type::TEXT_ARRAY),
+                    (&kind, Type::TEXT_ARRAY),
+                    (&action, Type::TEXT_ARRAY),
+                    (&workspace, Type::TEXT_ARRAY),
+                    (&rule, Type::TEXT_ARRAY),
+                    (&scope, Type::TEXT_ARRAY),
+                    (&lane, Type::TEXT_ARRAY),
+                    (&on_dead_letter, Type::TEXT_ARRAY),
+                    (&input, Type::TEXT_ARRAY),
+                    (&event_seq, Type::INT8_ARRAY),
+                    (&event_id, Type::TEXT_ARRAY),
+                    (&depth, Type::INT8_ARRAY),
+                    (&max_attempts, Type::INT8_ARRAY),
+                    (&backoff_ms, Type::INT8_ARRAY),
+                    (&backoff_max_ms, Type::INT8_ARRAY),
+                    (&factor, Type::FLOAT8_ARRAY),
+                    (&jitter, Type::FLOAT8_ARRAY),
+                    (&due_at, Type::INT8_ARRAY),
+                    (&now, Type::INT8_ARRAY),
+                    (&priority, Type::INT8_ARRAY),
+                    (&parent, Type::TEXT_ARRAY),
+                    (&key, Type::TEXT_ARRAY),
+                    (&traceparent, Type::TEXT_ARRAY),
+                ],
+            )
+            .map_err(|e| (None, e))?;
+        let (mut gone, mut new, mut heads) = (
+            std::collections::HashSet::new(),
+            std::collections::HashSet::new(),
+            std::collections::HashMap::new(),
+        );
+        for row in &rows {
+            let (what, id, lane): (&str, String, Option<String>) =
+                (|| Ok::<_, Error>((col(row, 0)?, col(row, 1)?, col(row, 2)?)))()
+                    .map_err(|e| (None, e))?;
+            match (what, lane) {
+                ("gone", _) => gone.insert(id),
+                ("new", _) => new.insert(id),
+                (_, lane) => heads.insert(lane.unwrap_or_default(), id).is_none(),
+            };
+        }
+        runs.iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if gone.contains(r.id) {
+                    return Ok(Inserted::Existed);
+                }
+                if new.contains(r.id) {
+                    return Ok(Inserted::New);
+                }
+                // Another transaction inserted this id first: give up the
+                // lane's head this statement made.
+                if let Some(lane) = r.lane
+                    && heads.get(lane).map(String::as_str) == Some(r.id)
+                {
+                    self.give_up_lane(lane, r.id).map_err(|e| (Some(i), e))?;
+                }
+                self.why_not_inserted(r).map_err(|e| (Some(i), e))
+            })
+            .collect()
     }
 
     fn get(&self, id: &str) -> Result<Option<RunRow>> {
