@@ -356,6 +356,59 @@ fn appends_made_together_read_the_log_by_its_indexes_whatever_the_statistics() {
     );
 }
 
+/// Invariant 6 (scope order), at the cost of a batch: the one statement of
+/// a rule's runs finds the ids there already through the ids' index — in
+/// a plan made for the values given as in the generic one — on a table of
+/// 20,000 runs whose statistics were never gathered (a new database).
+#[test]
+fn runs_made_together_look_for_their_ids_by_index_whatever_the_statistics() {
+    let schema = PgSchema::new();
+    let mut client = schema.client();
+    ready_runs(&mut client, "run", 20_000);
+    client
+        .batch_execute(&format!("PREPARE batch AS {}", pg::runs::INSERT_RUNS))
+        .unwrap();
+    let pair = |a: &str, b: &str| format!("'{{{a},{b}}}'");
+    let nulls = pair("NULL", "NULL");
+    let call = format!(
+        "batch({ids}, {kinds}, {actions}, {nulls}, {nulls}, {nulls}, {lanes}, {odl}, {inputs}, \
+         {nulls}, {nulls}, {zeros}, {ones}, {zeros}, {zeros}, {ones}, {zeros}, {zeros}, \
+         {zeros}, {nulls}, {nulls}, {nulls}, {nulls})",
+        ids = pair("run-7", "new-1"),
+        kinds = pair("task", "task"),
+        actions = pair("x", "x"),
+        lanes = pair("l", "l"),
+        odl = pair("continue", "continue"),
+        inputs = "'{\"{}\",\"{}\"}'",
+        zeros = pair("0", "0"),
+        ones = pair("1", "1"),
+    );
+    for mode in PLAN_MODES {
+        let plan = plan_of(&mut client, mode, &call);
+        assert!(plan.contains("reflexr_runs_id_key"), "{mode}: {plan}");
+        assert!(
+            !plan.contains("Seq Scan on reflexr_runs "),
+            "{mode}: {plan}"
+        );
+    }
+    // And it does its work: `run-7` found, `new-1` made, the head of `l`.
+    let mut rows: Vec<(String, String, Option<String>)> = client
+        .query(&format!("EXECUTE {call}"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [
+            ("gone".into(), "run-7".into(), None),
+            ("lane".into(), "new-1".into(), Some("l".into())),
+            ("new".into(), "new-1".into(), None),
+        ]
+    );
+}
+
 /// The server's two ways of planning a prepared statement: for the values
 /// given (its first five executions on a connection, and later ones while
 /// the generic plan costs more), and once for any values.

@@ -290,7 +290,7 @@ static INSERT_RUN_ALONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(
 /// lane)` for each lane's row: a run neither, another transaction inserted
 /// meanwhile, and the caller gives up the lane's row it made it the head
 /// of.
-const INSERT_RUNS: &str = "WITH rows AS (SELECT * FROM unnest($1::text[], $2::text[], \
+pub(in crate::store) const INSERT_RUNS: &str = "WITH rows AS (SELECT * FROM unnest($1::text[], $2::text[], \
        $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], \
        $10::bigint[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], \
        $16::float8[], $17::float8[], $18::bigint[], $19::bigint[], $20::bigint[], $21::text[], \
