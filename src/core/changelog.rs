@@ -84,7 +84,9 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
 /// ([`Events::insert_all`]). What each append did; or, when one is
 /// refused, its index and why (`None`: the backend's statement for the
 /// whole batch failed, and the caller may append them one by one to find
-/// which).
+/// which). After an error the caller rolls back what the batch wrote (the
+/// evaluator, its savepoint): one statement may have inserted the events
+/// after the one refused.
 pub(crate) fn append_all<C: Events + Workspaces + ?Sized>(
     conn: &C,
     now: i64,

@@ -52,6 +52,11 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// `"tx:…"` position) rather than change times.
     #[doc(hidden)]
     const FEEDS_BY_TRANSACTION: bool;
+    /// Whether each statement is a round trip to a server: the evaluator
+    /// then writes a batch's firings a few statements for many (on a file,
+    /// each firing's statements in turn cost less).
+    #[doc(hidden)]
+    const STATEMENTS_ARE_ROUND_TRIPS: bool;
     /// Where and how to open it (a file's path and pool; a connection
     /// string), as a [`crate::Builder`] holds it.
     #[doc(hidden)]

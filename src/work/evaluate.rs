@@ -41,9 +41,11 @@
 //! once it failed [`crate::limits::STUCK_AFTER_FAILURES`] times at one
 //! position) and tried again.
 //!
-//! A batch's `RuleFired` envelopes are appended together, then its runs
-//! together: on PostgreSQL each is one statement (where each firing's
-//! envelope and run were round trips of their own), and a refusal still
+//! On PostgreSQL, where each statement is a round trip, a batch's
+//! `RuleFired` envelopes are appended together, then its runs made
+//! together, [`FIRINGS_TOGETHER`] firings at a time: one statement each
+//! (where each firing's envelope and run were round trips of their own);
+//! on SQLite each firing's envelope and run go in turn. A refusal still
 //! names its firing — the checks are made before anything is sent, and
 //! what a statement does not insert is reported for its row. Should a
 //! statement fail as a whole, the batch is written again one firing at a
@@ -75,6 +77,11 @@ use crate::work::consumer::{self, PageBuffer, Stand};
 use crate::work::queue::handoff::{Hand, HandedRow, Handing};
 use crate::work::queue::run::RunKind;
 use crate::work::rule::{Decision, Rule, RunOrder, Scope};
+
+/// Firings whose envelopes, then runs, are written together, where each
+/// statement is a round trip (PostgreSQL): a statement each for many, and
+/// what the batch holds in memory bounded.
+const FIRINGS_TOGETHER: usize = 256;
 
 /// Longest a rule decides before its batch is committed.
 pub(crate) const DECIDE_BUDGET: Duration = Duration::from_millis(50);
@@ -898,10 +905,11 @@ fn commit_rule<B: Backend>(
 
 /// Writes what one rule decided, inside [`consumer::advance`] (which checked
 /// the evaluator lease and the cursor, and moves the cursor after); the
-/// firings in `refused` are recorded as errors instead. The firings'
-/// `RuleFired` envelopes are appended together, then their runs are made
-/// together (one statement each on PostgreSQL); `one_by_one` records each
-/// firing's envelope and run in turn.
+/// firings in `refused` are recorded as errors instead. Each firing's
+/// envelope and run are recorded in turn; where each statement is a round
+/// trip (PostgreSQL), unless `one_by_one`, the envelopes of up to
+/// [`FIRINGS_TOGETHER`] firings are appended together, then their runs
+/// made together.
 fn commit<B: Backend>(
     tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
@@ -956,22 +964,7 @@ fn commit<B: Backend>(
             CommitError::Firing(i, e)
         }
     };
-    if !one_by_one && !fresh.is_empty() {
-        let mut envelopes = Vec::with_capacity(fresh.len());
-        for &i in &fresh {
-            let event = &page[d.firings[i].event];
-            let envelope =
-                fired_envelope(tx, rule, &d.firings[i], event, lease).map_err(|e| blame(i, e))?;
-            envelopes.push((envelope, Origin::Engine { depth: event.depth }));
-        }
-        match tx.append_all_as(&rule.workspace, &envelopes) {
-            Ok(_) => {}
-            Err((Some(k), e)) => return Err(blame(fresh[k], e)),
-            Err((None, e)) if e.dooms_transaction() => return Err(CommitError::Other(e)),
-            Err((None, e)) => return Err(CommitError::Batch(e)),
-        }
-    }
-    if one_by_one {
+    if one_by_one || !B::STATEMENTS_ARE_ROUND_TRIPS {
         for &i in &fresh {
             let f = &d.firings[i];
             match record_firing(tx, rule, f, &page[f.event], lease, handing) {
@@ -982,33 +975,47 @@ fn commit<B: Backend>(
                 Err(e) => return Err(blame(i, e)),
             }
         }
-    } else if !fresh.is_empty() {
-        // The runs together too (one statement on PostgreSQL), then each
-        // dead one's dead letter, or its hand-over.
-        let runs: Vec<FiringRun> = fresh
-            .iter()
-            .map(|&i| FiringRun::of(tx, rule, &d.firings[i], &page[d.firings[i].event]))
-            .collect();
-        let rows: Vec<NewRun<'_>> = fresh
-            .iter()
-            .zip(&runs)
-            .map(|(&i, run)| run.new_run(rule, &d.firings[i], &page[d.firings[i].event]))
-            .collect();
-        match Runs::insert_all(tx.core(), &rows) {
-            Ok(_) => {}
-            Err((Some(k), e)) => return Err(blame(fresh[k], e)),
-            Err((None, e)) if e.dooms_transaction() => return Err(CommitError::Other(e)),
-            Err((None, e)) => return Err(CommitError::Batch(e)),
-        }
-        drop(rows);
-        for (&i, run) in fresh.iter().zip(runs) {
-            let f = &d.firings[i];
-            match run.finish(tx, rule, f, &page[f.event], handing) {
-                Ok(handed) => {
-                    done.fired += 1;
-                    done.handed.extend(handed);
+    } else {
+        // Where each statement is a round trip: the envelopes of up to
+        // FIRINGS_TOGETHER firings at once, then their runs (one statement
+        // each on PostgreSQL), then each dead run's dead letter, or each
+        // run's hand-over.
+        for chunk in fresh.chunks(FIRINGS_TOGETHER) {
+            let mut envelopes = Vec::with_capacity(chunk.len());
+            for &i in chunk {
+                let event = &page[d.firings[i].event];
+                let envelope = fired_envelope(tx, rule, &d.firings[i], event, lease)
+                    .map_err(|e| blame(i, e))?;
+                envelopes.push((envelope, Origin::Engine { depth: event.depth }));
+            }
+            let together = |r: Option<(Option<usize>, Error)>| match r {
+                None => Ok(()),
+                Some((Some(k), e)) => Err(blame(chunk[k], e)),
+                Some((None, e)) if e.dooms_transaction() => Err(CommitError::Other(e)),
+                Some((None, e)) => Err(CommitError::Batch(e)),
+            };
+            together(tx.append_all_as(&rule.workspace, &envelopes).err())?;
+            drop(envelopes);
+            let runs: Vec<FiringRun> = chunk
+                .iter()
+                .map(|&i| FiringRun::of(tx, rule, &d.firings[i], &page[d.firings[i].event]))
+                .collect();
+            let rows: Vec<NewRun<'_>> = chunk
+                .iter()
+                .zip(&runs)
+                .map(|(&i, run)| run.new_run(rule, &d.firings[i], &page[d.firings[i].event]))
+                .collect();
+            together(Runs::insert_all(tx.core(), &rows).err())?;
+            drop(rows);
+            for (&i, run) in chunk.iter().zip(runs) {
+                let f = &d.firings[i];
+                match run.finish(tx, rule, f, &page[f.event], handing) {
+                    Ok(handed) => {
+                        done.fired += 1;
+                        done.handed.extend(handed);
+                    }
+                    Err(e) => return Err(blame(i, e)),
                 }
-                Err(e) => return Err(blame(i, e)),
             }
         }
     }

@@ -14,7 +14,7 @@ use common::rules::{APP_TYPES, Count, append_rsvps, every_nth, expected, fired, 
 use common::{children_on_backends, later, on_backends};
 use reflexr::{
     ConsumerKind, Decision, Engine, Error, ManualClock, NewEvent, OnNewVersion, Query, Rule,
-    RuleReset, Scope,
+    RuleReset, RunState, Scope,
 };
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,7 @@ on_backends!(
     what_the_file_cannot_hold_is_an_evaluation_error_and_the_rule_moves_on,
     a_firing_the_file_refuses_is_an_evaluation_error_and_the_others_are_recorded,
     a_firing_whose_envelope_the_log_refuses_is_an_evaluation_error_and_the_others_are_recorded,
+    a_page_of_many_firings_records_each_envelope_and_run_in_order,
     a_rule_whose_commit_keeps_failing_shows_as_stuck_until_it_moves,
     a_new_rule_version_continues_resets_its_state_or_replays_as_it_says,
     a_rule_gone_from_the_code_keeps_its_rows_until_deleted,
@@ -877,6 +878,53 @@ fn a_firing_whose_envelope_the_log_refuses_is_an_evaluation_error_and_the_others
         Some(Count { n: 2 })
     );
     assert_eq!(e.rules().unwrap()[0].lag, 0);
+}
+
+/// Invariants 1, 4 and 6 for a page of many firings (600, written a few
+/// hundred at a time on PostgreSQL): each firing's `RuleFired` envelope at
+/// the next dense seq, in the order of the events it fired on; its run
+/// made in that order too; each scope's first run the head of its lane and
+/// ready, the others waiting behind it.
+fn a_page_of_many_firings_records_each_envelope_and_run_in_order<B: TestBackend>() {
+    let (place, clock) = scene::<B>();
+    let e = rules_engine::<B>(&place, &clock, "test");
+    // An action with no handler here: the runs stay as they were made.
+    e.register_rule(every_nth("each", 1).action("later"))
+        .unwrap();
+    append_rsvps(&e, 3, 200);
+    let idle = e.run_until_idle().unwrap();
+    assert_eq!((idle.decided, idle.fired, idle.errored), (600, 600, 0));
+    let fired = e
+        .read(&Query::new("app").types(["RuleFired"]).limit(1_000))
+        .unwrap();
+    let seqs: Vec<i64> = fired.iter().map(|ev| ev.seq).collect();
+    assert_eq!(
+        seqs,
+        (601..=1_200).collect::<Vec<_>>(),
+        "dense, after the events"
+    );
+    let on: Vec<i64> = fired
+        .iter()
+        .map(|ev| ev.json().unwrap()["event_seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(on, (1..=600).collect::<Vec<_>>(), "in the events' order");
+    let mut runs = e.runs(None, 1_000).unwrap();
+    runs.sort_by_key(|r| r.position);
+    let made: Vec<i64> = runs.iter().map(|r| r.event_seq.unwrap()).collect();
+    assert_eq!(made, (1..=600).collect::<Vec<_>>(), "made in order");
+    for scope in ["0", "1", "2"] {
+        let states: Vec<RunState> = runs
+            .iter()
+            .filter(|r| r.scope.as_deref() == Some(scope))
+            .map(|r| r.state)
+            .collect();
+        assert_eq!(states.len(), 200);
+        assert_eq!(states[0], RunState::Ready, "scope {scope}");
+        assert!(
+            states[1..].iter().all(|s| *s == RunState::Waiting),
+            "scope {scope}"
+        );
+    }
 }
 
 /// Invariant 8 and "nothing wedges a rule silently": a commit that fails

@@ -24,6 +24,7 @@ impl Backend for Postgres {
     type Guard = ();
     type Db = db::PgDb;
     const FEEDS_BY_TRANSACTION: bool = true;
+    const STATEMENTS_ARE_ROUND_TRIPS: bool = true;
     type Options = db::PgOpen;
     fn open_db(
         options: &db::PgOpen,

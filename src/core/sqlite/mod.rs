@@ -23,6 +23,7 @@ impl Backend for Sqlite {
     type Guard = conn::Guard;
     type Db = db::Db;
     const FEEDS_BY_TRANSACTION: bool = false;
+    const STATEMENTS_ARE_ROUND_TRIPS: bool = false;
     type Options = db::Open;
     fn open_db(options: &db::Open, settings: Settings, clock: Arc<dyn Clock>) -> Result<db::Db> {
         db::Db::open(options, settings, clock)
