@@ -11,6 +11,7 @@ use crate::base::step::{EventMatch, check_field_path};
 use crate::base::upcast::Upcasters;
 use crate::core::settings::Limits;
 use crate::store::events;
+use crate::store::{Batched, one_by_one};
 use crate::store::{Events, Inserted, Workspaces};
 
 /// Who is appending.
@@ -81,31 +82,24 @@ pub(crate) fn append<C: Events + Workspaces + ?Sized>(
 /// Appends `events`, the engine's own (`RuleFired`, each at its depth), to
 /// `workspace`'s log in order, in the caller's transaction, as
 /// [`append`] each would — in one statement where the backend can
-/// ([`Events::insert_all`]). What each append did; or, when one is
-/// refused, its index and why (`None`: the backend's statement for the
-/// whole batch failed, and the caller may append them one by one to find
-/// which). After an error the caller rolls back what the batch wrote (the
-/// evaluator, its savepoint): one statement may have inserted the events
-/// after the one refused.
+/// ([`Events::insert_all`]). What each append did, or which was refused
+/// ([`Batched`]: a failed statement for the whole batch blames none, and
+/// the caller may append them one by one to find which).
 pub(crate) fn append_all<C: Events + Workspaces + ?Sized>(
     conn: &C,
     now: i64,
     limits: Limits,
     workspace: &str,
     events: &[(NewEvent, Origin)],
-) -> std::result::Result<Vec<Appended>, (Option<usize>, Error)> {
+) -> Batched<Appended> {
     // An expectation is checked one append at a time, after the head.
     if events
         .iter()
         .any(|(ev, _)| !matches!(ev.expected, Expected::Any))
     {
-        return events
-            .iter()
-            .enumerate()
-            .map(|(i, (ev, origin))| {
-                append(conn, now, limits, workspace, ev, *origin, None).map_err(|e| (Some(i), e))
-            })
-            .collect();
+        return one_by_one(events, |(ev, origin)| {
+            append(conn, now, limits, workspace, ev, *origin, None)
+        });
     }
     let mut checked = Vec::with_capacity(events.len());
     for (i, (ev, origin)) in events.iter().enumerate() {

@@ -25,6 +25,7 @@ use crate::core::lease::{self, Lease};
 use crate::core::settings::{Limits, Settings};
 use crate::core::wake::{Subscription, WaitsHint, Wake};
 use crate::core::writer::WriterStats;
+use crate::store::Batched;
 use crate::store::runs::{Inserted, NewRun};
 use crate::store::{Runs, Sqlite, Work};
 
@@ -491,12 +492,12 @@ impl<'a, B: Backend> Tx<'a, B> {
     /// Appends the engine's own `events` (each at its [`Origin::Engine`]
     /// depth; they make no spans) to `workspace`'s log, in order, in as few
     /// statements as the backend can ([`changelog::append_all`]): what each
-    /// did, or which was refused and why (`None`: the batch's statement).
+    /// did, or which was refused and why ([`Batched`]).
     pub(crate) fn append_all_as(
         &mut self,
         workspace: &str,
         events: &[(NewEvent, Origin)],
-    ) -> std::result::Result<Vec<Appended>, (Option<usize>, Error)> {
+    ) -> Batched<Appended> {
         debug_assert!(
             events
                 .iter()

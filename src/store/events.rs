@@ -5,6 +5,7 @@
 
 use crate::base::error::Result;
 use crate::base::event::Event;
+use crate::store::{Batched, one_by_one};
 
 /// One row to insert.
 pub struct NewRow<'a> {
@@ -56,19 +57,11 @@ pub trait Events {
     /// id up first.
     fn insert(&self, row: &NewRow<'_>) -> Result<Inserted>;
     /// Inserts `rows` in order, each as [`Events::insert`] would, their
-    /// versions left to the insert: what each did; or the index of the row
-    /// whose insert failed, and why (`None`: a statement for the whole
-    /// batch failed, so no one row is to blame). One insert after another
-    /// here; a backend whose every statement is a round trip makes them one
-    /// statement (PostgreSQL).
-    fn insert_all(
-        &self,
-        rows: &[NewRow<'_>],
-    ) -> std::result::Result<Vec<Inserted>, (Option<usize>, crate::base::error::Error)> {
-        rows.iter()
-            .enumerate()
-            .map(|(i, row)| self.insert(row).map_err(|e| (Some(i), e)))
-            .collect()
+    /// versions left to the insert (see [`Batched`]). One insert after
+    /// another here; a backend whose every statement is a round trip makes
+    /// them one statement (PostgreSQL).
+    fn insert_all(&self, rows: &[NewRow<'_>]) -> Batched<Inserted> {
+        one_by_one(rows, |row| self.insert(row))
     }
     /// Takes the log's head before a transaction that will append takes
     /// anything else, where writers run side by side (PostgreSQL: see

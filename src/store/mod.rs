@@ -90,6 +90,28 @@ impl<T> Work for T where
 {
 }
 
+/// What each row of a batch written in one call (a rule's firings) did,
+/// in order; or the index of the row whose write failed, and why (`None`:
+/// a statement for the whole batch failed, so no one row is to blame).
+/// After a failure the caller rolls back what the batch wrote: one
+/// statement may have written the rows after the one refused. A backend
+/// whose every statement is a round trip writes such a batch in one
+/// statement; the others write it [`one_by_one`].
+pub(crate) type Batched<T> =
+    std::result::Result<Vec<T>, (Option<usize>, crate::base::error::Error)>;
+
+/// A batch written one row after another by `write`, to the first row it
+/// fails on.
+pub(crate) fn one_by_one<R, T>(
+    rows: &[R],
+    mut write: impl FnMut(&R) -> crate::base::error::Result<T>,
+) -> Batched<T> {
+    rows.iter()
+        .enumerate()
+        .map(|(i, row)| write(row).map_err(|e| (Some(i), e)))
+        .collect()
+}
+
 /// Everything the core asks of a connection.
 pub trait Core: Events + Workspaces + Cursors + Leases + Audit {}
 impl<T: Events + Workspaces + Cursors + Leases + Audit + ?Sized> Core for T {}

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use crate::base::error::{Error, Result};
 use crate::base::retry::RetryPolicy;
 use crate::store::Inspect;
+use crate::store::{Batched, one_by_one};
 
 /// A run to create.
 pub struct NewRun<'a> {
@@ -239,19 +240,11 @@ pub trait Runs {
     /// and ready, waiting behind its lane's head, or dead; an id already
     /// there, or a uniqueness key another run holds, creates nothing.
     fn insert(&self, run: &NewRun<'_>) -> Result<Inserted>;
-    /// Creates `runs` in order, each as [`Runs::insert`] would: what each
-    /// did; or the index of the run whose insert failed, and why (`None`: a
-    /// statement for the whole batch failed, so no one run is to blame).
-    /// One insert after another here; a backend whose every statement is a
-    /// round trip makes them one statement (PostgreSQL).
-    fn insert_all(
-        &self,
-        runs: &[NewRun<'_>],
-    ) -> std::result::Result<Vec<Inserted>, (Option<usize>, crate::base::error::Error)> {
-        runs.iter()
-            .enumerate()
-            .map(|(i, run)| self.insert(run).map_err(|e| (Some(i), e)))
-            .collect()
+    /// Creates `runs` in order, each as [`Runs::insert`] would (see
+    /// [`Batched`]). One insert after another here; a backend whose every
+    /// statement is a round trip makes them one statement (PostgreSQL).
+    fn insert_all(&self, runs: &[NewRun<'_>]) -> Batched<Inserted> {
+        one_by_one(runs, |run| self.insert(run))
     }
     fn get(&self, id: &str) -> Result<Option<RunRow>>;
     /// Claims up to `limit` ready, due runs of `actions` at `priority`,

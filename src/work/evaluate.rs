@@ -956,67 +956,17 @@ fn commit<B: Backend>(
         }
         fresh.push(i);
     }
-    // A firing's failure is its own, unless the transaction cannot go on.
-    let blame = |i: usize, e: Error| {
-        if e.dooms_transaction() {
-            CommitError::Other(e)
-        } else {
-            CommitError::Firing(i, e)
-        }
-    };
     if one_by_one || !B::STATEMENTS_ARE_ROUND_TRIPS {
         for &i in &fresh {
             let f = &d.firings[i];
-            match record_firing(tx, rule, f, &page[f.event], lease, handing) {
-                Ok(handed) => {
-                    done.fired += 1;
-                    done.handed.extend(handed);
-                }
-                Err(e) => return Err(blame(i, e)),
-            }
+            let handed = record_firing(tx, rule, f, &page[f.event], lease, handing)
+                .map_err(|e| blame(i, e))?;
+            done.fired += 1;
+            done.handed.extend(handed);
         }
     } else {
-        // Where each statement is a round trip: the envelopes of up to
-        // FIRINGS_TOGETHER firings at once, then their runs (one statement
-        // each on PostgreSQL), then each dead run's dead letter, or each
-        // run's hand-over.
         for chunk in fresh.chunks(FIRINGS_TOGETHER) {
-            let mut envelopes = Vec::with_capacity(chunk.len());
-            for &i in chunk {
-                let event = &page[d.firings[i].event];
-                let envelope = fired_envelope(tx, rule, &d.firings[i], event, lease)
-                    .map_err(|e| blame(i, e))?;
-                envelopes.push((envelope, Origin::Engine { depth: event.depth }));
-            }
-            let together = |r: Option<(Option<usize>, Error)>| match r {
-                None => Ok(()),
-                Some((Some(k), e)) => Err(blame(chunk[k], e)),
-                Some((None, e)) if e.dooms_transaction() => Err(CommitError::Other(e)),
-                Some((None, e)) => Err(CommitError::Batch(e)),
-            };
-            together(tx.append_all_as(&rule.workspace, &envelopes).err())?;
-            drop(envelopes);
-            let runs: Vec<FiringRun> = chunk
-                .iter()
-                .map(|&i| FiringRun::of(tx, rule, &d.firings[i], &page[d.firings[i].event]))
-                .collect();
-            let rows: Vec<NewRun<'_>> = chunk
-                .iter()
-                .zip(&runs)
-                .map(|(&i, run)| run.new_run(rule, &d.firings[i], &page[d.firings[i].event]))
-                .collect();
-            together(Runs::insert_all(tx.core(), &rows).err())?;
-            drop(rows);
-            for (&i, run) in chunk.iter().zip(runs) {
-                let f = &d.firings[i];
-                match run.finish(tx, rule, f, &page[f.event], handing) {
-                    Ok(handed) => {
-                        done.fired += 1;
-                        done.handed.extend(handed);
-                    }
-                    Err(e) => return Err(blame(i, e)),
-                }
-            }
+            record_together(tx, d, page, lease, chunk, handing, &mut done)?;
         }
     }
     let refused = refused_errors;
@@ -1104,8 +1054,69 @@ struct Evaluator<'a> {
     holder: &'a str,
 }
 
+/// A firing's failure is its own, unless the transaction cannot go on.
+fn blame(i: usize, e: Error) -> CommitError {
+    if e.dooms_transaction() {
+        CommitError::Other(e)
+    } else {
+        CommitError::Firing(i, e)
+    }
+}
+
+/// Records the firings at `chunk`'s indexes of [`Decided::firings`] where
+/// each statement is a round trip: their envelopes appended together, then
+/// their runs made together (one statement each on PostgreSQL), then each
+/// dead run's dead letter, or each run's hand-over.
+fn record_together<B: Backend>(
+    tx: &mut Tx<'_, B>,
+    d: &Decided<'_>,
+    page: &[Event],
+    lease: &Lease,
+    chunk: &[usize],
+    handing: Option<&Handing<'_>>,
+    done: &mut Committed,
+) -> std::result::Result<(), CommitError> {
+    let rule = d.rule;
+    let together = |r: Option<(Option<usize>, Error)>| match r {
+        None => Ok(()),
+        Some((Some(k), e)) => Err(blame(chunk[k], e)),
+        Some((None, e)) if e.dooms_transaction() => Err(CommitError::Other(e)),
+        Some((None, e)) => Err(CommitError::Batch(e)),
+    };
+    let mut envelopes = Vec::with_capacity(chunk.len());
+    for &i in chunk {
+        let event = &page[d.firings[i].event];
+        let envelope =
+            fired_envelope(tx, rule, &d.firings[i], event, lease).map_err(|e| blame(i, e))?;
+        envelopes.push((envelope, Origin::Engine { depth: event.depth }));
+    }
+    together(tx.append_all_as(&rule.workspace, &envelopes).err())?;
+    drop(envelopes);
+    let runs: Vec<FiringRun> = chunk
+        .iter()
+        .map(|&i| FiringRun::of(tx, rule, &d.firings[i], &page[d.firings[i].event]))
+        .collect();
+    let rows: Vec<NewRun<'_>> = chunk
+        .iter()
+        .zip(&runs)
+        .map(|(&i, run)| run.new_run(rule, &d.firings[i], &page[d.firings[i].event]))
+        .collect();
+    together(Runs::insert_all(tx.core(), &rows).err())?;
+    drop(rows);
+    for (&i, run) in chunk.iter().zip(runs) {
+        let f = &d.firings[i];
+        let handed = run
+            .finish(tx, rule, f, &page[f.event], handing)
+            .map_err(|e| blame(i, e))?;
+        done.fired += 1;
+        done.handed.extend(handed);
+    }
+    Ok(())
+}
+
 /// Records one firing: its `RuleFired` event and its run (or, past the
-/// chain depth limit, its dead run and dead letter).
+/// chain depth limit, its dead run and dead letter), handed to an idle
+/// executor when `handing` has one.
 fn record_firing<B: Backend>(
     tx: &mut Tx<'_, B>,
     rule: &Rule,
@@ -1120,7 +1131,9 @@ fn record_firing<B: Backend>(
         &fired,
         Origin::Engine { depth: event.depth },
     )?;
-    record_run(tx, rule, f, event, handing)
+    let run = FiringRun::of(tx, rule, f, event);
+    Runs::insert(tx.core(), &run.new_run(rule, f, event))?;
+    run.finish(tx, rule, f, event, handing)
 }
 
 /// A firing's `RuleFired` event, made under `lease`.
@@ -1131,10 +1144,9 @@ fn fired_envelope<B: Backend>(
     event: &Event,
     lease: &Lease,
 ) -> Result<NewEvent> {
-    let max_depth = tx.limits().max_chain_depth;
     let actor = format!("rule:{}", rule.name);
     let action = rule_action(rule);
-    let too_deep = event.depth + 1 > max_depth;
+    let too_deep = past_depth_limit(tx, event);
     // The decision's input as it was written (checked JSON), not parsed
     // into a value to be written again.
     let input: &serde_json::value::RawValue =
@@ -1164,21 +1176,6 @@ fn fired_envelope<B: Backend>(
     Ok(with_cause(fired, event))
 }
 
-/// Records a firing's run, its envelope appended (or, past the chain depth
-/// limit, its dead run and dead letter); hands it to an idle executor when
-/// `handing` has one.
-fn record_run<B: Backend>(
-    tx: &mut Tx<'_, B>,
-    rule: &Rule,
-    f: &Firing,
-    event: &Event,
-    handing: Option<&Handing<'_>>,
-) -> Result<Option<HandedRow>> {
-    let run = FiringRun::of(tx, rule, f, event);
-    Runs::insert(tx.core(), &run.new_run(rule, f, event))?;
-    run.finish(tx, rule, f, event, handing)
-}
-
 /// A firing's run, before its insert: what the row is made of besides the
 /// firing, and the decision's span, which lives until the run is recorded.
 struct FiringRun {
@@ -1192,12 +1189,12 @@ struct FiringRun {
 
 impl FiringRun {
     fn of<B: Backend>(tx: &Tx<'_, B>, rule: &Rule, f: &Firing, event: &Event) -> FiringRun {
-        let max_depth = tx.limits().max_chain_depth;
-        let dead = (event.depth + 1 > max_depth).then(|| {
+        let dead = past_depth_limit(tx, event).then(|| {
             format!(
                 "the firing event is {} deep; a run would emit events past the chain depth \
-                 limit of {max_depth}",
-                event.depth
+                 limit of {}",
+                event.depth,
+                tx.limits().max_chain_depth
             )
         });
         let lane = (rule.ordering == RunOrder::Scope).then(|| format!("{} {}", rule.name, f.scope));
@@ -1279,6 +1276,12 @@ impl FiringRun {
             None => Ok(None),
         }
     }
+}
+
+/// Whether a run of a firing on `event` would emit events past the chain
+/// depth limit: its run is then dead, and its envelope says so.
+fn past_depth_limit<B: Backend>(tx: &Tx<'_, B>, event: &Event) -> bool {
+    event.depth + 1 > tx.limits().max_chain_depth
 }
 
 /// A registered rule's action.

@@ -828,10 +828,11 @@ fn a_firing_the_file_refuses_is_an_evaluation_error_and_the_others_are_recorded<
     assert_eq!(e.rules().unwrap()[0].lag, 0);
 }
 
-/// Invariant 4 with errors per (rule, event), for the envelopes: a batch's
-/// `RuleFired` envelopes are appended together (one statement on
-/// PostgreSQL, which a refusal fails as a whole: the batch is written again
-/// one firing at a time to find the one to blame). A firing whose envelope
+/// Invariant 4 with errors per (rule, event), for the envelopes (on
+/// PostgreSQL a batch's `RuleFired` envelopes are one statement, which a
+/// refusal fails as a whole: the batch is written again one firing at a
+/// time to find the one to blame; on SQLite each is an insert of its
+/// own). A firing whose envelope
 /// the log refuses (an application trigger, here, on one scope's) becomes
 /// a RuleErrored and a dead letter; the others, the state and the cursor
 /// commit as decided.

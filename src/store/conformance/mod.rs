@@ -165,9 +165,7 @@ impl Db {
             }
         }
     }
-}
 
-impl Db {
     /// [`Db::tx`] in a transaction that takes the log's head with its
     /// `BEGIN`, as the engine's shared writes do (PostgreSQL; on SQLite the
     /// one writer holds it).

@@ -338,17 +338,8 @@ fn runs_made_together_take_their_lanes_in_order() {
 #[test]
 #[cfg(feature = "postgres")]
 fn runs_made_together_give_up_the_lane_of_one_another_transaction_inserted_first() {
-    let schema = Arc::new(PgSchema::new());
-    let first = schema.begin();
-    assert_eq!(
-        Runs::insert(&first, &task("x", Some("lane/c"), None)).unwrap(),
-        Inserted::New
-    );
-    let second = schema.begin();
-    let pid: i32 = second
-        .query_untyped("SELECT pg_backend_pid()", &[])
-        .unwrap()[0]
-        .get(0);
+    let schema = PgSchema::new();
+    let (first, second, pid) = x_inserted_uncommitted(&schema);
     let inserting = std::thread::spawn(move || {
         let made = Runs::insert_all(
             &second,
@@ -378,6 +369,24 @@ fn runs_made_together_give_up_the_lane_of_one_another_transaction_inserted_first
         Runs::get(&check, "x").unwrap().and_then(|r| r.lane),
         Some("lane/c".into())
     );
+}
+
+/// Two transactions on `schema`: the first has inserted run `x` (lane
+/// `lane/c`) and not committed; the second, begun, with its server
+/// backend's pid.
+#[cfg(feature = "postgres")]
+fn x_inserted_uncommitted(schema: &PgSchema) -> (PgConn, PgConn, i32) {
+    let first = schema.begin();
+    assert_eq!(
+        Runs::insert(&first, &task("x", Some("lane/c"), None)).unwrap(),
+        Inserted::New
+    );
+    let second = schema.begin();
+    let pid: i32 = second
+        .query_untyped("SELECT pg_backend_pid()", &[])
+        .unwrap()[0]
+        .get(0);
+    (first, second, pid)
 }
 
 /// Returns once the server's backend `pid` waits for a lock (another
@@ -411,17 +420,8 @@ fn await_lock_wait(schema: &PgSchema, pid: i32) {
 #[test]
 #[cfg(feature = "postgres")]
 fn a_laned_run_another_transaction_inserted_first_leaves_no_lane() {
-    let schema = Arc::new(PgSchema::new());
-    let first = schema.begin();
-    assert_eq!(
-        Runs::insert(&first, &task("x", Some("lane/c"), None)).unwrap(),
-        Inserted::New
-    );
-    let second = schema.begin();
-    let pid: i32 = second
-        .query_untyped("SELECT pg_backend_pid()", &[])
-        .unwrap()[0]
-        .get(0);
+    let schema = PgSchema::new();
+    let (first, second, pid) = x_inserted_uncommitted(&schema);
     let inserting = std::thread::spawn(move || {
         let inserted = Runs::insert(&second, &task("x", Some("lane/d"), None));
         (inserted, second)

@@ -8,6 +8,7 @@ use super::{PgConn, col};
 use crate::base::error::{Error, Result};
 use crate::base::event::Event;
 use crate::store::events::NewRow;
+use crate::store::{Batched, one_by_one};
 use crate::store::{Events, Inserted};
 
 pub(super) const EVENT_COLUMNS: &str = "seq, id, workspace, type, subject, actor, occurred_at, recorded_at, \
@@ -350,16 +351,7 @@ impl Events for PgConn {
         })
     }
 
-    fn insert_all(
-        &self,
-        rows: &[NewRow<'_>],
-    ) -> std::result::Result<Vec<Inserted>, (Option<usize>, Error)> {
-        let one_by_one = |rows: &[NewRow<'_>]| {
-            rows.iter()
-                .enumerate()
-                .map(|(i, row)| self.insert(row).map_err(|e| (Some(i), e)))
-                .collect()
-        };
+    fn insert_all(&self, rows: &[NewRow<'_>]) -> Batched<Inserted> {
         // One statement where the transaction holds the head (the engine's
         // shared writes do), for rows of one workspace, distinct ids, their
         // versions left to the insert; else one insert after another.
@@ -376,7 +368,7 @@ impl Events for PgConn {
                 .iter()
                 .any(|r| r.workspace != first.workspace || r.version.is_some())
         {
-            return one_by_one(rows);
+            return one_by_one(rows, |row| self.insert(row));
         }
         let mut depths = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter().enumerate() {

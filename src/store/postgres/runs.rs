@@ -26,6 +26,7 @@ use postgres::types::Type;
 use super::{PgConn, col};
 use crate::base::error::{Error, Result};
 use crate::store::runs::{COLUMNS, Inserted, NewRun, Requeued, RunRow, Uniq, YIELD_KEY, ms};
+use crate::store::{Batched, one_by_one};
 use crate::store::{Lanes, Runs};
 
 /// The `SET` term for a run that ended and is made pending again (an
@@ -212,6 +213,47 @@ fn state_term(state: &str) -> &'static str {
     }
 }
 
+/// A new run's priority: the one given (`$given`), else its action's
+/// (`$action`), else 0.
+macro_rules! priority_of {
+    ($given:literal, $action:literal) => {
+        concat!(
+            "coalesce(",
+            $given,
+            ", (SELECT priority FROM reflexr_actions WHERE action = ",
+            $action,
+            "), 0)"
+        )
+    };
+}
+
+/// A new run's flow key: the one given (`$given`), else, for an action
+/// that is fair or partitioned, what its key path reads in the input
+/// (`$input`; '' where it reads nothing), else none.
+macro_rules! flow_key_of {
+    ($given:literal, $input:literal, $action:literal) => {
+        concat!(
+            "coalesce(",
+            $given,
+            ", (SELECT CASE WHEN fair OR key_path IS NOT NULL THEN coalesce(",
+            $input,
+            "::jsonb #>> key_path, '') END FROM reflexr_actions WHERE action = ",
+            $action,
+            "))"
+        )
+    };
+}
+
+/// How a new run enters its lane's row: a new lane's row is made with the
+/// run its head; an existing lane's row is locked (the no-op update), so
+/// its head's settlement cannot delete it until the run commits waiting
+/// behind it (see `advance_lane`).
+macro_rules! enter_lane {
+    () => {
+        "ON CONFLICT (lane) DO UPDATE SET updated_at = reflexr_lanes.updated_at"
+    };
+}
+
 /// A run's insert, its row made by `$open … $close` around its values,
 /// the state's among them `$state`: `ON CONFLICT DO NOTHING`, so an id (or
 /// a key) taken already inserts nothing and returns no row. Its parameters
@@ -228,12 +270,11 @@ macro_rules! insert_run {
             "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ",
             $state,
             ", $14, $15, $16, \
-               $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, \
-               coalesce($22, (SELECT priority FROM reflexr_actions WHERE action = $3), 0), \
-               $23, $24, $25, \
-               coalesce($26, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
-                                     THEN coalesce($9::jsonb #>> key_path, '') END \
-                              FROM reflexr_actions WHERE action = $3)), $27",
+               $17, $18, $19, $20, $21, $21, CASE WHEN $13 = 'dead' THEN $21 END, ",
+            priority_of!("$22", "$3"),
+            ", $23, $24, $25, ",
+            flow_key_of!("$26", "$9", "$3"),
+            ", $27",
             $close,
             " ON CONFLICT DO NOTHING RETURNING 1"
         )
@@ -248,8 +289,8 @@ const INSERT_RUN: &str = insert_run!("VALUES (", "$13", ")");
 /// A run that takes a lane and holds no key, inserted in one statement
 /// (where three would look for its id, enter its lane, insert it): nothing
 /// when its id is there already (`gone`); else the lane's row made with
-/// this run its head, or the lane's existing row locked (the no-op update,
-/// as in [`Runs::insert`]); and the run, `$13` (ready) at its lane's head,
+/// this run its head, or the lane's existing row locked (`enter_lane!`);
+/// and the run, `$13` (ready) at its lane's head,
 /// waiting behind it otherwise. Returns whether the id was there, whether
 /// the run heads its lane, and whether it was inserted (not, when another
 /// transaction inserted the id meanwhile: the caller then gives up the
@@ -257,9 +298,9 @@ const INSERT_RUN: &str = insert_run!("VALUES (", "$13", ")");
 const INSERT_LANED_RUN: &str = concat!(
     "WITH gone AS (SELECT 1 FROM reflexr_runs WHERE id = $1), \
           lane AS (INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
-                   SELECT $7, $1, false, $21 WHERE NOT EXISTS (SELECT 1 FROM gone) \
-                   ON CONFLICT (lane) DO UPDATE SET updated_at = reflexr_lanes.updated_at \
-                   RETURNING head = $1 AS headed), \
+                   SELECT $7, $1, false, $21 WHERE NOT EXISTS (SELECT 1 FROM gone) ",
+    enter_lane!(),
+    " RETURNING head = $1 AS headed), \
           ins AS (",
     insert_run!(
         "SELECT ",
@@ -282,7 +323,7 @@ static INSERT_RUN_ALONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(
 /// A run whose id is there already (found through the ids' index) is not
 /// inserted and enters no lane. Each lane the others take gets its row,
 /// the first of them in order its head when the row is new (an existing
-/// lane's row is locked, the no-op update, as in [`Runs::insert`]); a run
+/// lane's row is locked, `enter_lane!`); a run
 /// is `ready` with no lane or at its lane's head, `waiting` behind it
 /// otherwise. The runs are inserted in order (their positions follow it),
 /// `ON CONFLICT DO NOTHING`. Returns `('gone', id, NULL)` for each id
@@ -290,7 +331,8 @@ static INSERT_RUN_ALONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(
 /// lane)` for each lane's row: a run neither, another transaction inserted
 /// meanwhile, and the caller gives up the lane's row it made it the head
 /// of.
-pub(in crate::store) const INSERT_RUNS: &str = "WITH rows AS (SELECT * FROM unnest($1::text[], $2::text[], \
+pub(in crate::store) const INSERT_RUNS: &str = concat!(
+    "WITH rows AS (SELECT * FROM unnest($1::text[], $2::text[], \
        $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], \
        $10::bigint[], $11::text[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], \
        $16::float8[], $17::float8[], $18::bigint[], $19::bigint[], $20::bigint[], $21::text[], \
@@ -302,9 +344,9 @@ pub(in crate::store) const INSERT_RUNS: &str = "WITH rows AS (SELECT * FROM unne
    fresh AS (SELECT * FROM rows WHERE id NOT IN (SELECT id FROM gone)), \
    lanes AS (INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
              SELECT DISTINCT ON (lane) lane, id, false, now FROM fresh \
-             WHERE lane IS NOT NULL ORDER BY lane, ord \
-             ON CONFLICT (lane) DO UPDATE SET updated_at = reflexr_lanes.updated_at \
-             RETURNING lane, head), \
+             WHERE lane IS NOT NULL ORDER BY lane, ord ",
+    enter_lane!(),
+    " RETURNING lane, head), \
    ins AS (INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
              on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
              backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, created_at, \
@@ -315,18 +357,16 @@ pub(in crate::store) const INSERT_RUNS: &str = "WITH rows AS (SELECT * FROM unne
                     OR EXISTS (SELECT 1 FROM lanes l WHERE l.lane = f.lane AND l.head = f.id) \
                   THEN 'ready' ELSE 'waiting' END, \
              f.max_attempts, f.backoff_ms, f.backoff_max_ms, f.backoff_factor, f.jitter, \
-             f.due_at, f.now, f.now, \
-             coalesce(f.priority, (SELECT priority FROM reflexr_actions \
-                                   WHERE action = f.action), 0), \
-             f.parent, \
-             coalesce(f.flow_key, (SELECT CASE WHEN fair OR key_path IS NOT NULL \
-                                          THEN coalesce(f.input::jsonb #>> key_path, '') END \
-                                   FROM reflexr_actions WHERE action = f.action)), \
-             f.traceparent \
+             f.due_at, f.now, f.now, ",
+    priority_of!("f.priority", "f.action"),
+    ", f.parent, ",
+    flow_key_of!("f.flow_key", "f.input", "f.action"),
+    ", f.traceparent \
            FROM fresh f ORDER BY f.ord \
            ON CONFLICT DO NOTHING RETURNING id) \
    SELECT 'gone', id, NULL FROM gone UNION ALL SELECT 'new', id, NULL FROM ins \
-   UNION ALL SELECT 'lane', head, lane FROM lanes";
+   UNION ALL SELECT 'lane', head, lane FROM lanes"
+);
 
 /// What a run's insert computes from its [`NewRun`] before it is sent.
 struct RunValues<'r> {
@@ -752,15 +792,15 @@ impl Runs for PgConn {
         // The lane's head, if this run is the first of its lane: another
         // transaction making a head of the same lane waits for this one.
         let headed = match lane {
-            // An existing lane's row is locked (the no-op update), so its
-            // head's settlement cannot delete it until this run commits
-            // waiting behind it (see `advance_lane`).
+            // An existing lane's row is locked (see `enter_lane!`).
             Some(lane) if r.dead.is_none() => self
                 .query_opt(
-                    "INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
-                     VALUES ($1, $2, false, $3) \
-                     ON CONFLICT (lane) DO UPDATE SET updated_at = reflexr_lanes.updated_at \
-                     RETURNING head = $2",
+                    concat!(
+                        "INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
+                         VALUES ($1, $2, false, $3) ",
+                        enter_lane!(),
+                        " RETURNING head = $2"
+                    ),
                     &[
                         (&lane, Type::TEXT),
                         (&r.id, Type::TEXT),
@@ -804,10 +844,7 @@ impl Runs for PgConn {
         Ok(Inserted::New)
     }
 
-    fn insert_all(
-        &self,
-        runs: &[NewRun<'_>],
-    ) -> std::result::Result<Vec<Inserted>, (Option<usize>, Error)> {
+    fn insert_all(&self, runs: &[NewRun<'_>]) -> Batched<Inserted> {
         // One statement for runs that hold no key and are not dead, of
         // distinct ids; else one insert after another.
         let ids: std::collections::HashSet<&str> = runs.iter().map(|r| r.id).collect();
@@ -815,11 +852,7 @@ impl Runs for PgConn {
             || ids.len() != runs.len()
             || runs.iter().any(|r| r.unique.is_some() || r.dead.is_some())
         {
-            return runs
-                .iter()
-                .enumerate()
-                .map(|(i, run)| self.insert(run).map_err(|e| (Some(i), e)))
-                .collect();
+            return one_by_one(runs, |run| self.insert(run));
         }
         if let Some(i) = runs.iter().position(|r| holds_nul(r.input)) {
             return Err((Some(i), nul_refused()));
