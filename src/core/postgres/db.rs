@@ -171,13 +171,19 @@ impl PgDb {
         })
     }
 
-    /// Runs `f` on a pooled connection, in a READ ONLY transaction of its
-    /// own, ended when `f` returns.
+    /// Runs `f`, the engine's own reads, on a pooled connection outside any
+    /// transaction block: each statement a transaction of its own
+    /// ([`PgConn::reads`]). On a connection the server cut, `f` runs again
+    /// on another, as a failed `BEGIN` would be sent again (reads change
+    /// nothing).
     pub(crate) fn read<T>(&self, mut f: impl FnMut(&PgConn) -> Result<T>) -> Result<T> {
-        let conn = self.begin_as(true)?;
-        let out = f(&conn)?;
-        conn.commit()?;
-        Ok(out)
+        let mut tries = self.pool.max_size() + 1;
+        loop {
+            match f(&PgConn::reads(self.pool.get()?)) {
+                Err(Error::Io { .. }) if tries > 1 => tries -= 1,
+                other => return other,
+            }
+        }
     }
 
     /// Runs `f` with a [`Tx`] on a READ ONLY transaction of its own: the
@@ -647,8 +653,8 @@ mod tests {
     }
 
     fn subjects(db: &PgDb) -> Vec<String> {
-        db.read(|c| {
-            let rows = c.query_untyped(
+        db.with_reader(|tx| {
+            let rows = tx.query(
                 "SELECT subject FROM reflexr_events WHERE workspace = 'ws' ORDER BY subject",
                 &[],
             )?;

@@ -294,6 +294,7 @@ impl Events for PgConn {
         // expectation: one statement, its own transaction (see
         // `insert_alone`); in a transaction after all if another append
         // took its subject's version meanwhile.
+        self.refuse_on_reads()?;
         let alone = self.begun.get() != super::Begun::Yes && row.version.is_none();
         if alone {
             // Twice at most, each with a snapshot of its own: a type

@@ -262,6 +262,9 @@ pub(crate) enum Begun {
     /// registered): still outside any transaction block, and what follows
     /// (reads, by the single append's contract) runs so too.
     Alone,
+    /// The engine's own reads ([`PgConn::reads`]): outside any transaction
+    /// block, each statement its own; nothing on it may write.
+    Reads,
 }
 
 /// The ordered BEGIN (see [`PgConn::begin_ordered`]).
@@ -316,6 +319,51 @@ impl PgConn {
         )
     }
 
+    /// A connection for the engine's own reads, outside any transaction
+    /// block: each statement a transaction of its own, in the session's
+    /// READ COMMITTED ([`SESSION_DEFAULTS`]). Under READ COMMITTED every
+    /// statement reads a snapshot of its own either way, so a `BEGIN` and a
+    /// `COMMIT` around the reads buy no consistency, and cost two round
+    /// trips: on the way from an append to its handler, a rule's reads
+    /// spent about a quarter of their time on them (the performance guide).
+    /// An append, a savepoint or the caller's SQL on it is refused before it
+    /// is sent ([`Error::ReadOnly`]); the application's queries keep a READ
+    /// ONLY transaction (`PgDb::with_reader`).
+    pub(crate) fn reads(client: Pooled) -> PgConn {
+        PgConn::outside(client, Begun::Reads, None)
+    }
+
+    /// A connection outside any transaction block, `begun` as said, with
+    /// nothing appended and no head held yet.
+    fn outside(
+        client: Pooled,
+        begun: Begun,
+        deferred: Option<(Pool, (Arc<str>, &'static str))>,
+    ) -> PgConn {
+        PgConn {
+            client: RefCell::new(Some(client)),
+            open: std::cell::Cell::new(false),
+            aborted: std::cell::Cell::new(false),
+            last_seq: std::cell::Cell::new(0),
+            holds_head: std::cell::Cell::new(false),
+            head_at_begin: std::cell::Cell::new(0),
+            begun: std::cell::Cell::new(begun),
+            deferred,
+        }
+    }
+
+    /// Refuses a write on a connection made for reads ([`PgConn::reads`]).
+    pub(super) fn refuse_on_reads(&self) -> Result<()> {
+        if self.begun.get() == Begun::Reads {
+            return Err(Error::ReadOnly {
+                detail: "a write on the engine's connection for reads (a bug in reflexr: \
+                         please report it)"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
     /// Begins a write transaction that holds the head row's lock from its
     /// first statement, sent with the BEGIN (no round trip of its own).
     ///
@@ -343,16 +391,7 @@ impl PgConn {
     /// that first statement, and another from `pool` takes its place
     /// (nothing was done; the append's id makes sending it again safe).
     pub(crate) fn deferred(client: Pooled, pool: Pool, notify: (Arc<str>, &'static str)) -> PgConn {
-        PgConn {
-            client: RefCell::new(Some(client)),
-            open: std::cell::Cell::new(false),
-            aborted: std::cell::Cell::new(false),
-            last_seq: std::cell::Cell::new(0),
-            holds_head: std::cell::Cell::new(false),
-            head_at_begin: std::cell::Cell::new(0),
-            begun: std::cell::Cell::new(Begun::NotYet),
-            deferred: Some((pool, notify)),
-        }
+        PgConn::outside(client, Begun::NotYet, Some((pool, notify)))
     }
 
     /// The connection.
@@ -412,16 +451,11 @@ impl PgConn {
     /// head row's lock, held to the end.
     fn begin_with(mut client: Pooled, begin: &str, holds_head: bool) -> Result<PgConn> {
         let head = begin_on(&mut client, begin, holds_head)?;
-        Ok(PgConn {
-            client: RefCell::new(Some(client)),
-            open: std::cell::Cell::new(true),
-            aborted: std::cell::Cell::new(false),
-            last_seq: std::cell::Cell::new(0),
-            holds_head: std::cell::Cell::new(holds_head),
-            head_at_begin: std::cell::Cell::new(head.unwrap_or(0)),
-            begun: std::cell::Cell::new(Begun::Yes),
-            deferred: None,
-        })
+        let conn = PgConn::outside(client, Begun::Yes, None);
+        conn.open.set(true);
+        conn.holds_head.set(holds_head);
+        conn.head_at_begin.set(head.unwrap_or(0));
+        Ok(conn)
     }
 
     /// Whether a statement failed on the server since the transaction (or
@@ -564,6 +598,7 @@ impl PgConn {
             self.begun.get() != Begun::Alone,
             "a write after a lone append committed itself"
         );
+        self.refuse_on_reads()?;
         self.ensure_begun()
     }
 
@@ -672,5 +707,44 @@ mod tests {
         assert_eq!(Events::subject_version(&conn, "ws", "c").unwrap(), 0);
         assert_eq!(prepared(&conn), once);
         conn.commit().unwrap();
+    }
+
+    /// DESIGN.md invariant 10: the engine's connection for reads runs
+    /// outside any transaction block and writes nothing: an append, a
+    /// savepoint or the caller's SQL on it is refused before it is sent,
+    /// and reads on it work.
+    #[test]
+    fn the_connection_for_reads_refuses_writes_before_sending_them() {
+        use crate::store::events::NewRow;
+        let schema = PgSchema::new();
+        let pool = schema.pool(1);
+        let conn = PgConn::reads(pool.get().unwrap());
+        assert_eq!(Events::subject_version(&conn, "ws", "a").unwrap(), 0);
+        let row = NewRow {
+            workspace: "ws",
+            id: "e-1",
+            event_type: "Opened",
+            subject: "a",
+            version: None,
+            actor: "tester",
+            occurred_at: 0,
+            recorded_at: 0,
+            payload: "{}",
+            causation_id: None,
+            correlation_id: None,
+            depth: 0,
+            traceparent: None,
+        };
+        let refused = [
+            Events::insert(&conn, &row).map(|_| ()),
+            conn.control("SAVEPOINT reflexr_nested"),
+            conn.execute_untyped("DELETE FROM reflexr_events", &[])
+                .map(|_| ()),
+        ];
+        for r in refused {
+            assert!(matches!(r, Err(crate::Error::ReadOnly { .. })), "{r:?}");
+        }
+        // Nothing was written, and the connection still reads.
+        assert_eq!(Events::seq_of(&conn, "ws", "e-1").unwrap(), None);
     }
 }

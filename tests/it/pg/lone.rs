@@ -2,6 +2,7 @@
 //! `Engine::enqueue`, and an `Engine::append` with no other caller
 //! waiting, are each one statement outside any transaction block — its
 //! own commit, with the notification that wakes other processes in it.
+//! The engine's own reads go outside a transaction block too.
 #![cfg(feature = "postgres")]
 
 use reflexr_testkit as common;
@@ -212,24 +213,46 @@ fn a_lone_append_moves_the_head_and_notifies_in_its_own_commit() {
 /// another; the event is appended once.
 #[test]
 fn a_lone_append_on_a_connection_the_server_cut_is_sent_again() {
-    let place = PgSchema::new();
-    let clock = ManualClock::new(1_800_000_000_000);
+    let (place, clock) = (PgSchema::new(), ManualClock::new(1_800_000_000_000));
     let tag = format!("append-cut-{}", std::process::id());
-    let e = tagged_engine(&place, &clock, &tag);
-    e.ensure_workspace("app", &["tick"]).unwrap();
-    e.append("app", &tick("a")).unwrap();
+    let e = with_a_tick(&place, &clock, &tag);
     cut_sessions(&place, &tag);
     let made = e
         .append("app", &tick("b"))
         .expect("sent again on a new connection");
     assert!(!made.existing);
-    let subjects: Vec<String> = e
-        .read(&Query::new("app"))
-        .unwrap()
+    assert_eq!(subjects(&e).unwrap(), ["a", "b"]);
+}
+
+/// An engine whose sessions carry `tag`, with one tick appended (subject
+/// `a`): a pooled connection that has served a write.
+fn with_a_tick(place: &PgSchema, clock: &ManualClock, tag: &str) -> reflexr::Engine<Postgres> {
+    let e = tagged_engine(place, clock, tag);
+    e.ensure_workspace("app", &["tick"]).unwrap();
+    e.append("app", &tick("a")).unwrap();
+    e
+}
+
+/// The subjects of the workspace `app`'s events, in order.
+fn subjects(e: &reflexr::Engine<Postgres>) -> reflexr::Result<Vec<String>> {
+    Ok(e.read(&Query::new("app"))?
         .into_iter()
         .map(|ev| ev.subject)
-        .collect();
-    assert_eq!(subjects, ["a", "b"]);
+        .collect())
+}
+
+/// Invariant 10 for the engine's reads, each statement sent outside any
+/// transaction block: a connection the server cut while it sat in the pool
+/// fails the read, which is made again on another.
+#[test]
+fn a_read_on_a_connection_the_server_cut_is_made_again() {
+    let (place, clock) = (PgSchema::new(), ManualClock::new(1_800_000_000_000));
+    let tag = format!("read-cut-{}", std::process::id());
+    let e = with_a_tick(&place, &clock, &tag);
+    // A pooled connection that has served a read too.
+    assert_eq!(subjects(&e).unwrap(), ["a"]);
+    cut_sessions(&place, &tag);
+    assert_eq!(subjects(&e).expect("made again on a new connection"), ["a"]);
 }
 
 /// An engine on `place` through sessions that default to read-only
