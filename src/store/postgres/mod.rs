@@ -325,7 +325,7 @@ impl PgConn {
     /// statement reads a snapshot of its own either way, so a `BEGIN` and a
     /// `COMMIT` around the reads buy no consistency, and cost two round
     /// trips: on the way from an append to its handler, a rule's reads
-    /// spent about a quarter of their time on them (the performance guide).
+    /// spent about a third of their time on them (the performance guide).
     /// An append, a savepoint or the caller's SQL on it is refused before it
     /// is sent ([`Error::ReadOnly`]); the application's queries keep a READ
     /// ONLY transaction (`PgDb::with_reader`).
