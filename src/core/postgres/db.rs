@@ -177,13 +177,7 @@ impl PgDb {
     /// on another, as a failed `BEGIN` would be sent again (reads change
     /// nothing).
     pub(crate) fn read<T>(&self, mut f: impl FnMut(&PgConn) -> Result<T>) -> Result<T> {
-        let mut tries = self.pool.max_size() + 1;
-        loop {
-            match f(&PgConn::reads(self.pool.get()?)) {
-                Err(Error::Io { .. }) if tries > 1 => tries -= 1,
-                other => return other,
-            }
-        }
+        self.on_a_live_connection(|client| f(&PgConn::reads(client)))
     }
 
     /// Runs `f` with a [`Tx`] on a READ ONLY transaction of its own: the
@@ -471,18 +465,22 @@ impl PgDb {
 
     /// [`PgDb::begin`], READ ONLY if `read_only` (see `PgConn::begin_as`).
     fn begin_as(&self, read_only: bool) -> Result<PgConn> {
-        self.begin_by(|client| PgConn::begin_as(client, read_only))
+        self.on_a_live_connection(|client| PgConn::begin_as(client, read_only))
     }
 
     /// [`PgConn::begin_ordered`] on a pooled connection.
     fn begin_ordered(&self) -> Result<PgConn> {
-        self.begin_by(PgConn::begin_ordered)
+        self.on_a_live_connection(PgConn::begin_ordered)
     }
 
-    fn begin_by(&self, begin: impl Fn(Pooled) -> Result<PgConn>) -> Result<PgConn> {
+    /// `f` on a pooled connection; on one the server cut (its first
+    /// statement fails with [`Error::Io`]), again on another, up to the
+    /// pool's size and one more. `f` must change nothing before its first
+    /// statement answers: a `BEGIN`, or reads.
+    fn on_a_live_connection<T>(&self, mut f: impl FnMut(Pooled) -> Result<T>) -> Result<T> {
         let mut tries = self.pool.max_size() + 1;
         loop {
-            match begin(self.pool.get()?) {
+            match f(self.pool.get()?) {
                 Err(Error::Io { .. }) if tries > 1 => tries -= 1,
                 other => return other,
             }
