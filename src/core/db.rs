@@ -69,13 +69,17 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Self::Db>;
+    /// What a connection keeps of a transaction besides its rows, as it
+    /// stood when a savepoint was made: restored by a rollback to it.
+    #[doc(hidden)]
+    type Mark: Copy;
     /// Makes the engine's nested savepoint (see `Tx::nested`); returns
     /// what [`Backend::rollback_nested`] needs to undo it.
     #[doc(hidden)]
-    fn begin_nested(conn: &Self::Conn, guard: &Self::Guard) -> Result<i64>;
+    fn begin_nested(conn: &Self::Conn, guard: &Self::Guard) -> Result<Self::Mark>;
     /// Rolls back to the nested savepoint made at `mark`.
     #[doc(hidden)]
-    fn rollback_nested(conn: &Self::Conn, guard: &Self::Guard, mark: i64) -> Result<()>;
+    fn rollback_nested(conn: &Self::Conn, guard: &Self::Guard, mark: Self::Mark) -> Result<()>;
     /// Releases the nested savepoint.
     #[doc(hidden)]
     fn release_nested(conn: &Self::Conn, guard: &Self::Guard) -> Result<()>;

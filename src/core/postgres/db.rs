@@ -400,7 +400,7 @@ impl PgDb {
                     break;
                 }
             }
-            let mark = conn.last_seq();
+            let mark = conn.mark();
             let mut tx = Tx::<Postgres>::new(&conn, &(), &self.env);
             let outcome = member.run(&mut tx);
             if outcome.ok {
@@ -410,7 +410,7 @@ impl PgDb {
                 // Without a savepoint, a failure is the member's alone only
                 // if it left the transaction as it found it: not aborted by
                 // a failed statement, nothing appended.
-                if conn.is_aborted() || conn.last_seq() != mark {
+                if conn.is_aborted() || conn.last_seq() != mark.seq() {
                     failed = Some(Error::TransactionAborted {
                         detail: "a single append sharing this write's transaction failed \
                                  on the server or after it appended; the transaction is not \

@@ -14,7 +14,7 @@ use crate::base::error::Result;
 use crate::core::db::{Backend, sealed::Sealed};
 use crate::core::settings::Settings;
 use crate::store::Postgres;
-use crate::store::postgres::PgConn;
+use crate::store::postgres::{Mark, NESTED, PgConn};
 
 impl Sealed for Postgres {}
 
@@ -33,14 +33,15 @@ impl Backend for Postgres {
     ) -> Result<db::PgDb> {
         db::PgDb::open(&options.config, options.pool_size, settings, clock, true)
     }
-    fn begin_nested(conn: &PgConn, _: &()) -> Result<i64> {
-        conn.control("SAVEPOINT reflexr_nested")?;
-        Ok(conn.last_seq())
+    type Mark = Mark;
+    fn begin_nested(conn: &PgConn, _: &()) -> Result<Mark> {
+        conn.control(&format!("SAVEPOINT {NESTED}"))?;
+        Ok(conn.mark())
     }
-    fn rollback_nested(conn: &PgConn, _: &(), mark: i64) -> Result<()> {
-        conn.rollback_to("reflexr_nested", mark)
+    fn rollback_nested(conn: &PgConn, _: &(), mark: Mark) -> Result<()> {
+        conn.rollback_to(NESTED, mark)
     }
     fn release_nested(conn: &PgConn, _: &()) -> Result<()> {
-        conn.control("RELEASE SAVEPOINT reflexr_nested")
+        conn.release_nested()
     }
 }

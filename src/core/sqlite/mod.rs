@@ -28,12 +28,13 @@ impl Backend for Sqlite {
     fn open_db(options: &db::Open, settings: Settings, clock: Arc<dyn Clock>) -> Result<db::Db> {
         db::Db::open(options, settings, clock)
     }
-    fn begin_nested(c: &rusqlite::Connection, guard: &conn::Guard) -> Result<i64> {
+    /// SQLite keeps nothing beside the rows: its rollback restores all.
+    type Mark = ();
+    fn begin_nested(c: &rusqlite::Connection, guard: &conn::Guard) -> Result<()> {
         in_transaction(c)?;
-        guard.control(c, conn::Control::Nested)?;
-        Ok(0)
+        guard.control(c, conn::Control::Nested)
     }
-    fn rollback_nested(c: &rusqlite::Connection, guard: &conn::Guard, _mark: i64) -> Result<()> {
+    fn rollback_nested(c: &rusqlite::Connection, guard: &conn::Guard, _mark: ()) -> Result<()> {
         in_transaction(c)?;
         guard.control(c, conn::Control::RollbackNested)
     }

@@ -2,7 +2,7 @@
 
 use postgres::types::Type;
 
-use super::{PgConn, col};
+use super::{Begun, PgConn, col};
 use crate::base::counter::Counter;
 use crate::base::error::Result;
 use crate::store::Counters;
@@ -16,34 +16,25 @@ const FOLD_LOCK: i64 = 0x7266_7863;
 
 impl Counters for PgConn {
     fn bump(&self, name: Counter, by: usize) -> Result<()> {
-        if by == 0 {
-            return Ok(());
-        }
-        let name = name.as_str();
-        let by = i64::try_from(by).unwrap_or(i64::MAX);
-        self.query(
-            "INSERT INTO reflexr_counters (name, value) VALUES ($1, $2)",
-            &[(&name, Type::TEXT), (&by, Type::INT8)],
-        )?;
-        if fastrand::u32(..FOLD_EVERY) == 0 {
-            self.fold_counter(name)?;
-        }
-        Ok(())
+        self.bump_all(&[(name, by)])
     }
 
     fn bump_all(&self, bumps: &[(Counter, usize)]) -> Result<()> {
-        let nonzero: Vec<(Counter, usize)> =
-            bumps.iter().copied().filter(|(_, by)| *by > 0).collect();
-        match nonzero[..] {
-            [] => return Ok(()),
-            [(name, by)] => return self.bump(name, by),
-            _ => {}
-        }
-        let names: Vec<&str> = nonzero.iter().map(|(name, _)| name.as_str()).collect();
-        let values: Vec<i64> = nonzero
+        let nonzero = bumps
             .iter()
-            .map(|(_, by)| i64::try_from(*by).unwrap_or(i64::MAX))
-            .collect();
+            .filter(|(_, by)| *by > 0)
+            .map(|&(name, by)| (name, i64::try_from(by).unwrap_or(i64::MAX)));
+        if self.begun.get() == Begun::Yes {
+            self.bumps.borrow_mut().extend(nonzero);
+            return Ok(());
+        }
+        // Outside a transaction block (a deferred connection before its
+        // first statement): sent now, in a statement of its own.
+        let (names, values): (Vec<&str>, Vec<i64>) =
+            nonzero.map(|(name, by)| (name.as_str(), by)).unzip();
+        if names.is_empty() {
+            return Ok(());
+        }
         self.query(
             "INSERT INTO reflexr_counters (name, value) \
              SELECT * FROM unnest($1::text[], $2::int8[])",
@@ -51,13 +42,20 @@ impl Counters for PgConn {
         )?;
         for name in names {
             if fastrand::u32(..FOLD_EVERY) == 0 {
-                self.fold_counter(name)?;
+                self.query(
+                    &fold_sql("$1", "$2"),
+                    &[(&name, Type::TEXT), (&FOLD_LOCK, Type::INT8)],
+                )?;
             }
         }
         Ok(())
     }
 
     fn all(&self) -> Result<Vec<(Counter, i64)>> {
+        // This transaction's own bumps count too.
+        if !self.bumps.borrow().is_empty() {
+            self.send_owed()?;
+        }
         let rows = self.query(
             "SELECT name, sum(value)::bigint FROM reflexr_counters GROUP BY name ORDER BY name",
             &[],
@@ -75,19 +73,53 @@ impl Counters for PgConn {
 }
 
 impl PgConn {
-    /// Folds a counter's rows into one, if no other transaction is folding
-    /// one (a try-lock: a bump never waits). The rows deleted are those
-    /// committed when the statement began; bumps made meanwhile stay beside
-    /// the sum, so nothing is counted twice or lost.
-    fn fold_counter(&self, name: &str) -> Result<()> {
-        self.query(
-            "WITH mine AS (SELECT pg_try_advisory_xact_lock($2) AS locked), \
-                  gone AS (DELETE FROM reflexr_counters \
-                           WHERE name = $1 AND (SELECT locked FROM mine) RETURNING value) \
-             INSERT INTO reflexr_counters (name, value) \
-             SELECT $1, sum(value)::bigint FROM gone HAVING count(*) > 0",
-            &[(&name, Type::TEXT), (&FOLD_LOCK, Type::INT8)],
-        )?;
-        Ok(())
+    /// The counters' bumps this transaction owes, as statements for its
+    /// commit's round trip (see `PgConn::finish`), no longer owed: one
+    /// insert of all their rows, and now and then a counter's fold (one
+    /// bump in [`FOLD_EVERY`] folds its counter's rows into one). A bump in
+    /// a transaction costs no round trip of its own: on the way from an
+    /// append to its handler, a rule's firing bumps its counters, and each
+    /// run's settlement its own. The counters' names are the engine's own
+    /// words ([`Counter`]) and the values numbers, written into the SQL as
+    /// they are.
+    pub(super) fn take_bumps_into(&self, sql: &mut String) {
+        let bumps = std::mem::take(&mut *self.bumps.borrow_mut());
+        if bumps.is_empty() {
+            return;
+        }
+        self.bumps_sent.set(self.bumps_sent.get() + bumps.len());
+        sql.push_str("INSERT INTO reflexr_counters (name, value) VALUES ");
+        for (i, (name, by)) in bumps.iter().enumerate() {
+            debug_assert!(super::is_plain(name.as_str()));
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("('{}', {by})", name.as_str()));
+        }
+        sql.push_str("; ");
+        for (name, _) in &bumps {
+            if fastrand::u32(..FOLD_EVERY) == 0 {
+                sql.push_str(&fold_sql(
+                    &format!("'{}'", name.as_str()),
+                    &FOLD_LOCK.to_string(),
+                ));
+                sql.push_str("; ");
+            }
+        }
     }
+}
+
+/// Folds a counter's rows into one, if no other transaction is folding
+/// one (a try-lock: a bump never waits), `name` and `lock` as SQL (a
+/// parameter, or a literal). The rows deleted are those committed when the
+/// statement began, and the transaction's own; bumps made meanwhile stay
+/// beside the sum, so nothing is counted twice or lost.
+fn fold_sql(name: &str, lock: &str) -> String {
+    format!(
+        "WITH mine AS (SELECT pg_try_advisory_xact_lock({lock}) AS locked), \
+              gone AS (DELETE FROM reflexr_counters \
+                       WHERE name = {name} AND (SELECT locked FROM mine) RETURNING value) \
+         INSERT INTO reflexr_counters (name, value) \
+         SELECT {name}, sum(value)::bigint FROM gone HAVING count(*) > 0"
+    )
 }

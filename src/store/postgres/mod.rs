@@ -55,6 +55,7 @@ use std::sync::Arc;
 use postgres::types::{ToSql, Type};
 use postgres::{Row, Statement};
 
+use crate::base::counter::Counter;
 use crate::base::error::{Error, Result};
 
 /// The pool of connections an engine on PostgreSQL keeps.
@@ -241,6 +242,17 @@ pub struct PgConn {
     pub(super) head_at_begin: std::cell::Cell<i64>,
     /// Whether the transaction is open yet (see [`PgConn::deferred`]).
     pub(super) begun: std::cell::Cell<Begun>,
+    /// Releases of the engine's nested savepoint not sent yet: each goes
+    /// with the next transaction-control statements, or the commit (see
+    /// [`PgConn::release_nested`]).
+    owed_releases: std::cell::Cell<u32>,
+    /// The counters' bumps not sent yet, in a transaction: sent with the
+    /// next transaction-control statements or the commit (see
+    /// `PgConn::take_bumps_into`).
+    pub(super) bumps: RefCell<Vec<(Counter, i64)>>,
+    /// How many bumps were sent before those owed: a bump's place among
+    /// all the transaction's is this and its index in `bumps`.
+    pub(super) bumps_sent: std::cell::Cell<usize>,
     /// A deferred connection's pool, to replace a connection the server
     /// cut before its first statement; and the notification a lone
     /// append's statement carries (a channel and a payload, the engine's
@@ -265,6 +277,28 @@ pub(crate) enum Begun {
     /// The engine's own reads ([`PgConn::reads`]): outside any transaction
     /// block, each statement its own; nothing on it may write.
     Reads,
+}
+
+/// The engine's nested savepoint (`Tx::nested`): one name at every depth,
+/// each `ROLLBACK TO` and `RELEASE` naming the newest.
+pub(crate) const NESTED: &str = "reflexr_nested";
+
+/// What a [`PgConn`] keeps of its transaction besides the rows, when a
+/// savepoint was made: a rollback to the savepoint restores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
+pub struct Mark {
+    /// [`PgConn::last_seq`].
+    seq: i64,
+    /// How many counters' bumps the transaction had made (sent or owed).
+    bumps: usize,
+}
+
+impl Mark {
+    /// The highest seq the transaction had appended (0: none).
+    pub(crate) fn seq(self) -> i64 {
+        self.seq
+    }
 }
 
 /// The ordered BEGIN (see [`PgConn::begin_ordered`]).
@@ -348,6 +382,9 @@ impl PgConn {
             holds_head: std::cell::Cell::new(false),
             head_at_begin: std::cell::Cell::new(0),
             begun: std::cell::Cell::new(begun),
+            owed_releases: std::cell::Cell::new(0),
+            bumps: RefCell::new(Vec::new()),
+            bumps_sent: std::cell::Cell::new(0),
             deferred,
         }
     }
@@ -517,7 +554,8 @@ impl PgConn {
                     .into(),
             });
         }
-        let mut sql = String::new();
+        let mut sql = self.take_owed_releases();
+        self.take_bumps_into(&mut sql);
         let last = self.last_seq.get();
         if last > 0 {
             sql.push_str(&format!(
@@ -538,20 +576,83 @@ impl PgConn {
         self.last_seq.get()
     }
 
+    /// What the transaction keeps besides its rows, for a savepoint made
+    /// now: see [`PgConn::rollback_to`].
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            seq: self.last_seq.get(),
+            bumps: self.bumps_sent.get() + self.bumps.borrow().len(),
+        }
+    }
+
     /// Runs the engine's own transaction-control statements (savepoints),
-    /// in one round trip.
+    /// in one round trip, after what is owed: the releases (see
+    /// [`PgConn::release_nested`]) and the counters' bumps (a savepoint is
+    /// made with none owed, so a rollback to it drops exactly the bumps
+    /// owed then: see [`PgConn::rollback_to`]).
     pub(crate) fn control(&self, sql: &str) -> Result<()> {
         self.ensure_begun_to_write()?;
-        let r = self.client().batch_execute(sql);
+        let mut batch = self.take_owed_releases();
+        self.take_bumps_into(&mut batch);
+        batch.push_str(sql);
+        let r = self.client().batch_execute(&batch);
         self.note(r)
     }
 
-    /// Rolls back to the engine's savepoint `name`, and forgets the seqs
-    /// taken since (`mark`: [`PgConn::last_seq`] when it was made), so the
-    /// next append does not leave a gap.
-    pub(crate) fn rollback_to(&self, name: &str, mark: i64) -> Result<()> {
-        self.control(&format!("ROLLBACK TO SAVEPOINT {name}"))?;
-        self.last_seq.set(mark);
+    /// Releases the engine's nested savepoint ([`NESTED`]), the newest of
+    /// that name: owed, and sent with the next transaction-control
+    /// statements or the commit, where it costs no round trip of its own.
+    /// Until then the savepoint stays open, which changes nothing: a
+    /// rollback to a savepoint made before it undoes it with the rest (see
+    /// [`PgConn::rollback_to`]), the commit releases it first, and the
+    /// caller's own SQL is sent after the releases owed, so its savepoints
+    /// are never made inside one. In a transaction a failed statement
+    /// aborted, the release is sent at once, and fails as it would have.
+    pub(crate) fn release_nested(&self) -> Result<()> {
+        self.owed_releases.set(self.owed_releases.get() + 1);
+        if self.aborted.get() {
+            return self.control("");
+        }
+        Ok(())
+    }
+
+    /// The owed releases of [`NESTED`] as SQL (empty when none), no longer
+    /// owed.
+    fn take_owed_releases(&self) -> String {
+        let n = self.owed_releases.replace(0);
+        format!("RELEASE SAVEPOINT {NESTED}; ").repeat(n as usize)
+    }
+
+    /// Rolls back to the engine's savepoint `name`, and forgets what was
+    /// kept since `mark` ([`PgConn::mark`] when it was made): the seqs taken
+    /// (so the next append does not leave a gap) and the counters' bumps.
+    ///
+    /// The savepoints whose releases are owed were made after `name` (the
+    /// statement that made `name` sent every release owed before it, and
+    /// savepoints nest), so the rollback undoes them. For [`NESTED`], whose
+    /// newest of that name is one of them, the rollback goes to each in
+    /// turn and releases it, then to `name`'s own; a release cannot go
+    /// first, since a transaction a failed statement aborted takes nothing
+    /// but a rollback.
+    pub(crate) fn rollback_to(&self, name: &str, mark: Mark) -> Result<()> {
+        self.ensure_begun_to_write()?;
+        let owed = self.owed_releases.replace(0);
+        let mut sql = format!("ROLLBACK TO SAVEPOINT {name}");
+        if name == NESTED {
+            for _ in 0..owed {
+                sql.push_str(&format!(
+                    "; RELEASE SAVEPOINT {NESTED}; ROLLBACK TO SAVEPOINT {NESTED}"
+                ));
+            }
+        }
+        let r = self.client().batch_execute(&sql);
+        self.note(r)?;
+        self.last_seq.set(mark.seq);
+        // The bumps owed were made since the mark (none was owed when the
+        // savepoint was made): dropped. Those sent since, the server's
+        // rollback undid.
+        let kept = mark.bumps.saturating_sub(self.bumps_sent.get());
+        self.bumps.borrow_mut().truncate(kept);
         self.aborted.set(false);
         Ok(())
     }
@@ -566,7 +667,7 @@ impl PgConn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
         guard::refuse_transaction_control(sql)?;
-        self.ensure_begun_to_write()?;
+        self.send_owed()?;
         let r = self.client().query(sql, params);
         self.note(r)
     }
@@ -575,9 +676,22 @@ impl PgConn {
     /// the number of rows it changed.
     pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         guard::refuse_transaction_control(sql)?;
-        self.ensure_begun_to_write()?;
+        self.send_owed()?;
         let r = self.client().execute(sql, params);
         self.note(r)
+    }
+
+    /// Before the caller's own SQL, what the engine owes is sent: the
+    /// releases of its savepoints (a savepoint of the caller's is then
+    /// never made inside one of the engine's it would release) and the
+    /// counters' bumps (a rollback to a savepoint of the caller's then
+    /// undoes those made after it, and only those); and the transaction is
+    /// begun.
+    pub(super) fn send_owed(&self) -> Result<()> {
+        if self.owed_releases.get() > 0 || !self.bumps.borrow().is_empty() {
+            return self.control("");
+        }
+        self.ensure_begun_to_write()
     }
 
     /// A deferred connection's first statement begins its transaction
@@ -669,6 +783,125 @@ mod tests {
         assert_eq!(upper, "reflexr_6fd783be0f1d5c6c");
         assert_eq!(channel_of(""), channel_of(""));
         assert!(channel_of(&"s".repeat(55)).ends_with(&"s".repeat(55)));
+    }
+
+    /// The total of `counter` as a fresh transaction reads it.
+    fn total(pool: &super::Pool, counter: crate::base::counter::Counter) -> i64 {
+        use crate::store::Counters;
+        let conn = PgConn::begin_as(pool.get().unwrap(), true).unwrap();
+        let all = Counters::all(&conn).unwrap();
+        all.iter()
+            .find(|(c, _)| *c == counter)
+            .map_or(0, |(_, v)| *v)
+    }
+
+    /// DESIGN.md invariant 2 (together or not at all), at the engine's
+    /// savepoints: a release owed (sent with the next control statement or
+    /// the commit) leaves the inner savepoint open, and a rollback of the
+    /// outer one still undoes all the outer's work — the inner's included —
+    /// and nothing before it.
+    #[test]
+    fn a_rollback_undoes_the_inner_savepoints_whose_releases_are_owed() {
+        use super::NESTED;
+        use crate::base::counter::Counter::{Decisions, Errored, Fired};
+        use crate::store::Counters;
+        let schema = PgSchema::new();
+        let pool = schema.pool(1);
+        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
+        // Bumps sent as rows at once (the caller's SQL sends what is owed
+        // first), so the server's savepoints decide what stays.
+        let sent = |counter: crate::base::counter::Counter| {
+            Counters::bump(&conn, counter, 1).unwrap();
+            conn.execute_untyped("SELECT 1", &[]).unwrap();
+        };
+        sent(Decisions);
+        let savepoint = || {
+            conn.control(&format!("SAVEPOINT {NESTED}")).unwrap();
+            conn.mark()
+        };
+        let outer = savepoint();
+        sent(Fired);
+        let _inner = savepoint();
+        sent(Fired);
+        let _innermost = savepoint();
+        sent(Fired);
+        conn.release_nested().unwrap();
+        conn.release_nested().unwrap();
+        // The outer fails: two releases owed, rolled back past both.
+        conn.rollback_to(NESTED, outer).unwrap();
+        conn.release_nested().unwrap();
+        // A sibling after it commits its work.
+        let _sibling = savepoint();
+        sent(Errored);
+        conn.release_nested().unwrap();
+        conn.commit().unwrap();
+        assert_eq!(total(&pool, Decisions), 1);
+        assert_eq!(
+            total(&pool, Fired),
+            0,
+            "the outer's rollback undid its inner savepoints"
+        );
+        assert_eq!(total(&pool, Errored), 1);
+    }
+
+    /// DESIGN.md invariant 2, for the caller's own savepoints beside the
+    /// engine's: what the engine owes (a release of its savepoint, bumps of
+    /// its counters) is sent before the caller's SQL, so the caller's
+    /// savepoint is not made inside the engine's one it would release, and
+    /// the caller's rollback undoes the bumps made after its savepoint, and
+    /// only those.
+    #[test]
+    fn the_callers_savepoints_keep_their_meaning_beside_what_the_engine_owes() {
+        use super::NESTED;
+        use crate::base::counter::Counter::{Decisions, Fired};
+        use crate::store::Counters;
+        let schema = PgSchema::new();
+        let pool = schema.pool(1);
+        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
+        conn.control(&format!("SAVEPOINT {NESTED}")).unwrap();
+        Counters::bump(&conn, Decisions, 2).unwrap();
+        conn.release_nested().unwrap();
+        conn.execute_untyped("SAVEPOINT mine", &[]).unwrap();
+        Counters::bump(&conn, Fired, 5).unwrap();
+        // An engine savepoint inside the caller's, released.
+        conn.control(&format!("SAVEPOINT {NESTED}")).unwrap();
+        conn.release_nested().unwrap();
+        conn.execute_untyped("ROLLBACK TO SAVEPOINT mine", &[])
+            .unwrap();
+        // The transaction's own bumps, read in it.
+        let all = Counters::all(&conn).unwrap();
+        assert!(
+            all.contains(&(Decisions, 2)) && !all.iter().any(|(c, _)| *c == Fired),
+            "{all:?}"
+        );
+        conn.execute_untyped("RELEASE SAVEPOINT mine", &[]).unwrap();
+        conn.commit().unwrap();
+        assert_eq!(total(&pool, Decisions), 2);
+        assert_eq!(total(&pool, Fired), 0);
+    }
+
+    /// DESIGN.md invariant 4's totals: a counter's bump owed when its
+    /// savepoint rolls back counts nothing; one owed from before the
+    /// savepoint, and one made after the rollback, count at the commit.
+    #[test]
+    fn a_bump_owed_counts_only_if_its_savepoint_holds() {
+        use super::NESTED;
+        use crate::base::counter::Counter::{Decisions, Fired, RunsSucceeded};
+        use crate::store::Counters;
+        let schema = PgSchema::new();
+        let pool = schema.pool(1);
+        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
+        Counters::bump(&conn, Decisions, 3).unwrap();
+        conn.control(&format!("SAVEPOINT {NESTED}")).unwrap();
+        let mark = conn.mark();
+        Counters::bump_all(&conn, &[(Fired, 4), (Decisions, 1)]).unwrap();
+        conn.rollback_to(NESTED, mark).unwrap();
+        conn.release_nested().unwrap();
+        Counters::bump(&conn, RunsSucceeded, 6).unwrap();
+        conn.commit().unwrap();
+        assert_eq!(total(&pool, Decisions), 3);
+        assert_eq!(total(&pool, Fired), 0);
+        assert_eq!(total(&pool, RunsSucceeded), 6);
     }
 
     /// The engine's statements prepared on this connection (the look-up,
