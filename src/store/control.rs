@@ -117,8 +117,7 @@ pub trait Control: Leases + Cursors {
     }
     /// Whether a fresh run of `action` may be claimed at its insert for an
     /// idle executor: the action is neither paused nor limited (a limited
-    /// action's runs go through the claim, which counts them). By default
-    /// one statement each; a backend a round trip away reads both in one.
+    /// action's runs go through the claim, which counts them).
     fn may_hand_over(&self, action: &str) -> Result<bool> {
         Ok(!self.is_paused("action", action)? && self.limited(&[action.to_string()])?.is_empty())
     }
@@ -201,6 +200,24 @@ pub trait Control: Leases + Cursors {
         expires_at: i64,
         id: &str,
     ) -> Result<Option<RunRow>>;
+    /// Claims the run `id` of `action`, just inserted, for an idle
+    /// executor (as [`Control::claim_fresh`]) if the action may be handed
+    /// over ([`Control::may_hand_over`]): whether it may, and the run if it
+    /// was ready and is now claimed. By default the two in turn; a backend
+    /// a round trip away does both in one statement.
+    fn hand_over_fresh(
+        &self,
+        action: &str,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        id: &str,
+    ) -> Result<(bool, Option<RunRow>)> {
+        if !self.may_hand_over(action)? {
+            return Ok((false, None));
+        }
+        Ok((true, self.claim_fresh(holder, now, expires_at, id)?))
+    }
     /// Claims the ready runs at these positions.
     fn claim_ords(
         &self,

@@ -677,3 +677,72 @@ fn a_claim_returns_each_run_as_the_store_now_holds_it() {
         .unwrap();
     });
 }
+
+/// Invariant 14 (claims match the work) at the hand-over: a run just
+/// inserted is claimed for an idle executor only if its action is neither
+/// paused nor limited (a limit counts what a claim takes), and only while
+/// it is ready; the answer says whether the action may be handed, so the
+/// evaluator asks once per action and write.
+#[test]
+fn a_fresh_run_is_handed_over_only_when_its_action_may_be_and_it_is_ready() {
+    use crate::store::control::ActionRow;
+    on_every_backend(|db| {
+        let name = db.name();
+        setup(db, "shop");
+        db.tx(|c| {
+            Runs::insert(c, &task("r1", None, None))?;
+            let (may, run) = Control::hand_over_fresh(c, "send", "h", NOW, NOW + 10, "r1")?;
+            let run = run.expect("a ready run of an action that may be handed");
+            assert!(may, "{name}");
+            let stored = Runs::get(c, "r1")?.expect("inserted");
+            assert_eq!(format!("{run:?}"), format!("{stored:?}"), "{name}");
+            assert_eq!(
+                (run.state.as_str(), run.claimed_by.as_deref(), run.attempt),
+                ("running", Some("h"), 1),
+                "{name}"
+            );
+            // Claimed already: not ready, so not handed again.
+            let again = Control::hand_over_fresh(c, "send", "h2", NOW, NOW + 10, "r1")?;
+            assert_eq!((again.0, again.1.is_none()), (true, true), "{name}");
+            // A limited action: its runs go through the claim.
+            Control::configure_action(
+                c,
+                &ActionRow {
+                    action: "mail".into(),
+                    priority: 0,
+                    max_running: Some(1),
+                    rate_count: None,
+                    rate_period_ms: None,
+                    partition_by: None,
+                    fair: false,
+                },
+                None,
+                NOW,
+            )?;
+            Runs::insert(
+                c,
+                &NewRun {
+                    action: "mail",
+                    ..task("r2", None, None)
+                },
+            )?;
+            let limited = Control::hand_over_fresh(c, "mail", "h", NOW, NOW + 10, "r2")?;
+            assert_eq!((limited.0, limited.1.is_none()), (false, true), "{name}");
+            // A paused action: nothing of it starts.
+            Control::pause(c, "action", "send", NOW, "op", "maintenance")?;
+            Runs::insert(c, &task("r3", None, None))?;
+            let paused = Control::hand_over_fresh(c, "send", "h", NOW, NOW + 10, "r3")?;
+            assert_eq!((paused.0, paused.1.is_none()), (false, true), "{name}");
+            for id in ["r2", "r3"] {
+                let run = Runs::get(c, id)?.expect("inserted");
+                assert_eq!(
+                    (run.state.as_str(), run.attempt),
+                    ("ready", 0),
+                    "{name} {id}"
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+    });
+}

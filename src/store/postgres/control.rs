@@ -68,6 +68,17 @@ const LIMITED: &str = "(max_running IS NOT NULL OR rate_count IS NOT NULL OR fai
      OR (partition_by IS NOT NULL \
          AND EXISTS (SELECT 1 FROM reflexr_action_keys k WHERE k.action = a.action)))";
 
+/// Whether the action `param` names may be handed over (see
+/// [`Control::may_hand_over`]; on PostgreSQL asked only in
+/// [`Control::hand_over_fresh`]'s statement), as SQL: neither paused nor
+/// limited.
+pub(super) fn may_hand_over(param: &str) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM reflexr_paused WHERE kind = 'action' AND name = {param}) \
+         AND NOT EXISTS (SELECT 1 FROM reflexr_actions a WHERE action = {param} AND {LIMITED})"
+    )
+}
+
 /// A JSON path as the configuration accepts it (`$.a.b`, `$."a b"`,
 /// `$.list[0]`, `$.list[#-1]`; see `limits::check_json_path`) as the path
 /// elements of PostgreSQL's `#>`/`#>>`: keys as they are, `[N]` as `N`,
@@ -488,21 +499,6 @@ impl Control for PgConn {
     }
 
     /// One round trip instead of two.
-    fn may_hand_over(&self, action: &str) -> Result<bool> {
-        let row = self
-            .query_opt(
-                &format!(
-                    "SELECT NOT EXISTS (SELECT 1 FROM reflexr_paused \
-                                        WHERE kind = 'action' AND name = $1) \
-                        AND NOT EXISTS (SELECT 1 FROM reflexr_actions a \
-                                        WHERE action = $1 AND {LIMITED})"
-                ),
-                &[(&action, Type::TEXT)],
-            )?
-            .ok_or_else(|| Error::invalid("hand-over look", "no row"))?;
-        col(&row, 0)
-    }
-
     fn limited(&self, actions: &[String]) -> Result<Vec<ActionRow>> {
         self.query(
             &format!(
@@ -572,6 +568,36 @@ impl Control for PgConn {
         id: &str,
     ) -> Result<Option<RunRow>> {
         self.claim_fresh_row(holder, now, expires_at, id)
+    }
+
+    fn hand_over_fresh(
+        &self,
+        action: &str,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+        id: &str,
+    ) -> Result<(bool, Option<RunRow>)> {
+        // One statement: whether the action may, then the claimed run's
+        // columns (null when none was claimed).
+        let row = self
+            .query_opt(
+                &super::runs::HAND_OVER_FRESH_SQL,
+                &[
+                    (&holder, Type::TEXT),
+                    (&now, Type::INT8),
+                    (&expires_at, Type::INT8),
+                    (&id, Type::TEXT),
+                    (&action, Type::TEXT),
+                ],
+            )?
+            .ok_or_else(|| Error::invalid("hand-over", "no row"))?;
+        let claimed: Option<i64> = col(&row, 1)?;
+        let run = match claimed {
+            Some(_) => Some(super::runs::run_from_at(&row, 1)?),
+            None => None,
+        };
+        Ok((col(&row, 0)?, run))
     }
 
     fn claim_ords(

@@ -39,47 +39,52 @@ const KEY_AGAIN: &str = "flow_key = coalesce(flow_key, \
         FROM reflexr_actions a WHERE a.action = reflexr_runs.action))";
 
 pub(super) fn run_from(r: &Row) -> Result<RunRow> {
+    run_from_at(r, 0)
+}
+
+/// A run from `r`'s columns from the `at`-th on ([`COLUMNS`]' order).
+pub(super) fn run_from_at(r: &Row, at: usize) -> Result<RunRow> {
     Ok(RunRow {
-        ord: col(r, 0)?,
-        id: col(r, 1)?,
-        kind: col(r, 2)?,
-        action: col(r, 3)?,
-        workspace: col(r, 4)?,
-        rule: col(r, 5)?,
-        scope: col(r, 6)?,
-        lane: col(r, 7)?,
-        on_dead_letter: col(r, 8)?,
-        input: col(r, 9)?,
-        event_seq: col(r, 10)?,
-        event_id: col(r, 11)?,
-        depth: col(r, 12)?,
-        state: col(r, 13)?,
-        attempt: col(r, 14)?,
-        max_attempts: col(r, 15)?,
-        backoff_ms: col(r, 16)?,
-        backoff_max_ms: col(r, 17)?,
-        backoff_factor: col(r, 18)?,
-        jitter: col(r, 19)?,
-        due_at: col(r, 20)?,
-        claimed_by: col(r, 21)?,
-        claim_expires_at: col(r, 22)?,
-        checkpoint: col(r, 23)?,
-        last_error: col(r, 24)?,
-        created_at: col(r, 25)?,
-        updated_at: col(r, 26)?,
-        finished_at: col(r, 27)?,
-        priority: col(r, 28)?,
-        unique_key: col(r, 29)?,
-        unique_mode: col(r, 30)?,
-        started_at: col(r, 31)?,
-        cancel_requested_at: col(r, 32)?,
-        cancelled_by: col(r, 33)?,
-        cancel_reason: col(r, 34)?,
-        output: col(r, 35)?,
-        parent: col(r, 36)?,
-        began_seq: col(r, 37)?,
-        flow_key: col(r, 38)?,
-        traceparent: col(r, 39)?,
+        ord: col(r, at)?,
+        id: col(r, at + 1)?,
+        kind: col(r, at + 2)?,
+        action: col(r, at + 3)?,
+        workspace: col(r, at + 4)?,
+        rule: col(r, at + 5)?,
+        scope: col(r, at + 6)?,
+        lane: col(r, at + 7)?,
+        on_dead_letter: col(r, at + 8)?,
+        input: col(r, at + 9)?,
+        event_seq: col(r, at + 10)?,
+        event_id: col(r, at + 11)?,
+        depth: col(r, at + 12)?,
+        state: col(r, at + 13)?,
+        attempt: col(r, at + 14)?,
+        max_attempts: col(r, at + 15)?,
+        backoff_ms: col(r, at + 16)?,
+        backoff_max_ms: col(r, at + 17)?,
+        backoff_factor: col(r, at + 18)?,
+        jitter: col(r, at + 19)?,
+        due_at: col(r, at + 20)?,
+        claimed_by: col(r, at + 21)?,
+        claim_expires_at: col(r, at + 22)?,
+        checkpoint: col(r, at + 23)?,
+        last_error: col(r, at + 24)?,
+        created_at: col(r, at + 25)?,
+        updated_at: col(r, at + 26)?,
+        finished_at: col(r, at + 27)?,
+        priority: col(r, at + 28)?,
+        unique_key: col(r, at + 29)?,
+        unique_mode: col(r, at + 30)?,
+        started_at: col(r, at + 31)?,
+        cancel_requested_at: col(r, at + 32)?,
+        cancelled_by: col(r, at + 33)?,
+        cancel_reason: col(r, at + 34)?,
+        output: col(r, at + 35)?,
+        parent: col(r, at + 36)?,
+        began_seq: col(r, at + 37)?,
+        flow_key: col(r, at + 38)?,
+        traceparent: col(r, at + 39)?,
     })
 }
 
@@ -182,16 +187,32 @@ pub(crate) static CLAIM_PICKED_SQL: std::sync::LazyLock<String> = std::sync::Laz
 /// [`Control::claim_fresh`](crate::store::Control::claim_fresh)'s
 /// statement: the run by its id, which no other transaction can hold (this
 /// one inserted it), in one round trip.
-pub(crate) static CLAIM_FRESH_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "UPDATE reflexr_runs SET state = 'running', attempt = attempt + 1, \
-           claimed_by = $1, claim_expires_at = $3, updated_at = $2, \
-           changed_tx = pg_current_xact_id()::text::bigint, started_at = $2, \
-           began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
-         WHERE id = $4 AND state = 'ready' COLLATE \"C\" \
-         RETURNING {COLUMNS}"
-    )
-});
+pub(crate) static CLAIM_FRESH_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("UPDATE reflexr_runs {CLAIM_FRESH} RETURNING {COLUMNS}"));
+
+/// The claim of the ready run `$4` under holder `$1` at `$2` until `$3`
+/// (an `UPDATE`'s `SET` and `WHERE`).
+const CLAIM_FRESH: &str = "SET state = 'running', attempt = attempt + 1, \
+       claimed_by = $1, claim_expires_at = $3, updated_at = $2, \
+       changed_tx = pg_current_xact_id()::text::bigint, started_at = $2, \
+       began_seq = coalesce(began_seq, (SELECT max(seq) FROM reflexr_events), 0) \
+     WHERE id = $4 AND state = 'ready' COLLATE \"C\"";
+
+/// The hand-over of a run just inserted ([`CLAIM_FRESH_SQL`]'s claim, `$5`
+/// its action), made only if the action is neither paused nor limited:
+/// one row, whether it may (`may`), then the claimed run's columns (null
+/// when it was not claimed).
+pub(crate) static HAND_OVER_FRESH_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| {
+        format!(
+            "WITH may AS (SELECT {may} AS may), \
+             claimed AS ( \
+               UPDATE reflexr_runs {CLAIM_FRESH} AND (SELECT may FROM may) \
+               RETURNING {COLUMNS}) \
+             SELECT may.may, claimed.* FROM may LEFT JOIN claimed ON true",
+            may = super::control::may_hand_over("$5"),
+        )
+    });
 
 /// Of the runs with these ids, those asked to stop: read through the index
 /// that holds only such runs (`reflexr_runs_cancelling`, schema version

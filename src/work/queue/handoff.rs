@@ -242,25 +242,26 @@ impl<'a> Handing<'a> {
     }
 
     /// Whether a ready run of `action` may be claimed at its insert: run
-    /// here, not paused, and claimed without limits (theirs count and order
-    /// what a claim takes). Read in the write, once per action.
-    fn may_hand<B: Backend>(&self, tx: &Tx<'_, B>, action: &str) -> Result<bool> {
+    /// here (`None`: not known yet), not paused, and claimed without limits
+    /// (theirs count and order what a claim takes). Read in the write, once
+    /// per action: with the first hand-over's claim (see
+    /// [`Handing::hand_over`]).
+    fn may_hand(&self, action: &str) -> Option<bool> {
         if !self.hand.actions.iter().any(|a| a == action) {
-            return Ok(false);
+            return Some(false);
         }
-        let mut eligible = self.eligible.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(&ok) = eligible.get(action) {
-            return Ok(ok);
-        }
-        let ok = Control::may_hand_over(tx.core(), action)?;
-        eligible.insert(action.to_string(), ok);
-        Ok(ok)
+        let eligible = self.eligible.lock().unwrap_or_else(PoisonError::into_inner);
+        eligible.get(action).copied()
     }
 
     /// Claims the run `id` of `action`, just inserted, for a parked
     /// executor of this process, if one is parked, the action may be handed
     /// and the run is ready (the head of its lane): as a claim would, by
-    /// its position, under this process's holder.
+    /// its position, under this process's holder. The first hand-over of an
+    /// action in a write asks whether the action may be handed in the
+    /// claim's statement (one round trip on PostgreSQL, where they were
+    /// two); a place reserved for a run the action may not hand hears that
+    /// none comes, as for a run not ready.
     pub fn hand_over<B: Backend>(
         &self,
         tx: &mut Tx<'_, B>,
@@ -268,7 +269,8 @@ impl<'a> Handing<'a> {
         id: &str,
         now: i64,
     ) -> Result<Option<HandedRow>> {
-        if !self.may_hand(tx, action)? {
+        let known = self.may_hand(action);
+        if known == Some(false) {
             return Ok(None);
         }
         let Some(place) = self.hand.handoff.reserve() else {
@@ -280,7 +282,18 @@ impl<'a> Handing<'a> {
             .push(place);
         let holder = &tx.settings().holder_id;
         let expires_at = now + tx.settings().lease_ttl_ms();
-        Ok(Control::claim_fresh(tx.core(), holder, now, expires_at, id)?.map(|row| (place, row)))
+        let claimed = if known.is_some() {
+            Control::claim_fresh(tx.core(), holder, now, expires_at, id)?
+        } else {
+            let (may, claimed) =
+                Control::hand_over_fresh(tx.core(), action, holder, now, expires_at, id)?;
+            self.eligible
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(action.to_string(), may);
+            claimed
+        };
+        Ok(claimed.map(|row| (place, row)))
     }
 
     /// After the write: sends each reserved place its run, claimed in a
