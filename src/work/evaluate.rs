@@ -182,6 +182,8 @@ struct Decided<'r> {
 struct Committed {
     fired: usize,
     errored: usize,
+    /// Where the rule's cursor was moved to.
+    at: i64,
     /// Runs claimed at their insert for idle executors of this process.
     handed: Vec<HandedRow>,
 }
@@ -327,7 +329,7 @@ pub(crate) fn pass<B: Backend>(
                 let reached_head = Events::head(tx.core())? == page_end;
                 let outcomes: Vec<_> = decided
                     .iter()
-                    .map(|d| commit_rule(tx, d, &page, &lease, handing.as_ref()))
+                    .map(|d| commit_rule(tx, d, &page, &lease, handing.as_ref(), reached_head))
                     .collect();
                 if reached_head {
                     past_own_envelopes(tx, &decided, &outcomes, page.len(), page_end)?;
@@ -832,9 +834,11 @@ fn past_own_envelopes<B: Backend>(
     let now = tx.now_ms();
     let kind = ConsumerKind::Rule.as_str();
     for (d, outcome) in decided.iter().zip(outcomes) {
-        // Only a rule whose batch committed, through the whole page.
-        if !matches!(outcome, Ok(Some(_))) || d.through != page_len {
-            continue;
+        // Only a rule whose batch committed, through the whole page, and
+        // not already past them (see `commit_rule`).
+        match outcome {
+            Ok(Some(c)) if d.through == page_len && c.at < head => {}
+            _ => continue,
         }
         // Behind where it stands (`Err`): it moved meanwhile; leave it.
         let _ = Cursors::advance(tx.core(), &d.rule.workspace, kind, &d.rule.name, head, now)?;
@@ -871,22 +875,34 @@ impl From<Error> for CommitError {
 /// cursor moved meanwhile. Firings are recorded without a savepoint each; a
 /// firing the file refuses rolls the rule's savepoint back, and the batch
 /// is written again with that firing recorded as a `firing_refused` error.
+///
+/// With `reached_head` (nothing was after the page in the log when the
+/// write began), a rule that decided the whole page has its cursor moved
+/// past what the write appended so far, its own envelopes with the rest
+/// (see [`past_own_envelopes`]): one statement where the page's end and
+/// then its envelopes were two, for a rule alone in its write.
 fn commit_rule<B: Backend>(
     tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
     page: &[Event],
     lease: &Lease,
     handing: Option<&Handing<'_>>,
+    reached_head: bool,
 ) -> Result<Option<Committed>> {
-    let to = page[d.through - 1].seq;
+    let page_end = page[d.through - 1].seq;
+    let whole_page = reached_head && d.through == page.len();
     let mut refused: Vec<(usize, Error)> = Vec::new();
     let mut one_by_one = false;
     loop {
         let attempt = consumer::advance(tx, d.rule.consumer(), lease, d.stand, |tx| {
-            Ok((
-                commit(tx, d, page, lease, &refused, handing, one_by_one)?,
-                to,
-            ))
+            let mut done = commit(tx, d, page, lease, &refused, handing, one_by_one)?;
+            done.at = if whole_page {
+                Events::head(tx.core())?.max(page_end)
+            } else {
+                page_end
+            };
+            let to = done.at;
+            Ok((done, to))
         });
         match attempt {
             Ok(done) => return Ok(done),
