@@ -90,6 +90,31 @@ pub trait Control: Leases + Cursors {
             lapsed: self.lapsed_due(now)?,
         })
     }
+    /// Where each of the consumers `names` (of `workspace`, of `kind`)
+    /// stands, for a pass over them, in the order of `names`: `None` for
+    /// one paused (`(kind, name)`), else its cursor's position and stamp
+    /// (if it was ever saved) and its high water
+    /// ([`Cursors::stamped_and_high_water`]). By default a statement for
+    /// the pauses and one per cursor; a backend a round trip away reads
+    /// them all in one.
+    #[allow(clippy::type_complexity)]
+    fn stands(
+        &self,
+        workspace: &str,
+        kind: &str,
+        names: &[&str],
+    ) -> Result<Vec<Option<(Option<(i64, i64)>, i64)>>> {
+        let paused = self.paused_names(kind)?;
+        names
+            .iter()
+            .map(|name| {
+                if paused.contains(*name) {
+                    return Ok(None);
+                }
+                self.stamped_and_high_water(workspace, kind, name).map(Some)
+            })
+            .collect()
+    }
     /// What a consumer's commit checks first, in the order it checks it:
     /// `None` when `lease` (name, holder, generation) is not held at `now`;
     /// else where the cursor `(workspace, kind, name)` stands (its

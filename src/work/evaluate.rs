@@ -72,7 +72,7 @@ use crate::core::db::Tx;
 use crate::core::lease::Lease;
 use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::NewRun;
-use crate::store::{Counters, Cursors, DeadLetters, Events, Rules, Runs};
+use crate::store::{Control, Counters, Cursors, DeadLetters, Events, Rules, Runs};
 use crate::work::consumer::{self, PageBuffer, Stand};
 use crate::work::queue::handoff::{Hand, HandedRow, Handing};
 use crate::work::queue::run::RunKind;
@@ -245,43 +245,38 @@ pub(crate) fn pass<B: Backend>(
         // One read: the pauses, where each rule not paused stands, and the
         // page after them when they all stand at one position (the usual
         // case: rules that keep up share their reads and commits).
-        let (paused, stands, mut read_at) = db.read_with(&mut |c| {
+        let (stood, mut read_at) = db.read_with(&mut |c| {
             // Paused rules decide nothing; their cursors stay where they
             // are (a pause that commits while a batch is decided is seen by
             // its commit, `consumer::advance`, and the batch is read again
-            // here).
-            let paused = crate::work::control::paused_names(c, "rule")?;
-            let stands: Vec<(Stand, i64)> = pending
-                .iter()
-                .filter(|r| !paused.contains(&r.name))
-                .map(|r| {
-                    // Where it stands and how far it decided before, in
-                    // one read of its cursor's row.
-                    let me = r.consumer();
-                    let (stamped, high) = Cursors::stamped_and_high_water(
-                        c,
-                        me.workspace,
-                        me.kind.as_str(),
-                        me.name,
-                    )?;
-                    Ok((Stand::from_stamped(stamped), high))
-                })
-                .collect::<Result<_>>()?;
-            let read_at = match stands.first() {
-                Some((first, _)) if stands.iter().all(|(s, _)| s.position == first.position) => {
+            // here). Where each other stands and how far it decided
+            // before, in one read of its cursor's row (of all of them and
+            // the pauses, on PostgreSQL).
+            let names: Vec<&str> = pending.iter().map(|r| r.name.as_str()).collect();
+            let stood = Control::stands(c, &workspace, ConsumerKind::Rule.as_str(), &names)?;
+            let mut positions = stood.iter().flatten().map(|(s, _)| Stand::from_stamped(*s));
+            let read_at = match positions.next() {
+                Some(first) if positions.all(|s| s.position == first.position) => {
                     Events::page_into(c, &workspace, first.position, batch, &mut page)?;
                     Some(first.position)
                 }
                 _ => None,
             };
-            Ok((paused, stands, read_at))
+            Ok((stood, read_at))
         })?;
-        pending.retain(|r| !paused.contains(&r.name));
+        let stands: Vec<(&Rule, (Stand, i64))> = pending
+            .iter()
+            .zip(stood)
+            .filter_map(|(r, s)| {
+                s.map(|(stamped, high)| (*r, (Stand::from_stamped(stamped), high)))
+            })
+            .collect();
+        pending = stands.iter().map(|(r, _)| *r).collect();
         if pending.is_empty() {
             break;
         }
         let mut groups: BTreeMap<i64, Vec<(&Rule, Stand, i64)>> = BTreeMap::new();
-        for (r, (stand, high)) in pending.iter().zip(stands) {
+        for (r, (stand, high)) in stands {
             groups
                 .entry(stand.position)
                 .or_default()

@@ -101,3 +101,45 @@ fn a_consumers_commit_reads_its_lease_its_stand_and_its_pause_in_one_look() {
         assert_eq!(look(db, NOW + 30_000, held.generation, true), None);
     });
 }
+
+/// Invariant 4's first read, where a pass over rules begins: each rule's
+/// stand (position, stamp and high water, as one read of its cursor reads
+/// them), or that it is paused, in the order asked (one round trip on
+/// PostgreSQL for all of them); a rule never saved stands at 0, and a
+/// consumer of another kind paused under the same name is not.
+#[test]
+fn a_pass_reads_every_rules_stand_and_pause_at_once_in_the_order_asked() {
+    on_every_backend(|db| {
+        let name = db.name();
+        setup(db, "shop");
+        db.tx(|c| {
+            for s in ["s-1", "s-2", "s-3"] {
+                append(c, "shop", &event("Opened", s))?;
+            }
+            cursor::save(c, NOW, ("shop", ConsumerKind::Rule, "ahead"), 3)?;
+            cursor::save(c, NOW + 1, ("shop", ConsumerKind::Rule, "paused"), 2)?;
+            Control::pause(c, "rule", "paused", NOW + 1, "ops", "a test")?;
+            // Same name, another kind: no pause of the rule's.
+            Control::pause(c, "reaction", "fresh", NOW + 1, "ops", "a test")?;
+            Ok(())
+        })
+        .unwrap();
+        let (stands, one_by_one) = db
+            .tx(|c| {
+                let names = ["fresh", "paused", "ahead"];
+                let stands = Control::stands(c, "shop", "rule", &names)?;
+                let one_by_one = names
+                    .iter()
+                    .map(|n| Cursors::stamped_and_high_water(c, "shop", "rule", n))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((stands, one_by_one))
+            })
+            .unwrap();
+        assert_eq!(stands.len(), 3, "{name}");
+        assert_eq!(stands[0], Some((None, 0)), "{name}");
+        assert_eq!(stands[1], None, "{name}: paused");
+        assert_eq!(stands[2], Some(one_by_one[2]), "{name}");
+        assert_eq!(one_by_one[2].0.map(|s| s.0), Some(3), "{name}");
+        assert_eq!(one_by_one[2].1, 3, "{name}");
+    });
+}

@@ -168,6 +168,38 @@ impl Control for PgConn {
         }))
     }
 
+    /// One round trip, where the pauses and each cursor were one each.
+    fn stands(
+        &self,
+        workspace: &str,
+        kind: &str,
+        names: &[&str],
+    ) -> Result<Vec<Option<(Option<(i64, i64)>, i64)>>> {
+        self.query(
+            "SELECT EXISTS (SELECT 1 FROM reflexr_paused p WHERE p.kind = $2 AND p.name = n.name), \
+                    c.position, c.updated_at, coalesce(c.high_water, 0) \
+             FROM unnest($3::text[]) WITH ORDINALITY AS n (name, i) \
+             LEFT JOIN reflexr_cursors c \
+               ON c.workspace = $1 AND c.kind = $2 AND c.name = n.name \
+             ORDER BY n.i",
+            &[
+                (&workspace, Type::TEXT),
+                (&kind, Type::TEXT),
+                (&names, Type::TEXT_ARRAY),
+            ],
+        )?
+        .iter()
+        .map(|r| {
+            if col::<bool>(r, 0)? {
+                return Ok(None);
+            }
+            let position: Option<i64> = col(r, 1)?;
+            let stamp: Option<i64> = col(r, 2)?;
+            Ok(Some((position.zip(stamp), col(r, 3)?)))
+        })
+        .collect()
+    }
+
     /// One round trip instead of four.
     fn claim_plan(&self, now: i64, actions: &[String]) -> Result<ClaimPlan> {
         let rows = self.query(
