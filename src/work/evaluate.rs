@@ -319,14 +319,19 @@ pub(crate) fn pass<B: Backend>(
             let handing = hand.filter(|h| h.handoff.idle() > 0).map(Handing::new);
             let page_end = page.last().map_or(position, |e| e.seq);
             let outcomes = db.write_with(|tx| -> Result<Vec<Result<Option<Committed>>>> {
-                // Nothing after the page in the log yet: what this write
-                // appends after it is its own envelopes.
-                let reached_head = Events::head(tx.core())? == page_end;
+                // Whether nothing was after the page in the log when the
+                // write began (what it appends after the page is then its
+                // own envelopes): read by the first rule to write, before
+                // anything is appended (see `commit_rule`).
+                let mut reached_head = None;
                 let outcomes: Vec<_> = decided
                     .iter()
-                    .map(|d| commit_rule(tx, d, &page, &lease, handing.as_ref(), reached_head))
+                    .map(|d| {
+                        let hand = handing.as_ref();
+                        commit_rule(tx, d, &page, &lease, hand, &mut reached_head)
+                    })
                     .collect();
-                if reached_head {
+                if reached_head == Some(true) {
                     past_own_envelopes(tx, &decided, &outcomes, page.len(), page_end)?;
                 }
                 Ok(outcomes)
@@ -871,8 +876,11 @@ impl From<Error> for CommitError {
 /// firing the file refuses rolls the rule's savepoint back, and the batch
 /// is written again with that firing recorded as a `firing_refused` error.
 ///
-/// With `reached_head` (nothing was after the page in the log when the
-/// write began), a rule that decided the whole page has its cursor moved
+/// `reached_head` says whether nothing was after the page in the log when
+/// the write began; the first rule to write reads it, before it appends
+/// (no rule appends before: on PostgreSQL the head is then known from the
+/// write's `BEGIN`, sent with the rule's savepoint, so no round trip reads
+/// it). If so, a rule that decided the whole page has its cursor moved
 /// past what the write appended so far, its own envelopes with the rest
 /// (see [`past_own_envelopes`]): one statement where the page's end and
 /// then its envelopes were two, for a rule alone in its write.
@@ -882,16 +890,20 @@ fn commit_rule<B: Backend>(
     page: &[Event],
     lease: &Lease,
     handing: Option<&Handing<'_>>,
-    reached_head: bool,
+    reached_head: &mut Option<bool>,
 ) -> Result<Option<Committed>> {
     let page_end = page[d.through - 1].seq;
-    let whole_page = reached_head && d.through == page.len();
+    let last = page.last().map_or(page_end, |e| e.seq);
     let mut refused: Vec<(usize, Error)> = Vec::new();
     let mut one_by_one = false;
     loop {
         let attempt = consumer::advance(tx, d.rule.consumer(), lease, d.stand, |tx| {
+            let reached = match *reached_head {
+                Some(reached) => reached,
+                None => *reached_head.insert(Events::head(tx.core())? == last),
+            };
             let mut done = commit(tx, d, page, lease, &refused, handing, one_by_one)?;
-            done.at = if whole_page {
+            done.at = if reached && d.through == page.len() {
                 Events::head(tx.core())?.max(page_end)
             } else {
                 page_end

@@ -371,10 +371,15 @@ impl PgDb {
                     (Arc::clone(&self.channel), Wake::EVENTS.payload()),
                 )
             })
-        } else if batch.members().iter().any(|m| m.may_append()) {
-            self.begin_ordered()
         } else {
-            self.begin()
+            // Begun by its first statement: with the first member's
+            // savepoint, or a lone member's first savepoint, in one round
+            // trip (`PgConn::owed`).
+            let ordered = batch.members().iter().any(|m| m.may_append());
+            self.pool
+                .get()
+                .map_err(Error::from)
+                .map(|client| PgConn::owed(client, self.pool.clone(), ordered))
         };
         let conn = match begun {
             Ok(c) => c,
@@ -466,11 +471,6 @@ impl PgDb {
     /// [`PgDb::begin`], READ ONLY if `read_only` (see `PgConn::begin_as`).
     fn begin_as(&self, read_only: bool) -> Result<PgConn> {
         self.on_a_live_connection(|client| PgConn::begin_as(client, read_only))
-    }
-
-    /// [`PgConn::begin_ordered`] on a pooled connection.
-    fn begin_ordered(&self) -> Result<PgConn> {
-        self.on_a_live_connection(PgConn::begin_ordered)
     }
 
     /// `f` on a pooled connection; on one the server cut (its first

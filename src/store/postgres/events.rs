@@ -295,7 +295,8 @@ impl Events for PgConn {
         // `insert_alone`); in a transaction after all if another append
         // took its subject's version meanwhile.
         self.refuse_on_reads()?;
-        let alone = self.begun.get() != super::Begun::Yes && row.version.is_none();
+        let alone = matches!(self.begun.get(), super::Begun::NotYet | super::Begun::Alone)
+            && row.version.is_none();
         if alone {
             // Twice at most, each with a snapshot of its own: a type
             // registered, or a subject's version taken, while the last
@@ -361,6 +362,12 @@ impl Events for PgConn {
         };
         let ids: std::collections::HashMap<&str, usize> =
             rows.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
+        // An owed transaction begins here (ordered: then it holds the head).
+        if matches!(self.begun.get(), super::Begun::Owed { .. })
+            && let Err(e) = self.ensure_begun()
+        {
+            return Err((None, e));
+        }
         if rows.len() < 2
             || self.begun.get() != super::Begun::Yes
             || !self.holds_head.get()
@@ -572,6 +579,10 @@ impl Events for PgConn {
     }
 
     fn head(&self) -> Result<i64> {
+        // An owed transaction begins (ordered, it reads the head then).
+        if matches!(self.begun.get(), super::Begun::Owed { .. }) {
+            self.ensure_begun()?;
+        }
         // This transaction's own appends count before its commit moves
         // the row.
         let last = self.last_seq.get();

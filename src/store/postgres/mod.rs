@@ -253,11 +253,12 @@ pub struct PgConn {
     /// How many bumps were sent before those owed: a bump's place among
     /// all the transaction's is this and its index in `bumps`.
     pub(super) bumps_sent: std::cell::Cell<usize>,
-    /// A deferred connection's pool, to replace a connection the server
-    /// cut before its first statement; and the notification a lone
-    /// append's statement carries (a channel and a payload, the engine's
-    /// own words).
-    deferred: Option<(Pool, (Arc<str>, &'static str))>,
+    /// A deferred or owed connection's pool, to replace a connection the
+    /// server cut before its first statement.
+    pool: Option<Pool>,
+    /// The notification a deferred connection's lone append carries (a
+    /// channel and a payload, the engine's own words).
+    lone_notify: Option<(Arc<str>, &'static str)>,
 }
 
 /// Whether a [`PgConn`] is inside its transaction yet.
@@ -269,6 +270,11 @@ pub(crate) enum Begun {
     /// A deferred connection before its first statement: outside any
     /// transaction block, nothing sent.
     NotYet,
+    /// A transaction owed ([`PgConn::owed`]): its `BEGIN` (with the head's
+    /// lock if `ordered`) goes with the first statement, in one round trip
+    /// with it when that is a transaction-control statement (a savepoint).
+    /// Unlike [`Begun::NotYet`], an append first is not sent alone.
+    Owed { ordered: bool },
     /// A deferred connection whose single append was sent as its own
     /// transaction (committed, or finding its id there or its type not
     /// registered): still outside any transaction block, and what follows
@@ -300,6 +306,10 @@ impl Mark {
         self.seq
     }
 }
+
+/// A write transaction's BEGIN, the head not taken (see
+/// [`PgConn::begin_as`]).
+const BEGIN_WRITE: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE";
 
 /// The ordered BEGIN (see [`PgConn::begin_ordered`]).
 const BEGIN_ORDERED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE; \
@@ -347,7 +357,7 @@ impl PgConn {
             if read_only {
                 "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY"
             } else {
-                "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE"
+                BEGIN_WRITE
             },
             false,
         )
@@ -364,7 +374,7 @@ impl PgConn {
     /// is sent ([`Error::ReadOnly`]); the application's queries keep a READ
     /// ONLY transaction (`PgDb::with_reader`).
     pub(crate) fn reads(client: Pooled) -> PgConn {
-        PgConn::outside(client, Begun::Reads, None)
+        PgConn::outside(client, Begun::Reads, None, None)
     }
 
     /// A connection outside any transaction block, `begun` as said, with
@@ -372,7 +382,8 @@ impl PgConn {
     fn outside(
         client: Pooled,
         begun: Begun,
-        deferred: Option<(Pool, (Arc<str>, &'static str))>,
+        pool: Option<Pool>,
+        lone_notify: Option<(Arc<str>, &'static str)>,
     ) -> PgConn {
         PgConn {
             client: RefCell::new(Some(client)),
@@ -385,7 +396,8 @@ impl PgConn {
             owed_releases: std::cell::Cell::new(0),
             bumps: RefCell::new(Vec::new()),
             bumps_sent: std::cell::Cell::new(0),
-            deferred,
+            pool,
+            lone_notify,
         }
     }
 
@@ -412,6 +424,12 @@ impl PgConn {
     /// next settling a run, say) or an application's write (an append,
     /// then an enqueue) would otherwise do now and then. With the head
     /// first, a transaction waiting for it holds nothing anyone waits for.
+    /// The engine's shared writes begin so by their first statement
+    /// ([`PgConn::owed`]); this begins at once (the conformance suite's).
+    #[cfg_attr(
+        not(test),
+        allow(dead_code, reason = "the engine's writes begin owed (PgConn::owed)")
+    )]
     pub(crate) fn begin_ordered(client: Pooled) -> Result<PgConn> {
         PgConn::begin_with(client, BEGIN_ORDERED, true)
     }
@@ -428,7 +446,19 @@ impl PgConn {
     /// that first statement, and another from `pool` takes its place
     /// (nothing was done; the append's id makes sending it again safe).
     pub(crate) fn deferred(client: Pooled, pool: Pool, notify: (Arc<str>, &'static str)) -> PgConn {
-        PgConn::outside(client, Begun::NotYet, Some((pool, notify)))
+        PgConn::outside(client, Begun::NotYet, Some(pool), Some(notify))
+    }
+
+    /// A write transaction owed: begun by its first statement (ordered, as
+    /// [`PgConn::begin_ordered`] begins, if `ordered`; else as
+    /// [`PgConn::begin_as`] begins a write), and in one round trip with it
+    /// when that is a savepoint — the first of a shared write's members,
+    /// or of a settlement alone in its write, where the `BEGIN` was a round
+    /// trip of its own. A connection the server cut fails that first
+    /// round trip, and another from `pool` takes its place (nothing was
+    /// done), as a failed `BEGIN` is sent again (`PgDb::begin`).
+    pub(crate) fn owed(client: Pooled, pool: Pool, ordered: bool) -> PgConn {
+        PgConn::outside(client, Begun::Owed { ordered }, Some(pool), None)
     }
 
     /// The connection.
@@ -443,14 +473,57 @@ impl PgConn {
     /// statement (and, after a lone append that made nothing, before a
     /// transaction of its own: see `Events::insert`).
     pub(super) fn begin_now(&self) -> Result<()> {
-        if self.begun.get() == Begun::Yes {
-            return Ok(());
-        }
-        let head = self.on_live_connection(|client| begin_on(client, BEGIN_ORDERED, true))?;
+        let ordered = match self.begun.get() {
+            Begun::Yes => return Ok(()),
+            Begun::Owed { ordered } => ordered,
+            _ => true,
+        };
+        let begin = if ordered { BEGIN_ORDERED } else { BEGIN_WRITE };
+        let head = self.on_live_connection(|client| begin_on(client, begin, ordered))?;
+        self.begun_as(ordered, head);
+        Ok(())
+    }
+
+    /// Notes the transaction begun (`ordered`: holding the head, read as
+    /// `head`).
+    fn begun_as(&self, ordered: bool, head: Option<i64>) {
         self.open.set(true);
-        self.holds_head.set(true);
+        self.holds_head.set(ordered);
         self.head_at_begin.set(head.unwrap_or(0));
         self.begun.set(Begun::Yes);
+    }
+
+    /// Begins a deferred or owed connection's transaction with `sql`, the
+    /// engine's transaction-control statements, in one round trip. A
+    /// statement that fails on the server leaves the transaction open and
+    /// aborted (as a failed savepoint after its own `BEGIN` would).
+    fn begin_with_control(&self, sql: &str) -> Result<()> {
+        let ordered = !matches!(self.begun.get(), Begun::Owed { ordered: false });
+        let begin = if ordered { BEGIN_ORDERED } else { BEGIN_WRITE };
+        let batch = format!("{begin}; {sql}");
+        let sent = self.on_live_connection(|client| Ok(client.simple_query(&batch)?));
+        let messages = match sent {
+            Ok(messages) => messages,
+            Err(e) => {
+                if !matches!(e, Error::Io { .. }) {
+                    // Open, and aborted: dropping it rolls back.
+                    self.begun_as(false, None);
+                    self.aborted.set(true);
+                }
+                return Err(e);
+            }
+        };
+        let head = messages.iter().find_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse::<i64>().ok(),
+            _ => None,
+        });
+        self.begun_as(ordered, head);
+        if ordered && head.is_none() {
+            return Err(Error::Storage {
+                code: None,
+                message: "PostgreSQL: the log's head row (reflexr_head) is missing".into(),
+            });
+        }
         Ok(())
     }
 
@@ -463,7 +536,7 @@ impl PgConn {
         &self,
         mut f: impl FnMut(&mut Pooled) -> Result<T>,
     ) -> Result<T> {
-        let Some((pool, _)) = &self.deferred else {
+        let Some(pool) = &self.pool else {
             return f(&mut self.client());
         };
         let mut tries = pool.max_size() + 1;
@@ -481,14 +554,14 @@ impl PgConn {
 
     /// The notification a deferred connection's lone append carries.
     pub(super) fn lone_notify(&self) -> Option<(&str, &'static str)> {
-        self.deferred.as_ref().map(|(_, (c, p))| (&**c, *p))
+        self.lone_notify.as_ref().map(|(c, p)| (&**c, *p))
     }
 
     /// `begin` opens the transaction; `holds_head` says it also takes the
     /// head row's lock, held to the end.
     fn begin_with(mut client: Pooled, begin: &str, holds_head: bool) -> Result<PgConn> {
         let head = begin_on(&mut client, begin, holds_head)?;
-        let conn = PgConn::outside(client, Begun::Yes, None);
+        let conn = PgConn::outside(client, Begun::Yes, None, None);
         conn.open.set(true);
         conn.holds_head.set(holds_head);
         conn.head_at_begin.set(head.unwrap_or(0));
@@ -537,9 +610,13 @@ impl PgConn {
             // notification (or made nothing). A notification it did not
             // carry goes alone (a transaction that only notifies waits for
             // no flush).
+            let carried = match self.begun.get() {
+                Begun::Alone => self.lone_notify(),
+                _ => None,
+            };
             if let Some((channel, payload)) = notify
-                && self.begun.get() == Begun::Alone
-                && self.lone_notify() != Some((channel, payload))
+                && matches!(self.begun.get(), Begun::Alone | Begun::Owed { .. })
+                && carried != Some((channel, payload))
             {
                 self.client()
                     .batch_execute(&format!("NOTIFY {channel}, '{payload}'"))?;
@@ -591,6 +668,11 @@ impl PgConn {
     /// made with none owed, so a rollback to it drops exactly the bumps
     /// owed then: see [`PgConn::rollback_to`]).
     pub(crate) fn control(&self, sql: &str) -> Result<()> {
+        if matches!(self.begun.get(), Begun::NotYet | Begun::Owed { .. }) {
+            // The first statement: with the BEGIN (nothing is owed yet).
+            self.refuse_on_reads()?;
+            return self.begin_with_control(sql);
+        }
         self.ensure_begun_to_write()?;
         let mut batch = self.take_owed_releases();
         self.take_bumps_into(&mut batch);
@@ -697,8 +779,8 @@ impl PgConn {
     /// A deferred connection's first statement begins its transaction
     /// (after a lone append, what follows runs outside one: see
     /// [`Begun::Alone`]).
-    fn ensure_begun(&self) -> Result<()> {
-        if self.begun.get() == Begun::NotYet {
+    pub(super) fn ensure_begun(&self) -> Result<()> {
+        if matches!(self.begun.get(), Begun::NotYet | Begun::Owed { .. }) {
             self.begin_now()?;
         }
         Ok(())
@@ -902,6 +984,91 @@ mod tests {
         assert_eq!(total(&pool, Decisions), 3);
         assert_eq!(total(&pool, Fired), 0);
         assert_eq!(total(&pool, RunsSucceeded), 6);
+    }
+
+    /// DESIGN.md invariant 10 (a failure loses nothing and makes nothing
+    /// twice) for an owed transaction: its `BEGIN` goes with its first
+    /// savepoint, and on a connection the server cut while it sat in the
+    /// pool both are sent again on another; the write then holds the head
+    /// from that `BEGIN` and commits as any other.
+    #[test]
+    fn an_owed_begin_sent_with_its_savepoint_on_a_cut_connection_is_sent_again() {
+        use super::NESTED;
+        use crate::base::counter::Counter::Fired;
+        use crate::store::Counters;
+        let schema = PgSchema::new();
+        drop(schema.pool(1));
+        // Not tested on checkout, as the engine's pool (`PgDb::open`).
+        let pool = r2d2::Pool::builder()
+            .max_size(1)
+            .test_on_check_out(false)
+            .build(super::Manager::new(schema.url().parse().unwrap()))
+            .unwrap();
+        // The pool's one connection, cut while it sits in the pool.
+        let conn = PgConn::begin_as(pool.get().unwrap(), true).unwrap();
+        let pid: i32 = conn.query_untyped("SELECT pg_backend_pid()", &[]).unwrap()[0].get(0);
+        conn.commit().unwrap();
+        let mut admin = postgres::Client::connect(&schema.url(), postgres::NoTls).unwrap();
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .unwrap();
+        while admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            > 0
+        {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let conn = PgConn::owed(pool.get().unwrap(), pool.clone(), true);
+        conn.control(&format!("SAVEPOINT {NESTED}"))
+            .expect("sent again on a new connection");
+        assert!(conn.holds_head.get(), "begun ordered");
+        assert_eq!(Events::head(&conn).unwrap(), 0);
+        Counters::bump(&conn, Fired, 2).unwrap();
+        conn.release_nested().unwrap();
+        conn.commit().unwrap();
+        assert_eq!(total(&pool, Fired), 2);
+    }
+
+    /// DESIGN.md invariant 2 (together or not at all) for an owed
+    /// transaction whose first statement is an append: the append begins
+    /// the transaction (it is not sent as its own, as a deferred
+    /// connection's lone append is), so a write that does not commit keeps
+    /// nothing of it.
+    #[test]
+    fn an_append_first_in_an_owed_transaction_commits_only_with_it() {
+        use crate::base::event::NewEvent;
+        use crate::core::changelog::{self, Origin};
+        use crate::core::settings::Limits;
+        use crate::core::workspace;
+        let schema = PgSchema::new();
+        let pool = schema.pool(1);
+        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
+        workspace::create(&conn, 0, "ws").unwrap();
+        workspace::register_types(&conn, 0, "ws", &["Opened"]).unwrap();
+        conn.commit().unwrap();
+        for ordered in [true, false] {
+            let conn = PgConn::owed(pool.get().unwrap(), pool.clone(), ordered);
+            let id = format!("e-{ordered}");
+            let ev = NewEvent::new("Opened", "a", "tester", 0).id(id.clone());
+            let limits = Limits {
+                max_payload_bytes: 1024,
+                max_chain_depth: 16,
+            };
+            changelog::append(&conn, 0, limits, "ws", &ev, Origin::App, None).unwrap();
+            // Dropped uncommitted: rolled back.
+            drop(conn);
+            let conn = PgConn::reads(pool.get().unwrap());
+            assert_eq!(
+                Events::seq_of(&conn, "ws", &id).unwrap(),
+                None,
+                "ordered: {ordered}"
+            );
+        }
     }
 
     /// The engine's statements prepared on this connection (the look-up,
