@@ -213,7 +213,9 @@ fn is_plain(word: &str) -> bool {
 
 /// One pooled connection inside a transaction, as the core's table groups
 /// see it: `BEGIN` when made (or, made [`PgConn::deferred`], by its first
-/// statement, unless that is a lone append sent as its own transaction),
+/// statement, unless that is a lone append sent as its own transaction;
+/// made [`PgConn::owed`], by its first statement, with it when that is a
+/// savepoint),
 /// `COMMIT` by [`PgConn::commit`], `ROLLBACK` when dropped uncommitted (the
 /// connection goes back to the pool clean).
 ///
@@ -264,8 +266,8 @@ pub struct PgConn {
 /// Whether a [`PgConn`] is inside its transaction yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Begun {
-    /// Inside it: begun when made, or by a deferred connection's first
-    /// statement.
+    /// Inside it: begun when made, or by a deferred or owed connection's
+    /// first statement.
     Yes,
     /// A deferred connection before its first statement: outside any
     /// transaction block, nothing sent.
@@ -471,7 +473,8 @@ impl PgConn {
 
     /// Opens a deferred connection's transaction, ordered, before its first
     /// statement (and, after a lone append that made nothing, before a
-    /// transaction of its own: see `Events::insert`).
+    /// transaction of its own: see `Events::insert`); an owed one's, as it
+    /// was made to begin ([`PgConn::owed`]).
     pub(super) fn begin_now(&self) -> Result<()> {
         let ordered = match self.begun.get() {
             Begun::Yes => return Ok(()),
@@ -527,8 +530,8 @@ impl PgConn {
         Ok(())
     }
 
-    /// `f` on the connection; for a deferred one, again on another from
-    /// its pool while the server had cut the one it holds (up to the
+    /// `f` on the connection; for a deferred or owed one, again on another
+    /// from its pool while the server had cut the one it holds (up to the
     /// pool's size and one more, as `PgDb::begin` does). `f` must be safe
     /// to run twice: it fails before it changed anything, or is made once
     /// by an id.
