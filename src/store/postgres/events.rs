@@ -322,6 +322,11 @@ impl Events for PgConn {
         // The version found in the statement is right only if the head was
         // held before the statement began (its snapshot then has every
         // committed append); else it is looked up after taking the head.
+        // An owed transaction begins first (ordered, it then holds the
+        // head, and the statement below finds the version itself).
+        if matches!(self.begun.get(), super::Begun::Owed { .. }) {
+            self.ensure_begun()?;
+        }
         let looked_up;
         let row = if row.version.is_none() && !self.holds_head.get() {
             Events::lock_head(self)?;

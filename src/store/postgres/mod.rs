@@ -252,9 +252,6 @@ pub struct PgConn {
     /// next transaction-control statements or the commit (see
     /// `PgConn::take_bumps_into`).
     pub(super) bumps: RefCell<Vec<(Counter, i64)>>,
-    /// How many bumps were sent before those owed: a bump's place among
-    /// all the transaction's is this and its index in `bumps`.
-    pub(super) bumps_sent: std::cell::Cell<usize>,
     /// A deferred or owed connection's pool, to replace a connection the
     /// server cut before its first statement.
     pool: Option<Pool>,
@@ -292,14 +289,14 @@ pub(crate) enum Begun {
 pub(crate) const NESTED: &str = "reflexr_nested";
 
 /// What a [`PgConn`] keeps of its transaction besides the rows, when a
-/// savepoint was made: a rollback to the savepoint restores it.
+/// savepoint was made: a rollback to the savepoint restores it. (The
+/// counters' bumps owed need no mark: a savepoint is made with none owed,
+/// so a rollback to it drops all those owed then.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[doc(hidden)]
 pub struct Mark {
     /// [`PgConn::last_seq`].
     seq: i64,
-    /// How many counters' bumps the transaction had made (sent or owed).
-    bumps: usize,
 }
 
 impl Mark {
@@ -397,7 +394,6 @@ impl PgConn {
             begun: std::cell::Cell::new(begun),
             owed_releases: std::cell::Cell::new(0),
             bumps: RefCell::new(Vec::new()),
-            bumps_sent: std::cell::Cell::new(0),
             pool,
             lone_notify,
         }
@@ -463,11 +459,15 @@ impl PgConn {
         PgConn::outside(client, Begun::Owed { ordered }, Some(pool), None)
     }
 
-    /// The connection.
-    fn client(&self) -> std::cell::RefMut<'_, Pooled> {
-        std::cell::RefMut::map(self.client.borrow_mut(), |c| {
-            c.as_mut()
-                .expect("a connection: only a failed swap leaves none")
+    /// The connection; none after a cut one could not be replaced (the
+    /// pool gave no other: the server down, say), which fails every
+    /// statement after it as the cut did.
+    fn client(&self) -> Result<std::cell::RefMut<'_, Pooled>> {
+        std::cell::RefMut::filter_map(self.client.borrow_mut(), Option::as_mut).map_err(|_| {
+            Error::Io {
+                kind: std::io::ErrorKind::NotConnected,
+                message: "PostgreSQL: the connection was cut and no other could be had".into(),
+            }
         })
     }
 
@@ -482,9 +482,21 @@ impl PgConn {
             _ => true,
         };
         let begin = if ordered { BEGIN_ORDERED } else { BEGIN_WRITE };
-        let head = self.on_live_connection(|client| begin_on(client, begin, ordered))?;
+        let head = self.on_live_connection(|client| begin_on(client, begin, ordered));
+        let head = self.owed_failed_if_err(head)?;
         self.begun_as(ordered, head);
         Ok(())
+    }
+
+    /// An owed transaction whose `BEGIN` failed is spoilt: nothing of its
+    /// write may commit, whatever statements after it do (a closure that
+    /// caught the failure gets [`Error::TransactionAborted`] at the
+    /// commit), as when a `BEGIN` sent at once failed its whole write.
+    fn owed_failed_if_err<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_err() && matches!(self.begun.get(), Begun::Owed { .. }) {
+            self.aborted.set(true);
+        }
+        r
     }
 
     /// Notes the transaction begun (`ordered`: holding the head, read as
@@ -511,8 +523,8 @@ impl PgConn {
                 if !matches!(e, Error::Io { .. }) {
                     // Open, and aborted: dropping it rolls back.
                     self.begun_as(false, None);
-                    self.aborted.set(true);
                 }
+                self.aborted.set(true);
                 return Err(e);
             }
         };
@@ -540,11 +552,11 @@ impl PgConn {
         mut f: impl FnMut(&mut Pooled) -> Result<T>,
     ) -> Result<T> {
         let Some(pool) = &self.pool else {
-            return f(&mut self.client());
+            return f(&mut *self.client()?);
         };
         let mut tries = pool.max_size() + 1;
         loop {
-            match f(&mut self.client()) {
+            match f(&mut *self.client()?) {
                 Err(Error::Io { .. }) if tries > 1 => tries -= 1,
                 other => return other,
             }
@@ -608,6 +620,11 @@ impl PgConn {
     /// statement fails, the rest are not run, and dropping the connection
     /// rolls back.
     fn finish(self, notify: Option<(&str, &'static str)>) -> Result<()> {
+        if self.aborted.get() && matches!(self.begun.get(), Begun::Owed { .. }) {
+            return Err(Error::TransactionAborted {
+                detail: "this write's BEGIN failed; nothing of it was committed".into(),
+            });
+        }
         if self.begun.get() != Begun::Yes {
             // Nothing open: a lone append committed itself, with its
             // notification (or made nothing). A notification it did not
@@ -621,7 +638,7 @@ impl PgConn {
                 && matches!(self.begun.get(), Begun::Alone | Begun::Owed { .. })
                 && carried != Some((channel, payload))
             {
-                self.client()
+                self.client()?
                     .batch_execute(&format!("NOTIFY {channel}, '{payload}'"))?;
             }
             return Ok(());
@@ -646,7 +663,7 @@ impl PgConn {
             sql.push_str(&format!("NOTIFY {channel}, '{payload}'; "));
         }
         sql.push_str("COMMIT");
-        self.client().batch_execute(&sql)?;
+        self.client()?.batch_execute(&sql)?;
         self.open.set(false);
         Ok(())
     }
@@ -661,7 +678,6 @@ impl PgConn {
     pub(crate) fn mark(&self) -> Mark {
         Mark {
             seq: self.last_seq.get(),
-            bumps: self.bumps_sent.get() + self.bumps.borrow().len(),
         }
     }
 
@@ -680,7 +696,7 @@ impl PgConn {
         let mut batch = self.take_owed_releases();
         self.take_bumps_into(&mut batch);
         batch.push_str(sql);
-        let r = self.client().batch_execute(&batch);
+        let r = self.client()?.batch_execute(&batch);
         self.note(r)
     }
 
@@ -710,7 +726,8 @@ impl PgConn {
 
     /// Rolls back to the engine's savepoint `name`, and forgets what was
     /// kept since `mark` ([`PgConn::mark`] when it was made): the seqs taken
-    /// (so the next append does not leave a gap) and the counters' bumps.
+    /// (so the next append does not leave a gap) and the counters' bumps
+    /// owed.
     ///
     /// The savepoints whose releases are owed were made after `name` (the
     /// statement that made `name` sent every release owed before it, and
@@ -730,14 +747,13 @@ impl PgConn {
                 ));
             }
         }
-        let r = self.client().batch_execute(&sql);
+        let r = self.client()?.batch_execute(&sql);
         self.note(r)?;
         self.last_seq.set(mark.seq);
-        // The bumps owed were made since the mark (none was owed when the
-        // savepoint was made): dropped. Those sent since, the server's
-        // rollback undid.
-        let kept = mark.bumps.saturating_sub(self.bumps_sent.get());
-        self.bumps.borrow_mut().truncate(kept);
+        // The bumps owed were made since the savepoint (none was owed when
+        // it was made): dropped. Those sent since, the server's rollback
+        // undid.
+        self.bumps.borrow_mut().clear();
         self.aborted.set(false);
         Ok(())
     }
@@ -753,7 +769,7 @@ impl PgConn {
     ) -> Result<Vec<Row>> {
         guard::refuse_transaction_control(sql)?;
         self.send_owed()?;
-        let r = self.client().query(sql, params);
+        let r = self.client()?.query(sql, params);
         self.note(r)
     }
 
@@ -762,7 +778,7 @@ impl PgConn {
     pub(crate) fn execute_untyped(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         guard::refuse_transaction_control(sql)?;
         self.send_owed()?;
-        let r = self.client().execute(sql, params);
+        let r = self.client()?.execute(sql, params);
         self.note(r)
     }
 
@@ -772,7 +788,14 @@ impl PgConn {
     /// counters' bumps (a rollback to a savepoint of the caller's then
     /// undoes those made after it, and only those); and the transaction is
     /// begun.
+    /// In a transaction a failed statement aborted, nothing is sent first
+    /// (it would fail): the caller's statement may be its rollback to a
+    /// savepoint of its own, made after every owed one was (the caller's
+    /// statement that made it sent them), and the write cannot commit.
     pub(super) fn send_owed(&self) -> Result<()> {
+        if self.aborted.get() {
+            return self.ensure_begun_to_write();
+        }
         if self.owed_releases.get() > 0 || !self.bumps.borrow().is_empty() {
             return self.control("");
         }
@@ -803,7 +826,7 @@ impl PgConn {
 
     fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
         self.ensure_begun()?;
-        let r = self.client().query_prepared(sql, params);
+        let r = self.client()?.query_prepared(sql, params);
         self.note(r)
     }
 
@@ -1029,12 +1052,46 @@ mod tests {
         let conn = PgConn::owed(pool.get().unwrap(), pool.clone(), true);
         conn.control(&format!("SAVEPOINT {NESTED}"))
             .expect("sent again on a new connection");
+        let now: i32 = conn.query_untyped("SELECT pg_backend_pid()", &[]).unwrap()[0].get(0);
+        assert_ne!(now, pid, "another connection");
         assert!(conn.holds_head.get(), "begun ordered");
         assert_eq!(Events::head(&conn).unwrap(), 0);
         Counters::bump(&conn, Fired, 2).unwrap();
         conn.release_nested().unwrap();
         conn.commit().unwrap();
         assert_eq!(total(&pool, Fired), 2);
+    }
+
+    /// DESIGN.md invariant 2 (together or not at all) for an owed
+    /// transaction whose `BEGIN` failed (the head's lock met a
+    /// `lock_timeout`): a closure that caught the failure and wrote on
+    /// commits nothing of it, as when a `BEGIN` sent at once failed.
+    #[test]
+    fn a_write_whose_owed_begin_failed_commits_nothing() {
+        let schema = PgSchema::new();
+        let pool = schema.pool(2);
+        // Another transaction holds the head.
+        let holder = PgConn::begin_ordered(pool.get().unwrap()).unwrap();
+        let mut client = pool.get().unwrap();
+        client.batch_execute("SET lock_timeout = '50ms'").unwrap();
+        let conn = PgConn::owed(client, pool.clone(), true);
+        assert!(
+            Events::subject_version(&conn, "ws", "a").is_err(),
+            "the head is held"
+        );
+        drop(holder);
+        // The closure goes on: its statement runs, and the commit refuses.
+        conn.execute_untyped(
+            "INSERT INTO reflexr_counters (name, value) VALUES ('fired', 1)",
+            &[],
+        )
+        .unwrap();
+        let committed = conn.commit();
+        assert!(
+            matches!(committed, Err(crate::Error::TransactionAborted { .. })),
+            "{committed:?}"
+        );
+        assert_eq!(total(&pool, crate::base::counter::Counter::Fired), 0);
     }
 
     /// DESIGN.md invariant 2 (together or not at all) for an owed
