@@ -28,8 +28,9 @@ impl Counters for PgConn {
             self.bumps.borrow_mut().extend(nonzero);
             return Ok(());
         }
-        // Outside a transaction block (a deferred connection before its
-        // first statement): sent now, in a statement of its own.
+        // Not inside the transaction yet (a deferred or owed connection
+        // before its first statement, which this insert then is), or
+        // outside any: sent now, in a statement of its own.
         let (names, values): (Vec<&str>, Vec<i64>) =
             nonzero.map(|(name, by)| (name.as_str(), by)).unzip();
         if names.is_empty() {

@@ -320,10 +320,7 @@ type Param<'p> = (&'p (dyn ToSql + Sync), Type);
 /// `client`: the head seq it read, if it took the lock.
 fn begin_on(client: &mut Pooled, begin: &str, holds_head: bool) -> Result<Option<i64>> {
     let head = match client.simple_query(begin) {
-        Ok(messages) => messages.iter().find_map(|m| match m {
-            postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse::<i64>().ok(),
-            _ => None,
-        }),
+        Ok(messages) => head_in(&messages),
         Err(e) => {
             // A statement sent with the BEGIN failed (the head's lock
             // met a `lock_timeout`, say): the transaction is open and
@@ -336,12 +333,26 @@ fn begin_on(client: &mut Pooled, begin: &str, holds_head: bool) -> Result<Option
     };
     if holds_head && head.is_none() {
         let _ = client.batch_execute("ROLLBACK");
-        return Err(Error::Storage {
-            code: None,
-            message: "PostgreSQL: the log's head row (reflexr_head) is missing".into(),
-        });
+        return Err(head_missing());
     }
     Ok(head)
+}
+
+/// The head seq an ordered `BEGIN`'s lock read, among a simple query's
+/// messages.
+fn head_in(messages: &[postgres::SimpleQueryMessage]) -> Option<i64> {
+    messages.iter().find_map(|m| match m {
+        postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse::<i64>().ok(),
+        _ => None,
+    })
+}
+
+/// An ordered `BEGIN` that read no head row.
+fn head_missing() -> Error {
+    Error::Storage {
+        code: None,
+        message: "PostgreSQL: the log's head row (reflexr_head) is missing".into(),
+    }
 }
 
 impl PgConn {
@@ -528,16 +539,10 @@ impl PgConn {
                 return Err(e);
             }
         };
-        let head = messages.iter().find_map(|m| match m {
-            postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse::<i64>().ok(),
-            _ => None,
-        });
+        let head = head_in(&messages);
         self.begun_as(ordered, head);
         if ordered && head.is_none() {
-            return Err(Error::Storage {
-                code: None,
-                message: "PostgreSQL: the log's head row (reflexr_head) is missing".into(),
-            });
+            return Err(head_missing());
         }
         Ok(())
     }
