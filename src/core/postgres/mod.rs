@@ -44,4 +44,7 @@ impl Backend for Postgres {
     fn release_nested(conn: &PgConn, _: &()) -> Result<()> {
         conn.release_nested()
     }
+    fn owe_nothing(conn: &PgConn) {
+        conn.owe_nothing();
+    }
 }
