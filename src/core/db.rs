@@ -83,13 +83,6 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// Releases the nested savepoint.
     #[doc(hidden)]
     fn release_nested(conn: &Self::Conn, guard: &Self::Guard) -> Result<()>;
-    /// Makes `conn` send each of the engine's statements at once for the
-    /// rest of its transaction, where it would owe some (PostgreSQL: sent
-    /// with the commit, no round trip of their own). A statement owed that
-    /// fails fails the whole write at its commit; a write written again so
-    /// fails where its part does (the evaluator's, to blame one rule).
-    #[doc(hidden)]
-    fn owe_nothing(_conn: &Self::Conn) {}
 }
 
 /// A thread waiting for runs to end, counted while it lives.

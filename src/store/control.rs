@@ -140,22 +140,6 @@ pub trait Control: Leases + Cursors {
             paused: pausable && self.is_paused(kind, name)?,
         }))
     }
-    /// Moves the cursor `(workspace, kind, name)` to `position` after
-    /// [`Control::fenced_stand`] read it saved in this transaction, at or
-    /// before `position`: as [`Cursors::advance`]. A backend whose
-    /// `fenced_stand` locks the cursor's row (so nothing moves it before
-    /// the commit, and the move cannot find it ahead) may send the
-    /// statement later, where it costs no round trip of its own.
-    fn advance_fenced(
-        &self,
-        workspace: &str,
-        kind: &str,
-        name: &str,
-        position: i64,
-        now: i64,
-    ) -> Result<std::result::Result<(), i64>> {
-        self.advance(workspace, kind, name, position, now)
-    }
     /// Whether a fresh run of `action` may be claimed at its insert for an
     /// idle executor: the action is neither paused nor limited (a limited
     /// action's runs go through the claim, which counts them).

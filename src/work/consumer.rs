@@ -195,15 +195,7 @@ pub(crate) fn advance<B: Backend, T, E: From<Error>>(
         }
         let (value, to) = write(tx).map_err(Halt::Failed)?;
         let now = tx.now_ms();
-        // Saved, and read at or before `to` (the usual case): the look
-        // above held it.
-        let moved = match seen.stand {
-            Some((position, _)) if position <= to => {
-                Control::advance_fenced(tx.core(), c.workspace, c.kind.as_str(), c.name, to, now)?
-            }
-            _ => Cursors::advance(tx.core(), c.workspace, c.kind.as_str(), c.name, to, now)?,
-        };
-        match moved {
+        match Cursors::advance(tx.core(), c.workspace, c.kind.as_str(), c.name, to, now)? {
             Ok(()) => Ok(value),
             // Behind where it stands: moved under us after all.
             Err(_) => Err(Halt::Moved),

@@ -314,59 +314,44 @@ pub(crate) fn pass<B: Backend>(
                     Err(e) => consumer::failed(db, rule.consumer(), position, &e),
                 }
             }
+            // Runs claimed at their insert for idle executors (`handoff`),
+            // sent once the commit holds; the slots of the others go back.
+            let handing = hand.filter(|h| h.handoff.idle() > 0).map(Handing::new);
             let page_end = page.last().map_or(position, |e| e.seq);
-            // A backend may owe statements to the commit (`Backend::
-            // owe_nothing`): if the write then fails, it is written once
-            // more with none owed, where a rule's failing statement fails
-            // that rule alone, as its savepoint's.
-            let mut owe = B::STATEMENTS_ARE_ROUND_TRIPS;
-            let outcomes = loop {
-                // Runs claimed at their insert for idle executors
-                // (`handoff`), sent once the commit holds; the slots of the
-                // others go back.
-                let handing = hand.filter(|h| h.handoff.idle() > 0).map(Handing::new);
-                let written = db.write_with(|tx| -> Result<Vec<Result<Option<Committed>>>> {
-                    if !owe {
-                        B::owe_nothing(tx.core());
-                    }
-                    // Whether nothing was after the page in the log when the
-                    // write began (what it appends after the page is then its
-                    // own envelopes): read by the first rule to write, before
-                    // anything is appended (see `commit_rule`).
-                    let mut reached_head = None;
-                    let outcomes: Vec<_> = decided
-                        .iter()
-                        .map(|d| {
-                            let hand = handing.as_ref();
-                            commit_rule(tx, d, &page, &lease, hand, &mut reached_head)
-                        })
+            let outcomes = db.write_with(|tx| -> Result<Vec<Result<Option<Committed>>>> {
+                // Whether nothing was after the page in the log when the
+                // write began (what it appends after the page is then its
+                // own envelopes): read by the first rule to write, before
+                // anything is appended (see `commit_rule`).
+                let mut reached_head = None;
+                let outcomes: Vec<_> = decided
+                    .iter()
+                    .map(|d| {
+                        let hand = handing.as_ref();
+                        commit_rule(tx, d, &page, &lease, hand, &mut reached_head)
+                    })
+                    .collect();
+                if reached_head == Some(true) {
+                    past_own_envelopes(tx, &decided, &outcomes, page.len(), page_end)?;
+                }
+                Ok(outcomes)
+            });
+            let outcomes = match (outcomes, &handing) {
+                (Ok(mut outcomes), Some(h)) => {
+                    let rows: Vec<_> = outcomes
+                        .iter_mut()
+                        .filter_map(|o| o.as_mut().ok().and_then(Option::as_mut))
+                        .flat_map(|c| std::mem::take(&mut c.handed))
                         .collect();
-                    if reached_head == Some(true) {
-                        past_own_envelopes(tx, &decided, &outcomes, page.len(), page_end)?;
+                    h.sent(rows);
+                    outcomes
+                }
+                (Ok(outcomes), None) => outcomes,
+                (Err(e), h) => {
+                    if let Some(h) = h {
+                        h.sent(Vec::new());
                     }
-                    Ok(outcomes)
-                });
-                match (written, &handing) {
-                    (Ok(mut outcomes), Some(h)) => {
-                        let rows: Vec<_> = outcomes
-                            .iter_mut()
-                            .filter_map(|o| o.as_mut().ok().and_then(Option::as_mut))
-                            .flat_map(|c| std::mem::take(&mut c.handed))
-                            .collect();
-                        h.sent(rows);
-                        break outcomes;
-                    }
-                    (Ok(outcomes), None) => break outcomes,
-                    (Err(e), h) => {
-                        if let Some(h) = h {
-                            h.sent(Vec::new());
-                        }
-                        if owe && !e.is_lease_lost() {
-                            owe = false;
-                            continue;
-                        }
-                        return Err(e);
-                    }
+                    return Err(e);
                 }
             };
             for (d, outcome) in decided.iter().zip(outcomes) {

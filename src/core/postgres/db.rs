@@ -385,11 +385,6 @@ impl PgDb {
             Ok(c) => c,
             Err(e) => return batch.end(Err(Arc::new(e))),
         };
-        if !alone {
-            // A member's statement owed would fail the next member's
-            // savepoint, and every member with it (`PgConn::owe_nothing`).
-            conn.owe_nothing();
-        }
         let (mut nudge, mut kept) = (Wake::NONE, 0usize);
         let mut failed: Option<Error> = None;
         // The previous member's savepoint, released with the next's making:

@@ -44,7 +44,4 @@ impl Backend for Postgres {
     fn release_nested(conn: &PgConn, _: &()) -> Result<()> {
         conn.release_nested()
     }
-    fn owe_nothing(conn: &PgConn) {
-        conn.owe_nothing();
-    }
 }

@@ -16,11 +16,11 @@ use std::collections::HashSet;
 use postgres::Row;
 use postgres::types::Type;
 
-use super::{PgConn, col, quoted};
+use super::{PgConn, col};
 use crate::base::error::{Error, Result};
 use crate::store::control::{ActionRow, FairState, FencedStand, KeyRow, PausedRow};
 use crate::store::runs::RunRow;
-use crate::store::{ClaimPlan, Control, Cursors};
+use crate::store::{ClaimPlan, Control};
 
 /// The first key of the advisory locks a limited action's claims take
 /// ("rfxl" in ASCII, as an int4).
@@ -124,9 +124,7 @@ pub(crate) const WORK_DUE: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs WHE
 impl Control for PgConn {
     /// One round trip instead of three: the lease's row is locked `FOR
     /// SHARE` as `Leases::is_held` locks it (a takeover waits for this
-    /// write to end), and the cursor's row, if saved, `FOR NO KEY UPDATE`
-    /// (an operator's move waits for this write to end, and the consumer's
-    /// own move is then owed: see `advance_fenced`).
+    /// write to end).
     fn fenced_stand(
         &self,
         lease: (&str, &str, i64),
@@ -137,7 +135,6 @@ impl Control for PgConn {
         pausable: bool,
     ) -> Result<Option<FencedStand>> {
         let (lease, holder, generation) = lease;
-        self.send_owed_statements()?;
         let row = self
             .query_opt(
                 "SELECT EXISTS (SELECT 1 FROM reflexr_leases \
@@ -146,8 +143,7 @@ impl Control for PgConn {
                    c.position, c.updated_at, \
                    $8 AND EXISTS (SELECT 1 FROM reflexr_paused WHERE kind = $6 AND name = $7) \
              FROM (SELECT 1) AS one \
-             LEFT JOIN LATERAL (SELECT position, updated_at FROM reflexr_cursors \
-                 WHERE workspace = $5 AND kind = $6 AND name = $7 FOR NO KEY UPDATE) c ON true",
+             LEFT JOIN reflexr_cursors c ON c.workspace = $5 AND c.kind = $6 AND c.name = $7",
                 &[
                     (&lease, Type::TEXT),
                     (&holder, Type::TEXT),
@@ -170,29 +166,6 @@ impl Control for PgConn {
             stand: position.zip(stamp),
             paused: col(&row, 3)?,
         }))
-    }
-
-    /// Owed ([`PgConn::owe`]): sent with the commit or the next savepoint,
-    /// no round trip of its own. `fenced_stand` locked the row, so nothing
-    /// moved it since, and it stands at or before `position`: the move
-    /// cannot fail its condition (kept all the same). A name holding a NUL
-    /// goes as `Cursors::advance`, with parameters.
-    fn advance_fenced(
-        &self,
-        workspace: &str,
-        kind: &str,
-        name: &str,
-        position: i64,
-        now: i64,
-    ) -> Result<std::result::Result<(), i64>> {
-        let (Some(w), Some(k), Some(n)) = (quoted(workspace), quoted(kind), quoted(name)) else {
-            return Cursors::advance(self, workspace, kind, name, position, now);
-        };
-        self.owe(
-            &super::cursors::ADVANCE_OWED,
-            &format!("{w}, {k}, {n}, {position}, {now}"),
-        )?;
-        Ok(Ok(()))
     }
 
     /// One round trip, where the pauses and each cursor were one each.

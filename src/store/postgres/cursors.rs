@@ -2,42 +2,12 @@
 
 use postgres::types::Type;
 
-use super::{Owable, PgConn, col};
+use super::{PgConn, col};
 use crate::base::error::Result;
 use crate::store::Cursors;
 
-/// A consumer's move: to `$4` at `$5`, unless that is behind where it
-/// stands (the statement then changes nothing).
-macro_rules! advance_sql {
-    () => {
-        "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at, high_water) \
-         VALUES ($1, $2, $3, $4, $5, $4) \
-         ON CONFLICT (workspace, kind, name) DO UPDATE \
-         SET position = excluded.position, \
-             updated_at = greatest(excluded.updated_at, reflexr_cursors.updated_at + 1), \
-             high_water = greatest(reflexr_cursors.high_water, excluded.position), \
-             failures = CASE WHEN excluded.position > reflexr_cursors.position THEN 0 \
-                        ELSE reflexr_cursors.failures END, \
-             last_error = CASE WHEN excluded.position > reflexr_cursors.position THEN NULL \
-                          ELSE reflexr_cursors.last_error END \
-         WHERE excluded.position >= reflexr_cursors.position"
-    };
-}
-
-/// A consumer's move, owed (see `Control::advance_fenced`).
-pub(super) static ADVANCE_OWED: Owable = Owable {
-    name: "reflexr_owed_advance",
-    prepare: concat!(
-        "PREPARE reflexr_owed_advance (text, text, text, int8, int8) AS ",
-        advance_sql!()
-    ),
-};
-
-/// Each statement sends what is owed first: a consumer's move may be
-/// ([`Control::advance_fenced`](crate::store::Control::advance_fenced)).
 impl Cursors for PgConn {
     fn get(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<i64>> {
-        self.send_owed_statements()?;
         self.query_opt(
             "SELECT position FROM reflexr_cursors \
              WHERE workspace = $1 AND kind = $2 AND name = $3",
@@ -59,9 +29,19 @@ impl Cursors for PgConn {
         position: i64,
         now: i64,
     ) -> Result<std::result::Result<(), i64>> {
-        self.send_owed_statements()?;
         let moved = self.query_opt(
-            concat!(advance_sql!(), " RETURNING 1"),
+            "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at, high_water) \
+             VALUES ($1, $2, $3, $4, $5, $4) \
+             ON CONFLICT (workspace, kind, name) DO UPDATE \
+             SET position = excluded.position, \
+                 updated_at = greatest(excluded.updated_at, reflexr_cursors.updated_at + 1), \
+                 high_water = greatest(reflexr_cursors.high_water, excluded.position), \
+                 failures = CASE WHEN excluded.position > reflexr_cursors.position THEN 0 \
+                            ELSE reflexr_cursors.failures END, \
+                 last_error = CASE WHEN excluded.position > reflexr_cursors.position THEN NULL \
+                              ELSE reflexr_cursors.last_error END \
+             WHERE excluded.position >= reflexr_cursors.position \
+             RETURNING 1",
             &[
                 (&workspace, Type::TEXT),
                 (&kind, Type::TEXT),
@@ -85,7 +65,6 @@ impl Cursors for PgConn {
         position: i64,
         now: i64,
     ) -> Result<Option<i64>> {
-        self.send_owed_statements()?;
         let before = Cursors::get(self, workspace, kind, name)?;
         self.query(
             "INSERT INTO reflexr_cursors (workspace, kind, name, position, updated_at, high_water) \
@@ -107,7 +86,6 @@ impl Cursors for PgConn {
     }
 
     fn get_stamped(&self, workspace: &str, kind: &str, name: &str) -> Result<Option<(i64, i64)>> {
-        self.send_owed_statements()?;
         self.query_opt(
             "SELECT position, updated_at FROM reflexr_cursors \
              WHERE workspace = $1 AND kind = $2 AND name = $3",
@@ -122,7 +100,6 @@ impl Cursors for PgConn {
     }
 
     fn touch(&self, workspace: &str, kind: &str, name: &str, now: i64) -> Result<()> {
-        self.send_owed_statements()?;
         self.query(
             "UPDATE reflexr_cursors SET updated_at = greatest($4, updated_at + 1) \
              WHERE workspace = $1 AND kind = $2 AND name = $3",
@@ -143,7 +120,6 @@ impl Cursors for PgConn {
         kind: &str,
         name: &str,
     ) -> Result<(Option<(i64, i64)>, i64)> {
-        self.send_owed_statements()?;
         Ok(self
             .query_opt(
                 "SELECT position, updated_at, high_water FROM reflexr_cursors \
@@ -160,7 +136,6 @@ impl Cursors for PgConn {
     }
 
     fn high_water(&self, workspace: &str, kind: &str, name: &str) -> Result<i64> {
-        self.send_owed_statements()?;
         Ok(self
             .query_opt(
                 "SELECT high_water FROM reflexr_cursors \
@@ -177,7 +152,6 @@ impl Cursors for PgConn {
     }
 
     fn delete(&self, workspace: &str, kind: &str, name: &str) -> Result<bool> {
-        self.send_owed_statements()?;
         Ok(self
             .query_opt(
                 "DELETE FROM reflexr_cursors WHERE workspace = $1 AND kind = $2 AND name = $3 \
@@ -200,7 +174,6 @@ impl Cursors for PgConn {
         error: &str,
         now: i64,
     ) -> Result<Option<i64>> {
-        self.send_owed_statements()?;
         let error = crate::base::limits::clip_error(error);
         self.query_opt(
             "UPDATE reflexr_cursors SET failures = failures + 1, last_error = $5, failed_at = $6 \
@@ -220,7 +193,6 @@ impl Cursors for PgConn {
     }
 
     fn min_position(&self, workspace: &str) -> Result<Option<i64>> {
-        self.send_owed_statements()?;
         let rows = self.query(
             "SELECT min(position) FROM reflexr_cursors WHERE workspace = $1",
             &[(&workspace, Type::TEXT)],
@@ -229,7 +201,6 @@ impl Cursors for PgConn {
     }
 
     fn list(&self) -> Result<Vec<crate::store::cursors::Listed>> {
-        self.send_owed_statements()?;
         self.query(
             "SELECT c.workspace, c.kind, c.name, c.position, \
                     (SELECT count(*) FROM reflexr_events e \

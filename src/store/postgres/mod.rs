@@ -75,21 +75,6 @@ const MAX_PREPARED: usize = 512;
 pub(crate) struct Client {
     client: postgres::Client,
     prepared: HashMap<String, Statement>,
-    /// The statements that may be owed ([`Owable`]) prepared on this
-    /// connection, by name.
-    owables: std::collections::HashSet<&'static str>,
-}
-
-/// One of the engine's statements that a write may owe ([`PgConn::owe`]):
-/// prepared by SQL (`PREPARE name (types) AS …`) on a connection the first
-/// time it is owed there, then sent as `EXECUTE name(literals)` in a
-/// batch of simple statements, which cannot carry the parameters of a
-/// statement prepared by the protocol.
-pub(super) struct Owable {
-    /// The prepared statement's name, the engine's own (`reflexr_owed_…`).
-    pub(super) name: &'static str,
-    /// `PREPARE name (types) AS statement`.
-    pub(super) prepare: &'static str,
 }
 
 impl Client {
@@ -167,7 +152,6 @@ impl r2d2::ManageConnection for Manager {
         Ok(Client {
             client,
             prepared: HashMap::new(),
-            owables: std::collections::HashSet::new(),
         })
     }
 
@@ -268,18 +252,6 @@ pub struct PgConn {
     /// next transaction-control statements or the commit (see
     /// `PgConn::take_bumps_into`).
     pub(super) bumps: RefCell<Vec<(Counter, i64)>>,
-    /// The engine's statements owed ([`PgConn::owe`]): literal SQL whose
-    /// rows nothing reads, each ended by `; `, sent in the order made with
-    /// the next transaction-control statements or the commit.
-    owed_sql: RefCell<String>,
-    /// Whether [`PgConn::owe`] may owe (else it sends at once): see
-    /// [`PgConn::owe_nothing`].
-    owing: std::cell::Cell<bool>,
-    /// A round trip carrying statements owed failed: what it should have
-    /// written is lost to this transaction, whatever a rollback to a
-    /// savepoint does after, so nothing of it may commit
-    /// ([`PgConn::finish`] refuses).
-    spoiled: std::cell::Cell<bool>,
     /// A deferred or owed connection's pool, to replace a connection the
     /// server cut before its first statement.
     pool: Option<Pool>,
@@ -433,9 +405,6 @@ impl PgConn {
             begun: std::cell::Cell::new(begun),
             owed_releases: std::cell::Cell::new(0),
             bumps: RefCell::new(Vec::new()),
-            owed_sql: RefCell::new(String::new()),
-            owing: std::cell::Cell::new(true),
-            spoiled: std::cell::Cell::new(false),
             pool,
             lone_notify,
         }
@@ -632,20 +601,9 @@ impl PgConn {
         if let Err(e) = &r
             && e.as_db_error().is_some()
         {
-            self.abort();
+            self.aborted.set(true);
         }
         Ok(r?)
-    }
-
-    /// Notes the transaction aborted by a failed statement, and drops the
-    /// statements and bumps owed: each was made after every savepoint
-    /// that exists (the statement that made a savepoint sent what was owed
-    /// before it), so the rollback to a savepoint that alone lets the
-    /// transaction go on undoes them, and without one nothing commits.
-    fn abort(&self) {
-        self.aborted.set(true);
-        self.owed_sql.borrow_mut().clear();
-        self.bumps.borrow_mut().clear();
     }
 
     /// Commits the transaction.
@@ -690,13 +648,6 @@ impl PgConn {
             }
             return Ok(());
         }
-        if self.spoiled.get() {
-            return Err(Error::TransactionAborted {
-                detail: "statements of this write sent with a later one failed on the server; \
-                         nothing of it was committed"
-                    .into(),
-            });
-        }
         if self.aborted.get() {
             // Dropping `self` rolls back.
             return Err(Error::TransactionAborted {
@@ -705,7 +656,8 @@ impl PgConn {
                     .into(),
             });
         }
-        let mut sql = self.take_owed();
+        let mut sql = self.take_owed_releases();
+        self.take_bumps_into(&mut sql);
         let last = self.last_seq.get();
         if last > 0 {
             sql.push_str(&format!(
@@ -746,82 +698,11 @@ impl PgConn {
             return self.begin_with_control(sql);
         }
         self.ensure_begun_to_write()?;
-        let carries_statements = !self.owed_sql.borrow().is_empty();
-        let mut batch = self.take_owed();
+        let mut batch = self.take_owed_releases();
+        self.take_bumps_into(&mut batch);
         batch.push_str(sql);
         let r = self.client()?.batch_execute(&batch);
-        if r.is_err() && carries_statements {
-            self.spoiled.set(true);
-        }
         self.note(r)
-    }
-
-    /// Everything owed, as SQL to send before what comes next, no longer
-    /// owed: the statements ([`PgConn::owe`]), the releases
-    /// ([`PgConn::release_nested`]) and the counters' bumps. The statements
-    /// go first, in the order made: those made inside a savepoint whose
-    /// release is owed then run after its release, in the savepoint
-    /// around it, which changes nothing if they succeed, and if one fails
-    /// the transaction is spoilt (its `spoiled`) either way.
-    fn take_owed(&self) -> String {
-        let mut sql = std::mem::take(&mut *self.owed_sql.borrow_mut());
-        sql.push_str(&self.take_owed_releases());
-        self.take_bumps_into(&mut sql);
-        sql
-    }
-
-    /// Owes `statement`, one of the engine's whose rows nothing reads,
-    /// with `args`, its values written as literals ([`quoted`]): `EXECUTE`
-    /// of the statement prepared on the connection, sent with the next
-    /// transaction-control statements or the commit, where it costs no
-    /// round trip of its own (and, prepared, no planning of its own
-    /// either). A statement owed runs after the statements sent after it
-    /// was made, so it may be owed only if none of those reads or writes
-    /// its rows: a statement of the engine's on them first sends what is
-    /// owed ([`PgConn::send_owed_statements`]), as the caller's SQL does.
-    /// If it fails, the write does (its `spoiled`: nothing of it commits).
-    /// Outside an open transaction, or in one a failed statement aborted,
-    /// it is sent at once.
-    pub(super) fn owe(&self, statement: &'static Owable, args: &str) -> Result<()> {
-        let at_once = self.begun.get() != Begun::Yes || self.aborted.get() || !self.owing.get();
-        if at_once {
-            self.ensure_begun_to_write()?;
-        }
-        if !self.client()?.owables.contains(statement.name) {
-            // Once per connection: a statement prepared so outlives its
-            // transaction, rolled back or not.
-            let r = self.client()?.batch_execute(statement.prepare);
-            self.note(r)?;
-            self.client()?.owables.insert(statement.name);
-        }
-        let execute = format!("EXECUTE {}({args})", statement.name);
-        if at_once {
-            let r = self.client()?.batch_execute(&execute);
-            return self.note(r);
-        }
-        let mut owed = self.owed_sql.borrow_mut();
-        owed.push_str(&execute);
-        owed.push_str("; ");
-        Ok(())
-    }
-
-    /// From now on [`PgConn::owe`] sends at once: in a write shared by
-    /// several callers (a statement owed by one that failed with the
-    /// next's savepoint would fail the next, and the whole write), and in
-    /// a write written again to find which of its parts fails
-    /// (`Backend::owe_nothing`).
-    pub(crate) fn owe_nothing(&self) {
-        self.owing.set(false);
-    }
-
-    /// Sends the statements owed ([`PgConn::owe`]), if any, with the rest
-    /// of what is owed: before an engine's statement that may read or write
-    /// their rows.
-    pub(super) fn send_owed_statements(&self) -> Result<()> {
-        if self.owed_sql.borrow().is_empty() {
-            return Ok(());
-        }
-        self.control("")
     }
 
     /// Releases the engine's nested savepoint ([`NESTED`]), the newest of
@@ -874,11 +755,10 @@ impl PgConn {
         let r = self.client()?.batch_execute(&sql);
         self.note(r)?;
         self.last_seq.set(mark.seq);
-        // The bumps and statements owed were made since the savepoint (none
-        // was owed when it was made): dropped. Those sent since, the
-        // server's rollback undid.
+        // The bumps owed were made since the savepoint (none was owed when
+        // it was made): dropped. Those sent since, the server's rollback
+        // undid.
         self.bumps.borrow_mut().clear();
-        self.owed_sql.borrow_mut().clear();
         self.aborted.set(false);
         Ok(())
     }
@@ -921,10 +801,7 @@ impl PgConn {
         if self.aborted.get() {
             return self.ensure_begun_to_write();
         }
-        if self.owed_releases.get() > 0
-            || !self.bumps.borrow().is_empty()
-            || !self.owed_sql.borrow().is_empty()
-        {
+        if self.owed_releases.get() > 0 || !self.bumps.borrow().is_empty() {
             return self.control("");
         }
         self.ensure_begun_to_write()
@@ -986,29 +863,6 @@ pub(super) fn col<'r, T: postgres::types::FromSql<'r>>(row: &'r Row, i: usize) -
 }
 
 /// A page size as PostgreSQL's LIMIT takes it.
-/// `text` as a PostgreSQL string constant, for a statement owed
-/// ([`PgConn::owe`]): an escape string (`E'…'`), whose backslashes and
-/// quotes are doubled, so it reads the same whatever the server's
-/// `standard_conforming_strings`. None if `text` holds a NUL, which no
-/// text value can: such a statement is sent with its values as
-/// parameters, and fails on its own.
-pub(super) fn quoted(text: &str) -> Option<String> {
-    if text.contains('\0') {
-        return None;
-    }
-    let mut q = String::with_capacity(text.len() + 3);
-    q.push_str("E'");
-    for c in text.chars() {
-        match c {
-            '\\' => q.push_str("\\\\"),
-            '\'' => q.push_str("''"),
-            c => q.push(c),
-        }
-    }
-    q.push('\'');
-    Some(q)
-}
-
 pub(super) fn limit_of(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
@@ -1161,64 +1015,6 @@ mod tests {
         assert_eq!(total(&pool, Decisions), 3);
         assert_eq!(total(&pool, Fired), 0);
         assert_eq!(total(&pool, RunsSucceeded), 6);
-    }
-
-    /// DESIGN.md invariants 2 and 4 for statements owed (a rule's states,
-    /// written with their values as literals and sent with the commit):
-    /// what they write is what was given, byte for byte, and one owed when
-    /// its savepoint rolls back writes nothing.
-    #[test]
-    fn states_owed_are_written_as_given_and_only_if_their_savepoint_holds() {
-        use super::NESTED;
-        use crate::store::Rules;
-        let schema = PgSchema::new();
-        let pool = schema.pool(1);
-        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
-        // Quotes, backslashes, a dollar quote, an escape's look, non-ASCII.
-        let tricky = r#"{"a":"it's \\ a \"q\" $$ E'x' é ✓"}"#;
-        Rules::save_states(&conn, "r'1", &[("s\\1", tricky, 7)], 5).unwrap();
-        conn.control(&format!("SAVEPOINT {NESTED}")).unwrap();
-        let mark = conn.mark();
-        Rules::save_states(&conn, "r'1", &[("s2", "2", 8)], 5).unwrap();
-        assert!(!conn.owed_sql.borrow().is_empty(), "owed, not sent at once");
-        conn.rollback_to(NESTED, mark).unwrap();
-        conn.release_nested().unwrap();
-        conn.commit().unwrap();
-        let conn = PgConn::reads(pool.get().unwrap());
-        let states = Rules::states(&conn, "r'1", &["s\\1", "s2"]).unwrap();
-        assert_eq!(states, vec![("s\\1".to_string(), tricky.to_string())]);
-    }
-
-    /// DESIGN.md invariant 2 (together or not at all): a statement owed
-    /// that fails, sent with a later savepoint, spoils its write: a
-    /// rollback to a savepoint made before it lets the transaction go on,
-    /// but nothing of the write commits, since what the statement should
-    /// have written is lost to it.
-    #[test]
-    fn a_write_whose_statement_owed_failed_commits_nothing() {
-        use super::NESTED;
-        use crate::base::counter::Counter::Fired;
-        use crate::store::Counters;
-        let schema = PgSchema::new();
-        let pool = schema.pool(1);
-        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
-        conn.control(&format!("SAVEPOINT {NESTED}")).unwrap();
-        let mark = conn.mark();
-        static FAILS: super::Owable = super::Owable {
-            name: "reflexr_owed_test_fails",
-            prepare: "PREPARE reflexr_owed_test_fails (int8) AS SELECT 1 / $1",
-        };
-        conn.owe(&FAILS, "0").unwrap();
-        assert!(conn.control(&format!("SAVEPOINT {NESTED}")).is_err());
-        conn.rollback_to(NESTED, mark).unwrap();
-        Counters::bump(&conn, Fired, 1).unwrap();
-        conn.release_nested().unwrap();
-        let committed = conn.commit();
-        assert!(
-            matches!(committed, Err(crate::Error::TransactionAborted { .. })),
-            "{committed:?}"
-        );
-        assert_eq!(total(&pool, Fired), 0);
     }
 
     /// DESIGN.md invariant 10 (a failure loses nothing and makes nothing

@@ -4,37 +4,10 @@
 use postgres::Row;
 use postgres::types::Type;
 
-use super::{Owable, PgConn, col, quoted};
+use super::{PgConn, col};
 use crate::base::error::Result;
 use crate::store::Rules;
 use crate::store::rules::RuleRow;
-
-/// Up to this many states changed by one rule's batch are saved by a
-/// statement owed ([`PgConn::owe`]), its values literals the server
-/// parses; more go as one prepared statement of arrays, a round trip
-/// shared by the many.
-const STATES_OWED: usize = 16;
-
-/// A rule's states saved: for `$1`, the scopes `$2` with their states
-/// `$3`, each at the seq in `$4`, at `$5`.
-macro_rules! save_states_sql {
-    () => {
-        "INSERT INTO reflexr_rule_state (rule, scope, state, updated_seq, updated_at) \
-         SELECT $1, t.scope, t.state, t.seq, $5 \
-         FROM unnest($2::text[], $3::text[], $4::int8[]) AS t (scope, state, seq) \
-         ON CONFLICT (rule, scope) DO UPDATE SET state = excluded.state, \
-           updated_seq = excluded.updated_seq, updated_at = excluded.updated_at"
-    };
-}
-
-/// A rule's states saved, owed ([`PgConn::owe`]).
-static SAVE_STATES_OWED: Owable = Owable {
-    name: "reflexr_owed_states",
-    prepare: concat!(
-        "PREPARE reflexr_owed_states (text, text[], text[], int8[], int8) AS ",
-        save_states_sql!()
-    ),
-};
 
 const COLUMNS: &str = "name, workspace, version, definition, registered_at, updated_at, \
                        shadow_of, promote_at, shadow_fired, shadow_errored";
@@ -101,7 +74,6 @@ impl Rules for PgConn {
     }
 
     fn states(&self, rule: &str, scopes: &[&str]) -> Result<Vec<(String, String)>> {
-        self.send_owed_statements()?;
         self.query(
             "SELECT scope, state FROM reflexr_rule_state WHERE rule = $1 AND scope = ANY ($2)",
             &[(&rule, Type::TEXT), (&scopes, Type::TEXT_ARRAY)],
@@ -112,7 +84,6 @@ impl Rules for PgConn {
     }
 
     fn state(&self, rule: &str, scope: &str) -> Result<Option<String>> {
-        self.send_owed_statements()?;
         self.query_opt(
             "SELECT state FROM reflexr_rule_state WHERE rule = $1 AND scope = $2",
             &[(&rule, Type::TEXT), (&scope, Type::TEXT)],
@@ -125,35 +96,16 @@ impl Rules for PgConn {
         if states.is_empty() {
             return Ok(());
         }
-        if states.len() <= STATES_OWED {
-            // Owed, sent with the commit or the next savepoint: no round
-            // trip of its own on the way from an append to its handler.
-            // (Every other statement on the states sends it first.)
-            let array = |items: Vec<Option<String>>| -> Option<String> {
-                Some(format!(
-                    "ARRAY[{}]",
-                    items.into_iter().collect::<Option<Vec<_>>>()?.join(", ")
-                ))
-            };
-            let scopes = array(states.iter().map(|s| quoted(s.0)).collect());
-            let values = array(states.iter().map(|s| quoted(s.1)).collect());
-            let seqs = array(states.iter().map(|s| Some(s.2.to_string())).collect());
-            if let (Some(rule), Some(scopes), Some(values), Some(seqs)) =
-                (quoted(rule), scopes, values, seqs)
-            {
-                return self.owe(
-                    &SAVE_STATES_OWED,
-                    &format!("{rule}, {scopes}, {values}, {seqs}, {now}"),
-                );
-            }
-        }
-        self.send_owed_statements()?;
         // One round trip for the batch: the columns travel as arrays.
         let scopes: Vec<&str> = states.iter().map(|s| s.0).collect();
         let values: Vec<&str> = states.iter().map(|s| s.1).collect();
         let seqs: Vec<i64> = states.iter().map(|s| s.2).collect();
         self.query(
-            save_states_sql!(),
+            "INSERT INTO reflexr_rule_state (rule, scope, state, updated_seq, updated_at) \
+             SELECT $1, t.scope, t.state, t.seq, $5 \
+             FROM unnest($2::text[], $3::text[], $4::int8[]) AS t (scope, state, seq) \
+             ON CONFLICT (rule, scope) DO UPDATE SET state = excluded.state, \
+               updated_seq = excluded.updated_seq, updated_at = excluded.updated_at",
             &[
                 (&rule, Type::TEXT),
                 (&scopes, Type::TEXT_ARRAY),
@@ -213,7 +165,6 @@ impl Rules for PgConn {
     }
 
     fn move_states(&self, from: &str, to: &str) -> Result<usize> {
-        self.send_owed_statements()?;
         Ok(self
             .query(
                 "UPDATE reflexr_rule_state SET rule = $2 WHERE rule = $1 RETURNING 1",
@@ -232,7 +183,6 @@ impl Rules for PgConn {
     }
 
     fn clear_states(&self, rule: &str) -> Result<usize> {
-        self.send_owed_statements()?;
         Ok(self
             .query(
                 "DELETE FROM reflexr_rule_state WHERE rule = $1 RETURNING 1",
