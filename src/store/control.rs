@@ -6,9 +6,8 @@
 use std::collections::HashSet;
 
 use crate::base::error::Result;
-use crate::base::event::Event;
 use crate::store::runs::RunRow;
-use crate::store::{Cursors, Events, Leases};
+use crate::store::{Cursors, Leases};
 
 /// A pause as stored: kind, name, since, operator, reason.
 pub type PausedRow = (String, String, i64, String, String);
@@ -76,21 +75,11 @@ pub struct FencedStand {
     pub paused: bool,
 }
 
-/// The position every consumer not paused stands at (a cursor never saved
-/// at 0), as [`Control::stands`] read them: None when they stand apart or
-/// all are paused.
-#[allow(clippy::type_complexity)]
-pub(crate) fn one_position(stood: &[Option<(Option<(i64, i64)>, i64)>]) -> Option<i64> {
-    let mut positions = stood.iter().flatten().map(|(s, _)| s.map_or(0, |(p, _)| p));
-    let first = positions.next()?;
-    positions.all(|p| p == first).then_some(first)
-}
-
 /// Control of the work as the claim reads it: pauses, each action's
 /// limits and what counts against them (`store::control`, `store::runs`);
 /// and what a consumer's commit checks before it writes (its lease, its
 /// cursor, its pause).
-pub trait Control: Leases + Cursors + Events {
+pub trait Control: Leases + Cursors {
     /// What a claim for `actions` reads first, at `now`: by default one
     /// statement each; a backend a round trip away reads them in one.
     fn claim_plan(&self, now: i64, actions: &[String]) -> Result<ClaimPlan> {
@@ -125,28 +114,6 @@ pub trait Control: Leases + Cursors + Events {
                 self.stamped_and_high_water(workspace, kind, name).map(Some)
             })
             .collect()
-    }
-    /// [`Control::stands`], and, when every consumer of `names` not paused
-    /// stands at one position (a cursor never saved at 0), up to `limit`
-    /// of `workspace`'s events after it, in seq order, into `page`: that
-    /// position, or None (and `page` as it was) when they stand apart or
-    /// all are paused. By default the two reads in turn; a backend a round
-    /// trip away reads them in one.
-    #[allow(clippy::type_complexity)]
-    fn stands_and_page(
-        &self,
-        workspace: &str,
-        kind: &str,
-        names: &[&str],
-        limit: usize,
-        page: &mut Vec<Event>,
-    ) -> Result<(Vec<Option<(Option<(i64, i64)>, i64)>>, Option<i64>)> {
-        let stood = self.stands(workspace, kind, names)?;
-        let at = one_position(&stood);
-        if let Some(at) = at {
-            self.page_into(workspace, at, limit, page)?;
-        }
-        Ok((stood, at))
     }
     /// What a consumer's commit checks first, in the order it checks it:
     /// `None` when `lease` (name, holder, generation) is not held at `now`;

@@ -250,11 +250,19 @@ pub(crate) fn pass<B: Backend>(
             // are (a pause that commits while a batch is decided is seen by
             // its commit, `consumer::advance`, and the batch is read again
             // here). Where each other stands and how far it decided
-            // before, in one read of its cursor's row (of all of them, the
-            // pauses and the page, on PostgreSQL).
+            // before, in one read of its cursor's row (of all of them and
+            // the pauses, on PostgreSQL).
             let names: Vec<&str> = pending.iter().map(|r| r.name.as_str()).collect();
-            let kind = ConsumerKind::Rule.as_str();
-            Control::stands_and_page(c, &workspace, kind, &names, batch, &mut page)
+            let stood = Control::stands(c, &workspace, ConsumerKind::Rule.as_str(), &names)?;
+            let mut positions = stood.iter().flatten().map(|(s, _)| Stand::from_stamped(*s));
+            let read_at = match positions.next() {
+                Some(first) if positions.all(|s| s.position == first.position) => {
+                    Events::page_into(c, &workspace, first.position, batch, &mut page)?;
+                    Some(first.position)
+                }
+                _ => None,
+            };
+            Ok((stood, read_at))
         })?;
         let stands: Vec<(&Rule, (Stand, i64))> = pending
             .iter()

@@ -102,62 +102,6 @@ fn a_consumers_commit_reads_its_lease_its_stand_and_its_pause_in_one_look() {
     });
 }
 
-/// Invariant 4's first read with its page: the stands as
-/// [`Control::stands`] reads them and, when every rule not paused stands
-/// at one position (a rule never saved at 0), the page of the workspace's
-/// events after it, in seq order, up to the limit (one round trip on
-/// PostgreSQL); no page when they stand apart or all are paused.
-#[test]
-fn a_pass_reads_its_page_with_the_stands_when_its_rules_stand_together() {
-    on_every_backend(|db| {
-        let name = db.name();
-        setup(db, "shop");
-        setup(db, "other");
-        db.tx(|c| {
-            for s in ["s-1", "s-2", "s-3"] {
-                append(c, "shop", &event("Opened", s))?;
-                append(c, "other", &event("Opened", s))?;
-            }
-            cursor::save(c, NOW, ("shop", ConsumerKind::Rule, "a"), 1)?;
-            cursor::save(c, NOW, ("shop", ConsumerKind::Rule, "b"), 1)?;
-            cursor::save(c, NOW, ("shop", ConsumerKind::Rule, "c"), 3)?;
-            cursor::save(c, NOW, ("shop", ConsumerKind::Rule, "p"), 5)?;
-            Control::pause(c, "rule", "p", NOW + 1, "ops", "a test")?;
-            Ok(())
-        })
-        .unwrap();
-        let mut read = |names: &[&str], limit: usize| {
-            db.tx(|c| {
-                let mut page = Vec::new();
-                let (stood, at) =
-                    Control::stands_and_page(c, "shop", "rule", names, limit, &mut page)?;
-                assert_eq!(stood, Control::stands(c, "shop", "rule", names)?, "{name}");
-                let seqs: Vec<(String, i64)> =
-                    page.iter().map(|e| (e.workspace.clone(), e.seq)).collect();
-                Ok((at, seqs))
-            })
-            .unwrap()
-        };
-        let shop = |seqs: &[i64]| -> Vec<(String, i64)> {
-            seqs.iter().map(|s| ("shop".to_string(), *s)).collect()
-        };
-        // Seqs 1, 3, 5 are the shop's; 2, 4, 6 the other's.
-        assert_eq!(
-            read(&["a", "p", "b"], 10),
-            (Some(1), shop(&[3, 5])),
-            "{name}"
-        );
-        assert_eq!(
-            read(&["a", "b"], 1),
-            (Some(1), shop(&[3])),
-            "{name}: the limit"
-        );
-        assert_eq!(read(&["never"], 10), (Some(0), shop(&[1, 3, 5])), "{name}");
-        assert_eq!(read(&["a", "c"], 10), (None, vec![]), "{name}: apart");
-        assert_eq!(read(&["p"], 10), (None, vec![]), "{name}: all paused");
-    });
-}
-
 /// Invariant 4's first read, where a pass over rules begins: each rule's
 /// stand (position, stamp and high water, as one read of its cursor reads
 /// them), or that it is paused, in the order asked (one round trip on

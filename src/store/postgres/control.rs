@@ -16,11 +16,9 @@ use std::collections::HashSet;
 use postgres::Row;
 use postgres::types::Type;
 
-use super::events::{EVENT_COLUMNS, event_from};
-use super::{PgConn, col, limit_of};
+use super::{PgConn, col};
 use crate::base::error::{Error, Result};
-use crate::base::event::Event;
-use crate::store::control::{ActionRow, FairState, FencedStand, KeyRow, PausedRow, one_position};
+use crate::store::control::{ActionRow, FairState, FencedStand, KeyRow, PausedRow};
 use crate::store::runs::RunRow;
 use crate::store::{ClaimPlan, Control};
 
@@ -200,74 +198,6 @@ impl Control for PgConn {
             Ok(Some((position.zip(stamp), col(r, 3)?)))
         })
         .collect()
-    }
-
-    /// One round trip, where the stands and the page were two: the page's
-    /// rows first, then one row for each consumer (its index in `names`
-    /// set, the event's columns null).
-    #[allow(clippy::type_complexity)]
-    fn stands_and_page(
-        &self,
-        workspace: &str,
-        kind: &str,
-        names: &[&str],
-        limit: usize,
-        page: &mut Vec<Event>,
-    ) -> Result<(Vec<Option<(Option<(i64, i64)>, i64)>>, Option<i64>)> {
-        let limit = limit_of(limit);
-        let rows = self.query(
-            &format!(
-                "WITH st AS ( \
-                   SELECT n.i, \
-                          EXISTS (SELECT 1 FROM reflexr_paused p \
-                                  WHERE p.kind = $2 AND p.name = n.name) AS paused, \
-                          c.position, c.updated_at, coalesce(c.high_water, 0) AS high \
-                   FROM unnest($3::text[]) WITH ORDINALITY AS n (name, i) \
-                   LEFT JOIN reflexr_cursors c \
-                     ON c.workspace = $1 AND c.kind = $2 AND c.name = n.name), \
-                 at AS ( \
-                   SELECT min(coalesce(position, 0)) AS position FROM st WHERE NOT paused \
-                   HAVING min(coalesce(position, 0)) = max(coalesce(position, 0))) \
-                 SELECT e.*, NULL::int8, NULL::bool, NULL::int8, NULL::int8, NULL::int8 \
-                 FROM at, LATERAL (SELECT {EVENT_COLUMNS} FROM reflexr_events \
-                   WHERE workspace = $1 AND seq > at.position ORDER BY seq LIMIT $4) e \
-                 UNION ALL \
-                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-                        NULL, NULL, NULL, i, paused, position, updated_at, high FROM st"
-            ),
-            &[
-                (&workspace, Type::TEXT),
-                (&kind, Type::TEXT),
-                (&names, Type::TEXT_ARRAY),
-                (&limit, Type::INT8),
-            ],
-        )?;
-        let mut stood: Vec<(i64, Option<(Option<(i64, i64)>, i64)>)> = Vec::new();
-        let mut events = Vec::new();
-        for r in &rows {
-            match col::<Option<i64>>(r, 14)? {
-                None => events.push(event_from(r)?),
-                Some(i) => {
-                    let stand = if col::<bool>(r, 15)? {
-                        None
-                    } else {
-                        let position: Option<i64> = col(r, 16)?;
-                        let stamp: Option<i64> = col(r, 17)?;
-                        Some((position.zip(stamp), col(r, 18)?))
-                    };
-                    stood.push((i, stand));
-                }
-            }
-        }
-        stood.sort_by_key(|(i, _)| *i);
-        let stood: Vec<_> = stood.into_iter().map(|(_, s)| s).collect();
-        let at = one_position(&stood);
-        if at.is_some() {
-            // Read in seq order; the union keeps no order of its own.
-            events.sort_by_key(|e| e.seq);
-            *page = events;
-        }
-        Ok((stood, at))
     }
 
     /// One round trip instead of four.
