@@ -168,36 +168,56 @@ impl Control for PgConn {
         }))
     }
 
-    /// One round trip, where the pauses and each cursor were one each.
+    /// One round trip, where the pauses and each cursor were one each: the
+    /// saved cursors among `names`, then the pauses among them, each
+    /// matched by `= ANY`, which the server plans once per connection and
+    /// keeps. (A join on `unnest` of the names, its first form, it planned
+    /// again at every run: under the default `plan_cache_mode` a plan for
+    /// the array at hand, estimated cheaper than the generic one, wins
+    /// every time. Its statement log timed that at 0.127 ms of the
+    /// server's time a run, against 0.026 ms for a plan kept.)
     fn stands(
         &self,
         workspace: &str,
         kind: &str,
         names: &[&str],
     ) -> Result<Vec<Option<(Option<(i64, i64)>, i64)>>> {
-        self.query(
-            "SELECT EXISTS (SELECT 1 FROM reflexr_paused p WHERE p.kind = $2 AND p.name = n.name), \
-                    c.position, c.updated_at, coalesce(c.high_water, 0) \
-             FROM unnest($3::text[]) WITH ORDINALITY AS n (name, i) \
-             LEFT JOIN reflexr_cursors c \
-               ON c.workspace = $1 AND c.kind = $2 AND c.name = n.name \
-             ORDER BY n.i",
+        let rows = self.query(
+            "SELECT c.name, c.position, c.updated_at, coalesce(c.high_water, 0), false \
+             FROM reflexr_cursors c \
+             WHERE c.workspace = $1 AND c.kind = $2 AND c.name = ANY ($3) \
+             UNION ALL \
+             SELECT p.name, NULL, NULL, NULL, true FROM reflexr_paused p \
+             WHERE p.kind = $2 AND p.name = ANY ($3)",
             &[
                 (&workspace, Type::TEXT),
                 (&kind, Type::TEXT),
                 (&names, Type::TEXT_ARRAY),
             ],
-        )?
-        .iter()
-        .map(|r| {
-            if col::<bool>(r, 0)? {
-                return Ok(None);
+        )?;
+        let mut paused = HashSet::new();
+        let mut saved = std::collections::HashMap::new();
+        for r in &rows {
+            let name: String = col(r, 0)?;
+            if col::<bool>(r, 4)? {
+                paused.insert(name);
+            } else {
+                let stand: (i64, i64) = (col(r, 1)?, col(r, 2)?);
+                saved.insert(name, (stand, col::<i64>(r, 3)?));
             }
-            let position: Option<i64> = col(r, 1)?;
-            let stamp: Option<i64> = col(r, 2)?;
-            Ok(Some((position.zip(stamp), col(r, 3)?)))
-        })
-        .collect()
+        }
+        Ok(names
+            .iter()
+            .map(|name| {
+                if paused.contains(*name) {
+                    return None;
+                }
+                Some(match saved.get(*name) {
+                    Some(&(stand, high)) => (Some(stand), high),
+                    None => (None, 0),
+                })
+            })
+            .collect())
     }
 
     /// One round trip instead of four.

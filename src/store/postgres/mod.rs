@@ -1174,6 +1174,35 @@ mod tests {
         conn.commit().unwrap();
     }
 
+    /// No invariant of its own (the conformance suite checks what the
+    /// stands say): a pass's read of its rules' stands is planned once
+    /// per connection and kept under the server's default
+    /// `plan_cache_mode`, not planned again for each run's names.
+    #[test]
+    fn a_passs_read_of_its_stands_is_planned_once() {
+        use crate::store::Control;
+        let schema = PgSchema::new();
+        let pool = schema.pool(1);
+        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
+        conn.execute_untyped("SET LOCAL plan_cache_mode = auto", &[])
+            .unwrap();
+        for names in [&["a"][..], &["a", "b"], &["c"]].iter().cycle().take(9) {
+            Control::stands(&conn, "ws", "rule", names).unwrap();
+        }
+        let plans = conn
+            .query_untyped(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+                 WHERE statement LIKE '%reflexr_cursors c %' \
+                   AND statement NOT LIKE '%pg_prepared_statements%'",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(plans.len(), 1);
+        let (generic, custom): (i64, i64) = (plans[0].get(0), plans[0].get(1));
+        assert!(generic > 0, "{generic} generic, {custom} custom");
+        conn.commit().unwrap();
+    }
+
     /// DESIGN.md invariant 10: the engine's connection for reads runs
     /// outside any transaction block and writes nothing: an append, a
     /// savepoint or the caller's SQL on it is refused before it is sent,
