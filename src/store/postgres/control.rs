@@ -11,7 +11,7 @@
 //! translated from the JSON path the configuration accepts (a jsonpath
 //! cast on the server could fail, and with it every claim).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use postgres::Row;
 use postgres::types::Type;
@@ -196,7 +196,7 @@ impl Control for PgConn {
             ],
         )?;
         let mut paused = HashSet::new();
-        let mut saved = std::collections::HashMap::new();
+        let mut saved = HashMap::new();
         for r in &rows {
             let name: String = col(r, 0)?;
             if col::<bool>(r, 4)? {
