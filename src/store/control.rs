@@ -6,8 +6,8 @@
 use std::collections::HashSet;
 
 use crate::base::error::Result;
-use crate::store::runs::RunRow;
-use crate::store::{Cursors, Leases};
+use crate::store::runs::{Inserted, NewRun, RunRow};
+use crate::store::{Cursors, Leases, Runs};
 
 /// A pause as stored: kind, name, since, operator, reason.
 pub type PausedRow = (String, String, i64, String, String);
@@ -243,6 +243,18 @@ pub trait Control: Leases + Cursors {
         }
         Ok((true, self.claim_fresh(holder, now, expires_at, id)?))
     }
+    /// [`insert_handed`] in one statement, where this backend has one for
+    /// `run` (on PostgreSQL, a run that holds no key and is not dead, with
+    /// or without a lane); `None`: it has none, and nothing was written.
+    /// None by default.
+    fn insert_handed_at_once(
+        &self,
+        _run: &NewRun<'_>,
+        _holder: &str,
+        _expires_at: i64,
+    ) -> Result<Option<(Inserted, bool, Option<RunRow>)>> {
+        Ok(None)
+    }
     /// Claims the ready runs at these positions.
     fn claim_ords(
         &self,
@@ -275,4 +287,29 @@ pub trait Control: Leases + Cursors {
     /// Deletes uniqueness periods that ended and starts outside every rate
     /// window at `now`; how many rows went.
     fn sweep_control(&self, now: i64) -> Result<usize>;
+}
+
+/// Inserts a run (as [`Runs::insert`]) and, if it inserted it, hands it
+/// over to an idle executor under `holder` until `expires_at` (as
+/// [`Control::hand_over_fresh`], at the run's `now`): what the insert did,
+/// whether the action may be handed over, and the run if it was ready and
+/// is now claimed. In one statement where the backend has one
+/// ([`Control::insert_handed_at_once`]), else the two in turn (an id there
+/// already, or a key another run holds, hands nothing over). The run is
+/// due at its insert: the claim does not look at when it is due.
+pub(crate) fn insert_handed<C: Control + Runs + ?Sized>(
+    c: &C,
+    run: &NewRun<'_>,
+    holder: &str,
+    expires_at: i64,
+) -> Result<(Inserted, bool, Option<RunRow>)> {
+    if let Some(done) = c.insert_handed_at_once(run, holder, expires_at)? {
+        return Ok(done);
+    }
+    let inserted = Runs::insert(c, run)?;
+    if inserted != Inserted::New {
+        return Ok((inserted, c.may_hand_over(run.action)?, None));
+    }
+    let (may, claimed) = c.hand_over_fresh(run.action, holder, run.now, expires_at, run.id)?;
+    Ok((inserted, may, claimed))
 }

@@ -71,7 +71,7 @@ use crate::core::db::CoreDb;
 use crate::core::db::Tx;
 use crate::core::lease::Lease;
 use crate::store::dead_letters::NewDeadLetter;
-use crate::store::runs::NewRun;
+use crate::store::runs::{Inserted, NewRun};
 use crate::store::{Control, Counters, Cursors, DeadLetters, Events, Rules, Runs};
 use crate::work::consumer::{self, PageBuffer, Stand};
 use crate::work::queue::handoff::{Hand, HandedRow, Handing};
@@ -1089,7 +1089,9 @@ fn blame(i: usize, e: Error) -> CommitError {
 /// Records the firings at `chunk`'s indexes of [`Decided::firings`] where
 /// each statement is a round trip: their envelopes appended together, then
 /// their runs made together (one statement each on PostgreSQL), then each
-/// dead run's dead letter, or each run's hand-over.
+/// dead run's dead letter, or the hand-over of each run inserted. A lone
+/// firing's run is inserted and handed over in one statement
+/// ([`Handing::insert_handed`]).
 fn record_together<B: Backend>(
     tx: &mut Tx<'_, B>,
     d: &Decided<'_>,
@@ -1100,11 +1102,10 @@ fn record_together<B: Backend>(
     done: &mut Committed,
 ) -> std::result::Result<(), CommitError> {
     let rule = d.rule;
-    let together = |r: Option<(Option<usize>, Error)>| match r {
-        None => Ok(()),
-        Some((Some(k), e)) => Err(blame(chunk[k], e)),
-        Some((None, e)) if e.dooms_transaction() => Err(CommitError::Other(e)),
-        Some((None, e)) => Err(CommitError::Batch(e)),
+    let together = |(k, e): (Option<usize>, Error)| match k {
+        Some(k) => blame(chunk[k], e),
+        None if e.dooms_transaction() => CommitError::Other(e),
+        None => CommitError::Batch(e),
     };
     let mut envelopes = Vec::with_capacity(chunk.len());
     for &i in chunk {
@@ -1113,21 +1114,36 @@ fn record_together<B: Backend>(
             fired_envelope(tx, rule, &d.firings[i], event, lease).map_err(|e| blame(i, e))?;
         envelopes.push((envelope, Origin::Engine { depth: event.depth }));
     }
-    together(tx.append_all_as(&rule.workspace, &envelopes).err())?;
+    tx.append_all_as(&rule.workspace, &envelopes)
+        .map_err(together)?;
     drop(envelopes);
     let runs: Vec<FiringRun> = chunk
         .iter()
         .map(|&i| FiringRun::of(tx, rule, &d.firings[i], &page[d.firings[i].event]))
         .collect();
+    // A lone firing's run is inserted and handed over in one statement.
+    if let ([i], [run], Some(h)) = (chunk, &runs[..], handing)
+        && run.dead.is_none()
+    {
+        let f = &d.firings[*i];
+        let handed = h
+            .insert_handed(tx, &run.new_run(rule, f, &page[f.event]))
+            .map_err(|e| blame(*i, e))?;
+        done.fired += 1;
+        done.handed.extend(handed);
+        return Ok(());
+    }
     let rows: Vec<NewRun<'_>> = chunk
         .iter()
         .zip(&runs)
         .map(|(&i, run)| run.new_run(rule, &d.firings[i], &page[d.firings[i].event]))
         .collect();
-    together(Runs::insert_all(tx.core(), &rows).err())?;
+    let inserted = Runs::insert_all(tx.core(), &rows).map_err(together)?;
     drop(rows);
-    for (&i, run) in chunk.iter().zip(runs) {
+    for ((&i, run), inserted) in chunk.iter().zip(runs).zip(inserted) {
         let f = &d.firings[i];
+        // Only a run this write inserted is handed over.
+        let handing = handing.filter(|_| inserted == Inserted::New);
         let handed = run
             .finish(tx, rule, f, &page[f.event], handing)
             .map_err(|e| blame(i, e))?;
@@ -1155,6 +1171,9 @@ fn record_firing<B: Backend>(
         Origin::Engine { depth: event.depth },
     )?;
     let run = FiringRun::of(tx, rule, f, event);
+    if let (Some(h), None) = (handing, &run.dead) {
+        return h.insert_handed(tx, &run.new_run(rule, f, event));
+    }
     Runs::insert(tx.core(), &run.new_run(rule, f, event))?;
     run.finish(tx, rule, f, event, handing)
 }

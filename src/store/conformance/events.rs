@@ -240,7 +240,7 @@ fn a_rolled_back_append_leaves_no_gap() {
 
 /// Whether the server's backend `pid` is waiting for a lock.
 #[cfg(feature = "postgres")]
-fn waits_for_a_lock(client: &mut Client, pid: i32) -> bool {
+pub(super) fn waits_for_a_lock(client: &mut Client, pid: i32) -> bool {
     client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",

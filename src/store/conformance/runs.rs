@@ -678,6 +678,25 @@ fn a_claim_returns_each_run_as_the_store_now_holds_it() {
     });
 }
 
+/// Gives the action "mail" a concurrency limit of one: its runs go
+/// through the claim, which counts what it takes.
+fn limit_mail(c: &dyn Core) -> Result<()> {
+    Control::configure_action(
+        c,
+        &crate::store::control::ActionRow {
+            action: "mail".into(),
+            priority: 0,
+            max_running: Some(1),
+            rate_count: None,
+            rate_period_ms: None,
+            partition_by: None,
+            fair: false,
+        },
+        None,
+        NOW,
+    )
+}
+
 /// Invariant 14 (claims match the work) at the hand-over: a run just
 /// inserted is claimed for an idle executor only if its action is neither
 /// paused nor limited (a limit counts what a claim takes), and only while
@@ -685,7 +704,6 @@ fn a_claim_returns_each_run_as_the_store_now_holds_it() {
 /// evaluator asks once per action and write.
 #[test]
 fn a_fresh_run_is_handed_over_only_when_its_action_may_be_and_it_is_ready() {
-    use crate::store::control::ActionRow;
     on_every_backend(|db| {
         let name = db.name();
         setup(db, "shop");
@@ -705,20 +723,7 @@ fn a_fresh_run_is_handed_over_only_when_its_action_may_be_and_it_is_ready() {
             let again = Control::hand_over_fresh(c, "send", "h2", NOW, NOW + 10, "r1")?;
             assert_eq!((again.0, again.1.is_none()), (true, true), "{name}");
             // A limited action: its runs go through the claim.
-            Control::configure_action(
-                c,
-                &ActionRow {
-                    action: "mail".into(),
-                    priority: 0,
-                    max_running: Some(1),
-                    rate_count: None,
-                    rate_period_ms: None,
-                    partition_by: None,
-                    fair: false,
-                },
-                None,
-                NOW,
-            )?;
+            limit_mail(c)?;
             Runs::insert(
                 c,
                 &NewRun {
@@ -745,4 +750,178 @@ fn a_fresh_run_is_handed_over_only_when_its_action_may_be_and_it_is_ready() {
         })
         .unwrap();
     });
+}
+
+/// Invariant 14 (claims match the work) at a run's insert: a run inserted
+/// and handed over at once (`insert_handed`, one statement on PostgreSQL
+/// for a run that holds no key) is the run the insert and then the
+/// hand-over make — claimed only at its lane's head, only if its action is
+/// neither paused nor limited, and only if the insert made it.
+#[test]
+fn a_run_handed_over_at_its_insert_is_the_run_an_insert_then_a_hand_over_make() {
+    use crate::store::control::insert_handed;
+    use crate::store::runs::RunRow;
+    on_every_backend(|db| {
+        let name = db.name();
+        setup(db, "shop");
+        db.tx(|c| {
+            // The log's head, which a claim records as where the run began.
+            append(c, "shop", &event("Opened", "s-1"))?;
+            append(c, "shop", &event("Opened", "s-2"))?;
+            // Due before its insert, so a start or a change time taken
+            // from the wrong value shows.
+            let early = |id, lane| NewRun {
+                due_at: NOW - 5,
+                ..task(id, lane, None)
+            };
+            // What the two ways may differ in: the id, the position, the lane.
+            let same = |r: &RunRow| RunRow {
+                ord: 0,
+                id: String::new(),
+                lane: None,
+                ..r.clone()
+            };
+            for (at_once, in_turn, lanes) in [("r1", "r2", Some(("a", "b"))), ("r4", "r7", None)] {
+                let (inserted, may, run) =
+                    insert_handed(c, &early(at_once, lanes.map(|l| l.0)), "h", NOW + 10)?;
+                let run = run.expect("ready, of an action that may be handed");
+                assert_eq!((inserted, may), (Inserted::New, true), "{name}");
+                let stored = Runs::get(c, at_once)?.expect("inserted");
+                assert_eq!(format!("{run:?}"), format!("{stored:?}"), "{name}");
+                Runs::insert(c, &early(in_turn, lanes.map(|l| l.1)))?;
+                let (_, turn) = Control::hand_over_fresh(c, "send", "h", NOW, NOW + 10, in_turn)?;
+                let turn = turn.expect("ready");
+                assert_eq!(
+                    format!("{:?}", same(&run)),
+                    format!("{:?}", same(&turn)),
+                    "{name}"
+                );
+                assert_eq!(
+                    (run.state.as_str(), run.attempt, run.claimed_by.as_deref()),
+                    ("running", 1, Some("h")),
+                    "{name}"
+                );
+                assert_eq!(
+                    (run.claim_expires_at, run.started_at, run.began_seq),
+                    (Some(NOW + 10), Some(NOW), Some(2)),
+                    "{name}"
+                );
+                assert_eq!((run.due_at, run.updated_at), (NOW - 5, NOW), "{name}");
+            }
+            // Behind its lane's head: waiting, not claimed.
+            let behind = insert_handed(c, &task("r3", Some("a"), None), "h", NOW + 10)?;
+            assert_eq!(
+                (behind.0, behind.1, behind.2.is_none()),
+                (Inserted::New, true, true),
+                "{name}"
+            );
+            // An id there already, with a lane or none: nothing inserted,
+            // nothing claimed, no lane made.
+            for lane in [Some("c"), None] {
+                let again = insert_handed(c, &task("r1", lane, None), "h2", NOW + 10)?;
+                assert_eq!(
+                    (again.0, again.2.is_none()),
+                    (Inserted::Existed, true),
+                    "{name}"
+                );
+            }
+            assert_eq!(Lanes::lane_head(c, "c")?, None, "{name}");
+            // A limited action: inserted ready, for the claim.
+            limit_mail(c)?;
+            let mail = NewRun {
+                action: "mail",
+                ..task("r5", Some("d"), None)
+            };
+            let limited = insert_handed(c, &mail, "h", NOW + 10)?;
+            assert_eq!(
+                (limited.0, limited.1, limited.2.is_none()),
+                (Inserted::New, false, true),
+                "{name}"
+            );
+            // A paused action: inserted ready, nothing of it starts.
+            Control::pause(c, "action", "send", NOW, "op", "maintenance")?;
+            for (id, lane) in [("r6", Some("e")), ("r8", None)] {
+                let paused = insert_handed(c, &task(id, lane, None), "h", NOW + 10)?;
+                assert_eq!(
+                    (paused.0, paused.1, paused.2.is_none()),
+                    (Inserted::New, false, true),
+                    "{name} {id}"
+                );
+            }
+            for (id, state) in [
+                ("r3", "waiting"),
+                ("r5", "ready"),
+                ("r6", "ready"),
+                ("r8", "ready"),
+            ] {
+                let run = Runs::get(c, id)?.expect("inserted");
+                assert_eq!(
+                    (run.state.as_str(), run.attempt, run.claimed_by),
+                    (state, 0, None),
+                    "{name} {id}"
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+    });
+}
+
+/// Invariant 9 (a lane runs one run at a time, in order) when two
+/// transactions insert the same run into its lane at once, on PostgreSQL:
+/// the second waits for the lane's row the first made, finds the run's id
+/// its head and the id taken, and inserts nothing — and leaves the lane's
+/// row, which is the first one's run's, where it gave up a row it had made
+/// itself. (It deleted it, and the lane's next run then started beside
+/// its head.) Both ways of inserting a run: the insert alone, and the
+/// insert that hands the run over at once.
+#[test]
+#[cfg(feature = "postgres")]
+fn a_run_inserted_twice_at_once_leaves_its_lane_to_the_one_that_committed() {
+    use crate::store::control::insert_handed;
+    for handed in [false, true] {
+        let schema = Arc::new(PgSchema::new());
+        let mut watcher = schema.client();
+        let mut db = Db::Pg(schema.pool(1), Arc::clone(&schema));
+        setup(&mut db, "shop");
+        let insert = move |c: &PgConn| -> Inserted {
+            let run = task("r1", Some("a"), None);
+            if handed {
+                insert_handed(c, &run, "h", NOW + 10).unwrap().0
+            } else {
+                Runs::insert(c, &run).unwrap()
+            }
+        };
+        let first = schema.begin();
+        assert_eq!(insert(&first), Inserted::New);
+        let (pid_tx, pid_rx) = std::sync::mpsc::channel();
+        let second = {
+            let schema = Arc::clone(&schema);
+            std::thread::spawn(move || {
+                let conn = schema.begin();
+                let pid: i32 =
+                    conn.query_untyped("SELECT pg_backend_pid()", &[]).unwrap()[0].get(0);
+                pid_tx.send(pid).unwrap();
+                let inserted = insert(&conn);
+                conn.commit().unwrap();
+                inserted
+            })
+        };
+        // The second insert waits for the first's lane row.
+        let pid = pid_rx.recv().unwrap();
+        while !super::events::waits_for_a_lock(&mut watcher, pid) {
+            std::thread::yield_now();
+        }
+        first.commit().unwrap();
+        assert_eq!(
+            second.join().unwrap(),
+            Inserted::Existed,
+            "handed: {handed}"
+        );
+        let head: Option<String> = watcher
+            .query_opt("SELECT head FROM reflexr_lanes WHERE lane = 'a'", &[])
+            .unwrap()
+            .map(|r| r.get(0));
+        assert_eq!(head.as_deref(), Some("r1"), "handed: {handed}");
+    }
 }

@@ -19,7 +19,7 @@ use postgres::types::Type;
 use super::{PgConn, col};
 use crate::base::error::{Error, Result};
 use crate::store::control::{ActionRow, FairState, FencedStand, KeyRow, PausedRow};
-use crate::store::runs::RunRow;
+use crate::store::runs::{Inserted, NewRun, RunRow};
 use crate::store::{ClaimPlan, Control};
 
 /// The first key of the advisory locks a limited action's claims take
@@ -69,9 +69,9 @@ const LIMITED: &str = "(max_running IS NOT NULL OR rate_count IS NOT NULL OR fai
          AND EXISTS (SELECT 1 FROM reflexr_action_keys k WHERE k.action = a.action)))";
 
 /// Whether the action `param` names may be handed over (see
-/// [`Control::may_hand_over`]; on PostgreSQL asked only in
-/// [`Control::hand_over_fresh`]'s statement), as SQL: neither paused nor
-/// limited.
+/// [`Control::may_hand_over`]; on PostgreSQL the evaluator asks it in the
+/// statements of [`Control::hand_over_fresh`] and
+/// [`Control::insert_handed_at_once`]), as SQL: neither paused nor limited.
 pub(super) fn may_hand_over(param: &str) -> String {
     format!(
         "NOT EXISTS (SELECT 1 FROM reflexr_paused WHERE kind = 'action' AND name = {param}) \
@@ -650,6 +650,15 @@ impl Control for PgConn {
             None => None,
         };
         Ok((col(&row, 0)?, run))
+    }
+
+    fn insert_handed_at_once(
+        &self,
+        run: &NewRun<'_>,
+        holder: &str,
+        expires_at: i64,
+    ) -> Result<Option<(Inserted, bool, Option<RunRow>)>> {
+        self.insert_handed_row(run, holder, expires_at)
     }
 
     fn claim_ords(

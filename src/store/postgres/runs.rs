@@ -276,17 +276,24 @@ macro_rules! enter_lane {
 }
 
 /// A run's insert, its row made by `$open … $close` around its values,
-/// the state's among them `$state`: `ON CONFLICT DO NOTHING`, so an id (or
-/// a key) taken already inserts nothing and returns no row. Its parameters
-/// are the 27 [`RunValues::params`] makes.
+/// the state's among them `$state` (and, when given, the values `$more`
+/// of the columns `$columns` after the others): `ON CONFLICT DO NOTHING`,
+/// so an id (or a key) taken already inserts nothing and returns no row.
+/// Its parameters are the 27 [`RunValues::params`] makes (and those
+/// `$more` names after them).
 macro_rules! insert_run {
     ($open:literal, $state:literal, $close:literal) => {
+        concat!(insert_run!($open, $state, "", "", $close), " RETURNING 1")
+    };
+    ($open:literal, $state:literal, $columns:literal, $more:expr, $close:literal) => {
         concat!(
             "INSERT INTO reflexr_runs (id, kind, action, workspace, rule, scope, lane, \
                on_dead_letter, input, event_seq, event_id, depth, state, max_attempts, \
                backoff_ms, backoff_max_ms, backoff_factor, jitter, due_at, last_error, \
                created_at, updated_at, finished_at, priority, unique_key, unique_mode, parent, \
-               flow_key, traceparent) ",
+               flow_key, traceparent",
+            $columns,
+            ") ",
             $open,
             "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, ",
             $state,
@@ -296,8 +303,9 @@ macro_rules! insert_run {
             ", $23, $24, $25, ",
             flow_key_of!("$26", "$9", "$3"),
             ", $27",
+            $more,
             $close,
-            " ON CONFLICT DO NOTHING RETURNING 1"
+            " ON CONFLICT DO NOTHING"
         )
     };
 }
@@ -306,6 +314,23 @@ macro_rules! insert_run {
 /// settled, and [`PgConn::insert_run_alone`] inside its statement, in the
 /// state `$13`.
 const INSERT_RUN: &str = insert_run!("VALUES (", "$13", ")");
+
+/// The head of a laned run's insert ([`INSERT_LANED_RUN`],
+/// [`INSERT_LANED_RUN_HANDED`]): `gone`, the run `$1` if its id is there
+/// already; `lane`, whether the run heads its lane `$7` — the lane's row
+/// made with this run its head, or the lane's existing row locked
+/// (`enter_lane!`) — none when the id was there.
+macro_rules! enter_laned_run {
+    () => {
+        concat!(
+            "WITH gone AS (SELECT 1 FROM reflexr_runs WHERE id = $1), \
+                  lane AS (INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
+                           SELECT $7, $1, false, $21 WHERE NOT EXISTS (SELECT 1 FROM gone) ",
+            enter_lane!(),
+            " RETURNING head = $1 AS headed)"
+        )
+    };
+}
 
 /// A run that takes a lane and holds no key, inserted in one statement
 /// (where three would look for its id, enter its lane, insert it): nothing
@@ -317,12 +342,8 @@ const INSERT_RUN: &str = insert_run!("VALUES (", "$13", ")");
 /// transaction inserted the id meanwhile: the caller then gives up the
 /// lane's head this statement made).
 const INSERT_LANED_RUN: &str = concat!(
-    "WITH gone AS (SELECT 1 FROM reflexr_runs WHERE id = $1), \
-          lane AS (INSERT INTO reflexr_lanes (lane, head, blocked, updated_at) \
-                   SELECT $7, $1, false, $21 WHERE NOT EXISTS (SELECT 1 FROM gone) ",
-    enter_lane!(),
-    " RETURNING head = $1 AS headed), \
-          ins AS (",
+    enter_laned_run!(),
+    ", ins AS (",
     insert_run!(
         "SELECT ",
         "CASE WHEN lane.headed THEN $13 ELSE 'waiting' END",
@@ -331,6 +352,73 @@ const INSERT_LANED_RUN: &str = concat!(
     ") SELECT EXISTS (SELECT 1 FROM gone), coalesce((SELECT headed FROM lane), false), \
               EXISTS (SELECT 1 FROM ins)"
 );
+
+/// Whether the run [`insert_handed_sql`]'s statements insert is claimed at
+/// its insert: at its lane's head (`lane.headed`; true for a run that takes
+/// no lane), of an action that may be handed over (`may.may`).
+macro_rules! handed {
+    ($then:literal, $else:literal) => {
+        concat!(
+            "CASE WHEN lane.headed AND may.may THEN ",
+            $then,
+            " ELSE ",
+            $else,
+            " END"
+        )
+    };
+}
+
+/// A run's insert and its hand-over in one statement (where they were two
+/// round trips), after `head`, the `WITH` that makes `gone` (the run's id
+/// if it is there already) and `lane` (whether the run heads its lane):
+/// the run, at its lane's head, of an action that may be handed over
+/// ([`super::control::may_hand_over`] of `$3`), is inserted claimed under
+/// holder `$28` until `$29` — as [`CLAIM_FRESH_SQL`] would claim it, with
+/// its first attempt, its start and the log's head at its start. Returns
+/// whether the id was there, whether the run heads its lane, whether it
+/// was inserted, whether the action may be handed over, then the claimed
+/// run's columns (null when it was not claimed).
+fn insert_handed_sql(head: &str) -> String {
+    let insert = insert_run!(
+        "SELECT ",
+        "CASE WHEN NOT lane.headed THEN 'waiting' WHEN may.may THEN 'running' ELSE $13 END",
+        ", attempt, claimed_by, claim_expires_at, started_at, began_seq",
+        concat!(
+            ", ",
+            handed!("1", "0"),
+            ", ",
+            handed!("$28", "NULL"),
+            ", ",
+            handed!("$29::bigint", "NULL"),
+            ", ",
+            handed!("$21", "NULL"),
+            ", ",
+            handed!("coalesce((SELECT max(seq) FROM reflexr_events), 0)", "NULL"),
+        ),
+        " FROM lane, may"
+    );
+    format!(
+        "{head}, may AS (SELECT {may} AS may), ins AS ({insert} RETURNING {COLUMNS}) \
+         SELECT EXISTS (SELECT 1 FROM gone), coalesce((SELECT headed FROM lane), false), \
+           EXISTS (SELECT 1 FROM ins), (SELECT may FROM may), claimed.* \
+         FROM (SELECT 1) AS one \
+         LEFT JOIN (SELECT * FROM ins WHERE state = 'running') AS claimed ON true",
+        may = super::control::may_hand_over("$3"),
+    )
+}
+
+/// [`INSERT_LANED_RUN`] and the run's hand-over in one statement
+/// ([`insert_handed_sql`]).
+pub(crate) static INSERT_LANED_RUN_HANDED: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| insert_handed_sql(enter_laned_run!()));
+
+/// [`INSERT_RUN`] of a ready run that takes no lane and its hand-over in
+/// one statement ([`insert_handed_sql`]): no look for its id (the insert's
+/// `ON CONFLICT DO NOTHING` finds it), and it heads no lane but is as
+/// ready as one that does.
+pub(crate) static INSERT_RUN_HANDED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    insert_handed_sql("WITH gone AS (SELECT 1 WHERE false), lane AS (SELECT true AS headed)")
+});
 
 /// [`PgConn::insert_run_alone`]'s statement: [`INSERT_RUN`], and the
 /// notification that wakes other processes' executors, sent only if it
@@ -539,11 +627,61 @@ impl PgConn {
         .transpose()
     }
 
+    /// [`Control::insert_handed_at_once`](crate::store::Control::insert_handed_at_once):
+    /// a run that holds no key and is not dead, in one statement
+    /// ([`INSERT_LANED_RUN_HANDED`], [`INSERT_RUN_HANDED`]); none other.
+    pub(super) fn insert_handed_row(
+        &self,
+        r: &NewRun<'_>,
+        holder: &str,
+        expires_at: i64,
+    ) -> Result<Option<(Inserted, bool, Option<RunRow>)>> {
+        if r.unique.is_some() || r.dead.is_some() {
+            return Ok(None);
+        }
+        if holds_nul(r.input) {
+            return Err(nul_refused());
+        }
+        let values = RunValues::of(r, r.lane, "ready");
+        let mut params = values.params(r);
+        params.push((&holder, Type::TEXT));
+        params.push((&expires_at, Type::INT8));
+        let sql = match r.lane {
+            Some(_) => &*INSERT_LANED_RUN_HANDED,
+            None => &*INSERT_RUN_HANDED,
+        };
+        let row = self
+            .query_opt(sql, &params)?
+            .ok_or_else(|| Error::invalid("hand-over", "no row"))?;
+        let (gone, headed, inserted, may): (bool, bool, bool, bool) =
+            (col(&row, 0)?, col(&row, 1)?, col(&row, 2)?, col(&row, 3)?);
+        if gone {
+            return Ok(Some((Inserted::Existed, may, None)));
+        }
+        if !inserted {
+            // Another transaction inserted this id first: give up the
+            // lane's head this statement made.
+            if let (true, Some(lane)) = (headed, r.lane) {
+                self.give_up_lane(lane, r.id)?;
+            }
+            return Ok(Some((self.why_not_inserted(r)?, may, None)));
+        }
+        let claimed = match col::<Option<i64>>(&row, 4)? {
+            Some(_) => Some(run_from_at(&row, 4)?),
+            None => None,
+        };
+        Ok(Some((Inserted::New, may, claimed)))
+    }
+
     /// Deletes `lane`'s row that an insert which then inserted nothing made
-    /// with `id` its head.
+    /// with `id` its head — unless the run `id` is there in that lane: then
+    /// another transaction inserted it first, with the lane's row, and this
+    /// insert, which waited for that row, found it with `id` its head; it
+    /// is that run's, and stays.
     fn give_up_lane(&self, lane: &str, id: &str) -> Result<()> {
         self.query(
-            "DELETE FROM reflexr_lanes WHERE lane = $1 AND head = $2",
+            "DELETE FROM reflexr_lanes WHERE lane = $1 AND head = $2 \
+               AND NOT EXISTS (SELECT 1 FROM reflexr_runs WHERE id = $2 AND lane = $1)",
             &[(&lane, Type::TEXT), (&id, Type::TEXT)],
         )?;
         Ok(())

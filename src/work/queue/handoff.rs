@@ -7,9 +7,12 @@
 //! evaluator, writing a firing whose run would be ready at once, reserves
 //! one parked executor's place ([`Handoff::reserve`]) and claims the run in
 //! the same transaction, under this process's holder and the run's first
-//! attempt, exactly as a claim would (`Control::claim_fresh`); after the
-//! commit it sends that executor the claimed row, and the executor runs it
-//! as the first batch of its turn. Nothing else changes:
+//! attempt, exactly as a claim would (`Control::claim_fresh`) — on
+//! PostgreSQL, for a firing alone in its rule's write, in the run's insert
+//! itself, which makes the run claimed (`store::control::insert_handed`,
+//! one round trip where two were); after
+//! the commit it sends that executor the claimed row, and the executor runs
+//! it as the first batch of its turn. Nothing else changes:
 //!
 //! - A crash between the commit and the handler leaves a claimed run whose
 //!   claim lapses and is claimed again, as after any claim (invariant 5).
@@ -42,8 +45,9 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::base::error::Result;
 use crate::core::db::{Backend, Tx};
-use crate::store::Control;
-use crate::store::runs::RunRow;
+use crate::store::control::insert_handed;
+use crate::store::runs::{Inserted, NewRun, RunRow};
+use crate::store::{Control, Runs};
 use crate::work::queue::claims::Claims;
 
 /// A run claimed at its insert for an idle executor, with the pause epoch
@@ -245,13 +249,37 @@ impl<'a> Handing<'a> {
     /// here (`None`: not known yet), not paused, and claimed without limits
     /// (theirs count and order what a claim takes). Read in the write, once
     /// per action: with the first hand-over's claim (see
-    /// [`Handing::hand_over`]).
+    /// [`Handing::hand_over`], [`Handing::insert_handed`]).
     fn may_hand(&self, action: &str) -> Option<bool> {
         if !self.hand.actions.iter().any(|a| a == action) {
             return Some(false);
         }
         let eligible = self.eligible.lock().unwrap_or_else(PoisonError::into_inner);
         eligible.get(action).copied()
+    }
+
+    /// Reserves the place of a parked executor of this process for a run
+    /// of `action`, if one is parked and the action is not known to be one
+    /// that may not be handed. The place hears, after the write, of the
+    /// run claimed for it, or that none comes ([`Handing::sent`]).
+    fn reserve(&self, action: &str) -> Option<usize> {
+        if self.may_hand(action) == Some(false) {
+            return None;
+        }
+        let place = self.hand.handoff.reserve()?;
+        self.reserved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(place);
+        Some(place)
+    }
+
+    /// Keeps whether `action`'s runs may be handed, read in this write.
+    fn learn(&self, action: &str, may: bool) {
+        self.eligible
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(action.to_string(), may);
     }
 
     /// Claims the run `id` of `action`, just inserted, for a parked
@@ -269,28 +297,50 @@ impl<'a> Handing<'a> {
         id: &str,
         now: i64,
     ) -> Result<Option<HandedRow>> {
-        let known = self.may_hand(action);
-        if known == Some(false) {
-            return Ok(None);
-        }
-        let Some(place) = self.hand.handoff.reserve() else {
+        let Some(place) = self.reserve(action) else {
             return Ok(None);
         };
-        self.reserved
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(place);
         let holder = &tx.settings().holder_id;
         let expires_at = now + tx.settings().lease_ttl_ms();
-        let claimed = if known.is_some() {
+        let claimed = if self.may_hand(action).is_some() {
             Control::claim_fresh(tx.core(), holder, now, expires_at, id)?
         } else {
             let (may, claimed) =
                 Control::hand_over_fresh(tx.core(), action, holder, now, expires_at, id)?;
-            self.eligible
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(action.to_string(), may);
+            self.learn(action, may);
+            claimed
+        };
+        Ok(claimed.map(|row| (place, row)))
+    }
+
+    /// Inserts `run` (as [`Runs::insert`], due at once) and, if it
+    /// inserted it, hands it over as [`Handing::hand_over`] would, when a
+    /// parked executor's place is free: where each statement is a round
+    /// trip (PostgreSQL), through [`insert_handed`] (one statement for a
+    /// run that holds no key and is not dead, where the insert and the
+    /// hand-over were two); elsewhere, the first of its action in the write
+    /// that way, the others claimed after their insert.
+    pub fn insert_handed<B: Backend>(
+        &self,
+        tx: &mut Tx<'_, B>,
+        run: &NewRun<'_>,
+    ) -> Result<Option<HandedRow>> {
+        let Some(place) = self.reserve(run.action) else {
+            Runs::insert(tx.core(), run)?;
+            return Ok(None);
+        };
+        let holder = &tx.settings().holder_id;
+        let expires_at = run.now + tx.settings().lease_ttl_ms();
+        let claimed = if self.may_hand(run.action).is_some() && !B::STATEMENTS_ARE_ROUND_TRIPS {
+            match Runs::insert(tx.core(), run)? {
+                Inserted::New => {
+                    Control::claim_fresh(tx.core(), holder, run.now, expires_at, run.id)?
+                }
+                _ => None,
+            }
+        } else {
+            let (_, may, claimed) = insert_handed(tx.core(), run, holder, expires_at)?;
+            self.learn(run.action, may);
             claimed
         };
         Ok(claimed.map(|row| (place, row)))
