@@ -456,6 +456,16 @@ impl<B: Backend> Engine<B> {
     /// any of them may append; so does an enqueue inside an
     /// [`Engine::write`] closure.
     ///
+    /// On a started engine ([`Engine::start`]) with an executor waiting
+    /// for work, an enqueue without a scope, a uniqueness key, a debounce
+    /// or a parent, due at once, of an action registered here that is
+    /// neither paused nor limited, has its run claimed for that executor
+    /// in the enqueue's own commit (its first attempt), and the executor
+    /// may start it as soon as that commits, before this returns: one
+    /// durable commit from the call to the handler, where the enqueue's and
+    /// then the executor's claim were two. Every other run waits for a
+    /// claim, as an enqueue in a transaction does.
+    ///
     /// ```
     /// # fn main() -> reflexr::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
@@ -473,7 +483,7 @@ impl<B: Backend> Engine<B> {
     /// # Ok(()) }
     /// ```
     pub fn enqueue(&self, e: &Enqueue) -> Result<Enqueued> {
-        crate::work::queue::enqueue::enqueue_alone::<B>(self.db(), e)
+        runtime::enqueue(&self.cx, e)
     }
 
     /// Waits until the run ends (succeeded, dead, discarded or cancelled) or
@@ -1144,14 +1154,19 @@ impl std::fmt::Debug for Watch {
 #[cfg(test)]
 mod handoff_tests {
     //! The handoff (`work::queue::handoff`), driven step by step: an
-    //! evaluator's firing claims its run for a parked executor in the
-    //! firing's own commit, and the executor's turn runs it with no claim.
+    //! evaluator's firing, or a plain enqueue, claims its run for a parked
+    //! executor in its own commit, and the executor's turn runs it with no
+    //! claim.
 
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use crate::runtime;
-    use crate::{Decision, Engine, ManualClock, NewEvent, Pausable, Rule, RunOrder, RunState};
+    use crate::{
+        Decision, Engine, Enqueue, ManualClock, NewEvent, Pausable, Rule, RunOrder, RunState,
+        Unique,
+    };
 
     fn engine(dir: &tempfile::TempDir, ordering: RunOrder) -> (Engine, Arc<AtomicUsize>) {
         let e = Engine::builder(dir.path().join("h.db"))
@@ -1239,6 +1254,60 @@ mod handoff_tests {
         assert!(handoff.take(0, 10).is_empty());
         assert_eq!(handoff.idle(), 1);
         assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn an_enqueue_claims_its_run_for_a_parked_executor_in_its_own_commit() {
+        // Invariant 5 (one claim at a time) with one commit fewer, from an
+        // `Engine::enqueue`: its run is running under this holder's first
+        // attempt once the call returns, and the executor's turn runs and
+        // settles it.
+        let dir = tempfile::tempdir().unwrap();
+        let (e, ran) = engine(&dir, RunOrder::None);
+        let cx = &e.cx;
+        let handoff = cx.handoff();
+        handoff.park(0);
+        let made = e.enqueue(&Enqueue::new("work", &1)).unwrap();
+        assert_eq!(handoff.idle(), 0, "the parked executor's slot was taken");
+        let handed = handoff.take(0, 10);
+        assert_eq!(handed.len(), 1);
+        assert_eq!(handed[0].row.id, made.id);
+        let run = e.run(&made.id).unwrap().unwrap();
+        assert_eq!((run.state, run.attempt), (RunState::Running, 1));
+        assert_eq!(run.claimed_by.as_deref(), Some("here"));
+        let done = runtime::execute_step(cx, Some(0), handed).unwrap();
+        assert_eq!((done.claimed, done.succeeded), (1, 1));
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(e.run(&made.id).unwrap().unwrap().state, RunState::Succeeded);
+    }
+
+    #[test]
+    fn an_enqueue_hands_nothing_due_later_keyed_unknown_or_paused_nor_without_a_parked_executor() {
+        // Invariants 5 and 14: only a run an executor here would claim at
+        // once is claimed at its insert; every other waits for the claim,
+        // and a reserved place hears that none comes.
+        let dir = tempfile::tempdir().unwrap();
+        let (e, _) = engine(&dir, RunOrder::None);
+        let cx = &e.cx;
+        let handoff = cx.handoff();
+        // Nobody parked.
+        e.enqueue(&Enqueue::new("work", &1)).unwrap();
+        assert!(handoff.take(0, 10).is_empty());
+        handoff.park(0);
+        // Due later; holding a key; of an action no executor here runs.
+        e.enqueue(&Enqueue::new("work", &2).after(Duration::from_secs(60)))
+            .unwrap();
+        e.enqueue(&Enqueue::new("work", &3).unique("k", Unique::WhilePending))
+            .unwrap();
+        e.enqueue(&Enqueue::new("elsewhere", &4)).unwrap();
+        // Of a paused action.
+        let op = e.operator("ops", "test").unwrap();
+        op.pause(&Pausable::Action("work".into())).unwrap();
+        e.enqueue(&Enqueue::new("work", &5)).unwrap();
+        assert!(handoff.take(0, 10).is_empty());
+        assert_eq!(handoff.idle(), 1);
+        assert_eq!(e.runs(Some(RunState::Running), 10).unwrap().len(), 0);
+        assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 5);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use reflexr::{Backend, Decision, Engine, NewEvent, Rule, RunOrder};
+use reflexr::{Backend, Decision, Engine, Enqueue, NewEvent, Rule, RunOrder};
 
 use super::{Ctx, Figure, raw};
 
@@ -84,6 +84,45 @@ pub(crate) fn measure<B: Backend>(
     lat
 }
 
+/// Registers on `e` an action that reports when its handler starts (the
+/// run's id and the wall clock in µs), and starts its threads.
+pub(crate) fn handle<B: Backend>(e: &Engine<B>) -> mpsc::Receiver<(String, i64)> {
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    e.register_action("mark", move |run, _| {
+        let now = micros_now();
+        let _ = tx.lock().unwrap().send((run.id.clone(), now));
+        Ok(())
+    })
+    .unwrap();
+    e.start().unwrap();
+    rx
+}
+
+/// `samples` enqueues on `e`, each on an idle engine — once the last
+/// one's run ended and its executors had `IDLE` to go back to waiting for
+/// work: the milliseconds from each `Engine::enqueue` call to its
+/// handler's start (the call's commit included: a run handed over at its
+/// insert can start before the call returns).
+pub(crate) fn measure_enqueues<B: Backend>(
+    e: &Engine<B>,
+    handled: &mpsc::Receiver<(String, i64)>,
+    samples: usize,
+) -> Vec<f64> {
+    const IDLE: Duration = Duration::from_millis(3);
+    let mut lat = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let called = micros_now();
+        let q = e.enqueue(&Enqueue::new("mark", &i)).unwrap();
+        let (id, started) = handled.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(id, q.id);
+        lat.push(((started - called).max(0)) as f64 / 1e3);
+        e.wait_for_run(&q.id, Duration::from_secs(30)).unwrap();
+        std::thread::sleep(IDLE);
+    }
+    lat
+}
+
 fn raw_commit_ms(ctx: &Ctx, name: &str, samples: usize) -> f64 {
     let conn = raw::open(&ctx.db(name), ctx.sync);
     let mut v: Vec<f64> = (0..samples)
@@ -111,6 +150,36 @@ pub fn latency_inprocess(ctx: &Ctx) -> Vec<Figure> {
         ),
         Figure::new(
             "latency_inprocess_p99_ms",
+            percentile(&mut lat, 0.99),
+            "ms",
+            baseline,
+        ),
+    ]
+}
+
+/// From an `Engine::enqueue` call to its handler's start, on an idle
+/// started engine (the path a job queue's latency is: no rule between;
+/// see [`measure_enqueues`]). Baseline: the median latency of one raw
+/// durable commit, which the call's commit pays.
+pub fn latency_enqueue(ctx: &Ctx) -> Vec<Figure> {
+    let samples = ctx.n(200, 1_000);
+    let baseline = raw_commit_ms(ctx, "latency-enq-raw", samples);
+    let e = Engine::builder(ctx.db("latency-enq"))
+        .synchronous(ctx.sync)
+        .open()
+        .unwrap();
+    let handled = handle(&e);
+    let mut lat = measure_enqueues(&e, &handled, samples);
+    e.shutdown();
+    vec![
+        Figure::new(
+            "latency_enqueue_p50_ms",
+            percentile(&mut lat, 0.5),
+            "ms",
+            baseline,
+        ),
+        Figure::new(
+            "latency_enqueue_p99_ms",
             percentile(&mut lat, 0.99),
             "ms",
             baseline,

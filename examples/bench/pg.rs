@@ -95,6 +95,7 @@ pub const ALL: &[(&str, Stage)] = &[
     ("pg_runs_4processes", runs_4processes),
     ("pg_runs_4processes_vs_1", runs_4processes_vs_1),
     ("pg_latency_inprocess", latency_inprocess),
+    ("pg_latency_enqueue", latency_enqueue),
 ];
 
 /// One event per transaction, one caller: two round trips and a commit.
@@ -243,6 +244,16 @@ fn enqueue_beside_appends(url: &str, ctx: &Ctx) -> Vec<Figure> {
 fn latency_inprocess(url: &str, ctx: &Ctx) -> Vec<Figure> {
     let samples = ctx.n(200, 1_000);
     let s = Schema::new(url);
+    let baseline = raw_commit_ms(&s, samples);
+    let engine = s.engine();
+    let handled = super::latency::react(&engine);
+    let lat = super::latency::measure(&engine, &handled, samples);
+    engine.shutdown();
+    latency_figures("pg_latency_inprocess", lat, baseline)
+}
+
+/// The median of `samples` raw inserts, each its own commit, on `s`.
+fn raw_commit_ms(s: &Schema, samples: usize) -> f64 {
     let mut c = s.raw();
     let mut raw: Vec<f64> = (0..samples)
         .map(|i| {
@@ -251,25 +262,38 @@ fn latency_inprocess(url: &str, ctx: &Ctx) -> Vec<Figure> {
             t.elapsed().as_secs_f64() * 1e3
         })
         .collect();
-    let baseline = super::latency::percentile(&mut raw, 0.5);
+    super::latency::percentile(&mut raw, 0.5)
+}
+
+/// `name`'s median and 99th percentile of `lat`, beside `baseline`.
+fn latency_figures(name: &str, mut lat: Vec<f64>, baseline: f64) -> Vec<Figure> {
+    [("p50", 0.5), ("p99", 0.99)]
+        .into_iter()
+        .map(|(p, at)| {
+            Figure::new(
+                &format!("{name}_{p}_ms"),
+                super::latency::percentile(&mut lat, at),
+                "ms",
+                baseline,
+            )
+        })
+        .collect()
+}
+
+/// From an `Engine::enqueue` call to its handler's start, on an idle
+/// started engine (see `latency::measure_enqueues`): the path pgqueuer's
+/// latency measures (an enqueue, then its worker's handler), from the
+/// call rather than its return. Baseline: the median raw insert and
+/// commit, which the call's commit pays.
+fn latency_enqueue(url: &str, ctx: &Ctx) -> Vec<Figure> {
+    let samples = ctx.n(200, 1_000);
+    let s = Schema::new(url);
+    let baseline = raw_commit_ms(&s, samples);
     let engine = s.engine();
-    let handled = super::latency::react(&engine);
-    let mut lat = super::latency::measure(&engine, &handled, samples);
+    let handled = super::latency::handle(&engine);
+    let lat = super::latency::measure_enqueues(&engine, &handled, samples);
     engine.shutdown();
-    vec![
-        Figure::new(
-            "pg_latency_inprocess_p50_ms",
-            super::latency::percentile(&mut lat, 0.5),
-            "ms",
-            baseline,
-        ),
-        Figure::new(
-            "pg_latency_inprocess_p99_ms",
-            super::latency::percentile(&mut lat, 0.99),
-            "ms",
-            baseline,
-        ),
-    ]
+    latency_figures("pg_latency_enqueue", lat, baseline)
 }
 
 /// 1,000 events per transaction: one round trip per append.

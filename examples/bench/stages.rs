@@ -60,6 +60,7 @@ pub const ALL: &[(&str, Stage)] = &[
     ("relay_cross_file", super::relay::relay_cross_file),
     ("latency_inprocess", super::latency::latency_inprocess),
     ("latency_crossprocess", super::latency::latency_crossprocess),
+    ("latency_enqueue", super::latency::latency_enqueue),
     ("admin_events_page_rps", super::admin::admin_events_page_rps),
     ("ws_tail_events_per_s", super::admin::ws_tail_events_per_s),
     ("idle_cpu_pct", idle_cpu_pct),

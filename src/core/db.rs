@@ -26,7 +26,8 @@ use crate::core::settings::{Limits, Settings};
 use crate::core::wake::{Subscription, WaitsHint, Wake};
 use crate::core::writer::WriterStats;
 use crate::store::Batched;
-use crate::store::runs::{Inserted, NewRun};
+use crate::store::control::insert_handed;
+use crate::store::runs::{Inserted, NewRun, RunRow};
 use crate::store::{Runs, Sqlite, Work};
 
 pub(crate) mod sealed {
@@ -183,6 +184,27 @@ pub trait CoreDb<B: Backend>: Send + Sync {
                 tx.mark_runs();
             }
             Ok(inserted)
+        })
+    }
+    /// [`CoreDb::insert_run_alone`] with the run handed over at its insert
+    /// (`store::control::insert_handed`) to an idle executor of this
+    /// process under `holder` until `expires_at`, if its action may be: what
+    /// the insert did, and the run if it is claimed (the caller sends it to
+    /// that executor). The executors are woken only for a run inserted and
+    /// not claimed. A backend may send it as its own commit (PostgreSQL);
+    /// the default is a [`CoreDb::write_quiet`].
+    fn insert_run_alone_handed(
+        &self,
+        run: &NewRun<'_>,
+        holder: &str,
+        expires_at: i64,
+    ) -> Result<(Inserted, Option<RunRow>)> {
+        self.write_quiet(|tx| {
+            let (inserted, _, claimed) = insert_handed(tx.core(), run, holder, expires_at)?;
+            if inserted == Inserted::New && claimed.is_none() {
+                tx.mark_runs();
+            }
+            Ok((inserted, claimed))
         })
     }
     /// A subscription to every commit of this process that made

@@ -57,6 +57,7 @@ use crate::work::evaluate::{self, Pass};
 use crate::work::follow::Publish;
 use crate::work::prune::{self, Retention};
 use crate::work::queue::claims::Claims;
+use crate::work::queue::enqueue::{self, Enqueue, Enqueued};
 use crate::work::queue::execute::{self, Executed};
 use crate::work::queue::handoff::{Hand, Handed, Handoff};
 use crate::work::queue::pace::Pace;
@@ -372,6 +373,22 @@ fn held_lease<B: Backend>(cx: &Context<B>, name: &str) -> Result<Option<Lease>> 
 
 fn forget_lease<B: Backend>(cx: &Context<B>, name: &str) {
     lock(&cx.leases).remove(name);
+}
+
+/// [`crate::Engine::enqueue`]: a plain enqueue's run, due at once, goes to
+/// an idle executor of this process claimed at its insert when one is
+/// parked (`work::queue::handoff`), as a firing's does.
+pub(crate) fn enqueue<B: Backend>(cx: &Context<B>, e: &Enqueue) -> Result<Enqueued> {
+    if cx.handoff.idle() == 0 {
+        return enqueue::enqueue_alone::<B>(&cx.db, e, None);
+    }
+    let actions = Arc::clone(&cx.registry().actions);
+    let hand = Hand {
+        handoff: &cx.handoff,
+        claims: &cx.claims,
+        actions: &actions.names,
+    };
+    enqueue::enqueue_alone::<B>(&cx.db, e, Some(&hand))
 }
 
 /// One pass over a workspace's rules, if this engine holds (or can take) its

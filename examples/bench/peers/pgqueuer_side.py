@@ -1,17 +1,20 @@
 """pgqueuer, a PostgreSQL job queue for Python, on the server the bench's
 PostgreSQL stages use, for the columns the performance guide compares
 ("Beside pgqueuer"): single enqueues, one job a transaction; the time from an
-enqueue's return to its handler's start (LISTEN/NOTIFY); four worker
-processes draining 10,000 no-op jobs. Not part of `cargo test` or CI.
+enqueue's return (and from its call) to its handler's start (LISTEN/NOTIFY),
+one enqueue after another (`latency`) or each on an idle queue, 3 ms after the
+last handler started (`latency-idle`, as the bench's `pg_latency_enqueue`); four
+worker processes draining 10,000 no-op jobs. Not part of `cargo test` or CI.
 
     python3 -m venv /tmp/peers && /tmp/peers/bin/pip install pgqueuer==1.6.0 asyncpg
     export REFLEXR_PG_URL='host=127.0.0.1 port=5432 user=reflexr dbname=reflexr_test'
     /tmp/peers/bin/python examples/bench/peers/pgqueuer_side.py enqueue 5000
     /tmp/peers/bin/python examples/bench/peers/pgqueuer_side.py latency 300
+    /tmp/peers/bin/python examples/bench/peers/pgqueuer_side.py latency-idle 300
     /tmp/peers/bin/python examples/bench/peers/pgqueuer_side.py drain 10000 4
 
 Run each in turn with the bench's `--backend postgres --only pg_enqueue_single`,
-`pg_latency_inprocess` and `pg_runs_4processes`. `REFLEXR_PG_URL` is the
+`pg_latency_inprocess`, `pg_latency_enqueue` and `pg_runs_4processes`. `REFLEXR_PG_URL` is the
 libpq key=value string `tests/pg/cluster.sh` prints; each measure makes its
 own schema (`pgq_*`) and drops it first.
 """
@@ -44,7 +47,7 @@ async def enqueue_single(n):
     await c.close()
     return rate
 
-async def latency(n):
+async def latency(n, idle):
     c, q = await fresh("pgq_latency")
     wc = await asyncpg.connect(**conninfo(), server_settings={"search_path": "pgq_latency"})
     qm = QueueManager(Queries(AsyncpgDriver(wc)))
@@ -56,8 +59,9 @@ async def latency(n):
 
     runner = asyncio.create_task(qm.run())
     await asyncio.sleep(1.0)
-    waits = []
+    waits, calls = [], []
     for i in range(n):
+        called = time.perf_counter()
         await q.enqueue("noop", b"{}")
         t = time.perf_counter()
         try:
@@ -66,11 +70,17 @@ async def latency(n):
             failed = runner.exception() if runner.done() else None
             raise SystemExit(f"no handler within 10 s (the worker: {failed})")
         waits.append((done - t) * 1000)
+        calls.append((done - called) * 1000)
+        if idle:
+            # As the bench's `pg_latency_enqueue`: each enqueue on an idle
+            # queue, its worker back to waiting for work.
+            await asyncio.sleep(0.003)
     qm.shutdown.set()
     await runner
     await c.close()
-    waits.sort()
-    return statistics.median(waits), waits[int(len(waits) * 0.99) - 1]
+    waits.sort(); calls.sort()
+    return (statistics.median(waits), waits[int(len(waits) * 0.99) - 1],
+            statistics.median(calls), calls[int(len(calls) * 0.99) - 1])
 
 async def fill(n):
     c, q = await fresh("pgq_drain")
@@ -120,7 +130,9 @@ async def main():
     if what == "enqueue":
         print(f"pgqueuer_enqueue_single {await enqueue_single(int(sys.argv[2])):.1f} enqueues/s")
     else:
-        p50, p99 = await latency(int(sys.argv[2]))
-        print(f"pgqueuer_latency p50 {p50:.2f} ms p99 {p99:.2f} ms")
+        idle = what == "latency-idle"
+        p50, p99, c50, c99 = await latency(int(sys.argv[2]), idle)
+        print(f"pgqueuer_latency{'_idle' if idle else ''}: from the enqueue's return "
+              f"p50 {p50:.2f} ms p99 {p99:.2f} ms; from its call p50 {c50:.2f} ms p99 {c99:.2f} ms")
 
 asyncio.run(main())

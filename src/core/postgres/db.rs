@@ -60,7 +60,7 @@ use crate::core::wake::{Notifier, Subscription, WaitsHint, Wake};
 use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
 use crate::store::Postgres;
 use crate::store::postgres::{self as pg, PgConn, Pool, Pooled};
-use crate::store::runs::{Inserted, NewRun};
+use crate::store::runs::{Inserted, NewRun, RunRow};
 
 /// Where a PostgreSQL database is, and how many connections to keep, as a
 /// [`crate::Builder`] holds them.
@@ -350,6 +350,30 @@ impl PgDb {
         Ok(inserted)
     }
 
+    /// [`PgDb::insert_run_alone`] with the run handed over at its insert
+    /// (see `CoreDb::insert_run_alone_handed`): one round trip, its own
+    /// commit, the notification in it only for a run not claimed.
+    pub(crate) fn insert_run_alone_handed(
+        &self,
+        run: &NewRun<'_>,
+        holder: &str,
+        expires_at: i64,
+    ) -> Result<(Inserted, Option<RunRow>)> {
+        let _inside = Inside::enter(self.id);
+        let conn = PgConn::deferred(
+            self.pool.get()?,
+            self.pool.clone(),
+            (Arc::clone(&self.channel), Wake::RUNS.payload()),
+        );
+        let (inserted, claimed) = conn.insert_run_alone_handed(run, holder, expires_at)?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if inserted == Inserted::New && claimed.is_none() {
+            self.notifier.nudge_for(Wake::RUNS);
+        }
+        Ok((inserted, claimed))
+    }
+
     /// One transaction over the batch: each member in a savepoint (none
     /// for a batch of one: its transaction is its own; none for a single
     /// append, see [`PgDb::write_single`]), then the commit; the batch,
@@ -581,6 +605,14 @@ impl CoreDb<Postgres> for PgDb {
     fn insert_run_alone(&self, run: &NewRun<'_>) -> Result<Inserted> {
         PgDb::insert_run_alone(self, run)
     }
+    fn insert_run_alone_handed(
+        &self,
+        run: &NewRun<'_>,
+        holder: &str,
+        expires_at: i64,
+    ) -> Result<(Inserted, Option<RunRow>)> {
+        PgDb::insert_run_alone_handed(self, run, holder, expires_at)
+    }
     fn subscribe_to(&self, wake: Wake) -> Subscription {
         self.notifier.subscribe(wake)
     }
@@ -798,5 +830,89 @@ mod tests {
         }
         append(&db, "d").unwrap();
         assert_eq!(subjects(&db), ["d"]);
+    }
+
+    /// Invariant 5 with one commit fewer for a plain enqueue: the run
+    /// handed over at its insert is claimed under the holder's first
+    /// attempt once its one statement returns, and wakes no other process;
+    /// a run left for the claim (its action paused) is notified as a plain
+    /// enqueue's is, and an id there already is neither made nor claimed.
+    #[test]
+    fn a_lone_run_handed_over_is_claimed_in_its_own_commit_and_notified_only_when_left() {
+        use crate::base::retry::RetryPolicy;
+        use crate::store::Control;
+        use crate::store::runs::{Inserted, NewRun};
+        use postgres::fallible_iterator::FallibleIterator;
+
+        let schema = PgSchema::new();
+        let db = open(&schema);
+        let mut listener = schema.client();
+        listener
+            .batch_execute(&format!("LISTEN {}", db.channel))
+            .unwrap();
+        let retry = RetryPolicy::default();
+        let run = |id, action| NewRun {
+            id,
+            kind: "task",
+            action,
+            workspace: None,
+            rule: None,
+            scope: None,
+            lane: None,
+            on_dead_letter: "continue",
+            input: "{}",
+            event_seq: None,
+            event_id: None,
+            depth: 0,
+            retry: &retry,
+            due_at: NOW,
+            now: NOW,
+            dead: None,
+            priority: None,
+            unique: None,
+            parent: None,
+            key: None,
+            traceparent: None,
+        };
+        let (made, claimed) = db
+            .insert_run_alone_handed(&run("r1", "send"), "h", NOW + 10)
+            .unwrap();
+        let claimed = claimed.expect("claimed at its insert");
+        assert_eq!(made, Inserted::New);
+        assert_eq!(
+            (claimed.id.as_str(), claimed.state.as_str(), claimed.attempt),
+            ("r1", "running", 1)
+        );
+        assert_eq!(
+            (claimed.claimed_by.as_deref(), claimed.claim_expires_at),
+            (Some("h"), Some(NOW + 10))
+        );
+        db.write(|tx| Control::pause(tx.core(), "action", "mail", NOW, "op", "maintenance"))
+            .unwrap();
+        let left = db
+            .insert_run_alone_handed(&run("r2", "mail"), "h", NOW + 10)
+            .unwrap();
+        assert_eq!((left.0, left.1.is_none()), (Inserted::New, true));
+        let again = db
+            .insert_run_alone_handed(&run("r1", "send"), "h2", NOW + 10)
+            .unwrap();
+        assert_eq!((again.0, again.1.is_none()), (Inserted::Existed, true));
+        // A mark after the three: notifications come in commit order.
+        schema
+            .client()
+            .batch_execute(&format!("NOTIFY {}, 'end'", db.channel))
+            .unwrap();
+        let mut heard = Vec::new();
+        let mut notes = listener.notifications();
+        let mut iter = notes.blocking_iter();
+        while let Some(n) = iter.next().unwrap() {
+            if n.payload() == "end" {
+                break;
+            }
+            heard.push(n.payload().to_string());
+        }
+        // The pause's commit, then the run left for the claim.
+        assert_eq!(heard.last().map(String::as_str), Some("r"), "{heard:?}");
+        assert_eq!(heard.iter().filter(|p| *p == "r").count(), 1, "{heard:?}");
     }
 }

@@ -377,8 +377,10 @@ macro_rules! handed {
 /// its first attempt, its start and the log's head at its start. Returns
 /// whether the id was there, whether the run heads its lane, whether it
 /// was inserted, whether the action may be handed over, then the claimed
-/// run's columns (null when it was not claimed).
-fn insert_handed_sql(head: &str) -> String {
+/// run's columns (null when it was not claimed). With `notify`, the
+/// statement also sends the notification `$30`, `$31` (which wakes other
+/// processes' executors) when it inserted a run it did not claim.
+fn insert_handed_sql(head: &str, notify: bool) -> String {
     let insert = insert_run!(
         "SELECT ",
         "CASE WHEN NOT lane.headed THEN 'waiting' WHEN may.may THEN 'running' ELSE $13 END",
@@ -397,10 +399,18 @@ fn insert_handed_sql(head: &str) -> String {
         ),
         " FROM lane, may"
     );
+    // An uncorrelated subquery in a branch not taken is not run: the
+    // notification is sent only for a run left for the claim.
+    let notified = if notify {
+        ", CASE WHEN EXISTS (SELECT 1 FROM ins WHERE state <> 'running') \
+            THEN (SELECT 'sent' FROM pg_notify($30, $31)) END"
+    } else {
+        ""
+    };
     format!(
         "{head}, may AS (SELECT {may} AS may), ins AS ({insert} RETURNING {COLUMNS}) \
          SELECT EXISTS (SELECT 1 FROM gone), coalesce((SELECT headed FROM lane), false), \
-           EXISTS (SELECT 1 FROM ins), (SELECT may FROM may), claimed.* \
+           EXISTS (SELECT 1 FROM ins), (SELECT may FROM may), claimed.*{notified} \
          FROM (SELECT 1) AS one \
          LEFT JOIN (SELECT * FROM ins WHERE state = 'running') AS claimed ON true",
         may = super::control::may_hand_over("$3"),
@@ -410,15 +420,23 @@ fn insert_handed_sql(head: &str) -> String {
 /// [`INSERT_LANED_RUN`] and the run's hand-over in one statement
 /// ([`insert_handed_sql`]).
 pub(crate) static INSERT_LANED_RUN_HANDED: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| insert_handed_sql(enter_laned_run!()));
+    std::sync::LazyLock::new(|| insert_handed_sql(enter_laned_run!(), false));
 
 /// [`INSERT_RUN`] of a ready run that takes no lane and its hand-over in
-/// one statement ([`insert_handed_sql`]): no look for its id (the insert's
-/// `ON CONFLICT DO NOTHING` finds it), and it heads no lane but is as
-/// ready as one that does.
-pub(crate) static INSERT_RUN_HANDED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    insert_handed_sql("WITH gone AS (SELECT 1 WHERE false), lane AS (SELECT true AS headed)")
-});
+/// one statement ([`insert_handed_sql`], [`NO_LANE`]).
+pub(crate) static INSERT_RUN_HANDED: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| insert_handed_sql(NO_LANE, false));
+
+/// [`INSERT_RUN_HANDED`] as its own transaction
+/// ([`PgConn::insert_run_alone_handed`]), with the notification of a run
+/// it did not claim.
+static INSERT_RUN_HANDED_ALONE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| insert_handed_sql(NO_LANE, true));
+
+/// [`insert_handed_sql`]'s head for a run that takes no lane: no look for
+/// its id (the insert's `ON CONFLICT DO NOTHING` finds it), and it heads no
+/// lane but is as ready as one that does.
+const NO_LANE: &str = "WITH gone AS (SELECT 1 WHERE false), lane AS (SELECT true AS headed)";
 
 /// [`PgConn::insert_run_alone`]'s statement: [`INSERT_RUN`], and the
 /// notification that wakes other processes' executors, sent only if it
@@ -551,6 +569,24 @@ impl PgConn {
     /// another connection when the server had cut this one: the id makes
     /// it once.
     pub(crate) fn insert_run_alone(&self, r: &NewRun<'_>) -> Result<Inserted> {
+        let rows = self.send_alone(r, &INSERT_RUN_ALONE, Vec::new())?;
+        Ok(if rows.is_empty() {
+            Inserted::Existed
+        } else {
+            Inserted::New
+        })
+    }
+
+    /// Sends `sql`, a statement that inserts a ready run that takes no
+    /// lane and holds no key as its own transaction, on this deferred
+    /// connection (again on another if the server had cut it): the run's
+    /// values, then `more`, then the connection's notification.
+    fn send_alone(
+        &self,
+        r: &NewRun<'_>,
+        sql: &str,
+        more: Vec<super::Param<'_>>,
+    ) -> Result<Vec<Row>> {
         debug_assert!(r.lane.is_none() && r.unique.is_none() && r.dead.is_none());
         if holds_nul(r.input) {
             return Err(nul_refused());
@@ -558,15 +594,39 @@ impl PgConn {
         let notify = self.lone_notify().expect("a deferred connection");
         let values = RunValues::of(r, None, "ready");
         let mut params = values.params(r);
+        params.extend(more);
         params.push((&notify.0, Type::TEXT));
         params.push((&notify.1, Type::TEXT));
-        let rows = self
-            .on_live_connection(|client| Ok(client.query_prepared(&INSERT_RUN_ALONE, &params)?))?;
-        Ok(if rows.is_empty() {
-            Inserted::Existed
-        } else {
-            Inserted::New
-        })
+        self.on_live_connection(|client| Ok(client.query_prepared(sql, &params)?))
+    }
+
+    /// [`PgConn::insert_run_alone`] with the run handed over at its insert
+    /// ([`INSERT_RUN_HANDED_ALONE`]): claimed under `holder` until
+    /// `expires_at` if its action may be handed, the notification sent
+    /// only for a run inserted and not claimed; one round trip, its own
+    /// commit. Sent again on another connection when the server had cut
+    /// this one: the id makes it once (a run the first try inserted and
+    /// claimed, whose answer the cut lost, is [`Inserted::Existed`] and not
+    /// handed: its claim lapses and it is claimed again, as after a crash).
+    pub(crate) fn insert_run_alone_handed(
+        &self,
+        r: &NewRun<'_>,
+        holder: &str,
+        expires_at: i64,
+    ) -> Result<(Inserted, Option<RunRow>)> {
+        let more: Vec<super::Param<'_>> = vec![(&holder, Type::TEXT), (&expires_at, Type::INT8)];
+        let rows = self.send_alone(r, &INSERT_RUN_HANDED_ALONE, more)?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::invalid("hand-over", "no row"))?;
+        if !col::<bool>(row, 2)? {
+            return Ok((Inserted::Existed, None));
+        }
+        let claimed = match col::<Option<i64>>(row, 4)? {
+            Some(_) => Some(run_from_at(row, 4)?),
+            None => None,
+        };
+        Ok((Inserted::New, claimed))
     }
 }
 

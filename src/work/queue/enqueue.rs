@@ -18,6 +18,7 @@ use crate::core::db::{Backend, CoreDb, Tx};
 use crate::core::settings::Settings;
 use crate::store::Runs;
 use crate::store::runs::{Inserted, NewRun, Uniq};
+use crate::work::queue::handoff::{Hand, insert_alone_handed};
 
 /// How long a uniqueness key holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,13 +360,23 @@ fn prepare<'e>(settings: &Settings, now: i64, e: &'e Enqueue) -> Result<Prepared
 /// [`crate::Engine::enqueue`]: an enqueue that one statement makes — no
 /// scope, no key to hold, no debounce — as a write of its own
 /// ([`CoreDb::insert_run_alone`]: on PostgreSQL, one round trip that is
-/// its own commit); any other in a quiet shared write.
-pub(crate) fn enqueue_alone<B: Backend>(db: &B::Db, e: &Enqueue) -> Result<Enqueued> {
+/// its own commit), its run, when due at once, handed over at its insert
+/// to a parked executor of this process if `hand` has one
+/// ([`insert_alone_handed`]); any other in a quiet shared write.
+pub(crate) fn enqueue_alone<B: Backend>(
+    db: &B::Db,
+    e: &Enqueue,
+    hand: Option<&Hand<'_>>,
+) -> Result<Enqueued> {
     if e.scope.is_some() || e.unique.is_some() || e.debounce.is_some() || e.parent.is_some() {
         return db.write_quiet(|tx| tx.enqueue(e));
     }
     let p = prepare(db.settings(), db.now_ms(), e)?;
-    Ok(match db.insert_run_alone(&p.new_run())? {
+    let inserted = match hand {
+        Some(hand) if p.due_at <= p.now => insert_alone_handed::<B>(db, hand, &p.new_run())?,
+        _ => db.insert_run_alone(&p.new_run())?,
+    };
+    Ok(match inserted {
         Inserted::New => Enqueued {
             id: p.id,
             deduplicated: false,

@@ -12,7 +12,9 @@
 //! itself, which makes the run claimed (`store::control::insert_handed`,
 //! one round trip where two were); after
 //! the commit it sends that executor the claimed row, and the executor runs
-//! it as the first batch of its turn. Nothing else changes:
+//! it as the first batch of its turn. A plain `Engine::enqueue`, due at
+//! once, hands its run over the same way in its own write
+//! ([`insert_alone_handed`]). Nothing else changes:
 //!
 //! - A crash between the commit and the handler leaves a claimed run whose
 //!   claim lapses and is claimed again, as after any claim (invariant 5).
@@ -44,7 +46,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use crate::base::error::Result;
-use crate::core::db::{Backend, Tx};
+use crate::core::db::{Backend, CoreDb, Tx};
 use crate::store::control::insert_handed;
 use crate::store::runs::{Inserted, NewRun, RunRow};
 use crate::store::{Control, Runs};
@@ -360,6 +362,29 @@ impl<'a> Handing<'a> {
             self.hand.handoff.send(place, handed);
         }
     }
+}
+
+/// Makes `run`, due at once, in a write of its own
+/// ([`CoreDb::insert_run_alone`]: a plain `Engine::enqueue`), handed over
+/// at its insert to a parked executor of this process if one is parked and
+/// its action may be handed ([`CoreDb::insert_run_alone_handed`]): one
+/// durable commit from the call to the run's start, where the insert's
+/// and then a claim's were two. The executor gets the run once the write
+/// committed; an error, or a run not claimed, tells it none comes.
+pub(crate) fn insert_alone_handed<B: Backend>(
+    db: &B::Db,
+    hand: &Hand<'_>,
+    run: &NewRun<'_>,
+) -> Result<Inserted> {
+    let handing = Handing::new(hand);
+    let Some(place) = handing.reserve(run.action) else {
+        return db.insert_run_alone(run);
+    };
+    let settings = db.settings();
+    let expires_at = run.now + settings.lease_ttl_ms();
+    let (inserted, claimed) = db.insert_run_alone_handed(run, &settings.holder_id, expires_at)?;
+    handing.sent(claimed.map(|row| (place, row)).into_iter().collect());
+    Ok(inserted)
 }
 
 impl Drop for Handing<'_> {
