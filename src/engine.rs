@@ -441,14 +441,16 @@ impl<B: Backend> Engine<B> {
 
     /// Enqueues a run of an action as a write of its own: the run exists
     /// once this returns Ok (the same as an [`Engine::write`] with one
-    /// [`Tx::enqueue`]). See [`Enqueue`].
+    /// [`Tx::enqueue`], but for the hand-over to an idle executor below).
+    /// See [`Enqueue`].
     ///
     /// It appends nothing. On SQLite it goes through the one writer,
     /// sharing a commit with this engine's writes under way. On
     /// PostgreSQL, an enqueue without a scope, a uniqueness key or a
     /// debounce is one statement sent outside any transaction block: its
     /// own commit, in one round trip, with the notification that wakes
-    /// other processes' executors in it; it waits for no other write. Any
+    /// other processes' executors in it (none for a run handed over
+    /// below); it waits for no other write. Any
     /// other runs in a transaction of enqueues and deliveries, which begins
     /// without the log's head and so waits for no appending transaction of
     /// another process — or, while this engine's other writes are under
@@ -463,8 +465,11 @@ impl<B: Backend> Engine<B> {
     /// in the enqueue's own commit (its first attempt), and the executor
     /// may start it as soon as that commits, before this returns: one
     /// durable commit from the call to the handler, where the enqueue's and
-    /// then the executor's claim were two. Every other run waits for a
-    /// claim, as an enqueue in a transaction does.
+    /// then the executor's claim were two. Such a run starts without a
+    /// claim's ordering: it may start before ready runs of a higher
+    /// priority, or due earlier, that no executor has claimed yet (as a
+    /// rule's firing handed over does). Every other run waits for a claim,
+    /// as an enqueue in a transaction does.
     ///
     /// ```
     /// # fn main() -> reflexr::Result<()> {
@@ -1164,8 +1169,8 @@ mod handoff_tests {
 
     use crate::runtime;
     use crate::{
-        Decision, Engine, Enqueue, ManualClock, NewEvent, Pausable, Rule, RunOrder, RunState,
-        Unique,
+        ActionConfig, Decision, Engine, Enqueue, ManualClock, NewEvent, Pausable, Rule, RunOrder,
+        RunState, Unique,
     };
 
     fn engine(dir: &tempfile::TempDir, ordering: RunOrder) -> (Engine, Arc<AtomicUsize>) {
@@ -1267,8 +1272,12 @@ mod handoff_tests {
         let cx = &e.cx;
         let handoff = cx.handoff();
         handoff.park(0);
+        let watch = e.watch();
+        while watch.wait(Duration::from_millis(1)) {}
         let made = e.enqueue(&Enqueue::new("work", &1)).unwrap();
         assert_eq!(handoff.idle(), 0, "the parked executor's slot was taken");
+        // The commit woke no executor, but a watch of every commit.
+        assert!(watch.wait(Duration::from_millis(1)));
         let handed = handoff.take(0, 10);
         assert_eq!(handed.len(), 1);
         assert_eq!(handed[0].row.id, made.id);
@@ -1282,7 +1291,8 @@ mod handoff_tests {
     }
 
     #[test]
-    fn an_enqueue_hands_nothing_due_later_keyed_unknown_or_paused_nor_without_a_parked_executor() {
+    fn an_enqueue_hands_nothing_due_later_keyed_unknown_limited_or_paused_nor_without_a_parked_executor()
+     {
         // Invariants 5 and 14: only a run an executor here would claim at
         // once is claimed at its insert; every other waits for the claim,
         // and a reserved place hears that none comes.
@@ -1300,14 +1310,18 @@ mod handoff_tests {
         e.enqueue(&Enqueue::new("work", &3).unique("k", Unique::WhilePending))
             .unwrap();
         e.enqueue(&Enqueue::new("elsewhere", &4)).unwrap();
-        // Of a paused action.
+        // Of a limited action; of a paused one.
+        e.configure_action(&ActionConfig::new("work").max_running(4))
+            .unwrap();
+        e.enqueue(&Enqueue::new("work", &5)).unwrap();
+        e.configure_action(&ActionConfig::new("work")).unwrap();
         let op = e.operator("ops", "test").unwrap();
         op.pause(&Pausable::Action("work".into())).unwrap();
-        e.enqueue(&Enqueue::new("work", &5)).unwrap();
+        e.enqueue(&Enqueue::new("work", &6)).unwrap();
         assert!(handoff.take(0, 10).is_empty());
         assert_eq!(handoff.idle(), 1);
         assert_eq!(e.runs(Some(RunState::Running), 10).unwrap().len(), 0);
-        assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 5);
+        assert_eq!(e.runs(Some(RunState::Ready), 10).unwrap().len(), 6);
     }
 
     #[test]

@@ -188,21 +188,32 @@ pub trait CoreDb<B: Backend>: Send + Sync {
     }
     /// [`CoreDb::insert_run_alone`] with the run handed over at its insert
     /// (`store::control::insert_handed`) to an idle executor of this
-    /// process under `holder` until `expires_at`, if its action may be: what
-    /// the insert did, and the run if it is claimed (the caller sends it to
-    /// that executor). The executors are woken only for a run inserted and
-    /// not claimed. A backend may send it as its own commit (PostgreSQL);
-    /// the default is a [`CoreDb::write_quiet`].
+    /// process, if `reserve` reserves that executor's place — asked once
+    /// the write holds its connection and its lock, so the place waits for
+    /// no more than the statement and its commit — and its action may be:
+    /// what the insert did, and the run if it is claimed (the caller sends
+    /// it to that executor), under this process's holder for a lease's
+    /// length from then. The executors are woken only for a run inserted
+    /// and not claimed. A backend may send it as its own commit
+    /// (PostgreSQL); the default is a [`CoreDb::write_quiet`].
     fn insert_run_alone_handed(
         &self,
         run: &NewRun<'_>,
-        holder: &str,
-        expires_at: i64,
+        reserve: &(dyn Fn() -> bool + Sync),
     ) -> Result<(Inserted, Option<RunRow>)> {
         self.write_quiet(|tx| {
-            let (inserted, _, claimed) = insert_handed(tx.core(), run, holder, expires_at)?;
-            if inserted == Inserted::New && claimed.is_none() {
-                tx.mark_runs();
+            let (inserted, claimed) = if reserve() {
+                let holder = tx.settings().holder_id.clone();
+                let expires_at = tx.now_ms() + tx.settings().lease_ttl_ms();
+                let (inserted, _, claimed) = insert_handed(tx.core(), run, &holder, expires_at)?;
+                (inserted, claimed)
+            } else {
+                (Runs::insert(tx.core(), run)?, None)
+            };
+            match (&inserted, &claimed) {
+                (Inserted::New, None) => tx.mark_runs(),
+                (Inserted::New, Some(_)) => tx.mark_commit(),
+                _ => {}
             }
             Ok((inserted, claimed))
         })
@@ -366,6 +377,13 @@ impl<'a, B: Backend> Tx<'a, B> {
     /// themselves.
     pub(crate) fn mark_runs(&mut self) {
         self.nudge = self.nudge.with(Wake::RUNS);
+    }
+
+    /// Marks that this commit made what no thread of the engine waits for
+    /// (a run handed over at its insert): it wakes only the watches of
+    /// every commit ([`Wake::COMMITS`]).
+    pub(crate) fn mark_commit(&mut self) {
+        self.nudge = self.nudge.with(Wake::COMMITS);
     }
 
     /// The engine clock's current time, in ms since the epoch.

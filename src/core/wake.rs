@@ -61,8 +61,12 @@ impl Wake {
     /// Runs became claimable, or changed so that threads waiting for runs
     /// look again: the executors.
     pub const RUNS: Wake = Wake(2);
+    /// A commit that made what no thread of the engine waits for (a run
+    /// handed over at its insert): only the watches of every commit
+    /// (`Db::subscribe`, `Engine::watch`). Never sent to other processes.
+    pub const COMMITS: Wake = Wake(4);
     /// Anything: what cannot say what changed.
-    pub const ALL: Wake = Wake(3);
+    pub const ALL: Wake = Wake(7);
 
     /// Both sets.
     #[must_use]
@@ -83,11 +87,20 @@ impl Wake {
     /// (PostgreSQL): `e`, `r` or `er`.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn payload(self) -> &'static str {
-        match self.0 {
+        match self.0 & 3 {
             1 => "e",
             2 => "r",
             _ => "er",
         }
+    }
+
+    /// The payload of the notification a commit that made this set sends
+    /// other processes; `None` when they have nothing to wake for (nothing,
+    /// or only [`Wake::COMMITS`]).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn notified(self) -> Option<&'static str> {
+        self.meets(Wake::EVENTS.with(Wake::RUNS))
+            .then(|| self.payload())
     }
 
     /// A `NOTIFY` payload read back; None for anything else (an older

@@ -3,7 +3,9 @@ PostgreSQL stages use, for the columns the performance guide compares
 ("Beside pgqueuer"): single enqueues, one job a transaction; the time from an
 enqueue's return (and from its call) to its handler's start (LISTEN/NOTIFY),
 one enqueue after another (`latency`) or each on an idle queue, 3 ms after the
-last handler started (`latency-idle`, as the bench's `pg_latency_enqueue`); four
+last handler started (`latency-idle`, beside the bench's `pg_latency_enqueue`,
+which waits for the run to end, then 3 ms: this script cannot see when
+pgqueuer marked the job done); four
 worker processes draining 10,000 no-op jobs. Not part of `cargo test` or CI.
 
     python3 -m venv /tmp/peers && /tmp/peers/bin/pip install pgqueuer==1.6.0 asyncpg
@@ -72,8 +74,8 @@ async def latency(n, idle):
         waits.append((done - t) * 1000)
         calls.append((done - called) * 1000)
         if idle:
-            # As the bench's `pg_latency_enqueue`: each enqueue on an idle
-            # queue, its worker back to waiting for work.
+            # Beside the bench's `pg_latency_enqueue`: each enqueue on a
+            # queue left idle for 3 ms.
             await asyncio.sleep(0.003)
     qm.shutdown.set()
     await runner

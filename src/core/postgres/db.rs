@@ -301,10 +301,9 @@ impl PgDb {
         let Ok(v) = value else {
             return value;
         };
-        let committed = if nudge.is_none() {
-            conn.commit()
-        } else {
-            conn.commit_notifying(&self.channel, nudge.payload())
+        let committed = match nudge.notified() {
+            None => conn.commit(),
+            Some(payload) => conn.commit_notifying(&self.channel, payload),
         };
         if let Err(e) = committed {
             self.aborts.fetch_add(1, Ordering::Relaxed);
@@ -352,12 +351,12 @@ impl PgDb {
 
     /// [`PgDb::insert_run_alone`] with the run handed over at its insert
     /// (see `CoreDb::insert_run_alone_handed`): one round trip, its own
-    /// commit, the notification in it only for a run not claimed.
+    /// commit, the notification in it only for a run not claimed. The
+    /// place is reserved once the connection is in hand.
     pub(crate) fn insert_run_alone_handed(
         &self,
         run: &NewRun<'_>,
-        holder: &str,
-        expires_at: i64,
+        reserve: &(dyn Fn() -> bool + Sync),
     ) -> Result<(Inserted, Option<RunRow>)> {
         let _inside = Inside::enter(self.id);
         let conn = PgConn::deferred(
@@ -365,11 +364,19 @@ impl PgDb {
             self.pool.clone(),
             (Arc::clone(&self.channel), Wake::RUNS.payload()),
         );
-        let (inserted, claimed) = conn.insert_run_alone_handed(run, holder, expires_at)?;
+        let (inserted, claimed) = if reserve() {
+            let settings = self.settings();
+            let expires_at = self.now_ms() + settings.lease_ttl_ms();
+            conn.insert_run_alone_handed(run, &settings.holder_id, expires_at)?
+        } else {
+            (conn.insert_run_alone(run)?, None)
+        };
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.writes.fetch_add(1, Ordering::Relaxed);
-        if inserted == Inserted::New && claimed.is_none() {
-            self.notifier.nudge_for(Wake::RUNS);
+        match (&inserted, &claimed) {
+            (Inserted::New, None) => self.notifier.nudge_for(Wake::RUNS),
+            (Inserted::New, Some(_)) => self.notifier.nudge_for(Wake::COMMITS),
+            _ => {}
         }
         Ok((inserted, claimed))
     }
@@ -460,10 +467,9 @@ impl PgDb {
             // `conn` is dropped), and the member reports its own error.
             None if kept == 0 => Ok(()),
             None => {
-                let committed = if nudge.is_none() {
-                    conn.commit()
-                } else {
-                    conn.commit_notifying(&self.channel, nudge.payload())
+                let committed = match nudge.notified() {
+                    None => conn.commit(),
+                    Some(payload) => conn.commit_notifying(&self.channel, payload),
                 };
                 committed.map_err(Arc::new)
             }
@@ -608,10 +614,9 @@ impl CoreDb<Postgres> for PgDb {
     fn insert_run_alone_handed(
         &self,
         run: &NewRun<'_>,
-        holder: &str,
-        expires_at: i64,
+        reserve: &(dyn Fn() -> bool + Sync),
     ) -> Result<(Inserted, Option<RunRow>)> {
-        PgDb::insert_run_alone_handed(self, run, holder, expires_at)
+        PgDb::insert_run_alone_handed(self, run, reserve)
     }
     fn subscribe_to(&self, wake: Wake) -> Subscription {
         self.notifier.subscribe(wake)
@@ -835,8 +840,9 @@ mod tests {
     /// Invariant 5 with one commit fewer for a plain enqueue: the run
     /// handed over at its insert is claimed under the holder's first
     /// attempt once its one statement returns, and wakes no other process;
-    /// a run left for the claim (its action paused) is notified as a plain
-    /// enqueue's is, and an id there already is neither made nor claimed.
+    /// a run left for the claim (its action paused, or no place reserved)
+    /// is notified as a plain enqueue's is, and an id there already is
+    /// neither made nor claimed.
     #[test]
     fn a_lone_run_handed_over_is_claimed_in_its_own_commit_and_notified_only_when_left() {
         use crate::base::retry::RetryPolicy;
@@ -875,7 +881,7 @@ mod tests {
             traceparent: None,
         };
         let (made, claimed) = db
-            .insert_run_alone_handed(&run("r1", "send"), "h", NOW + 10)
+            .insert_run_alone_handed(&run("r1", "send"), &|| true)
             .unwrap();
         let claimed = claimed.expect("claimed at its insert");
         assert_eq!(made, Inserted::New);
@@ -883,21 +889,35 @@ mod tests {
             (claimed.id.as_str(), claimed.state.as_str(), claimed.attempt),
             ("r1", "running", 1)
         );
+        let settings = db.settings();
         assert_eq!(
             (claimed.claimed_by.as_deref(), claimed.claim_expires_at),
-            (Some("h"), Some(NOW + 10))
+            (
+                Some(settings.holder_id.as_str()),
+                Some(NOW + settings.lease_ttl_ms())
+            )
         );
         db.write(|tx| Control::pause(tx.core(), "action", "mail", NOW, "op", "maintenance"))
             .unwrap();
         let left = db
-            .insert_run_alone_handed(&run("r2", "mail"), "h", NOW + 10)
+            .insert_run_alone_handed(&run("r2", "mail"), &|| true)
             .unwrap();
         assert_eq!((left.0, left.1.is_none()), (Inserted::New, true));
+        let r2 = db
+            .read_with(&mut |c| crate::store::Runs::get(c, "r2"))
+            .unwrap()
+            .expect("inserted");
+        assert_eq!((r2.state.as_str(), r2.attempt), ("ready", 0));
         let again = db
-            .insert_run_alone_handed(&run("r1", "send"), "h2", NOW + 10)
+            .insert_run_alone_handed(&run("r1", "send"), &|| true)
             .unwrap();
         assert_eq!((again.0, again.1.is_none()), (Inserted::Existed, true));
-        // A mark after the three: notifications come in commit order.
+        // No place reserved: the plain insert, notified.
+        let plain = db
+            .insert_run_alone_handed(&run("r3", "send"), &|| false)
+            .unwrap();
+        assert_eq!((plain.0, plain.1.is_none()), (Inserted::New, true));
+        // A mark after the four: notifications come in commit order.
         schema
             .client()
             .batch_execute(&format!("NOTIFY {}, 'end'", db.channel))
@@ -911,8 +931,8 @@ mod tests {
             }
             heard.push(n.payload().to_string());
         }
-        // The pause's commit, then the run left for the claim.
+        // The pause's commit, the run left for the claim, the plain one.
         assert_eq!(heard.last().map(String::as_str), Some("r"), "{heard:?}");
-        assert_eq!(heard.iter().filter(|p| *p == "r").count(), 1, "{heard:?}");
+        assert_eq!(heard.iter().filter(|p| *p == "r").count(), 2, "{heard:?}");
     }
 }

@@ -569,7 +569,7 @@ impl PgConn {
     /// another connection when the server had cut this one: the id makes
     /// it once.
     pub(crate) fn insert_run_alone(&self, r: &NewRun<'_>) -> Result<Inserted> {
-        let rows = self.send_alone(r, &INSERT_RUN_ALONE, Vec::new())?;
+        let (rows, _) = self.send_alone(r, &INSERT_RUN_ALONE, Vec::new())?;
         Ok(if rows.is_empty() {
             Inserted::Existed
         } else {
@@ -580,13 +580,14 @@ impl PgConn {
     /// Sends `sql`, a statement that inserts a ready run that takes no
     /// lane and holds no key as its own transaction, on this deferred
     /// connection (again on another if the server had cut it): the run's
-    /// values, then `more`, then the connection's notification.
+    /// values, then `more`, then the connection's notification. Its rows,
+    /// and whether it was sent more than once.
     fn send_alone(
         &self,
         r: &NewRun<'_>,
         sql: &str,
         more: Vec<super::Param<'_>>,
-    ) -> Result<Vec<Row>> {
+    ) -> Result<(Vec<Row>, bool)> {
         debug_assert!(r.lane.is_none() && r.unique.is_none() && r.dead.is_none());
         if holds_nul(r.input) {
             return Err(nul_refused());
@@ -597,7 +598,12 @@ impl PgConn {
         params.extend(more);
         params.push((&notify.0, Type::TEXT));
         params.push((&notify.1, Type::TEXT));
-        self.on_live_connection(|client| Ok(client.query_prepared(sql, &params)?))
+        let mut sent = 0;
+        let rows = self.on_live_connection(|client| {
+            sent += 1;
+            Ok(client.query_prepared(sql, &params)?)
+        })?;
+        Ok((rows, sent > 1))
     }
 
     /// [`PgConn::insert_run_alone`] with the run handed over at its insert
@@ -605,9 +611,10 @@ impl PgConn {
     /// `expires_at` if its action may be handed, the notification sent
     /// only for a run inserted and not claimed; one round trip, its own
     /// commit. Sent again on another connection when the server had cut
-    /// this one: the id makes it once (a run the first try inserted and
-    /// claimed, whose answer the cut lost, is [`Inserted::Existed`] and not
-    /// handed: its claim lapses and it is claimed again, as after a crash).
+    /// this one: the id makes it once. A run the first try inserted and
+    /// claimed, whose answer the cut lost, is found then by its claim (this
+    /// holder, this expiry, its first attempt, still running) and handed
+    /// over as if the answer had come.
     pub(crate) fn insert_run_alone_handed(
         &self,
         r: &NewRun<'_>,
@@ -615,12 +622,30 @@ impl PgConn {
         expires_at: i64,
     ) -> Result<(Inserted, Option<RunRow>)> {
         let more: Vec<super::Param<'_>> = vec![(&holder, Type::TEXT), (&expires_at, Type::INT8)];
-        let rows = self.send_alone(r, &INSERT_RUN_HANDED_ALONE, more)?;
+        let (rows, again) = self.send_alone(r, &INSERT_RUN_HANDED_ALONE, more)?;
         let row = rows
             .first()
             .ok_or_else(|| Error::invalid("hand-over", "no row"))?;
         if !col::<bool>(row, 2)? {
-            return Ok((Inserted::Existed, None));
+            if !again {
+                return Ok((Inserted::Existed, None));
+            }
+            let mine = self.query_opt(
+                &format!(
+                    "SELECT {COLUMNS} FROM reflexr_runs WHERE id = $1 \
+                       AND state = 'running' COLLATE \"C\" AND claimed_by = $2 \
+                       AND claim_expires_at = $3 AND attempt = 1"
+                ),
+                &[
+                    (&r.id, Type::TEXT),
+                    (&holder, Type::TEXT),
+                    (&expires_at, Type::INT8),
+                ],
+            )?;
+            return Ok(match mine {
+                Some(row) => (Inserted::New, Some(run_from(&row)?)),
+                None => (Inserted::Existed, None),
+            });
         }
         let claimed = match col::<Option<i64>>(row, 4)? {
             Some(_) => Some(run_from_at(row, 4)?),

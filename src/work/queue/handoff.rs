@@ -377,13 +377,20 @@ pub(crate) fn insert_alone_handed<B: Backend>(
     run: &NewRun<'_>,
 ) -> Result<Inserted> {
     let handing = Handing::new(hand);
-    let Some(place) = handing.reserve(run.action) else {
-        return db.insert_run_alone(run);
+    // Reserved once the write holds its connection and its lock (a write
+    // tried again may reserve again: every place reserved hears, and the
+    // run goes to the first).
+    let place = std::sync::OnceLock::new();
+    let reserve = || match handing.reserve(run.action) {
+        Some(p) => {
+            let _ = place.set(p);
+            true
+        }
+        None => false,
     };
-    let settings = db.settings();
-    let expires_at = run.now + settings.lease_ttl_ms();
-    let (inserted, claimed) = db.insert_run_alone_handed(run, &settings.holder_id, expires_at)?;
-    handing.sent(claimed.map(|row| (place, row)).into_iter().collect());
+    let (inserted, claimed) = db.insert_run_alone_handed(run, &reserve)?;
+    let handed = claimed.zip(place.get().copied()).map(|(row, p)| (p, row));
+    handing.sent(handed.into_iter().collect());
     Ok(inserted)
 }
 
