@@ -282,6 +282,15 @@ pub trait Control: Leases + Cursors {
     fn record_starts(&self, action: &str, part: &str, at: i64, n: i64) -> Result<()>;
     /// Whether a run of `actions` is ready and due, or a claim lapsed.
     fn work_due(&self, now: i64, actions: &[&String]) -> Result<bool>;
+    /// An idle executor's whole look (`work::queue::claim::work_due`) in
+    /// one statement, where this backend has one: whether `actions` have
+    /// work an executor could claim at `now` (a ready, due run of an
+    /// action not paused, a lapsed claim, or events a waiting workflow has
+    /// not seen), and whether any workflow waits for an event. `None` by
+    /// default: the look's reads one after another.
+    fn work_due_at_once(&self, _now: i64, _actions: &[String]) -> Result<Option<(bool, bool)>> {
+        Ok(None)
+    }
     /// Whether a claim lapsed.
     fn lapsed_due(&self, now: i64) -> Result<bool>;
     /// Deletes uniqueness periods that ended and starts outside every rate

@@ -925,3 +925,55 @@ fn a_run_inserted_twice_at_once_leaves_its_lane_to_the_one_that_committed() {
         assert_eq!(head.as_deref(), Some("r1"), "handed: {handed}");
     }
 }
+
+/// Invariant 14 (claims match the work) at an idle executor's look: the
+/// look in one statement (`work_due_at_once`, PostgreSQL) answers as its
+/// reads one after another do — a ready, due run of an action not paused,
+/// or a lapsed claim, is work; a paused action's run, or one not due yet,
+/// is not.
+#[test]
+fn an_idle_look_at_once_answers_as_its_reads_in_turn() {
+    on_every_backend(|db| {
+        let name = db.name();
+        setup(db, "shop");
+        db.tx(|c| {
+            let send = send();
+            let both = |now| -> Result<Option<(bool, (bool, bool))>> {
+                let at_once = Control::work_due_at_once(c, now, &send)?;
+                let paused = Control::paused_names(c, "action")?;
+                let open: Vec<&String> = send.iter().filter(|a| !paused.contains(*a)).collect();
+                let due = if open.is_empty() {
+                    Control::lapsed_due(c, now)?
+                } else {
+                    Control::work_due(c, now, &open)?
+                };
+                Ok(at_once.map(|l| (due, l)))
+            };
+            let Some((due, look)) = both(NOW)? else {
+                return Ok(()); // this backend has no such statement
+            };
+            assert_eq!((due, look), (false, (false, false)), "{name}: nothing");
+            Runs::insert(
+                c,
+                &NewRun {
+                    due_at: NOW + 100,
+                    ..task("later", None, None)
+                },
+            )?;
+            let (due, look) = both(NOW)?.unwrap();
+            assert_eq!((due, look.0), (false, false), "{name}: not due yet");
+            let (due, look) = both(NOW + 100)?.unwrap();
+            assert_eq!((due, look.0), (true, true), "{name}: due");
+            Control::pause(c, "action", "send", NOW, "op", "maintenance")?;
+            let (due, look) = both(NOW + 100)?.unwrap();
+            assert_eq!((due, look.0), (false, false), "{name}: paused");
+            // A claim that lapsed is work whatever is paused.
+            Runs::insert(c, &task("r1", None, None))?;
+            Control::claim_fresh(c, "h", NOW, NOW + 10, "r1")?;
+            let (due, look) = both(NOW + 100)?.unwrap();
+            assert_eq!((due, look.0), (true, true), "{name}: lapsed");
+            Ok(())
+        })
+        .unwrap();
+    });
+}

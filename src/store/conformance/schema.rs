@@ -518,30 +518,45 @@ fn a_new_database_claims_a_run_by_its_id_after_the_table_grew() {
 /// indexes of ready and running runs, not the finished ones — on a new
 /// database's table of 20,000 runs, 19,999 of them finished, whose
 /// statistics were never gathered, in the plan kept after the look's first
-/// executions as in one made anew.
+/// executions as in one made anew. Both forms of the look: its runs' part
+/// alone, and the whole look in one statement (which also reads the small
+/// tables of pauses and waits).
 #[test]
 fn an_idle_look_for_work_reads_only_ready_and_running_runs() {
     let schema = PgSchema::new();
     let mut client = schema.client();
     client
-        .batch_execute(&format!("PREPARE look AS {}", pg::control::WORK_DUE))
+        .batch_execute(&format!(
+            "PREPARE look AS {}; PREPARE whole AS {}",
+            pg::control::WORK_DUE,
+            pg::control::IDLE_LOOK
+        ))
         .unwrap();
     for _ in 0..6 {
         client.query("EXECUTE look(1, '{x}')", &[]).unwrap();
+        client.query("EXECUTE whole(1, '{x}')", &[]).unwrap();
     }
     runs_then(
         &mut client,
         "UPDATE reflexr_runs SET state = 'succeeded' WHERE ord < 20000;",
     );
-    let due: bool = client
-        .query_one("EXECUTE look(20000, '{x}')", &[])
-        .unwrap()
-        .get(0);
-    assert!(due, "the one ready run is found");
-    for mode in ["auto", PLAN_MODES[0]] {
-        let plan = plan_of(&mut client, mode, "look(20000, '{x}')");
-        assert!(plan.contains("reflexr_runs_due"), "{mode}: {plan}");
-        assert!(plan.contains("reflexr_runs_running"), "{mode}: {plan}");
-        assert!(!plan.contains("Seq Scan"), "{mode}: {plan}");
+    for look in ["look", "whole"] {
+        let due: bool = client
+            .query_one(&format!("EXECUTE {look}(20000, '{{x}}')"), &[])
+            .unwrap()
+            .get(0);
+        assert!(due, "{look}: the one ready run is found");
+        for mode in ["auto", PLAN_MODES[0]] {
+            let plan = plan_of(&mut client, mode, &format!("{look}(20000, '{{x}}')"));
+            assert!(plan.contains("reflexr_runs_due"), "{look} {mode}: {plan}");
+            assert!(
+                plan.contains("reflexr_runs_running"),
+                "{look} {mode}: {plan}"
+            );
+            assert!(
+                !plan.contains("Seq Scan on reflexr_runs"),
+                "{look} {mode}: {plan}"
+            );
+        }
     }
 }

@@ -121,6 +121,29 @@ pub(crate) const WORK_DUE: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs WHE
          OR EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'running' \
                       AND claim_expires_at <= $1)";
 
+/// An idle executor's look ([`Control::work_due_at_once`]) in one
+/// statement: whether a run of the actions `$2` not paused is ready and
+/// due at `$1` (through the ready runs' partial index) or a claim lapsed
+/// (the running runs'), as [`WORK_DUE`] asks of the actions left once the
+/// paused were taken out; whether any workflow waits for an event; and,
+/// only then (an uncorrelated subquery in a branch not taken is not run),
+/// whether events were appended past where the waits were last matched,
+/// as `Steps::waits_behind` asks.
+pub(crate) const IDLE_LOOK: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs r WHERE r.state = 'ready' \
+                      AND r.due_at <= $1 AND r.action = ANY ($2) \
+                      AND NOT EXISTS (SELECT 1 FROM reflexr_paused p \
+                                      WHERE p.kind = 'action' AND p.name = r.action)) \
+         OR EXISTS (SELECT 1 FROM reflexr_runs WHERE state = 'running' \
+                      AND claim_expires_at <= $1), \
+       EXISTS (SELECT 1 FROM reflexr_event_waits), \
+       CASE WHEN EXISTS (SELECT 1 FROM reflexr_event_waits) \
+         THEN (SELECT EXISTS (SELECT 1 FROM reflexr_wait_positions p \
+                 WHERE EXISTS (SELECT 1 FROM reflexr_event_waits w \
+                               WHERE w.workspace = p.workspace) \
+                   AND EXISTS (SELECT 1 FROM reflexr_events e \
+                               WHERE e.workspace = p.workspace AND e.seq > p.position))) \
+         ELSE false END";
+
 impl Control for PgConn {
     /// One round trip instead of three: the lease's row is locked `FOR
     /// SHARE` as `Leases::is_held` locks it (a takeover waits for this
@@ -750,6 +773,19 @@ impl Control for PgConn {
         let names: Vec<&str> = actions.iter().map(|a| a.as_str()).collect();
         let row = self.query(WORK_DUE, &[(&now, Type::INT8), (&names, Type::TEXT_ARRAY)])?;
         row.first().map_or(Ok(false), |r| col(r, 0))
+    }
+
+    /// [`IDLE_LOOK`]: one round trip where the look's reads were three.
+    fn work_due_at_once(&self, now: i64, actions: &[String]) -> Result<Option<(bool, bool)>> {
+        let row = self
+            .query_opt(
+                IDLE_LOOK,
+                &[(&now, Type::INT8), (&actions, Type::TEXT_ARRAY)],
+            )?
+            .ok_or_else(|| Error::invalid("idle look", "no row"))?;
+        let (due, waits, behind): (bool, bool, bool) =
+            (col(&row, 0)?, col(&row, 1)?, col(&row, 2)?);
+        Ok(Some((due || (waits && behind), waits)))
     }
 
     fn sweep_control(&self, now: i64) -> Result<usize> {

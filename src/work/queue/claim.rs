@@ -582,6 +582,9 @@ pub(crate) fn work_due<C: Control + crate::store::Steps + ?Sized>(
     now: i64,
     actions: &[String],
 ) -> Result<(bool, bool)> {
+    if let Some(look) = Control::work_due_at_once(conn, now, actions)? {
+        return Ok(look);
+    }
     let paused = paused_names(conn, "action")?;
     let open: Vec<&String> = actions.iter().filter(|a| !paused.contains(*a)).collect();
     let due = if open.is_empty() {
