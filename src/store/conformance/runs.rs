@@ -964,6 +964,10 @@ fn an_idle_look_at_once_answers_as_its_reads_in_turn() {
             assert_eq!((due, look.0), (false, false), "{name}: not due yet");
             let (due, look) = both(NOW + 100)?.unwrap();
             assert_eq!((due, look.0), (true, true), "{name}: due");
+            // Another kind's pause of the same name holds nothing back.
+            Control::pause(c, "rule", "send", NOW, "op", "maintenance")?;
+            let (due, look) = both(NOW + 100)?.unwrap();
+            assert_eq!((due, look.0), (true, true), "{name}: a rule paused");
             Control::pause(c, "action", "send", NOW, "op", "maintenance")?;
             let (due, look) = both(NOW + 100)?.unwrap();
             assert_eq!((due, look.0), (false, false), "{name}: paused");

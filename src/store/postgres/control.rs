@@ -122,14 +122,17 @@ pub(crate) const WORK_DUE: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs WHE
                       AND claim_expires_at <= $1)";
 
 /// An idle executor's look ([`Control::work_due_at_once`]) in one
-/// statement: whether a run of the actions `$2` not paused is ready and
-/// due at `$1` (through the ready runs' partial index) or a claim lapsed
-/// (the running runs'), as [`WORK_DUE`] asks of the actions left once the
-/// paused were taken out; whether any workflow waits for an event; and,
+/// statement: whether a run of the actions `$2` (distinct names) not
+/// paused is ready and due at `$1` (through the ready runs' partial index;
+/// not looked for at all when every one of them is paused, a filter the
+/// server checks once) or a claim lapsed (the running runs'), as
+/// [`WORK_DUE`] asks of the actions left once the paused were taken out; whether any workflow waits for an event; and,
 /// only then (an uncorrelated subquery in a branch not taken is not run),
 /// whether events were appended past where the waits were last matched,
 /// as `Steps::waits_behind` asks.
 pub(crate) const IDLE_LOOK: &str = "SELECT EXISTS (SELECT 1 FROM reflexr_runs r WHERE r.state = 'ready' \
+                      AND cardinality($2::text[]) > (SELECT count(*) FROM reflexr_paused \
+                          WHERE kind = 'action' AND name = ANY ($2)) \
                       AND r.due_at <= $1 AND r.action = ANY ($2) \
                       AND NOT EXISTS (SELECT 1 FROM reflexr_paused p \
                                       WHERE p.kind = 'action' AND p.name = r.action)) \
