@@ -845,8 +845,8 @@ mod tests {
     /// neither made nor claimed.
     #[test]
     fn a_lone_run_handed_over_is_claimed_in_its_own_commit_and_notified_only_when_left() {
-        use crate::base::retry::RetryPolicy;
         use crate::store::Control;
+        use crate::store::conformance::runs::task;
         use crate::store::runs::{Inserted, NewRun};
         use postgres::fallible_iterator::FallibleIterator;
 
@@ -856,29 +856,10 @@ mod tests {
         listener
             .batch_execute(&format!("LISTEN {}", db.channel))
             .unwrap();
-        let retry = RetryPolicy::default();
+        // The conformance tests' task, of `action`.
         let run = |id, action| NewRun {
-            id,
-            kind: "task",
             action,
-            workspace: None,
-            rule: None,
-            scope: None,
-            lane: None,
-            on_dead_letter: "continue",
-            input: "{}",
-            event_seq: None,
-            event_id: None,
-            depth: 0,
-            retry: &retry,
-            due_at: NOW,
-            now: NOW,
-            dead: None,
-            priority: None,
-            unique: None,
-            parent: None,
-            key: None,
-            traceparent: None,
+            ..task(id, None, None)
         };
         let (made, claimed) = db
             .insert_run_alone_handed(&run("r1", "send"), &|| true)

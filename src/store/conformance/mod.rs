@@ -13,7 +13,7 @@ mod cursors;
 mod events;
 mod leases;
 mod rules;
-mod runs;
+pub(crate) mod runs;
 #[cfg(feature = "postgres")]
 mod schema;
 mod workspaces;

@@ -3,7 +3,7 @@
 use super::*;
 
 /// A task run to create: ready now unless `lane` or `unique` say otherwise.
-fn task<'a>(id: &'a str, lane: Option<&'a str>, unique: Option<Uniq<'a>>) -> NewRun<'a> {
+pub(crate) fn task<'a>(id: &'a str, lane: Option<&'a str>, unique: Option<Uniq<'a>>) -> NewRun<'a> {
     static RETRY: std::sync::LazyLock<RetryPolicy> = std::sync::LazyLock::new(RetryPolicy::default);
     NewRun {
         id,

@@ -10,11 +10,11 @@
 //! attempt, exactly as a claim would (`Control::claim_fresh`) — on
 //! PostgreSQL, for a firing alone in its rule's write, in the run's insert
 //! itself, which makes the run claimed (`store::control::insert_handed`,
-//! one round trip where two were); after
-//! the commit it sends that executor the claimed row, and the executor runs
-//! it as the first batch of its turn. A plain `Engine::enqueue`, due at
-//! once, hands its run over the same way in its own write
-//! ([`insert_alone_handed`]). Nothing else changes:
+//! one round trip where two were); after the commit it sends that executor
+//! the claimed row, and the executor runs it as the first batch of its
+//! turn. A plain `Engine::enqueue`, due at once, hands its run over the
+//! same way in its own write ([`insert_alone_handed`]). Nothing else
+//! changes:
 //!
 //! - A crash between the commit and the handler leaves a claimed run whose
 //!   claim lapses and is claimed again, as after any claim (invariant 5).
