@@ -1325,6 +1325,58 @@ mod handoff_tests {
     }
 
     #[test]
+    fn a_run_handed_over_late_is_given_back_not_started_beside_its_next_claim() {
+        // Invariant 5 (one claim at a time): a hand-over that reaches its
+        // executor after half a lease is not started on its old claim. Kept
+        // by its holder, it goes back and is claimed afresh; lapsed and run
+        // by another claim meanwhile, it is not run a second time.
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(1_800_000_000_000);
+        let e = Engine::builder(dir.path().join("h.db"))
+            .clock(clock.clone())
+            .holder_id("here")
+            .open()
+            .unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&ran);
+        e.register_action("work", move |_, _| {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+        let cx = &e.cx;
+        // Twenty seconds late, its thirty-second claim still ours: given
+        // back, then claimed again in the same turn, and run once.
+        cx.handoff().park(0);
+        let made = e.enqueue(&Enqueue::new("work", &1)).unwrap();
+        let handed = cx.handoff().take(0, 10);
+        assert_eq!(handed.len(), 1);
+        clock.advance(Duration::from_secs(20));
+        let done = runtime::execute_step(cx, Some(0), handed).unwrap();
+        assert_eq!((done.claimed, done.succeeded), (1, 1));
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        let run = e.run(&made.id).unwrap().unwrap();
+        assert_eq!((run.state, run.attempt), (RunState::Succeeded, 1));
+        assert_eq!(
+            run.started_at,
+            Some(crate::Clock::now_ms(&clock)),
+            "claimed afresh"
+        );
+        // Lapsed, and run by the claim that rescued it: not run again.
+        cx.handoff().park(0);
+        let made = e.enqueue(&Enqueue::new("work", &2)).unwrap();
+        let handed = cx.handoff().take(0, 10);
+        assert_eq!(handed.len(), 1);
+        clock.advance(Duration::from_secs(31));
+        e.run_until_idle().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+        runtime::execute_step(cx, Some(0), handed).unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 2, "not run a second time");
+        let run = e.run(&made.id).unwrap().unwrap();
+        assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
+    }
+
+    #[test]
     fn a_run_handed_and_not_started_by_shutdown_goes_back_unattempted() {
         // Invariant 5 at a shutdown: a handed run the executors did not
         // take goes back to ready with its attempt given back.

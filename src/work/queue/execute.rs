@@ -113,6 +113,9 @@ pub(crate) fn execute<B: Backend>(
 ) -> Result<Executed> {
     // Runs claimed for this process's executors at their insert (`handed`)
     // go first: they are this turn's first batch, with no claim of its own.
+    // One that reached its executor late (see `give_back_stale`) is given back
+    // instead, and claimed again like any ready run.
+    let handed = give_back_stale::<B>(db, handed)?;
     if actions.is_empty() && handed.is_empty() {
         return Ok(Executed::default());
     }
@@ -569,6 +572,57 @@ fn wake_run_waiters<B: Backend>(db: &B::Db) {
     if db.has_run_waiters() {
         db.nudge();
     }
+}
+
+/// Of the runs handed to an executor, those it may start: each whose claim
+/// holds for at least half a lease more. A hand-over reaches its executor
+/// within the write that made it, normally a millisecond after its claim;
+/// one held up longer (a write stuck past `RESERVATION_WAIT`, delivered to
+/// an executor that had moved on) may come after its claim lapsed and
+/// another executor took the run, and would run it a second time beside
+/// it. Those are given back, unstarted and without an attempt, in one
+/// write (a claim taken over meanwhile is its new holder's and stays as
+/// it is), and the claims take them again.
+fn give_back_stale<B: Backend>(db: &B::Db, handed: Vec<Handed>) -> Result<Vec<Handed>> {
+    if handed.is_empty() {
+        return Ok(handed);
+    }
+    let now = db.now_ms();
+    let half = db.settings().lease_ttl_ms() / 2;
+    let (fresh, stale): (Vec<Handed>, Vec<Handed>) = handed.into_iter().partition(|h| {
+        h.row
+            .claim_expires_at
+            .is_some_and(|until| until.saturating_sub(now) >= half)
+    });
+    if stale.is_empty() {
+        return Ok(fresh);
+    }
+    log::warn!(
+        "{} run(s) handed over too late to start (claimed over half a lease ago): given back",
+        stale.len()
+    );
+    let holder = db.settings().holder_id.clone();
+    let ended = db.write_apart(|tx| {
+        let mut ended = false;
+        for h in &stale {
+            let row = &h.row;
+            ended |= give_back(
+                tx,
+                &row.id,
+                row.ord,
+                &holder,
+                row.attempt,
+                row.lane.as_deref(),
+                row.parent.as_deref(),
+            )?;
+        }
+        tx.mark_runs();
+        Ok::<_, crate::base::error::Error>(ended)
+    })?;
+    if ended {
+        wake_run_waiters::<B>(db);
+    }
+    Ok(fresh)
 }
 
 /// Gives a claimed run back, unstarted and without an attempt; true when
