@@ -101,13 +101,16 @@ pub(crate) fn handle<B: Backend>(e: &Engine<B>) -> mpsc::Receiver<(String, i64)>
 
 /// `samples` enqueues on `e`, each on an idle engine — once the last
 /// one's run ended and its executors had `IDLE` to go back to waiting for
-/// work: the milliseconds from each `Engine::enqueue` call to its
-/// handler's start (the call's commit included: a run handed over at its
-/// insert can start before the call returns).
+/// work — or, `back_to_back`, each as soon as the last one's handler
+/// started (its executor still busy settling it): the milliseconds from
+/// each `Engine::enqueue` call to its handler's start (the call's commit
+/// included: a run handed over at its insert can start before the call
+/// returns).
 pub(crate) fn measure_enqueues<B: Backend>(
     e: &Engine<B>,
     handled: &mpsc::Receiver<(String, i64)>,
     samples: usize,
+    back_to_back: bool,
 ) -> Vec<f64> {
     const IDLE: Duration = Duration::from_millis(3);
     let mut lat = Vec::with_capacity(samples);
@@ -117,8 +120,10 @@ pub(crate) fn measure_enqueues<B: Backend>(
         let (id, started) = handled.recv_timeout(Duration::from_secs(30)).unwrap();
         assert_eq!(id, q.id);
         lat.push(((started - called).max(0)) as f64 / 1e3);
-        e.wait_for_run(&q.id, Duration::from_secs(30)).unwrap();
-        std::thread::sleep(IDLE);
+        if !back_to_back {
+            e.wait_for_run(&q.id, Duration::from_secs(30)).unwrap();
+            std::thread::sleep(IDLE);
+        }
     }
     lat
 }
@@ -169,7 +174,7 @@ pub fn latency_enqueue(ctx: &Ctx) -> Vec<Figure> {
         .open()
         .unwrap();
     let handled = handle(&e);
-    let mut lat = measure_enqueues(&e, &handled, samples);
+    let mut lat = measure_enqueues(&e, &handled, samples, false);
     e.shutdown();
     vec![
         Figure::new(

@@ -16,7 +16,9 @@ worker processes draining 10,000 no-op jobs. Not part of `cargo test` or CI.
     /tmp/peers/bin/python examples/bench/peers/pgqueuer_side.py drain 10000 4
 
 Run each in turn with the bench's `--backend postgres --only pg_enqueue_single`,
-`pg_latency_inprocess`, `pg_latency_enqueue` and `pg_runs_4processes`. `REFLEXR_PG_URL` is the
+`pg_latency_inprocess`, `pg_latency_enqueue` (which also runs
+`pg_latency_enqueue_back_to_back`, beside `latency`) and
+`pg_runs_4processes`. `REFLEXR_PG_URL` is the
 libpq key=value string `tests/pg/cluster.sh` prints; each measure makes its
 own schema (`pgq_*`) and drops it first.
 """

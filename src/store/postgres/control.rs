@@ -246,12 +246,22 @@ impl Control for PgConn {
             .collect())
     }
 
-    /// One round trip instead of four.
+    /// One round trip instead of four, planned once per connection and
+    /// kept. The actions' names reach the planner as a subquery's value,
+    /// not as the array itself: a plan for the array at hand (one name,
+    /// say) costed the read of the actions' table below the generic plan's
+    /// guess of ten names, so under the default `plan_cache_mode` the
+    /// server planned the statement again at every claim and settlement:
+    /// in the statement log of a `--quick` run of
+    /// `pg_latency_enqueue_back_to_back`, its bind (where the plan is made)
+    /// took 0.59 ms at the median, against 0.05 ms to run it, and 0.07 ms
+    /// with the plan kept.
     fn claim_plan(&self, now: i64, actions: &[String]) -> Result<ClaimPlan> {
         let rows = self.query(
             &format!("WITH RECURSIVE limited AS ( \
                SELECT action, priority, max_running, rate_count, rate_period_ms, partition_by, fair \
-               FROM reflexr_actions a WHERE action = ANY ($2) AND {LIMITED}), \
+               FROM reflexr_actions a \
+               WHERE action = ANY ((SELECT $2::text[])::text[]) AND {LIMITED}), \
              p(v) AS ( \
                SELECT (SELECT priority FROM reflexr_runs WHERE state = 'ready' \
                        ORDER BY priority DESC LIMIT 1) \

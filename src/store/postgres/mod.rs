@@ -1189,17 +1189,48 @@ mod tests {
         for names in [&["a"][..], &["a", "b"], &["c"]].iter().cycle().take(9) {
             Control::stands(&conn, "ws", "rule", names).unwrap();
         }
+        assert_plan_kept(&conn, "%reflexr_cursors c %");
+        conn.commit().unwrap();
+    }
+
+    /// The statement prepared on `conn` whose text is `LIKE` the pattern
+    /// was run on a generic plan the server kept at least once.
+    fn assert_plan_kept(conn: &PgConn, like: &str) {
         let plans = conn
             .query_untyped(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
-                 WHERE statement LIKE '%reflexr_cursors c %' \
-                   AND statement NOT LIKE '%pg_prepared_statements%'",
-                &[],
+                 WHERE statement LIKE $1 AND statement NOT LIKE '%pg_prepared_statements%'",
+                &[&like],
             )
             .unwrap();
-        assert_eq!(plans.len(), 1);
+        assert_eq!(plans.len(), 1, "{like}");
         let (generic, custom): (i64, i64) = (plans[0].get(0), plans[0].get(1));
-        assert!(generic > 0, "{generic} generic, {custom} custom");
+        assert!(generic > 0, "{like}: {generic} generic, {custom} custom");
+    }
+
+    /// No invariant of its own (the conformance suite checks what the
+    /// plan says): the claims' read of their plan, made at every claim and
+    /// settlement, is planned once per connection and kept under the
+    /// server's default `plan_cache_mode`, not planned again for each
+    /// executor's actions.
+    #[test]
+    fn the_claims_read_of_their_plan_is_planned_once() {
+        use crate::store::Control;
+        let schema = PgSchema::new();
+        let pool = schema.pool(1);
+        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
+        conn.execute_untyped("SET LOCAL plan_cache_mode = auto", &[])
+            .unwrap();
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for (i, actions) in [names(&["a"]), names(&["a", "b"]), names(&["c"])]
+            .iter()
+            .cycle()
+            .take(9)
+            .enumerate()
+        {
+            Control::claim_plan(&conn, 1_000 + i as i64, actions).unwrap();
+        }
+        assert_plan_kept(&conn, "%WITH RECURSIVE limited%");
         conn.commit().unwrap();
     }
 
