@@ -1326,8 +1326,9 @@ mod handoff_tests {
 
     #[test]
     fn a_run_handed_over_late_is_given_back_not_started_beside_its_next_claim() {
+        use crate::Clock;
         // Invariant 5 (one claim at a time): a hand-over that reaches its
-        // executor after half a lease is not started on its old claim. Kept
+        // executor after a third of a lease is not started on its old claim. Kept
         // by its holder, it goes back and is claimed afresh; lapsed and run
         // by another claim meanwhile, it is not run a second time.
         let dir = tempfile::tempdir().unwrap();
@@ -1357,11 +1358,7 @@ mod handoff_tests {
         assert_eq!(ran.load(Ordering::SeqCst), 1);
         let run = e.run(&made.id).unwrap().unwrap();
         assert_eq!((run.state, run.attempt), (RunState::Succeeded, 1));
-        assert_eq!(
-            run.started_at,
-            Some(crate::Clock::now_ms(&clock)),
-            "claimed afresh"
-        );
+        assert_eq!(run.started_at, Some(clock.now_ms()), "claimed afresh");
         // Lapsed, and run by the claim that rescued it: not run again.
         cx.handoff().park(0);
         let made = e.enqueue(&Enqueue::new("work", &2)).unwrap();
@@ -1374,6 +1371,39 @@ mod handoff_tests {
         assert_eq!(ran.load(Ordering::SeqCst), 2, "not run a second time");
         let run = e.run(&made.id).unwrap().unwrap();
         assert_eq!((run.state, run.attempt), (RunState::Succeeded, 2));
+        // One late beside one on time: the one on time starts on its claim.
+        let mut handed = Vec::new();
+        let mut made = Vec::new();
+        for n in [3, 4] {
+            cx.handoff().park(0);
+            made.push(e.enqueue(&Enqueue::new("work", &n)).unwrap().id);
+            handed.extend(cx.handoff().take(0, 10));
+            clock.advance(Duration::from_secs(20));
+        }
+        clock.set(clock.now_ms() - 20_000);
+        let on_time = e.run(&made[1]).unwrap().unwrap().started_at;
+        runtime::execute_step(cx, Some(0), handed).unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 4);
+        let late = e.run(&made[0]).unwrap().unwrap();
+        assert_eq!((late.state, late.attempt), (RunState::Succeeded, 1));
+        assert_eq!(late.started_at, Some(clock.now_ms()), "claimed afresh");
+        let kept = e.run(&made[1]).unwrap().unwrap();
+        assert_eq!(
+            (kept.state, kept.started_at),
+            (RunState::Succeeded, on_time)
+        );
+        // Late at a shutdown: given back, and nothing claimed instead.
+        cx.handoff().park(0);
+        let made = e.enqueue(&Enqueue::new("work", &5)).unwrap();
+        let handed = cx.handoff().take(0, 10);
+        clock.advance(Duration::from_secs(20));
+        cx.stop.store(true, Ordering::SeqCst);
+        let done = runtime::execute_step(cx, Some(0), handed).unwrap();
+        cx.stop.store(false, Ordering::SeqCst);
+        assert_eq!(done.claimed, 0);
+        let run = e.run(&made.id).unwrap().unwrap();
+        assert_eq!((run.state, run.attempt), (RunState::Ready, 0));
+        assert_eq!(ran.load(Ordering::SeqCst), 4);
     }
 
     #[test]

@@ -246,8 +246,9 @@ impl Control for PgConn {
             .collect())
     }
 
-    /// One round trip instead of four, planned once per connection and
-    /// kept. The actions' names reach the planner as a subquery's value,
+    /// One round trip instead of four, on a generic plan the server keeps
+    /// after its first five executions on a connection. The actions' names
+    /// reach the planner as a subquery's value,
     /// not as the array itself: a plan for the array at hand (one name,
     /// say) costed the read of the actions' table below the generic plan's
     /// guess of ten names, so under the default `plan_cache_mode` the

@@ -114,10 +114,17 @@ pub(crate) fn execute<B: Backend>(
     // Runs claimed for this process's executors at their insert (`handed`)
     // go first: they are this turn's first batch, with no claim of its own.
     // One that reached its executor late (see `give_back_stale`) is given back
-    // instead, and claimed again like any ready run.
-    let handed = give_back_stale::<B>(db, handed)?;
-    if actions.is_empty() && handed.is_empty() {
-        return Ok(Executed::default());
+    // instead, and claimed again like any ready run; what is left of them
+    // is this turn's, even when the last round (shutdown: nothing new is
+    // claimed then).
+    let was_handed = !handed.is_empty();
+    let (handed, ended) = give_back_stale::<B>(db, handed);
+    let given_back = Executed {
+        cancelled: ended,
+        ..Executed::default()
+    };
+    if (actions.is_empty() || (was_handed && stop.load(Ordering::SeqCst))) && handed.is_empty() {
+        return Ok(given_back);
     }
     let names = &actions.names;
     // A cheap read first: an idle executor opens no write transaction. It
@@ -131,7 +138,7 @@ pub(crate) fn execute<B: Backend>(
             db.read_with(&mut |c| crate::work::queue::claim::work_due(c, now, names))?;
         hint.looked(before, waits);
         if !due {
-            return Ok(Executed::default());
+            return Ok(given_back);
         }
     }
     let handlers = &actions.handlers;
@@ -253,7 +260,7 @@ pub(crate) fn execute<B: Backend>(
     // When the batches last looked at the file for other processes' pauses
     // and cancels (a claim reads them too).
     let mut looked = Instant::now();
-    let mut done = Executed::default();
+    let mut done = given_back;
     let mut rounds = 0;
     while !fresh.is_empty() || !carried.is_empty() {
         rounds += 1;
@@ -574,39 +581,39 @@ fn wake_run_waiters<B: Backend>(db: &B::Db) {
     }
 }
 
-/// Of the runs handed to an executor, those it may start: each whose claim
-/// holds for at least half a lease more. A hand-over reaches its executor
-/// within the write that made it, normally a millisecond after its claim;
-/// one held up longer (a write stuck past `RESERVATION_WAIT`, delivered to
-/// an executor that had moved on) may come after its claim lapsed and
-/// another executor took the run, and would run it a second time beside
-/// it. Those are given back, unstarted and without an attempt, in one
-/// write (a claim taken over meanwhile is its new holder's and stays as
-/// it is), and the claims take them again.
-fn give_back_stale<B: Backend>(db: &B::Db, handed: Vec<Handed>) -> Result<Vec<Handed>> {
+/// Of the runs handed to an executor, those it may start, and how many of
+/// the others ended cancelled: a run may start while its claim holds for
+/// two thirds of a lease more, as long as the renewer lets a claimed run
+/// wait for its handler (`Claims::overdue`). A hand-over reaches its
+/// executor within the write that made it, normally a millisecond after its
+/// claim; one held up longer (a write stuck past `RESERVATION_WAIT`,
+/// delivered to an executor that had moved on) may come after its claim
+/// lapsed and another executor took the run, and would run it a second
+/// time beside it. Those are given back, unstarted and without an attempt,
+/// in one write (a claim taken over meanwhile is its new holder's and
+/// stays as it is), and are claimed again like any ready run. A write that
+/// fails gives none back (logged): their claims lapse, and the claims
+/// take them again then.
+fn give_back_stale<B: Backend>(db: &B::Db, handed: Vec<Handed>) -> (Vec<Handed>, usize) {
     if handed.is_empty() {
-        return Ok(handed);
+        return (handed, 0);
     }
     let now = db.now_ms();
-    let half = db.settings().lease_ttl_ms() / 2;
+    let ttl = db.settings().lease_ttl_ms();
     let (fresh, stale): (Vec<Handed>, Vec<Handed>) = handed.into_iter().partition(|h| {
         h.row
             .claim_expires_at
-            .is_some_and(|until| until.saturating_sub(now) >= half)
+            .is_some_and(|until| until.saturating_sub(now) > ttl * 2 / 3)
     });
     if stale.is_empty() {
-        return Ok(fresh);
+        return (fresh, 0);
     }
-    log::warn!(
-        "{} run(s) handed over too late to start (claimed over half a lease ago): given back",
-        stale.len()
-    );
     let holder = db.settings().holder_id.clone();
-    let ended = db.write_apart(|tx| {
-        let mut ended = false;
+    let given = db.write_apart(|tx| {
+        let mut ended = 0;
         for h in &stale {
             let row = &h.row;
-            ended |= give_back(
+            if give_back(
                 tx,
                 &row.id,
                 row.ord,
@@ -614,15 +621,34 @@ fn give_back_stale<B: Backend>(db: &B::Db, handed: Vec<Handed>) -> Result<Vec<Ha
                 row.attempt,
                 row.lane.as_deref(),
                 row.parent.as_deref(),
-            )?;
+            )? {
+                ended += 1;
+            }
         }
         tx.mark_runs();
         Ok::<_, crate::base::error::Error>(ended)
-    })?;
-    if ended {
-        wake_run_waiters::<B>(db);
+    });
+    match given {
+        Ok(ended) => {
+            log::warn!(
+                "{} run(s) handed over more than a third of a lease after their claim: \
+                 not started, and given back unless another claim has them",
+                stale.len()
+            );
+            if ended > 0 {
+                wake_run_waiters::<B>(db);
+            }
+            (fresh, ended)
+        }
+        Err(e) => {
+            log::warn!(
+                "{} run(s) handed over too late to start, not given back ({e}): \
+                 their claims will lapse",
+                stale.len()
+            );
+            (fresh, 0)
+        }
     }
-    Ok(fresh)
 }
 
 /// Gives a claimed run back, unstarted and without an attempt; true when

@@ -33,8 +33,8 @@
 //!   and an executor parked is never counted as busy: the places are exact.
 //!   Shutdown gives back, unstarted and without an attempt, what was
 //!   handed and not taken.
-//! - A run that reaches its executor more than half a lease after its
-//!   claim (a write held up past [`RESERVATION_WAIT`], whose executor went
+//! - A run that reaches its executor more than a third of a lease after
+//!   its claim (a write held up past [`RESERVATION_WAIT`], whose executor went
 //!   on meanwhile) is given back, not started: its claim may have lapsed
 //!   and another executor may run it (`execute::give_back_stale`).
 //! - The pauses and cancels made in this process after the claim are seen
@@ -82,8 +82,8 @@ const RESERVED: u8 = 2;
 /// The longest an executor woken while its place is reserved waits for the
 /// reservation's message (a write's commit normally; a write stuck longer
 /// sends it to an executor that has gone on, which takes it at its next
-/// turn, and gives it back unstarted if it came more than half a lease
-/// after its claim).
+/// turn, and gives it back unstarted if it came more than a third of a
+/// lease after its claim).
 const RESERVATION_WAIT: Duration = Duration::from_secs(5);
 
 /// The places of this process's executors, and the runs handed to them.
