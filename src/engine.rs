@@ -1329,7 +1329,7 @@ mod handoff_tests {
         use crate::Clock;
         // Invariant 5 (one claim at a time): a hand-over that reaches its
         // executor after a third of a lease is not started on its old claim. Kept
-        // by its holder, it goes back and is claimed afresh; lapsed and run
+        // by its holder, it goes back and is claimed again; lapsed and run
         // by another claim meanwhile, it is not run a second time.
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(1_800_000_000_000);
@@ -1358,7 +1358,7 @@ mod handoff_tests {
         assert_eq!(ran.load(Ordering::SeqCst), 1);
         let run = e.run(&made.id).unwrap().unwrap();
         assert_eq!((run.state, run.attempt), (RunState::Succeeded, 1));
-        assert_eq!(run.started_at, Some(clock.now_ms()), "claimed afresh");
+        assert_eq!(run.started_at, Some(clock.now_ms()), "claimed again");
         // Lapsed, and run by the claim that rescued it: not run again.
         cx.handoff().park(0);
         let made = e.enqueue(&Enqueue::new("work", &2)).unwrap();
@@ -1374,19 +1374,20 @@ mod handoff_tests {
         // One late beside one on time: the one on time starts on its claim.
         let mut handed = Vec::new();
         let mut made = Vec::new();
-        for n in [3, 4] {
+        for (n, after) in [(3, 20), (4, 5)] {
             cx.handoff().park(0);
             made.push(e.enqueue(&Enqueue::new("work", &n)).unwrap().id);
             handed.extend(cx.handoff().take(0, 10));
-            clock.advance(Duration::from_secs(20));
+            clock.advance(Duration::from_secs(after));
         }
-        clock.set(clock.now_ms() - 20_000);
+        assert_eq!(handed.len(), 2);
         let on_time = e.run(&made[1]).unwrap().unwrap().started_at;
+        assert_ne!(on_time, Some(clock.now_ms()));
         runtime::execute_step(cx, Some(0), handed).unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 4);
         let late = e.run(&made[0]).unwrap().unwrap();
         assert_eq!((late.state, late.attempt), (RunState::Succeeded, 1));
-        assert_eq!(late.started_at, Some(clock.now_ms()), "claimed afresh");
+        assert_eq!(late.started_at, Some(clock.now_ms()), "claimed again");
         let kept = e.run(&made[1]).unwrap().unwrap();
         assert_eq!(
             (kept.state, kept.started_at),

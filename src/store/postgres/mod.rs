@@ -22,7 +22,7 @@
 //!   transaction. So nothing here relies on a statement failing: an append
 //!   checks the type's registration in the statement that takes the seq,
 //!   and an id already there is found, not collided with.
-//! - **One round trip per statement, planned once per connection.** The
+//! - **One round trip per statement, its plan kept after five.** The
 //!   engine's statements are prepared with their parameter types the first
 //!   time a connection runs them and kept with the connection
 //!   ([`Client`]): each later run is one exchange (bind and execute) that
@@ -1180,11 +1180,12 @@ mod tests {
     }
 
     /// No invariant of its own (the conformance suite checks what the
-    /// stands say): a pass's read of its rules' stands is planned once
-    /// per connection and kept under the server's default
-    /// `plan_cache_mode`, not planned again for each run's names.
+    /// stands say): a pass's read of its rules' stands runs on a generic
+    /// plan the server keeps after its first executions on a connection,
+    /// under its default `plan_cache_mode`, not one planned again for each
+    /// run's names.
     #[test]
-    fn a_passs_read_of_its_stands_is_planned_once() {
+    fn a_passs_read_of_its_stands_keeps_a_generic_plan() {
         use crate::store::Control;
         let schema = PgSchema::new();
         let pool = schema.pool(1);
