@@ -114,9 +114,8 @@ pub(crate) fn execute<B: Backend>(
     // Runs claimed for this process's executors at their insert (`handed`)
     // go first: they are this turn's first batch, with no claim of its own.
     // One that reached its executor late (see `give_back_stale`) is given back
-    // instead, and claimed again like any ready run; what is left of them
-    // is this turn's, even when the last round (shutdown: nothing new is
-    // claimed then).
+    // instead, and claimed again like any ready run; at a shutdown, when
+    // every one of them was late, nothing is claimed in their place.
     let was_handed = !handed.is_empty();
     let (handed, ended) = give_back_stale::<B>(db, handed);
     let given_back = Executed {
