@@ -1174,8 +1174,17 @@ mod handoff_tests {
     };
 
     fn engine(dir: &tempfile::TempDir, ordering: RunOrder) -> (Engine, Arc<AtomicUsize>) {
+        engine_on(dir, ordering, ManualClock::new(1_800_000_000_000))
+    }
+
+    /// [`engine`] on `clock`, which the test keeps to move time.
+    fn engine_on(
+        dir: &tempfile::TempDir,
+        ordering: RunOrder,
+        clock: ManualClock,
+    ) -> (Engine, Arc<AtomicUsize>) {
         let e = Engine::builder(dir.path().join("h.db"))
-            .clock(ManualClock::new(1_800_000_000_000))
+            .clock(clock)
             .holder_id("here")
             .open()
             .unwrap();
@@ -1333,18 +1342,7 @@ mod handoff_tests {
         // by another claim meanwhile, it is not run a second time.
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(1_800_000_000_000);
-        let e = Engine::builder(dir.path().join("h.db"))
-            .clock(clock.clone())
-            .holder_id("here")
-            .open()
-            .unwrap();
-        let ran = Arc::new(AtomicUsize::new(0));
-        let r = Arc::clone(&ran);
-        e.register_action("work", move |_, _| {
-            r.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
-        .unwrap();
+        let (e, ran) = engine_on(&dir, RunOrder::None, clock.clone());
         let cx = &e.cx;
         // Twenty seconds late, its thirty-second claim still ours: given
         // back, then claimed again in the same turn, and run once.

@@ -222,15 +222,7 @@ pub(crate) fn execute<B: Backend>(
         // start within the budget goes back now.
         let keep = pace.fitting_after(ahead, rows.iter().map(|r| r.action.as_str()));
         for row in rows.split_off(keep) {
-            give_back(
-                tx,
-                &row.id,
-                row.ord,
-                &holder,
-                row.attempt,
-                row.lane.as_deref(),
-                row.parent.as_deref(),
-            )?;
+            give_back_row(tx, &row, &holder)?;
         }
         Ok(rows)
     };
@@ -611,16 +603,7 @@ fn give_back_stale<B: Backend>(db: &B::Db, handed: Vec<Handed>) -> (Vec<Handed>,
     let given = db.write_apart(|tx| {
         let mut ended = 0;
         for h in &stale {
-            let row = &h.row;
-            if give_back(
-                tx,
-                &row.id,
-                row.ord,
-                &holder,
-                row.attempt,
-                row.lane.as_deref(),
-                row.parent.as_deref(),
-            )? {
+            if give_back_row(tx, &h.row, &holder)? {
                 ended += 1;
             }
         }
@@ -648,6 +631,19 @@ fn give_back_stale<B: Backend>(db: &B::Db, handed: Vec<Handed>) -> (Vec<Handed>,
             (fresh, 0)
         }
     }
+}
+
+/// [`give_back`] of a row this executor's holder claimed.
+fn give_back_row<B: Backend>(tx: &mut Tx<'_, B>, row: &RunRow, holder: &str) -> Result<bool> {
+    give_back(
+        tx,
+        &row.id,
+        row.ord,
+        holder,
+        row.attempt,
+        row.lane.as_deref(),
+        row.parent.as_deref(),
+    )
 }
 
 /// Gives a claimed run back, unstarted and without an attempt; true when
