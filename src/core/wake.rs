@@ -36,11 +36,12 @@
 //! heartbeat stays: it is the correctness path if the watch misses or
 //! cannot be set up.
 //!
-//! **Listen** (PostgreSQL). A commit that appended sends `NOTIFY` with its
-//! `COMMIT`; a thread of the notifier's `LISTEN`s on a connection of its
-//! own and nudges at each notification, from any process, connecting again
-//! half a second after the connection broke. The heartbeat stays the
-//! correctness path here too.
+//! **Listen** (PostgreSQL). A commit that appended, or made runs
+//! claimable, sends `NOTIFY` with its `COMMIT`; a thread of the notifier's
+//! `LISTEN`s on a connection of its own and nudges at each notification
+//! from another engine (its own commits nudged as they committed),
+//! connecting again half a second after the connection broke. The
+//! heartbeat stays the correctness path here too.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -84,7 +85,8 @@ impl Wake {
     }
 
     /// The set as a `NOTIFY` payload carries it between processes
-    /// (PostgreSQL): `e`, `r` or `er`.
+    /// (PostgreSQL): `e`, `r` or `er`, before the sender's token
+    /// (`core::postgres::listen::Notices`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn payload(self) -> &'static str {
         match self.0 & 3 {
@@ -94,17 +96,17 @@ impl Wake {
         }
     }
 
-    /// The payload of the notification a commit that made this set sends
-    /// other processes; `None` when they have nothing to wake for (nothing,
-    /// or only [`Wake::COMMITS`]).
+    /// What the payload of the notification a commit that made this set
+    /// sends other processes says it made; `None` when they have nothing to
+    /// wake for (nothing, or only [`Wake::COMMITS`]).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn notified(self) -> Option<&'static str> {
         self.meets(Wake::EVENTS.with(Wake::RUNS))
             .then(|| self.payload())
     }
 
-    /// A `NOTIFY` payload read back; None for anything else (an older
-    /// engine's empty payload), which says nothing of what was made.
+    /// What a `NOTIFY` payload's kinds say was made; None for anything
+    /// else (an older engine's empty payload), which says nothing of it.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn from_payload(payload: &str) -> Option<Wake> {
         match payload {

@@ -54,7 +54,7 @@ use crate::base::error::{Error, Result};
 use crate::core::combiner::{Batch, Combiner, Ended, Shape};
 use crate::core::db::{CoreDb, RunWaiter};
 use crate::core::db::{Env, Tx};
-use crate::core::postgres::listen::PgListen;
+use crate::core::postgres::listen::{Notices, PgListen};
 use crate::core::settings::Settings;
 use crate::core::wake::{Notifier, Subscription, WaitsHint, Wake};
 use crate::core::writer::{Inside, NEXT_WRITER_ID, WriterStats};
@@ -81,6 +81,9 @@ pub struct PgDb {
     /// The channel its commits are announced on (`pg::channel_of` its
     /// schema).
     channel: Arc<str>,
+    /// The payloads its commits notify with: what each made, and this
+    /// handle's token, by which its listener knows its own.
+    notices: Notices,
     /// Other processes' commits, heard at once (None for a follower's
     /// target, which nobody waits on).
     listener: Option<PgListen>,
@@ -146,8 +149,9 @@ impl PgDb {
             .build(manager)?;
 
         let notifier = Arc::new(Notifier::postgres(first, &config));
+        let notices = Notices::new();
         let listener = if listen {
-            Some(notifier.listen_postgres(&config, Arc::clone(&channel))?)
+            Some(notifier.listen_postgres(&config, Arc::clone(&channel), notices.clone())?)
         } else {
             None
         };
@@ -161,6 +165,7 @@ impl PgDb {
             pool,
             notifier,
             channel,
+            notices,
             listener,
             combiner: Combiner::new(),
             id: NEXT_WRITER_ID.fetch_add(1, Ordering::Relaxed),
@@ -301,9 +306,9 @@ impl PgDb {
         let Ok(v) = value else {
             return value;
         };
-        let committed = match nudge.notified() {
+        let committed = match self.notices.of(nudge) {
             None => conn.commit(),
-            Some(payload) => conn.commit_notifying(&self.channel, payload),
+            Some(payload) => conn.commit_notifying(&self.channel, &payload),
         };
         if let Err(e) = committed {
             self.aborts.fetch_add(1, Ordering::Relaxed);
@@ -313,6 +318,14 @@ impl PgDb {
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.notifier.nudge_for(nudge);
         Ok(v)
+    }
+
+    /// The payload of a commit that made `made`, events or runs (which
+    /// other processes wait for).
+    fn notice(&self, made: Wake) -> Arc<str> {
+        self.notices
+            .of(made)
+            .expect("events and runs are what other processes wait for")
     }
 
     /// A ready run that takes no lane and holds no key (a plain
@@ -338,7 +351,7 @@ impl PgDb {
         let conn = PgConn::deferred(
             self.pool.get()?,
             self.pool.clone(),
-            (Arc::clone(&self.channel), Wake::RUNS.payload()),
+            (Arc::clone(&self.channel), self.notice(Wake::RUNS)),
         );
         let inserted = conn.insert_run_alone(run)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
@@ -362,7 +375,7 @@ impl PgDb {
         let conn = PgConn::deferred(
             self.pool.get()?,
             self.pool.clone(),
-            (Arc::clone(&self.channel), Wake::RUNS.payload()),
+            (Arc::clone(&self.channel), self.notice(Wake::RUNS)),
         );
         let (inserted, claimed) = if reserve() {
             let settings = self.settings();
@@ -399,7 +412,7 @@ impl PgDb {
                 PgConn::deferred(
                     client,
                     self.pool.clone(),
-                    (Arc::clone(&self.channel), Wake::EVENTS.payload()),
+                    (Arc::clone(&self.channel), self.notice(Wake::EVENTS)),
                 )
             })
         } else {
@@ -467,9 +480,9 @@ impl PgDb {
             // `conn` is dropped), and the member reports its own error.
             None if kept == 0 => Ok(()),
             None => {
-                let committed = match nudge.notified() {
+                let committed = match self.notices.of(nudge) {
                     None => conn.commit(),
-                    Some(payload) => conn.commit_notifying(&self.channel, payload),
+                    Some(payload) => conn.commit_notifying(&self.channel, &payload),
                 };
                 committed.map_err(Arc::new)
             }
@@ -845,6 +858,8 @@ mod tests {
     /// neither made nor claimed.
     #[test]
     fn a_lone_run_handed_over_is_claimed_in_its_own_commit_and_notified_only_when_left() {
+        use crate::core::postgres::listen::Heard;
+        use crate::core::wake::Wake;
         use crate::store::Control;
         use crate::store::conformance::runs::task;
         use crate::store::runs::{Inserted, NewRun};
@@ -912,8 +927,17 @@ mod tests {
             }
             heard.push(n.payload().to_string());
         }
-        // The pause's commit, the run left for the claim, the plain one.
-        assert_eq!(heard.last().map(String::as_str), Some("r"), "{heard:?}");
-        assert_eq!(heard.iter().filter(|p| *p == "r").count(), 2, "{heard:?}");
+        // The pause's commit, the run left for the claim, the plain one,
+        // each notified as this handle's own and heard by another as runs.
+        let runs = db.notice(Wake::RUNS);
+        assert_eq!(heard.last().map(String::as_str), Some(&*runs), "{heard:?}");
+        assert_eq!(
+            heard.iter().filter(|p| **p == *runs).count(),
+            2,
+            "{heard:?}"
+        );
+        assert_eq!(db.notices.heard(&runs), Heard::Own);
+        let other = open(&schema);
+        assert_eq!(other.notices.heard(&runs), Heard::Made(Wake::RUNS));
     }
 }

@@ -262,7 +262,7 @@ pub struct PgConn {
     pool: Option<Pool>,
     /// The notification a deferred connection's lone append carries (a
     /// channel and a payload, the engine's own words).
-    lone_notify: Option<(Arc<str>, &'static str)>,
+    lone_notify: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// Whether a [`PgConn`] is inside its transaction yet.
@@ -398,7 +398,7 @@ impl PgConn {
         client: Pooled,
         begun: Begun,
         pool: Option<Pool>,
-        lone_notify: Option<(Arc<str>, &'static str)>,
+        lone_notify: Option<(Arc<str>, Arc<str>)>,
     ) -> PgConn {
         PgConn {
             client: RefCell::new(Some(client)),
@@ -459,7 +459,7 @@ impl PgConn {
     /// [`PgConn::begin_ordered`] does. A connection the server cut fails
     /// that first statement, and another from `pool` takes its place
     /// (nothing was done; the append's id makes sending it again safe).
-    pub(crate) fn deferred(client: Pooled, pool: Pool, notify: (Arc<str>, &'static str)) -> PgConn {
+    pub(crate) fn deferred(client: Pooled, pool: Pool, notify: (Arc<str>, Arc<str>)) -> PgConn {
         PgConn::outside(client, Begun::NotYet, Some(pool), Some(notify))
     }
 
@@ -578,8 +578,8 @@ impl PgConn {
     }
 
     /// The notification a deferred connection's lone append carries.
-    pub(super) fn lone_notify(&self) -> Option<(&str, &'static str)> {
-        self.lone_notify.as_ref().map(|(c, p)| (&**c, *p))
+    pub(super) fn lone_notify(&self) -> Option<(&str, &str)> {
+        self.lone_notify.as_ref().map(|(c, p)| (&**c, &**p))
     }
 
     /// `begin` opens the transaction; `holds_head` says it also takes the
@@ -617,10 +617,10 @@ impl PgConn {
     }
 
     /// Commits the transaction with a notification on `channel` whose
-    /// payload says what the commit made (both the engine's own words, not
-    /// the caller's: `core::wake::Wake::payload`), delivered to listeners
-    /// with the commit.
-    pub(crate) fn commit_notifying(self, channel: &str, payload: &'static str) -> Result<()> {
+    /// payload says what the commit made and who made it (both the
+    /// engine's own words, not the caller's: `core::postgres::listen::Notices`),
+    /// delivered to listeners with the commit.
+    pub(crate) fn commit_notifying(self, channel: &str, payload: &str) -> Result<()> {
         debug_assert!(is_plain(channel) && is_plain(payload));
         self.finish(Some((channel, payload)))
     }
@@ -629,7 +629,7 @@ impl PgConn {
     /// appended (if any), the notification (if any), `COMMIT`. If a
     /// statement fails, the rest are not run, and dropping the connection
     /// rolls back.
-    fn finish(self, notify: Option<(&str, &'static str)>) -> Result<()> {
+    fn finish(self, notify: Option<(&str, &str)>) -> Result<()> {
         if self.aborted.get() && matches!(self.begun.get(), Begun::Owed { .. }) {
             return Err(Error::TransactionAborted {
                 detail: "this write's BEGIN failed; nothing of it was committed".into(),

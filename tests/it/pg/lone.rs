@@ -37,15 +37,35 @@ fn heard_until(listener: &mut Client, end_from: i32) -> Vec<(i32, String, String
     }
 }
 
-/// Payloads of the notifications `listener` hears from the sessions
-/// `from` until the `end` that the session `end_from` sent, in order: only
-/// the engine's own sessions count, whatever else the channel carries.
+/// What a notification's payload says was made (`e`, `r` or `er`), checked
+/// to carry its engine's token after it: `r_` and 16 hex digits.
+fn kinds(payload: &str) -> String {
+    let (kinds, token) = payload
+        .split_once('_')
+        .unwrap_or_else(|| panic!("no token in {payload:?}"));
+    assert!(
+        token.len() == 16 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{payload:?}"
+    );
+    kinds.to_string()
+}
+
+/// What the notifications `listener` hears from the sessions `from` until
+/// the `end` that the session `end_from` sent say was made, in order
+/// (see [`kinds`]): only the engine's own sessions count, whatever else
+/// the channel carries. They all carry one token, the engine's.
 fn heard_until_end(listener: &mut Client, from: &[i32], end_from: i32) -> Vec<String> {
-    heard_until(listener, end_from)
+    let payloads: Vec<String> = heard_until(listener, end_from)
         .into_iter()
         .filter(|(session, _, _)| from.contains(session))
         .map(|(_, _, payload)| payload)
-        .collect()
+        .collect();
+    let tokens: std::collections::BTreeSet<&str> = payloads
+        .iter()
+        .filter_map(|p| p.split_once('_').map(|(_, token)| token))
+        .collect();
+    assert!(tokens.len() <= 1, "{payloads:?}");
+    payloads.iter().map(|p| kinds(p)).collect()
 }
 
 /// Sends the mark [`heard_until_end`] waits for, after what was committed
@@ -346,7 +366,7 @@ fn engines_of_two_schemas_announce_their_commits_on_channels_of_their_own() {
             } else {
                 return None;
             };
-            Some((from, channel, payload))
+            Some((from, channel, kinds(&payload)))
         })
         .collect();
     assert_eq!(
