@@ -356,7 +356,8 @@ impl PgDb {
         let inserted = conn.insert_run_alone(run)?;
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.writes.fetch_add(1, Ordering::Relaxed);
-        if inserted == Inserted::New {
+        // Sent again, a run found there may be the first try's own.
+        if inserted == Inserted::New || conn.was_resent() {
             self.notifier.nudge_for(Wake::RUNS);
         }
         Ok(inserted)
@@ -389,6 +390,8 @@ impl PgDb {
         match (&inserted, &claimed) {
             (Inserted::New, None) => self.notifier.nudge_for(Wake::RUNS),
             (Inserted::New, Some(_)) => self.notifier.nudge_for(Wake::COMMITS),
+            // Sent again, a run found there may be the first try's own.
+            (_, _) if conn.was_resent() => self.notifier.nudge_for(Wake::RUNS),
             _ => {}
         }
         Ok((inserted, claimed))
@@ -474,6 +477,11 @@ impl PgDb {
             }
             release |= !single;
         }
+        // A lone append sent again after the server cut its connection may
+        // have been committed, and notified, by its first try, and is then
+        // reported as there already: this engine's threads are woken for it
+        // all the same (its listener passes over the notification).
+        let resent_append = alone && batch.members()[0].single() && conn.was_resent();
         let ended: Ended = match failed {
             Some(e) => Err(Arc::new(e)),
             // A lone member that failed: its transaction rolls back (when
@@ -497,7 +505,11 @@ impl PgDb {
                 self.aborts.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let woke = if ended.is_ok() { nudge } else { Wake::NONE };
+        let woke = match &ended {
+            Ok(()) if resent_append => nudge.with(Wake::EVENTS),
+            Ok(()) => nudge,
+            Err(_) => Wake::NONE,
+        };
         batch.end(ended);
         drop(batch);
         self.notifier.nudge_for(woke);
@@ -677,13 +689,18 @@ mod tests {
     const NOW: i64 = 1_700_000_000_000;
 
     fn open(schema: &PgSchema) -> Arc<PgDb> {
+        open_as(schema, false)
+    }
+
+    /// A handle with a workspace `ws`, and its listener if `listen`.
+    fn open_as(schema: &PgSchema, listen: bool) -> Arc<PgDb> {
         drop(schema.client());
         let db = PgDb::open(
             &schema.url(),
             8,
             Settings::for_test(),
             Arc::new(ManualClock::new(NOW)),
-            false,
+            listen,
         )
         .unwrap();
         db.write(|tx| {
@@ -850,6 +867,54 @@ mod tests {
         assert_eq!(subjects(&db), ["d"]);
     }
 
+    /// No invariant of its own: the wake-ups' economy. An engine's listener
+    /// passes over its own engine's notifications (its threads were woken
+    /// as each commit returned) and wakes them for another's. The
+    /// notifier's count of nudges says how many each commit made: one for
+    /// each of this engine's commits (its own, at the commit), one for the
+    /// mark another session sends after them, heard once the listener read
+    /// every notification before it (the server delivers them in commit
+    /// order).
+    #[test]
+    fn an_engine_is_woken_once_for_its_own_commits_and_by_its_listener_for_anothers() {
+        use crate::core::wake::Wake;
+        use std::time::{Duration, Instant};
+
+        let schema = PgSchema::new();
+        let db = open_as(&schema, true);
+        // The listener nudges once when it is listening (making the
+        // workspace woke no one).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while db.notifier.version() == 0 {
+            assert!(Instant::now() < deadline, "the listener never listened");
+            std::thread::yield_now();
+        }
+        let before = db.notifier.version();
+        const OWN: u64 = 10;
+        for _ in 0..OWN {
+            db.write_alone(|tx| {
+                tx.mark_runs();
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        }
+        // Only the mark wakes a thread waiting for events (the commits made
+        // runs claimable); no heartbeat within the wait.
+        let events = db.notifier.subscribe(Wake::EVENTS);
+        schema
+            .client()
+            .batch_execute(&format!("NOTIFY {}, 'e'", db.channel))
+            .unwrap();
+        assert!(
+            events.wait(
+                Duration::from_secs(3600),
+                Instant::now() + Duration::from_secs(60)
+            ),
+            "the mark was not heard"
+        );
+        assert_eq!(db.notifier.version() - before, OWN + 1);
+    }
+
     /// Invariant 5 with one commit fewer for a plain enqueue: the run
     /// handed over at its insert is claimed under the holder's first
     /// attempt once its one statement returns, and wakes no other process;
@@ -927,8 +992,9 @@ mod tests {
             }
             heard.push(n.payload().to_string());
         }
-        // The pause's commit, the run left for the claim, the plain one,
-        // each notified as this handle's own and heard by another as runs.
+        // The run left for the claim and the plain one (the pause's commit
+        // made no claimable run), each notified as this handle's own and
+        // heard by another as runs.
         let runs = db.notice(Wake::RUNS);
         assert_eq!(heard.last().map(String::as_str), Some(&*runs), "{heard:?}");
         assert_eq!(

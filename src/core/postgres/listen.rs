@@ -1,13 +1,18 @@
 //! PostgreSQL's wake-ups (feature `postgres`, see `core::wake`): the
 //! heartbeat reads the head seq on a connection of its own, and a thread
-//! `LISTEN`s for the `NOTIFY` a commit that appended sends.
+//! `LISTEN`s for the `NOTIFY` a commit that appended or made runs
+//! claimable sends.
 //!
 //! A notification's payload says what the commit made and which database
 //! handle made it ([`Notices`]). The listener hears every commit on its
 //! channel, its own process's too; those its own handle made were nudged
 //! for at their commit, so it passes them over. Heard again a few hundred
 //! microseconds later, each woke this process's waiters a second time, and
-//! each executor that woke ran a claim for nothing.
+//! each executor that woke ran a claim for nothing. Two exceptions wake
+//! through the heartbeat or at once instead: a `COMMIT` whose answer the
+//! connection lost (the caller sees an error; the next heartbeat wakes the
+//! threads), and a lone statement sent again after such a cut, which wakes
+//! its engine's threads whatever it answers (`PgConn::was_resent`).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -115,7 +120,7 @@ impl Notifier {
         }))
     }
 
-    /// Listens on `channel` for other processes' commits, on a connection
+    /// Listens on `channel` for other engines' commits, on a connection
     /// of its own, and nudges at each notification: a waiter hears of a
     /// commit at once instead of at the next heartbeat (which stays the
     /// correctness path).

@@ -263,6 +263,10 @@ pub struct PgConn {
     /// The notification a deferred connection's lone append carries (a
     /// channel and a payload, the engine's own words).
     lone_notify: Option<(Arc<str>, Arc<str>)>,
+    /// Whether a statement was sent again on another connection after the
+    /// server cut this one ([`PgConn::on_live_connection`]): the first try
+    /// may have committed, with its notification, before the cut.
+    resent: std::cell::Cell<bool>,
 }
 
 /// Whether a [`PgConn`] is inside its transaction yet.
@@ -412,6 +416,7 @@ impl PgConn {
             bumps: RefCell::new(Vec::new()),
             pool,
             lone_notify,
+            resent: std::cell::Cell::new(false),
         }
     }
 
@@ -570,11 +575,21 @@ impl PgConn {
                 Err(Error::Io { .. }) if tries > 1 => tries -= 1,
                 other => return other,
             }
+            self.resent.set(true);
             // The cut one back to the pool first (which drops it as
             // broken): a pool of one has no other to give.
             drop(self.client.borrow_mut().take());
             *self.client.borrow_mut() = Some(pool.get()?);
         }
+    }
+
+    /// Whether a statement of this connection was sent again after the
+    /// server cut the connection: a lone statement's first try may have
+    /// committed and notified, and its answer then says the run or event
+    /// was there already. Its engine wakes its own threads for it all the
+    /// same, as its listener passes over the notification.
+    pub(crate) fn was_resent(&self) -> bool {
+        self.resent.get()
     }
 
     /// The notification a deferred connection's lone append carries.
@@ -1060,8 +1075,12 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         let conn = PgConn::owed(pool.get().unwrap(), pool.clone(), true);
+        assert!(!conn.was_resent());
         conn.control(&format!("SAVEPOINT {NESTED}"))
             .expect("sent again on a new connection");
+        // What its engine reads to wake its own threads for a lone
+        // statement whose first try may have committed.
+        assert!(conn.was_resent());
         let now: i32 = conn.query_untyped("SELECT pg_backend_pid()", &[]).unwrap()[0].get(0);
         assert_ne!(now, pid, "another connection");
         assert!(conn.holds_head.get(), "begun ordered");
