@@ -899,19 +899,16 @@ mod tests {
             .unwrap();
         }
         // Only the mark wakes a thread waiting for events (the commits made
-        // runs claimable); no heartbeat within the wait.
+        // runs claimable). The wait's heartbeat comes at its deadline only,
+        // and would wake it too: the wait must end before.
         let events = db.notifier.subscribe(Wake::EVENTS);
         schema
             .client()
             .batch_execute(&format!("NOTIFY {}, 'e'", db.channel))
             .unwrap();
-        assert!(
-            events.wait(
-                Duration::from_secs(3600),
-                Instant::now() + Duration::from_secs(60)
-            ),
-            "the mark was not heard"
-        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        assert!(events.wait(Duration::from_secs(3600), deadline));
+        assert!(Instant::now() < deadline, "the mark was not heard");
         assert_eq!(db.notifier.version() - before, OWN + 1);
     }
 

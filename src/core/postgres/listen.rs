@@ -12,7 +12,8 @@
 //! through the heartbeat or at once instead: a `COMMIT` whose answer the
 //! connection lost (the caller sees an error; the next heartbeat wakes the
 //! threads), and a lone statement sent again after such a cut, which wakes
-//! its engine's threads whatever it answers (`PgConn::was_resent`).
+//! its engine's threads whatever it answers (`PgConn::was_resent`), unless
+//! it fails (then the heartbeat does).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};

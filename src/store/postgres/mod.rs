@@ -587,7 +587,8 @@ impl PgConn {
     /// server cut the connection: a lone statement's first try may have
     /// committed and notified, and its answer then says the run or event
     /// was there already. Its engine wakes its own threads for it all the
-    /// same, as its listener passes over the notification.
+    /// same, as its listener passes over the notification (a statement
+    /// that failed in the end wakes no one: the heartbeat does).
     pub(crate) fn was_resent(&self) -> bool {
         self.resent.get()
     }
