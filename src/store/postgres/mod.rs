@@ -1209,14 +1209,21 @@ mod tests {
         use crate::store::Control;
         let schema = PgSchema::new();
         let pool = schema.pool(1);
-        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
-        conn.execute_untyped("SET LOCAL plan_cache_mode = auto", &[])
-            .unwrap();
+        let conn = planning_as_by_default(&pool);
         for names in [&["a"][..], &["a", "b"], &["c"]].iter().cycle().take(9) {
             Control::stands(&conn, "ws", "rule", names).unwrap();
         }
         assert_plan_kept(&conn, "%reflexr_cursors c %");
         conn.commit().unwrap();
+    }
+
+    /// A write transaction under the server's default `plan_cache_mode`,
+    /// whatever the test server's setting.
+    fn planning_as_by_default(pool: &super::Pool) -> PgConn {
+        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
+        conn.execute_untyped("SET LOCAL plan_cache_mode = auto", &[])
+            .unwrap();
+        conn
     }
 
     /// The statement prepared on `conn` whose text is `LIKE` the pattern
@@ -1244,9 +1251,7 @@ mod tests {
         use crate::store::Control;
         let schema = PgSchema::new();
         let pool = schema.pool(1);
-        let conn = PgConn::begin_as(pool.get().unwrap(), false).unwrap();
-        conn.execute_untyped("SET LOCAL plan_cache_mode = auto", &[])
-            .unwrap();
+        let conn = planning_as_by_default(&pool);
         let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         for (i, actions) in [names(&["a"]), names(&["a", "b"]), names(&["c"])]
             .iter()

@@ -166,12 +166,12 @@ impl Claims {
         mine
     }
 
-    /// The claims with less than two thirds of `ttl` left at `now` whose
+    /// The claims due for renewal at `now` ([`due_for_renewal`]) whose
     /// handlers work: the ones to renew, as `(id, holder, attempt, ord)`.
     pub fn due(&self, now: i64, ttl: i64) -> Vec<(String, String, i64, i64)> {
         self.lock()
             .iter()
-            .filter(|(_, h)| h.started && !h.given_back && h.expires_at - now <= ttl * 2 / 3)
+            .filter(|(_, h)| h.started && !h.given_back && due_for_renewal(h.expires_at, now, ttl))
             .map(|(id, h)| (id.clone(), h.holder.clone(), h.attempt, h.ord))
             .collect()
     }
@@ -182,7 +182,7 @@ impl Claims {
     pub fn overdue(&self, now: i64, ttl: i64) -> Vec<Overdue> {
         let mut held = self.lock();
         held.iter_mut()
-            .filter(|(_, h)| !h.started && !h.given_back && h.expires_at - now <= ttl * 2 / 3)
+            .filter(|(_, h)| !h.started && !h.given_back && due_for_renewal(h.expires_at, now, ttl))
             .map(|(id, h)| {
                 h.given_back = true;
                 (
@@ -205,4 +205,12 @@ impl Claims {
             }
         }
     }
+}
+
+/// Whether a claim that expires at `expires_at` is due for renewal at
+/// `now`: less than two thirds of its lease (`ttl`) left. A run claimed and
+/// not started by then is given back, not started (`Claims::overdue`, and a
+/// run handed over that late, `execute::give_back_stale`).
+pub(crate) fn due_for_renewal(expires_at: i64, now: i64, ttl: i64) -> bool {
+    expires_at.saturating_sub(now) <= ttl * 2 / 3
 }

@@ -29,7 +29,7 @@ use crate::store::dead_letters::NewDeadLetter;
 use crate::store::runs::{Requeued, RunRow};
 use crate::store::steps::StepRow;
 use crate::store::{Control, Counters, DeadLetters, Events, Lanes, Runs};
-use crate::work::queue::claims::Claims;
+use crate::work::queue::claims::{Claims, due_for_renewal};
 use crate::work::queue::handoff::Handed;
 use crate::work::queue::pace::{BATCH_BUDGET, Pace};
 use crate::work::queue::run::{self, Actions, Emitted, Run, RunContext};
@@ -594,7 +594,7 @@ fn give_back_stale<B: Backend>(db: &B::Db, handed: Vec<Handed>) -> (Vec<Handed>,
     let (fresh, stale): (Vec<Handed>, Vec<Handed>) = handed.into_iter().partition(|h| {
         h.row
             .claim_expires_at
-            .is_some_and(|until| until.saturating_sub(now) > ttl * 2 / 3)
+            .is_some_and(|until| !due_for_renewal(until, now, ttl))
     });
     if stale.is_empty() {
         return (fresh, 0);
